@@ -1,0 +1,36 @@
+# Every target creates or updates the virtual environment it needs (pyproject.toml is its recipe).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= cpu,serve,generation,dev
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: env demo test test-gpu lab bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: env  ## the whole pipeline on the embedded all-MiniLM-L6-v2 (ARGS="--steps export,optimize" etc.)
+	$(BIN)/workbench run $(ARGS)
+
+test: env  ## CPU test suite (GPU tests live in tests/gpu)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev
+	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
+
+lab: env
+	$(BIN)/jupyter lab notebooks
+
+bench: env
+	$(BIN)/python benchmarks/bench.py $(ARGS)
+
+clean:
+	rm -rf outputs/*/ outputs/interactive-*

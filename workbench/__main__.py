@@ -1,0 +1,5 @@
+import sys
+
+from workbench.cli import main
+
+sys.exit(main())

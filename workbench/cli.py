@@ -1,0 +1,81 @@
+"""`workbench` command line: run the pipeline, show the configuration, list the steps."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from workbench.config import RunConfig
+from workbench.errors import WorkbenchError
+from workbench.steps import STEPS
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML run configuration")
+    parser.add_argument("--model", help="HF model id or local folder (default: the embedded all-MiniLM-L6-v2)")
+    parser.add_argument("--steps", help="comma-separated steps to run, e.g. export,optimize")
+    parser.add_argument("--output-dir", help="run folder (default: outputs/<timestamp>-<model>)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one setting; dotted keys for nested ones (batch.max=16); repeatable")
+
+
+def _load_config(args: argparse.Namespace) -> RunConfig:
+    overrides = list(args.param)
+    for key in ("model", "output_dir"):
+        if getattr(args, key):
+            overrides.append(f"{key}={getattr(args, key)}")
+    if args.steps:
+        overrides.append(f"steps=[{args.steps}]")
+    return RunConfig.load(args.config, overrides)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from workbench.pipeline import run_pipeline
+
+    config = _load_config(args)
+    record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet)
+    for name, step in record.data["steps"].items():
+        detail = step.get("reason") or step.get("error") or ""
+        print(f"{name:12s} {step['status']:8s} {step.get('seconds', '')!s:>8} {detail}")
+    print(f"run.json: {record.path}")
+    return 0
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    print(yaml.safe_dump(_load_config(args).to_params(), sort_keys=False), end="")
+    return 0
+
+
+def _list_steps(args: argparse.Namespace) -> int:
+    for step in STEPS:
+        print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the step notebooks through papermill and write run.json")
+    _config_args(run)
+    run.add_argument("--overwrite", action="store_true", help="reuse an output dir that already holds files")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=_run)
+    show = sub.add_parser("config", help="print the resolved run configuration as YAML")
+    _config_args(show)
+    show.set_defaults(func=_show_config)
+    sub.add_parser("steps", help="list the pipeline steps").set_defaults(func=_list_steps)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except WorkbenchError as exc:
+        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The run configuration: one typed object shared by the CLI, papermill parameters and notebooks."""
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workbench.errors import ConfigError
+from workbench.steps import STEP_NAMES
+from workbench.tasks import TASKS
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+Precision = Literal["fp32", "fp16", "int8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ShapeRange(_Strict):
+    """Smallest, most frequent and largest value of one dynamic axis."""
+
+    min: int = Field(ge=1)
+    opt: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeRange:
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"need min <= opt <= max, got {self.min}, {self.opt}, {self.max}")
+        return self
+
+
+class Tolerance(_Strict):
+    """Pass criteria for one output; unset fields fall back to the task-aware default."""
+
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+    min_cosine: float | None = Field(default=None, ge=-1, le=1)
+    min_agreement: float | None = Field(default=None, ge=0, le=1)
+
+
+class RunConfig(_Strict):
+    """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
+
+    model: str = Field(DEFAULT_MODEL, description="HF model id, local folder, or the embedded default")
+    task: str = "feature-extraction"
+    pooling: Literal["mean", "cls", "none"] = "mean"
+    trust_remote_code: bool = False
+    exporter: Literal["legacy", "dynamo"] = "legacy"
+    opset: int = 17
+    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    batch: ShapeRange = ShapeRange(min=1, opt=8, max=32)
+    sequence: ShapeRange = ShapeRange(min=1, opt=128, max=256)
+    precisions: list[Precision] = ["fp32", "fp16", "int8"]
+    fp16_op_block_list: list[str] = []
+    fp16_node_block_list: list[str] = []
+    int8_per_channel: bool = True
+    int8_nodes_to_exclude: list[str] = []
+    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
+    output_dir: str | None = None
+    steps: list[str] = list(STEP_NAMES)
+    seed: int = 0
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+        return task
+
+    @field_validator("steps")
+    @classmethod
+    def _known_steps(cls, steps: list[str]) -> list[str]:
+        unknown = [s for s in steps if s not in STEP_NAMES]
+        if unknown:
+            raise ValueError(f"unknown steps {unknown}; steps are: {', '.join(STEP_NAMES)}")
+        return [s for s in STEP_NAMES if s in steps]
+
+    @property
+    def model_slug(self) -> str:
+        """A file-name-safe short name for the model."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.model.rstrip("/\\")).name).strip("-") or "model"
+
+    def to_params(self) -> dict[str, Any]:
+        """JSON-safe dict for papermill parameters and run.json."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RunConfig:
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise _config_error(exc, "the configuration") from None
+
+    @classmethod
+    def load(cls, path: Path | str | None = None, overrides: list[str] | None = None) -> RunConfig:
+        """Read a YAML file (optional) and apply `key=value` overrides (dotted keys for nested fields)."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            data = _read_yaml(Path(path))
+        for item in overrides or []:
+            key, value = _parse_override(item)
+            _set_dotted(data, key, value)
+        return cls.from_dict(data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", "pass the path of a YAML run configuration")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}", "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} holds a {type(data).__name__}, not a mapping", "write key: value pairs")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not key=value", "write e.g. -p opset=17 or -p batch.max=16")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r} descends into a non-mapping", f"check the key {key!r}")
+    node[leaf] = value
+
+
+def _config_error(exc: ValidationError, where: str) -> ConfigError:
+    lines = []
+    fixes = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            field = str(err["loc"][-1])
+            close = difflib.get_close_matches(field, RunConfig.model_fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"unknown setting {loc!r}{hint}")
+            fixes.append("remove or rename it; `workbench config` prints every setting")
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            fixes.append(f"set {loc} to a valid value")
+    return ConfigError(f"invalid value in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))

@@ -1,0 +1,59 @@
+"""Typed errors: each names what was wrong and what to do about it."""
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base of every error the workbench raises on purpose."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem}\n  fix: {fix}")
+
+
+class ConfigError(WorkbenchError):
+    """The run configuration is invalid."""
+
+
+class ModelNotFoundError(WorkbenchError):
+    """The model path or id cannot be found."""
+
+
+class TokenizerNotFoundError(WorkbenchError):
+    """The model has no loadable tokenizer."""
+
+
+class UnsupportedModelError(WorkbenchError):
+    """The architecture or task is not supported."""
+
+
+class OpsetError(WorkbenchError):
+    """The ONNX opset is outside what the exporter supports."""
+
+
+class OnnxModelError(WorkbenchError):
+    """An ONNX file is missing, corrupt or not what a step expects."""
+
+
+class OutputDirError(WorkbenchError):
+    """The output directory cannot be used."""
+
+
+class MissingArtifactError(WorkbenchError):
+    """A step needs an artifact that an earlier step did not produce."""
+
+
+class StepFailedError(WorkbenchError):
+    """A pipeline step failed; the record says which and why."""
+
+
+class StepSkipped(WorkbenchError):
+    """Raised inside a step to end it as `skipped` (not failed) with a reason."""
+
+
+class DependencyMissingError(StepSkipped):
+    """An optional dependency (tensorrt, ctranslate2, ...) is not installed."""
+
+
+class GpuRequiredError(StepSkipped):
+    """The operation needs an NVIDIA GPU and none was found."""

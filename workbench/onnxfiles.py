@@ -1,0 +1,89 @@
+"""Load, check, count and save ONNX graphs; every save lands complete or not at all."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import OnnxModelError
+
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
+
+
+@contextmanager
+def onnx_destination(dest: Path | str) -> Iterator[Path]:
+    """Yield a path in a private temp folder beside `dest`; on success move its files (data first, graph last)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp = tmp_dir / dest.name
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise OnnxModelError(f"nothing was written for {dest}", "see the error above")
+        for extra in sorted(p for p in tmp_dir.iterdir() if p != tmp):
+            os.replace(extra, dest.parent / extra.name)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def load(path: Path | str, load_external_data: bool = True) -> Any:
+    """Read an ONNX file; a missing, truncated or non-ONNX file is an OnnxModelError."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxModelError(f"ONNX file {path} does not exist", "run the export step, or pass an existing .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=load_external_data)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise OnnxModelError(f"{path} is not a readable ONNX model: {exc}",
+                             "re-run the export step to write it again") from None
+    if not model.graph.node:
+        raise OnnxModelError(f"{path} holds no graph nodes (empty or corrupt file)",
+                             "re-run the export step to write it again")
+    return model
+
+
+def check(path: Path | str) -> None:
+    """onnx.checker on the file (path form, so models over 2 GB work)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=False)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise OnnxModelError(f"{path} fails onnx.checker: {exc}", "re-export, or report the exporter bug") from None
+
+
+def save(model: Any, dest: Path | str) -> Path:
+    """Save a ModelProto atomically, with external data when it would exceed 2 GB."""
+    import onnx
+
+    external = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    with onnx_destination(dest) as tmp:
+        onnx.save_model(model, str(tmp), save_as_external_data=external,
+                        location=f"{Path(dest).name}.data" if external else None)
+    return Path(dest)
+
+
+def op_counts(model: Any) -> dict[str, int]:
+    """Node count per op type in the main graph."""
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def io_shapes(model: Any) -> dict[str, dict[str, list[int | str]]]:
+    """Input and output names with their (symbolic) shapes."""
+    def shape(value: Any) -> list[int | str]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return {
+        "inputs": {v.name: shape(v) for v in model.graph.input},
+        "outputs": {v.name: shape(v) for v in model.graph.output},
+    }

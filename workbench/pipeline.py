@@ -1,0 +1,81 @@
+"""Run the step notebooks in order through papermill; run.json tells what finished."""
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+from workbench.config import RunConfig
+from workbench.errors import OutputDirError, StepFailedError
+from workbench.record import RunRecord
+from workbench.steps import STEP_NAMES, step_info
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def default_run_dir(config: RunConfig, root: Path | str = "outputs") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(root) / f"{stamp}-{config.model_slug}"
+
+
+def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
+    """Refuse to write into a folder that already holds files unless `overwrite` says so."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputDirError(f"output path {run_dir} is a file", "pass a folder path with --output-dir")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"output directory {run_dir} already holds files",
+            "choose a new --output-dir, or pass --overwrite to replace that run's results",
+        )
+    return run_dir
+
+
+def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = True,
+                 notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
+    """Execute one step notebook into `run_dir/notebooks/`; the copy lands even when it fails."""
+    import papermill
+
+    source = notebooks_dir / step_info(step).notebook
+    if not source.is_file():
+        raise OutputDirError(f"notebook {source} is missing", "run from a full checkout of the workbench")
+    dest = run_dir / "notebooks" / source.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.stem}.partial.ipynb")
+    try:
+        papermill.execute_notebook(
+            str(source), str(partial), parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
+            kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
+        )
+    finally:
+        if partial.exists():
+            os.replace(partial, dest)
+    return dest
+
+
+def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool = False,
+                 progress: bool = True) -> RunRecord:
+    """Run `config.steps` in pipeline order; stop at the first failed step and mark the rest skipped."""
+    from papermill.exceptions import PapermillExecutionError
+
+    run_dir = prepare_run_dir(Path(run_dir or config.output_dir or default_run_dir(config)), overwrite)
+    config = config.model_copy(update={"output_dir": str(run_dir)})
+    record = RunRecord.create(run_dir, config)
+    steps = [s for s in STEP_NAMES if s in config.steps]
+    for index, step in enumerate(steps):
+        notebook = run_dir / "notebooks" / step_info(step).notebook
+        if progress:
+            print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
+        try:
+            run_notebook(step, config, run_dir, progress)
+        except PapermillExecutionError as exc:
+            record = RunRecord.load(run_dir)
+            if record.status(step) != "failed":
+                record.mark(step, "failed", f"{exc.ename}: {exc.evalue}")
+            for later in steps[index + 1:]:
+                record.mark(later, "skipped", f"not run: step {step!r} failed")
+            record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
+            raise StepFailedError(f"step {step!r} failed: {exc.ename}: {exc.evalue}",
+                                  f"read {notebook} and {record.path}") from None
+        record = RunRecord.load(run_dir)
+        record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
+    return record

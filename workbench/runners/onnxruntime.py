@@ -1,0 +1,65 @@
+"""ONNX Runtime sessions with the providers the run's device asks for."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.environment import gpu_name
+from workbench.errors import GpuRequiredError, OnnxModelError
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+
+
+def cuda_usable() -> bool:
+    """CUDA EP listed *and* a GPU present (onnxruntime-gpu lists CUDA even on machines without one)."""
+    import onnxruntime
+
+    return gpu_name() is not None and CUDA in onnxruntime.get_available_providers()
+
+
+def providers_for(device: str) -> list[str]:
+    if device == "cuda":
+        if not cuda_usable():
+            raise GpuRequiredError("device 'cuda' needs an NVIDIA GPU with onnxruntime-gpu; none was found",
+                                   "run on a GPU host with the [gpu] extra, or set device: cpu")
+        return [CUDA, CPU]
+    if device == "auto" and cuda_usable():
+        return [CUDA, CPU]
+    return [CPU]
+
+
+def session(path: Path | str, providers: list[Any], threads: int | None = None) -> Any:
+    """An InferenceSession; a file ORT cannot load is an OnnxModelError."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    try:
+        return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+    except (onnxruntime.capi.onnxruntime_pybind11_state.Fail,
+            onnxruntime.capi.onnxruntime_pybind11_state.InvalidGraph,
+            onnxruntime.capi.onnxruntime_pybind11_state.InvalidProtobuf,
+            onnxruntime.capi.onnxruntime_pybind11_state.NoSuchFile) as exc:
+        raise OnnxModelError(f"ONNX Runtime cannot load {path}: {exc}", "re-run the step that wrote it") from None
+
+
+class OrtRunner:
+    """Runs one ONNX file; `providers` records what the session really uses."""
+
+    def __init__(self, name: str, path: Path | str, providers: list[Any], threads: int | None = None) -> None:
+        self.name = name
+        self.path = Path(path)
+        self.session = session(path, providers, threads)
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self.providers = self.session.get_providers()
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.session.run(None, {name: feed[name] for name in self.input_names})
+        return dict(zip(self.output_names, outputs))

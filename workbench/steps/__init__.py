@@ -1,0 +1,25 @@
+"""Pipeline steps: one module and one notebook per step, under the same name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    name: str
+    notebook: str
+    summary: str
+
+
+STEPS: tuple[StepInfo, ...] = (
+    StepInfo("export", "01_export.ipynb", "PyTorch -> ONNX with dynamic batch and sequence axes"),
+    StepInfo("optimize", "02_optimize.ipynb", "ONNX Runtime fusions, fp16, int8, symbolic shapes"),
+)
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
+
+
+def step_info(name: str) -> StepInfo:
+    for step in STEPS:
+        if step.name == name:
+            return step
+    raise KeyError(name)

@@ -1,0 +1,117 @@
+"""Step 01 export: PyTorch -> ONNX with dynamic batch and sequence axes, checked by onnx.checker."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import onnxfiles
+from workbench.atomic import atomic_dir
+from workbench.config import RunConfig
+from workbench.data import encode, load_corpus
+from workbench.errors import OpsetError
+from workbench.models import LoadedModel, load_model
+from workbench.record import RunRecord
+from workbench.tasks import BATCH, SEQUENCE
+
+STEP = "export"
+# Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).
+OPSET_RANGES = {"legacy": (7, 20), "dynamo": (18, 23)}
+
+
+def check_opset(exporter: str, opset: int) -> None:
+    low, high = OPSET_RANGES[exporter]
+    if not low <= opset <= high:
+        raise OpsetError(
+            f"opset {opset} is outside the {exporter} exporter's range {low}-{high}",
+            f"set opset between {low} and {high} (17 is a good default for legacy, 18 for dynamo)",
+        )
+
+
+class GraphModule(torch.nn.Module):
+    """Takes the graph inputs positionally and returns the task's outputs in order."""
+
+    def __init__(self, loaded: LoadedModel, pooling: str) -> None:
+        super().__init__()
+        self.model = loaded.model
+        self.task = loaded.task
+        self.pooling = pooling
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        return self.task.forward(self.model, inputs, self.pooling)
+
+
+def sample_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    """Two real texts of different lengths, so no axis is traced as a constant 1."""
+    corpus = load_corpus()
+    texts = [corpus[0], max(corpus[:50], key=len)]
+    arrays = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+
+def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
+    """Write `dest` with torch.onnx.export and return the loaded ModelProto (without weights)."""
+    module = GraphModule(loaded, config.pooling).eval()
+    inputs = sample_inputs(loaded)
+    args = tuple(inputs[name] for name in loaded.input_names)
+    outputs = loaded.task.outputs(config.pooling)
+    output_names = [o.name for o in outputs]
+    large = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) > onnxfiles.EXTERNAL_DATA_THRESHOLD
+    with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad():
+        if config.exporter == "dynamo":
+            from torch.export import Dim
+
+            batch, sequence = Dim(BATCH), Dim(SEQUENCE, max=loaded.max_positions or 4096)
+            torch.onnx.export(module, args, str(tmp), dynamo=True, opset_version=config.opset,
+                              input_names=list(loaded.input_names), output_names=output_names,
+                              dynamic_shapes={n: {0: batch, 1: sequence} for n in loaded.input_names},
+                              external_data=large, optimize=True)
+        else:
+            axes = {n: {0: BATCH, 1: SEQUENCE} for n in loaded.input_names}
+            axes.update({o.name: o.dynamic_axes for o in outputs})
+            torch.onnx.export(module, args, str(tmp), dynamo=False, opset_version=config.opset,
+                              input_names=list(loaded.input_names), output_names=output_names,
+                              dynamic_axes=axes, do_constant_folding=True)
+        onnxfiles.check(tmp)
+    return onnxfiles.load(dest, load_external_data=False)
+
+
+def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """Export the configured model; record the graph, the tokenizer folder and export metrics."""
+    with record.step(STEP):
+        check_opset(config.exporter, config.opset)
+        start = time.perf_counter()
+        loaded = load_model(config)
+        load_seconds = time.perf_counter() - start
+        with atomic_dir(record.run_dir / "model") as tmp:
+            loaded.tokenizer.save_pretrained(tmp)
+            loaded.hf_config.save_pretrained(tmp)
+        record.add_artifact("tokenizer", record.run_dir / "model", kind="tokenizer", source=loaded.source.kind)
+        start = time.perf_counter()
+        dest = record.run_dir / "onnx" / "original.onnx"
+        graph = export_onnx(loaded, config, dest)
+        metrics = {
+            "source": {"kind": loaded.source.kind, "location": loaded.source.location},
+            "architecture": loaded.architecture,
+            "optimizer_model_type": loaded.optimizer_model_type,
+            "num_heads": loaded.num_heads,
+            "hidden_size": loaded.hidden_size,
+            "num_layers": int(loaded.hf_config.num_hidden_layers),
+            "max_positions": loaded.max_positions,
+            "parameters": sum(p.numel() for p in loaded.model.parameters()),
+            "exporter": config.exporter,
+            "opset": config.opset,
+            "nodes": len(graph.graph.node),
+            "io": onnxfiles.io_shapes(graph),
+            "load_seconds": round(load_seconds, 3),
+            "export_seconds": round(time.perf_counter() - start, 3),
+        }
+        record.add_artifact("onnx.original", dest, kind="onnx", variant="original", precision="fp32")
+        record.set_metric(STEP, metrics)
+        return metrics
