@@ -101,10 +101,10 @@ class RunConfig(_Strict):
 
     @classmethod
     def load(cls, path: Path | str | None = None, overrides: list[str] | None = None) -> RunConfig:
-        """Read a YAML file (optional) and apply `key=value` overrides (dotted keys for nested fields)."""
-        data: dict[str, Any] = {}
+        """Defaults, then a YAML file (optional), then `key=value` overrides (dotted keys for nested fields)."""
+        data = cls().to_params()
         if path is not None:
-            data = _read_yaml(Path(path))
+            _merge(data, _read_yaml(Path(path)))
         for item in overrides or []:
             key, value = _parse_override(item)
             _set_dotted(data, key, value)
@@ -121,6 +121,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} holds a {type(data).__name__}, not a mapping", "write key: value pairs")
     return data
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> None:
+    """Deep-merge `update` into `base` so a partial nested mapping keeps the other defaults."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def _parse_override(item: str) -> tuple[str, Any]:

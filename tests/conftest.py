@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+from tests.tiny import build_encoder  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _single_thread_torch():
+    """Tiny models on a shared 2-core machine: one thread keeps timings of other work sane."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny BERT / RoBERTa / DistilBERT for feature extraction, and BERT for both classification tasks."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    specs = {
+        "bert": ("bert", "feature-extraction"),
+        "roberta": ("roberta", "feature-extraction"),
+        "distilbert": ("distilbert", "feature-extraction"),
+        "bert-seqcls": ("bert", "sequence-classification"),
+        "bert-tokcls": ("bert", "token-classification"),
+    }
+    return {name: build_encoder(root / name, family, task) for name, (family, task) in specs.items()}
+
+
+@pytest.fixture
+def tiny_bert(tiny_models) -> Path:
+    return tiny_models["bert"]

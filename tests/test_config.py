@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.errors import ConfigError
+
+
+def test_defaults_describe_the_embedded_model():
+    config = RunConfig()
+    assert config.model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert config.exporter == "legacy" and config.attn_implementation == "eager"
+    assert config.steps[:2] == ["export", "optimize"]
+    assert config.model_slug == "all-MiniLM-L6-v2"
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: /models/x\nopset: 14\nbatch: {min: 1, opt: 4, max: 16}\n")
+    config = RunConfig.load(path, ["opset=15", "batch.max=64", "precisions=[fp32, int8]", "int8_per_channel=false"])
+    assert config.model == "/models/x"
+    assert config.opset == 15
+    assert (config.batch.min, config.batch.opt, config.batch.max) == (1, 4, 64)
+    assert config.precisions == ["fp32", "int8"]
+    assert config.int8_per_channel is False
+
+
+def test_round_trip_through_papermill_parameters():
+    config = RunConfig.load(None, ["tolerances.sentence_embedding.min_cosine=0.995",
+                                "sequence.opt=32", "sequence.max=64"])
+    again = RunConfig.from_dict(config.to_params())
+    assert again == config
+    assert again.tolerances["sentence_embedding"].min_cosine == 0.995
+
+
+def test_misspelled_key_names_the_closest_setting():
+    with pytest.raises(ConfigError, match="unknown setting 'opest'.*did you mean 'opset'"):
+        RunConfig.load(None, ["opest=17"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task=summarization", "unknown task 'summarization'"),
+    ("steps=[export, deploy]", "unknown steps \\['deploy'\\]"),
+    ("batch.opt=64", "min <= opt <= max"),
+    ("exporter=jit", "exporter"),
+    ("precisions=[fp8]", "precisions"),
+    ("threads=0", "threads"),
+])
+def test_invalid_values_are_typed_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.load(None, [override])
+
+
+def test_steps_run_in_pipeline_order():
+    assert RunConfig.load(None, ["steps=[optimize, export]"]).steps == ["export", "optimize"]
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not key=value"):
+        RunConfig.load(None, ["opset"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunConfig.load(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="not a mapping"):
+        RunConfig.load(tmp_path / "list.yaml")

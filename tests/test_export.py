@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.config import RunConfig
+from workbench.data import encode, load_corpus
+from workbench.errors import OpsetError
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.runners.onnxruntime import OrtRunner
+from workbench.steps import export
+
+
+def torch_outputs(config: RunConfig, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    loaded = load_model(config)
+    module = export.GraphModule(loaded, config.pooling).eval()
+    with torch.no_grad():
+        return [t.numpy() for t in module(*(torch.from_numpy(feed[n]) for n in loaded.input_names))]
+
+
+@pytest.mark.parametrize("model, exporter, opset, outputs", [
+    ("bert", "legacy", 17, ["last_hidden_state", "sentence_embedding"]),
+    ("roberta", "legacy", 14, ["last_hidden_state", "sentence_embedding"]),
+    ("distilbert", "legacy", 17, ["last_hidden_state", "sentence_embedding"]),
+    ("bert-seqcls", "legacy", 17, ["logits"]),
+    ("bert-tokcls", "legacy", 17, ["logits"]),
+    ("bert", "dynamo", 18, ["last_hidden_state", "sentence_embedding"]),
+])
+def test_export_matches_torch_at_other_shapes(tiny_models, tmp_path, model, exporter, opset, outputs):
+    task = {"bert-seqcls": "sequence-classification", "bert-tokcls": "token-classification"}.get(
+        model, "feature-extraction")
+    config = RunConfig(model=str(tiny_models[model]), task=task, exporter=exporter, opset=opset)
+    record = RunRecord.create(tmp_path, config)
+    metrics = export.run(config, record)
+    assert metrics["opset"] == opset and list(metrics["io"]["outputs"]) == outputs
+    assert all(shape[:2] == ["batch", "sequence"] for shape in metrics["io"]["inputs"].values())
+
+    runner = OrtRunner("original", record.artifact("onnx.original"), ["CPUExecutionProvider"])
+    # Seven texts up to 90 tokens: neither the batch (2) nor the length used at export time.
+    feed = encode(record_tokenizer(record), list(load_corpus()[10:17]), runner.input_names, max_length=90)
+    got = runner.infer(feed)
+    want = torch_outputs(config, feed)
+    assert feed["input_ids"].shape[0] == 7 and feed["input_ids"].shape[1] > 40
+    for name, reference in zip(outputs, want):
+        assert got[name].shape == reference.shape
+        assert np.abs(got[name] - reference).max() < 1e-4, name
+    assert record.data["steps"]["export"]["status"] == "ok"
+    assert (tmp_path / "model" / "tokenizer_config.json").is_file()
+
+
+def record_tokenizer(record: RunRecord):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+
+
+@pytest.mark.parametrize("exporter, opset", [("legacy", 21), ("legacy", 6), ("dynamo", 17)])
+def test_opset_outside_range_fails_before_writing(tiny_bert, tmp_path, exporter, opset):
+    config = RunConfig(model=str(tiny_bert), exporter=exporter, opset=opset)
+    record = RunRecord.create(tmp_path, config)
+    with pytest.raises(OpsetError, match=f"opset {opset} is outside the {exporter} exporter's range"):
+        export.run(config, record)
+    assert record.data["steps"]["export"]["status"] == "failed"
+    assert not (tmp_path / "onnx").exists()

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench import onnxfiles
+from workbench.config import RunConfig
+from workbench.data import encode, load_corpus
+from workbench.errors import OnnxModelError
+from workbench.record import RunRecord
+from workbench.runners.onnxruntime import OrtRunner
+from workbench.steps import export, optimize
+
+
+@pytest.fixture(scope="module")
+def optimized_bert(tiny_models, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("opt-bert")
+    config = RunConfig(model=str(tiny_models["bert"]))
+    record = RunRecord.create(run_dir, config)
+    export.run(config, record)
+    fusions = optimize.run(config, record)
+    return record, fusions
+
+
+def test_bert_fuses_every_layer(optimized_bert):
+    record, fusions = optimized_bert
+    layers = 2
+    assert fusions["fp32"]["fused"] == {"EmbedLayerNormalization": 1, "Attention": layers, "BiasGelu": layers,
+                                        "SkipLayerNormalization": 2 * layers}
+    assert fusions["fp32"]["attention_fused"] and "warning" not in fusions["fp32"]
+    assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] / 3
+    assert fusions["int8"]["fused"]["QAttention"] == layers
+    assert fusions["int8"]["fused"]["MatMulInteger"] > 0
+    assert record.data["metrics"]["fusions"] == fusions
+    assert record.data["environment"]["onnxruntime"]["providers_used"] == ["CPUExecutionProvider"]
+
+
+def test_variants_are_recorded_with_hashes(optimized_bert):
+    record, _ = optimized_bert
+    artifacts = record.data["artifacts"]
+    for variant in ("original", "fp32", "fp16", "int8", "tensorrt"):
+        entry = artifacts[f"onnx.{variant}"]
+        assert entry["sha256"] == onnxfiles_sha(record, variant) and entry["bytes"] > 0
+    assert artifacts["onnx.fp16"]["bytes"] < 0.6 * artifacts["onnx.fp32"]["bytes"]
+    assert not list(record.run_dir.glob("onnx/.*partial*"))
+
+
+def onnxfiles_sha(record, variant):
+    from workbench.atomic import sha256_file
+
+    return sha256_file(record.artifact(f"onnx.{variant}"))
+
+
+def test_fp16_keeps_fp32_io_and_stays_close(optimized_bert):
+    record, _ = optimized_bert
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    fp32 = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"])
+    fp16 = OrtRunner("fp16", record.artifact("onnx.fp16"), ["CPUExecutionProvider"])
+    feed = encode(tokenizer, list(load_corpus()[:8]), fp32.input_names)
+    want, got = fp32.infer(feed), fp16.infer(feed)
+    assert got["sentence_embedding"].dtype == np.float32
+    assert 0 < np.abs(got["sentence_embedding"] - want["sentence_embedding"]).max() < 0.05
+
+
+def test_symbolic_shapes_fill_every_intermediate(optimized_bert):
+    record, _ = optimized_bert
+    model = onnxfiles.load(record.artifact("onnx.tensorrt"))
+    inferred = {v.name for v in model.graph.value_info}
+    produced = {out for node in model.graph.node for out in node.output} - {o.name for o in model.graph.output}
+    assert produced <= inferred
+
+
+def test_sdpa_export_is_flagged_as_unfused(tiny_bert, tmp_path):
+    config = RunConfig(model=str(tiny_bert), attn_implementation="sdpa", precisions=["fp32"])
+    record = RunRecord.create(tmp_path, config)
+    export.run(config, record)
+    with pytest.warns(UserWarning, match="Attention fused in 0 of 2 layers"):
+        fusions = optimize.run(config, record)
+    assert fusions["fp32"]["attention_fused"] is False
+    assert set(fusions) == {"original", "fp32", "tensorrt"}
+
+
+def test_corrupt_onnx_is_a_typed_error_and_writes_nothing(tiny_bert, tmp_path):
+    config = RunConfig(model=str(tiny_bert))
+    record = RunRecord.create(tmp_path, config)
+    export.run(config, record)
+    original = record.artifact("onnx.original")
+    original.write_bytes(original.read_bytes()[: original.stat().st_size // 3])
+    with pytest.raises(OnnxModelError, match="not a readable ONNX model"):
+        optimize.run(config, record)
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["original.onnx"]
+    assert record.data["steps"]["optimize"]["status"] == "failed"
+    with pytest.raises(OnnxModelError, match="does not exist"):
+        onnxfiles.load(tmp_path / "missing.onnx")

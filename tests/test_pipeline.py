@@ -1,0 +1,69 @@
+"""`workbench run` end to end: papermill executes the step notebooks on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.atomic import sha256_file
+from workbench.cli import main
+
+
+@pytest.mark.slow
+def test_cli_runs_export_and_optimize_notebooks(tiny_bert, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["run", "--model", str(tiny_bert), "--steps", "export,optimize", "--output-dir", str(run_dir),
+                 "-p", "precisions=[fp32,int8]", "--quiet"])
+    assert code == 0
+    assert f"run.json: {run_dir / 'run.json'}" in capsys.readouterr().out
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [(n, s["status"]) for n, s in record["steps"].items()] == [("export", "ok"), ("optimize", "ok")]
+    assert record["config"]["precisions"] == ["fp32", "int8"]
+    assert record["metrics"]["fusions"]["fp32"]["fused"]["Attention"] == 2
+    for name, artifact in record["artifacts"].items():
+        path = run_dir / artifact["path"]
+        if path.is_file():
+            assert artifact["sha256"] == sha256_file(path), name
+    assert {"notebook.export", "notebook.optimize", "onnx.int8"} <= set(record["artifacts"])
+    executed = json.loads((run_dir / "notebooks" / "02_optimize.ipynb").read_text())
+    assert any(cell.get("outputs") for cell in executed["cells"])
+    assert record["environment"]["packages"]["onnxruntime"]
+
+
+@pytest.mark.slow
+def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["run", "--model", str(tiny_bert), "--output-dir", str(run_dir), "-p", "opset=99", "--quiet"])
+    assert code == 2
+    assert "step 'export' failed: OpsetError" in capsys.readouterr().err
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["steps"]["export"]["status"] == "failed"
+    assert "opset 99 is outside" in record["steps"]["export"]["error"]
+    assert record["steps"]["optimize"] == {"status": "skipped", "reason": "not run: step 'export' failed"}
+    assert not (run_dir / "onnx").exists()
+    assert (run_dir / "notebooks" / "01_export.ipynb").is_file()
+    assert not list(run_dir.rglob("*.partial*"))
+
+
+def test_existing_output_dir_is_not_overwritten(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("user data")
+    assert main(["run", "--output-dir", str(tmp_path), "--quiet"]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "user data"
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_unwritable_output_dir(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["run", "--output-dir", str(tmp_path / "file" / "run"), "--quiet"]) == 2
+    assert "OutputDirError" in capsys.readouterr().err
+
+
+def test_config_and_steps_commands(tmp_path, capsys):
+    assert main(["config", "--model", "/m", "-p", "batch.max=64"]) == 0
+    out = capsys.readouterr().out
+    assert "model: /m" in out and "max: 64" in out
+    assert main(["steps"]) == 0
+    assert "notebooks/01_export.ipynb" in capsys.readouterr().out
+    assert main(["config", "-p", "opest=3"]) == 2
+    assert "did you mean 'opset'" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from workbench.atomic import atomic_dir, atomic_path
+from workbench.config import RunConfig
+from workbench.errors import ConfigError, GpuRequiredError, MissingArtifactError, OutputDirError
+from workbench.record import RunRecord
+
+
+def test_step_statuses_and_seconds(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    with record.step("export"):
+        pass
+    with record.step("tensorrt"):
+        raise GpuRequiredError("building an engine needs an NVIDIA GPU", "run on a GPU host")
+    with pytest.raises(ValueError), record.step("optimize"):
+        raise ValueError("boom")
+    steps = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert steps["export"]["status"] == "ok" and steps["export"]["seconds"] >= 0
+    assert steps["tensorrt"]["status"] == "skipped"
+    assert "needs an NVIDIA GPU" in steps["tensorrt"]["reason"]
+    assert steps["optimize"]["status"] == "failed" and steps["optimize"]["error"] == "ValueError: boom"
+
+
+def test_artifacts_carry_size_and_sha256(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    blob = tmp_path / "onnx" / "x.onnx"
+    blob.parent.mkdir()
+    blob.write_bytes(b"0123456789")
+    record.add_artifact("onnx.x", blob, kind="onnx", variant="x")
+    entry = RunRecord.load(tmp_path).data["artifacts"]["onnx.x"]
+    assert entry == {"path": "onnx/x.onnx", "kind": "onnx", "bytes": 10,
+                     "sha256": hashlib.sha256(b"0123456789").hexdigest(), "variant": "x"}
+    assert record.artifact("onnx.x") == blob
+    with pytest.raises(MissingArtifactError, match="no artifact 'onnx.fp16'"):
+        record.artifact("onnx.fp16")
+    blob.unlink()
+    with pytest.raises(MissingArtifactError, match="is gone"):
+        record.artifact("onnx.x")
+
+
+def test_metrics_are_nested_by_dots(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    record.set_metric("fusions.fp32.nodes", 46)
+    assert RunRecord.load(tmp_path).data["metrics"] == {"fusions": {"fp32": {"nodes": 46}}}
+    assert record.metric("fusions.fp32.nodes") == 46
+    assert record.metric("fusions.int8.nodes", "absent") == "absent"
+
+
+def test_open_refuses_a_folder_holding_another_models_run(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    with record.step("export"):
+        pass
+    with pytest.raises(ConfigError, match="different model"):
+        RunRecord.open(tmp_path, RunConfig(model="/elsewhere/model"))
+    assert RunRecord.open(tmp_path, RunConfig(threads=2)).config.threads == 2
+
+
+def test_unwritable_output_dir_is_a_typed_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(OutputDirError, match="cannot write to output directory"):
+        RunRecord.create(blocker / "run", RunConfig())
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    dest = tmp_path / "out.bin"
+    with pytest.raises(RuntimeError), atomic_path(dest) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_replaces_only_when_complete(tmp_path):
+    dest = tmp_path / "model"
+    with atomic_dir(dest) as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError), atomic_dir(dest) as tmp:
+        (tmp / "a.txt").write_text("second")
+        raise RuntimeError("interrupted")
+    assert (dest / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
