@@ -10,12 +10,13 @@ from workbench.errors import OpsetError
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner
+from workbench.runners.torch import GraphModule
 from workbench.steps import export
 
 
 def torch_outputs(config: RunConfig, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     loaded = load_model(config)
-    module = export.GraphModule(loaded, config.pooling).eval()
+    module = GraphModule(loaded, config.pooling).eval()
     with torch.no_grad():
         return [t.numpy() for t in module(*(torch.from_numpy(feed[n]) for n in loaded.input_names))]
 

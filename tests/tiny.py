@@ -66,3 +66,21 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return Path(dest)
+
+
+def make_fp16_overflow(dest: Path, source: Path) -> Path:
+    """Copy a tiny BERT and scale one feed-forward block so its activations pass fp16's 65504 limit.
+
+    In fp32 the following LayerNorm brings the values back to normal; in fp16 they become inf, then NaN.
+    """
+    import torch
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(source)
+    with torch.no_grad():
+        layer = model.encoder.layer[0]
+        layer.intermediate.dense.weight.mul_(2000.0)
+        layer.output.dense.weight.mul_(2000.0)
+    model.save_pretrained(dest)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(dest)
+    return Path(dest)

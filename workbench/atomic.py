@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -52,8 +53,19 @@ def write_text(dest: Path | str, text: str) -> Path:
     return Path(dest)
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite floats become null (counts of them are recorded separately)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json(dest: Path | str, data: Any) -> Path:
-    return write_text(dest, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return write_text(dest, json.dumps(_finite(data), indent=2, allow_nan=False, default=str) + "\n")
 
 
 def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:

@@ -62,6 +62,9 @@ class RunConfig(_Strict):
     int8_per_channel: bool = True
     int8_nodes_to_exclude: list[str] = []
     tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
+    corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
+    repair: bool = True
+    repair_max_builds: int = Field(default=80, ge=2)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None

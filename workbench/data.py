@@ -7,14 +7,23 @@ from typing import Any
 
 import numpy as np
 
+from workbench.errors import ConfigError
+
 CORPUS_PATH = Path(__file__).parent / "data" / "corpus.txt"
 
 
 @lru_cache(maxsize=4)
-def load_corpus(path: Path | str = CORPUS_PATH) -> tuple[str, ...]:
-    """Non-empty lines of a UTF-8 text file, one text per line."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return tuple(line.strip() for line in lines if line.strip())
+def load_corpus(path: Path | str | None = None) -> tuple[str, ...]:
+    """Non-empty lines of a UTF-8 text file, one text per line (default: the shipped corpus)."""
+    path = Path(path or CORPUS_PATH)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read corpus {path}: {exc}", "pass a UTF-8 text file with one text per line") from None
+    texts = tuple(line.strip() for line in lines if line.strip())
+    if not texts:
+        raise ConfigError(f"corpus {path} holds no text", "pass a UTF-8 text file with one text per line")
+    return texts
 
 
 def encode(tokenizer: Any, texts: list[str], input_names: tuple[str, ...], max_length: int | None = None,

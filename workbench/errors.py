@@ -57,3 +57,21 @@ class DependencyMissingError(StepSkipped):
 
 class GpuRequiredError(StepSkipped):
     """The operation needs an NVIDIA GPU and none was found."""
+
+
+class ShapeError(WorkbenchError):
+    """Inputs fall outside the shapes a model or engine supports."""
+
+
+class InputMismatchError(WorkbenchError):
+    """Two models that should be compared take different inputs."""
+
+
+class ParityError(WorkbenchError):
+    """A variant's outputs differ from the reference beyond tolerance; carries the worst case."""
+
+    def __init__(self, problem: str, fix: str, variant: str, output: str, worst: dict) -> None:
+        super().__init__(problem, fix)
+        self.variant = variant
+        self.output = output
+        self.worst = worst

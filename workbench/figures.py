@@ -34,3 +34,77 @@ def size_figure(fusions: dict[str, Any]) -> go.Figure:
                               text=[f"{fusions[v]['megabytes']:.1f} MB" for v in variants]))
     figure.update_layout(title="File size per variant", yaxis_title="MB")
     return figure
+
+
+def _primary(result: dict[str, Any]) -> str:
+    outputs = result["outputs"]
+    return next((n for n, o in outputs.items() if o["kind"] == "embedding"), next(iter(outputs)))
+
+
+def parity_table(results: dict[str, Any]) -> go.Figure:
+    """One row per variant and output: verdict and the numbers behind it."""
+    rows = []
+    for variant, result in results.items():
+        for name, out in result["outputs"].items():
+            rows.append([variant, result["precision"], name, "pass" if out["passed"] else "FAIL",
+                         f"{out['max_abs']:.2e}", f"{out['mean_abs']:.2e}",
+                         f"{out['min_cosine']:.6f}" if "min_cosine" in out else "",
+                         f"{out['agreement']:.4f}" if "agreement" in out else "", "; ".join(out["failures"])])
+    header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement", "why"]
+    figure = go.Figure(go.Table(header={"values": header}, cells={"values": list(zip(*rows)) if rows else []}))
+    figure.update_layout(title="Parity against PyTorch fp32 (padded positions excluded)", height=140 + 28 * len(rows))
+    return figure
+
+
+def error_distribution(results: dict[str, Any]) -> go.Figure:
+    """Absolute-error quantiles of the main output per variant (log scale)."""
+    figure = go.Figure()
+    for variant, result in results.items():
+        out = result["outputs"][_primary(result)]
+        labels = [*out["quantiles"], "max"]
+        values = [*out["quantiles"].values(), out["max_abs"]]
+        figure.add_scatter(name=variant, x=labels, y=[max(v, 1e-12) for v in values], mode="lines+markers")
+    name = _primary(next(iter(results.values()))) if results else ""
+    figure.update_layout(title=f"Absolute error quantiles of {name} vs PyTorch", yaxis_type="log",
+                         xaxis_title="quantile", yaxis_title="|variant - pytorch|")
+    return figure
+
+
+def worst_texts(results: dict[str, Any], variant: str) -> go.Figure:
+    """The texts a variant gets most wrong (1 - cosine of the main output, or its max abs error)."""
+    texts = results[variant]["worst_texts"][::-1]
+    figure = go.Figure(go.Bar(x=[t["error"] for t in texts], y=[f"#{t['text_id']}: {t['text'][:50]}" for t in texts],
+                              orientation="h", hovertext=[t["text"] for t in texts]))
+    figure.update_layout(title=f"Worst texts for {variant}", xaxis_title=texts[0]["metric"] if texts else "",
+                         height=200 + 30 * len(texts), margin={"l": 380})
+    return figure
+
+
+def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
+    """Every candidate the repair built: latency against accuracy; the chosen one and the unrepaired one marked."""
+    candidates = repair["candidates"]
+    metric = "min_cosine" if candidates and "min_cosine" in candidates[0] else "max_abs"
+    figure = go.Figure()
+    for passed in (True, False):
+        group = [c for c in candidates if c["passed"] is passed]
+        figure.add_scatter(name="passes" if passed else "fails", mode="markers",
+                           x=[c["latency_ms"] for c in group], y=[c.get(metric) for c in group],
+                           marker={"size": [6 + len(c["blocked"]) for c in group]},
+                           hovertext=[f"{len(c['blocked'])} nodes kept in fp32" for c in group])
+    for label, entry in (("chosen", repair.get("chosen")), ("before repair", repair.get("before"))):
+        if entry:
+            figure.add_scatter(name=label, mode="markers", x=[entry["latency_ms"]], y=[entry.get(metric)],
+                               marker={"symbol": "star" if label == "chosen" else "x", "size": 16})
+    figure.update_layout(title=f"{repair['precision']} repair: accuracy vs latency ({repair['outcome']})",
+                         xaxis_title=f"latency ms at batch x sequence {repair.get('latency_feed')}",
+                         yaxis_title=f"{metric} on the hard texts (marker size: nodes kept in fp32)")
+    return figure
+
+
+def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:
+    """Per-node gain in mean error when that node alone stays in fp32."""
+    items = sorted(repair["sensitivity"].items(), key=lambda kv: kv[1])
+    figure = go.Figure(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h"))
+    figure.update_layout(title=f"{repair['precision']}: error reduction when one node stays fp32",
+                         height=200 + 22 * len(items), margin={"l": 380})
+    return figure

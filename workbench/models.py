@@ -23,6 +23,8 @@ ENCODER_ARCHITECTURES = {
     "distilbert": "bert",
     "electra": "bert",
 }
+# Families whose position ids start after the padding index.
+POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
 
@@ -82,6 +84,15 @@ class LoadedModel:
     def max_positions(self) -> int | None:
         value = getattr(self.hf_config, "max_position_embeddings", None)
         return int(value) if value else None
+
+    @property
+    def max_sequence(self) -> int:
+        """Longest input the model takes: position table (less RoBERTa's padding offset) and tokenizer limit."""
+        limits = [int(self.tokenizer.model_max_length)] if self.tokenizer.model_max_length < 1_000_000 else []
+        if self.max_positions:
+            offset = self.hf_config.pad_token_id + 1 if self.architecture in POSITION_OFFSET_ARCHITECTURES else 0
+            limits.append(self.max_positions - offset)
+        return min(limits) if limits else 512
 
 
 def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ class StepInfo:
 STEPS: tuple[StepInfo, ...] = (
     StepInfo("export", "01_export.ipynb", "PyTorch -> ONNX with dynamic batch and sequence axes"),
     StepInfo("optimize", "02_optimize.ipynb", "ONNX Runtime fusions, fp16, int8, symbolic shapes"),
+    StepInfo("parity", "04_parity.ipynb", "every variant vs PyTorch on real text; fp16/int8 precision repair"),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 

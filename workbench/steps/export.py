@@ -14,6 +14,7 @@ from workbench.data import encode, load_corpus
 from workbench.errors import OpsetError
 from workbench.models import LoadedModel, load_model
 from workbench.record import RunRecord
+from workbench.runners.torch import GraphModule
 from workbench.tasks import BATCH, SEQUENCE
 
 STEP = "export"
@@ -28,23 +29,6 @@ def check_opset(exporter: str, opset: int) -> None:
             f"opset {opset} is outside the {exporter} exporter's range {low}-{high}",
             f"set opset between {low} and {high} (17 is a good default for legacy, 18 for dynamo)",
         )
-
-
-class GraphModule(torch.nn.Module):
-    """Takes the graph inputs positionally and returns the task's outputs in order."""
-
-    def __init__(self, loaded: LoadedModel, pooling: str) -> None:
-        super().__init__()
-        self.model = loaded.model
-        self.task = loaded.task
-        self.pooling = pooling
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            inputs["token_type_ids"] = token_type_ids
-        return self.task.forward(self.model, inputs, self.pooling)
 
 
 def sample_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:

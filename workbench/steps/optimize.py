@@ -56,8 +56,23 @@ def convert_fp16(fp32: Path, dest: Path, op_block_list: list[str], node_block_li
     model = OnnxModel(onnxfiles.load(fp32))
     model.convert_float_to_float16(keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + op_block_list,
                                    node_block_list=node_block_list)
+    _drop_repeated_nodes(model.model.graph)
     onnxfiles.save(model.model, dest)
     return model.model
+
+
+def _drop_repeated_nodes(graph: Any) -> None:
+    """Remove exact repeats of a node (the converter inserts the same Cast twice when a tensor feeds two
+    fp32-blocked consumers; ONNX Runtime then refuses the duplicate node name)."""
+    seen, keep = set(), []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(node)
+    if len(keep) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str]) -> Any:

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from workbench.batches import corner_batches, corpus_batches, token_lengths
+from workbench.config import ShapeRange
+from workbench.data import load_corpus
+from workbench.errors import ShapeError
+
+NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return AutoTokenizer.from_pretrained(tiny_models["bert"])
+
+
+def test_corners_have_exact_shapes_and_real_text(tokenizer):
+    texts = list(load_corpus())
+    batches = corner_batches(tokenizer, NAMES, texts, ShapeRange(min=1, opt=4, max=8),
+                             ShapeRange(min=1, opt=32, max=64), max_sequence=128)
+    shortest = int(token_lengths(tokenizer, texts).min())
+    shapes = {b.name: b.shape for b in batches}
+    for rows in (1, 4, 8):
+        for length in (shortest, 32, 64):
+            assert shapes[f"b{rows}_s{length}"] == (rows, length)
+    assert {"mixed_b4", "mixed_b8"} <= set(shapes)
+    for batch in batches:
+        ids, mask = batch.feed["input_ids"], batch.mask
+        assert len(set(ids[:, 1].tolist())) > 1 or batch.shape[0] == 1, "rows hold different texts"
+        assert (np.diff(mask, axis=1) <= 0).all(), "right padding only"
+        assert (mask[:, 0] == 1).all()
+    long_corner = next(b for b in batches if b.name == "b8_s64")
+    assert long_corner.mask.all(), "long corners are filled with texts at least that long"
+
+
+def test_sequence_beyond_the_model_limit_is_a_shape_error(tokenizer):
+    with pytest.raises(ShapeError, match="sequence.max=200 exceeds the model's limit of 128"):
+        corner_batches(tokenizer, NAMES, list(load_corpus()), ShapeRange(min=1, opt=1, max=1),
+                       ShapeRange(min=1, opt=64, max=200), max_sequence=128)
+
+
+def test_corpus_batches_cover_every_text_once(tokenizer):
+    texts = list(load_corpus())
+    batches = corpus_batches(tokenizer, NAMES, texts, batch_size=16, max_length=128)
+    assert sorted(i for b in batches for i in b.text_ids) == list(range(len(texts)))
+    assert len(texts) >= 300
+    assert max(b.shape[1] for b in batches) == 128
+    assert all(len(set(b.mask.sum(axis=1))) > 1 for b in batches), "every batch mixes lengths"

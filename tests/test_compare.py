@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
+from workbench.config import Tolerance
+from workbench.errors import InputMismatchError, ParityError
+from workbench.tasks import OutputSpec
+
+HIDDEN = OutputSpec("last_hidden_state", ("batch", "sequence", "hidden"), "hidden")
+EMBEDDING = OutputSpec("sentence_embedding", ("batch", "hidden"), "embedding")
+LOGITS = OutputSpec("logits", ("batch", "labels"), "logits")
+TOKENS = OutputSpec("logits", ("batch", "sequence", "labels"), "token_logits")
+RNG = np.random.default_rng(0)
+MASK = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+
+
+def test_padded_positions_never_count():
+    want = RNG.normal(size=(2, 4, 8)).astype(np.float32)
+    got = want.copy()
+    got[MASK == 0] = 1e6  # garbage where the mask is 0
+    got[0, 1, 3] += 0.01
+    parity = OutputParity(HIDDEN, Tolerance(atol=0.02, min_cosine=0.99))
+    parity.add("b", [10, 11], got, want, MASK)
+    summary = parity.summary()
+    assert summary["passed"], summary["failures"]
+    assert summary["max_abs"] == pytest.approx(0.01, rel=1e-3)
+    assert summary["compared_values"] == 5 * 8
+    assert summary["worst"] == {"batch": "b", "row": 0, "text_id": 10, "position": [1, 3],
+                                "got": pytest.approx(float(got[0, 1, 3])), "want": pytest.approx(float(want[0, 1, 3])),
+                                "abs_error": pytest.approx(0.01, rel=1e-3)}
+
+
+def test_nan_fails_with_a_count_and_infinite_violation():
+    want = RNG.normal(size=(2, 8)).astype(np.float32)
+    got = want.copy()
+    got[1, 2] = np.nan
+    parity = OutputParity(EMBEDDING, Tolerance(atol=0.1, min_cosine=0.9))
+    parity.add("b", [0, 1], got, want, MASK)
+    summary = parity.summary()
+    assert not summary["passed"]
+    assert summary["non_finite"] == 1 and "1 NaN/Inf values" in summary["failures"]
+    assert summary["violation"] == float("inf")
+
+
+def test_cosine_threshold_and_violation():
+    want = RNG.normal(size=(4, 16))
+    got = want + RNG.normal(scale=0.3, size=want.shape)
+    parity = OutputParity(EMBEDDING, Tolerance(min_cosine=0.999))
+    parity.add("b", [0, 1, 2, 3], got, want, np.ones((4, 5)))
+    summary = parity.summary()
+    cos = np.sum(got * want, 1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert summary["min_cosine"] == pytest.approx(cos.min())
+    assert summary["failures"] == [f"min cosine {cos.min():.6f} < 0.999"]
+    assert summary["violation"] == pytest.approx((0.999 - cos.min()) / 0.001)
+    assert parity.hardest(1) == [int(np.argmin(cos))]
+
+
+def test_label_agreement_for_sequence_and_token_logits():
+    want = np.array([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]])
+    got = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+    parity = OutputParity(LOGITS, Tolerance(min_agreement=0.9))
+    parity.add("b", [0, 1], got, want, np.ones((2, 3)))
+    assert parity.summary()["agreement"] == 0.5
+    tokens = OutputParity(TOKENS, Tolerance(min_agreement=1.0))
+    want_t = RNG.normal(size=(2, 4, 3))
+    got_t = want_t.copy()
+    got_t[1, 3] = -want_t[1, 3]  # a padded position: ignored
+    tokens.add("b", [0, 1], got_t, want_t, MASK)
+    assert tokens.summary()["agreement"] == 1.0 and tokens.summary()["passed"]
+
+
+def test_tolerance_defaults_and_overrides():
+    assert tolerance_for(EMBEDDING, "int8", {}).min_cosine == 0.99
+    assert tolerance_for(EMBEDDING, "int8", {}).atol is None
+    merged = tolerance_for(EMBEDDING, "fp16", {"sentence_embedding": Tolerance(min_cosine=0.9)})
+    assert (merged.min_cosine, merged.atol) == (0.9, 2e-2)
+
+
+def test_parity_error_names_the_worst_output_and_values():
+    want = np.zeros((2, 8))
+    got = want.copy()
+    got[1, 5] = 3.0
+    parity = OutputParity(EMBEDDING, Tolerance(atol=0.1))
+    parity.add("corpus_000", [7, 8], got, want, MASK)
+    result = {"outputs": {"sentence_embedding": parity.summary()}}
+    result.update(verdict(result["outputs"]))
+    with pytest.raises(ParityError, match="fp32 fails parity on sentence_embedding.*text 8.*got 3.0, reference 0.0") \
+            as info:
+        raise_if_failed("fp32", result)
+    assert info.value.worst["position"] == [5] and info.value.output == "sentence_embedding"
+
+
+def test_mismatched_input_names():
+    with pytest.raises(InputMismatchError, match="takes inputs \\['attention_mask', 'input_ids'\\]"):
+        check_inputs(("input_ids", "attention_mask", "token_type_ids"), ("input_ids", "attention_mask"), "roberta")

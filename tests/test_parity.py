@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import make_fp16_overflow
+from workbench.compare import raise_if_failed
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.errors import InputMismatchError, ParityError, ShapeError
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.runners.onnxruntime import OrtRunner
+from workbench.steps import export, optimize, parity
+
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
+
+
+def pipeline(model: Path, run_dir: Path, **settings) -> tuple[RunRecord, dict]:
+    config = RunConfig.model_validate({"model": str(model), **SMALL, **settings})
+    record = RunRecord.create(run_dir, config)
+    export.run(config, record)
+    optimize.run(config, record)
+    return record, parity.run(config, record)
+
+
+@pytest.fixture(scope="module")
+def bert_parity(tiny_models, tmp_path_factory):
+    return pipeline(tiny_models["bert"], tmp_path_factory.mktemp("parity"))
+
+
+def test_fp32_variants_match_pytorch_everywhere(bert_parity):
+    record, results = bert_parity
+    for variant in ("original", "fp32"):
+        for name, out in results[variant]["outputs"].items():
+            assert out["passed"] and out["max_abs"] < 1e-5 and out["min_cosine"] > 0.99999, (variant, name)
+    assert results["fp16"]["passed"] and 1e-5 < results["fp16"]["outputs"]["last_hidden_state"]["max_abs"] < 0.05
+    stored = record.data["metrics"]["parity"]
+    assert set(stored["variants"]) == set(results)
+    assert stored["inputs"]["texts"] == len(load_corpus())
+
+
+def test_inputs_cover_the_shape_corners(bert_parity):
+    record, _ = bert_parity
+    shapes = {b["name"]: tuple(b["shape"]) for b in record.data["metrics"]["parity"]["inputs"]["batches"]}
+    assert shapes["b8_s64"] == (8, 64) and shapes["b4_s32"] == (4, 32)
+    assert any(n.startswith("b1_s") and s[1] < 10 for n, s in shapes.items()), "the shortest real text"
+    assert {"mixed_b4", "mixed_b8"} <= set(shapes)
+
+
+def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):
+    record, _ = bert_parity
+    script = record.artifact("parity.reproduce")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("PASSED | Runtime") >= 3  # original, fp32, fp16
+    assert "Pass Rate: 100.00%" in done.stdout
+
+
+def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path):
+    model = make_fp16_overflow(tmp_path / "overflow", tiny_models["bert"])
+    record, results = pipeline(model, tmp_path / "run", precisions=["fp32", "fp16"])
+    before = results["fp16"]
+    assert not before["passed"]
+    assert before["outputs"]["sentence_embedding"]["non_finite"] > 0
+    with pytest.raises(ParityError, match="fp16 fails parity on .*NaN/Inf"):
+        raise_if_failed("fp16", before)
+    repair = record.data["metrics"]["parity"]["repair"]["fp16"]
+    assert repair["outcome"] == "repaired" and repair["ranked_by"] == "blocked"
+    blocked = repair["chosen"]["blocked"]
+    assert 0 < len(blocked) <= 3 < repair["units"]
+    after = results["fp16_repaired"]
+    assert after["passed"] and after["outputs"]["sentence_embedding"]["max_abs"] < 0.02
+    assert record.data["artifacts"]["onnx.fp16_repaired"]["blocked"] == blocked
+    assert repair["before"]["passed"] is False
+    assert not list((tmp_path / "run" / "repair" / "fp16").iterdir()), "candidate files are cleaned up"
+
+
+def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
+    strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"]}
+    record, results = pipeline(tiny_models["bert"], tmp_path, **strict)
+    assert not results["int8"]["passed"]
+    repair = record.data["metrics"]["parity"]["repair"]["int8"]
+    assert set(repair["sensitivity"]) and len(repair["sensitivity"]) == repair["units"]
+    assert repair["outcome"] == "repaired" and repair["ranked_by"] == "latency"
+    assert results["int8_repaired"]["passed"]
+    assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
+    assert all(c["latency_ms"] > 0 for c in repair["candidates"])
+
+
+def test_sequence_beyond_the_model_is_refused(tiny_models, tmp_path):
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "sequence": {"min": 1, "opt": 64,
+                                                                                        "max": 200}})
+    record = RunRecord.create(tmp_path, config)
+    with pytest.raises(ShapeError, match="sequence.max=200 exceeds the model's limit of 128"):
+        parity.run(config, record)
+    assert record.data["steps"]["parity"]["status"] == "failed"
+
+
+def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_path):
+    _, _ = bert_parity
+    roberta = RunConfig(model=str(tiny_models["roberta"]))
+    other = RunRecord.create(tmp_path, roberta)
+    export.run(roberta, other)
+    bert = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL})
+    lab = parity.ParityLab.build(bert, load_model(bert), load_corpus()[:16])
+    runner = OrtRunner("roberta", other.artifact("onnx.original"), ["CPUExecutionProvider"])
+    with pytest.raises(InputMismatchError, match="roberta takes inputs"):
+        lab.compare(runner, "fp32")
+
+
+@pytest.mark.slow
+def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path):
+    """The embedded model's int8 loses accuracy on short texts; the repair must bring min cosine to >= 0.99."""
+    settings = {"batch": {"min": 1, "opt": 8, "max": 8}, "sequence": {"min": 1, "opt": 64, "max": 128},
+                "precisions": ["fp32", "int8"], "threads": 2}
+    record, results = pipeline("sentence-transformers/all-MiniLM-L6-v2", tmp_path, **settings)
+    before = results["int8"]["outputs"]["sentence_embedding"]["min_cosine"]
+    after = results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"]
+    assert before < 0.99 <= after
+    repair = record.data["metrics"]["parity"]["repair"]["int8"]
+    assert len(repair["chosen"]["blocked"]) < repair["units"]
+    assert results["int8_repaired"]["passed"]

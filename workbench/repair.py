@@ -1,0 +1,190 @@
+"""Precision repair: find a small set of nodes to keep in fp32 so a reduced-precision variant passes parity.
+
+The search is the same for fp16 and int8; what differs is how a candidate is built (the fp16 converter's node
+block list, or the quantizer's nodes to exclude) and how units are ordered (most likely culprit first):
+1. order the units; 2. bisect the shortest prefix of that order that passes; 3. drop, one at a time from the least
+likely end, every unit the set still passes without. Every build is evaluated and timed, and the fastest passing
+candidate wins.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench import onnxfiles
+
+Evaluate = Callable[[Path], dict[str, Any]]  # -> {"passed", "violation", "failures", "outputs"}
+Latency = Callable[[Path], float]
+
+
+@dataclass
+class Candidate:
+    blocked: tuple[str, ...]
+    passed: bool
+    violation: float
+    latency_ms: float
+    build_seconds: float
+    summary: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        return {"blocked": list(self.blocked), "passed": self.passed, "violation": self.violation,
+                "latency_ms": round(self.latency_ms, 3), "build_seconds": round(self.build_seconds, 3),
+                **self.summary}
+
+
+@dataclass
+class RepairProblem:
+    """What to repair: `build(blocked, dest)` writes the variant keeping `blocked` nodes in fp32."""
+
+    precision: str
+    units: list[str]
+    build: Callable[[list[str], Path], None]
+    ordering: str = ""
+    rank_by: str = "latency"  # how passing candidates are ranked: "latency", or "blocked" (fewest fp32 nodes)
+    sensitivity: dict[str, float] = field(default_factory=dict)
+
+
+class RepairSearch:
+    """Builds, checks and times candidates, caching by blocked set; keeps only the best file on disk."""
+
+    def __init__(self, problem: RepairProblem, evaluate: Evaluate, latency: Latency, workdir: Path,
+                 max_builds: int, summarize: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.problem = problem
+        self.evaluate = evaluate
+        self.latency = latency
+        self.workdir = workdir
+        self.max_builds = max_builds
+        self.summarize = summarize
+        self.candidates: dict[frozenset[str], Candidate] = {}
+        self.best: tuple[Candidate, Path] | None = None
+        self.history: list[dict[str, Any]] = []
+        self.round = 0
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def try_blocked(self, blocked: list[str]) -> Candidate:
+        key = frozenset(blocked)
+        if key in self.candidates:
+            return self.candidates[key]
+        if len(self.history) >= self.max_builds:
+            raise _BudgetSpent
+        path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
+        start = time.perf_counter()
+        self.problem.build(list(blocked), path)
+        seconds = time.perf_counter() - start
+        result = self.evaluate(path)
+        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], self.latency(path),
+                              seconds, self.summarize(result))
+        self.candidates[key] = candidate
+        self.history.append({**candidate.record(), "round": self.round})
+        self._keep_if_best(candidate, path)
+        return candidate
+
+    def reset_results(self) -> None:
+        """Forget verdicts (the check set changed); the build budget and history carry on."""
+        if self.best:
+            _remove_onnx(self.best[1])
+        self.candidates.clear()
+        self.best = None
+        self.round += 1
+
+    def _rank(self, candidate: Candidate) -> tuple[float, float]:
+        if self.problem.rank_by == "blocked":
+            return len(candidate.blocked), candidate.latency_ms
+        return candidate.latency_ms, len(candidate.blocked)
+
+    def _keep_if_best(self, candidate: Candidate, path: Path) -> None:
+        best = self.best[0] if self.best else None
+        better = candidate.passed and (best is None or self._rank(candidate) < self._rank(best))
+        if better:
+            if self.best:
+                _remove_onnx(self.best[1])
+            self.best = (candidate, path)
+        else:
+            _remove_onnx(path)
+
+    def passes(self, blocked: list[str]) -> bool:
+        return self.try_blocked(blocked).passed
+
+
+class _BudgetSpent(Exception):
+    pass
+
+
+def _remove_onnx(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    Path(f"{path}.data").unlink(missing_ok=True)
+
+
+def run_search(search: RepairSearch) -> dict[str, Any]:
+    """Bisect the shortest passing prefix of the unit order, then prune it; returns what was found."""
+    units = search.problem.units
+    start = time.perf_counter()
+    outcome = "repaired"
+    try:
+        search.try_blocked([])
+        if not search.passes(units):
+            outcome = "unrepairable: fails even with every candidate node in fp32"
+        else:
+            low, high = 0, len(units)  # units[:low] fails, units[:high] passes
+            while high - low > 1:
+                mid = (low + high) // 2
+                if search.passes(units[:mid]):
+                    high = mid
+                else:
+                    low = mid
+            kept = list(units[:high])
+            for unit in reversed(units[:high]):
+                trial = [u for u in kept if u != unit]
+                if search.passes(trial):
+                    kept = trial
+    except _BudgetSpent:
+        outcome = f"stopped after {search.max_builds} builds (raise repair_max_builds)"
+    chosen = search.best[0] if search.best else None
+    return {
+        "precision": search.problem.precision,
+        "ordering": search.problem.ordering,
+        "ranked_by": search.problem.rank_by,
+        "units": len(units),
+        "outcome": outcome if chosen else outcome.replace("repaired", "no passing candidate"),
+        "chosen": chosen.record() if chosen else None,
+        "candidates": search.history,
+        "sensitivity": search.problem.sensitivity,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def sensitivity_order(search: RepairSearch) -> list[str]:
+    """Units ordered by how much keeping each one alone in fp32 lowers the mean error (one build each)."""
+    baseline = search.try_blocked([]).summary["loss"]
+    for unit in search.problem.units:
+        search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
+    return sorted(search.problem.units, key=lambda u: -search.problem.sensitivity[u])
+
+
+def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candidates: set[str]) -> list[str]:
+    """Nodes with float activations, ordered by the largest magnitude their inputs or outputs reach in fp32.
+
+    fp16 overflows past 65504, so the nodes that touch the largest values are the first suspects.
+    """
+    import onnxruntime
+    from polygraphy import constants
+    from polygraphy.backend.onnx import modify_outputs
+
+    model = modify_outputs(onnxfiles.load(model_path), outputs=constants.MARK_ALL, copy=True)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    peak: dict[str, float] = {}
+    for feed in feeds:
+        wanted = {i.name for i in session.get_inputs()}
+        for name, value in zip(names, session.run(None, {k: v for k, v in feed.items() if k in wanted})):
+            if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
+                peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
+    node_peak = {node.name: max(peak[t] for t in [*node.input, *node.output] if t in peak)
+                 for node in model.graph.node
+                 if node.name in candidates and any(t in peak for t in [*node.input, *node.output])}
+    return sorted(node_peak, key=lambda n: -node_peak[n])

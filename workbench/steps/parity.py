@@ -1,0 +1,275 @@
+"""Step 04 parity: every variant against PyTorch on real text at the shape corners, and precision repair."""
+from __future__ import annotations
+
+import shlex
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench import onnxfiles
+from workbench.atomic import atomic_path, write_text
+from workbench.batches import Batch, corner_batches, corpus_batches
+from workbench.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.models import LoadedModel, load_model
+from workbench.record import RunRecord
+from workbench.repair import RepairProblem, RepairSearch, activation_order, run_search, sensitivity_order
+from workbench.runners.onnxruntime import CPU, OrtRunner, providers_for
+from workbench.runners.torch import TorchRunner
+from workbench.steps.optimize import convert_fp16, quantize_int8
+from workbench.tasks import OutputSpec
+from workbench.timing import median_ms
+
+STEP = "parity"
+EXACT_VARIANTS = ("original", "fp32")
+HARD_TEXTS = 48  # texts per output the repair search checks candidates on
+REPAIR_ROUNDS = 3
+WORST_TEXTS = 10
+
+
+class ParityLab:
+    """The reference outputs on a fixed set of real-text batches, and comparisons of any runner against them."""
+
+    def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...], batches: list[Batch],
+                 corners: int) -> None:
+        self.config = config
+        self.loaded = loaded
+        self.texts = texts
+        self.specs: tuple[OutputSpec, ...] = loaded.task.outputs(config.pooling)
+        self.batches = batches
+        self.corners = batches[:corners]
+        self.reference = TorchRunner(loaded, config.pooling)
+        start = time.perf_counter()
+        self.expected = [self.reference.infer(b.feed) for b in self.batches]
+        self.reference_seconds = time.perf_counter() - start
+
+    @classmethod
+    def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
+        """The shape corners of the configuration, then every text once in mixed-length batches."""
+        names = loaded.input_names
+        corners = corner_batches(loaded.tokenizer, names, list(texts), config.batch, config.sequence,
+                                 loaded.max_sequence, config.seed)
+        sweep = corpus_batches(loaded.tokenizer, names, list(texts), config.batch.opt, loaded.max_sequence)
+        return cls(config, loaded, texts, corners + sweep, len(corners))
+
+    def subset(self, text_ids: list[int]) -> ParityLab:
+        """A smaller lab over `text_ids` only (mixed-length batches), for fast repeated checks."""
+        batches = corpus_batches(self.loaded.tokenizer, self.loaded.input_names, [self.texts[i] for i in text_ids],
+                                 self.config.batch.opt, self.loaded.max_sequence)
+        for batch in batches:
+            batch.text_ids = [text_ids[i] for i in batch.text_ids]
+        return ParityLab(self.config, self.loaded, self.texts, batches, 0)
+
+    @property
+    def sweep(self) -> list[Batch]:
+        return self.batches[len(self.corners):]
+
+    @property
+    def primary(self) -> OutputSpec:
+        """The output users read: the sentence embedding when there is one."""
+        return next((s for s in self.specs if s.kind == "embedding"), self.specs[0])
+
+    def collect(self, runner: Any, precision: str) -> dict[str, OutputParity]:
+        """Run every batch through `runner` and accumulate each output's comparison."""
+        check_inputs(self.reference.input_names, runner.input_names, runner.name)
+        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances)) for s in self.specs}
+        for batch, expected in zip(self.batches, self.expected):
+            got = runner.infer(batch.feed)
+            for name, parity in outputs.items():
+                parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
+        return outputs
+
+    def compare(self, runner: Any, precision: str) -> dict[str, Any]:
+        start = time.perf_counter()
+        outputs = self.collect(runner, precision)
+        seconds = time.perf_counter() - start
+        summaries = {name: parity.summary() for name, parity in outputs.items()}
+        return {**verdict(summaries), "precision": precision, "providers": list(runner.providers),
+                "seconds": round(seconds, 3), "outputs": summaries,
+                "worst_texts": self._worst_texts(outputs[self.primary.name])}
+
+    def _worst_texts(self, parity: OutputParity) -> list[dict[str, Any]]:
+        return [{"text_id": i, "text": self.texts[i][:160], "metric": parity.per_text_metric,
+                 "error": parity.per_text_error(i), **parity.per_text[i]} for i in parity.hardest(WORST_TEXTS)]
+
+    def latency_feed(self) -> dict[str, np.ndarray]:
+        name = f"b{self.config.batch.opt}_s{self.config.sequence.opt}"
+        return next(b.feed for b in self.corners if b.name == name)
+
+    def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:
+        """The corner batches and PyTorch's outputs in Polygraphy's JSON formats (--load-inputs/--load-outputs)."""
+        from polygraphy.comparator import IterationResult, RunResults
+        from polygraphy.json import save_json
+
+        inputs, reference = folder / "inputs.json", folder / "reference.json"
+        corners = self.corners
+        results = RunResults([(self.reference.name, [
+            IterationResult(outputs=dict(out), runner_name=self.reference.name)
+            for out in self.expected[: len(corners)]])])
+        with atomic_path(inputs) as tmp:
+            save_json([b.feed for b in corners], str(tmp))
+        with atomic_path(reference) as tmp:
+            save_json(results, str(tmp))
+        return inputs, reference
+
+
+def onnx_variants(record: RunRecord) -> dict[str, tuple[Path, str]]:
+    """ONNX variants to check, with their precision (the TensorRT input is the original graph again)."""
+    return {a["variant"]: (record.run_dir / a["path"], a["precision"])
+            for a in record.data["artifacts"].values() if a["kind"] == "onnx" and a["variant"] != "tensorrt"}
+
+
+def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab) -> RepairProblem:
+    """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude, by sensitivity.
+
+    Passing candidates are ranked by latency, except fp16 on the CPU provider (which runs fp16 through casts, so its
+    latency says nothing about a GPU): there the fewest nodes kept in fp32 wins.
+    """
+    graph = onnxfiles.load(fp32, load_external_data=False)
+    if precision == "fp16":
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+        blocked_ops = set(DEFAULT_OP_BLOCK_LIST) | set(config.fp16_op_block_list) | {"Cast"}
+        units = {n.name for n in graph.graph.node if n.op_type not in blocked_ops} - set(config.fp16_node_block_list)
+        feeds = [b.feed for b in lab.sweep[:4]] + [lab.corners[-1].feed]
+        on_gpu = providers_for(config.device)[0] != CPU
+        return RepairProblem("fp16", activation_order(fp32, feeds, units), lambda blocked, dest: convert_fp16(
+            fp32, dest, config.fp16_op_block_list, config.fp16_node_block_list + blocked),
+            ordering="largest fp32 activation first", rank_by="latency" if on_gpu else "blocked")
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    units = [n.name for n in graph.graph.node
+             if n.op_type in IntegerOpsRegistry and n.name not in config.int8_nodes_to_exclude]
+    return RepairProblem("int8", units, lambda blocked, dest: quantize_int8(
+        fp32, dest, config.int8_per_channel, config.int8_nodes_to_exclude + blocked),
+        ordering="largest parity gain when kept in fp32 alone first")
+
+
+def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
+    """Search for nodes to keep in fp32 on the hardest texts, confirm on the full lab, write the repaired file.
+
+    The search runs on the texts the unrepaired variant gets most wrong; when its winner then fails on the full set,
+    the newly failing texts join the hard set and the search goes on (builds are cached and budgeted).
+    """
+    providers = providers_for(config.device)
+    original = record.artifact(f"onnx.{precision}")
+    hard: list[int] = []
+    for output in lab.collect(OrtRunner(precision, original, providers, config.threads), precision).values():
+        hard += [i for i in output.hardest(HARD_TEXTS) if i not in hard]
+    fp32 = record.artifact("onnx.fp32")
+    problem = repair_problem(precision, config, fp32, lab)
+    feed = lab.latency_feed()
+    sub = lab.subset(hard)
+
+    def evaluate(path: Path) -> dict[str, Any]:
+        return sub.compare(OrtRunner(precision, path, providers, config.threads), precision)
+
+    def latency(path: Path) -> float:
+        runner = OrtRunner(precision, path, providers, config.threads)
+        return median_ms(lambda: runner.infer(feed), repeats=5, warmup=1)
+
+    def summarize(result: dict[str, Any]) -> dict[str, Any]:
+        primary = result["outputs"][lab.primary.name]
+        return {"failures": result["failures"],
+                **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss") if k in primary}}
+
+    search = RepairSearch(problem, evaluate, latency, record.run_dir / "repair" / precision,
+                          config.repair_max_builds, summarize)
+    if precision == "int8":
+        problem.units = sensitivity_order(search)
+    for _ in range(REPAIR_ROUNDS):
+        result = run_search(search)
+        if search.best is None:
+            break
+        candidate, path = search.best
+        full = lab.compare(OrtRunner(precision, path, providers, config.threads), precision)
+        if full["passed"]:
+            break
+        failing = [i for o in lab.collect(OrtRunner(precision, path, providers, config.threads), precision).values()
+                   for i in o.hardest(HARD_TEXTS // 4)]
+        sub = lab.subset(list(dict.fromkeys(hard + failing)))
+        hard = [b for batch in sub.batches for b in batch.text_ids]
+        search.reset_results()
+    result["hard_texts"] = len(hard)
+    if search.best is not None:
+        candidate, path = search.best
+        dest = record.run_dir / "onnx" / f"{precision}_repaired.onnx"
+        onnxfiles.save(onnxfiles.load(path), dest)
+        path.unlink(missing_ok=True)
+        record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
+                            precision=precision, blocked=list(candidate.blocked))
+    result["before"] = search.candidates[frozenset()].record() if frozenset() in search.candidates else None
+    result["latency_feed"] = list(feed["input_ids"].shape)
+    return result
+
+
+def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:
+    """A shell script that re-runs each ONNX variant against the saved PyTorch outputs with Polygraphy."""
+    lines = ["#!/usr/bin/env bash",
+             "# Re-run each variant on the saved corner-batch inputs and compare with the saved PyTorch outputs.",
+             "# Polygraphy compares every element, padded positions included, by absolute/relative tolerance;",
+             "# the workbench's cosine and label-agreement criteria (run.json metrics.parity) are not applied here.",
+             'cd "$(dirname "$0")/.." || exit 1', "status=0"]
+    variants = onnx_variants(record)
+    for name, result in results.items():
+        if name not in variants:
+            continue
+        outputs = result["outputs"]
+        path = variants[name][0].relative_to(record.run_dir)
+        command = ["polygraphy run", shlex.quote(str(path)), "--onnxrt --providers cpu",
+                   "--load-inputs", str(inputs.relative_to(record.run_dir)),
+                   "--load-outputs", str(reference.relative_to(record.run_dir)), "--check-error-stat max"]
+        lines.append(f"echo '== {name}'")
+        if all("atol" in o["tolerance"] for o in outputs.values()):
+            command += ["--atol", *(f"{n}:{o['tolerance']['atol']:g}" for n, o in outputs.items()),
+                        "--rtol", *(f"{n}:{o['tolerance'].get('rtol', 0):g}" for n, o in outputs.items())]
+            lines.append(" ".join(command) + " || status=1")
+        else:
+            lines.append(f"# {name} is judged by cosine / label agreement, not an absolute tolerance: "
+                         "Polygraphy shows its error statistics only")
+            lines.append(" ".join(command) + " || true")
+    lines.append("exit $status")
+    return write_text(record.run_dir / "parity" / "reproduce.sh", "\n".join(lines) + "\n")
+
+
+def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """Compare every variant with PyTorch; repair failing fp16/int8 variants; fp32 variants must pass."""
+    with record.step(STEP):
+        loaded = load_model(config)
+        lab = ParityLab.build(config, loaded, load_corpus(config.corpus))
+        record.set_metric(f"{STEP}.inputs", {
+            "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
+            "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
+        results: dict[str, Any] = {}
+        for name, (path, precision) in onnx_variants(record).items():
+            runner = OrtRunner(name, path, providers_for(config.device), config.threads)
+            record.note_providers(runner.providers)
+            results[name] = lab.compare(runner, precision)
+            record.set_metric(f"{STEP}.variants.{name}", results[name])
+        if config.repair:
+            for precision in ("fp16", "int8"):
+                if precision in results and not results[precision]["passed"]:
+                    outcome = repair(precision, config, record, lab)
+                    record.set_metric(f"{STEP}.repair.{precision}", outcome)
+                    repaired = f"{precision}_repaired"
+                    if repaired in onnx_variants(record):
+                        runner = OrtRunner(repaired, record.artifact(f"onnx.{repaired}"),
+                                           providers_for(config.device), config.threads)
+                        results[repaired] = lab.compare(runner, precision)
+                        record.set_metric(f"{STEP}.variants.{repaired}", results[repaired])
+        inputs, reference = lab.save_polygraphy_data(record.run_dir / "parity")
+        script = reproduce_script(record, inputs, reference, results)
+        record.add_artifact("parity.inputs", inputs, kind="polygraphy-inputs")
+        record.add_artifact("parity.reference", reference, kind="polygraphy-outputs")
+        record.add_artifact("parity.reproduce", script, kind="script")
+        for name, result in results.items():
+            if not result["passed"]:
+                warnings.warn(f"{name} fails parity: {'; '.join(result['failures'])}", stacklevel=2)
+        for name in EXACT_VARIANTS:
+            if name in results:
+                raise_if_failed(name, results[name])
+        return results
