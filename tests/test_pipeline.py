@@ -10,23 +10,26 @@ from workbench.cli import main
 
 
 @pytest.mark.slow
-def test_cli_runs_export_and_optimize_notebooks(tiny_bert, tmp_path, capsys):
+def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = main(["run", "--model", str(tiny_bert), "--steps", "export,optimize", "--output-dir", str(run_dir),
-                 "-p", "precisions=[fp32,int8]", "--quiet"])
+    code = main(["run", "--model", str(tiny_bert), "--output-dir", str(run_dir), "-p", "precisions=[fp32,int8]",
+                 "-p", "sequence={min: 1, opt: 32, max: 64}", "-p", "batch.max=8", "--quiet"])
     assert code == 0
     assert f"run.json: {run_dir / 'run.json'}" in capsys.readouterr().out
     record = json.loads((run_dir / "run.json").read_text())
-    assert [(n, s["status"]) for n, s in record["steps"].items()] == [("export", "ok"), ("optimize", "ok")]
+    assert [(n, s["status"]) for n, s in record["steps"].items()] == [
+        ("export", "ok"), ("optimize", "ok"), ("parity", "ok")]
+    assert record["metrics"]["parity"]["variants"]["fp32"]["passed"]
     assert record["config"]["precisions"] == ["fp32", "int8"]
     assert record["metrics"]["fusions"]["fp32"]["fused"]["Attention"] == 2
     for name, artifact in record["artifacts"].items():
         path = run_dir / artifact["path"]
         if path.is_file():
             assert artifact["sha256"] == sha256_file(path), name
-    assert {"notebook.export", "notebook.optimize", "onnx.int8"} <= set(record["artifacts"])
-    executed = json.loads((run_dir / "notebooks" / "02_optimize.ipynb").read_text())
-    assert any(cell.get("outputs") for cell in executed["cells"])
+    assert {"notebook.export", "notebook.optimize", "notebook.parity", "onnx.int8"} <= set(record["artifacts"])
+    for notebook in ("02_optimize.ipynb", "04_parity.ipynb"):
+        executed = json.loads((run_dir / "notebooks" / notebook).read_text())
+        assert any("plotly" in json.dumps(cell.get("outputs")) for cell in executed["cells"]), notebook
     assert record["environment"]["packages"]["onnxruntime"]
 
 
@@ -39,7 +42,8 @@ def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, ca
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
     assert "opset 99 is outside" in record["steps"]["export"]["error"]
-    assert record["steps"]["optimize"] == {"status": "skipped", "reason": "not run: step 'export' failed"}
+    for later in ("optimize", "parity"):
+        assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
     assert (run_dir / "notebooks" / "01_export.ipynb").is_file()
     assert not list(run_dir.rglob("*.partial*"))

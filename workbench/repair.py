@@ -18,8 +18,8 @@ import numpy as np
 
 from workbench import onnxfiles
 
-Evaluate = Callable[[Path], dict[str, Any]]  # -> {"passed", "violation", "failures", "outputs"}
-Latency = Callable[[Path], float]
+# Check one built file: its parity result ({"passed", "violation", "failures", "outputs"}) and latency in ms.
+Assess = Callable[[Path], tuple[dict[str, Any], float]]
 
 
 @dataclass
@@ -52,11 +52,10 @@ class RepairProblem:
 class RepairSearch:
     """Builds, checks and times candidates, caching by blocked set; keeps only the best file on disk."""
 
-    def __init__(self, problem: RepairProblem, evaluate: Evaluate, latency: Latency, workdir: Path,
-                 max_builds: int, summarize: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(self, problem: RepairProblem, assess: Assess, workdir: Path, max_builds: int,
+                 summarize: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         self.problem = problem
-        self.evaluate = evaluate
-        self.latency = latency
+        self.assess = assess
         self.workdir = workdir
         self.max_builds = max_builds
         self.summarize = summarize
@@ -76,8 +75,8 @@ class RepairSearch:
         start = time.perf_counter()
         self.problem.build(list(blocked), path)
         seconds = time.perf_counter() - start
-        result = self.evaluate(path)
-        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], self.latency(path),
+        result, latency_ms = self.assess(path)
+        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], latency_ms,
                               seconds, self.summarize(result))
         self.candidates[key] = candidate
         self.history.append({**candidate.record(), "round": self.round})

@@ -1,6 +1,7 @@
 """Step 04 parity: every variant against PyTorch on real text at the shape corners, and precision repair."""
 from __future__ import annotations
 
+import copy
 import shlex
 import time
 import warnings
@@ -26,7 +27,7 @@ from workbench.timing import median_ms
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
-HARD_TEXTS = 48  # texts per output the repair search checks candidates on
+HARD_TEXTS = 16  # worst texts per output whose batches the repair search checks candidates on
 REPAIR_ROUNDS = 3
 WORST_TEXTS = 10
 
@@ -57,12 +58,17 @@ class ParityLab:
         return cls(config, loaded, texts, corners + sweep, len(corners))
 
     def subset(self, text_ids: list[int]) -> ParityLab:
-        """A smaller lab over `text_ids` only (mixed-length batches), for fast repeated checks."""
-        batches = corpus_batches(self.loaded.tokenizer, self.loaded.input_names, [self.texts[i] for i in text_ids],
-                                 self.config.batch.opt, self.loaded.max_sequence)
-        for batch in batches:
-            batch.text_ids = [text_ids[i] for i in batch.text_ids]
-        return ParityLab(self.config, self.loaded, self.texts, batches, 0)
+        """The corner batches plus the corpus batches holding `text_ids`, with the reference outputs reused.
+
+        Whole batches, not texts: dynamic int8 quantizes activations per batch, so a text's error depends on
+        which texts share its batch.
+        """
+        wanted = set(text_ids)
+        keep = [i for i, b in enumerate(self.batches) if i < len(self.corners) or wanted & set(b.text_ids)]
+        view = copy.copy(self)
+        view.batches = [self.batches[i] for i in keep]
+        view.expected = [self.expected[i] for i in keep]
+        return view
 
     @property
     def sweep(self) -> list[Batch]:
@@ -150,51 +156,50 @@ def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab
 
 
 def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
-    """Search for nodes to keep in fp32 on the hardest texts, confirm on the full lab, write the repaired file.
+    """Search for nodes to keep in fp32 on the hardest batches, confirm on the full lab, write the repaired file.
 
-    The search runs on the texts the unrepaired variant gets most wrong; when its winner then fails on the full set,
-    the newly failing texts join the hard set and the search goes on (builds are cached and budgeted).
+    The search checks candidates on the corner batches and the corpus batches the unrepaired variant gets most
+    wrong; when its winner then fails on the full set, the batches where it fails join and the search goes on
+    (verdicts are re-taken, builds are budgeted).
     """
     providers = providers_for(config.device)
-    original = record.artifact(f"onnx.{precision}")
     hard: list[int] = []
-    for output in lab.collect(OrtRunner(precision, original, providers, config.threads), precision).values():
+    for output in lab.collect(_runner(precision, record.artifact(f"onnx.{precision}"), config), precision).values():
         hard += [i for i in output.hardest(HARD_TEXTS) if i not in hard]
     fp32 = record.artifact("onnx.fp32")
     problem = repair_problem(precision, config, fp32, lab)
     feed = lab.latency_feed()
-    sub = lab.subset(hard)
+    checks = lab.subset(hard)
 
-    def evaluate(path: Path) -> dict[str, Any]:
-        return sub.compare(OrtRunner(precision, path, providers, config.threads), precision)
-
-    def latency(path: Path) -> float:
+    def assess(path: Path) -> tuple[dict[str, Any], float]:
         runner = OrtRunner(precision, path, providers, config.threads)
-        return median_ms(lambda: runner.infer(feed), repeats=5, warmup=1)
+        return checks.compare(runner, precision), median_ms(lambda: runner.infer(feed), repeats=5, warmup=1)
 
     def summarize(result: dict[str, Any]) -> dict[str, Any]:
         primary = result["outputs"][lab.primary.name]
         return {"failures": result["failures"],
                 **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss") if k in primary}}
 
-    search = RepairSearch(problem, evaluate, latency, record.run_dir / "repair" / precision,
-                          config.repair_max_builds, summarize)
+    search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
+                          summarize)
     if precision == "int8":
         problem.units = sensitivity_order(search)
+    confirmed = False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
         if search.best is None:
             break
-        candidate, path = search.best
-        full = lab.compare(OrtRunner(precision, path, providers, config.threads), precision)
-        if full["passed"]:
+        full = lab.collect(_runner(precision, search.best[1], config), precision)
+        failing = [i for o in full.values() if not o.summary()["passed"] for i in o.hardest(HARD_TEXTS)]
+        if not failing:
+            confirmed = True
             break
-        failing = [i for o in lab.collect(OrtRunner(precision, path, providers, config.threads), precision).values()
-                   for i in o.hardest(HARD_TEXTS // 4)]
-        sub = lab.subset(list(dict.fromkeys(hard + failing)))
-        hard = [b for batch in sub.batches for b in batch.text_ids]
+        hard += [i for i in failing if i not in hard]
+        checks = lab.subset(hard)
         search.reset_results()
-    result["hard_texts"] = len(hard)
+    if not confirmed and search.best is None and result["outcome"] == "repaired":
+        result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
+    result["checked_batches"] = len(checks.batches)
     if search.best is not None:
         candidate, path = search.best
         dest = record.run_dir / "onnx" / f"{precision}_repaired.onnx"
@@ -202,9 +207,14 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
         path.unlink(missing_ok=True)
         record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
                             precision=precision, blocked=list(candidate.blocked))
-    result["before"] = search.candidates[frozenset()].record() if frozenset() in search.candidates else None
+    baseline = search.candidates.get(frozenset())
+    result["before"] = baseline.record() if baseline else None
     result["latency_feed"] = list(feed["input_ids"].shape)
     return result
+
+
+def _runner(precision: str, path: Path, config: RunConfig) -> OrtRunner:
+    return OrtRunner(precision, path, providers_for(config.device), config.threads)
 
 
 def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:
