@@ -20,7 +20,8 @@ env: $(STAMP)
 demo: env  ## the whole pipeline on the embedded all-MiniLM-L6-v2 (ARGS="--steps export,optimize" etc.)
 	$(BIN)/workbench run $(ARGS)
 
-test: env  ## CPU test suite (GPU tests live in tests/gpu)
+test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
+	$(BIN)/ruff check workbench tests benchmarks
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev

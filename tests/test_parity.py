@@ -12,6 +12,7 @@ from workbench.compare import raise_if_failed
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.errors import InputMismatchError, ParityError, ShapeError
+from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner
@@ -108,7 +109,7 @@ def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_pa
     other = RunRecord.create(tmp_path, roberta)
     export.run(roberta, other)
     bert = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL})
-    lab = parity.ParityLab.build(bert, load_model(bert), load_corpus()[:16])
+    lab = ParityLab.build(bert, load_model(bert), load_corpus()[:16])
     runner = OrtRunner("roberta", other.artifact("onnx.original"), ["CPUExecutionProvider"])
     with pytest.raises(InputMismatchError, match="roberta takes inputs"):
         lab.compare(runner, "fp32")

@@ -7,6 +7,9 @@ import pytest
 
 from workbench.atomic import sha256_file
 from workbench.cli import main
+from workbench.environment import gpu_name
+
+TRT_STATUS = "skipped" if gpu_name() is None else "ok"  # TensorRT builds only where a GPU is
 
 
 @pytest.mark.slow
@@ -18,7 +21,7 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     assert f"run.json: {run_dir / 'run.json'}" in capsys.readouterr().out
     record = json.loads((run_dir / "run.json").read_text())
     assert [(n, s["status"]) for n, s in record["steps"].items()] == [
-        ("export", "ok"), ("optimize", "ok"), ("parity", "ok")]
+        ("export", "ok"), ("optimize", "ok"), ("parity", "ok"), ("tensorrt", TRT_STATUS)]
     assert record["metrics"]["parity"]["variants"]["fp32"]["passed"]
     assert record["config"]["precisions"] == ["fp32", "int8"]
     assert record["metrics"]["fusions"]["fp32"]["fused"]["Attention"] == 2
@@ -32,6 +35,15 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
         assert any("plotly" in json.dumps(cell.get("outputs")) for cell in executed["cells"]), notebook
     assert record["environment"]["packages"]["onnxruntime"]
 
+    # Resume the same run with the TensorRT step only: the stored configuration is reused, nothing is lost.
+    assert main(["run", "--resume", "--output-dir", str(run_dir), "--steps", "tensorrt", "--quiet"]) == 0
+    resumed = json.loads((run_dir / "run.json").read_text())
+    assert resumed["config"]["sequence"] == record["config"]["sequence"]
+    assert resumed["steps"]["tensorrt"]["status"] == TRT_STATUS
+    assert resumed["steps"]["parity"]["status"] == "ok"
+    assert set(record["artifacts"]) <= set(resumed["artifacts"])
+    assert (run_dir / "engines" / "build_engines.sh").is_file()
+
 
 @pytest.mark.slow
 def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, capsys):
@@ -42,7 +54,7 @@ def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, ca
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
     assert "opset 99 is outside" in record["steps"]["export"]["error"]
-    for later in ("optimize", "parity"):
+    for later in ("optimize", "parity", "tensorrt"):
         assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
     assert (run_dir / "notebooks" / "01_export.ipynb").is_file()

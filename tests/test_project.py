@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from workbench.steps import STEPS

@@ -7,7 +7,8 @@ import sys
 import yaml
 
 from workbench.config import RunConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
+from workbench.record import RunRecord
 from workbench.steps import STEPS
 
 
@@ -21,20 +22,26 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_config(args: argparse.Namespace) -> RunConfig:
+    """The configuration from defaults (or the resumed run's), --config, the named options and -p overrides."""
     overrides = list(args.param)
     for key in ("model", "output_dir"):
         if getattr(args, key):
             overrides.append(f"{key}={getattr(args, key)}")
     if args.steps:
         overrides.append(f"steps=[{args.steps}]")
-    return RunConfig.load(args.config, overrides)
+    base = None
+    if getattr(args, "resume", False):
+        if not args.output_dir:
+            raise ConfigError("--resume needs the run folder", "pass --output-dir <the run to continue>")
+        base = RunRecord.load(args.output_dir).data["config"]
+    return RunConfig.load(args.config, overrides, base=base)
 
 
 def _run(args: argparse.Namespace) -> int:
     from workbench.pipeline import run_pipeline
 
     config = _load_config(args)
-    record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet)
+    record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     for name, step in record.data["steps"].items():
         detail = step.get("reason") or step.get("error") or ""
         print(f"{name:12s} {step['status']:8s} {step.get('seconds', '')!s:>8} {detail}")
@@ -59,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the step notebooks through papermill and write run.json")
     _config_args(run)
     run.add_argument("--overwrite", action="store_true", help="reuse an output dir that already holds files")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --output-dir (same model), e.g. --steps tensorrt on a GPU host")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=_run)
     show = sub.add_parser("config", help="print the resolved run configuration as YAML")

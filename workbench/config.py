@@ -63,6 +63,9 @@ class RunConfig(_Strict):
     int8_nodes_to_exclude: list[str] = []
     tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
     corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
+    trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
+    trt_workspace_mb: int = Field(default=4096, ge=64)
+    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
     repair: bool = True
     repair_max_builds: int = Field(default=80, ge=2)
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -103,9 +106,11 @@ class RunConfig(_Strict):
             raise _config_error(exc, "the configuration") from None
 
     @classmethod
-    def load(cls, path: Path | str | None = None, overrides: list[str] | None = None) -> RunConfig:
-        """Defaults, then a YAML file (optional), then `key=value` overrides (dotted keys for nested fields)."""
+    def load(cls, path: Path | str | None = None, overrides: list[str] | None = None,
+             base: dict[str, Any] | None = None) -> RunConfig:
+        """Defaults (or `base`), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
         data = cls().to_params()
+        _merge(data, base or {})
         if path is not None:
             _merge(data, _read_yaml(Path(path)))
         for item in overrides or []:

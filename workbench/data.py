@@ -19,7 +19,8 @@ def load_corpus(path: Path | str | None = None) -> tuple[str, ...]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read corpus {path}: {exc}", "pass a UTF-8 text file with one text per line") from None
+        raise ConfigError(f"cannot read corpus {path}: {exc}",
+                          "pass a UTF-8 text file with one text per line") from None
     texts = tuple(line.strip() for line in lines if line.strip())
     if not texts:
         raise ConfigError(f"corpus {path} holds no text", "pass a UTF-8 text file with one text per line")

@@ -108,3 +108,29 @@ def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:
     figure.update_layout(title=f"{repair['precision']}: error reduction when one node stays fp32",
                          height=200 + 22 * len(items), margin={"l": 380})
     return figure
+
+
+def length_histogram(tensorrt: dict[str, Any]) -> go.Figure:
+    """Token lengths of the corpus with the chosen profiles' sequence ranges and opt points."""
+    hist = tensorrt["lengths"]["histogram"]
+    edges = hist["edges"]
+    figure = go.Figure(go.Bar(x=[(a + b) / 2 for a, b in zip(edges, edges[1:])], y=hist["counts"],
+                              width=[b - a for a, b in zip(edges, edges[1:])], name="texts"))
+    for index, profile in enumerate(tensorrt["profiles"]):
+        low, opt, high = profile["sequence"]
+        figure.add_vrect(x0=low, x1=high, opacity=0.08, line_width=0, fillcolor="green" if index % 2 else "blue",
+                         annotation_text=f"profile {index}: {low}-{high}", annotation_position="top left")
+        figure.add_vline(x=opt, line_dash="dot", annotation_text=f"opt {opt}")
+    figure.update_layout(title="Token lengths (special tokens included) and the TensorRT profiles",
+                         xaxis_title="tokens", yaxis_title="texts", showlegend=False)
+    return figure
+
+
+def padding_figure(tensorrt: dict[str, Any]) -> go.Figure:
+    """Share of padded token slots with one profile vs the length buckets."""
+    waste = tensorrt["padding_waste"]
+    figure = go.Figure()
+    for kind, label in (("dynamic", "batch padded to its longest"), ("to_profile_max", "padded to profile max")):
+        figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[w[kind] * 100 for w in waste.values()])
+    figure.update_layout(title="Padding waste", yaxis_title="% of token slots that are padding", barmode="group")
+    return figure

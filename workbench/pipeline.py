@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from workbench.config import RunConfig
+from workbench.environment import collect_environment
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.record import RunRecord
 from workbench.steps import STEP_NAMES, step_info
@@ -53,13 +54,22 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
 
 
 def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool = False,
-                 progress: bool = True) -> RunRecord:
-    """Run `config.steps` in pipeline order; stop at the first failed step and mark the rest skipped."""
+                 progress: bool = True, resume: bool = False) -> RunRecord:
+    """Run `config.steps` in pipeline order; stop at the first failed step and mark the rest skipped.
+
+    `resume` continues a run folder that already has a run.json (same model and export settings), keeping what
+    earlier steps produced, e.g. to build TensorRT engines on a GPU host after a CPU run.
+    """
     from papermill.exceptions import PapermillExecutionError
 
-    run_dir = prepare_run_dir(Path(run_dir or config.output_dir or default_run_dir(config)), overwrite)
+    run_dir = Path(run_dir or config.output_dir or default_run_dir(config))
     config = config.model_copy(update={"output_dir": str(run_dir)})
-    record = RunRecord.create(run_dir, config)
+    if resume:
+        record = RunRecord.open(run_dir, config, must_exist=True)
+        record.data["environment"] = collect_environment()  # the resumed steps may run on another machine
+        record.save()
+    else:
+        record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config)
     steps = [s for s in STEP_NAMES if s in config.steps]
     for index, step in enumerate(steps):
         notebook = run_dir / "notebooks" / step_info(step).notebook

@@ -55,9 +55,12 @@ class RunRecord:
         return cls(Path(run_dir), json.loads(path.read_text(encoding="utf-8")))
 
     @classmethod
-    def open(cls, run_dir: Path | str, config: RunConfig) -> RunRecord:
-        """Load the record in `run_dir`, or create it; refuse a folder that holds a different run."""
+    def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False) -> RunRecord:
+        """Load the record in `run_dir` (or create it unless `must_exist`); refuse a folder holding another run."""
         if not (Path(run_dir) / RECORD_NAME).is_file():
+            if must_exist:
+                raise OutputDirError(f"{run_dir} holds no run.json to resume",
+                                     "pass the folder of an earlier run, or drop --resume")
             return cls.create(run_dir, config)
         record = cls.load(run_dir)
         old, new = record.data["config"], config.to_params()

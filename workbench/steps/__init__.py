@@ -11,10 +11,12 @@ class StepInfo:
     summary: str
 
 
+# Pipeline order. TensorRT runs after parity so its fp16 engine can pin the layers the fp16 repair found.
 STEPS: tuple[StepInfo, ...] = (
     StepInfo("export", "01_export.ipynb", "PyTorch -> ONNX with dynamic batch and sequence axes"),
     StepInfo("optimize", "02_optimize.ipynb", "ONNX Runtime fusions, fp16, int8, symbolic shapes"),
     StepInfo("parity", "04_parity.ipynb", "every variant vs PyTorch on real text; fp16/int8 precision repair"),
+    StepInfo("tensorrt", "03_tensorrt.ipynb", "shape profiles from token lengths; TensorRT engines (GPU), cached"),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 

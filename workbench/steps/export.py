@@ -88,6 +88,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             "hidden_size": loaded.hidden_size,
             "num_layers": int(loaded.hf_config.num_hidden_layers),
             "max_positions": loaded.max_positions,
+            "max_sequence": loaded.max_sequence,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "exporter": config.exporter,
             "opset": config.opset,

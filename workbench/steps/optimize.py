@@ -14,7 +14,8 @@ from workbench.runners.onnxruntime import OrtRunner, providers_for
 
 STEP = "optimize"
 FUSED_OPS = (
-    "EmbedLayerNormalization", "QEmbedLayerNormalization", "Attention", "MultiHeadAttention", "QAttention", "Gelu", "FastGelu", "BiasGelu",
+    "EmbedLayerNormalization", "QEmbedLayerNormalization", "Attention", "MultiHeadAttention", "QAttention", "Gelu",
+    "FastGelu", "BiasGelu",
     "GemmFastGelu", "LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
     "SkipSimplifiedLayerNormalization", "RotaryEmbedding", "DynamicQuantizeMatMul", "MatMulInteger",
     "DynamicQuantizeLinear",

@@ -1,0 +1,13 @@
+"""GPU tests: run with `make test-gpu` on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev."""
+from __future__ import annotations
+
+import pytest
+
+from workbench.environment import gpu_name
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_name() is None:
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (nvidia-smi found none)")
+        for item in items:
+            item.add_marker(skip)

@@ -1,0 +1,154 @@
+"""Step 03 tensorrt: shape profiles from token lengths, engines via trtexec or the Python API, cached by key."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench import onnxfiles
+from workbench.atomic import atomic_path, sha256_file, write_text
+from workbench.batches import token_lengths
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.engines import (
+    EngineSpec,
+    build_engine,
+    cache_key,
+    original_nodes_for,
+    ort_tensorrt_options,
+    require_tensorrt,
+    trtexec_command,
+)
+from workbench.environment import gpu_name
+from workbench.profiles import Profile, design_profiles, padding_waste
+from workbench.record import RunRecord
+
+STEP = "tensorrt"
+
+
+def default_cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "transformer-workbench" / "tensorrt"
+
+
+def length_stats(lengths: np.ndarray, bins: int = 40) -> dict[str, Any]:
+    counts, edges = np.histogram(lengths, bins=bins)
+    return {"count": int(lengths.size), "min": int(lengths.min()), "max": int(lengths.max()),
+            "percentiles": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 95, 99)},
+            "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}
+
+
+def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
+    """Nodes of the exported graph to keep fp32 in the fp16 engine: the configured block list and what the parity
+    step's fp16 repair found (if it ran), mapped from the fused ORT graph back to the exported one."""
+    repaired = record.metric("parity.repair.fp16.chosen.blocked") or []
+    wanted = list(dict.fromkeys([*config.fp16_node_block_list, *repaired]))
+    if not wanted:
+        return {}
+    optimized = onnxfiles.load(record.artifact("onnx.fp32"), load_external_data=False)
+    original = onnxfiles.load(record.artifact("onnx.tensorrt"), load_external_data=False)
+    return original_nodes_for(wanted, optimized, original)
+
+
+def engine_specs(config: RunConfig, profiles: list[Profile], pins: dict[str, list[str]]) -> list[EngineSpec]:
+    pinned = list(dict.fromkeys(n for nodes in pins.values() for n in nodes))
+    return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], config.trt_workspace_mb)
+            for p in ("fp32", "fp16") if p in config.precisions]
+
+
+def write_build_script(record: RunRecord, commands: dict[str, list[str]]) -> Path:
+    lines = ["#!/usr/bin/env bash",
+             "# Build the engines of this run with trtexec on an NVIDIA GPU host (TensorRT installed).",
+             "# The workbench builds the same engines with the Python API: "
+             "workbench run --resume --output-dir <this run> --steps tensorrt",
+             "set -euo pipefail", 'cd "$(dirname "$0")/.."', "mkdir -p engines/reports"]
+    for name, command in commands.items():
+        lines += [f"echo '== {name}'", " \\\n    ".join(shlex.quote(part) if " " in part else part
+                                                       for part in command)]
+    return write_text(record.run_dir / "engines" / "build_engines.sh", "\n".join(lines) + "\n")
+
+
+def build_or_reuse(spec: EngineSpec, source: Path, input_names: tuple[str, ...], cache_dir: Path,
+                   dest: Path) -> dict[str, Any]:
+    """Build the engine unless the cache holds one for the same key; link (or copy) it into the run."""
+    trt = require_tensorrt()
+    key = cache_key(sha256_file(source), trt.__version__, gpu_name() or "", spec)
+    cached = cache_dir / f"{key}.plan"
+    info: dict[str, Any] = {"key": key, "cache_hit": cached.is_file(), "cache": str(cached)}
+    if not cached.is_file():
+        built = build_engine(source, spec, input_names, cache_dir / "timing.cache")
+        with atomic_path(cached) as tmp:
+            tmp.write_bytes(built.pop("engine"))
+        info.update(built)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(cached, dest)
+    except OSError:
+        shutil.copyfile(cached, dest)
+    return info
+
+
+def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[Path, EngineSpec]]) -> None:
+    """Compare each engine with PyTorch on the parity lab; results join metrics.parity.variants."""
+    from workbench.lab import ParityLab
+    from workbench.models import load_model
+    from workbench.runners.tensorrt import TrtEngineRunner
+
+    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
+    for name, (path, spec) in built.items():
+        runner = TrtEngineRunner(name, path, spec.profiles)
+        try:
+            record.set_metric(f"parity.variants.{name}", lab.compare(runner, spec.precision))
+        finally:
+            runner.close()
+
+
+def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """Design profiles and write build commands everywhere; build and check engines where a GPU and TensorRT are."""
+    with record.step(STEP):
+        from transformers import AutoTokenizer
+
+        export = record.metric("export")
+        source = record.artifact("onnx.tensorrt")
+        tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+        lengths = token_lengths(tokenizer, list(load_corpus(config.corpus)))
+        limit = export["max_sequence"]
+        profiles = design_profiles(lengths, config.trt_profiles, config.batch, config.sequence, limit)
+        single = design_profiles(lengths, 1, config.batch, config.sequence, limit)
+        metrics: dict[str, Any] = {
+            "lengths": length_stats(lengths),
+            "profiles": [p.record() for p in profiles],
+            "padding_waste": {"1": padding_waste(lengths, single, config.batch.opt),
+                              str(len(profiles)): padding_waste(lengths, profiles, config.batch.opt)},
+        }
+        record.set_metric(STEP, metrics)
+        pins = fp16_pins(config, record)
+        specs = engine_specs(config, profiles, pins)
+        input_names = tuple(export["io"]["inputs"])
+        engines_dir = record.run_dir / "engines"
+        cache_dir = Path(config.engine_cache_dir) if config.engine_cache_dir else default_cache_dir()
+        commands = {spec.name: trtexec_command(source.relative_to(record.run_dir), Path(f"engines/{spec.name}.plan"),
+                                               spec, input_names, Path("engines/timing.cache"),
+                                               Path("engines/reports")) for spec in specs}
+        script = write_build_script(record, commands)
+        record.add_artifact("tensorrt.build_script", script, kind="script")
+        metrics["fp16_pins"] = pins
+        metrics["engines"] = {spec.name: {"spec": spec.record(), "trtexec": " ".join(commands[spec.name]),
+                                          "ort_provider_options": ort_tensorrt_options(spec, input_names, cache_dir)}
+                              for spec in specs}
+        record.set_metric(STEP, metrics)
+        built = {}
+        for spec in specs:
+            dest = engines_dir / f"{spec.name}.plan"
+            metrics["engines"][spec.name]["build"] = build_or_reuse(spec, source, input_names, cache_dir, dest)
+            record.add_artifact(f"engine.{spec.name}", dest, kind="engine", variant=spec.name,
+                                precision=spec.precision, profiles=[p.record() for p in spec.profiles])
+            built[spec.name] = (dest, spec)
+            record.set_metric(STEP, metrics)
+        check_engines(config, record, built)
+        return metrics
