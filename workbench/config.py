@@ -44,6 +44,26 @@ class Tolerance(_Strict):
     min_agreement: float | None = Field(default=None, ge=0, le=1)
 
 
+class TritonSettings(_Strict):
+    """How the deployment is generated and served."""
+
+    name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
+    flavor: Literal["auto", "onnxruntime", "tensorrt_plan", "python-ort"] = "auto"
+    variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
+    instances: int = Field(default=1, ge=1)
+    dynamic_batching: bool = True
+    preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
+    max_queue_delay_us: int = Field(default=1000, ge=0)
+    gpu_accelerator: Literal["none", "tensorrt"] = "none"
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    overwrite: bool = False
+    repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
+                                                                 "the project's model_repository/")
+    container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+
 class RunConfig(_Strict):
     """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
 
@@ -66,6 +86,7 @@ class RunConfig(_Strict):
     trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
     trt_workspace_mb: int = Field(default=4096, ge=64)
     engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
+    triton: TritonSettings = TritonSettings()
     repair: bool = True
     repair_max_builds: int = Field(default=80, ge=2)
     device: Literal["auto", "cpu", "cuda"] = "auto"

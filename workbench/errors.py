@@ -75,3 +75,23 @@ class ParityError(WorkbenchError):
         self.variant = variant
         self.output = output
         self.worst = worst
+
+
+class TritonNotFoundError(DependencyMissingError):
+    """No tritonserver binary could be found."""
+
+
+class ServerStartError(WorkbenchError):
+    """The server did not become ready; the message carries its log."""
+
+
+class PortInUseError(WorkbenchError):
+    """A port the server should bind is taken."""
+
+
+class ServedError(WorkbenchError):
+    """The server answered a request with an error."""
+
+
+class RepositoryError(WorkbenchError):
+    """A model repository cannot be written or is not valid."""

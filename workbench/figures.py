@@ -134,3 +134,14 @@ def padding_figure(tensorrt: dict[str, Any]) -> go.Figure:
         figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[w[kind] * 100 for w in waste.values()])
     figure.update_layout(title="Padding waste", yaxis_title="% of token slots that are padding", barmode="group")
     return figure
+
+
+def batch_size_figure(burst: dict[str, Any]) -> go.Figure:
+    """How many executions each model ran at each batch size for a burst of one-text requests."""
+    figure = go.Figure()
+    for model, sizes in burst["batch_sizes"].items():
+        ordered = sorted(sizes.items(), key=lambda kv: int(kv[0]))
+        figure.add_bar(name=model, x=[str(k) for k, _ in ordered], y=[v for _, v in ordered])
+    figure.update_layout(title=f"Dynamic batching: {burst['requests']} concurrent one-text requests",
+                         xaxis_title="batch size executed", yaxis_title="executions", barmode="group")
+    return figure

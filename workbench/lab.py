@@ -44,6 +44,13 @@ class ParityLab:
         sweep = corpus_batches(loaded.tokenizer, names, list(texts), config.batch.opt, loaded.max_sequence)
         return cls(config, loaded, texts, corners + sweep, len(corners))
 
+    @classmethod
+    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
+        """Every text once, whole (not cut to a corner's length): what a served model sees."""
+        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, list(texts), config.batch.opt,
+                               min(config.sequence.max, loaded.max_sequence))
+        return cls(config, loaded, texts, sweep, 0)
+
     def subset(self, text_ids: list[int]) -> ParityLab:
         """The corner batches plus the corpus batches holding `text_ids`, with the reference outputs reused.
 
@@ -71,7 +78,8 @@ class ParityLab:
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
         outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances)) for s in self.specs}
         for batch, expected in zip(self.batches, self.expected):
-            got = runner.infer(batch.feed)
+            # Runners that need the texts themselves (a served ensemble) take the whole batch.
+            got = runner.infer_batch(batch) if hasattr(runner, "infer_batch") else runner.infer(batch.feed)
             for name, parity in outputs.items():
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs

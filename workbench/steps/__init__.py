@@ -17,6 +17,7 @@ STEPS: tuple[StepInfo, ...] = (
     StepInfo("optimize", "02_optimize.ipynb", "ONNX Runtime fusions, fp16, int8, symbolic shapes"),
     StepInfo("parity", "04_parity.ipynb", "every variant vs PyTorch on real text; fp16/int8 precision repair"),
     StepInfo("tensorrt", "03_tensorrt.ipynb", "shape profiles from token lengths; TensorRT engines (GPU), cached"),
+    StepInfo("triton", "05_triton.ipynb", "Triton model repository; a real server; served parity and batching"),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 

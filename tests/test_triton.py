@@ -1,0 +1,248 @@
+"""A real tritonserver (the one bundled in nvidia-pytriton) serving generated repositories on 127.0.0.1."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from workbench.config import RunConfig
+from workbench.data import encode, load_corpus
+from workbench.errors import PortInUseError, RepositoryError, ServedError, ServerStartError, TritonNotFoundError
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.runners.torch import TorchRunner
+from workbench.steps import export, optimize, triton
+from workbench.triton.client import AsyncTritonClient, TritonClient
+from workbench.triton.repository import parse_pbtxt, read_repository, write_repository
+from workbench.triton.server import Ports, TritonServer, find_tritonserver
+
+pytestmark = pytest.mark.slow
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
+         "precisions": ["fp32"], "threads": 1}
+
+
+def prepared(model, run_dir, repositories, **settings):
+    config = RunConfig.model_validate({"model": str(model), **SMALL, **settings,
+                                       "triton": {"repository_dir": str(repositories)}})
+    record = RunRecord.create(run_dir, config)
+    export.run(config, record)
+    optimize.run(config, record)
+    return config, record
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory):
+    """Tiny BERT, python-ort flavor, one server for the module (stopped even when tests fail)."""
+    root = tmp_path_factory.mktemp("triton")
+    config, record = prepared(tiny_models["bert"], root / "run", root / "repos")
+    plan, _ = triton.serving_plan(config, record)
+    repository = write_repository(plan, root / "repository")
+    with TritonServer(repository, root / "server") as server:
+        yield config, plan, server
+
+
+def test_configs_read_back_through_the_protobuf(served):
+    _, plan, server = served
+    parsed = read_repository(server.repository)
+    assert sorted(parsed) == [plan.name, plan.model_name, plan.tokenizer_name]
+    model = parsed[plan.model_name]
+    assert model.backend == "python" and model.max_batch_size == 8
+    assert list(model.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert all(i.allow_ragged_batch for i in model.input)
+    assert [s.model_name for s in parsed[plan.name].ensemble_scheduling.step] == [plan.tokenizer_name, plan.model_name]
+    assert [o.name for o in parsed[plan.tokenizer_name].output][-1] == "truncated"
+
+
+def test_served_embeddings_match_pytorch_over_http_and_grpc(served, tiny_models):
+    config, plan, server = served
+    texts = list(load_corpus()[:6])
+    loaded = load_model(config)
+    want = TorchRunner(loaded, "mean").infer(encode(loaded.tokenizer, texts, loaded.input_names, max_length=64))
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with TritonClient(url, protocol) as client:
+            got = client.infer_texts(plan.name, texts)
+        assert np.abs(got["sentence_embedding"] - want["sentence_embedding"]).max() < 1e-4, protocol
+        assert got["last_hidden_state"].shape == want["last_hidden_state"].shape
+        long = [len(ids) > 64 for ids in loaded.tokenizer(texts, verbose=False)["input_ids"]]
+        assert got["truncated"].ravel().tolist() == long and any(long) and not all(long)
+
+
+def test_asyncio_clients_and_dynamic_batching(served):
+    _, plan, server = served
+
+    async def many(protocol, url):
+        client = AsyncTritonClient(url, protocol)
+        try:
+            return await asyncio.gather(*(client.infer_texts(plan.name, [f"text number {i}"]) for i in range(32)))
+        finally:
+            await client.close()
+
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        answers = asyncio.run(many(protocol, url))
+        assert len(answers) == 32 and all(a["sentence_embedding"].shape == (1, 32) for a in answers)
+    burst = triton.observe_batching(server, plan, ["a short text", "another one"], concurrency=32)
+    sizes = burst["batch_sizes"][plan.model_name]
+    assert sum(size * count for size, count in sizes.items()) == 32
+    assert max(sizes) > 1, f"no request was batched: {sizes}"
+
+
+@pytest.mark.parametrize("texts, message", [
+    ([""], "TEXT\\[0\\] is empty"),
+    (["fine", "   "], "TEXT\\[1\\] is empty"),
+    ([b"\xff\xfe not utf-8"], "TEXT\\[0\\] is not valid UTF-8"),
+])
+def test_bad_text_is_refused_and_the_server_stays_healthy(served, texts, message):
+    _, plan, server = served
+    with TritonClient(server.http_url) as client, pytest.raises(ServedError, match=message):
+        client.infer_texts(plan.name, texts)
+    assert server.is_ready()
+
+
+def test_long_text_is_truncated_and_says_so(served):
+    _, plan, server = served
+    with TritonClient(server.http_url) as client:
+        got = client.infer_texts(plan.name, ["word " * 500, "short"])
+    assert got["truncated"].ravel().tolist() == [True, False]
+    assert got["last_hidden_state"].shape[1] == plan.max_length == 64
+
+
+def test_wrong_input_name_and_oversized_batch(served):
+    _, plan, server = served
+    with TritonClient(server.http_url) as client:
+        with pytest.raises(ServedError, match="TXT"):
+            client.infer(plan.name, {"TXT": np.array([[b"hello"]], dtype=object)})
+        with pytest.raises(ServedError, match="batch"):
+            client.infer_texts(plan.name, ["hello"] * (plan.max_batch_size + 1))
+    assert server.is_ready()
+
+
+def test_explicit_load_and_unload(served, tmp_path):
+    _, plan, _ = served
+    repository = served[2].repository
+    with TritonServer(repository, tmp_path, explicit=True, load=(plan.name,)) as server:
+        with TritonClient(server.http_url) as client:
+            assert client.client.is_model_ready(plan.name)
+            client.client.unload_model(plan.name)
+            assert not client.client.is_model_ready(plan.name)
+            client.client.load_model(plan.name)
+            assert client.client.is_model_ready(plan.name)
+
+
+def test_stop_leaves_no_process_and_frees_the_ports(served, tmp_path):
+    _, _, running = served
+    server = TritonServer(running.repository, tmp_path)
+    with server:
+        pid, ports = server.pid, server.ports
+    assert server.timings["stop_seconds"] < 15
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # neither the server nor its Python-backend stubs are left
+    for port in (ports.http, ports.grpc, ports.metrics):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may linger in TIME_WAIT
+            sock.bind(("127.0.0.1", port))
+
+
+def test_port_in_use_is_named(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"HTTP port {port} on 127.0.0.1 is already in use"):
+            Ports.pick(http=port)
+
+
+def test_missing_tritonserver_names_the_fix(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setitem(sys.modules, "pytriton", None)
+    with pytest.raises(TritonNotFoundError, match="pip install nvidia-pytriton"):
+        find_tritonserver()
+
+
+def test_a_model_the_server_cannot_load_fails_with_its_log(served, tmp_path):
+    config, plan, _ = served
+    broken = tmp_path / "repository"
+    (broken / "m" / "1").mkdir(parents=True)
+    (broken / "m" / "config.pbtxt").write_text('name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 1\n')
+    with pytest.raises(ServerStartError, match="(?s)exited with code.*onnxruntime"):
+        TritonServer(broken, tmp_path / "server", ready_timeout=60).start()
+
+
+def test_misspelled_config_is_refused_with_a_position():
+    with pytest.raises(RepositoryError, match="1:1"):
+        parse_pbtxt('nmae: "x"\n')
+    with pytest.raises(RepositoryError, match="KIND_TPU"):
+        parse_pbtxt('name: "x"\ninstance_group { kind: KIND_TPU }\n')
+
+
+def test_user_folders_are_never_overwritten(served, tmp_path):
+    _, plan, _ = served
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(RepositoryError, match="not generated by this workbench"):
+        write_repository(plan, target)
+    assert (target / "notes.txt").read_text() == "mine"
+    ours = write_repository(plan, tmp_path / "ours")
+    write_repository(plan, ours)  # ours and untouched: regenerated in place
+    (ours / plan.tokenizer_name / "config.pbtxt").write_text("edited")
+    with pytest.raises(RepositoryError, match="was edited"):
+        write_repository(plan, ours)
+    write_repository(plan, ours, overwrite=True)
+
+
+def test_gpu_flavors_generate_valid_configs(served, tmp_path):
+    _, plan, _ = served
+    from dataclasses import replace
+
+    onnx_gpu = replace(plan, flavor="onnxruntime", gpu=True, gpu_accelerator="tensorrt", fp16=True, pad_to=[32, 64])
+    trt = replace(plan, flavor="tensorrt_plan", gpu=True, profiles=2, pad_to=[32, 64], model_file=plan.model_file)
+    parsed = read_repository(write_repository(onnx_gpu, tmp_path / "ort"))
+    model = parsed[plan.model_name]
+    assert model.platform == "onnxruntime_onnx" and model.instance_group[0].kind == model.instance_group[0].KIND_GPU
+    accelerator = model.optimization.execution_accelerators.gpu_execution_accelerator[0]
+    assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
+    assert parsed[plan.tokenizer_name].parameters["pad_to"].string_value == "32,64"
+    engine = read_repository(write_repository(trt, tmp_path / "trt"))[plan.model_name]
+    assert engine.platform == "tensorrt_plan" and [list(g.profile) for g in engine.instance_group] == [["0"], ["1"]]
+    assert not engine.model_warmup
+
+
+def test_triton_step_end_to_end(tiny_models, tmp_path):
+    config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
+                              task="sequence-classification")
+    metrics = triton.run(config, record)
+    assert record.data["steps"]["triton"]["status"] == "ok", record.data["steps"]["triton"]
+    for protocol in ("http", "grpc"):
+        served_parity = record.data["metrics"]["served_parity"][protocol]
+        assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0
+    assert metrics["models"] == sorted([metrics["name"], f"{metrics['name']}_model", f"{metrics['name']}_postprocess",
+                                        f"{metrics['name']}_tokenizer"])
+    assert (tmp_path / "repos" / metrics["name"] / metrics["name"] / "config.pbtxt").is_file()
+    assert metrics["ready_seconds"] > 0 and metrics["stop_seconds"] > 0
+    deployment, service = yaml.safe_load_all(record.artifact("triton.kubernetes").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert {p["port"] for p in service["spec"]["ports"]} == {8000, 8001, 8002}
+    assert "tritonserver --model-repository=/models" in record.artifact("triton.docker").read_text()
+
+
+def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):
+    config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
+                              task="sequence-classification")
+    plan, _ = triton.serving_plan(config, record)
+    texts = list(load_corpus()[:5])
+    loaded = load_model(config)
+    logits = TorchRunner(loaded, "none").infer(encode(loaded.tokenizer, texts, loaded.input_names))["logits"]
+    with TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server") as server:
+        with TritonClient(server.http_url) as client:
+            got = client.infer_texts(plan.name, texts)
+    labels = [loaded.hf_config.id2label[i] for i in logits.argmax(axis=1)]
+    assert [x.decode() for x in got["label"].ravel()] == labels
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    assert np.allclose(got["score"].ravel(), probabilities.max(axis=1), atol=1e-4)

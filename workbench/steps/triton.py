@@ -1,0 +1,220 @@
+"""Step 05 triton: generate the model repository, serve it from a real Triton server, prove the served answers."""
+from __future__ import annotations
+
+import asyncio
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from workbench.atomic import write_text
+from workbench.batches import Batch
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.environment import gpu_name
+from workbench.errors import MissingArtifactError, StepSkipped
+from workbench.lab import ParityLab
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.tasks import TASKS
+from workbench.triton.client import AsyncTritonClient, TritonClient
+from workbench.triton.repository import ServingPlan, model_name_for, read_repository, write_repository
+from workbench.triton.server import Ports, TritonServer, find_tritonserver
+
+STEP = "triton"
+PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
+# Variants to serve, best first, when the configuration names none (the first that passed parity wins).
+PREFERENCE = {
+    "python-ort": ("int8_repaired", "int8", "fp32", "original"),
+    "onnxruntime": ("fp16_repaired", "fp16", "fp32", "original"),
+    "onnxruntime-cpu": ("int8_repaired", "int8", "fp32", "original"),
+    "tensorrt_plan": ("trt_fp16", "trt_fp32"),
+}
+CONTAINER_PACKAGES = ("transformers==5.23.0", "tokenizers")
+
+
+def choose_flavor(config: RunConfig) -> str:
+    if config.triton.flavor != "auto":
+        return config.triton.flavor
+    return "onnxruntime" if gpu_name() is not None and config.device != "cpu" else "python-ort"
+
+
+def choose_variant(config: RunConfig, record: RunRecord, flavor: str) -> tuple[str, Path, str]:
+    """(variant, file, precision): the configured one, else the preferred variant that passed parity."""
+    kind = "engine" if flavor == "tensorrt_plan" else "onnx"
+    available = {a["variant"]: a for a in record.data["artifacts"].values() if a["kind"] == kind}
+    verdicts = record.metric("parity.variants", {})
+    if config.triton.variant:
+        wanted = [config.triton.variant]
+    else:
+        key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
+        wanted = [v for v in PREFERENCE[key] if verdicts.get(v, {}).get("passed", not verdicts)]
+    for variant in wanted:
+        if variant in available:
+            entry = available[variant]
+            return variant, record.run_dir / entry["path"], entry["precision"]
+    raise MissingArtifactError(
+        f"no {kind} variant to serve with flavor {flavor} (wanted {wanted}, have {sorted(available)})",
+        "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those>")
+
+
+def serving_plan(config: RunConfig, record: RunRecord) -> tuple[ServingPlan, str]:
+    flavor = choose_flavor(config)
+    variant, path, precision = choose_variant(config, record, flavor)
+    from transformers import AutoConfig, AutoTokenizer
+
+    export = record.metric("export")
+    outputs = TASKS[config.task].outputs(config.pooling)
+    folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
+    id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
+    profiles = record.metric("tensorrt.profiles") or []
+    batch = config.batch
+    plan = ServingPlan(
+        name=model_name_for(config.triton.name or config.model_slug), flavor=flavor,
+        input_names=tuple(export["io"]["inputs"]), outputs=outputs, hidden_size=export["hidden_size"],
+        model_file=path, tokenizer_dir=folder,
+        max_length=min(config.sequence.max, export["max_sequence"]), max_batch_size=batch.max,
+        preferred_batch_sizes=config.triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
+        max_queue_delay_us=config.triton.max_queue_delay_us, dynamic_batching=config.triton.dynamic_batching,
+        instances=config.triton.instances, gpu=flavor != "python-ort" and gpu_name() is not None,
+        gpu_accelerator=config.triton.gpu_accelerator, fp16=precision == "fp16",
+        # Fixed-shape backends batch only equal shapes: pad each request up to its length bucket (the profiles).
+        pad_to=[p["sequence"][2] for p in profiles] if flavor != "python-ort" else [],
+        profiles=len(profiles) if flavor == "tensorrt_plan" else 1,
+        pad_token_id=tokenizer.pad_token_id or 0, threads=config.threads or 0, id2label=id2label)
+    return plan, variant
+
+
+def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
+    """A `docker run` script for NVIDIA's Triton container and a Kubernetes Deployment + Service."""
+    packages = list(CONTAINER_PACKAGES) + (["onnxruntime-gpu==1.31.1"] if plan.flavor == "python-ort" else [])
+    serve = f"pip install --quiet {' '.join(packages)} && tritonserver --model-repository=/models"
+    docker = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=1g", "-p", "8000:8000", "-p", "8001:8001",
+              "-p", "8002:8002", "-v", f'"$(realpath "$(dirname "$0")/../model_repository/{plan.name}")":/models',
+              config.triton.container_image, "bash", "-c", shlex.quote(serve)]
+    script = write_text(folder / "docker_run.sh", "#!/usr/bin/env bash\n# Serve this repository from NVIDIA's "
+                        "Triton container on a GPU host (HTTP 8000, gRPC 8001, metrics 8002).\n" + " ".join(docker)
+                        + "\n")
+    labels = {"app": plan.name.replace("_", "-")}
+    ports = [{"name": n, "containerPort": p} for n, p in (("http", 8000), ("grpc", 8001), ("metrics", 8002))]
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": labels["app"], "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true",
+                                                             "prometheus.io/port": "8002"}},
+            "spec": {"containers": [{
+                "name": "triton", "image": config.triton.container_image, "command": ["bash", "-c", serve],
+                "ports": ports, "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
+                                   "initialDelaySeconds": 10, "periodSeconds": 5},
+                "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10},
+                "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}]}],
+                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": f"{labels['app']}-models"}}]}}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": labels["app"], "labels": labels},
+               "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"],
+                                                       "targetPort": p["name"]} for p in ports]}}
+    manifest = write_text(folder / "kubernetes.yaml",
+                          "# Copy the repository into the PersistentVolumeClaim "
+                          f"{labels['app']}-models, then kubectl apply -f this file.\n"
+                          + yaml.safe_dump_all([deployment, service], sort_keys=False))
+    return {"docker": script, "kubernetes": manifest}
+
+
+class ServedRunner:
+    """The served ensemble behind the parity-lab runner interface: sends each batch's texts, trims per-token
+    outputs to the batch's local width (servers may pad further, to a length bucket)."""
+
+    def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
+                 outputs: list[str]) -> None:
+        self.client, self.model, self.texts, self.outputs = client, model, texts, outputs
+        self.input_names = input_names
+        self.name = f"served-{client.protocol}"
+        self.providers = [f"triton-{client.protocol}"]
+
+    def infer_batch(self, batch: Batch) -> dict[str, np.ndarray]:
+        # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
+        # postprocess) makes the ensemble report a deadlock.
+        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids])
+        width = batch.shape[1]
+        return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.outputs}
+
+
+async def burst(url: str, model: str, texts: list[str], concurrency: int) -> None:
+    """`concurrency` single-text requests in flight at once (to let the dynamic batcher group them)."""
+    client = AsyncTritonClient(url)
+    try:
+        await asyncio.gather(*(client.infer_texts(model, [texts[i % len(texts)]]) for i in range(concurrency)))
+    finally:
+        await client.close()
+
+
+def batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
+    """Executions per batch size from Triton's statistics."""
+    return {int(entry["batch_size"]): int(entry["compute_infer"]["count"]) for entry in stats.get("batch_stats", [])}
+
+
+def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str], concurrency: int) -> dict[str, Any]:
+    """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them."""
+    models = (plan.tokenizer_name, plan.model_name)
+    with TritonClient(server.http_url) as client:
+        before = {name: batch_sizes(client.statistics(name)) for name in models}
+        asyncio.run(burst(server.http_url, plan.name, texts, concurrency))
+        after = {name: batch_sizes(client.statistics(name)) for name in models}
+    executed = {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
+                       if count > before[name].get(size, 0)} for name in models}
+    return {"requests": concurrency, "batch_sizes": executed}
+
+
+def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,
+                    repository: Path) -> dict[str, Any]:
+    binary = find_tritonserver()
+    if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
+        raise StepSkipped(f"the {plan.flavor} flavor needs Triton's {plan.flavor} backend; the tritonserver bundled "
+                          "in nvidia-pytriton has only the Python backend",
+                          "serve it from NVIDIA's container (triton/docker_run.sh), or use -p triton.flavor=python-ort")
+    loaded = load_model(config)
+    texts = load_corpus(config.corpus)
+    lab = ParityLab.corpus_only(config, loaded, texts)
+    outputs = [o.name for o in plan.outputs]
+    ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
+    result: dict[str, Any] = {"flavor": plan.flavor, "variant": variant, "server": str(binary.executable)}
+    with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
+        result["ready_seconds"] = server.timings["ready_seconds"]
+        parity = {}
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            with TritonClient(url, protocol) as client:
+                runner = ServedRunner(client, plan.name, texts, loaded.input_names, outputs)
+                parity[protocol] = lab.compare(runner, precision)
+        record.set_metric("served_parity", parity)
+        result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
+    result["stop_seconds"] = server.timings["stop_seconds"]
+    return result
+
+
+def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """Write model_repository/<name>/ (and a copy in the run), then serve it locally and check what it answers."""
+    with record.step(STEP):
+        plan, variant = serving_plan(config, record)
+        run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
+        parsed = read_repository(run_copy)
+        shared = Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
+        project_copy = write_repository(plan, shared / plan.name, overwrite=config.triton.overwrite)
+        record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor,
+                            variant=variant, project_copy=str(project_copy))
+        files = deployment_files(config, plan, record.run_dir / "triton")
+        for name, path in files.items():
+            record.add_artifact(f"triton.{name}", path, kind="deployment")
+        precision = record.data["artifacts"].get(f"onnx.{variant}", record.data["artifacts"].get(
+            f"engine.{variant}", {})).get("precision", "fp32")
+        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "variant": variant,
+                                   "precision": precision, "models": sorted(parsed),
+                                   "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
+                                   "repository": str(project_copy)}
+        record.set_metric(STEP, metrics)
+        metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy))
+        record.set_metric(STEP, metrics)
+        return metrics

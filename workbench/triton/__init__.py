@@ -1,0 +1,1 @@
+"""Triton: model repositories built from ModelConfig protobufs, a local server manager, and clients."""

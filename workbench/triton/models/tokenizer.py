@@ -1,0 +1,59 @@
+"""Triton Python model: UTF-8 text in, the model's int64 token tensors out (plus a per-text `truncated` flag)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+
+def decode(values):
+    """bytes -> str, refusing empty texts and invalid UTF-8 with a message that names the text."""
+    texts = []
+    for index, value in enumerate(values.reshape(-1)):
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"TEXT[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
+                             "send UTF-8 encoded text") from None
+        if not text.strip():
+            raise ValueError(f"TEXT[{index}] is empty: send at least one non-space character")
+        texts.append(text)
+    return texts
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        folder = Path(args["model_repository"]) / args["model_version"] / "tokenizer"
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.max_length = int(params["max_length"])
+        self.pad_to = sorted(int(edge) for edge in params.get("pad_to", "").split(",") if edge)
+        self.names = [out["name"] for out in config["output"] if out["name"] != "truncated"]
+
+    def tokenize(self, texts):
+        """Truncate to max_length, pad to the longest text, then up to the next `pad_to` edge if one is set
+        (equal shapes let Triton's dynamic batcher put requests of one length bucket together)."""
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding="longest",
+                                 return_tensors="np")
+        width = encoded["input_ids"].shape[1]
+        target = next((edge for edge in self.pad_to if edge >= width), width)
+        fill = {"input_ids": self.tokenizer.pad_token_id or 0}
+        tensors = [pb_utils.Tensor(name, np.pad(encoded[name].astype(np.int64), ((0, 0), (0, target - width)),
+                                                constant_values=fill.get(name, 0))) for name in self.names]
+        truncated = np.array([[bool(e.overflowing)] for e in encoded.encodings])
+        if truncated.any():
+            pb_utils.Logger.log_warn(f"truncated {int(truncated.sum())} text(s) to {self.max_length} tokens")
+        return pb_utils.InferenceResponse(output_tensors=tensors + [pb_utils.Tensor("truncated", truncated)])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                texts = decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+                responses.append(self.tokenize(texts))
+            except ValueError as exc:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+        return responses

@@ -1,0 +1,271 @@
+"""Model repositories: tokenizer + model (+ postprocess) + ensemble, every config.pbtxt built as a ModelConfig
+protobuf and parsed back before anything is written."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from workbench.atomic import atomic_dir, sha256_file, write_text
+from workbench.errors import RepositoryError
+from workbench.tasks import OutputSpec
+
+MODELS_SOURCE = Path(__file__).parent / "models"
+MARKER = ".workbench.json"
+FLAVORS = ("onnxruntime", "tensorrt_plan", "python-ort")
+INT64, FP32, STRING, BOOL = mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING, mc.TYPE_BOOL
+
+
+@dataclass
+class ServingPlan:
+    """Everything the repository needs to know, resolved from the run configuration and record."""
+
+    name: str
+    flavor: str
+    input_names: tuple[str, ...]
+    outputs: tuple[OutputSpec, ...]
+    hidden_size: int
+    model_file: Path
+    tokenizer_dir: Path
+    max_length: int
+    max_batch_size: int
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    dynamic_batching: bool = True
+    instances: int = 1
+    gpu: bool = False
+    gpu_accelerator: str = "none"
+    fp16: bool = False
+    pad_to: list[int] = field(default_factory=list)
+    profiles: int = 1
+    pad_token_id: int = 0
+    threads: int = 0
+    id2label: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def classifies(self) -> bool:
+        return any(o.kind in ("logits", "token_logits") for o in self.outputs)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"{self.name}_tokenizer"
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.name}_model"
+
+    @property
+    def postprocess_name(self) -> str:
+        return f"{self.name}_postprocess"
+
+
+def model_name_for(text: str) -> str:
+    """A Triton-safe model name: lower case letters, digits and underscores."""
+    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
+
+
+def _tensor(message: Any, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
+    tensor = message.add(name=name, data_type=data_type, dims=dims)
+    if ragged:
+        tensor.allow_ragged_batch = True
+
+
+def _output_dims(spec: OutputSpec, plan: ServingPlan) -> list[int]:
+    """Dims after the batch axis: -1 for the sequence, the hidden size or label count otherwise."""
+    labels = max(len(plan.id2label), 1)
+    sizes = {"hidden": plan.hidden_size, "labels": labels}
+    return [-1 if axis == "sequence" else sizes[axis] for axis in spec.axes[1:]]
+
+
+def _batching(config: Any, plan: ServingPlan) -> None:
+    config.max_batch_size = plan.max_batch_size
+    if plan.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(plan.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = plan.max_queue_delay_us
+    config.version_policy.latest.num_versions = 1
+
+
+def _instances(config: Any, plan: ServingPlan, kind: int) -> None:
+    config.instance_group.add(count=plan.instances, kind=kind)
+
+
+def tokenizer_config(plan: ServingPlan) -> Any:
+    config = mc.ModelConfig(name=plan.tokenizer_name, backend="python")
+    _batching(config, plan)
+    _tensor(config.input, "TEXT", STRING, [1])
+    for name in plan.input_names:
+        _tensor(config.output, name, INT64, [-1])
+    _tensor(config.output, "truncated", BOOL, [1])
+    config.parameters["max_length"].string_value = str(plan.max_length)
+    config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def model_config(plan: ServingPlan) -> Any:
+    """The network itself, in the chosen flavor."""
+    ragged = plan.flavor == "python-ort"
+    config = mc.ModelConfig(name=plan.model_name)
+    if plan.flavor == "onnxruntime":
+        config.platform, config.default_model_filename = "onnxruntime_onnx", "model.onnx"
+    elif plan.flavor == "tensorrt_plan":
+        config.platform, config.default_model_filename = "tensorrt_plan", "model.plan"
+    else:
+        config.backend = "python"
+        config.parameters["providers"].string_value = (
+            "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
+        config.parameters["intra_op_threads"].string_value = str(plan.threads)
+        config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+    _batching(config, plan)
+    for name in plan.input_names:
+        _tensor(config.input, name, INT64, [-1], ragged=ragged)
+    for spec in plan.outputs:
+        _tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+    kind = mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU
+    if plan.flavor == "tensorrt_plan" and plan.profiles > 1:
+        for profile in range(plan.profiles):  # one instance group per profile: each serves one length bucket
+            config.instance_group.add(count=plan.instances, kind=kind, profile=[str(profile)])
+    else:
+        _instances(config, plan, kind)
+    if plan.flavor == "onnxruntime" and plan.gpu and plan.gpu_accelerator == "tensorrt":
+        accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
+        accelerator.parameters["precision_mode"] = "FP16" if plan.fp16 else "FP32"
+        accelerator.parameters["max_workspace_size_bytes"] = str(1 << 30)
+    if not (plan.flavor == "tensorrt_plan" and plan.profiles > 1):
+        warmup = config.model_warmup.add(name="zeros", batch_size=1)
+        for name in plan.input_names:
+            warmup.inputs[name].data_type = INT64
+            warmup.inputs[name].dims.append(min(16, plan.max_length))
+            warmup.inputs[name].zero_data = True
+    return config
+
+
+def postprocess_config(plan: ServingPlan) -> Any:
+    config = mc.ModelConfig(name=plan.postprocess_name, backend="python")
+    _batching(config, plan)
+    logits = next(o for o in plan.outputs if o.name == "logits")
+    _tensor(config.input, "logits", FP32, _output_dims(logits, plan), ragged=True)
+    per_token = logits.per_token
+    _tensor(config.output, "label", STRING, [-1] if per_token else [1])
+    _tensor(config.output, "score", FP32, [-1] if per_token else [1])
+    config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def ensemble_config(plan: ServingPlan) -> Any:
+    """Text in, task outputs out: tokenizer -> model (-> postprocess)."""
+    config = mc.ModelConfig(name=plan.name, platform="ensemble", max_batch_size=plan.max_batch_size)
+    _tensor(config.input, "TEXT", STRING, [1])
+    steps = config.ensemble_scheduling.step
+    tokenize = steps.add(model_name=plan.tokenizer_name, model_version=-1)
+    tokenize.input_map["TEXT"] = "TEXT"
+    for name in (*plan.input_names, "truncated"):
+        tokenize.output_map[name] = name
+    run = steps.add(model_name=plan.model_name, model_version=-1)
+    for name in plan.input_names:
+        run.input_map[name] = name
+    for spec in plan.outputs:
+        run.output_map[spec.name] = spec.name
+        _tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+    if plan.classifies:
+        post = steps.add(model_name=plan.postprocess_name, model_version=-1)
+        post.input_map["logits"] = "logits"
+        per_token = next(o for o in plan.outputs if o.name == "logits").per_token
+        for name, data_type in (("label", STRING), ("score", FP32)):
+            post.output_map[name] = name
+            _tensor(config.output, name, data_type, [-1] if per_token else [1])
+    _tensor(config.output, "truncated", BOOL, [1])
+    return config
+
+
+def to_pbtxt(config: Any) -> str:
+    return text_format.MessageToString(config)
+
+
+def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
+    """Parse with Triton's own ModelConfig message; a misspelled field or enum is an error with line:col."""
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except text_format.ParseError as exc:
+        raise RepositoryError(f"{where} is not a valid Triton model config: {exc}",
+                              "fix the field or enum named in the message (see model_config.proto)") from None
+
+
+def configs(plan: ServingPlan) -> dict[str, Any]:
+    if plan.flavor not in FLAVORS:
+        raise RepositoryError(f"unknown Triton flavor {plan.flavor!r}", f"use one of {', '.join(FLAVORS)}")
+    result = {plan.tokenizer_name: tokenizer_config(plan), plan.model_name: model_config(plan),
+              plan.name: ensemble_config(plan)}
+    if plan.classifies:
+        result[plan.postprocess_name] = postprocess_config(plan)
+    return result
+
+
+def _fill(plan: ServingPlan, root: Path) -> None:
+    for name, config in configs(plan).items():
+        folder = root / name
+        (folder / "1").mkdir(parents=True)
+        text = to_pbtxt(config)
+        if parse_pbtxt(text, f"{name}/config.pbtxt") != config:
+            raise RepositoryError(f"{name}/config.pbtxt does not read back as written", "report this as a bug")
+        (folder / "config.pbtxt").write_text(text, encoding="utf-8")
+    shutil.copytree(plan.tokenizer_dir, root / plan.tokenizer_name / "1" / "tokenizer")
+    shutil.copyfile(MODELS_SOURCE / "tokenizer.py", root / plan.tokenizer_name / "1" / "model.py")
+    target = {"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx")
+    shutil.copyfile(plan.model_file, root / plan.model_name / "1" / target)
+    data = Path(f"{plan.model_file}.data")
+    if data.is_file():
+        shutil.copyfile(data, root / plan.model_name / "1" / data.name)
+    if plan.flavor == "python-ort":
+        shutil.copyfile(MODELS_SOURCE / "onnxruntime_model.py", root / plan.model_name / "1" / "model.py")
+    if plan.classifies:
+        shutil.copyfile(MODELS_SOURCE / "postprocess.py", root / plan.postprocess_name / "1" / "model.py")
+
+
+def _fingerprint(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != MARKER and "__pycache__" not in p.parts}
+
+
+def ours_and_untouched(root: Path) -> bool:
+    """True when `root` was generated by the workbench and nothing in it changed since."""
+    marker = root / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text())["files"] == _fingerprint(root)
+    except (ValueError, KeyError):
+        return False
+
+
+def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
+    """Write the repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
+    changed it since, or `overwrite` says so."""
+    root = Path(root)
+    if root.exists() and not overwrite and not ours_and_untouched(root):
+        raise RepositoryError(f"{root} already exists and was not generated by this workbench (or was edited)",
+                              "move it away, choose another -p triton.name=..., or pass -p triton.overwrite=true")
+    with atomic_dir(root) as tmp:
+        _fill(plan, tmp)
+        write_text(tmp / MARKER, json.dumps({"generated_by": "transformer-workbench", "name": plan.name,
+                                             "flavor": plan.flavor, "files": _fingerprint(tmp)}, indent=2))
+    return root
+
+
+def read_repository(root: Path) -> dict[str, Any]:
+    """Parse every config.pbtxt under `root` and check that the ensemble's steps name models that exist."""
+    parsed = {p.parent.name: parse_pbtxt(p.read_text(encoding="utf-8"), str(p))
+              for p in sorted(Path(root).glob("*/config.pbtxt"))}
+    for name, config in parsed.items():
+        for step in config.ensemble_scheduling.step:
+            if step.model_name not in parsed:
+                raise RepositoryError(f"ensemble {name} uses {step.model_name}, which is not in {root}",
+                                      "regenerate the repository with the triton step")
+    return parsed

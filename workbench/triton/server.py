@@ -1,0 +1,223 @@
+"""Run a real tritonserver on 127.0.0.1: find it, start it on free ports, wait for readiness, stop it by PID."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.errors import PortInUseError, ServerStartError, TritonNotFoundError
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class TritonBinary:
+    """A tritonserver executable and the backend folder it should use."""
+
+    executable: Path
+    backends: Path
+    origin: str  # "PATH" or "nvidia-pytriton"
+    python_stubs: Path | None = None
+
+
+def find_tritonserver() -> TritonBinary:
+    """`tritonserver` on PATH (NVIDIA's container), else the one bundled in the nvidia-pytriton wheel."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonBinary(Path(on_path), Path("/opt/tritonserver/backends"), "PATH")
+    try:
+        import pytriton
+    except ImportError:
+        raise TritonNotFoundError(
+            "no tritonserver on PATH and the nvidia-pytriton wheel (which bundles one) is not installed",
+            "pip install nvidia-pytriton==0.7.0 (CPU, Python backend only), or run in NVIDIA's Triton container",
+        ) from None
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    executable = root / "bin" / "tritonserver"
+    if not executable.is_file():
+        raise TritonNotFoundError(f"nvidia-pytriton is installed but {executable} is missing",
+                                  "reinstall it: pip install --force-reinstall nvidia-pytriton==0.7.0")
+    return TritonBinary(executable, root / "backends", "nvidia-pytriton", root / "python_backend_stubs")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_port_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            raise PortInUseError(f"{what} port {port} on {HOST} is already in use",
+                                 "stop whatever listens there, or choose another port (or none: a free one is "
+                                 "picked)") from None
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def pick(cls, http: int | None = None, grpc: int | None = None, metrics: int | None = None) -> Ports:
+        """The given ports (checked free) or free ones."""
+        chosen = []
+        for port, what in ((http, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")):
+            if port is None:
+                port = free_port()
+                while port in chosen:
+                    port = free_port()
+            else:
+                ensure_port_free(port, what)
+            chosen.append(port)
+        return cls(*chosen)
+
+
+class TritonServer:
+    """A tritonserver process bound to 127.0.0.1; use as a context manager so it is always stopped."""
+
+    def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, explicit: bool = False,
+                 load: tuple[str, ...] = (), binary: TritonBinary | None = None, ready_timeout: float = 90.0) -> None:
+        self.repository = Path(repository).resolve()
+        self.workdir = Path(workdir).resolve()
+        self.ports = ports or Ports.pick()
+        self.explicit = explicit
+        self.load = load
+        self.binary = binary or find_tritonserver()
+        self.ready_timeout = ready_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / "tritonserver.log"
+        self.timings: dict[str, float] = {}
+
+    @property
+    def http_url(self) -> str:
+        return f"{HOST}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{HOST}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def _backends(self) -> Path:
+        """The wheel ships one Python-backend stub per Python version: assemble a backend folder using ours."""
+        if self.binary.python_stubs is None:
+            return self.binary.backends
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = self.binary.python_stubs / version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise TritonNotFoundError(f"nvidia-pytriton has no Python-backend stub for Python {version}",
+                                      "use Python 3.8-3.13, or NVIDIA's Triton container")
+        folder = self.workdir / "backends" / "python"
+        folder.mkdir(parents=True, exist_ok=True)
+        for source in [*(self.binary.backends / "python").iterdir(), stub]:
+            if source.is_file():
+                link = folder / source.name
+                link.unlink(missing_ok=True)
+                link.symlink_to(source)
+        return folder.parent
+
+    def _environment(self) -> dict[str, str]:
+        """Models run under the first python3 on PATH (this interpreter), linked against its own libpython."""
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return env
+
+    def command(self) -> list[str]:
+        command = [str(self.binary.executable), f"--model-repository={self.repository}",
+                   f"--backend-directory={self._backends()}",
+                   f"--http-address={HOST}", f"--http-port={self.ports.http}",
+                   f"--grpc-address={HOST}", f"--grpc-port={self.ports.grpc}",
+                   f"--metrics-address={HOST}", f"--metrics-port={self.ports.metrics}",
+                   "--allow-metrics=true", "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0"]
+        if self.explicit:
+            command.append("--model-control-mode=explicit")
+            command += [f"--load-model={name}" for name in self.load]
+        return command
+
+    def start(self) -> TritonServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                            env=self._environment(), start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["ready_seconds"] = round(time.perf_counter() - start, 3)
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerStartError(f"tritonserver exited with code {self.process.returncode} while starting:\n"
+                                       f"{self.log_tail()}", "read the log above (model config or backend errors)")
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise ServerStartError(f"tritonserver was not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}",
+                               "read the log above; a slow model load may need a longer ready_timeout")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL for the whole process group (the model stubs too) if it does not exit in time."""
+        if self.process is None:
+            return None
+        start = time.perf_counter()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # stubs left behind, or a server that ignored SIGTERM
+        except ProcessLookupError:
+            pass
+        code = self.process.wait()
+        self.timings["stop_seconds"] = round(time.perf_counter() - start, 3)
+        self.process = None
+        return code
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
