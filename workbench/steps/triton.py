@@ -19,7 +19,7 @@ from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.tasks import TASKS
-from workbench.triton.client import AsyncTritonClient, TritonClient
+from workbench.triton.client import AsyncTritonClient, TritonClient, run_async
 from workbench.triton.repository import ServingPlan, model_name_for, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
@@ -162,7 +162,7 @@ def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str], 
     models = (plan.tokenizer_name, plan.model_name)
     with TritonClient(server.http_url) as client:
         before = {name: batch_sizes(client.statistics(name)) for name in models}
-        asyncio.run(burst(server.http_url, plan.name, texts, concurrency))
+        run_async(burst(server.http_url, plan.name, texts, concurrency))
         after = {name: batch_sizes(client.statistics(name)) for name in models}
     executed = {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
                        if count > before[name].get(size, 0)} for name in models}

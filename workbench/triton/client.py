@@ -116,3 +116,16 @@ class AsyncTritonClient:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def run_async(coroutine: Any) -> Any:
+    """asyncio.run, also from inside a running event loop (a Jupyter kernel): then on a worker thread."""
+    import asyncio
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
