@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/workbench install-perf-analyzer || echo "perf_analyzer not installed: served benchmarks use the asyncio load generator"
 	touch $(STAMP)
 
 env: $(STAMP)

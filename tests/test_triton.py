@@ -18,6 +18,7 @@ from workbench.record import RunRecord
 from workbench.runners.torch import TorchRunner
 from workbench.steps import export, optimize, triton
 from workbench.triton.client import AsyncTritonClient, TritonClient
+from workbench.triton.plan import serving_plan
 from workbench.triton.repository import parse_pbtxt, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
@@ -40,7 +41,7 @@ def served(tiny_models, tmp_path_factory):
     """Tiny BERT, python-ort flavor, one server for the module (stopped even when tests fail)."""
     root = tmp_path_factory.mktemp("triton")
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos")
-    plan, _ = triton.serving_plan(config, record)
+    plan, _ = serving_plan(config, record)
     repository = write_repository(plan, root / "repository")
     with TritonServer(repository, root / "server") as server:
         yield config, plan, server
@@ -235,7 +236,7 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
 def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):
     config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
                               task="sequence-classification")
-    plan, _ = triton.serving_plan(config, record)
+    plan, _ = serving_plan(config, record)
     texts = list(load_corpus()[:5])
     loaded = load_model(config)
     logits = TorchRunner(loaded, "none").infer(encode(loaded.tokenizer, texts, loaded.input_names))["logits"]

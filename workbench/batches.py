@@ -48,20 +48,23 @@ def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str
     check_sequence_limit(sequence, max_sequence)
     lengths = token_lengths(tokenizer, texts)
     shortest = int(lengths.min())
-    batches = []
-    for rows in sorted({batch.min, batch.opt, batch.max}):
-        for length in sorted({max(sequence.min, shortest), sequence.opt, sequence.max}):
-            # Prefer texts at least `length` long (rows full of real tokens), nearest first.
-            order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
-            ids = [int(i) for i in np.resize(order, rows)]
-            feed = encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length)
-            batches.append(Batch(f"b{rows}_s{length}", ids, feed))
+    batches = [shaped_batch(tokenizer, input_names, texts, lengths, rows, length)
+               for rows in sorted({batch.min, batch.opt, batch.max})
+               for length in sorted({max(sequence.min, shortest), sequence.opt, sequence.max})]
     rng = np.random.default_rng(seed)
     for rows in sorted({batch.opt, batch.max}):
         ids = [int(i) for i in rng.choice(len(texts), size=rows, replace=rows > len(texts))]
         feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=sequence.max)
         batches.append(Batch(f"mixed_b{rows}", ids, feed))
     return batches
+
+
+def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], lengths: np.ndarray, rows: int,
+                 length: int) -> Batch:
+    """Exactly `rows` x `length`, filled with the texts nearest that length (at least that long first)."""
+    order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
+    ids = [int(i) for i in np.resize(order, rows)]
+    return Batch(f"b{rows}_s{length}", ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length))
 
 
 def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch_size: int,

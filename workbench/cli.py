@@ -60,6 +60,14 @@ def _list_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install_perf_analyzer(args: argparse.Namespace) -> int:
+    from workbench.load import install_perf_analyzer
+
+    tool = install_perf_analyzer()
+    print(f"perf_analyzer: {tool.executable}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(show)
     show.set_defaults(func=_show_config)
     sub.add_parser("steps", help="list the pipeline steps").set_defaults(func=_list_steps)
+    sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/)"
+                   ).set_defaults(func=_install_perf_analyzer)
     return parser
 
 

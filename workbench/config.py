@@ -64,6 +64,25 @@ class TritonSettings(_Strict):
     container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
 
 
+class BenchSettings(_Strict):
+    """In-process and served benchmarks (bounded: rounds, requests and seconds)."""
+
+    enabled: bool = True
+    batches: list[int] = [1, 8]
+    sequences: list[int] = [16, 128]
+    rounds: int = Field(default=20, ge=3)
+    warmup: int = Field(default=3, ge=0)
+    seconds_per_cell: float = Field(default=60.0, gt=0)
+    served: bool = True
+    concurrency: list[int] = [1, 2, 4, 8, 16]
+    requests_per_level: int = Field(default=160, ge=8)
+    seconds_per_level: float = Field(default=20.0, gt=0)
+    load_tool: Literal["auto", "perf_analyzer", "asyncio"] = "auto"
+    p99_limit_ms: float = Field(default=500.0, gt=0)
+    search_queue_delays_us: list[int] = [0, 2000, 8000]
+    search_instances: list[int] = [1, 2]
+
+
 class RunConfig(_Strict):
     """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
 
@@ -87,6 +106,7 @@ class RunConfig(_Strict):
     trt_workspace_mb: int = Field(default=4096, ge=64)
     engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
     triton: TritonSettings = TritonSettings()
+    bench: BenchSettings = BenchSettings()
     repair: bool = True
     repair_max_builds: int = Field(default=80, ge=2)
     device: Literal["auto", "cpu", "cuda"] = "auto"

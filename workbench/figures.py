@@ -145,3 +145,87 @@ def batch_size_figure(burst: dict[str, Any]) -> go.Figure:
     figure.update_layout(title=f"Dynamic batching: {burst['requests']} concurrent one-text requests",
                          xaxis_title="batch size executed", yaxis_title="executions", barmode="group")
     return figure
+
+
+def latency_figure(latency: dict[str, Any]) -> go.Figure:
+    """Median latency per runner for every batch x sequence cell (log scale), p90 as the error bar."""
+    figure = go.Figure()
+    cells = list(latency["cells"])
+    runners = list(next(iter(latency["cells"].values()))) if cells else []
+    for name in runners:
+        stats = [latency["cells"][c][name] for c in cells]
+        figure.add_bar(name=name + ("" if latency["passed"].get(name) else " (fails parity)"), x=cells,
+                       y=[s["p50"] for s in stats],
+                       error_y={"type": "data", "array": [s["p90"] - s["p50"] for s in stats], "visible": True})
+    figure.update_layout(title="In-process latency (median, error bar to p90)", yaxis_type="log",
+                         yaxis_title="ms per call", xaxis_title="batch x sequence", barmode="group")
+    return figure
+
+
+def speedup_figure(latency: dict[str, Any]) -> go.Figure:
+    """Speedup over PyTorch eager per runner and cell."""
+    cells = list(latency["cells"])
+    runners = [n for n in next(iter(latency["cells"].values()))] if cells else []
+    z = [[latency["cells"][c][n]["speedup"] for c in cells] for n in runners]
+    figure = go.Figure(go.Heatmap(z=z, x=cells, y=runners, colorscale="RdYlGn", zmid=1.0,
+                                  text=[[f"{v:.2f}x" for v in row] for row in z], texttemplate="%{text}"))
+    figure.update_layout(title="Speedup over PyTorch eager (ratio of medians)", height=200 + 40 * len(runners))
+    return figure
+
+
+def throughput_figure(served: dict[str, Any]) -> go.Figure:
+    """Throughput and p99 against concurrency, with and without dynamic batching."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("throughput (requests/s)", "p99 latency (ms)"))
+    for label in ("batching_off", "batching_on"):
+        levels = served[label]["text"]
+        x = [int(c) for c in levels]
+        figure.add_scatter(name=label.replace("_", " "), x=x, y=[v["throughput"] for v in levels.values()],
+                           mode="lines+markers", row=1, col=1)
+        figure.add_scatter(name=f"{label.replace('_', ' ')} p99", x=x, y=[v["p99"] for v in levels.values()],
+                           mode="lines+markers", row=1, col=2)
+    figure.update_xaxes(title_text="concurrency", type="log")
+    figure.update_layout(title="Served: throughput and latency vs concurrency")
+    return figure
+
+
+def breakdown_figure(served: dict[str, Any]) -> go.Figure:
+    """Triton's own per-request time in each stage, per model, with batching on."""
+    figure = go.Figure()
+    levels = served["batching_on"]["text"]
+    for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
+        for model in next(iter(levels.values()))["server"]:
+            figure.add_bar(name=f"{model.rsplit('_', 1)[-1]} {stage}", x=[int(c) for c in levels],
+                           y=[v["server"][model][stage] for v in levels.values()], offsetgroup=model)
+    figure.update_layout(title="Server-side time per request by stage (batching on)", barmode="stack",
+                         xaxis_title="concurrency", yaxis_title="ms per request")
+    return figure
+
+
+def search_figure(search: dict[str, Any]) -> go.Figure:
+    candidates = search["candidates"]
+    figure = go.Figure(go.Scatter(
+        x=[c["p99"] for c in candidates], y=[c["throughput"] for c in candidates], mode="markers+text",
+        text=[f"delay {c['max_queue_delay_us']}us, x{c['instances']}" for c in candidates],
+        textposition="top center", marker={"size": 12}))
+    if search.get("chosen"):
+        figure.add_scatter(x=[search["chosen"]["p99"]], y=[search["chosen"]["throughput"]], mode="markers",
+                           marker={"symbol": "star", "size": 20}, name="chosen")
+    figure.add_vline(x=search["p99_limit_ms"], line_dash="dash", annotation_text="p99 limit")
+    figure.update_layout(title=f"Batching settings at concurrency {search['concurrency']}", showlegend=False,
+                         xaxis_title="p99 latency (ms)", yaxis_title="throughput (requests/s)")
+    return figure
+
+
+def tokenization_figure(served: dict[str, Any]) -> go.Figure:
+    on = served["batching_on"]
+    text = on.get("text_asyncio", on["text"])
+    figure = go.Figure()
+    for label, levels in (("tokenizer in Triton (text in)", text), ("tokenized in the client (ids in)",
+                                                                    on["client_tokenization"])):
+        figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
+                           mode="lines+markers")
+    figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency",
+                         yaxis_title="throughput (requests/s)", xaxis_type="log")
+    return figure

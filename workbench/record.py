@@ -150,8 +150,11 @@ class RunRecord:
             raise MissingArtifactError(f"artifact {name!r} was recorded but {path} is gone", "re-run its step")
         return path
 
-    def artifacts(self, kind: str) -> dict[str, Path]:
-        return {name: self.run_dir / a["path"] for name, a in self.data["artifacts"].items() if a["kind"] == kind}
+    def variants(self, kind: str = "onnx") -> dict[str, tuple[Path, str]]:
+        """Model variants of `kind` ("onnx" or "engine"): name -> (path, precision). The `tensorrt` ONNX file is
+        the exported graph again (with shapes for TensorRT), not a variant of its own."""
+        return {a["variant"]: (self.run_dir / a["path"], a["precision"]) for a in self.data["artifacts"].values()
+                if a["kind"] == kind and a.get("variant") != "tensorrt"}
 
     def _relative(self, path: Path) -> str:
         try:

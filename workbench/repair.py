@@ -46,6 +46,7 @@ class RepairProblem:
     build: Callable[[list[str], Path], None]
     ordering: str = ""
     rank_by: str = "latency"  # how passing candidates are ranked: "latency", or "blocked" (fewest fp32 nodes)
+    costs: dict[str, float] = field(default_factory=dict)  # compute each unit moves back to fp32 when blocked
     sensitivity: dict[str, float] = field(default_factory=dict)
 
 
@@ -157,12 +158,30 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
     }
 
 
-def sensitivity_order(search: RepairSearch) -> list[str]:
-    """Units ordered by how much keeping each one alone in fp32 lowers the mean error (one build each)."""
+def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:
+    """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
+    (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
     baseline = search.try_blocked([]).summary["loss"]
     for unit in search.problem.units:
         search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
-    return sorted(search.problem.units, key=lambda u: -search.problem.sensitivity[u])
+    floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
+    return sorted(search.problem.units,
+                  key=lambda u: -search.problem.sensitivity[u] / max(costs.get(u, 0.0), floor))
+
+
+def matmul_costs(model: Any, units: list[str]) -> dict[str, float]:
+    """Weight elements a node multiplies by (FLOPs per token up to a factor); 0 for nodes with no 2-D weight
+    (an embedding lookup costs nothing next to a matmul)."""
+    import numpy as np
+
+    weights = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) == 2}
+    wanted = set(units)
+    costs = {}
+    for node in model.graph.node:
+        if node.name in wanted:
+            matrices = [weights[t] for t in node.input if t in weights]
+            costs[node.name] = float(max(matrices)) if matrices and node.op_type != "EmbedLayerNormalization" else 0.0
+    return costs
 
 
 def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candidates: set[str]) -> list[str]:

@@ -37,6 +37,9 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None) 
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
+    # Idle worker threads spinning for work steal the CPU from whatever runs next (another session, PyTorch, a
+    # tokenizer process); on a few cores that distorts every interleaved measurement, so they sleep instead.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

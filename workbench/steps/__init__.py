@@ -18,6 +18,7 @@ STEPS: tuple[StepInfo, ...] = (
     StepInfo("parity", "04_parity.ipynb", "every variant vs PyTorch on real text; fp16/int8 precision repair"),
     StepInfo("tensorrt", "03_tensorrt.ipynb", "shape profiles from token lengths; TensorRT engines (GPU), cached"),
     StepInfo("triton", "05_triton.ipynb", "Triton model repository; a real server; served parity and batching"),
+    StepInfo("report", "06_report.ipynb", "latency grid and served load sweeps; one self-contained report.html"),
 )
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 

@@ -87,6 +87,8 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             "num_heads": loaded.num_heads,
             "hidden_size": loaded.hidden_size,
             "num_layers": int(loaded.hf_config.num_hidden_layers),
+            "intermediate_size": int(getattr(loaded.hf_config, "intermediate_size", None)
+                                     or getattr(loaded.hf_config, "hidden_dim", 4 * loaded.hidden_size)),
             "max_positions": loaded.max_positions,
             "max_sequence": loaded.max_sequence,
             "parameters": sum(p.numel() for p in loaded.model.parameters()),

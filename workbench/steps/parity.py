@@ -14,7 +14,7 @@ from workbench.data import load_corpus
 from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
-from workbench.repair import RepairProblem, RepairSearch, activation_order, run_search, sensitivity_order
+from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import CPU, OrtRunner, providers_for
 from workbench.steps.optimize import convert_fp16, quantize_int8
 from workbench.timing import median_ms
@@ -23,12 +23,6 @@ STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
 HARD_TEXTS = 16  # worst texts per output whose batches the repair search checks candidates on
 REPAIR_ROUNDS = 3
-
-
-def onnx_variants(record: RunRecord) -> dict[str, tuple[Path, str]]:
-    """ONNX variants to check, with their precision (the TensorRT input is the original graph again)."""
-    return {a["variant"]: (record.run_dir / a["path"], a["precision"])
-            for a in record.data["artifacts"].values() if a["kind"] == "onnx" and a["variant"] != "tensorrt"}
 
 
 def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab) -> RepairProblem:
@@ -54,7 +48,8 @@ def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab
              if n.op_type in IntegerOpsRegistry and n.name not in config.int8_nodes_to_exclude]
     return RepairProblem("int8", units, lambda blocked, dest: quantize_int8(
         fp32, dest, config.int8_per_channel, config.int8_nodes_to_exclude + blocked),
-        ordering="largest parity gain when kept in fp32 alone first")
+        ordering="largest parity gain per weight element when kept in fp32 alone first",
+        costs=matmul_costs(graph, units))
 
 
 def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
@@ -85,7 +80,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
     search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
                           summarize)
     if precision == "int8":
-        problem.units = sensitivity_order(search)
+        problem.units = sensitivity_order(search, problem.costs)
     confirmed = False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
@@ -126,7 +121,7 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
              "# Polygraphy compares every element, padded positions included, by absolute/relative tolerance;",
              "# the workbench's cosine and label-agreement criteria (run.json metrics.parity) are not applied here.",
              'cd "$(dirname "$0")/.." || exit 1', "status=0"]
-    variants = onnx_variants(record)
+    variants = record.variants()
     for name, result in results.items():
         if name not in variants:
             continue
@@ -157,7 +152,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results: dict[str, Any] = {}
-        for name, (path, precision) in onnx_variants(record).items():
+        for name, (path, precision) in record.variants().items():
             runner = OrtRunner(name, path, providers_for(config.device), config.threads)
             record.note_providers(runner.providers)
             results[name] = lab.compare(runner, precision)
@@ -168,7 +163,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
                     outcome = repair(precision, config, record, lab)
                     record.set_metric(f"{STEP}.repair.{precision}", outcome)
                     repaired = f"{precision}_repaired"
-                    if repaired in onnx_variants(record):
+                    if repaired in record.variants():
                         runner = OrtRunner(repaired, record.artifact(f"onnx.{repaired}"),
                                            providers_for(config.device), config.threads)
                         results[repaired] = lab.compare(runner, precision)

@@ -16,6 +16,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         options = onnxruntime.SessionOptions()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # leave the CPU to the tokenizer
         if int(params.get("intra_op_threads", "0")):
             options.intra_op_num_threads = int(params["intra_op_threads"])
         path = Path(args["model_repository"]) / args["model_version"] / "model.onnx"

@@ -1,0 +1,105 @@
+"""Benchmarks (in-process and served against a real Triton) and the self-contained report, on a tiny model."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.latency import interleaved, matmul_flops, summarize
+from workbench.load import breakdown, find_perf_analyzer, stage_totals
+from workbench.record import RunRecord
+from workbench.served import pick
+from workbench.steps import export, optimize, parity, report
+
+BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
+         "requests_per_level": 24, "seconds_per_level": 10, "search_queue_delays_us": [0, 4000],
+         "search_instances": [1]}
+
+
+@pytest.fixture(scope="module")
+def reported(tiny_models, tmp_path_factory):
+    config = RunConfig.model_validate({
+        "model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"], "threads": 1, "bench": BENCH,
+        "batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}})
+    record = RunRecord.create(tmp_path_factory.mktemp("report"), config)
+    for step in (export, optimize, parity, report):
+        step.run(config, record)
+    return config, record
+
+
+@pytest.mark.slow
+def test_latency_grid_covers_every_runner_and_cell(reported):
+    _, record = reported
+    latency = record.data["metrics"]["latency"]
+    assert set(latency["cells"]) == {"b1_s8", "b1_s16", "b2_s8", "b2_s16"}
+    for cell, stats in latency["cells"].items():
+        assert {"pytorch", "original", "fp32", "int8"} <= set(stats)
+        assert stats["pytorch"]["speedup"] == 1.0
+        for runner in stats.values():
+            assert 0 < runner["p50"] <= runner["p90"] <= runner["p99"]
+            assert runner["rounds"] >= 3 and runner["gflops"] > 0
+            rows, length = (int(x) for x in re.findall(r"\d+", cell))
+            assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
+    assert latency["peak_gflops"] > 1
+    assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
+
+
+@pytest.mark.slow
+def test_served_sweeps_search_and_tokenization(reported):
+    config, record = reported
+    served = record.data["metrics"]["served"]
+    assert served["tool"] == ("perf_analyzer" if find_perf_analyzer() else "asyncio")
+    for label in ("batching_off", "batching_on"):
+        for level in served[label]["text"].values():
+            assert level["errors"] == 0 and level["throughput"] > 0 and level["p50"] <= level["p99"]
+            model = next(name for name in level["server"] if name.endswith("_model"))
+            assert level["server"][model]["requests"] >= level["requests"] or served["tool"] == "perf_analyzer"
+            assert level["server"][model]["compute_infer"] > 0
+    assert set(served["batching_on"]["client_tokenization"]) == {"1", "4"}
+    search = served["search"]
+    assert [c["max_queue_delay_us"] for c in search["candidates"]] == [0, 4000]
+    assert search["chosen"] == max(search["candidates"], key=lambda c: c["throughput"])
+
+
+@pytest.mark.slow
+def test_report_is_self_contained(reported):
+    config, record = reported
+    html = record.artifact("report").read_text()
+    assert html.count("<script") > 3 and "Plotly.newPlot" in html
+    assert not re.search(r'<script[^>]+src="https?://', html), "no script fetched from the network"
+    for title in ("Parity against PyTorch", "In-process latency", "Served throughput", "Dynamic batching search",
+                  "Where tokenization runs", "ONNX Runtime fusions"):
+        assert title in html, title
+    assert ("int8 precision repair" in html) == ("repair" in record.data["metrics"]["parity"])
+    # Re-render without measuring again: the numbers stay, the page is rewritten.
+    before = record.data["metrics"]["latency"]
+    report.run(config.model_copy(update={"bench": config.bench.model_copy(update={"enabled": False})}), record)
+    assert record.data["metrics"]["latency"] == before
+
+
+def test_interleaving_rotates_and_respects_the_budget():
+    order = []
+    calls = {name: (lambda n=name: order.append(n)) for name in "abc"}
+    samples = interleaved(calls, rounds=3, warmup=0)
+    assert order == list("abcbcacab") and all(len(v) == 3 for v in samples.values())
+    stats = summarize({"pytorch": [0.02, 0.02], "x": [0.01, 0.01]}, rows=2, length=8, reference="pytorch")
+    assert stats["x"]["speedup"] == pytest.approx(2.0) and stats["x"]["tokens_per_s"] == pytest.approx(1600)
+
+
+def test_matmul_flops_match_minilm_counts():
+    # all-MiniLM-L6-v2: 6 layers, hidden 384, intermediate 1536 (published counts, in GFLOP)
+    assert matmul_flops(6, 384, 1536, 1, 16) / 1e9 == pytest.approx(0.342, abs=1e-3)
+    assert matmul_flops(6, 384, 1536, 8, 128) / 1e9 == pytest.approx(22.951, abs=1e-3)
+
+
+def test_stage_breakdown_and_pick():
+    before = stage_totals({"inference_stats": {"success": {"count": 10}, "queue": {"ns": 1_000_000},
+                                               "compute_infer": {"ns": 5_000_000}}})
+    after = stage_totals({"inference_stats": {"success": {"count": "14"}, "queue": {"ns": "3000000"},
+                                              "compute_infer": {"ns": "13000000"}}})
+    assert breakdown(before, after) == {"queue": 0.5, "compute_input": 0.0, "compute_infer": 2.0,
+                                        "compute_output": 0.0, "requests": 4}
+    candidates = [{"throughput": 50, "p99": 90}, {"throughput": 80, "p99": 120}, {"throughput": 60, "p99": 99}]
+    assert pick(candidates, 100) == {"throughput": 60, "p99": 99}
+    assert pick(candidates, 10) is None

@@ -1,0 +1,139 @@
+"""In-process latency: every runner on the same real-text batches, interleaved rounds, fixed threads."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentiles_ms(samples: list[float]) -> dict[str, float]:
+    values = np.asarray(samples) * 1e3
+    return {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES} | {"mean": float(values.mean())}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int,
+                budget_s: float = 120.0, min_rounds: int = 5) -> dict[str, list[float]]:
+    """Seconds per call for each named callable, measured in interleaved rounds (the order rotates every round),
+    so a slow spell of the machine hits every runner alike. Stops early after `budget_s` (at least `min_rounds`)."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            begin = time.perf_counter()
+            calls[name]()
+            samples[name].append(time.perf_counter() - begin)
+        if index + 1 >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+    return samples
+
+
+def matmul_flops(layers: int, hidden: int, intermediate: int, rows: int, length: int) -> float:
+    """Multiply-add FLOPs of an encoder's matmuls: Q, K, V, output and the two feed-forward projections per token,
+    plus the two attention products (scores and weighted values) per layer."""
+    tokens = rows * length
+    linear = 2 * tokens * (4 * hidden * hidden + 2 * hidden * intermediate)
+    attention = 2 * 2 * rows * length * length * hidden
+    return float(layers * (linear + attention))
+
+
+def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of a square torch matmul on this machine with `threads` threads (the achievable peak)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)
+        best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def summarize(samples: dict[str, list[float]], rows: int, length: int, reference: str) -> dict[str, dict[str, Any]]:
+    """Percentiles, throughput and the speedup over `reference` (ratio of medians) per runner."""
+    base = float(np.median(samples[reference])) if reference in samples else None
+    result = {}
+    for name, values in samples.items():
+        median = float(np.median(values))
+        result[name] = {**percentiles_ms(values), "rounds": len(values), "sequences_per_s": rows / median,
+                        "tokens_per_s": rows * length / median,
+                        "speedup": base / median if base else None}
+    return result
+
+
+def benchmark_runners(config: Any, record: Any) -> dict[str, Any]:
+    """PyTorch eager (the reference), every ONNX variant in ONNX Runtime, and TensorRT engines where built."""
+    from workbench.models import load_model
+    from workbench.runners.onnxruntime import OrtRunner, providers_for
+    from workbench.runners.torch import TorchRunner
+
+    threads = config.threads or os.cpu_count() or 1
+    runners: dict[str, Any] = {"pytorch": TorchRunner(load_model(config), config.pooling)}
+    for name, (path, _) in record.variants("onnx").items():
+        runners[name] = OrtRunner(name, path, providers_for(config.device), threads)
+    engines = record.variants("engine")
+    if engines:
+        from workbench.profiles import Profile
+        from workbench.runners.tensorrt import TrtEngineRunner
+
+        for name, (path, _) in engines.items():
+            profiles = [Profile.from_record(p) for p in record.data["artifacts"][f"engine.{name}"]["profiles"]]
+            runners[name] = TrtEngineRunner(name, path, profiles)
+    return runners
+
+
+def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
+    """The batch x sequence grid of `config.bench` on real text; per cell and runner: percentiles, throughput,
+    speedup over PyTorch; fp32-equivalent GFLOP/s against a matmul peak measured in the same run."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from workbench.batches import shaped_batch, token_lengths
+    from workbench.data import load_corpus
+
+    bench, export = config.bench, record.metric("export")
+    threads = config.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    texts = list(load_corpus(config.corpus))
+    lengths = token_lengths(tokenizer, texts)
+    runners = benchmark_runners(config, record)
+    verdicts = record.metric("parity.variants", {})
+    passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}
+    cells: dict[str, Any] = {}
+    flops: dict[str, float] = {}
+    for rows in bench.batches:
+        for length in bench.sequences:
+            if length > export["max_sequence"]:
+                continue
+            batch = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, rows, length)
+            calls = {name: (lambda r=runner, f=batch.feed: r.infer(f)) for name, runner in runners.items()}
+            samples = interleaved(calls, bench.rounds, bench.warmup, bench.seconds_per_cell)
+            cell = f"b{rows}_s{length}"
+            cells[cell] = summarize(samples, rows, length, "pytorch")
+            flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
+                                       rows, length)
+            for name, stats in cells[cell].items():
+                stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
+    best = {cell: max((n for n in stats if passed[n]), key=lambda n: stats[n]["speedup"] or 0)
+            for cell, stats in cells.items()}
+    return {"threads": threads, "cells": cells, "flops": flops, "passed": passed,
+            "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]} for cell, name in best.items()},
+            "peak_gflops": matmul_peak_gflops(threads)}

@@ -1,0 +1,185 @@
+"""Load against a served model: NVIDIA's perf_analyzer where it is installed, else an asyncio closed-loop
+generator on tritonclient; both bounded in requests and time, loopback only. Plus Triton's server-side breakdown."""
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.errors import DependencyMissingError
+from workbench.triton.client import AsyncTritonClient, run_async
+
+PERF_ANALYZER_WHEEL = "tritonclient==2.48.0"  # newest wheel whose perf_analyzer runs on glibc 2.36 (Debian 12)
+TOOLS = Path(sys.prefix) / "tools" / "perf_analyzer"
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level: client-side throughput and latency percentiles."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    throughput: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    mean: float
+
+    def record(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+# ---- asyncio closed loop ---------------------------------------------------------------------------------------
+Send = Callable[[AsyncTritonClient, int], Awaitable[object]]
+
+
+async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, requests: int,
+                       seconds: float) -> LevelResult:
+    client = AsyncTritonClient(url, protocol)
+    latencies: list[float] = []
+    errors = 0
+    issued = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal issued, errors
+        while issued < requests and time.perf_counter() < deadline:
+            index = issued
+            issued += 1
+            begin = time.perf_counter()
+            try:
+                await send(client, index)
+                latencies.append(time.perf_counter() - begin)
+            except Exception:  # noqa: BLE001 - counted, the level goes on
+                errors += 1
+
+    start = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    elapsed = time.perf_counter() - start
+    values = np.asarray(latencies or [float("nan")]) * 1e3
+    return LevelResult(concurrency, len(latencies), errors, elapsed, len(latencies) / elapsed,
+                       *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
+
+
+def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int,
+                  seconds: float) -> LevelResult:
+    """A warm-up of `concurrency` requests, then up to `requests` requests (or `seconds`) with `concurrency` in
+    flight, each sent as soon as the previous one of its worker returned."""
+    run_async(_closed_loop(url, protocol, send, concurrency, concurrency, seconds))
+    return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))
+
+
+# ---- perf_analyzer -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PerfAnalyzer:
+    executable: Path
+    libraries: Path | None = None
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.libraries:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(self.libraries), env.get("LD_LIBRARY_PATH"))
+                                                     if p)
+        return env
+
+
+def find_perf_analyzer() -> PerfAnalyzer | None:
+    """perf_analyzer on PATH (NVIDIA's SDK container), or the copy `workbench install-perf-analyzer` made."""
+    on_path = shutil.which("perf_analyzer")
+    if on_path:
+        return PerfAnalyzer(Path(on_path))
+    local = TOOLS / "perf_analyzer"
+    return PerfAnalyzer(local, TOOLS / "lib") if local.is_file() else None
+
+
+def install_perf_analyzer() -> PerfAnalyzer:
+    """Take perf_analyzer from a tritonclient wheel (the PyPI `perf-analyzer` package is an empty placeholder) and
+    give it the libb64 and libcudart it links, which the nvidia-pytriton wheel ships under other names."""
+    try:
+        import pytriton
+    except ImportError:
+        raise DependencyMissingError("perf_analyzer needs libraries from nvidia-pytriton, which is not installed",
+                                     "pip install nvidia-pytriton==0.7.0") from None
+    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PERF_ANALYZER_WHEEL,
+                        "--dest", tmp], check=True, timeout=300)
+        wheel = next(Path(tmp).glob("tritonclient-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            member = next(n for n in archive.namelist() if n.endswith("/bin/perf_analyzer"))
+            TOOLS.mkdir(parents=True, exist_ok=True)
+            target = TOOLS / "perf_analyzer"
+            target.write_bytes(archive.read(member))
+    target.chmod(0o755)
+    (TOOLS / "lib").mkdir(exist_ok=True)
+    for pattern, name in (("libb64-*.so.0d", "libb64.so.0d"), ("libcudart-*.so.12*", "libcudart.so.12")):
+        link = TOOLS / "lib" / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(next(libs.glob(pattern)))
+    tool = PerfAnalyzer(target, TOOLS / "lib")
+    subprocess.run([str(target), "--version"], check=True, capture_output=True, env=tool.environment(), timeout=60)
+    return tool
+
+
+def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
+                        concurrency: int, requests: int, seconds: float, workdir: Path) -> LevelResult:
+    """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    inputs = workdir / "inputs.json"
+    inputs.write_text(json.dumps({"data": [{name: {"content": np.asarray(v).ravel().tolist() if np.asarray(v).dtype
+                                                   != object else [x.decode() for x in np.asarray(v).ravel()],
+                                                   "shape": list(np.asarray(v).shape[1:])}
+                                            for name, v in item.items()} for item in data]}))
+    report = workdir / f"c{concurrency}.csv"
+    command = [str(tool.executable), "-m", model, "-u", url, "-i", protocol, "-b", "1",
+               "--input-data", str(inputs), "--concurrency-range", f"{concurrency}:{concurrency}",
+               "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),
+               "--max-trials", "4", "--stability-percentage", "30", "-f", str(report), "--verbose-csv"]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=tool.environment(), timeout=seconds * 6 + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    row = next(csv.DictReader(report.open()))
+    ms = {k: float(row[f"{k} latency"]) / 1e3 for k in ("p50", "p90", "p95", "p99", "Avg")}  # CSV is in usec
+    throughput = float(row["Inferences/Second"])
+    elapsed = time.perf_counter() - start
+    return LevelResult(concurrency, requests, 0, elapsed, throughput, ms["p50"], ms["p90"], ms["p95"],
+                       ms["p99"], ms["Avg"])
+
+
+# ---- server-side breakdown -----------------------------------------------------------------------------------------
+def stage_totals(stats: dict[str, Any]) -> dict[str, int]:
+    """Cumulative request count and nanoseconds per stage from Triton's statistics (HTTP or gRPC JSON)."""
+    inference = stats.get("inference_stats", {})
+    totals = {"requests": int(inference.get("success", {}).get("count", 0))}
+    for stage in STAGES:
+        totals[stage] = int(inference.get(stage, {}).get("ns", 0))
+    return totals
+
+
+def breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Mean milliseconds per request in each server stage between two snapshots."""
+    requests = max(after["requests"] - before["requests"], 1)
+    result = {stage: (after[stage] - before[stage]) / requests / 1e6 for stage in STAGES}
+    result["requests"] = after["requests"] - before["requests"]
+    return result

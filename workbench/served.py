@@ -1,0 +1,119 @@
+"""Served benchmarks on a local Triton: concurrency sweeps with and without dynamic batching, a small search over
+batching settings, and server-side vs client-side tokenization, each with Triton's own stage breakdown."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.config import RunConfig
+from workbench.data import encode
+from workbench.errors import DependencyMissingError
+from workbench.load import (
+    PerfAnalyzer,
+    asyncio_level,
+    breakdown,
+    find_perf_analyzer,
+    perf_analyzer_level,
+    stage_totals,
+)
+from workbench.triton.client import TritonClient, text_array
+from workbench.triton.repository import ServingPlan, write_repository
+from workbench.triton.server import TritonServer
+
+
+class ServedBench:
+    """Measures one running server: text to the ensemble, or token ids (tokenized here) straight to the model."""
+
+    def __init__(self, config: RunConfig, plan: ServingPlan, server: TritonServer, texts: list[str],
+                 tokenizer: Any, tool: PerfAnalyzer | None, workdir: Path) -> None:
+        self.config, self.plan, self.server, self.texts = config, plan, server, texts
+        self.tokenizer, self.tool, self.workdir = tokenizer, tool, workdir
+
+    def _stages(self) -> dict[str, dict[str, int]]:
+        with TritonClient(self.server.http_url) as client:
+            return {name: stage_totals(client.statistics(name))
+                    for name in (self.plan.tokenizer_name, self.plan.model_name)}
+
+    def _ids(self, index: int) -> dict[str, np.ndarray]:
+        text = self.texts[index % len(self.texts)]
+        return encode(self.tokenizer, [text], self.plan.input_names, max_length=self.plan.max_length)
+
+    def level(self, concurrency: int, client_tokenization: bool = False) -> dict[str, Any]:
+        """One concurrency level; perf_analyzer (text path) when available, else the asyncio generator."""
+        bench = self.config.bench
+        before = self._stages()
+        if client_tokenization:
+            async def send(client: Any, index: int) -> object:
+                return await client.infer(self.plan.model_name, self._ids(index))
+            result = asyncio_level(self.server.http_url, "http", send, concurrency, bench.requests_per_level,
+                                   bench.seconds_per_level)
+        elif self.tool is not None:
+            data = [{"TEXT": text_array([t])} for t in self.texts]
+            result = perf_analyzer_level(self.tool, self.server.http_url, "http", self.plan.name, data,
+                                         concurrency, bench.requests_per_level, bench.seconds_per_level,
+                                         self.workdir / "perf_analyzer")
+        else:
+            async def send(client: Any, index: int) -> object:
+                return await client.infer_texts(self.plan.name, [self.texts[index % len(self.texts)]])
+            result = asyncio_level(self.server.http_url, "http", send, concurrency, bench.requests_per_level,
+                                   bench.seconds_per_level)
+        after = self._stages()
+        return {**result.record(), "server": {name: breakdown(before[name], after[name]) for name in before}}
+
+
+def _with_server(plan: ServingPlan, folder: Path, measure: Any) -> Any:
+    repository = write_repository(plan, folder / "repository", overwrite=True)
+    with TritonServer(repository, folder / "server") as server:
+        return measure(server)
+
+
+def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any] | None:
+    """The highest throughput whose p99 stays under the limit (model_analyzer's objective)."""
+    within = [c for c in candidates if c["p99"] <= p99_limit_ms]
+    return max(within, key=lambda c: c["throughput"]) if within else None
+
+
+def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Any,
+                         workdir: Path) -> dict[str, Any]:
+    """Everything under metrics.served: sweeps, the batching search, and the tokenization comparison."""
+    bench = config.bench
+    use_pa = bench.load_tool != "asyncio"
+    tool = find_perf_analyzer() if use_pa else None
+    if bench.load_tool == "perf_analyzer" and tool is None:
+        raise DependencyMissingError("perf_analyzer is not installed", "run `workbench install-perf-analyzer`")
+    levels = sorted(set(bench.concurrency))
+    result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "levels": levels,
+                              "variant_plan": {"flavor": plan.flavor, "max_batch_size": plan.max_batch_size}}
+
+    def sweep(server: TritonServer, label: str, measured_plan: ServingPlan) -> dict[str, Any]:
+        runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
+        out = {"text": {str(c): runner.level(c) for c in levels}}
+        if label == "batching_on":
+            out["client_tokenization"] = {str(c): runner.level(c, client_tokenization=True) for c in levels}
+            if tool is not None:  # compare like with like: the text path through the same asyncio generator
+                asyncio_runner = ServedBench(config, measured_plan, server, texts, tokenizer, None, workdir / label)
+                out["text_asyncio"] = {str(c): asyncio_runner.level(c) for c in levels}
+        return out
+
+    for label, batching in (("batching_off", False), ("batching_on", True)):
+        measured = replace(plan, dynamic_batching=batching)
+        result[label] = _with_server(measured, workdir / label,
+                                     lambda server, p=measured, name=label: sweep(server, name, p))
+    top = max(levels)
+    candidates = []
+    for delay in bench.search_queue_delays_us:
+        for instances in bench.search_instances:
+            candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances)
+            label = f"search_d{delay}_i{instances}"
+            measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
+                                    ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
+            candidates.append({"max_queue_delay_us": delay, "instances": instances,
+                               "preferred_batch_sizes": plan.preferred_batch_sizes, **measured})
+    chosen = pick(candidates, bench.p99_limit_ms)
+    result["search"] = {"concurrency": top, "p99_limit_ms": bench.p99_limit_ms, "candidates": candidates,
+                        "chosen": chosen}
+    return result
+

@@ -1,0 +1,73 @@
+"""Decide what to serve and how: flavor, variant and the ServingPlan the repository is generated from."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from workbench.config import RunConfig
+from workbench.environment import gpu_name
+from workbench.errors import MissingArtifactError
+from workbench.record import RunRecord
+from workbench.tasks import TASKS
+from workbench.triton.repository import ServingPlan, model_name_for
+
+# Variants to serve, best first, when the configuration names none (the first that passed parity wins).
+PREFERENCE = {
+    "python-ort": ("int8_repaired", "int8", "fp32", "original"),
+    "onnxruntime": ("fp16_repaired", "fp16", "fp32", "original"),
+    "onnxruntime-cpu": ("int8_repaired", "int8", "fp32", "original"),
+    "tensorrt_plan": ("trt_fp16", "trt_fp32"),
+}
+
+
+def choose_flavor(config: RunConfig) -> str:
+    if config.triton.flavor != "auto":
+        return config.triton.flavor
+    return "onnxruntime" if gpu_name() is not None and config.device != "cpu" else "python-ort"
+
+
+def choose_variant(config: RunConfig, record: RunRecord, flavor: str) -> tuple[str, Path, str]:
+    """(variant, file, precision): the configured one, else the preferred variant that passed parity."""
+    kind = "engine" if flavor == "tensorrt_plan" else "onnx"
+    available = {a["variant"]: a for a in record.data["artifacts"].values() if a["kind"] == kind}
+    verdicts = record.metric("parity.variants", {})
+    if config.triton.variant:
+        wanted = [config.triton.variant]
+    else:
+        key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
+        wanted = [v for v in PREFERENCE[key] if verdicts.get(v, {}).get("passed", not verdicts)]
+    for variant in wanted:
+        if variant in available:
+            entry = available[variant]
+            return variant, record.run_dir / entry["path"], entry["precision"]
+    raise MissingArtifactError(
+        f"no {kind} variant to serve with flavor {flavor} (wanted {wanted}, have {sorted(available)})",
+        "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those>")
+
+
+def serving_plan(config: RunConfig, record: RunRecord) -> tuple[ServingPlan, str]:
+    flavor = choose_flavor(config)
+    variant, path, precision = choose_variant(config, record, flavor)
+    from transformers import AutoConfig, AutoTokenizer
+
+    export = record.metric("export")
+    outputs = TASKS[config.task].outputs(config.pooling)
+    folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
+    id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
+    profiles = record.metric("tensorrt.profiles") or []
+    batch = config.batch
+    plan = ServingPlan(
+        name=model_name_for(config.triton.name or config.model_slug), flavor=flavor,
+        input_names=tuple(export["io"]["inputs"]), outputs=outputs, hidden_size=export["hidden_size"],
+        model_file=path, tokenizer_dir=folder,
+        max_length=min(config.sequence.max, export["max_sequence"]), max_batch_size=batch.max,
+        preferred_batch_sizes=config.triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
+        max_queue_delay_us=config.triton.max_queue_delay_us, dynamic_batching=config.triton.dynamic_batching,
+        instances=config.triton.instances, gpu=flavor != "python-ort" and gpu_name() is not None,
+        gpu_accelerator=config.triton.gpu_accelerator, fp16=precision == "fp16",
+        # Fixed-shape backends batch only equal shapes: pad each request up to its length bucket (the profiles).
+        pad_to=[p["sequence"][2] for p in profiles] if flavor != "python-ort" else [],
+        profiles=len(profiles) if flavor == "tensorrt_plan" else 1,
+        pad_token_id=tokenizer.pad_token_id or 0, threads=config.threads or 0, id2label=id2label)
+    return plan, variant
