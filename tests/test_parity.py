@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny import make_fp16_overflow
+from workbench.tiny import make_fp16_overflow
 from workbench.compare import raise_if_failed
 from workbench.config import RunConfig
 from workbench.data import load_corpus

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny import make_fp16_overflow
+from workbench.tiny import make_fp16_overflow
 from workbench import onnxfiles
 from workbench.config import RunConfig
 from workbench.engines import (

@@ -27,9 +27,9 @@ SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 
          "precisions": ["fp32"], "threads": 1}
 
 
-def prepared(model, run_dir, repositories, **settings):
+def prepared(model, run_dir, repositories, triton_settings=None, **settings):
     config = RunConfig.model_validate({"model": str(model), **SMALL, **settings,
-                                       "triton": {"repository_dir": str(repositories)}})
+                                       "triton": {"repository_dir": str(repositories), **(triton_settings or {})}})
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
     optimize.run(config, record)
@@ -40,7 +40,10 @@ def prepared(model, run_dir, repositories, **settings):
 def served(tiny_models, tmp_path_factory):
     """Tiny BERT, python-ort flavor, one server for the module (stopped even when tests fail)."""
     root = tmp_path_factory.mktemp("triton")
-    config, record = prepared(tiny_models["bert"], root / "run", root / "repos")
+    both = {"outputs": ["last_hidden_state", "sentence_embedding"]}
+    config, record = prepared(tiny_models["bert"], root / "run", root / "repos", triton_settings=both)
+    assert [o.name for o in serving_plan(config.model_copy(update={"triton": config.triton.model_copy(
+        update={"outputs": None})}), record)[0].outputs] == ["sentence_embedding"], "embedding alone by default"
     plan, _ = serving_plan(config, record)
     repository = write_repository(plan, root / "repository")
     with TritonServer(repository, root / "server") as server:

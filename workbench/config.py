@@ -50,10 +50,12 @@ class TritonSettings(_Strict):
     name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
     flavor: Literal["auto", "onnxruntime", "tensorrt_plan", "python-ort"] = "auto"
     variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
+    outputs: list[str] | None = Field(default=None, description="outputs to serve; default: the sentence embedding "
+                                                                "alone when there is one, else every task output")
     instances: int = Field(default=1, ge=1)
     dynamic_batching: bool = True
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
-    max_queue_delay_us: int = Field(default=1000, ge=0)
+    max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"
     http_port: int | None = None
     grpc_port: int | None = None

@@ -76,7 +76,9 @@ class ParityLab:
     def collect(self, runner: Any, precision: str) -> dict[str, OutputParity]:
         """Run every batch through `runner` and accumulate each output's comparison."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
-        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances)) for s in self.specs}
+        served = getattr(runner, "output_names", None) or [s.name for s in self.specs]
+        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances))
+                   for s in self.specs if s.name in served}
         for batch, expected in zip(self.batches, self.expected):
             # Runners that need the texts themselves (a served ensemble) take the whole batch.
             got = runner.infer_batch(batch) if hasattr(runner, "infer_batch") else runner.infer(batch.feed)

@@ -68,8 +68,8 @@ class ServedRunner:
 
     def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
                  outputs: list[str]) -> None:
-        self.client, self.model, self.texts, self.outputs = client, model, texts, outputs
-        self.input_names = input_names
+        self.client, self.model, self.texts = client, model, texts
+        self.input_names, self.output_names = input_names, tuple(outputs)
         self.name = f"served-{client.protocol}"
         self.providers = [f"triton-{client.protocol}"]
 
@@ -78,7 +78,7 @@ class ServedRunner:
         # postprocess) makes the ensemble report a deadlock.
         got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids])
         width = batch.shape[1]
-        return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.outputs}
+        return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.output_names}
 
 
 async def burst(url: str, model: str, texts: list[str], concurrency: int) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from workbench.config import RunConfig
 from workbench.environment import gpu_name
-from workbench.errors import MissingArtifactError
+from workbench.errors import ConfigError, MissingArtifactError
 from workbench.record import RunRecord
 from workbench.tasks import TASKS
 from workbench.triton.repository import ServingPlan, model_name_for
@@ -44,13 +44,27 @@ def choose_variant(config: RunConfig, record: RunRecord, flavor: str) -> tuple[s
         "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those>")
 
 
+def served_outputs(config: RunConfig) -> tuple:
+    """Token states are large (batch x sequence x hidden floats per request): an embedding service sends the
+    sentence embedding alone unless `triton.outputs` asks for more."""
+    outputs = TASKS[config.task].outputs(config.pooling)
+    if config.triton.outputs is None:
+        embeddings = tuple(o for o in outputs if o.kind == "embedding")
+        return embeddings or outputs
+    unknown = set(config.triton.outputs) - {o.name for o in outputs}
+    if unknown:
+        raise ConfigError(f"triton.outputs names {sorted(unknown)}, which {config.task} does not produce",
+                          f"choose among {[o.name for o in outputs]}")
+    return tuple(o for o in outputs if o.name in config.triton.outputs)
+
+
 def serving_plan(config: RunConfig, record: RunRecord) -> tuple[ServingPlan, str]:
     flavor = choose_flavor(config)
     variant, path, precision = choose_variant(config, record, flavor)
     from transformers import AutoConfig, AutoTokenizer
 
     export = record.metric("export")
-    outputs = TASKS[config.task].outputs(config.pooling)
+    outputs = served_outputs(config)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     tokenizer = AutoTokenizer.from_pretrained(folder)
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)

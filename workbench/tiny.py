@@ -1,6 +1,11 @@
-"""Tiny random-weight models built from transformers configs, with tokenizers trained on the shipped corpus."""
+"""Tiny random-weight models built from transformers configs, with tokenizers trained on the shipped corpus.
+
+They make every step runnable without a model hub (tests, and the generation demo): their outputs are meaningless,
+their shapes, dtypes and code paths are those of the real architectures. `tiny:<name>` in a model setting builds one.
+"""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from workbench.data import load_corpus
@@ -84,3 +89,73 @@ def make_fp16_overflow(dest: Path, source: Path) -> Path:
     model.save_pretrained(dest)
     transformers.AutoTokenizer.from_pretrained(source).save_pretrained(dest)
     return Path(dest)
+
+
+MARIAN_LANGUAGES = (">>fra<<", ">>deu<<")  # Marian's multilingual convention: the target language leads the source
+
+
+def build_marian(dest: Path, vocab_size: int = 200, seed: int = 0) -> Path:
+    """A tiny MarianMT with one sentencepiece model per side and a shared vocab.json (CTranslate2-convertible).
+
+    The vocab holds `</s>` first, `<unk>` second, the pieces and the language tokens, and `<pad>` last: CTranslate2's
+    converter drops the last row. Larger init_std and untied embeddings keep greedy outputs varied.
+    """
+    import tempfile
+
+    import sentencepiece
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "corpus.txt"
+        text.write_text("\n".join(load_corpus()), encoding="utf-8")
+        pieces: list[str] = []
+        for side in ("source", "target"):
+            sentencepiece.SentencePieceTrainer.train(
+                input=str(text), model_prefix=f"{tmp}/{side}", vocab_size=vocab_size, model_type="unigram",
+                hard_vocab_limit=False, character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
+                minloglevel=2, seed_sentencepiece_size=10000)
+            processor = sentencepiece.SentencePieceProcessor(model_file=f"{tmp}/{side}.model")
+            pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        ordered = ["</s>", "<unk>", *dict.fromkeys(p for p in pieces if p not in ("<unk>", "</s>", "<pad>")),
+                   *MARIAN_LANGUAGES, "<pad>"]
+        vocab = Path(tmp) / "vocab.json"
+        vocab.write_text(json.dumps({piece: i for i, piece in enumerate(ordered)}), encoding="utf-8")
+        tokenizer = transformers.MarianTokenizer(f"{tmp}/source.model", f"{tmp}/target.model", str(vocab),
+                                                 model_max_length=MAX_POSITIONS)
+        tokenizer.save_pretrained(dest)
+    pad = tokenizer.pad_token_id
+    config = transformers.MarianConfig(
+        vocab_size=len(ordered), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=MAX_POSITIONS,
+        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=pad, init_std=0.05,
+        tie_word_embeddings=False)
+    transformers.MarianMTModel(config).save_pretrained(dest)
+    return dest
+
+
+def build_gpt2(dest: Path, vocab_size: int = 300, seed: int = 0) -> Path:
+    """A tiny GPT-2 with a byte-level BPE tokenizer (end-of-text doubles as padding, on the left)."""
+    import torch
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    torch.manual_seed(seed)
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(load_corpus(), vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+    tokenizer = transformers.GPT2TokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<|endoftext|>",
+                                               eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                                               pad_token="<|endoftext|>", padding_side="left",
+                                               model_max_length=MAX_POSITIONS)
+    tokenizer.save_pretrained(dest)
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=MAX_POSITIONS, n_embd=64, n_layer=2,
+                                     n_head=4, initializer_range=0.2, bos_token_id=tokenizer.eos_token_id,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    transformers.GPT2LMHeadModel(config).save_pretrained(dest)
+    return Path(dest)
+
+
+TINY = {"tiny:marian": build_marian, "tiny:gpt2": build_gpt2}

@@ -1,0 +1,145 @@
+"""Speed of the workbench's variants on the embedded model, measured side by side in one run.
+
+    python benchmarks/bench.py [--run outputs/<run>] [--profile]
+
+Without --run it first runs export, optimize and parity (with precision repair) on all-MiniLM-L6-v2. Prints, each
+against the targets of the benchmarks issue (targets are for this kind of 2-core CPU machine, not assertions):
+  1. every variant's speedup over PyTorch eager at (b1,s16), (b1,s128), (b8,s128), and the best that passes parity;
+  2. fp32-equivalent GFLOP/s at (b8,s128) against a matmul peak measured in the same run;
+  3. served p50 at concurrency 1 (Triton ensemble, one ~16-token text) over the in-process p50 of the same variant;
+  4. served throughput with dynamic batching over without, at concurrency 16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from workbench.batches import shaped_batch, token_lengths
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.latency import run_latency_benchmark
+from workbench.load import asyncio_level, find_perf_analyzer, perf_analyzer_level
+from workbench.pipeline import run_pipeline
+from workbench.record import RunRecord
+from workbench.triton.client import text_array
+from workbench.triton.plan import serving_plan
+from workbench.triton.repository import write_repository
+from workbench.triton.server import TritonServer
+
+CELLS = ("b1_s16", "b1_s128", "b8_s128")
+TARGETS = {"b1_s16": 3.5, "b1_s128": 2.0, "b8_s128": 1.5}
+GFLOPS_SHARE, SERVED_OVERHEAD, BATCHING_GAIN = 0.75, 1.5, 3.0
+
+
+def served_level(plan, server, texts: list[str], concurrency: int, requests: int) -> dict:
+    tool = find_perf_analyzer()
+    if tool:
+        return perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array([t])}
+                                                                             for t in texts],
+                                   concurrency, requests, 30, server.workdir / "pa").record()
+
+    async def send(client, index):
+        return await client.infer_texts(plan.name, [texts[index % len(texts)]])
+    return asyncio_level(server.http_url, "http", send, concurrency, requests, 30).record()
+
+
+def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: Path) -> dict:
+    plan, variant = serving_plan(config, record)
+    texts = list(load_corpus())
+    result = {"variant": variant}
+    for label, batching in (("off", False), ("on", True)):
+        measured = replace(plan, dynamic_batching=batching)
+        repository = write_repository(measured, work / f"batching_{label}" / "repository", overwrite=True)
+        with TritonServer(repository, work / f"batching_{label}" / "server") as server:
+            if batching:
+                result["c1_short"] = served_level(measured, server, short_texts, 1, 200)
+            result[f"c16_{label}"] = served_level(measured, server, texts, 16, 400)
+            result[f"c16_short_{label}"] = served_level(measured, server, short_texts, 16, 400)
+    return result
+
+
+def profile(path: Path, feed: dict, threads: int, runs: int = 10) -> list[tuple[str, float]]:
+    """Share of ONNX Runtime node time per op type (its built-in profiler)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.enable_profiling = True
+    options.intra_op_num_threads = threads
+    profiled = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        profiled.run(None, feed)
+    events = json.loads(Path(profiled.end_profiling()).read_text())
+    time_by_op: Counter = Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            time_by_op[event["args"]["op_name"]] += event["dur"]
+    total = sum(time_by_op.values())
+    return [(op, t / total) for op, t in time_by_op.most_common(8)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="an existing run with export, optimize and parity done")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--profile", action="store_true", help="ONNX Runtime op profile of the best variant")
+    args = parser.parse_args()
+    if args.run is None:
+        args.run = Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(RunConfig(steps=["export", "optimize", "parity"]), args.run)
+    record = RunRecord.load(args.run)
+    config = record.config.model_copy(update={"bench": record.config.bench.model_copy(update={
+        "batches": [1, 8], "sequences": [16, 128], "rounds": args.rounds, "seconds_per_cell": 120.0})})
+    start = time.perf_counter()
+    latency = run_latency_benchmark(config, record)
+    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    texts = list(load_corpus())
+    short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
+    served_result = served(config, record, [texts[i] for i in short.text_ids], args.run / "bench")
+    print(f"\nrun: {args.run}  threads: {latency['threads']}  measured in {time.perf_counter() - start:.0f} s\n")
+    print("1. speedup over PyTorch eager (median ms in brackets); * = fails parity")
+    runners = list(latency["cells"][CELLS[0]])
+    print(f"   {'variant':16s}" + "".join(f"{c:>22s}" for c in CELLS))
+    for name in runners:
+        row = "".join(f"{latency['cells'][c][name]['speedup']:>12.2f}x ({latency['cells'][c][name]['p50']:6.1f})"
+                      for c in CELLS)
+        print(f"   {name + ('' if latency['passed'][name] else ' *'):16s}{row}")
+    for cell in CELLS:
+        best = latency["best"][cell]
+        verdict = "PASS" if best["speedup"] >= TARGETS[cell] else "MISS"
+        print(f"   best passing at {cell}: {best['variant']} {best['speedup']:.2f}x (target {TARGETS[cell]}x) "
+              f"{verdict}")
+    cell = latency["cells"]["b8_s128"]
+    best = latency["best"]["b8_s128"]["variant"]
+    share = cell[best]["gflops"] / latency["peak_gflops"]
+    torch_share = cell["pytorch"]["gflops"] / latency["peak_gflops"]
+    print(f"\n2. b8_s128: {best} reaches {cell[best]['gflops']:.0f} fp32-equivalent GFLOP/s = {share:.0%} of the "
+          f"{latency['peak_gflops']:.0f} GFLOP/s matmul peak (PyTorch: {torch_share:.0%}) "
+          f"target {GFLOPS_SHARE:.0%} {'PASS' if share >= GFLOPS_SHARE else 'MISS'}")
+    variant = served_result["variant"]
+    in_process = latency["cells"]["b1_s16"][variant]["p50"]
+    ratio = served_result["c1_short"]["p50"] / in_process
+    print(f"\n3. served p50 at concurrency 1 ({variant}, 16-token texts): {served_result['c1_short']['p50']:.2f} ms "
+          f"over in-process {in_process:.2f} ms = {ratio:.2f}x (target <= {SERVED_OVERHEAD}x) "
+          f"{'PASS' if ratio <= SERVED_OVERHEAD else 'MISS'}")
+    on, off = served_result["c16_on"]["throughput"], served_result["c16_off"]["throughput"]
+    print(f"\n4. concurrency 16, corpus texts: {on:.1f} req/s with dynamic batching, {off:.1f} without = "
+          f"{on / off:.2f}x (target >= {BATCHING_GAIN}x) {'PASS' if on / off >= BATCHING_GAIN else 'MISS'}")
+    on, off = served_result["c16_short_on"]["throughput"], served_result["c16_short_off"]["throughput"]
+    print(f"   concurrency 16, 16-token texts: {on:.1f} vs {off:.1f} req/s = {on / off:.2f}x")
+    if args.profile:
+        path, _ = record.variants()[best]
+        feed = shaped_batch(tokenizer, tuple(record.metric("export.io.inputs")), texts,
+                            token_lengths(tokenizer, texts), 8, 128).feed
+        print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")
+        for op, part in profile(path, feed, latency["threads"]):
+            print(f"   {op:28s} {part:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
