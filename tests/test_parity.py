@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from workbench.tiny import make_fp16_overflow
 from workbench.compare import raise_if_failed
 from workbench.config import RunConfig
 from workbench.data import load_corpus
@@ -17,6 +16,7 @@ from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize, parity
+from workbench.tiny import make_fp16_overflow
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 

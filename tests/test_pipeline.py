@@ -19,13 +19,14 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
                  "-p", "sequence={min: 1, opt: 32, max: 64}", "-p", "batch.max=8", "--quiet",
                  "-p", f"triton.repository_dir={tmp_path / 'repositories'}", "-p", "threads=1",
                  "-p", "bench={rounds: 3, batches: [1], sequences: [8], concurrency: [2], requests_per_level: 16, "
-                       "search_queue_delays_us: [0], search_instances: [1]}"])
+                       "search_queue_delays_us: [0], search_instances: [1]}",
+                 "-p", "generation={texts: 4, max_new_tokens: 8, concurrency: [2], requests_per_level: 8}"])
     assert code == 0
     assert f"run.json: {run_dir / 'run.json'}" in capsys.readouterr().out
     record = json.loads((run_dir / "run.json").read_text())
     assert [(n, s["status"]) for n, s in record["steps"].items()] == [
         ("export", "ok"), ("optimize", "ok"), ("parity", "ok"), ("tensorrt", TRT_STATUS), ("triton", "ok"),
-        ("report", "ok")]
+        ("generation", "ok"), ("report", "ok")]
     assert record["metrics"]["parity"]["variants"]["fp32"]["passed"]
     assert record["metrics"]["served_parity"]["http"]["passed"]
     assert record["config"]["precisions"] == ["fp32", "int8"]
@@ -36,7 +37,9 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
             assert artifact["sha256"] == sha256_file(path), name
     assert {"notebook.export", "notebook.optimize", "notebook.parity", "onnx.int8"} <= set(record["artifacts"])
     assert (run_dir / "report.html").stat().st_size > 1_000_000  # plotly embedded
-    for notebook in ("02_optimize.ipynb", "04_parity.ipynb", "05_triton.ipynb", "06_report.ipynb"):
+    assert record["metrics"]["generation"]["translation"]["in_process"]["identical"] == 4
+    for notebook in ("02_optimize.ipynb", "04_parity.ipynb", "05_triton.ipynb", "07_generation.ipynb",
+                     "06_report.ipynb"):
         executed = json.loads((run_dir / "notebooks" / notebook).read_text())
         assert any("plotly" in json.dumps(cell.get("outputs")) for cell in executed["cells"]), notebook
     assert record["environment"]["packages"]["onnxruntime"]
@@ -60,7 +63,7 @@ def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, ca
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
     assert "opset 99 is outside" in record["steps"]["export"]["error"]
-    for later in ("optimize", "parity", "tensorrt", "triton", "report"):
+    for later in ("optimize", "parity", "tensorrt", "triton", "generation", "report"):
         assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
     assert (run_dir / "notebooks" / "01_export.ipynb").is_file()

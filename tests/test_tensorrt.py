@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from workbench.tiny import make_fp16_overflow
 from workbench import onnxfiles
 from workbench.config import RunConfig
 from workbench.engines import (
@@ -22,6 +21,7 @@ from workbench.errors import StepSkipped
 from workbench.profiles import Profile
 from workbench.record import RunRecord
 from workbench.steps import export, optimize, parity, tensorrt
+from workbench.tiny import make_fp16_overflow
 
 PROFILES = [Profile((1, 4, 8), (1, 32, 32)), Profile((1, 4, 8), (33, 64, 64))]
 NAMES = ("input_ids", "attention_mask", "token_type_ids")

@@ -85,6 +85,23 @@ class BenchSettings(_Strict):
     search_instances: list[int] = [1, 2]
 
 
+class GenerationSettings(_Strict):
+    """Step 07: a seq2seq (translation) and a decoder-only (text generation) model, HF generate vs CTranslate2."""
+
+    translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
+    text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")
+    target_language: str | None = Field(default=None, description="for multilingual models, e.g. >>fra<< or fra_Latn")
+    max_new_tokens: int = Field(default=32, ge=1)
+    max_new_tokens_limit: int = Field(default=256, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1, description="default: the model's limit")
+    ct2_compute_type: str = "float32"
+    texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
+    max_batch_size: int = Field(default=16, ge=1)
+    concurrency: list[int] = [1, 4, 16]
+    requests_per_level: int = Field(default=64, ge=4)
+    seconds_per_level: float = Field(default=60.0, gt=0)
+
+
 class RunConfig(_Strict):
     """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
 
@@ -109,6 +126,7 @@ class RunConfig(_Strict):
     engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
     triton: TritonSettings = TritonSettings()
     bench: BenchSettings = BenchSettings()
+    generation: GenerationSettings = GenerationSettings()
     repair: bool = True
     repair_max_builds: int = Field(default=80, ge=2)
     device: Literal["auto", "cpu", "cuda"] = "auto"

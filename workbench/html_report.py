@@ -45,6 +45,10 @@ def _sections(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     if "served_parity" in metrics:
         add("Served parity", "The deployed ensemble against PyTorch over HTTP and gRPC.",
             figures.parity_table({f"served {p}": r for p, r in metrics["served_parity"].items()}))
+    if "generation" in metrics:
+        add("Translation and text generation", "transformers generate against CTranslate2, both served through "
+            "Triton's Python backend; greedy decoding, one text per request.",
+            *figures.generation_figures(metrics["generation"]))
     if "tensorrt" in metrics:
         add("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
             figures.length_histogram(metrics["tensorrt"]), figures.padding_figure(metrics["tensorrt"]))

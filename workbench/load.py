@@ -81,11 +81,14 @@ async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, re
                        *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
 
 
-def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int,
-                  seconds: float) -> LevelResult:
+def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int, seconds: float,
+                  after_warmup: Callable[[], None] | None = None) -> LevelResult:
     """A warm-up of `concurrency` requests, then up to `requests` requests (or `seconds`) with `concurrency` in
-    flight, each sent as soon as the previous one of its worker returned."""
+    flight, each sent as soon as the previous one of its worker returned. `after_warmup` runs in between (to reset
+    whatever `send` counts)."""
     run_async(_closed_loop(url, protocol, send, concurrency, concurrency, seconds))
+    if after_warmup:
+        after_warmup()
     return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))
 
 

@@ -98,7 +98,8 @@ def build_marian(dest: Path, vocab_size: int = 200, seed: int = 0) -> Path:
     """A tiny MarianMT with one sentencepiece model per side and a shared vocab.json (CTranslate2-convertible).
 
     The vocab holds `</s>` first, `<unk>` second, the pieces and the language tokens, and `<pad>` last: CTranslate2's
-    converter drops the last row. Larger init_std and untied embeddings keep greedy outputs varied.
+    converter drops the last row (so padding must never be generated, as `bad_words_ids` says). Larger init_std and
+    untied embeddings keep greedy outputs varied.
     """
     import tempfile
 
@@ -132,7 +133,9 @@ def build_marian(dest: Path, vocab_size: int = 200, seed: int = 0) -> Path:
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=MAX_POSITIONS,
         pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=pad, init_std=0.05,
         tie_word_embeddings=False)
-    transformers.MarianMTModel(config).save_pretrained(dest)
+    model = transformers.MarianMTModel(config)
+    model.generation_config.bad_words_ids = [[pad]]  # as in published Marian checkpoints: never generate padding
+    model.save_pretrained(dest)
     return dest
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from workbench.errors import ServedError
 
 PROTOCOLS = ("http", "grpc")
+DATATYPES = {"int64": "INT64", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
 
 
 def _module(protocol: str, asynchronous: bool) -> Any:
@@ -35,7 +36,7 @@ def text_array(texts: list[str | bytes]) -> np.ndarray:
 def _inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     inputs = []
     for name, array in arrays.items():
-        datatype = "BYTES" if array.dtype == object else {"int64": "INT64", "float32": "FP32"}[str(array.dtype)]
+        datatype = "BYTES" if array.dtype == object else DATATYPES[str(array.dtype)]
         tensor = module.InferInput(name, list(array.shape), datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -70,7 +70,7 @@ def model_name_for(text: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
 
 
-def _tensor(message: Any, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
+def add_tensor(message: Any, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
     tensor = message.add(name=name, data_type=data_type, dims=dims)
     if ragged:
         tensor.allow_ragged_batch = True
@@ -98,10 +98,10 @@ def _instances(config: Any, plan: ServingPlan, kind: int) -> None:
 def tokenizer_config(plan: ServingPlan) -> Any:
     config = mc.ModelConfig(name=plan.tokenizer_name, backend="python")
     _batching(config, plan)
-    _tensor(config.input, "TEXT", STRING, [1])
+    add_tensor(config.input, "TEXT", STRING, [1])
     for name in plan.input_names:
-        _tensor(config.output, name, INT64, [-1])
-    _tensor(config.output, "truncated", BOOL, [1])
+        add_tensor(config.output, name, INT64, [-1])
+    add_tensor(config.output, "truncated", BOOL, [1])
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
@@ -124,9 +124,9 @@ def model_config(plan: ServingPlan) -> Any:
         config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
     _batching(config, plan)
     for name in plan.input_names:
-        _tensor(config.input, name, INT64, [-1], ragged=ragged)
+        add_tensor(config.input, name, INT64, [-1], ragged=ragged)
     for spec in plan.outputs:
-        _tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     kind = mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU
     if plan.flavor == "tensorrt_plan" and plan.profiles > 1:
         for profile in range(plan.profiles):  # one instance group per profile: each serves one length bucket
@@ -150,10 +150,10 @@ def postprocess_config(plan: ServingPlan) -> Any:
     config = mc.ModelConfig(name=plan.postprocess_name, backend="python")
     _batching(config, plan)
     logits = next(o for o in plan.outputs if o.name == "logits")
-    _tensor(config.input, "logits", FP32, _output_dims(logits, plan), ragged=True)
+    add_tensor(config.input, "logits", FP32, _output_dims(logits, plan), ragged=True)
     per_token = logits.per_token
-    _tensor(config.output, "label", STRING, [-1] if per_token else [1])
-    _tensor(config.output, "score", FP32, [-1] if per_token else [1])
+    add_tensor(config.output, "label", STRING, [-1] if per_token else [1])
+    add_tensor(config.output, "score", FP32, [-1] if per_token else [1])
     config.parameters["id2label"].string_value = json.dumps(plan.id2label)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config
@@ -162,7 +162,7 @@ def postprocess_config(plan: ServingPlan) -> Any:
 def ensemble_config(plan: ServingPlan) -> Any:
     """Text in, task outputs out: tokenizer -> model (-> postprocess)."""
     config = mc.ModelConfig(name=plan.name, platform="ensemble", max_batch_size=plan.max_batch_size)
-    _tensor(config.input, "TEXT", STRING, [1])
+    add_tensor(config.input, "TEXT", STRING, [1])
     steps = config.ensemble_scheduling.step
     tokenize = steps.add(model_name=plan.tokenizer_name, model_version=-1)
     tokenize.input_map["TEXT"] = "TEXT"
@@ -173,15 +173,15 @@ def ensemble_config(plan: ServingPlan) -> Any:
         run.input_map[name] = name
     for spec in plan.outputs:
         run.output_map[spec.name] = spec.name
-        _tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     if plan.classifies:
         post = steps.add(model_name=plan.postprocess_name, model_version=-1)
         post.input_map["logits"] = "logits"
         per_token = next(o for o in plan.outputs if o.name == "logits").per_token
         for name, data_type in (("label", STRING), ("score", FP32)):
             post.output_map[name] = name
-            _tensor(config.output, name, data_type, [-1] if per_token else [1])
-    _tensor(config.output, "truncated", BOOL, [1])
+            add_tensor(config.output, name, data_type, [-1] if per_token else [1])
+    add_tensor(config.output, "truncated", BOOL, [1])
     return config
 
 
@@ -208,25 +208,37 @@ def configs(plan: ServingPlan) -> dict[str, Any]:
     return result
 
 
-def _fill(plan: ServingPlan, root: Path) -> None:
-    for name, config in configs(plan).items():
+def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
+    """Every model of the plan: its config and the files of its version folder (name there -> source)."""
+    files: dict[str, dict[str, Path]] = {
+        plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",
+                              "text_input.py": MODELS_SOURCE / "text_input.py", "tokenizer": plan.tokenizer_dir},
+        plan.model_name: {{"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx"): plan.model_file},
+        plan.name: {},
+    }
+    data = Path(f"{plan.model_file}.data")
+    if data.is_file():
+        files[plan.model_name][data.name] = data
+    if plan.flavor == "python-ort":
+        files[plan.model_name]["model.py"] = MODELS_SOURCE / "onnxruntime_model.py"
+    if plan.classifies:
+        files[plan.postprocess_name] = {"model.py": MODELS_SOURCE / "postprocess.py"}
+    return {name: (config, files[name]) for name, config in configs(plan).items()}
+
+
+def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
+    for name, (config, files) in models.items():
         folder = root / name
         (folder / "1").mkdir(parents=True)
         text = to_pbtxt(config)
         if parse_pbtxt(text, f"{name}/config.pbtxt") != config:
             raise RepositoryError(f"{name}/config.pbtxt does not read back as written", "report this as a bug")
         (folder / "config.pbtxt").write_text(text, encoding="utf-8")
-    shutil.copytree(plan.tokenizer_dir, root / plan.tokenizer_name / "1" / "tokenizer")
-    shutil.copyfile(MODELS_SOURCE / "tokenizer.py", root / plan.tokenizer_name / "1" / "model.py")
-    target = {"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx")
-    shutil.copyfile(plan.model_file, root / plan.model_name / "1" / target)
-    data = Path(f"{plan.model_file}.data")
-    if data.is_file():
-        shutil.copyfile(data, root / plan.model_name / "1" / data.name)
-    if plan.flavor == "python-ort":
-        shutil.copyfile(MODELS_SOURCE / "onnxruntime_model.py", root / plan.model_name / "1" / "model.py")
-    if plan.classifies:
-        shutil.copyfile(MODELS_SOURCE / "postprocess.py", root / plan.postprocess_name / "1" / "model.py")
+        for target, source in files.items():
+            if Path(source).is_dir():
+                shutil.copytree(source, folder / "1" / target)
+            else:
+                shutil.copyfile(source, folder / "1" / target)
 
 
 def _fingerprint(root: Path) -> dict[str, str]:
@@ -246,16 +258,21 @@ def ours_and_untouched(root: Path) -> bool:
 
 
 def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
-    """Write the repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
+    return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor})
+
+
+def write_models(models: dict[str, tuple[Any, dict[str, Path]]], root: Path, overwrite: bool = False,
+                 about: dict[str, Any] | None = None) -> Path:
+    """Write a repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
     changed it since, or `overwrite` says so."""
     root = Path(root)
     if root.exists() and not overwrite and not ours_and_untouched(root):
         raise RepositoryError(f"{root} already exists and was not generated by this workbench (or was edited)",
                               "move it away, choose another -p triton.name=..., or pass -p triton.overwrite=true")
     with atomic_dir(root) as tmp:
-        _fill(plan, tmp)
-        write_text(tmp / MARKER, json.dumps({"generated_by": "transformer-workbench", "name": plan.name,
-                                             "flavor": plan.flavor, "files": _fingerprint(tmp)}, indent=2))
+        _fill(models, tmp)
+        write_text(tmp / MARKER, json.dumps({"generated_by": "transformer-workbench", **(about or {}),
+                                             "files": _fingerprint(tmp)}, indent=2))
     return root
 
 

@@ -1,26 +1,14 @@
 """Triton Python model: UTF-8 text in, the model's int64 token tensors out (plus a per-text `truncated` flag)."""
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
-
-def decode(values):
-    """bytes -> str, refusing empty texts and invalid UTF-8 with a message that names the text."""
-    texts = []
-    for index, value in enumerate(values.reshape(-1)):
-        raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"TEXT[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
-                             "send UTF-8 encoded text") from None
-        if not text.strip():
-            raise ValueError(f"TEXT[{index}] is empty: send at least one non-space character")
-        texts.append(text)
-    return texts
+sys.path.insert(0, str(Path(__file__).parent))
+from text_input import decode  # noqa: E402  (copied beside this file)
 
 
 class TritonPythonModel:

@@ -1,0 +1,132 @@
+"""Step 07 generation: translation and text generation served through Triton, transformers generate vs
+CTranslate2, greedy outputs checked token for token, then a load test of both."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.errors import StepSkipped
+from workbench.generation import (
+    GEN_TASKS,
+    GenTask,
+    compare_greedy,
+    convert_ct2,
+    load_ct2,
+    load_hf,
+    materialize,
+    max_input_tokens,
+    prepared_inputs,
+)
+from workbench.load import asyncio_level
+from workbench.record import RunRecord
+from workbench.steps.triton import PROJECT_REPOSITORIES
+from workbench.triton.client import TritonClient, text_array
+from workbench.triton.generation_repository import ENGINES, GenerationPlan, generation_models
+from workbench.triton.models import generation_core as core
+from workbench.triton.repository import model_name_for, write_models
+from workbench.triton.server import TritonServer
+
+STEP = "generation"
+REQUEST_TEXTS = 4  # texts per request when checking served answers
+
+
+def short_texts(tokenizer: Any, count: int, limit: int) -> list[str]:
+    """The first `count` corpus texts that fit in `limit` tokens (and 64, to keep decoding cheap)."""
+    cap = min(limit, 64)
+    return [t for t in load_corpus() if len(tokenizer(t)["input_ids"]) < cap][:count]
+
+
+def request_arrays(texts: list[str], language: str | None, max_new_tokens: int) -> dict[str, np.ndarray]:
+    arrays = {"TEXT": text_array(texts), "MAX_NEW_TOKENS": np.full((len(texts), 1), max_new_tokens, np.int32)}
+    if language:
+        arrays["TARGET_LANG"] = text_array([language] * len(texts))
+    return arrays
+
+
+def served_ids(server: TritonServer, model: str, texts: list[str], language: str | None,
+               max_new_tokens: int) -> list[list[int]]:
+    ids: list[list[int]] = []
+    with TritonClient(server.http_url) as client:
+        for start in range(0, len(texts), REQUEST_TEXTS):
+            out = client.infer(model, request_arrays(texts[start:start + REQUEST_TEXTS], language, max_new_tokens))
+            ids += core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"])
+    return ids
+
+
+def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[str],
+              language: str | None) -> dict[str, Any]:
+    """Generated tokens/s, words/s and latency per concurrency, one text per request."""
+    gen = config.generation
+    results = {}
+    for concurrency in gen.concurrency:
+        counted = {"tokens": 0, "words": 0}
+
+        async def send(client: Any, index: int) -> None:
+            out = await client.infer(model, request_arrays([texts[index % len(texts)]], language,
+                                                           gen.max_new_tokens))
+            counted["tokens"] += int(out["OUTPUT_LENGTHS"].sum())
+            counted["words"] += sum(len(t.decode("utf-8").split()) for t in out["OUTPUT_TEXT"].ravel())
+
+        level = asyncio_level(server.http_url, "http", send, concurrency, gen.requests_per_level,
+                              gen.seconds_per_level, after_warmup=lambda c=counted: c.update(tokens=0, words=0))
+        results[str(concurrency)] = {**level.record(), "tokens_per_s": counted["tokens"] / level.seconds,
+                                     "words_per_s": counted["words"] / level.seconds}
+    return results
+
+
+def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    gen = config.generation
+    language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
+    work = record.run_dir / "generation" / task.name
+    folder = materialize(name, work / "hf", config.trust_remote_code)
+    model, tokenizer = load_hf(task, folder, config.threads)
+    conversion = convert_ct2(folder, work / "ct2")
+    engine = load_ct2(task, work / "ct2", gen.ct2_compute_type, config.threads)
+    limit = max_input_tokens(model, tokenizer, gen.max_input_tokens)
+    texts = short_texts(tokenizer, gen.texts, limit)
+    sequences = prepared_inputs(tokenizer, texts, language, limit)
+    in_process = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
+    reference = in_process.pop("hf_ids")
+    plan = GenerationPlan(name=model_name_for(f"{Path(name).name}_{task.name}"), kind=task.kind, hf_dir=folder,
+                          ct2_dir=work / "ct2", max_input_tokens=limit, max_new_tokens=gen.max_new_tokens,
+                          max_new_tokens_limit=gen.max_new_tokens_limit, max_batch_size=gen.max_batch_size,
+                          compute_type=gen.ct2_compute_type, threads=config.threads or 0)
+    models = generation_models(plan)
+    repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
+    shared = Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
+    write_models(models, shared / plan.name, overwrite=config.triton.overwrite, about={"name": plan.name})
+    record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
+    result: dict[str, Any] = {"model": name, "kind": task.kind, "target_language": language, "name": plan.name,
+                              "conversion": conversion, "compute_type": gen.ct2_compute_type,
+                              "max_new_tokens": gen.max_new_tokens, "in_process": in_process, "served": {}, "load": {}}
+    with TritonServer(repository, work / "server") as server:
+        result["ready_seconds"] = server.timings["ready_seconds"]
+        for engine_name in ENGINES:
+            ensemble = f"{plan.name}_{engine_name}_text"
+            got = served_ids(server, ensemble, texts, language, gen.max_new_tokens)
+            result["served"][engine_name] = {"identical_to_hf_in_process": sum(a == b for a, b in zip(got, reference)),
+                                             "sequences": len(reference)}
+            result["load"][engine_name] = load_test(config, server, ensemble, texts, language)
+    top = str(max(gen.concurrency))
+    result["ct2_over_hf_tokens_per_s"] = (result["load"]["ct2"][top]["tokens_per_s"]
+                                          / max(result["load"]["hf"][top]["tokens_per_s"], 1e-9))
+    return result
+
+
+def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """Each configured generation model (translation, text generation) end to end; results in metrics.generation."""
+    with record.step(STEP):
+        results = {}
+        for task in GEN_TASKS.values():
+            name = getattr(config.generation, task.setting)
+            if name:
+                results[task.name] = run_task(task, name, config, record)
+                record.set_metric(f"{STEP}.{task.name}", results[task.name])
+        if not results:
+            raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
+                              "and/or -p generation.text_generation_model=<id>")
+        return results
