@@ -94,3 +94,17 @@ def test_corrupt_onnx_is_a_typed_error_and_writes_nothing(tiny_bert, tmp_path):
     assert record.data["steps"]["optimize"]["status"] == "failed"
     with pytest.raises(OnnxModelError, match="does not exist"):
         onnxfiles.load(tmp_path / "missing.onnx")
+
+
+def test_large_models_are_saved_with_external_data(optimized_bert, tmp_path, monkeypatch):
+    """Over protobuf's 2 GB limit the weights go to `<name>.data` beside the graph (threshold lowered here)."""
+    record, _ = optimized_bert
+    model = onnxfiles.load(record.artifact("onnx.fp32"))
+    monkeypatch.setattr(onnxfiles, "EXTERNAL_DATA_THRESHOLD", 1024)
+    dest = onnxfiles.save(model, tmp_path / "big.onnx")
+    assert (tmp_path / "big.onnx.data").stat().st_size > dest.stat().st_size
+    runner = OrtRunner("big", dest, ["CPUExecutionProvider"])
+    feed = {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names}
+    want = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]).infer(feed)
+    assert np.array_equal(runner.infer(feed)["sentence_embedding"], want["sentence_embedding"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
