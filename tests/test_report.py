@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from workbench import figures
 from workbench.config import RunConfig
 from workbench.latency import interleaved, matmul_flops, summarize
 from workbench.load import breakdown, find_perf_analyzer, stage_totals
@@ -103,3 +104,16 @@ def test_stage_breakdown_and_pick():
     candidates = [{"throughput": 50, "p99": 90}, {"throughput": 80, "p99": 120}, {"throughput": 60, "p99": 99}]
     assert pick(candidates, 100) == {"throughput": 60, "p99": 99}
     assert pick(candidates, 10) is None
+
+
+def test_tables_leave_room_for_every_row():
+    outputs = {"sentence_embedding": {"kind": "embedding", "passed": False, "max_abs": 0.2, "mean_abs": 0.01,
+                                      "min_cosine": 0.95, "failures": ["min cosine 0.950000 < 0.99"]}}
+    results = {f"variant_{i}": {"precision": "int8", "outputs": outputs} for i in range(2)}
+    figure = figures.parity_table(results)
+    table = figure.data[0]
+    margin = figure.layout.margin
+    drawable = figure.layout.height - margin.t - margin.b
+    assert drawable >= table.header.height + len(results) * table.cells.height
+    assert list(table.cells.values[0]) == ["variant_0", "variant_1"]
+    assert table.columnwidth[-1] > table.columnwidth[3]  # the long "why" column gets the room, not the verdict

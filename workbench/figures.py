@@ -5,16 +5,26 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+_ROW_PX = 28
+
+
+def _table(title: str, header: list[str], rows: list[list[Any]]) -> go.Figure:
+    """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
+    texts = [[str(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in texts]) + 2 for i, h in enumerate(header)]
+    figure = go.Figure(go.Table(columnwidth=widths, header={"values": header, "height": _ROW_PX},
+                                cells={"values": list(zip(*texts)) if texts else [], "height": _ROW_PX}))
+    figure.update_layout(title=title, height=70 + _ROW_PX * (len(rows) + 2),
+                         margin={"t": 50, "b": 10, "l": 20, "r": 20})
+    return figure
+
 
 def io_table(export: dict[str, Any]) -> go.Figure:
     """Graph inputs and outputs with their symbolic shapes."""
     rows = [(kind[:-1], name, " x ".join(map(str, shape)))
             for kind in ("inputs", "outputs") for name, shape in export["io"][kind].items()]
-    columns = list(zip(*rows))
-    figure = go.Figure(go.Table(header={"values": ["", "name", "shape"]}, cells={"values": columns}))
-    figure.update_layout(title=f"{export['architecture']} exported with {export['exporter']} "
-                               f"(opset {export['opset']}): {export['nodes']} nodes", height=120 + 30 * len(rows))
-    return figure
+    return _table(f"{export['architecture']} exported with {export['exporter']} "
+                  f"(opset {export['opset']}): {export['nodes']} nodes", ["", "name", "shape"], rows)
 
 
 def fusion_figure(fusions: dict[str, Any]) -> go.Figure:
@@ -51,9 +61,7 @@ def parity_table(results: dict[str, Any]) -> go.Figure:
                          f"{out['min_cosine']:.6f}" if "min_cosine" in out else "",
                          f"{out['agreement']:.4f}" if "agreement" in out else "", "; ".join(out["failures"])])
     header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement", "why"]
-    figure = go.Figure(go.Table(header={"values": header}, cells={"values": list(zip(*rows)) if rows else []}))
-    figure.update_layout(title="Parity against PyTorch fp32 (padded positions excluded)", height=140 + 28 * len(rows))
-    return figure
+    return _table("Parity against PyTorch fp32 (padded positions excluded)", header, rows)
 
 
 def error_distribution(results: dict[str, Any]) -> go.Figure:
@@ -244,10 +252,7 @@ def generation_table(generation: dict[str, Any]) -> go.Figure:
                              f"{served['identical_to_hf_in_process']}/{served['sequences']} served, "
                              f"{identical[0]}/{identical[1]} in process"])
     header = ["task", "engine", "concurrency", "tokens/s", "words/s", "p50 ms", "p99 ms", "greedy ids = HF"]
-    figure = go.Figure(go.Table(header={"values": header}, cells={"values": list(zip(*rows)) if rows else []}))
-    figure.update_layout(title="Generation served through Triton: transformers vs CTranslate2",
-                         height=140 + 28 * len(rows))
-    return figure
+    return _table("Generation served through Triton: transformers vs CTranslate2", header, rows)
 
 
 def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
