@@ -24,10 +24,9 @@ from workbench.batches import shaped_batch, token_lengths
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.latency import run_latency_benchmark
-from workbench.load import asyncio_level, find_perf_analyzer, perf_analyzer_level
+from workbench.load import find_perf_analyzer, text_level
 from workbench.pipeline import run_pipeline
 from workbench.record import RunRecord
-from workbench.triton.client import text_array
 from workbench.triton.plan import serving_plan
 from workbench.triton.repository import write_repository
 from workbench.triton.server import TritonServer
@@ -38,15 +37,8 @@ GFLOPS_SHARE, SERVED_OVERHEAD, BATCHING_GAIN = 0.75, 1.5, 3.0
 
 
 def served_level(plan, server, texts: list[str], concurrency: int, requests: int) -> dict:
-    tool = find_perf_analyzer()
-    if tool:
-        return perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array([t])}
-                                                                             for t in texts],
-                                   concurrency, requests, 30, server.workdir / "pa").record()
-
-    async def send(client, index):
-        return await client.infer_texts(plan.name, [texts[index % len(texts)]])
-    return asyncio_level(server.http_url, "http", send, concurrency, requests, 30).record()
+    return text_level(find_perf_analyzer(), server.http_url, plan.name, texts, concurrency, requests, 30,
+                      server.workdir / "pa")
 
 
 def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: Path) -> dict:

@@ -12,12 +12,20 @@ import yaml
 
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
-from workbench.errors import PortInUseError, RepositoryError, ServedError, ServerStartError, TritonNotFoundError
+from workbench.errors import (
+    PortInUseError,
+    RepositoryError,
+    ServedError,
+    ServerStartError,
+    TritonNotFoundError,
+    UnstableMeasurementError,
+)
+from workbench.load import PerfAnalyzer, perf_analyzer_level, text_level
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.torch import TorchRunner
 from workbench.steps import export, optimize, triton
-from workbench.triton.client import AsyncTritonClient, TritonClient
+from workbench.triton.client import AsyncTritonClient, TritonClient, text_array
 from workbench.triton.plan import serving_plan
 from workbench.triton.repository import parse_pbtxt, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
@@ -94,6 +102,20 @@ def test_asyncio_clients_and_dynamic_batching(served):
     assert sum(size * count for size, count in sizes.items()) == 32
     assert max(sizes) > 1, f"no request was batched: {sizes}"
 
+
+def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
+    """perf_analyzer's 'no stable window' (a noisy 2-core host) costs the level its tool, not the whole run."""
+    _, plan, server = served
+    unstable = tmp_path / "perf_analyzer"
+    unstable.write_text("#!/bin/sh\necho 'Failed to obtain stable measurement within 4 measurement windows.'\nexit 2\n")
+    unstable.chmod(0o755)
+    tool = PerfAnalyzer(unstable)
+    with pytest.raises(UnstableMeasurementError, match="no stable window at concurrency 2"):
+        perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array(["a"])}], 2, 8, 5,
+                            tmp_path / "pa")
+    level = text_level(tool, server.http_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
+    assert level["tool"] == "asyncio" and "no stable window" in level["note"]
+    assert level["requests"] >= 8 and level["errors"] == 0 and 0 < level["p50"] <= level["p99"]
 
 @pytest.mark.parametrize("texts, message", [
     ([""], "TEXT\\[0\\] is empty"),

@@ -95,3 +95,7 @@ class ServedError(WorkbenchError):
 
 class RepositoryError(WorkbenchError):
     """A model repository cannot be written or is not valid."""
+
+
+class UnstableMeasurementError(WorkbenchError):
+    """perf_analyzer found no stable measurement window within its trials."""

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import DependencyMissingError
-from workbench.triton.client import AsyncTritonClient, run_async
+from workbench.errors import DependencyMissingError, UnstableMeasurementError
+from workbench.triton.client import AsyncTritonClient, run_async, text_array
 
 PERF_ANALYZER_WHEEL = "tritonclient==2.48.0"  # newest wheel whose perf_analyzer runs on glibc 2.36 (Debian 12)
 TOOLS = Path(sys.prefix) / "tools" / "perf_analyzer"
@@ -160,6 +160,10 @@ def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str,
                "--max-trials", "4", "--stability-percentage", "30", "-f", str(report), "--verbose-csv"]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=tool.environment(), timeout=seconds * 6 + 60)
+    if "Failed to obtain stable measurement" in done.stdout + done.stderr:
+        raise UnstableMeasurementError(
+            f"perf_analyzer found no stable window at concurrency {concurrency} in 4 trials of {requests} requests",
+            "raise bench.requests_per_level, or measure on a quieter machine")
     if done.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
     row = next(csv.DictReader(report.open()))
@@ -168,6 +172,22 @@ def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str,
     elapsed = time.perf_counter() - start
     return LevelResult(concurrency, requests, 0, elapsed, throughput, ms["p50"], ms["p90"], ms["p95"],
                        ms["p99"], ms["Avg"])
+
+
+def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str], concurrency: int, requests: int,
+               seconds: float, workdir: Path) -> dict[str, Any]:
+    """One level of one-text HTTP requests: perf_analyzer when it is there and finds a stable window, else asyncio."""
+    note = {}
+    if tool is not None:
+        try:
+            return perf_analyzer_level(tool, url, "http", model, [{"TEXT": text_array([t])} for t in texts],
+                                       concurrency, requests, seconds, workdir).record()
+        except UnstableMeasurementError as error:
+            note = {"tool": "asyncio", "note": f"{error.problem}; measured with the asyncio generator instead"}
+
+    async def send(client: AsyncTritonClient, index: int) -> object:
+        return await client.infer_texts(model, [texts[index % len(texts)]])
+    return {**asyncio_level(url, "http", send, concurrency, requests, seconds).record(), **note}
 
 
 # ---- server-side breakdown -----------------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from workbench.load import (
     asyncio_level,
     breakdown,
     find_perf_analyzer,
-    perf_analyzer_level,
     stage_totals,
+    text_level,
 )
-from workbench.triton.client import TritonClient, text_array
+from workbench.triton.client import TritonClient
 from workbench.triton.repository import ServingPlan, write_repository
 from workbench.triton.server import TritonServer
 
@@ -49,19 +49,12 @@ class ServedBench:
             async def send(client: Any, index: int) -> object:
                 return await client.infer(self.plan.model_name, self._ids(index))
             result = asyncio_level(self.server.http_url, "http", send, concurrency, bench.requests_per_level,
-                                   bench.seconds_per_level)
-        elif self.tool is not None:
-            data = [{"TEXT": text_array([t])} for t in self.texts]
-            result = perf_analyzer_level(self.tool, self.server.http_url, "http", self.plan.name, data,
-                                         concurrency, bench.requests_per_level, bench.seconds_per_level,
-                                         self.workdir / "perf_analyzer")
+                                   bench.seconds_per_level).record()
         else:
-            async def send(client: Any, index: int) -> object:
-                return await client.infer_texts(self.plan.name, [self.texts[index % len(self.texts)]])
-            result = asyncio_level(self.server.http_url, "http", send, concurrency, bench.requests_per_level,
-                                   bench.seconds_per_level)
+            result = text_level(self.tool, self.server.http_url, self.plan.name, self.texts, concurrency,
+                                bench.requests_per_level, bench.seconds_per_level, self.workdir / "perf_analyzer")
         after = self._stages()
-        return {**result.record(), "server": {name: breakdown(before[name], after[name]) for name in before}}
+        return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
 
 
 def _with_server(plan: ServingPlan, folder: Path, measure: Any) -> Any:
