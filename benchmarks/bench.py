@@ -56,12 +56,14 @@ def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: P
     return result
 
 
-def profile(path: Path, feed: dict, threads: int, runs: int = 10) -> list[tuple[str, float]]:
-    """Share of ONNX Runtime node time per op type (its built-in profiler)."""
+def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) -> list[tuple[str, float]]:
+    """Share of ONNX Runtime node time per op type (its built-in profiler; the trace is kept under `dest`)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.enable_profiling = True
+    dest.mkdir(parents=True, exist_ok=True)
+    options.profile_file_prefix = str(dest / "onnxruntime_profile")
     options.intra_op_num_threads = threads
     profiled = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     for _ in range(runs):
@@ -129,7 +131,7 @@ def main() -> None:
         feed = shaped_batch(tokenizer, tuple(record.metric("export.io.inputs")), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed
         print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")
-        for op, part in profile(path, feed, latency["threads"]):
+        for op, part in profile(path, feed, latency["threads"], args.run / "bench"):
             print(f"   {op:28s} {part:6.1%}")
 
 
