@@ -17,9 +17,10 @@ from workbench.engines import (
     trtexec_command,
 )
 from workbench.environment import gpu_name
-from workbench.errors import StepSkipped
+from workbench.errors import GpuRequiredError, StepSkipped
 from workbench.profiles import Profile
 from workbench.record import RunRecord
+from workbench.runners.onnxruntime import tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
 from workbench.tiny import make_fp16_overflow
 
@@ -123,3 +124,11 @@ def test_ort_tensorrt_options_have_one_entry_per_profile_and_input():
     assert options["trt_profile_min_shapes"] == "input_ids:1x1,input_ids:1x33"
     assert options["trt_profile_opt_shapes"] == "input_ids:4x32,input_ids:4x64"
     assert options["trt_fp16_enable"] is False and options["trt_engine_cache_path"] == "/cache"
+
+
+
+@pytest.mark.skipif(gpu_name() is not None, reason="checks the no-GPU message")
+def test_ort_tensorrt_provider_without_a_gpu_names_the_fix():
+    with pytest.raises(GpuRequiredError, match="needs an NVIDIA GPU") as caught:
+        tensorrt_providers(ort_tensorrt_options(EngineSpec("trt_fp32", "fp32", PROFILES), NAMES, Path("/cache")))
+    assert "[gpu] extra" in caught.value.fix

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.atomic import atomic_path
-from workbench.environment import gpu_name, package_version
+from workbench.environment import gpu_name
 from workbench.errors import DependencyMissingError, GpuRequiredError, OnnxModelError
 from workbench.profiles import Profile
 
@@ -181,7 +181,3 @@ def ort_tensorrt_options(spec: EngineSpec, input_names: tuple[str, ...], cache_d
         "trt_timing_cache_enable": True,
         "trt_timing_cache_path": str(cache_dir),
     }
-
-
-def tensorrt_version() -> str | None:
-    return package_version("tensorrt")

@@ -1,11 +1,15 @@
 """TensorRT and CUDA on a real GPU: MiniLM engines with two profiles, parity with PyTorch, the engine cache."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from workbench.atomic import sha256_file
 from workbench.config import RunConfig
+from workbench.data import encode, load_corpus
+from workbench.models import load_model
 from workbench.record import RunRecord
+from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT, OrtRunner, tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
 
 SETTINGS = {"batch": {"min": 1, "opt": 8, "max": 32}, "sequence": {"min": 1, "opt": 128, "max": 256},
@@ -55,3 +59,16 @@ def test_a_second_run_reuses_the_cached_engines(engine_run, tmp_path):
         assert engines[name]["build"]["cache_hit"] is True
         assert "seconds" not in engines[name]["build"]
         assert sha256_file(record.artifact(f"engine.{name}")) == sha256_file(first.artifact(f"engine.{name}"))
+
+
+def test_ort_tensorrt_provider_answers_like_cuda_fp32(engine_run):
+    config, record = engine_run
+    options = record.data["metrics"]["tensorrt"]["engines"]["trt_fp32"]["ort_provider_options"]
+    trt = OrtRunner("ort_trt", record.artifact("onnx.tensorrt"), tensorrt_providers(options))
+    assert trt.providers[0] == TENSORRT
+    cuda = OrtRunner("fp32", record.artifact("onnx.fp32"), [CUDA, CPU])
+    loaded = load_model(config)
+    feed = encode(loaded.tokenizer, list(load_corpus()[:16]), trt.input_names, max_length=128)
+    got, want = trt.infer(feed)["sentence_embedding"], cuda.infer(feed)["sentence_embedding"]
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() > 0.9999 and np.abs(got - want).max() < 1e-3

@@ -32,6 +32,17 @@ def providers_for(device: str) -> list[str]:
     return [CPU]
 
 
+def tensorrt_providers(options: dict[str, Any]) -> list[Any]:
+    """ONNX Runtime's TensorRT EP first (options from `engines.ort_tensorrt_options`), CUDA and CPU for the rest."""
+    import onnxruntime
+
+    if not cuda_usable() or TENSORRT not in onnxruntime.get_available_providers():
+        raise GpuRequiredError("ONNX Runtime's TensorRT execution provider needs an NVIDIA GPU and onnxruntime-gpu "
+                               "built with TensorRT; none was found",
+                               "run on a GPU host with the [gpu] extra, or use the CPU/CUDA variants")
+    return [(TENSORRT, options), CUDA, CPU]
+
+
 def session(path: Path | str, providers: list[Any], threads: int | None = None) -> Any:
     """An InferenceSession; a file ORT cannot load is an OnnxModelError."""
     import onnxruntime
