@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from workbench.errors import InputMismatchError, ParityError, ShapeError
 from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
+from workbench.repair import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize, parity
 from workbench.tiny import make_fp16_overflow
@@ -72,7 +75,7 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path):
     with pytest.raises(ParityError, match="fp16 fails parity on .*NaN/Inf"):
         raise_if_failed("fp16", before)
     repair = record.data["metrics"]["parity"]["repair"]["fp16"]
-    assert repair["outcome"] == "repaired" and repair["ranked_by"] == "blocked"
+    assert repair["outcome"] == "repaired" and repair["ranked_by"] == RANKED_BY
     blocked = repair["chosen"]["blocked"]
     assert 0 < len(blocked) <= 3 < repair["units"]
     after = results["fp16_repaired"]
@@ -88,10 +91,50 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert not results["int8"]["passed"]
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
     assert set(repair["sensitivity"]) and len(repair["sensitivity"]) == repair["units"]
-    assert repair["outcome"] == "repaired" and repair["ranked_by"] == "latency"
+    assert repair["outcome"] == "repaired" and repair["ranked_by"] == RANKED_BY
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
     assert all(c["latency_ms"] > 0 for c in repair["candidates"])
+
+
+@contextmanager
+def cpu_burners(busy: bool) -> Iterator[None]:
+    """Two busy loops, one per core of this machine, while the block runs (none unless `busy`)."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if busy else 0)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_path):
+    strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
+              "threads": 2}
+    chosen = []
+    for busy in (False, True):
+        with cpu_burners(busy):
+            record, _ = pipeline(tiny_models["bert"], tmp_path / f"busy-{busy}", **strict)
+        repair = record.data["metrics"]["parity"]["repair"]["int8"]
+        assert repair["outcome"] == "repaired"
+        chosen.append(repair["chosen"]["blocked"])
+        costs = {tuple(c["blocked"]): c["fp32_cost"] for c in repair["candidates"] if c["passed"]}
+        assert repair["chosen"]["fp32_cost"] == min(c for b, c in costs.items() if len(b) < repair["units"])
+    assert chosen[0] == chosen[1]
+
+
+def test_a_repair_that_keeps_every_node_in_fp32_is_no_repair(tiny_models, tmp_path):
+    exact = {"tolerances": {"sentence_embedding": {"atol": 1e-6, "min_cosine": 0.9999999}},
+             "precisions": ["fp32", "int8"]}
+    record, results = pipeline(tiny_models["bert"], tmp_path, **exact)
+    repair = record.data["metrics"]["parity"]["repair"]["int8"]
+    assert repair["outcome"].startswith("unrepairable")
+    assert repair["chosen"] is None and "int8_repaired" not in results
+    everything = [c for c in repair["candidates"] if len(c["blocked"]) == repair["units"]]
+    assert everything and everything[0]["passed"], "all nodes in fp32 passes: it is the fp32 graph"
+    assert not (tmp_path / "onnx" / "int8_repaired.onnx").exists()
+    assert "onnx.int8_repaired" not in record.data["artifacts"]
 
 
 def test_sequence_beyond_the_model_is_refused(tiny_models, tmp_path):

@@ -3,8 +3,9 @@
 The search is the same for fp16 and int8; what differs is how a candidate is built (the fp16 converter's node
 block list, or the quantizer's nodes to exclude) and how units are ordered (most likely culprit first):
 1. order the units; 2. bisect the shortest prefix of that order that passes; 3. drop, one at a time from the least
-likely end, every unit the set still passes without. Every build is evaluated and timed, and the fastest passing
-candidate wins.
+likely end, every unit the set still passes without. Every build is evaluated and timed; the passing candidate that
+keeps the least compute in fp32 wins (a cost read from the graph, never a timing: the choice must not follow the
+machine's load). A candidate that keeps every unit in fp32 is no repair.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from workbench import onnxfiles
 
+RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
 # Check one built file: its parity result ({"passed", "violation", "failures", "outputs"}) and latency in ms.
 Assess = Callable[[Path], tuple[dict[str, Any], float]]
 
@@ -45,7 +47,6 @@ class RepairProblem:
     units: list[str]
     build: Callable[[list[str], Path], None]
     ordering: str = ""
-    rank_by: str = "latency"  # how passing candidates are ranked: "latency", or "blocked" (fewest fp32 nodes)
     costs: dict[str, float] = field(default_factory=dict)  # compute each unit moves back to fp32 when blocked
     sensitivity: dict[str, float] = field(default_factory=dict)
 
@@ -80,32 +81,48 @@ class RepairSearch:
         candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], latency_ms,
                               seconds, self.summarize(result))
         self.candidates[key] = candidate
-        self.history.append({**candidate.record(), "round": self.round})
+        self.history.append({**self.describe(candidate), "round": self.round})
         self._keep_if_best(candidate, path)
         return candidate
 
     def reset_results(self) -> None:
         """Forget verdicts (the check set changed); the build budget and history carry on."""
-        if self.best:
-            _remove_onnx(self.best[1])
+        self.discard()
         self.candidates.clear()
         self.best = None
         self.round += 1
 
-    def _rank(self, candidate: Candidate) -> tuple[float, float]:
-        if self.problem.rank_by == "blocked":
-            return len(candidate.blocked), candidate.latency_ms
-        return candidate.latency_ms, len(candidate.blocked)
+    def cost(self, blocked: tuple[str, ...]) -> float:
+        """Compute kept in fp32 (weight elements multiplied per token), from the graph alone."""
+        return sum(self.problem.costs.get(unit, 0.0) for unit in blocked)
+
+    def _rank(self, candidate: Candidate) -> tuple[float, int, tuple[str, ...]]:
+        return self.cost(candidate.blocked), len(candidate.blocked), candidate.blocked
+
+    def describe(self, candidate: Candidate) -> dict[str, Any]:
+        return {**candidate.record(), "fp32_cost": self.cost(candidate.blocked)}
+
+    def is_repair(self, candidate: Candidate) -> bool:
+        """Passes while keeping at least one unit in reduced precision."""
+        return candidate.passed and len(candidate.blocked) < len(set(self.problem.units))
 
     def _keep_if_best(self, candidate: Candidate, path: Path) -> None:
         best = self.best[0] if self.best else None
-        better = candidate.passed and (best is None or self._rank(candidate) < self._rank(best))
+        better = self.is_repair(candidate) and (best is None or self._rank(candidate) < self._rank(best))
         if better:
             if self.best:
                 _remove_onnx(self.best[1])
             self.best = (candidate, path)
         else:
             _remove_onnx(path)
+
+    def discard(self) -> None:
+        """Remove every candidate file still on disk (the best one too)."""
+        if self.best:
+            _remove_onnx(self.best[1])
+        self.best = None
+        for path in self.workdir.glob("candidate-*.onnx*"):
+            path.unlink(missing_ok=True)
 
     def passes(self, blocked: list[str]) -> bool:
         return self.try_blocked(blocked).passed
@@ -145,13 +162,15 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
     except _BudgetSpent:
         outcome = f"stopped after {search.max_builds} builds (raise repair_max_builds)"
     chosen = search.best[0] if search.best else None
+    if chosen is None and outcome == "repaired":
+        outcome = "unrepairable: passes only with every candidate node in fp32"
     return {
         "precision": search.problem.precision,
         "ordering": search.problem.ordering,
-        "ranked_by": search.problem.rank_by,
+        "ranked_by": RANKED_BY,
         "units": len(units),
-        "outcome": outcome if chosen else outcome.replace("repaired", "no passing candidate"),
-        "chosen": chosen.record() if chosen else None,
+        "outcome": outcome,
+        "chosen": search.describe(chosen) if chosen else None,
         "candidates": search.history,
         "sensitivity": search.problem.sensitivity,
         "seconds": round(time.perf_counter() - start, 2),

@@ -15,7 +15,7 @@ from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
-from workbench.runners.onnxruntime import CPU, OrtRunner, providers_for
+from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.steps.optimize import convert_fp16, quantize_int8
 from workbench.timing import median_ms
 
@@ -28,8 +28,7 @@ REPAIR_ROUNDS = 3
 def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab) -> RepairProblem:
     """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude, by sensitivity.
 
-    Passing candidates are ranked by latency, except fp16 on the CPU provider (which runs fp16 through casts, so its
-    latency says nothing about a GPU): there the fewest nodes kept in fp32 wins.
+    Both rank passing candidates by the matmul work they keep in fp32 (`matmul_costs`), never by a timing.
     """
     graph = onnxfiles.load(fp32, load_external_data=False)
     if precision == "fp16":
@@ -38,10 +37,10 @@ def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab
         blocked_ops = set(DEFAULT_OP_BLOCK_LIST) | set(config.fp16_op_block_list) | {"Cast"}
         units = {n.name for n in graph.graph.node if n.op_type not in blocked_ops} - set(config.fp16_node_block_list)
         feeds = [b.feed for b in lab.sweep[:4]] + [lab.corners[-1].feed]
-        on_gpu = providers_for(config.device)[0] != CPU
-        return RepairProblem("fp16", activation_order(fp32, feeds, units), lambda blocked, dest: convert_fp16(
+        ordered = activation_order(fp32, feeds, units)
+        return RepairProblem("fp16", ordered, lambda blocked, dest: convert_fp16(
             fp32, dest, config.fp16_op_block_list, config.fp16_node_block_list + blocked),
-            ordering="largest fp32 activation first", rank_by="latency" if on_gpu else "blocked")
+            ordering="largest fp32 activation first", costs=matmul_costs(graph, ordered))
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     units = [n.name for n in graph.graph.node
@@ -79,31 +78,31 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
 
     search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
                           summarize)
-    if precision == "int8":
-        problem.units = sensitivity_order(search, problem.costs)
-    confirmed = False
-    for _ in range(REPAIR_ROUNDS):
-        result = run_search(search)
-        if search.best is None:
-            break
-        full = lab.collect(_runner(precision, search.best[1], config), precision)
-        failing = [i for o in full.values() if not o.summary()["passed"] for i in o.hardest(HARD_TEXTS)]
-        if not failing:
-            confirmed = True
-            break
-        hard += [i for i in failing if i not in hard]
-        checks = lab.subset(hard)
-        search.reset_results()
-    if not confirmed and search.best is None and result["outcome"] == "repaired":
-        result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
-    result["checked_batches"] = len(checks.batches)
-    if search.best is not None:
-        candidate, path = search.best
-        dest = record.run_dir / "onnx" / f"{precision}_repaired.onnx"
-        onnxfiles.save(onnxfiles.load(path), dest)
-        path.unlink(missing_ok=True)
-        record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
-                            precision=precision, blocked=list(candidate.blocked))
+    try:
+        if precision == "int8":
+            problem.units = sensitivity_order(search, problem.costs)
+        for _ in range(REPAIR_ROUNDS):
+            result = run_search(search)
+            if search.best is None:
+                break
+            full = lab.collect(_runner(precision, search.best[1], config), precision)
+            failing = [i for o in full.values() if not o.summary()["passed"] for i in o.hardest(HARD_TEXTS)]
+            if not failing:
+                break
+            hard += [i for i in failing if i not in hard]
+            checks = lab.subset(hard)
+            search.reset_results()
+        else:
+            result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
+        result["checked_batches"] = len(checks.batches)
+        if search.best is not None:
+            candidate, path = search.best
+            dest = record.run_dir / "onnx" / f"{precision}_repaired.onnx"
+            onnxfiles.save(onnxfiles.load(path), dest)
+            record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
+                                precision=precision, blocked=list(candidate.blocked))
+    finally:
+        search.discard()  # no candidate file outlives the step, even when it is interrupted
     baseline = search.candidates.get(frozenset())
     result["before"] = baseline.record() if baseline else None
     result["latency_feed"] = list(feed["input_ids"].shape)
