@@ -1,9 +1,12 @@
 """run.json: the single machine-readable record of a run (config, environment, steps, artifacts, metrics)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -13,6 +16,7 @@ from typing import Any
 from workbench.atomic import sha256_file, write_json
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
+from workbench.steps import STEP_NAMES as STEP_ORDER
 
 RECORD_NAME = "run.json"
 SCHEMA_VERSION = 1
@@ -25,6 +29,7 @@ class RunRecord:
     def __init__(self, run_dir: Path, data: dict[str, Any]) -> None:
         self.run_dir = Path(run_dir)
         self.data = data
+        self._current: str | None = None  # the step running in this process, if any
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -52,7 +57,15 @@ class RunRecord:
         path = Path(run_dir) / RECORD_NAME
         if not path.is_file():
             raise OutputDirError(f"{path} does not exist", "run `workbench run` first, or pass the run folder")
-        return cls(Path(run_dir), json.loads(path.read_text(encoding="utf-8")))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise OutputDirError(f"{path} is not a readable run record ({exc})",
+                                 "start a new run in another folder, or with --overwrite in this one") from None
+        if not isinstance(data, dict) or not {"config", "steps", "artifacts", "metrics"} <= set(data):
+            raise OutputDirError(f"{path} is not a workbench run record (keys missing)",
+                                 "start a new run in another folder, or with --overwrite in this one")
+        return cls(Path(run_dir), data)
 
     @classmethod
     def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False) -> RunRecord:
@@ -90,10 +103,17 @@ class RunRecord:
     # ---- steps ---------------------------------------------------------------------------
     @contextmanager
     def step(self, name: str) -> Iterator[RunRecord]:
-        """Time a step; record it ok, skipped (StepSkipped) or failed (re-raised), and save."""
+        """Time a step; record it ok, skipped (StepSkipped) or failed (re-raised), and save.
+
+        The step's earlier metrics and artifacts are dropped first, and what it reads from other steps is
+        remembered, so that steps which consumed its outputs read `stale` once it re-runs or fails.
+        """
         start = time.perf_counter()
-        self.data["steps"][name] = {"status": "running", "started": _now()}
-        self.save()
+        self._drop_outputs(name)
+        self.data["steps"][name] = {"status": "running", "started": _now(), "run_id": uuid.uuid4().hex,
+                                    "inputs": {}, "metrics": []}
+        self._current = name
+        self._refresh_stale()
         entry: dict[str, Any]
         try:
             yield self
@@ -109,18 +129,64 @@ class RunRecord:
         self._finish(name, start, entry)
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
+        self._current = None
         previous = self.data["steps"][name]
-        self.data["steps"][name] = {**entry, "started": previous["started"],
-                                    "seconds": round(time.perf_counter() - start, 3)}
-        self.save()
+        kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics")}
+        self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3)}
+        self._refresh_stale()
 
     def mark(self, name: str, status: str, reason: str) -> None:
-        """Set a step's status from outside it (the pipeline marks steps it did not run)."""
+        """Set a step's status from outside it (the pipeline marks steps it did not run, or that it stopped).
+
+        A step marked skipped was not run this time: what an earlier run of it left is dropped."""
+        if status == "skipped":
+            self._drop_outputs(name)
         self.data["steps"][name] = {**self.data["steps"].get(name, {}), "status": status, "reason": reason}
-        self.save()
+        self._refresh_stale()
 
     def status(self, name: str) -> str | None:
         return self.data["steps"].get(name, {}).get("status")
+
+    def _drop_outputs(self, name: str) -> None:
+        """Forget the metrics `name` wrote and remove the artifacts it produced (files inside the run folder)."""
+        for dotted in self.data["steps"].get(name, {}).get("metrics", []):
+            _pop_dotted(self.data["metrics"], dotted.split("."))
+        for artifact, entry in list(self.data["artifacts"].items()):
+            if entry.get("step") == name:
+                _remove_inside(self.run_dir, self.run_dir / entry["path"])
+                del self.data["artifacts"][artifact]
+        self.data["steps"].get(name, {}).pop("metrics", None)
+
+    def _consume(self, key: str, producer: str | None, sha256: str | None = None) -> None:
+        """Remember that the running step read `key` from step `producer`."""
+        if self._current is None or producer is None or producer == self._current:
+            return
+        source = self.data["steps"].get(producer, {})
+        self.data["steps"][self._current]["inputs"][key] = {"step": producer, "run_id": source.get("run_id"),
+                                                            "sha256": sha256}
+
+    def _refresh_stale(self) -> None:
+        """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
+        changed) reads `stale`, naming those inputs; then save."""
+        for name in STEP_ORDER:
+            step = self.data["steps"].get(name)
+            if not step or step.get("status") not in ("ok", "stale") or name == self._current:
+                continue
+            changed = [key for key, source in step.get("inputs", {}).items() if self._input_changed(key, source)]
+            if changed:
+                step["status"] = "stale"
+                step["reason"] = "inputs changed since it ran: " + ", ".join(
+                    f"{key} (from {step['inputs'][key]['step']})" for key in changed)
+        self.save()
+
+    def _input_changed(self, key: str, source: dict[str, Any]) -> bool:
+        producer = self.data["steps"].get(source["step"], {})
+        if producer.get("run_id") != source["run_id"] or producer.get("status") not in ("ok", "skipped"):
+            return True
+        if key.startswith("metrics:"):
+            return False
+        entry = self.data["artifacts"].get(key)
+        return entry is None or entry.get("sha256") != source["sha256"]
 
     # ---- artifacts -----------------------------------------------------------------------
     def add_artifact(self, name: str, path: Path | str, kind: str, **extra: Any) -> Path:
@@ -130,7 +196,8 @@ class RunRecord:
             "path": self._relative(path),
             "kind": kind,
             "bytes": sum(p.stat().st_size for p in files),
-            "sha256": sha256_file(path) if path.is_file() else None,
+            "sha256": sha256_file(path) if path.is_file() else _sha256_tree(path, files),
+            "step": self._current,
             **extra,
         }
         self.data["artifacts"][name] = entry
@@ -147,14 +214,17 @@ class RunRecord:
             )
         path = self.run_dir / entry["path"]
         if not path.exists():
-            raise MissingArtifactError(f"artifact {name!r} was recorded but {path} is gone", "re-run its step")
+            raise MissingArtifactError(f"artifact {name!r} was recorded but {path} is gone",
+                                       f"re-run the step that wrote it: --steps {entry.get('step') or 'export'}")
+        self._consume(name, entry.get("step"), entry.get("sha256"))
         return path
 
     def variants(self, kind: str = "onnx") -> dict[str, tuple[Path, str]]:
         """Model variants of `kind` ("onnx" or "engine"): name -> (path, precision). The `tensorrt` ONNX file is
         the exported graph again (with shapes for TensorRT), not a variant of its own."""
-        return {a["variant"]: (self.run_dir / a["path"], a["precision"]) for a in self.data["artifacts"].values()
-                if a["kind"] == kind and a.get("variant") != "tensorrt"}
+        found = {name: a for name, a in self.data["artifacts"].items()
+                 if a["kind"] == kind and a.get("variant") != "tensorrt"}
+        return {a["variant"]: (self.artifact(name), a["precision"]) for name, a in found.items()}
 
     def _relative(self, path: Path) -> str:
         try:
@@ -169,15 +239,28 @@ class RunRecord:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+        if self._current is not None:
+            written = self.data["steps"][self._current].setdefault("metrics", [])
+            if dotted not in written:
+                written.append(dotted)
         self.save()
 
     def metric(self, dotted: str, default: Any = None) -> Any:
+        self._consume(f"metrics:{dotted}", self._metric_writer(dotted))
         node: Any = self.data["metrics"]
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
                 return default
             node = node[part]
         return node
+
+    def _metric_writer(self, dotted: str) -> str | None:
+        """The step that wrote `dotted` (or a key above or below it)."""
+        for name, step in self.data["steps"].items():
+            for written in step.get("metrics", []):
+                if written == dotted or written.startswith(f"{dotted}.") or dotted.startswith(f"{written}."):
+                    return name
+        return None
 
     def note_providers(self, providers: list[str]) -> None:
         """Remember which ONNX Runtime providers a session really used."""
@@ -191,6 +274,38 @@ class RunRecord:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _pop_dotted(node: dict[str, Any], keys: list[str]) -> None:
+    """Remove the value at `keys`, and the mappings it leaves empty."""
+    head, *rest = keys
+    if rest and isinstance(node.get(head), dict):
+        _pop_dotted(node[head], rest)
+        if not node[head]:
+            del node[head]
+    elif not rest:
+        node.pop(head, None)
+
+
+def _sha256_tree(root: Path, files: list[Path]) -> str:
+    """One digest for a folder: each file's relative path and content digest."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(root)}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _remove_inside(run_dir: Path, path: Path) -> None:
+    """Delete `path` (file or folder) if it lies inside `run_dir`; anything outside is not ours to remove."""
+    try:
+        path.resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        Path(f"{path}.data").unlink(missing_ok=True)
 
 
 def _ensure_writable(run_dir: Path) -> None:

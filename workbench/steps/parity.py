@@ -11,6 +11,7 @@ from workbench.atomic import write_text
 from workbench.compare import raise_if_failed
 from workbench.config import RunConfig
 from workbench.data import load_corpus
+from workbench.errors import MissingArtifactError
 from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.record import RunRecord
@@ -145,13 +146,17 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     """Compare every variant with PyTorch; repair failing fp16/int8 variants; fp32 variants must pass."""
     with record.step(STEP):
+        variants = record.variants()
+        if not variants:
+            raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
+                                       "run the export and optimize steps first: --steps export,optimize,parity")
         loaded = load_model(config)
         lab = ParityLab.build(config, loaded, load_corpus(config.corpus))
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results: dict[str, Any] = {}
-        for name, (path, precision) in record.variants().items():
+        for name, (path, precision) in variants.items():
             runner = OrtRunner(name, path, providers_for(config.device), config.threads)
             record.note_providers(runner.providers)
             results[name] = lab.compare(runner, precision)

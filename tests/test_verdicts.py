@@ -1,0 +1,112 @@
+"""Verdicts: nothing reads ok unless it was checked in this run; re-runs and failures make consumers stale."""
+from __future__ import annotations
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.errors import MissingArtifactError, OnnxModelError, OutputDirError
+from workbench.record import RunRecord
+from workbench.steps import export, optimize, parity
+
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
+
+
+def _produce(record: RunRecord, content: str, fail: bool = False) -> None:
+    with record.step("export"):
+        path = record.run_dir / "onnx" / "original.onnx"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(content)
+        record.add_artifact("onnx.original", path, kind="onnx", variant="original", precision="fp32")
+        record.set_metric("export.nodes", len(content))
+        if fail:
+            raise RuntimeError("export broke half-way")
+
+
+def _consume(record: RunRecord) -> None:
+    with record.step("optimize"):
+        record.artifact("onnx.original")
+        record.set_metric("optimize.nodes_seen", record.metric("export.nodes"))
+
+
+def test_a_rerun_drops_its_old_outputs_and_makes_consumers_stale(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    assert record.status("optimize") == "ok"
+    inputs = record.data["steps"]["optimize"]["inputs"]
+    assert set(inputs) == {"onnx.original", "metrics:export.nodes"}
+    _produce(record, "second")
+    assert record.status("export") == "ok"
+    stale = RunRecord.load(tmp_path).data["steps"]["optimize"]
+    assert stale["status"] == "stale"
+    assert "onnx.original (from export)" in stale["reason"] and "metrics:export.nodes" in stale["reason"]
+    _consume(record)
+    assert record.status("optimize") == "ok"
+
+
+def test_a_failed_rerun_leaves_no_old_result_and_consumers_stale(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    with pytest.raises(RuntimeError):
+        _produce(record, "second", fail=True)
+    saved = RunRecord.load(tmp_path)
+    assert saved.status("export") == "failed" and saved.status("optimize") == "stale"
+
+
+def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    record.mark("export", "skipped", "not run: an earlier step failed")
+    saved = RunRecord.load(tmp_path)
+    assert "export" not in saved.data["metrics"] and "onnx.original" not in saved.data["artifacts"]
+    assert not (tmp_path / "onnx" / "original.onnx").exists()
+    assert saved.status("optimize") == "stale"
+
+
+def test_a_truncated_run_record_is_a_typed_error(tmp_path):
+    RunRecord.create(tmp_path, RunConfig())
+    text = (tmp_path / "run.json").read_text()
+    (tmp_path / "run.json").write_text(text[: len(text) // 2])
+    with pytest.raises(OutputDirError, match="run.json is not a readable run record"):
+        RunRecord.load(tmp_path)
+
+
+def test_parity_with_nothing_to_compare_is_refused_before_loading_the_model(tmp_path):
+    config = RunConfig(model=str(tmp_path / "no-such-model"))  # loading it would fail differently
+    record = RunRecord.create(tmp_path / "run", config)
+    with pytest.raises(MissingArtifactError, match="no ONNX variant to compare"):
+        parity.run(config, record)
+    assert record.status("parity") == "failed"
+
+
+@pytest.fixture(scope="module")
+def checked_run(tiny_models, tmp_path_factory) -> tuple[RunConfig, RunRecord]:
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL, "precisions": ["fp32"]})
+    record = RunRecord.create(tmp_path_factory.mktemp("checked"), config)
+    export.run(config, record)
+    optimize.run(config, record)
+    parity.run(config, record)
+    return config, record
+
+
+def test_a_deleted_variant_file_is_a_typed_error_naming_its_step(checked_run, tmp_path):
+    config, record = checked_run
+    copy = RunRecord(tmp_path, record.data)
+    with pytest.raises(MissingArtifactError, match=r"original.onnx is gone\n.*--steps export"):
+        copy.variants()
+
+
+def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
+    config, record = checked_run
+    assert record.status("parity") == "ok"
+    original = record.artifact("onnx.original")
+    original.write_bytes(original.read_bytes()[:1000])
+    with pytest.raises(OnnxModelError):
+        optimize.run(config, record)
+    saved = RunRecord.load(record.run_dir)
+    assert saved.status("optimize") == "failed"
+    assert saved.status("parity") == "stale" and "onnx.fp32 (from optimize)" in saved.data["steps"]["parity"]["reason"]
+    assert "fusions" not in saved.data["metrics"] or not saved.data["metrics"]["fusions"]
+    assert not (record.run_dir / "onnx" / "fp32.onnx").exists()
