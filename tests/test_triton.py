@@ -243,6 +243,7 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
                               task="sequence-classification")
     metrics = triton.run(config, record)
     assert record.data["steps"]["triton"]["status"] == "ok", record.data["steps"]["triton"]
+    assert metrics["verified"] and metrics["verification"]["by"] == "triton step", "no parity step ran before it"
     for protocol in ("http", "grpc"):
         served_parity = record.data["metrics"]["served_parity"][protocol]
         assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0

@@ -1,12 +1,14 @@
 """Verdicts: nothing reads ok unless it was checked in this run; re-runs and failures make consumers stale."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from workbench.config import RunConfig
-from workbench.errors import MissingArtifactError, OnnxModelError, OutputDirError
+from workbench.errors import MissingArtifactError, OnnxModelError, OutputDirError, UnverifiedError
 from workbench.record import RunRecord
-from workbench.steps import export, optimize, parity
+from workbench.steps import export, optimize, parity, triton
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -110,3 +112,55 @@ def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
     assert saved.status("parity") == "stale" and "onnx.fp32 (from optimize)" in saved.data["steps"]["parity"]["reason"]
     assert "fusions" not in saved.data["metrics"] or not saved.data["metrics"]["fusions"]
     assert not (record.run_dir / "onnx" / "fp32.onnx").exists()
+
+
+STRICT = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"]}
+
+
+def _optimized(model: Path, root: Path, **settings) -> tuple[RunConfig, RunRecord]:
+    config = RunConfig.model_validate({"model": str(model), **SMALL, "threads": 1, **settings,
+                                       "triton": {"repository_dir": str(root / "repos"),
+                                                  **settings.get("triton", {})}})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    return config, record
+
+
+@pytest.mark.slow
+def test_the_triton_step_serves_only_what_passed_parity(tiny_models, tmp_path):
+    config, record = _optimized(tiny_models["bert"], tmp_path, **STRICT)
+    metrics = triton.run(config, record)  # no parity step ran: the triton step checks the candidates itself
+    assert metrics["variant"] == "fp32" and metrics["verified"] is True
+    assert metrics["verification"]["by"] == "triton step"
+    checked = metrics["verification"]["checked_here"]
+    assert checked["int8"]["passed"] is False and checked["fp32"]["passed"] is True
+    assert "verified" not in record.data["steps"]["triton"]
+    assert all(record.data["metrics"]["served_parity"][p]["passed"] for p in ("http", "grpc"))
+
+
+@pytest.mark.slow
+def test_a_failing_variant_is_refused_unless_the_user_allows_it(tiny_models, tmp_path):
+    config, record = _optimized(tiny_models["bert"], tmp_path, **STRICT, triton={"variant": "int8"})
+    with pytest.raises(UnverifiedError, match="no variant to serve passed parity"):
+        triton.run(config, record)
+    assert record.status("triton") == "failed"
+    assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir())
+    allowed = config.model_copy(update={"triton": config.triton.model_copy(update={"allow_unverified": True})})
+    metrics = triton.run(allowed, record)
+    step = record.data["steps"]["triton"]
+    assert step["status"] == "ok" and step["verified"] is False and metrics["verified"] is False
+    assert record.data["metrics"]["served_parity"]["http"]["passed"] is False
+
+
+@pytest.mark.slow
+def test_a_served_parity_failure_withdraws_the_repository(tiny_models, tmp_path):
+    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False,
+                             triton={"variant": "int8"})
+    assert parity.run(lax, record)["int8"]["passed"]
+    strict = lax.model_copy(update={"tolerances": RunConfig.model_validate(STRICT).tolerances})
+    with pytest.raises(UnverifiedError, match="served by Triton fails parity over http, grpc.*withdrawn"):
+        triton.run(strict, record)
+    name = record.data["metrics"]["triton"]["name"]
+    assert not (tmp_path / "repos" / name).exists() and not (tmp_path / "run" / "model_repository" / name).exists()
+    assert record.status("triton") == "failed"

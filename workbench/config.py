@@ -61,6 +61,8 @@ class TritonSettings(_Strict):
     grpc_port: int | None = None
     metrics_port: int | None = None
     overwrite: bool = False
+    allow_unverified: bool = Field(default=False, description="publish a variant that did not pass parity (in "
+                                                                "process and served); the record says verified: false")
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
                                                                  "the project's model_repository/")
     container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"

@@ -77,6 +77,10 @@ class ParityError(WorkbenchError):
         self.worst = worst
 
 
+class UnverifiedError(WorkbenchError):
+    """A deployment would serve a variant that did not pass parity in this run."""
+
+
 class TritonNotFoundError(DependencyMissingError):
     """No tritonserver binary could be found."""
 
@@ -99,3 +103,7 @@ class RepositoryError(WorkbenchError):
 
 class UnstableMeasurementError(WorkbenchError):
     """perf_analyzer found no stable measurement window within its trials."""
+
+
+class ServerUnreachableError(ServedError):
+    """A request never got an answer: connection refused, the server closed the connection, or it timed out."""

@@ -131,7 +131,8 @@ class RunRecord:
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None
         previous = self.data["steps"][name]
-        kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics")}
+        kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
+                if k in previous}
         self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3)}
         self._refresh_stale()
 
@@ -253,6 +254,19 @@ class RunRecord:
                 return default
             node = node[part]
         return node
+
+    def verdict(self, variant: str) -> dict[str, Any] | None:
+        """The parity result of `variant` if a step that is ok now wrote it (not stale, failed or missing)."""
+        dotted = f"parity.variants.{variant}"
+        writer = self._metric_writer(dotted)
+        result = self.metric(dotted)
+        return result if result is not None and writer is not None and self.status(writer) == "ok" else None
+
+    def unverified(self, reason: str) -> None:
+        """Mark the running step `verified: false` (it finished only because the user allowed it)."""
+        if self._current is not None:
+            self.data["steps"][self._current].update(verified=False, unverified_reason=reason)
+            self.save()
 
     def _metric_writer(self, dotted: str) -> str | None:
         """The step that wrote `dotted` (or a key above or below it)."""

@@ -20,7 +20,8 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     """The served measurements, or why they were not taken (no server, or a flavor this server cannot run)."""
     from transformers import AutoTokenizer
 
-    plan, variant = serving_plan(config, record)
+    deployed = record.metric("triton.variant") if record.status("triton") == "ok" else None
+    plan, variant = serving_plan(config, record, deployed)  # what the triton step verified, else the best candidate
     try:
         binary = find_tritonserver()
     except TritonNotFoundError as missing:
@@ -30,7 +31,8 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
     result = run_served_benchmark(config, plan, list(load_corpus(config.corpus)), tokenizer,
                                   record.run_dir / "served-bench")
-    return {**result, "variant": variant}
+    verdict = record.verdict(variant) or {}
+    return {**result, "variant": variant, "verified": deployed is not None or bool(verdict.get("passed"))}
 
 
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,13 @@ from workbench.atomic import write_text
 from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import load_corpus
-from workbench.errors import StepSkipped
+from workbench.errors import StepSkipped, UnverifiedError
 from workbench.lab import ParityLab
-from workbench.models import load_model
+from workbench.models import LoadedModel, load_model
 from workbench.record import RunRecord
+from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.triton.client import AsyncTritonClient, TritonClient, run_async
-from workbench.triton.plan import serving_plan
+from workbench.triton.plan import candidate_variants, choose_flavor, serving_plan
 from workbench.triton.repository import ServingPlan, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
@@ -109,13 +111,12 @@ def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
 
 
 def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,
-                    repository: Path) -> dict[str, Any]:
+                    repository: Path, loaded: LoadedModel) -> dict[str, Any]:
     binary = find_tritonserver()
     if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
         raise StepSkipped(f"the {plan.flavor} flavor needs Triton's {plan.flavor} backend; the tritonserver bundled "
                           "in nvidia-pytriton has only the Python backend",
                           "serve it from NVIDIA's container (triton/docker_run.sh), or use -p triton.flavor=python-ort")
-    loaded = load_model(config)
     texts = load_corpus(config.corpus)
     lab = ParityLab.corpus_only(config, loaded, texts)
     outputs = [o.name for o in plan.outputs]
@@ -131,13 +132,49 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
         record.set_metric("served_parity", parity)
         result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
     result["stop_seconds"] = server.timings["stop_seconds"]
+    result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
     return result
 
 
+def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: LoadedModel
+                     ) -> tuple[str, dict[str, Any]]:
+    """The first candidate that passed parity in this run; a candidate no step has checked is checked here, on
+    the parity step's lab and tolerances. Without one, UnverifiedError (unless triton.allow_unverified)."""
+    candidates = candidate_variants(config, record, flavor)
+    checks: dict[str, Any] = {}
+    for variant in candidates:
+        verdict = record.verdict(variant)
+        if verdict is None and flavor != "tensorrt_plan":
+            path, precision = record.variants()[variant]
+            lab = ParityLab.build(config, loaded, load_corpus(config.corpus))
+            verdict = checks[variant] = lab.compare(OrtRunner(variant, path, providers_for(config.device),
+                                                              config.threads), precision)
+        if verdict is not None and verdict["passed"]:
+            return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
+                             "checked_here": checks}
+    failures = {v: (checks.get(v) or record.verdict(v) or {}).get("failures", ["not checked (needs a GPU)"])
+                for v in candidates}
+    if not config.triton.allow_unverified:
+        raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
+                              "run --steps parity (its repair may fix the variant), serve another with "
+                              "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
+    record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
+    return candidates[0], {"variant": candidates[0], "by": None, "checked_here": checks, "failures": failures}
+
+
+def withdraw(*folders: Path) -> None:
+    """Remove published repositories (they serve something that failed its check)."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
-    """Write model_repository/<name>/ (and a copy in the run), then serve it locally and check what it answers."""
+    """Serve only what passed parity in this run: write model_repository/<name>/ (and a copy in the run), serve it
+    locally, and check what it answers; a served parity failure withdraws the repository."""
     with record.step(STEP):
-        plan, variant = serving_plan(config, record)
+        loaded = load_model(config)
+        variant, verification = verified_variant(config, record, choose_flavor(config), loaded)
+        plan, variant = serving_plan(config, record, variant)
         run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
         parsed = read_repository(run_copy)
         shared = Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
@@ -147,13 +184,32 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         files = deployment_files(config, plan, record.run_dir / "triton")
         for name, path in files.items():
             record.add_artifact(f"triton.{name}", path, kind="deployment")
-        precision = record.data["artifacts"].get(f"onnx.{variant}", record.data["artifacts"].get(
-            f"engine.{variant}", {})).get("precision", "fp32")
+        precision = record.data["artifacts"][f"{'engine' if plan.flavor == 'tensorrt_plan' else 'onnx'}.{variant}"][
+            "precision"]
         metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "variant": variant,
                                    "precision": precision, "models": sorted(parsed),
                                    "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
-                                   "repository": str(project_copy)}
+                                   "repository": str(project_copy), "verification": verification,
+                                   "verified": verification["by"] is not None}
         record.set_metric(STEP, metrics)
-        metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy))
+        try:
+            metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy, loaded))
+        except StepSkipped:
+            raise  # checked in process; this host cannot serve the flavor (the files are for one that can)
+        except BaseException:
+            withdraw(run_copy, project_copy)  # never left published when its check did not finish
+            raise
+        failed = [protocol for protocol, ok in metrics["served_passed"].items() if not ok]
+        metrics["verified"] = metrics["verified"] and not failed
         record.set_metric(STEP, metrics)
+        if failed and not config.triton.allow_unverified:
+            withdraw(run_copy, project_copy)
+            served = record.metric("served_parity")
+            raise UnverifiedError(
+                f"{variant} served by Triton fails parity over {', '.join(failed)}: "
+                f"{'; '.join(served[failed[0]]['failures'])}; the repository {project_copy} was withdrawn",
+                "read metrics.served_parity in run.json; serve another variant (-p triton.variant=...) or publish "
+                "it anyway with -p triton.allow_unverified=true")
+        if failed:
+            record.unverified(f"served parity failed over {', '.join(failed)}")
         return metrics

@@ -1,8 +1,6 @@
 """Decide what to serve and how: flavor, variant and the ServingPlan the repository is generated from."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from workbench.config import RunConfig
 from workbench.environment import gpu_name
 from workbench.errors import ConfigError, MissingArtifactError
@@ -25,23 +23,29 @@ def choose_flavor(config: RunConfig) -> str:
     return "onnxruntime" if gpu_name() is not None and config.device != "cpu" else "python-ort"
 
 
-def choose_variant(config: RunConfig, record: RunRecord, flavor: str) -> tuple[str, Path, str]:
-    """(variant, file, precision): the configured one, else the preferred variant that passed parity."""
+def candidate_variants(config: RunConfig, record: RunRecord, flavor: str) -> list[str]:
+    """Variants that could be served, best first: the configured one, else those of the flavor's preference
+    that exist, the ones that passed parity in this run ahead of the unchecked (failed ones are left out)."""
     kind = "engine" if flavor == "tensorrt_plan" else "onnx"
-    available = {a["variant"]: a for a in record.data["artifacts"].values() if a["kind"] == kind}
-    verdicts = record.metric("parity.variants", {})
+    available = {a["variant"] for a in record.data["artifacts"].values() if a["kind"] == kind}
     if config.triton.variant:
-        wanted = [config.triton.variant]
-    else:
-        key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
-        wanted = [v for v in PREFERENCE[key] if verdicts.get(v, {}).get("passed", not verdicts)]
-    for variant in wanted:
-        if variant in available:
-            entry = available[variant]
-            return variant, record.run_dir / entry["path"], entry["precision"]
-    raise MissingArtifactError(
-        f"no {kind} variant to serve with flavor {flavor} (wanted {wanted}, have {sorted(available)})",
-        "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those>")
+        if config.triton.variant not in available:
+            raise MissingArtifactError(
+                f"triton.variant={config.triton.variant!r} has no {kind} file in this run (have {sorted(available)})",
+                "run the step that builds it (optimize, parity or tensorrt), or choose one of those")
+        return [config.triton.variant]
+    key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
+    preferred = [v for v in PREFERENCE[key] if v in available]
+    verdicts = {v: record.verdict(v) for v in preferred}
+    passed = [v for v in preferred if verdicts[v] and verdicts[v]["passed"]]
+    unchecked = [v for v in preferred if verdicts[v] is None]
+    if not passed + unchecked:
+        raise MissingArtifactError(
+            f"no {kind} variant to serve with flavor {flavor}: of {sorted(available)}, the preferred "
+            f"{list(PREFERENCE[key])} failed parity or do not exist",
+            "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those> "
+            "with -p triton.allow_unverified=true")
+    return passed + unchecked
 
 
 def served_outputs(config: RunConfig) -> tuple:
@@ -58,9 +62,13 @@ def served_outputs(config: RunConfig) -> tuple:
     return tuple(o for o in outputs if o.name in config.triton.outputs)
 
 
-def serving_plan(config: RunConfig, record: RunRecord) -> tuple[ServingPlan, str]:
+def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
+    """How to serve `variant` (default: the first candidate, see `candidate_variants`)."""
     flavor = choose_flavor(config)
-    variant, path, precision = choose_variant(config, record, flavor)
+    variant = variant or candidate_variants(config, record, flavor)[0]
+    kind = "engine" if flavor == "tensorrt_plan" else "onnx"
+    path = record.artifact(f"{kind}.{variant}")
+    precision = record.data["artifacts"][f"{kind}.{variant}"]["precision"]
     from transformers import AutoConfig, AutoTokenizer
 
     export = record.metric("export")
