@@ -1,26 +1,54 @@
-"""Write files and folders under a temporary name and rename them when complete."""
+"""Write files and folders under a temporary name and rename them when complete.
+
+Temporary files and folders are created with the modes `open(..., "w")` and `mkdir` ask for (0o666, 0o777; 0o777
+for executable files), so the kernel applies the process umask (and any default ACL) as it does for ordinary files:
+0644 / 0755 under the usual umask 022. The umask is never read or changed, so there is no race with other threads.
+"""
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import os
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-@contextmanager
-def atomic_path(dest: Path | str) -> Iterator[Path]:
-    """Yield a temporary path beside `dest`; rename it onto `dest` only if the block succeeds."""
-    dest = Path(dest)
+def _beside(dest: Path, create: Callable[[Path], None]) -> Path:
+    """A new path beside `dest`, named `.<name>.<random>.partial`, made by `create` (which fails if it exists)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    while True:
+        candidate = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.partial")
+        try:
+            create(candidate)
+            return candidate
+        except FileExistsError:
+            continue
+
+
+def temporary_dir(dest: Path | str) -> Path:
+    """A new empty folder beside `dest`, with the mode `mkdir` gives (0o777 less the umask)."""
+    return _beside(Path(dest), Path.mkdir)
+
+
+def _temporary_file(dest: Path, executable: bool) -> Path:
+    """A new empty file beside `dest`, with the mode `open(..., "w")` gives (0o666, or 0o777, less the umask)."""
+    def create(path: Path) -> None:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666))
+
+    return _beside(dest, create)
+
+
+@contextmanager
+def atomic_path(dest: Path | str, executable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `dest`; rename it onto `dest` only if the block succeeds. Write into the file
+    (opening it truncates and keeps its mode); replacing it with a new file gives that file's mode instead."""
+    dest = Path(dest)
+    tmp = _temporary_file(dest, executable)
     try:
         yield tmp
         os.replace(tmp, dest)
@@ -32,8 +60,7 @@ def atomic_path(dest: Path | str) -> Iterator[Path]:
 def atomic_dir(dest: Path | str) -> Iterator[Path]:
     """Yield a temporary folder beside `dest`; it replaces `dest` only if the block succeeds."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp = temporary_dir(dest)
     try:
         yield tmp
         old = None
@@ -48,7 +75,8 @@ def atomic_dir(dest: Path | str) -> Iterator[Path]:
 
 
 def write_text(dest: Path | str, text: str) -> Path:
-    with atomic_path(dest) as tmp:
+    """Write `text` atomically; a script (text starting with `#!`) is made executable, as `chmod +x` would."""
+    with atomic_path(dest, executable=text.startswith("#!")) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(dest)
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from workbench.atomic import temporary_dir
 from workbench.errors import OnnxModelError
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
@@ -17,10 +17,10 @@ EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 
 @contextmanager
 def onnx_destination(dest: Path | str) -> Iterator[Path]:
-    """Yield a path in a private temp folder beside `dest`; on success move its files (data first, graph last)."""
+    """Yield a path in a temp folder beside `dest`; on success move its files (data first, graph last). The files
+    keep the modes their writer gave them (ordinary files: 0o666 less the umask)."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp_dir = temporary_dir(dest)
     tmp = tmp_dir / dest.name
     try:
         yield tmp
@@ -52,14 +52,36 @@ def load(path: Path | str, load_external_data: bool = True) -> Any:
     return model
 
 
-def check(path: Path | str) -> None:
+REEXPORT = "re-export, or report the exporter bug"
+CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check(path: Path | str, fix: str = REEXPORT) -> None:
     """onnx.checker on the file (path form, so models over 2 GB work)."""
     import onnx
 
     try:
         onnx.checker.check_model(str(path), full_check=False)
     except (onnx.checker.ValidationError, ValueError) as exc:
-        raise OnnxModelError(f"{path} fails onnx.checker: {exc}", "re-export, or report the exporter bug") from None
+        raise OnnxModelError(f"{path} fails onnx.checker: {_first_line(exc)}", fix) from None
+
+
+def verify(path: Path | str) -> None:
+    """`check`, then an ONNX Runtime CPU session on the file (graph optimizations off: it checks that the file,
+    its external data and every kernel load, not speed); for files about to be published."""
+    import onnxruntime as ort
+
+    check(path, CORRUPT)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's error classes share no narrower base
+        raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
 def save(model: Any, dest: Path | str) -> Path:

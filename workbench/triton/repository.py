@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from workbench import onnxfiles
 from workbench.atomic import atomic_dir, sha256_file, write_text
 from workbench.errors import RepositoryError
 from workbench.tasks import OutputSpec
@@ -226,6 +227,17 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
     return {name: (config, files[name]) for name, config in configs(plan).items()}
 
 
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a folder with the modes new files and folders get (the umask), not the source's (copytree copies
+    folder modes: a 0700 source would make a folder the server's user may not read)."""
+    target.mkdir()
+    for path in sorted(source.rglob("*")):  # a folder sorts before its contents
+        if path.is_dir():
+            (target / path.relative_to(source)).mkdir()
+        else:
+            shutil.copyfile(path, target / path.relative_to(source))
+
+
 def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
     for name, (config, files) in models.items():
         folder = root / name
@@ -236,7 +248,7 @@ def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
         (folder / "config.pbtxt").write_text(text, encoding="utf-8")
         for target, source in files.items():
             if Path(source).is_dir():
-                shutil.copytree(source, folder / "1" / target)
+                _copy_tree(Path(source), folder / "1" / target)
             else:
                 shutil.copyfile(source, folder / "1" / target)
 
@@ -257,7 +269,20 @@ def ours_and_untouched(root: Path) -> bool:
         return False
 
 
+def verify_model_file(plan: ServingPlan) -> None:
+    """Refuse a truncated or corrupt network before it is published (the server would fail minutes later, with the
+    cause deep in its log): ONNX files through onnx.checker and an ONNX Runtime session. A TensorRT engine needs
+    its GPU to be deserialized, so here it is only checked to exist and not be empty."""
+    if plan.flavor != "tensorrt_plan":
+        onnxfiles.verify(plan.model_file)
+    elif not plan.model_file.is_file() or plan.model_file.stat().st_size == 0:
+        raise RepositoryError(f"TensorRT engine {plan.model_file} is missing or empty",
+                              "re-run the tensorrt step on a GPU host; an empty engine is a failed build")
+
+
 def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
+    """Verify the plan's model file, then write its repository into `root` (see write_models)."""
+    verify_model_file(plan)
     return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor})
 
 
