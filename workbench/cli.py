@@ -7,7 +7,7 @@ import sys
 import yaml
 
 from workbench.config import RunConfig
-from workbench.errors import ConfigError, WorkbenchError
+from workbench.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.record import RunRecord
 from workbench.steps import STEPS
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except RunInterruptedError as exc:
+        print(f"stopped ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except WorkbenchError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,14 @@ class StepSkipped(WorkbenchError):
     """Raised inside a step to end it as `skipped` (not failed) with a reason."""
 
 
+class RunInterruptedError(WorkbenchError):
+    """The run was stopped by a signal (SIGINT, SIGTERM, SIGHUP); the record says which step it stopped."""
+
+    def __init__(self, problem: str, fix: str, signum: int) -> None:
+        super().__init__(problem, fix)
+        self.signum = signum
+
+
 class DependencyMissingError(StepSkipped):
     """An optional dependency (tensorrt, ctranslate2, ...) is not installed."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from workbench.config import RunConfig
 from workbench.environment import collect_environment
 from workbench.errors import OutputDirError, StepFailedError
+from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.record import RunRecord
 from workbench.steps import STEP_NAMES, step_info
 
@@ -60,8 +61,6 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     `resume` continues a run folder that already has a run.json (same model and export settings), keeping what
     earlier steps produced, e.g. to build TensorRT engines on a GPU host after a CPU run.
     """
-    from papermill.exceptions import PapermillExecutionError
-
     run_dir = Path(run_dir or config.output_dir or default_run_dir(config))
     config = config.model_copy(update={"output_dir": str(run_dir)})
     if resume:
@@ -71,21 +70,40 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config)
     steps = [s for s in STEP_NAMES if s in config.steps]
-    for index, step in enumerate(steps):
-        notebook = run_dir / "notebooks" / step_info(step).notebook
-        if progress:
-            print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
-        try:
-            run_notebook(step, config, run_dir, progress)
-        except PapermillExecutionError as exc:
+    with InterruptGuard() as guard:
+        for index, step in enumerate(steps):
+            guard.check(f"the run, before step {step!r}")
+            if progress:
+                print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
+            try:
+                run_notebook(step, config, run_dir, progress)
+            except Exception as exc:
+                record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
+                guard.check(f"step {step!r}")
+                raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
+                                      f"read {run_dir / 'notebooks' / step_info(step).notebook} and {record.path}"
+                                      ) from None
             record = RunRecord.load(run_dir)
-            if record.status(step) != "failed":
-                record.mark(step, "failed", f"{exc.ename}: {exc.evalue}")
-            for later in steps[index + 1:]:
-                record.mark(later, "skipped", f"not run: step {step!r} failed")
-            record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
-            raise StepFailedError(f"step {step!r} failed: {exc.ename}: {exc.evalue}",
-                                  f"read {notebook} and {record.path}") from None
-        record = RunRecord.load(run_dir)
+            record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / step_info(step).notebook, kind="notebook")
+    return record
+
+
+def _describe(exc: Exception) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    return f"{exc.ename}: {exc.evalue}" if isinstance(exc, PapermillExecutionError) else f"{type(exc).__name__}: {exc}"
+
+
+def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunRecord:
+    """Record `step` failed with `reason` (unless it recorded its own error and was not interrupted), the steps
+    after it skipped, and remove what was half-written."""
+    remove_partials(run_dir)
+    record = RunRecord.load(run_dir)
+    if record.status(step) != "failed" or reason.startswith("interrupted"):
+        record.mark(step, "failed", reason)
+    for name in later:
+        record.mark(name, "skipped", f"not run: step {step!r} failed")
+    notebook = run_dir / "notebooks" / step_info(step).notebook
+    if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
     return record

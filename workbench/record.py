@@ -142,7 +142,9 @@ class RunRecord:
         A step marked skipped was not run this time: what an earlier run of it left is dropped."""
         if status == "skipped":
             self._drop_outputs(name)
-        self.data["steps"][name] = {**self.data["steps"].get(name, {}), "status": status, "reason": reason}
+        entry = {**self.data["steps"].get(name, {}), "status": status}
+        entry.pop("error" if status != "failed" else "reason", None)
+        self.data["steps"][name] = {**entry, "error" if status == "failed" else "reason": reason}
         self._refresh_stale()
 
     def status(self, name: str) -> str | None:

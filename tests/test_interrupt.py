@@ -1,0 +1,95 @@
+"""Signals: a run stopped by SIGTERM / SIGINT leaves no process, no partial file and no `running` or stale `ok`."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+SMALL = ["-p", "batch.opt=4", "-p", "batch.max=8", "-p", "sequence.opt=32", "-p", "sequence.max=64", "--quiet"]
+
+
+def _start(model: Path, run_dir: Path, steps: str, *params: str) -> subprocess.Popen:
+    command = [str(Path(sys.executable).parent / "workbench"), "run", "--model", str(model), "--steps", steps,
+               "--output-dir", str(run_dir), *SMALL, *params]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(condition, what: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.2)
+
+
+def _step_status(run_dir: Path, step: str) -> str | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text())["steps"].get(step, {}).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _processes_of(run_dir: Path) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir) in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def _stop(run: subprocess.Popen, signum: int) -> tuple[int, str]:
+    """Signal the run; once it exits, every process it had started (kernel, server, stubs) must be gone too."""
+    started = psutil.Process(run.pid).children(recursive=True)
+    assert started, "the run has a kernel"
+    run.send_signal(signum)
+    try:
+        output, _ = run.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        raise
+    _wait_for(lambda: not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+              "every process the run started gone", seconds=10)
+    return run.returncode, output
+
+
+def test_sigterm_during_the_triton_step_stops_the_server_and_records_it(tiny_bert, tmp_path):
+    run_dir = tmp_path / "run"
+    run = _start(tiny_bert, run_dir, "export,optimize,triton", "-p", "precisions=[fp32]",
+                 "-p", f"triton.repository_dir={tmp_path / 'repos'}")
+    try:
+        _wait_for(lambda: any("tritonserver" in " ".join(p.info["cmdline"] or []) for p in _processes_of(run_dir)),
+                  "the step's tritonserver")
+        code, output = _stop(run, signal.SIGTERM)
+    finally:
+        run.kill()
+    assert code == 128 + signal.SIGTERM, output
+    assert "interrupted (SIGTERM) during step 'triton'" in output
+    _wait_for(lambda: not _processes_of(run_dir), "every server process gone", seconds=10)
+    step = json.loads((run_dir / "run.json").read_text())["steps"]["triton"]
+    assert step["status"] == "failed" and step["error"] == "interrupted (SIGTERM)"
+    assert not list(run_dir.rglob("*partial*"))
+    assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir()), "nothing published"
+
+
+def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert, tmp_path):
+    run_dir = tmp_path / "run"
+    run = _start(tiny_bert, run_dir, "export,optimize,parity", "-p", "precisions=[fp32,int8]",
+                 "-p", "tolerances.sentence_embedding.min_cosine=0.999995")
+    try:
+        _wait_for(lambda: list((run_dir / "repair" / "int8").glob("candidate-*.onnx")), "a repair candidate")
+        code, output = _stop(run, signal.SIGINT)
+    finally:
+        run.kill()
+    assert code == 128 + signal.SIGINT, output
+    _wait_for(lambda: not _processes_of(run_dir), "the kernel gone", seconds=10)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["steps"]["parity"] == {**record["steps"]["parity"], "status": "failed",
+                                         "error": "interrupted (SIGINT)"}
+    assert not list(run_dir.rglob("candidate-*")) and not list(run_dir.rglob("*partial*"))
+    assert _step_status(run_dir, "export") == "ok"
