@@ -87,12 +87,17 @@ class LoadedModel:
 
     @property
     def max_sequence(self) -> int:
-        """Longest input the model takes: position table (less RoBERTa's padding offset) and tokenizer limit."""
-        limits = [int(self.tokenizer.model_max_length)] if self.tokenizer.model_max_length < 1_000_000 else []
-        if self.max_positions:
-            offset = self.hf_config.pad_token_id + 1 if self.architecture in POSITION_OFFSET_ARCHITECTURES else 0
-            limits.append(self.max_positions - offset)
-        return min(limits) if limits else 512
+        return sequence_limit(self.hf_config, self.tokenizer)
+
+
+def sequence_limit(hf_config: Any, tokenizer: Any) -> int:
+    """Longest input the model takes: position table (less RoBERTa's padding offset) and tokenizer limit."""
+    limits = [int(tokenizer.model_max_length)] if tokenizer.model_max_length < 1_000_000 else []
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if positions:
+        offset = hf_config.pad_token_id + 1 if hf_config.model_type in POSITION_OFFSET_ARCHITECTURES else 0
+        limits.append(int(positions) - offset)
+    return min(limits) if limits else 512
 
 
 def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:
