@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import DependencyMissingError, UnstableMeasurementError
+from workbench.errors import DependencyMissingError, ServedError, ServerUnreachableError, UnstableMeasurementError
 from workbench.triton.client import AsyncTritonClient, run_async, text_array
 
 PERF_ANALYZER_WHEEL = "tritonclient==2.48.0"  # newest wheel whose perf_analyzer runs on glibc 2.36 (Debian 12)
@@ -52,14 +52,16 @@ Send = Callable[[AsyncTritonClient, int], Awaitable[object]]
 
 async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, requests: int,
                        seconds: float) -> LevelResult:
+    """A server that gives no answer stops the level with its ServerUnreachableError; other failed requests are
+    counted as errors, and a level where every request failed is a ServedError, not a measurement."""
     client = AsyncTritonClient(url, protocol)
     latencies: list[float] = []
-    errors = 0
+    failures: list[Exception] = []
     issued = 0
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
-        nonlocal issued, errors
+        nonlocal issued
         while issued < requests and time.perf_counter() < deadline:
             index = issued
             issued += 1
@@ -67,17 +69,27 @@ async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, re
             try:
                 await send(client, index)
                 latencies.append(time.perf_counter() - begin)
-            except Exception:  # noqa: BLE001 - counted, the level goes on
-                errors += 1
+            except ServerUnreachableError:
+                raise
+            except Exception as error:  # noqa: BLE001 - counted, the level goes on
+                failures.append(error)
 
     start = time.perf_counter()
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*workers)
     finally:
+        for task in workers:  # the rest of a level stopped by an unreachable server
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         await client.close()
     elapsed = time.perf_counter() - start
-    values = np.asarray(latencies or [float("nan")]) * 1e3
-    return LevelResult(concurrency, len(latencies), errors, elapsed, len(latencies) / elapsed,
+    if not latencies:
+        first = getattr(failures[0], "problem", repr(failures[0])) if failures else "none was sent"
+        raise ServedError(f"all {len(failures)} requests at concurrency {concurrency} to {url} failed; the first: "
+                          f"{first}", "fix what the first error names; a level without one answer measures nothing")
+    values = np.asarray(latencies) * 1e3
+    return LevelResult(concurrency, len(latencies), len(failures), elapsed, len(latencies) / elapsed,
                        *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
 
 

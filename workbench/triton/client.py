@@ -4,14 +4,18 @@ A tritonclient HTTP client must not be shared across threads: make one per threa
 """
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from workbench.errors import ServedError
+from workbench.errors import ServedError, ServerUnreachableError
 
 PROTOCOLS = ("http", "grpc")
 DATATYPES = {"int64": "INT64", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
+NO_ANSWER_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")  # gRPC: the server never answered
 
 
 def _module(protocol: str, asynchronous: bool) -> Any:
@@ -26,6 +30,52 @@ def _module(protocol: str, asynchronous: bool) -> Any:
     import tritonclient.grpc.aio as async_grpc
 
     return async_grpc if asynchronous else sync_grpc
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What the HTTP clients raise when no answer came (gRPC's arrive as InferenceServerException)."""
+    import aiohttp
+    from geventhttpclient.response import HTTPConnectionClosed
+
+    return OSError, asyncio.TimeoutError, aiohttp.ClientConnectionError, HTTPConnectionClosed
+
+
+def _why_no_answer(exc: BaseException) -> str:
+    """'timed out', 'connection refused' or 'server closed the connection', else the error itself."""
+    text = str(exc).lower()
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "deadline" in text:
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError) or isinstance(exc.__cause__, ConnectionRefusedError) \
+            or "refused" in text:
+        return "connection refused"
+    if isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)) or any(
+            word in text for word in ("closed", "disconnected", "reset", "stream removed")):
+        return "server closed the connection"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _unreachable(url: str, model: str, exc: BaseException) -> ServerUnreachableError:
+    return ServerUnreachableError(
+        f"no answer from Triton at {url} for {model}: {_why_no_answer(exc)}",
+        f"check that tritonserver is running and listening at {url}; its log (tritonserver.log in the server's "
+        "work folder) says why it stopped")
+
+
+@contextmanager
+def _answered(url: str, model: str) -> Iterator[None]:
+    """Turn the client libraries' errors into ServedError (the server refused the request) or
+    ServerUnreachableError (no answer: connection refused, closed, timed out), both naming `url`."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        yield
+    except InferenceServerException as exc:
+        if str(exc.status()) in NO_ANSWER_STATUSES:
+            raise _unreachable(url, model, exc) from None
+        raise ServedError(f"{model} refused the request: {exc.message()}", "fix the request as the message says"
+                          ) from None
+    except _network_errors() as exc:
+        raise _unreachable(url, model, exc) from None
 
 
 def text_array(texts: list[str | bytes]) -> np.ndarray:
@@ -59,27 +109,23 @@ class TritonClient:
     """Blocking client for one server."""
 
     def __init__(self, url: str, protocol: str = "http", timeout: float = 120.0) -> None:
-        self.protocol = protocol
+        self.url, self.protocol = url, protocol
         self.module = _module(protocol, asynchronous=False)
         kwargs = {"network_timeout": timeout, "connection_timeout": timeout} if protocol == "http" else {}
         self.client = self.module.InferenceServerClient(url=url, **kwargs)
 
     def infer(self, model: str, arrays: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, Any]:
-        from tritonclient.utils import InferenceServerException
-
-        try:
+        with _answered(self.url, model):
             response = self.client.infer(model, _inputs(self.module, arrays), outputs=_outputs(self.module, outputs))
-        except InferenceServerException as exc:
-            raise ServedError(f"{model} refused the request: {exc.message()}", "fix the request as the message says"
-                              ) from None
         return _result(response, outputs)
 
     def infer_texts(self, model: str, texts: list[str | bytes], outputs: list[str] | None = None) -> dict[str, Any]:
         return self.infer(model, {"TEXT": text_array(texts)}, outputs)
 
     def statistics(self, model: str) -> dict[str, Any]:
-        stats = self.client.get_inference_statistics(model, as_json=True) if self.protocol == "grpc" else \
-            self.client.get_inference_statistics(model)
+        with _answered(self.url, model):
+            stats = self.client.get_inference_statistics(model, as_json=True) if self.protocol == "grpc" else \
+                self.client.get_inference_statistics(model)
         return stats["model_stats"][0]
 
     def close(self) -> None:
@@ -96,19 +142,15 @@ class AsyncTritonClient:
     """asyncio client (tritonclient.http.aio / grpc.aio) for concurrent load."""
 
     def __init__(self, url: str, protocol: str = "http") -> None:
+        self.url = url
         self.module = _module(protocol, asynchronous=True)
         self.client = self.module.InferenceServerClient(url=url)
 
     async def infer(self, model: str, arrays: dict[str, np.ndarray],
                     outputs: list[str] | None = None) -> dict[str, Any]:
-        from tritonclient.utils import InferenceServerException
-
-        try:
+        with _answered(self.url, model):
             response = await self.client.infer(model, _inputs(self.module, arrays),
                                                outputs=_outputs(self.module, outputs))
-        except InferenceServerException as exc:
-            raise ServedError(f"{model} refused the request: {exc.message()}", "fix the request as the message says"
-                              ) from None
         return _result(response, outputs)
 
     async def infer_texts(self, model: str, texts: list[str | bytes],
