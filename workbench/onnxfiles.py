@@ -13,6 +13,8 @@ from workbench.atomic import temporary_dir
 from workbench.errors import OnnxModelError
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
+REEXPORT = "re-export, or report the exporter bug"
+CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
 
 
 @contextmanager
@@ -52,16 +54,12 @@ def load(path: Path | str, load_external_data: bool = True) -> Any:
     return model
 
 
-REEXPORT = "re-export, or report the exporter bug"
-CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
-
-
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def check(path: Path | str, fix: str = REEXPORT) -> None:
-    """onnx.checker on the file (path form, so models over 2 GB work)."""
+    """onnx.checker on the file (path form, so models over 2 GB work); `fix` goes into the OnnxModelError."""
     import onnx
 
     try:
