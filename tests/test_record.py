@@ -63,7 +63,7 @@ def test_open_refuses_a_folder_holding_another_models_run(tmp_path):
 def test_unwritable_output_dir_is_a_typed_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    with pytest.raises(OutputDirError, match="cannot write to output directory"):
+    with pytest.raises(OutputDirError, match="cannot write to "):
         RunRecord.create(blocker / "run", RunConfig())
 
 

@@ -1,12 +1,23 @@
 """Verdicts: nothing reads ok unless it was checked in this run; re-runs and failures make consumers stale."""
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from workbench.config import RunConfig
-from workbench.errors import MissingArtifactError, OnnxModelError, OutputDirError, UnverifiedError
+from workbench.errors import (
+    ConfigError,
+    MissingArtifactError,
+    OnnxModelError,
+    OpsetError,
+    OutputDirError,
+    PortInUseError,
+    ShapeError,
+    UnverifiedError,
+)
+from workbench.pipeline import run_pipeline
 from workbench.record import RunRecord
 from workbench.steps import export, optimize, parity, triton
 
@@ -164,3 +175,34 @@ def test_a_served_parity_failure_withdraws_the_repository(tiny_models, tmp_path)
     name = record.data["metrics"]["triton"]["name"]
     assert not (tmp_path / "repos" / name).exists() and not (tmp_path / "run" / "model_repository" / name).exists()
     assert record.status("triton") == "failed"
+
+
+def _refused(config: RunConfig, run_dir: Path, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        run_pipeline(config, run_dir)
+    assert not run_dir.exists(), "refused before anything was written or any kernel started"
+
+
+def test_settings_are_checked_before_the_first_kernel(tiny_bert, tmp_path):
+    base = {"model": str(tiny_bert), **SMALL}
+    run_dir = tmp_path / "run"
+    _refused(RunConfig.model_validate({**base, "sequence": {"min": 1, "opt": 64, "max": 256}}), run_dir,
+             ShapeError, "sequence.max=256 exceeds the model's limit of 128")
+    _refused(RunConfig.model_validate({**base, "opset": 5}), run_dir, OpsetError, "opset 5 is outside")
+    for content, match in ((None, "cannot read corpus"), (b"\n \n", "holds no text"), (b"\xff\xfe\xfa", "cannot read")):
+        corpus = tmp_path / "corpus.txt"
+        corpus.unlink(missing_ok=True)
+        if content is not None:
+            corpus.write_bytes(content)
+        _refused(RunConfig.model_validate({**base, "corpus": str(corpus)}), run_dir, ConfigError, match)
+    same = {"http_port": 18000, "grpc_port": 18000}
+    _refused(RunConfig.model_validate({**base, "triton": same}), run_dir, ConfigError, "ports must differ")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = {"http_port": taken.getsockname()[1]}
+        _refused(RunConfig.model_validate({**base, "triton": busy}), run_dir, PortInUseError, "already in use")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    _refused(RunConfig.model_validate({**base, "triton": {"repository_dir": str(blocker / "repos")}}), run_dir,
+             OutputDirError, "triton.repository_dir")

@@ -9,6 +9,7 @@ from workbench.config import RunConfig
 from workbench.environment import collect_environment
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
+from workbench.preflight import preflight
 from workbench.record import RunRecord
 from workbench.steps import STEP_NAMES, step_info
 
@@ -63,6 +64,7 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     """
     run_dir = Path(run_dir or config.output_dir or default_run_dir(config))
     config = config.model_copy(update={"output_dir": str(run_dir)})
+    preflight(config)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True)
         record.data["environment"] = collect_environment()  # the resumed steps may run on another machine

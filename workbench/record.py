@@ -37,7 +37,7 @@ class RunRecord:
         from workbench.environment import collect_environment
 
         run_dir = Path(run_dir)
-        _ensure_writable(run_dir)
+        ensure_writable(run_dir)
         data = {
             "schema": SCHEMA_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -324,14 +324,13 @@ def _remove_inside(run_dir: Path, path: Path) -> None:
         Path(f"{path}.data").unlink(missing_ok=True)
 
 
-def _ensure_writable(run_dir: Path) -> None:
+def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
+    """Create `folder` if needed and prove a file can be written in it."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-probe"
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise OutputDirError(
-            f"cannot write to output directory {run_dir}: {exc.strerror or exc}",
-            "choose a writable folder with --output-dir (or -p output_dir=...)",
-        ) from None
+        raise OutputDirError(f"cannot write to {folder} ({setting}): {exc.strerror or exc}",
+                             f"choose a writable folder with {setting}") from None

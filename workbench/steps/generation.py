@@ -23,10 +23,10 @@ from workbench.generation import (
 )
 from workbench.load import asyncio_level
 from workbench.record import RunRecord
-from workbench.steps.triton import PROJECT_REPOSITORIES
 from workbench.triton.client import TritonClient, text_array
 from workbench.triton.generation_repository import ENGINES, GenerationPlan, generation_models
 from workbench.triton.models import generation_core as core
+from workbench.triton.plan import repository_root
 from workbench.triton.repository import model_name_for, write_models
 from workbench.triton.server import TritonServer
 
@@ -97,7 +97,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
                           compute_type=gen.ct2_compute_type, threads=config.threads or 0)
     models = generation_models(plan)
     repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
-    shared = Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
+    shared = repository_root(config)
     write_models(models, shared / plan.name, overwrite=config.triton.overwrite, about={"name": plan.name})
     record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
     result: dict[str, Any] = {"model": name, "kind": task.kind, "target_language": language, "name": plan.name,

@@ -20,13 +20,12 @@ from workbench.models import LoadedModel, load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.triton.client import AsyncTritonClient, TritonClient, run_async
-from workbench.triton.plan import candidate_variants, choose_flavor, serving_plan
+from workbench.triton.plan import candidate_variants, choose_flavor, repository_root, serving_plan
 from workbench.triton.repository import ServingPlan, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
 CONTAINER_PACKAGES = ("transformers==5.23.0", "tokenizers")
-PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
 
 def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
@@ -177,8 +176,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         plan, variant = serving_plan(config, record, variant)
         run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
         parsed = read_repository(run_copy)
-        shared = Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
-        project_copy = write_repository(plan, shared / plan.name, overwrite=config.triton.overwrite)
+        project_copy = write_repository(plan, repository_root(config) / plan.name, overwrite=config.triton.overwrite)
         record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor,
                             variant=variant, project_copy=str(project_copy))
         files = deployment_files(config, plan, record.run_dir / "triton")

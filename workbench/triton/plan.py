@@ -1,12 +1,16 @@
 """Decide what to serve and how: flavor, variant and the ServingPlan the repository is generated from."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from workbench.config import RunConfig
 from workbench.environment import gpu_name
 from workbench.errors import ConfigError, MissingArtifactError
 from workbench.record import RunRecord
 from workbench.tasks import TASKS
 from workbench.triton.repository import ServingPlan, model_name_for
+
+PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
 # Variants to serve, best first, when the configuration names none (the first that passed parity wins).
 PREFERENCE = {
@@ -15,6 +19,11 @@ PREFERENCE = {
     "onnxruntime-cpu": ("int8_repaired", "int8", "fp32", "original"),
     "tensorrt_plan": ("trt_fp16", "trt_fp32"),
 }
+
+
+def repository_root(config: RunConfig) -> Path:
+    """Where generated repositories are published: triton.repository_dir, else the project's model_repository/."""
+    return Path(config.triton.repository_dir) if config.triton.repository_dir else PROJECT_REPOSITORIES
 
 
 def choose_flavor(config: RunConfig) -> str:

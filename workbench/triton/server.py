@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.errors import PortInUseError, ServerStartError, TritonNotFoundError
+from workbench.errors import ConfigError, PortInUseError, ServerStartError, TritonNotFoundError
 
 HOST = "127.0.0.1"
 
@@ -73,7 +73,11 @@ class Ports:
 
     @classmethod
     def pick(cls, http: int | None = None, grpc: int | None = None, metrics: int | None = None) -> Ports:
-        """The given ports (checked free) or free ones."""
+        """The given ports (checked distinct and free) or free ones."""
+        given = [port for port in (http, grpc, metrics) if port is not None]
+        if len(set(given)) < len(given):
+            raise ConfigError(f"the HTTP, gRPC and metrics ports must differ, got {http}, {grpc}, {metrics}",
+                              "set distinct triton.http_port / grpc_port / metrics_port, or leave them unset")
         chosen = []
         for port, what in ((http, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")):
             if port is None:

@@ -1,0 +1,40 @@
+"""Checks that take seconds, run before the first kernel starts: a bad setting fails the run at once, not after
+minutes of export and optimization."""
+from __future__ import annotations
+
+from workbench.batches import check_sequence_limit
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.record import ensure_writable
+
+MODEL_STEPS = ("export", "optimize", "parity", "tensorrt", "triton", "report")
+SERVING_STEPS = ("triton", "generation", "report")
+
+
+def preflight(config: RunConfig) -> None:
+    """Opset, corpus, the model's sequence limit, ports and the repository folder, for the steps that use them."""
+    from workbench.steps.export import check_opset
+    from workbench.triton.plan import repository_root
+    from workbench.triton.server import Ports
+
+    steps = set(config.steps)
+    if "export" in steps:
+        check_opset(config.exporter, config.opset)
+    load_corpus(config.corpus)
+    if steps & set(MODEL_STEPS):
+        check_model_limits(config)
+    if steps & set(SERVING_STEPS):
+        Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
+    if steps & {"triton", "generation"}:
+        ensure_writable(repository_root(config), "triton.repository_dir")
+
+
+def check_model_limits(config: RunConfig) -> None:
+    """The model resolves, its architecture suits the task, and sequence.max fits its position table."""
+    from workbench.models import check_supported, load_config, load_tokenizer, resolve_source, sequence_limit
+    from workbench.tasks import TASKS
+
+    source = resolve_source(config.model)
+    hf_config = load_config(source, config.trust_remote_code)
+    check_supported(hf_config, TASKS[config.task])
+    check_sequence_limit(config.sequence, sequence_limit(hf_config, load_tokenizer(source, config.trust_remote_code)))
