@@ -17,7 +17,7 @@ from workbench.errors import (
     ShapeError,
     UnverifiedError,
 )
-from workbench.pipeline import run_pipeline
+from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.record import RunRecord
 from workbench.steps import export, optimize, parity, triton
 
@@ -206,3 +206,21 @@ def test_settings_are_checked_before_the_first_kernel(tiny_bert, tmp_path):
     blocker.write_text("not a folder")
     _refused(RunConfig.model_validate({**base, "triton": {"repository_dir": str(blocker / "repos")}}), run_dir,
              OutputDirError, "triton.repository_dir")
+
+
+def test_overwrite_removes_what_the_earlier_run_wrote_and_nothing_else(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "earlier")
+    (tmp_path / "report.html").write_text("<html>")
+    record.add_artifact("report", tmp_path / "report.html", kind="report")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_export.ipynb").write_text("{}")
+    (tmp_path / "repair" / "int8").mkdir(parents=True)
+    (tmp_path / "notes.txt").write_text("the user's")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "data.csv").write_text("1,2")
+    with pytest.raises(OutputDirError, match="already holds files"):
+        prepare_run_dir(tmp_path, overwrite=False)
+    prepare_run_dir(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "notes.txt"]
+    assert (tmp_path / "mine" / "data.csv").read_text() == "1,2"

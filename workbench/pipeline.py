@@ -10,9 +10,12 @@ from workbench.environment import collect_environment
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.preflight import preflight
-from workbench.record import RunRecord
+from workbench.record import RECORD_NAME, RunRecord, remove_inside
 from workbench.steps import STEP_NAMES, step_info
 
+# Folders every run writes into (steps and their scratch space).
+OWNED_FOLDERS = ("notebooks", "model", "onnx", "parity", "repair", "engines", "triton", "model_repository",
+                 "generation", "served-bench", "bench")
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -22,15 +25,31 @@ def default_run_dir(config: RunConfig, root: Path | str = "outputs") -> Path:
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
-    """Refuse to write into a folder that already holds files unless `overwrite` says so."""
+    """Refuse to write into a folder that already holds files unless `overwrite` says so; then remove what the
+    earlier run wrote (the files its run.json lists and the folders the workbench owns) and nothing else."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputDirError(f"output path {run_dir} is a file", "pass a folder path with --output-dir")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
-        raise OutputDirError(
-            f"output directory {run_dir} already holds files",
-            "choose a new --output-dir, or pass --overwrite to replace that run's results",
-        )
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise OutputDirError(
+                f"output directory {run_dir} already holds files",
+                "choose a new --output-dir, or pass --overwrite to replace that run's results",
+            )
+        remove_earlier_run(run_dir)
     return run_dir
+
+
+def remove_earlier_run(run_dir: Path) -> None:
+    """Delete the earlier run's listed artifacts, the workbench's folders and run.json; other files stay."""
+    listed: list[Path] = []
+    if (run_dir / RECORD_NAME).is_file():
+        try:
+            listed = [run_dir / a["path"] for a in RunRecord.load(run_dir).data["artifacts"].values()]
+        except OutputDirError:
+            pass  # an unreadable record: its folders still go
+    for path in [*listed, *(run_dir / name for name in OWNED_FOLDERS), run_dir / RECORD_NAME]:
+        remove_inside(run_dir, path)
+    remove_partials(run_dir)
 
 
 def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = True,

@@ -156,7 +156,7 @@ class RunRecord:
             _pop_dotted(self.data["metrics"], dotted.split("."))
         for artifact, entry in list(self.data["artifacts"].items()):
             if entry.get("step") == name:
-                _remove_inside(self.run_dir, self.run_dir / entry["path"])
+                remove_inside(self.run_dir, self.run_dir / entry["path"])
                 del self.data["artifacts"][artifact]
         self.data["steps"].get(name, {}).pop("metrics", None)
 
@@ -311,7 +311,7 @@ def _sha256_tree(root: Path, files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _remove_inside(run_dir: Path, path: Path) -> None:
+def remove_inside(run_dir: Path, path: Path) -> None:
     """Delete `path` (file or folder) if it lies inside `run_dir`; anything outside is not ours to remove."""
     try:
         path.resolve().relative_to(run_dir.resolve())
