@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -57,12 +58,19 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
 @pytest.mark.slow
 def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = main(["run", "--model", str(tiny_bert), "--output-dir", str(run_dir), "-p", "opset=99", "--quiet"])
+    assert main(["run", "--model", str(tiny_bert), "--output-dir", str(run_dir), "-p", "opset=99", "--quiet"]) == 2
+    assert "error (OpsetError): opset 99 is outside" in capsys.readouterr().err
+    assert not run_dir.exists(), "refused before the first kernel"
+    broken = tmp_path / "broken-weights"
+    shutil.copytree(tiny_bert, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code = main(["run", "--model", str(broken), "--output-dir", str(run_dir), "-p", "sequence.max=128", "--quiet"])
     assert code == 2
-    assert "step 'export' failed: OpsetError" in capsys.readouterr().err
+    assert "step 'export' failed:" in capsys.readouterr().err
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
-    assert "opset 99 is outside" in record["steps"]["export"]["error"]
+    assert "model.safetensors" in record["steps"]["export"]["error"]
     for later in ("optimize", "parity", "tensorrt", "triton", "generation", "report"):
         assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
