@@ -17,6 +17,7 @@ from workbench.errors import (
     ShapeError,
     UnverifiedError,
 )
+from workbench.html_report import build_report
 from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.record import RunRecord
 from workbench.steps import export, optimize, parity, triton
@@ -224,3 +225,15 @@ def test_overwrite_removes_what_the_earlier_run_wrote_and_nothing_else(tmp_path)
     prepare_run_dir(tmp_path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "notes.txt"]
     assert (tmp_path / "mine" / "data.csv").read_text() == "1,2"
+
+
+def test_the_report_shows_stale_and_unverified_steps(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    _produce(record, "second")
+    with record.step("triton"):
+        record.unverified("int8 did not pass parity")
+    page = build_report(record, tmp_path / "report.html").read_text()
+    assert '<td class="stale">stale</td>' in page and "onnx.original (from export)" in page
+    assert '<td class="ok">ok, verified: false</td>' in page and "int8 did not pass parity" in page

@@ -43,8 +43,10 @@ def _run(args: argparse.Namespace) -> int:
     config = _load_config(args)
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     for name, step in record.data["steps"].items():
-        detail = step.get("reason") or step.get("error") or ""
-        print(f"{name:12s} {step['status']:8s} {step.get('seconds', '')!s:>8} {detail}")
+        unverified = step.get("verified") is False
+        detail = step.get("unverified_reason" if unverified else "reason") or step.get("error") or ""
+        status = "ok, verified: false" if unverified else step["status"]
+        print(f"{name:12s} {status:8s} {step.get('seconds', '')!s:>8} {detail}")
     print(f"run.json: {record.path}")
     return 0
 

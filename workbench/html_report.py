@@ -93,8 +93,10 @@ def build_report(record: Any, dest: Path) -> Path:
         rendered.append({**section, "figures": html_parts})
     env = data["environment"]
     steps = {name: {"status": step["status"], "seconds": step.get("seconds", ""),
+                    "label": "ok, verified: false" if step.get("verified") is False else step["status"],
                     "note": "still running while it writes this report" if step["status"] == "running"
-                    else (step.get("reason") or step.get("error") or "").split("\n")[0]}
+                    else (step.get("unverified_reason") or step.get("reason") or step.get("error") or ""
+                          ).split("\n")[0]}
              for name, step in data["steps"].items()}
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{data['config']['model']} · {data['config']['task']}", created=data["created"],
