@@ -141,13 +141,14 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
     the parity step's lab and tolerances. Without one, UnverifiedError (unless triton.allow_unverified)."""
     candidates = candidate_variants(config, record, flavor)
     checks: dict[str, Any] = {}
+    lab: ParityLab | None = None
     for variant in candidates:
         verdict = record.verdict(variant)
         if verdict is None and flavor != "tensorrt_plan":
             path, precision = record.variants()[variant]
-            lab = ParityLab.build(config, loaded, load_corpus(config.corpus))
-            verdict = checks[variant] = lab.compare(OrtRunner(variant, path, providers_for(config.device),
-                                                              config.threads), precision)
+            lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
+            runner = OrtRunner(variant, path, providers_for(config.device), config.threads)
+            verdict = checks[variant] = lab.compare(runner, precision)
         if verdict is not None and verdict["passed"]:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
                              "checked_here": checks}
