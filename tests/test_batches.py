@@ -5,9 +5,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from workbench.batches import corner_batches, corpus_batches, token_lengths
-from workbench.config import ShapeRange
+from workbench.config import RunConfig, ShapeRange
 from workbench.data import load_corpus
 from workbench.errors import ShapeError
+from workbench.lab import ParityLab
+from workbench.models import load_model
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -44,8 +46,22 @@ def test_sequence_beyond_the_model_limit_is_a_shape_error(tokenizer):
 
 def test_corpus_batches_cover_every_text_once(tokenizer):
     texts = list(load_corpus())
-    batches = corpus_batches(tokenizer, NAMES, texts, batch_size=16, max_length=128)
+    batches = corpus_batches(tokenizer, NAMES, texts, 16, ShapeRange(min=1, opt=64, max=256), max_sequence=128)
     assert sorted(i for b in batches for i in b.text_ids) == list(range(len(texts)))
     assert len(texts) >= 300
     assert max(b.shape[1] for b in batches) == 128
     assert all(len(set(b.mask.sum(axis=1))) > 1 for b in batches), "every batch mixes lengths"
+
+
+@pytest.mark.parametrize("limit", [64, 96])
+def test_whole_corpus_sweep_respects_sequence_max(tiny_models, limit):
+    """The parity lab's sweep cuts long texts at the configured sequence.max, not at the model's 128."""
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]),
+                                       "batch": {"min": 1, "opt": 4, "max": 8},
+                                       "sequence": {"min": 1, "opt": 32, "max": limit}})
+    loaded = load_model(config)
+    texts = load_corpus()
+    lab = ParityLab.build(config, loaded, texts)
+    assert loaded.max_sequence == 128 and (token_lengths(loaded.tokenizer, list(texts)) > limit).sum() > 10
+    assert sorted(i for b in lab.sweep for i in b.text_ids) == list(range(len(texts)))
+    assert max(b.shape[1] for b in lab.batches) == limit

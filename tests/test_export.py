@@ -6,12 +6,13 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
-from workbench.errors import OpsetError
+from workbench.errors import ExportError, OpsetError
 from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.torch import GraphModule
 from workbench.steps import export
+from workbench.tiny import build_encoder
 
 
 def torch_outputs(config: RunConfig, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -65,3 +66,15 @@ def test_opset_outside_range_fails_before_writing(tiny_bert, tmp_path, exporter,
         export.run(config, record)
     assert record.data["steps"]["export"]["status"] == "failed"
     assert not (tmp_path / "onnx").exists()
+
+
+def test_family_the_exporter_cannot_handle_at_an_opset_is_a_typed_error(tmp_path):
+    """DeBERTa-v2's relative positions slice with dynamic bounds, which ONNX has no operator for before opset 10."""
+    model = build_encoder(tmp_path / "deberta", "deberta-v2", "sequence-classification")
+    config = RunConfig(model=str(model), task="sequence-classification", opset=9)
+    record = RunRecord.create(tmp_path / "run", config)
+    with pytest.raises(ExportError, match="opset 9\\) cannot export 'deberta-v2': .*Slice with dynamic inputs") as info:
+        export.run(config, record)
+    assert "-p opset=17" in info.value.fix
+    assert record.data["steps"]["export"]["status"] == "failed"
+    assert not list((tmp_path / "run" / "onnx").glob("*.onnx"))

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from workbench.config import RunConfig
-from workbench.errors import ModelNotFoundError, TokenizerNotFoundError, UnsupportedModelError
-from workbench.models import load_model, resolve_source
+from workbench.errors import ModelLoadError, ModelNotFoundError, TokenizerNotFoundError, UnsupportedModelError
+from workbench.models import check_supported, load_model, resolve_source
+from workbench.tasks import TASKS
 
 
 def test_default_id_resolves_to_the_embedded_package():
@@ -49,8 +51,60 @@ def test_decoder_architecture_is_unsupported(tmp_path):
     import transformers
 
     transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="architecture 'gpt2' is not supported"):
+    with pytest.raises(UnsupportedModelError, match="architecture 'gpt2' is a decoder-only model") as info:
         load_model(RunConfig(model=str(tmp_path)))
+    assert "-p text_generation_model=" in info.value.fix
+
+
+def test_seq2seq_architecture_is_unsupported():
+    import transformers
+
+    with pytest.raises(UnsupportedModelError, match="architecture 'marian' is a seq2seq model") as info:
+        check_supported(transformers.MarianConfig(), TASKS["feature-extraction"])
+    assert "-p translation_model=" in info.value.fix
+
+
+def test_encoder_without_the_task_head_names_the_tasks_it_has():
+    import transformers
+
+    with pytest.raises(UnsupportedModelError,
+                       match="no AutoModelForTokenClassification for architecture 'tapas'") as info:
+        check_supported(transformers.TapasConfig(), TASKS["token-classification"])
+    assert info.value.fix == "use -p task=feature-extraction or sequence-classification"
+
+
+def test_truncated_weights_are_a_typed_error_naming_the_file(tiny_bert, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match=f"cannot read the weights of {weights}: ") as info:
+        load_model(RunConfig(model=str(broken)))
+    assert "truncated or corrupt: re-download or re-save it" in info.value.fix
+
+
+def _edit_config(source, dest, **changes):
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, **changes}))
+    return dest
+
+
+def test_custom_code_needs_trust_remote_code(tiny_bert, tmp_path):
+    folder = _edit_config(tiny_bert, tmp_path / "custom", model_type="my-encoder",
+                          auto_map={"AutoConfig": "my_encoder.MyConfig", "AutoModel": "my_encoder.MyModel"})
+    with pytest.raises(UnsupportedModelError, match=r"loads custom code \(my_encoder.py through auto_map\) and "
+                                                    "trust_remote_code is off") as info:
+        load_model(RunConfig(model=str(folder)))
+    assert str(folder / "config.json") in info.value.problem
+    assert "-p trust_remote_code=true" in info.value.fix and "runs with your permissions" in info.value.fix
+
+
+def test_unknown_model_type_is_unsupported(tiny_bert, tmp_path):
+    folder = _edit_config(tiny_bert, tmp_path / "unknown", model_type="no-such-family")
+    with pytest.raises(UnsupportedModelError, match="does not know model_type 'no-such-family'") as info:
+        load_model(RunConfig(model=str(folder)))
+    assert str(folder / "config.json") in info.value.problem and "model_type" in info.value.fix
 
 
 @pytest.mark.parametrize("family, inputs, heads, hidden", [

@@ -27,7 +27,7 @@ def test_bert_fuses_every_layer(optimized_bert):
     layers = 2
     assert fusions["fp32"]["fused"] == {"EmbedLayerNormalization": 1, "Attention": layers, "BiasGelu": layers,
                                         "SkipLayerNormalization": 2 * layers}
-    assert fusions["fp32"]["attention_fused"] and "warning" not in fusions["fp32"]
+    assert fusions["fp32"]["attention_fused"] and not {"warning", "unavailable"} & set(fusions["fp32"])
     assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] / 3
     assert fusions["int8"]["fused"]["QAttention"] == layers
     assert fusions["int8"]["fused"]["MatMulInteger"] > 0

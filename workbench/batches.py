@@ -68,11 +68,12 @@ def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
 
 
 def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch_size: int,
-                   max_length: int) -> list[Batch]:
-    """Every text once, in corpus order (mixed lengths), right-padded to the longest in each batch."""
+                   sequence: ShapeRange, max_sequence: int) -> list[Batch]:
+    """Every text once, in corpus order (mixed lengths), right-padded to the longest in each batch; longer texts
+    are cut at `sequence.max` (the configured range), never past the model's `max_sequence`."""
     batches = []
     for start in range(0, len(texts), batch_size):
         ids = list(range(start, min(start + batch_size, len(texts))))
-        feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=max_length)
+        feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=min(sequence.max, max_sequence))
         batches.append(Batch(f"corpus_{start // batch_size:03d}", ids, feed))
     return batches

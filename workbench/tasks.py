@@ -35,7 +35,14 @@ class Task(ABC):
 
     name: str
     auto_class: str
+    mapping: str  # the transformers table (model_type -> class name) behind auto_class
     description: str
+
+    def architectures(self) -> dict[str, str]:
+        """Every model_type transformers can load with `auto_class`, to its model class name."""
+        from transformers.models.auto import modeling_auto
+
+        return getattr(modeling_auto, self.mapping)
 
     @abstractmethod
     def outputs(self, pooling: str) -> tuple[OutputSpec, ...]:
@@ -87,10 +94,11 @@ class TokenClassification(Task):
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        FeatureExtraction("feature-extraction", "AutoModel", "token states and a pooled sentence embedding"),
-        SequenceClassification(
-            "sequence-classification", "AutoModelForSequenceClassification", "one label per text"
-        ),
-        TokenClassification("token-classification", "AutoModelForTokenClassification", "one label per token"),
+        FeatureExtraction("feature-extraction", "AutoModel", "MODEL_MAPPING_NAMES",
+                          "token states and a pooled sentence embedding"),
+        SequenceClassification("sequence-classification", "AutoModelForSequenceClassification",
+                               "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "one label per text"),
+        TokenClassification("token-classification", "AutoModelForTokenClassification",
+                            "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "one label per token"),
     )
 }

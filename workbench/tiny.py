@@ -13,21 +13,50 @@ from workbench.data import load_corpus
 MAX_POSITIONS = 128
 
 
-def wordpiece_tokenizer(vocab_size: int = 600):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertTokenizerFast
+def trained_wordpiece(specials: list[str], vocab_size: int = 600):
+    """A lowercasing WordPiece `tokenizers.Tokenizer` trained on the shipped corpus, `specials` first."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(load_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    return tok
+
+
+def wordpiece_tokenizer(vocab_size: int = 600):
+    from tokenizers import decoders, processors
+    from transformers import BertTokenizerFast
+
+    tok = trained_wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     tok.decoder = decoders.WordPiece()
     return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                              sep_token="[SEP]", mask_token="[MASK]", model_max_length=MAX_POSITIONS)
+
+
+def mpnet_tokenizer(vocab_size: int = 600):
+    """MPNet's own tokenizer (WordPiece, `<s> A </s>`, no token_type_ids) over a vocabulary trained here."""
+    from transformers import MPNetTokenizer
+
+    vocab = trained_wordpiece(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"], vocab_size).get_vocab()
+    return MPNetTokenizer(vocab=vocab, model_max_length=MAX_POSITIONS)
+
+
+def unigram_tokenizer(vocab_size: int = 600):
+    """DeBERTa-v2's own tokenizer (sentencepiece-style Unigram, `[CLS] A [SEP]`) over pieces trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import DebertaV2Tokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(load_corpus(), trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                                   unk_token="[UNK]", show_progress=False))
+    pieces = [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
+    return DebertaV2Tokenizer(vocab=pieces, model_max_length=MAX_POSITIONS)
 
 
 def bytelevel_tokenizer(vocab_size: int = 600):
@@ -51,7 +80,8 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     import transformers
 
     torch.manual_seed(seed)
-    tokenizer = bytelevel_tokenizer() if family == "roberta" else wordpiece_tokenizer()
+    tokenizer = {"roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
+                 "deberta-v2": unigram_tokenizer}.get(family, wordpiece_tokenizer)()
     common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3}
     configs = {
         "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
@@ -63,6 +93,16 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
         "distilbert": lambda: transformers.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads,
                                                             hidden_dim=hidden * 2,
                                                             max_position_embeddings=MAX_POSITIONS, **common),
+        # DeBERTa-v3's layout: disentangled relative attention (log buckets), no absolute positions or segments.
+        "deberta-v2": lambda: transformers.DebertaV2Config(
+            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=hidden * 2,
+            max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
+            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
+            type_vocab_size=0, initializer_range=0.2, **common),  # wider weights: logits that differ per text
+        # all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index.
+        "mpnet": lambda: transformers.MPNetConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                  num_attention_heads=heads, intermediate_size=hidden * 2,
+                                                  max_position_embeddings=MAX_POSITIONS + 2, **common),
     }
     auto = {"feature-extraction": transformers.AutoModel,
             "sequence-classification": transformers.AutoModelForSequenceClassification,

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from workbench import onnxfiles
 from workbench.atomic import atomic_dir
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
-from workbench.errors import OpsetError
+from workbench.errors import ExportError, OpsetError
 from workbench.models import LoadedModel, load_model
 from workbench.record import RunRecord
 from workbench.runners.torch import GraphModule
@@ -47,7 +49,7 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
     outputs = loaded.task.outputs(config.pooling)
     output_names = [o.name for o in outputs]
     large = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) > onnxfiles.EXTERNAL_DATA_THRESHOLD
-    with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad():
+    with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad(), _export_errors(loaded, config):
         if config.exporter == "dynamo":
             from torch.export import Dim
 
@@ -64,6 +66,20 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
                               dynamic_axes=axes, do_constant_folding=True)
         onnxfiles.check(tmp)
     return onnxfiles.load(dest, load_external_data=False)
+
+
+@contextmanager
+def _export_errors(loaded: LoadedModel, config: RunConfig) -> Iterator[None]:
+    """torch.onnx's refusal to export this family with these settings, as a typed error naming the reason."""
+    try:
+        yield
+    except torch.onnx.OnnxExporterError as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ExportError(
+            f"torch.onnx ({config.exporter} exporter, opset {config.opset}) cannot export {loaded.architecture!r}: "
+            f"{reason}",
+            "raise the opset (-p opset=17), or try -p exporter=dynamo -p opset=18, or -p attn_implementation=eager",
+        ) from None
 
 
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:

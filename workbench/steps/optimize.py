@@ -9,6 +9,7 @@ from typing import Any
 from workbench import onnxfiles
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
+from workbench.models import FUSION_MODEL_TYPES
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 
@@ -21,10 +22,15 @@ FUSED_OPS = (
     "DynamicQuantizeLinear",
 )
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
+# What ONNX Runtime's transformer optimizer fuses in every layer of the encoder families it has rules for.
+TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
+BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
 
 
-def fusion_stats(model: Any, num_layers: int | None = None) -> dict[str, Any]:
-    """Node count, fused-operator counts and, given `num_layers`, whether every layer's attention fused."""
+def fusion_stats(model: Any, num_layers: int | None = None,
+                 unavailable: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Node count, fused-operator counts and, given `num_layers`, whether every layer's attention fused; the
+    fusions `unavailable` to this family replace the advice on unfused attention."""
     counts = onnxfiles.op_counts(model)
     stats: dict[str, Any] = {
         "nodes": len(model.graph.node),
@@ -34,17 +40,32 @@ def fusion_stats(model: Any, num_layers: int | None = None) -> dict[str, Any]:
         return stats
     attention = sum(counts.get(op, 0) for op in ATTENTION_OPS)
     stats["attention_fused"] = attention >= num_layers
-    if attention < num_layers:
+    if unavailable:
+        stats["unavailable"] = unavailable
+    elif attention < num_layers:
         stats["warning"] = (f"Attention fused in {attention} of {num_layers} layers: export with "
                             "attn_implementation=eager and exporter=legacy for full fusion")
     return stats
 
 
+def unavailable_fusions(export: dict[str, Any]) -> dict[str, Any] | None:
+    """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why."""
+    if export["optimizer_model_type"]:
+        return None
+    reason = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export['architecture']!r} "
+              f"(it has them for {', '.join(FUSION_MODEL_TYPES)}): the graph got ONNX Runtime's basic "
+              "optimizations only (constant folding, redundant nodes removed), with standard ONNX operators")
+    return {"fusions": list(TRANSFORMER_FUSIONS), "reason": reason}
+
+
 def optimize_fp32(original: Path, dest: Path, export: dict[str, Any]) -> Any:
+    """The transformer optimizer's fusions for the families it knows; ONNX Runtime's basic level for the others."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(str(original), model_type=export["optimizer_model_type"],
-                               num_heads=export["num_heads"], hidden_size=export["hidden_size"])
+    model_type = export["optimizer_model_type"]
+    optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export["num_heads"],
+                               hidden_size=export["hidden_size"], opt_level=None if model_type else BASIC_LEVEL,
+                               only_onnxruntime=not model_type)
     onnxfiles.save(optimized.model, dest)
     return optimized.model
 
@@ -116,6 +137,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         export = record.metric("export")
         original = record.artifact("onnx.original")
         layers = export["num_layers"]
+        unavailable = unavailable_fusions(export)
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
         builders = {
@@ -132,7 +154,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             dest = onnx_dir / f"{variant}.onnx"
             model = builders[variant](dest)
             fused = variant != "tensorrt"
-            stats = fusion_stats(model, layers if fused else None)
+            stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
             stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
             if fused:

@@ -1,0 +1,87 @@
+"""Encoder families ONNX Runtime has no fusion rules for: exported, optimized at the basic level, fp16 and int8 built
+from that graph, and checked against PyTorch like the others."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench import onnxfiles
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.steps import export, optimize, parity
+from workbench.steps.optimize import TRANSFORMER_FUSIONS
+from workbench.tiny import build_encoder
+
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
+# family -> (task, what its tokenizer returns, what the graph takes)
+FAMILIES = {
+    # DeBERTa-v3 layout: no segment embeddings, so the tokenizer's token_type_ids are not a graph input
+    "deberta-v2": ("sequence-classification", {"input_ids", "attention_mask", "token_type_ids"},
+                   ["input_ids", "attention_mask"]),
+    "mpnet": ("feature-extraction", {"input_ids", "attention_mask"}, ["input_ids", "attention_mask"]),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_run(request, tmp_path_factory):
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    model = build_encoder(root / "model", family, FAMILIES[family][0])
+    config = RunConfig.model_validate({"model": str(model), "task": FAMILIES[family][0], **SMALL})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    fusions = optimize.run(config, record)
+    return family, config, record, fusions, parity.run(config, record)
+
+
+def test_fp32_variants_match_pytorch(family_run):
+    family, _, _, _, results = family_run
+    for variant in ("original", "fp32"):
+        for name, out in results[variant]["outputs"].items():
+            assert out["passed"] and out["max_abs"] < 1e-4, (family, variant, name, out["max_abs"])
+            if out.get("min_cosine") is not None:
+                assert out["min_cosine"] > 0.9999, (family, variant, name)
+            if out.get("agreement") is not None:
+                assert out["agreement"] == 1.0, (family, variant, name)
+    assert {"fp16", "int8"} <= set(results), "fp16 and int8 were built and checked"
+
+
+def test_record_names_the_unavailable_fusions(family_run):
+    family, _, record, fusions, _ = family_run
+    assert record.data["metrics"]["export"]["optimizer_model_type"] is None
+    for variant in ("fp32", "fp16", "int8"):
+        stats = record.data["metrics"]["fusions"][variant]
+        assert stats["unavailable"]["fusions"] == list(TRANSFORMER_FUSIONS)
+        assert f"no fusion rules for model type '{family}'" in stats["unavailable"]["reason"]
+        assert not set(TRANSFORMER_FUSIONS) & set(stats["fused"])
+        assert stats["attention_fused"] is False and "warning" not in stats
+    assert "unavailable" not in fusions["original"] and "unavailable" not in fusions["tensorrt"]
+    assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] * 0.6, "the basic level folded constants"
+    assert fusions["int8"]["fused"]["MatMulInteger"] > 0
+
+
+def test_basic_graph_keeps_standard_operators(family_run):
+    _, _, record, _, _ = family_run
+    graph = onnxfiles.load(record.artifact("onnx.fp32"))
+    assert {node.domain for node in graph.graph.node} <= {"", "ai.onnx"}, "no contrib ops only some EPs have"
+
+
+def test_graph_inputs_are_what_the_tokenizer_produces(family_run):
+    family, config, record, fusions, _ = family_run
+    _, produced, taken = FAMILIES[family]
+    loaded = load_model(config)
+    assert set(loaded.tokenizer(list(load_corpus()[:2]))) == produced
+    assert list(record.data["metrics"]["export"]["io"]["inputs"]) == taken == list(loaded.input_names)
+    assert list(fusions["fp32"]["smoke_test"]["outputs"]) == [o.name for o in loaded.task.outputs(config.pooling)]
+
+
+def test_tiny_families_are_not_degenerate(family_run):
+    """Random weights that give every text the same output would let any graph pass parity."""
+    family, config, record, _, _ = family_run
+    loaded = load_model(config)
+    assert loaded.max_sequence == 128 and loaded.optimizer_model_type is None
+    feed = loaded.tokenizer(list(load_corpus()[:8]), padding=True, return_tensors="pt")
+    first = loaded.task.forward(loaded.model, {n: feed[n] for n in loaded.input_names}, config.pooling)[-1]
+    assert np.ptp(first.detach().numpy(), axis=0).min() > 1e-3, family
