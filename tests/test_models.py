@@ -9,6 +9,7 @@ from workbench.config import RunConfig
 from workbench.errors import ModelLoadError, ModelNotFoundError, TokenizerNotFoundError, UnsupportedModelError
 from workbench.models import check_supported, load_model, resolve_source
 from workbench.tasks import TASKS
+from workbench.tiny import build_encoder
 
 
 def test_default_id_resolves_to_the_embedded_package():
@@ -117,3 +118,12 @@ def test_graph_inputs_follow_tokenizer_and_forward(tiny_models, family, inputs, 
     assert loaded.input_names == inputs
     assert (loaded.num_heads, loaded.hidden_size, loaded.optimizer_model_type) == (heads, hidden, "bert")
     assert not loaded.model.training
+
+
+def test_attention_the_architecture_lacks_is_unsupported(tmp_path):
+    model = build_encoder(tmp_path / "deberta", "deberta-v2", "sequence-classification")
+    config = RunConfig(model=str(model), task="sequence-classification", attn_implementation="sdpa")
+    with pytest.raises(UnsupportedModelError, match="DebertaV2ForSequenceClassification does not support an "
+                                                    "attention implementation through .*scaled_dot_product") as info:
+        load_model(config)
+    assert info.value.fix == "set -p attn_implementation=eager (every architecture has it)"

@@ -126,7 +126,7 @@ def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any)
                              "the weights file is truncated or corrupt: re-download or re-save it "
                              "(save_pretrained())") from None
     except ValueError as exc:
-        refusal = _config_refusal(source, exc)
+        refusal = _attention_refusal(exc, kwargs.get("attn_implementation")) or _config_refusal(source, exc)
         if refusal is None:
             raise
         raise refusal from None
@@ -146,6 +146,14 @@ def _unreadable_weights(source: ModelSource) -> str:
         except SafetensorError:
             bad.append(str(path))
     return ", ".join(bad) or source.location
+
+
+def _attention_refusal(exc: ValueError, attn_implementation: str | None) -> WorkbenchError | None:
+    """The typed error for an attention implementation the architecture does not have (sdpa for DeBERTa-v2)."""
+    if attn_implementation and "attention implementation" in str(exc):
+        return UnsupportedModelError(str(exc).split(". ")[0],
+                                     "set -p attn_implementation=eager (every architecture has it)")
+    return None
 
 
 def _config_refusal(source: ModelSource, exc: ValueError) -> WorkbenchError | None:
