@@ -10,7 +10,7 @@ from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.models import load_model
 from workbench.record import RunRecord
-from workbench.steps import export, optimize, parity
+from workbench.steps import export, optimize, parity, triton
 from workbench.steps.optimize import TRANSFORMER_FUSIONS
 from workbench.tiny import build_encoder
 
@@ -85,3 +85,17 @@ def test_tiny_families_are_not_degenerate(family_run):
     feed = loaded.tokenizer(list(load_corpus()[:8]), padding=True, return_tensors="pt")
     first = loaded.task.forward(loaded.model, {n: feed[n] for n in loaded.input_names}, config.pooling)[-1]
     assert np.ptp(first.detach().numpy(), axis=0).min() > 1e-3, family
+
+
+@pytest.mark.slow
+def test_served_through_triton_like_the_others(family_run, tmp_path):
+    family, config, record, _, _ = family_run
+    served = config.model_copy(update={"triton": config.triton.model_copy(
+        update={"repository_dir": str(tmp_path / "repos")})})
+    metrics = triton.run(served, record)
+    assert metrics["verified"] and metrics["verification"]["by"] == "parity step", family
+    assert metrics["variant"] == "int8", "the preferred CPU variant, passed in process"
+    served_parity = record.data["metrics"]["served_parity"]
+    assert set(served_parity) == {"http", "grpc"}
+    for protocol, result in served_parity.items():
+        assert result["passed"] and result["precision"] == "int8", (family, protocol, result["failures"])
