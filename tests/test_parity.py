@@ -141,6 +141,7 @@ def test_sequence_beyond_the_model_is_refused(tiny_models, tmp_path):
     config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "sequence": {"min": 1, "opt": 64,
                                                                                         "max": 200}})
     record = RunRecord.create(tmp_path, config)
+    export.run(config, record)
     with pytest.raises(ShapeError, match="sequence.max=200 exceeds the model's limit of 128"):
         parity.run(config, record)
     assert record.data["steps"]["parity"]["status"] == "failed"
