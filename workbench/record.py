@@ -102,16 +102,18 @@ class RunRecord:
 
     # ---- steps ---------------------------------------------------------------------------
     @contextmanager
-    def step(self, name: str) -> Iterator[RunRecord]:
+    def step(self, name: str, keep: tuple[str, ...] = ()) -> Iterator[RunRecord]:
         """Time a step; record it ok, skipped (StepSkipped) or failed (re-raised), and save.
 
-        The step's earlier metrics and artifacts are dropped first, and what it reads from other steps is
-        remembered, so that steps which consumed its outputs read `stale` once it re-runs or fails.
+        The step's earlier metrics (except the dotted keys in `keep`) and artifacts are dropped first, and what it
+        reads from other steps is remembered, so that steps which consumed its outputs read `stale` once it re-runs
+        or fails.
         """
         start = time.perf_counter()
-        self._drop_outputs(name)
+        kept = [m for m in self.data["steps"].get(name, {}).get("metrics", []) if m in keep]
+        self._drop_outputs(name, keep)
         self.data["steps"][name] = {"status": "running", "started": _now(), "run_id": uuid.uuid4().hex,
-                                    "inputs": {}, "metrics": []}
+                                    "inputs": {}, "metrics": kept}
         self._current = name
         self._refresh_stale()
         entry: dict[str, Any]
@@ -150,10 +152,11 @@ class RunRecord:
     def status(self, name: str) -> str | None:
         return self.data["steps"].get(name, {}).get("status")
 
-    def _drop_outputs(self, name: str) -> None:
-        """Forget the metrics `name` wrote and remove the artifacts it produced (files inside the run folder)."""
+    def _drop_outputs(self, name: str, keep: tuple[str, ...] = ()) -> None:
+        """Forget the metrics `name` wrote (but `keep`) and remove the artifacts it produced (inside the run folder)."""
         for dotted in self.data["steps"].get(name, {}).get("metrics", []):
-            _pop_dotted(self.data["metrics"], dotted.split("."))
+            if dotted not in keep:
+                _pop_dotted(self.data["metrics"], dotted.split("."))
         for artifact, entry in list(self.data["artifacts"].items()):
             if entry.get("step") == name:
                 remove_inside(self.run_dir, self.run_dir / entry["path"])

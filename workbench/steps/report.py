@@ -14,6 +14,7 @@ from workbench.triton.plan import serving_plan
 from workbench.triton.server import find_tritonserver
 
 STEP = "report"
+MEASURED = ("latency", "served")  # kept when the report is only re-rendered (bench.enabled false)
 
 
 def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
 
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     """Measure (unless bench.enabled is false: then only re-render) and write report.html."""
-    with record.step(STEP):
+    with record.step(STEP, keep=() if config.bench.enabled else MEASURED):
         if config.bench.enabled:
             record.set_metric("latency", run_latency_benchmark(config, record))
             if config.bench.served:
