@@ -75,6 +75,7 @@ def test_sigterm_during_the_triton_step_stops_the_server_and_records_it(tiny_ber
     assert step["status"] == "failed" and step["error"] == "interrupted (SIGTERM)"
     assert not list(run_dir.rglob("*partial*"))
     assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir()), "nothing published"
+    assert "triton.repository" not in json.loads((run_dir / "run.json").read_text())["artifacts"]
 
 
 def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert, tmp_path):

@@ -34,7 +34,8 @@ def test_artifacts_carry_size_and_sha256(tmp_path):
     record.add_artifact("onnx.x", blob, kind="onnx", variant="x")
     entry = RunRecord.load(tmp_path).data["artifacts"]["onnx.x"]
     assert entry == {"path": "onnx/x.onnx", "kind": "onnx", "bytes": 10,
-                     "sha256": hashlib.sha256(b"0123456789").hexdigest(), "variant": "x", "step": None}
+                     "sha256": hashlib.sha256(b"0123456789").hexdigest(), "variant": "x", "step": None,
+                     "mtime_ns": blob.stat().st_mtime_ns}
     assert record.artifact("onnx.x") == blob
     with pytest.raises(MissingArtifactError, match="no artifact 'onnx.fp16'"):
         record.artifact("onnx.fp16")

@@ -79,6 +79,17 @@ def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):
     assert saved.status("optimize") == "stale"
 
 
+def test_a_file_changed_behind_the_record_makes_its_consumers_stale(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    (tmp_path / "onnx" / "original.onnx").write_text("truncated by someone else")
+    record.mark("parity", "skipped", "not requested")  # any later change to the record re-checks its inputs
+    assert record.status("export") == "ok"
+    step = RunRecord.load(tmp_path).data["steps"]["optimize"]
+    assert step["status"] == "stale" and "onnx.original (from export)" in step["reason"]
+
+
 def test_a_truncated_run_record_is_a_typed_error(tmp_path):
     RunRecord.create(tmp_path, RunConfig())
     text = (tmp_path / "run.json").read_text()
@@ -166,16 +177,21 @@ def test_a_failing_variant_is_refused_unless_the_user_allows_it(tiny_models, tmp
 
 
 @pytest.mark.slow
-def test_a_served_parity_failure_withdraws_the_repository(tiny_models, tmp_path):
+def test_a_served_parity_failure_publishes_nothing_and_keeps_the_earlier_deployment(tiny_models, tmp_path):
     lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False,
                              triton={"variant": "int8"})
     assert parity.run(lax, record)["int8"]["passed"]
+    first = triton.run(lax, record)
+    published = Path(first["repository"])
+    assert first["published"] and first["verified"] and published.is_dir()
+    marker = (published / ".workbench.json").read_text()
     strict = lax.model_copy(update={"tolerances": RunConfig.model_validate(STRICT).tolerances})
-    with pytest.raises(UnverifiedError, match="served by Triton fails parity over http, grpc.*withdrawn"):
+    with pytest.raises(UnverifiedError, match="served by Triton fails parity over http, grpc.*nothing was published"):
         triton.run(strict, record)
-    name = record.data["metrics"]["triton"]["name"]
-    assert not (tmp_path / "repos" / name).exists() and not (tmp_path / "run" / "model_repository" / name).exists()
-    assert record.status("triton") == "failed"
+    assert (published / ".workbench.json").read_text() == marker, "the earlier verified deployment is untouched"
+    assert not (tmp_path / "run" / "model_repository" / first["name"]).exists()
+    assert "triton.repository" not in record.data["artifacts"]
+    assert record.status("triton") == "failed" and record.data["metrics"]["triton"]["published"] is False
 
 
 def _refused(config: RunConfig, run_dir: Path, error: type, match: str) -> None:

@@ -192,7 +192,17 @@ class RunRecord:
         if key.startswith("metrics:"):
             return False
         entry = self.data["artifacts"].get(key)
-        return entry is None or entry.get("sha256") != source["sha256"]
+        return entry is None or entry.get("sha256") != source["sha256"] or self._modified(entry)
+
+    def _modified(self, entry: dict[str, Any]) -> bool:
+        """A recorded file that is gone, or whose size or modification time differ from when it was recorded."""
+        if "mtime_ns" not in entry:
+            return False
+        try:
+            stat = (self.run_dir / entry["path"]).stat()
+        except OSError:
+            return True
+        return (stat.st_size, stat.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"])
 
     # ---- artifacts -----------------------------------------------------------------------
     def add_artifact(self, name: str, path: Path | str, kind: str, **extra: Any) -> Path:
@@ -206,9 +216,18 @@ class RunRecord:
             "step": self._current,
             **extra,
         }
+        if path.is_file():
+            entry["mtime_ns"] = path.stat().st_mtime_ns
         self.data["artifacts"][name] = entry
         self.save()
         return path
+
+    def remove_artifact(self, name: str) -> None:
+        """Delete an artifact (its file or folder inside the run folder) and its entry."""
+        entry = self.data["artifacts"].pop(name, None)
+        if entry is not None:
+            remove_inside(self.run_dir, self.run_dir / entry["path"])
+            self.save()
 
     def artifact(self, name: str) -> Path:
         """Absolute path of a recorded artifact that still exists."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.triton.client import AsyncTritonClient, TritonClient, run_async
 from workbench.triton.plan import candidate_variants, choose_flavor, repository_root, serving_plan
-from workbench.triton.repository import ServingPlan, read_repository, write_repository
+from workbench.triton.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
@@ -135,6 +134,10 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
     return result
 
 
+def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
+    return {variant: result["failures"] for variant, result in checks.items() if not result["passed"]}
+
+
 def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: LoadedModel
                      ) -> tuple[str, dict[str, Any]]:
     """The first candidate that passed parity in this run; a candidate no step has checked is checked here, on
@@ -151,7 +154,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
             verdict = checks[variant] = lab.compare(runner, precision)
         if verdict is not None and verdict["passed"]:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
-                             "checked_here": checks}
+                             "checked_here": checks, "passed_over": _failures(checks)}
     failures = {v: (checks.get(v) or record.verdict(v) or {}).get("failures", ["not checked (needs a GPU)"])
                 for v in candidates}
     if not config.triton.allow_unverified:
@@ -159,56 +162,58 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
                               "run --steps parity (its repair may fix the variant), serve another with "
                               "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
-    return candidates[0], {"variant": candidates[0], "by": None, "checked_here": checks, "failures": failures}
-
-
-def withdraw(*folders: Path) -> None:
-    """Remove published repositories (they serve something that failed its check)."""
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+    return candidates[0], {"variant": candidates[0], "by": None, "checked_here": checks, "passed_over": failures}
 
 
 def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
-    """Serve only what passed parity in this run: write model_repository/<name>/ (and a copy in the run), serve it
-    locally, and check what it answers; a served parity failure withdraws the repository."""
+    """Serve only what passed parity in this run: write the repository into the run folder, serve it locally and
+    check what it answers; only then publish it to model_repository/<name>/. A repository whose served check failed
+    or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
         loaded = load_model(config)
         variant, verification = verified_variant(config, record, choose_flavor(config), loaded)
         plan, variant = serving_plan(config, record, variant)
+        destination = repository_root(config) / plan.name
+        check_replaceable(destination, config.triton.overwrite)
         run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
-        parsed = read_repository(run_copy)
-        project_copy = write_repository(plan, repository_root(config) / plan.name, overwrite=config.triton.overwrite)
         record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor,
-                            variant=variant, project_copy=str(project_copy))
-        files = deployment_files(config, plan, record.run_dir / "triton")
-        for name, path in files.items():
+                            variant=variant)
+        for name, path in deployment_files(config, plan, record.run_dir / "triton").items():
             record.add_artifact(f"triton.{name}", path, kind="deployment")
         precision = record.data["artifacts"][f"{'engine' if plan.flavor == 'tensorrt_plan' else 'onnx'}.{variant}"][
             "precision"]
         metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "variant": variant,
-                                   "precision": precision, "models": sorted(parsed),
+                                   "precision": precision, "models": sorted(read_repository(run_copy)),
                                    "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
-                                   "repository": str(project_copy), "verification": verification,
-                                   "verified": verification["by"] is not None}
+                                   "repository": str(destination), "published": False,
+                                   "verification": verification, "verified": verification["by"] is not None}
         record.set_metric(STEP, metrics)
+
+        def publish() -> None:
+            write_repository(plan, destination, overwrite=config.triton.overwrite)
+            metrics["published"] = True
+            record.set_metric(STEP, metrics)
+
         try:
             metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy, loaded))
         except StepSkipped:
-            raise  # checked in process; this host cannot serve the flavor (the files are for one that can)
+            publish()  # verified in process; this host cannot run the flavor's backend, the host it is for can
+            raise
         except BaseException:
-            withdraw(run_copy, project_copy)  # never left published when its check did not finish
+            record.remove_artifact("triton.repository")  # its check did not finish: nothing is left to serve
             raise
         failed = [protocol for protocol, ok in metrics["served_passed"].items() if not ok]
         metrics["verified"] = metrics["verified"] and not failed
         record.set_metric(STEP, metrics)
         if failed and not config.triton.allow_unverified:
-            withdraw(run_copy, project_copy)
+            record.remove_artifact("triton.repository")
             served = record.metric("served_parity")
             raise UnverifiedError(
                 f"{variant} served by Triton fails parity over {', '.join(failed)}: "
-                f"{'; '.join(served[failed[0]]['failures'])}; the repository {project_copy} was withdrawn",
+                f"{'; '.join(served[failed[0]]['failures'])}; nothing was published to {destination}",
                 "read metrics.served_parity in run.json; serve another variant (-p triton.variant=...) or publish "
                 "it anyway with -p triton.allow_unverified=true")
         if failed:
             record.unverified(f"served parity failed over {', '.join(failed)}")
+        publish()
         return metrics
