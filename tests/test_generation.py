@@ -13,7 +13,7 @@ from workbench.generation import GEN_TASKS, compare_greedy, convert_ct2, load_ct
 from workbench.html_report import build_report
 from workbench.record import RunRecord
 from workbench.steps import generation
-from workbench.steps.triton import batch_sizes
+from workbench.triton.batching import batch_sizes
 from workbench.triton.client import AsyncTritonClient, TritonClient, text_array
 from workbench.triton.generation_repository import GenerationPlan, generation_models
 from workbench.triton.models import generation_core as core

@@ -9,7 +9,7 @@ import pytest
 import tomllib
 import yaml
 
-from workbench.steps import STEPS
+from workbench.steplist import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 

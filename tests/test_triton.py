@@ -27,6 +27,7 @@ from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.runners.torch import TorchRunner
 from workbench.steps import export, optimize, triton
+from workbench.triton.batching import observe_batching
 from workbench.triton.client import AsyncTritonClient, TritonClient, text_array
 from workbench.triton.plan import serving_plan
 from workbench.triton.repository import parse_pbtxt, read_repository, write_repository
@@ -110,7 +111,7 @@ def burst_batch_sizes(plan, root) -> dict[int, int]:
     forms batches, not how fast requests arrive)."""
     waiting = replace(plan, max_queue_delay_us=2_000_000)
     with TritonServer(write_repository(waiting, root / "repository"), root / "server") as server:
-        burst = triton.observe_batching(server, waiting, ["a short text", "another one"], concurrency=32)
+        burst = observe_batching(server, waiting, ["a short text", "another one"], concurrency=32)
     return burst["batch_sizes"][plan.model_name]
 
 

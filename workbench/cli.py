@@ -9,7 +9,7 @@ import yaml
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.record import RunRecord
-from workbench.steps import STEPS
+from workbench.steplist import STEPS
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench.errors import ConfigError
-from workbench.steps import STEP_NAMES
+from workbench.steplist import STEP_NAMES
 from workbench.tasks import TASKS
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -88,7 +88,7 @@ class BenchSettings(_Strict):
 
 
 class GenerationSettings(_Strict):
-    """Step 07: a seq2seq (translation) and a decoder-only (text generation) model, HF generate vs CTranslate2."""
+    """The generation step: a seq2seq (translation) and a decoder-only model, HF generate vs CTranslate2."""
 
     translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
     text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")

@@ -11,7 +11,7 @@ from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.preflight import preflight
 from workbench.record import RECORD_NAME, RunRecord, remove_inside
-from workbench.steps import STEP_NAMES, step_info
+from workbench.steplist import STEP_NAMES, step_info
 
 # Folders every run writes into (steps and their scratch space).
 OWNED_FOLDERS = ("notebooks", "model", "onnx", "parity", "repair", "engines", "triton", "model_repository",

@@ -16,7 +16,7 @@ from typing import Any
 from workbench.atomic import sha256_file, write_json
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
-from workbench.steps import STEP_NAMES as STEP_ORDER
+from workbench.steplist import STEP_NAMES as STEP_ORDER
 
 RECORD_NAME = "run.json"
 SCHEMA_VERSION = 1

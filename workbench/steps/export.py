@@ -1,4 +1,4 @@
-"""Step 01 export: PyTorch -> ONNX with dynamic batch and sequence axes, checked by onnx.checker."""
+"""The export step: PyTorch -> ONNX with dynamic batch and sequence axes, checked by onnx.checker."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,4 @@
-"""Step 07 generation: translation and text generation served through Triton, transformers generate vs
+"""The generation step: translation and text generation served through Triton, transformers generate vs
 CTranslate2, greedy outputs checked token for token, then a load test of both."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Step 04 parity: every variant against PyTorch on real text at the shape corners, and precision repair."""
+"""The parity step: every variant against PyTorch on real text at the shape corners, and precision repair."""
 from __future__ import annotations
 
 import shlex
@@ -17,8 +17,8 @@ from workbench.models import load_model
 from workbench.record import RunRecord
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.steps.optimize import convert_fp16, quantize_int8
 from workbench.timing import median_ms
+from workbench.variants import convert_fp16, quantize_int8
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")

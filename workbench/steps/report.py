@@ -1,4 +1,4 @@
-"""Step 06 report: benchmark in-process and served, then write one self-contained report.html."""
+"""The report step: benchmark in-process and served, then write one self-contained report.html."""
 from __future__ import annotations
 
 from typing import Any

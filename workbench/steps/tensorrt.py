@@ -1,4 +1,4 @@
-"""Step 03 tensorrt: shape profiles from token lengths, engines via trtexec or the Python API, cached by key."""
+"""The tensorrt step: shape profiles from token lengths, engines via trtexec or the Python API, cached by key."""
 from __future__ import annotations
 
 import os

@@ -1,16 +1,9 @@
-"""Step 05 triton: generate the model repository, serve it from a real Triton server, prove the served answers."""
+"""The triton step: generate the model repository, serve it from a real Triton server, prove the served answers."""
 from __future__ import annotations
 
-import asyncio
-import shlex
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-
-from workbench.atomic import write_text
-from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.errors import StepSkipped, UnverifiedError
@@ -18,94 +11,15 @@ from workbench.lab import ParityLab
 from workbench.models import LoadedModel, load_model
 from workbench.record import RunRecord
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.triton.client import AsyncTritonClient, TritonClient, run_async
+from workbench.runners.triton import ServedRunner
+from workbench.triton.batching import observe_batching
+from workbench.triton.client import TritonClient
+from workbench.triton.deploy import deployment_files
 from workbench.triton.plan import candidate_variants, choose_flavor, repository_root, serving_plan
 from workbench.triton.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
-CONTAINER_PACKAGES = ("transformers==5.23.0", "tokenizers")
-
-
-def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
-    """A `docker run` script for NVIDIA's Triton container and a Kubernetes Deployment + Service."""
-    packages = list(CONTAINER_PACKAGES) + (["onnxruntime-gpu==1.31.1"] if plan.flavor == "python-ort" else [])
-    serve = f"pip install --quiet {' '.join(packages)} && tritonserver --model-repository=/models"
-    docker = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=1g", "-p", "8000:8000", "-p", "8001:8001",
-              "-p", "8002:8002", "-v", f'"$(realpath "$(dirname "$0")/../model_repository/{plan.name}")":/models',
-              config.triton.container_image, "bash", "-c", shlex.quote(serve)]
-    script = write_text(folder / "docker_run.sh", "#!/usr/bin/env bash\n# Serve this repository from NVIDIA's "
-                        "Triton container on a GPU host (HTTP 8000, gRPC 8001, metrics 8002).\n" + " ".join(docker)
-                        + "\n")
-    labels = {"app": plan.name.replace("_", "-")}
-    ports = [{"name": n, "containerPort": p} for n, p in (("http", 8000), ("grpc", 8001), ("metrics", 8002))]
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": labels["app"], "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true",
-                                                             "prometheus.io/port": "8002"}},
-            "spec": {"containers": [{
-                "name": "triton", "image": config.triton.container_image, "command": ["bash", "-c", serve],
-                "ports": ports, "resources": {"limits": {"nvidia.com/gpu": 1}},
-                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
-                                   "initialDelaySeconds": 10, "periodSeconds": 5},
-                "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10},
-                "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}]}],
-                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": f"{labels['app']}-models"}}]}}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": labels["app"], "labels": labels},
-               "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"],
-                                                       "targetPort": p["name"]} for p in ports]}}
-    manifest = write_text(folder / "kubernetes.yaml",
-                          "# Copy the repository into the PersistentVolumeClaim "
-                          f"{labels['app']}-models, then kubectl apply -f this file.\n"
-                          + yaml.safe_dump_all([deployment, service], sort_keys=False))
-    return {"docker": script, "kubernetes": manifest}
-
-
-class ServedRunner:
-    """The served ensemble behind the parity-lab runner interface: sends each batch's texts, trims per-token
-    outputs to the batch's local width (servers may pad further, to a length bucket)."""
-
-    def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
-                 outputs: list[str]) -> None:
-        self.client, self.model, self.texts = client, model, texts
-        self.input_names, self.output_names = input_names, tuple(outputs)
-        self.name = f"served-{client.protocol}"
-        self.providers = [f"triton-{client.protocol}"]
-
-    def infer_batch(self, batch: Batch) -> dict[str, np.ndarray]:
-        # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
-        # postprocess) makes the ensemble report a deadlock.
-        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids])
-        width = batch.shape[1]
-        return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.output_names}
-
-
-async def burst(url: str, model: str, texts: list[str], concurrency: int) -> None:
-    """`concurrency` single-text requests in flight at once (to let the dynamic batcher group them)."""
-    client = AsyncTritonClient(url)
-    try:
-        await asyncio.gather(*(client.infer_texts(model, [texts[i % len(texts)]]) for i in range(concurrency)))
-    finally:
-        await client.close()
-
-
-def batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
-    """Executions per batch size from Triton's statistics."""
-    return {int(entry["batch_size"]): int(entry["compute_infer"]["count"]) for entry in stats.get("batch_stats", [])}
-
-
-def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
-                     concurrency: int) -> dict[str, Any]:
-    """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them."""
-    models = (plan.tokenizer_name, plan.model_name)
-    with TritonClient(server.http_url) as client:
-        before = {name: batch_sizes(client.statistics(name)) for name in models}
-        run_async(burst(server.http_url, plan.name, texts, concurrency))
-        after = {name: batch_sizes(client.statistics(name)) for name in models}
-    executed = {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
-                       if count > before[name].get(size, 0)} for name in models}
-    return {"requests": concurrency, "batch_sizes": executed}
 
 
 def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,

@@ -1,0 +1,72 @@
+"""Building the model variants from the exported graph: ONNX Runtime's fusions (fp32), fp16, dynamic int8, and the
+graph with symbolic shapes for TensorRT. The optimize step builds them; the parity step's repair rebuilds fp16/int8
+with nodes kept in fp32."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench import onnxfiles
+
+BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
+
+
+def optimize_fp32(original: Path, dest: Path, export: dict[str, Any]) -> Any:
+    """The transformer optimizer's fusions for the families it knows; ONNX Runtime's basic level for the others."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = export["optimizer_model_type"]
+    optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export["num_heads"],
+                               hidden_size=export["hidden_size"], opt_level=None if model_type else BASIC_LEVEL,
+                               only_onnxruntime=not model_type)
+    onnxfiles.save(optimized.model, dest)
+    return optimized.model
+
+
+def convert_fp16(fp32: Path, dest: Path, op_block_list: list[str], node_block_list: list[str]) -> Any:
+    """fp16 weights and compute with fp32 graph inputs/outputs; block-listed ops and nodes stay fp32."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnxfiles.load(fp32))
+    model.convert_float_to_float16(keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + op_block_list,
+                                   node_block_list=node_block_list)
+    _drop_repeated_nodes(model.model.graph)
+    onnxfiles.save(model.model, dest)
+    return model.model
+
+
+def _drop_repeated_nodes(graph: Any) -> None:
+    """Remove exact repeats of a node (the converter inserts the same Cast twice when a tensor feeds two
+    fp32-blocked consumers; ONNX Runtime then refuses the duplicate node name)."""
+    seen, keep = set(), []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(node)
+    if len(keep) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str]) -> Any:
+    """Dynamic int8 quantization (QInt8 weights) of the already-optimized graph."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with onnxfiles.onnx_destination(dest) as tmp:
+        quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8, per_channel=per_channel,
+                         nodes_to_exclude=nodes_to_exclude or None,
+                         use_external_data_format=fp32.stat().st_size > onnxfiles.EXTERNAL_DATA_THRESHOLD,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return onnxfiles.load(dest, load_external_data=False)
+
+
+def infer_shapes(original: Path, dest: Path) -> Any:
+    """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
+    onnxfiles.save(model, dest)
+    return model
