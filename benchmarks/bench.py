@@ -15,7 +15,6 @@ import argparse
 import json
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -24,36 +23,25 @@ from workbench.batches import shaped_batch, token_lengths
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.latency import run_latency_benchmark
-from workbench.load import find_perf_analyzer, text_level
 from workbench.pipeline import run_pipeline
 from workbench.record import RunRecord
+from workbench.served import TextLoad, load_tool, measure_text_loads
 from workbench.triton.plan import serving_plan
-from workbench.triton.repository import write_repository
-from workbench.triton.server import TritonServer
 
 CELLS = ("b1_s16", "b1_s128", "b8_s128")
 TARGETS = {"b1_s16": 3.5, "b1_s128": 2.0, "b8_s128": 1.5}
 GFLOPS_SHARE, SERVED_OVERHEAD, BATCHING_GAIN = 0.75, 1.5, 3.0
 
 
-def served_level(plan, server, texts: list[str], concurrency: int, requests: int) -> dict:
-    return text_level(find_perf_analyzer(), server.http_url, plan.name, texts, concurrency, requests, 30,
-                      server.workdir / "pa")
-
-
 def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: Path) -> dict:
+    """One text per request to the deployment's ensemble, on a server with dynamic batching off, then on."""
     plan, variant = serving_plan(config, record)
-    texts = list(load_corpus())
-    result = {"variant": variant}
-    for label, batching in (("off", False), ("on", True)):
-        measured = replace(plan, dynamic_batching=batching)
-        repository = write_repository(measured, work / f"batching_{label}" / "repository", overwrite=True)
-        with TritonServer(repository, work / f"batching_{label}" / "server") as server:
-            if batching:
-                result["c1_short"] = served_level(measured, server, short_texts, 1, 200)
-            result[f"c16_{label}"] = served_level(measured, server, texts, 16, 400)
-            result[f"c16_short_{label}"] = served_level(measured, server, short_texts, 16, 400)
-    return result
+    loads = [TextLoad("c1_short", short_texts, 1, 200, batching=(True,)), TextLoad("c16", list(load_corpus()), 16, 400),
+             TextLoad("c16_short", short_texts, 16, 400)]
+    measured = measure_text_loads(plan, loads, work, load_tool(config.bench), seconds=30)
+    off, on = measured["batching_off"], measured["batching_on"]
+    return {"variant": variant, "c1_short": on["c1_short"], "c16_off": off["c16"], "c16_on": on["c16"],
+            "c16_short_off": off["c16_short"], "c16_short_on": on["c16_short"]}
 
 
 def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) -> list[tuple[str, float]]:

@@ -109,7 +109,7 @@ def test_every_client_names_a_killed_server(plan, tmp_path):
     repository = write_repository(plan, tmp_path / "repository")
     server = TritonServer(repository, tmp_path / "server")
     with server:
-        urls, pid = {"http": server.http_url, "grpc": server.grpc_url}, server.pid
+        urls, pid = {"http": server.http_url, "grpc": server.grpc_url}, server.process.pid
         assert len(running(repository)) == 3, "the server and a stub per Python model (tokenizer, model)"
 
         async def send(client: AsyncTritonClient, index: int) -> object:

@@ -1,4 +1,4 @@
-"""Promises about the project files themselves: notebooks, environment.yml vs pyproject."""
+"""Promises about the project files themselves: notebooks, environment.yml, version pins in one place."""
 from __future__ import annotations
 
 import json
@@ -9,25 +9,54 @@ import pytest
 import tomllib
 import yaml
 
+from workbench.pins import pin
 from workbench.steplist import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def _name(requirement: str) -> str:
     return re.split(r"[<>=!\[ ;]", requirement.strip(), maxsplit=1)[0].lower()
 
 
-def test_environment_yml_names_the_gpu_stack_of_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    want = {r for r in project["dependencies"]} | {r for e in ("gpu", "serve", "generation", "dev") for r in extras[e]}
+def _requirements() -> list[str]:
+    return [*PYPROJECT["dependencies"], *(r for extra in PYPROJECT["optional-dependencies"].values() for r in extra)]
+
+
+def test_environment_yml_installs_the_project_with_the_gpu_extras_and_pins_nothing_itself():
+    extras = PYPROJECT["optional-dependencies"]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = [d for d in env["dependencies"] if not isinstance(d, dict)]
+    assert sorted(_name(d.split("=")[0]) for d in conda) == ["pip", "python"], "conda brings Python and pip only"
+    assert [d for d in conda if d.startswith("python")] == ["python=3.11"]
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    got = {r for r in pip if not r.startswith("-e")}
-    assert {_name(r): r for r in got} == {_name(r): r for r in want}
-    assert "onnxruntime" not in {_name(r) for r in got}, "onnxruntime must not sit beside onnxruntime-gpu"
-    assert not set(map(_name, extras["cpu"])) & set(map(_name, extras["gpu"]))
+    assert len(pip) == 1, f"the pip section installs the project and nothing beside it: {pip}"
+    match = re.fullmatch(r"-e \.\[([\w,]+)\]", pip[0])
+    assert match, f"not an editable install of this folder with extras: {pip[0]!r}"
+    assert sorted(match.group(1).split(",")) == ["dev", "generation", "gpu", "serve"]
+    assert set(match.group(1).split(",")) <= set(extras)
+    assert not set(map(_name, extras["cpu"])) & set(map(_name, extras["gpu"])), "never onnxruntime beside -gpu"
+
+
+def test_pins_come_from_pyproject():
+    requirements = _requirements()
+    assert {_name(r): pin(_name(r)) for r in requirements} == {_name(r): r for r in requirements}, \
+        "the installed metadata differs from pyproject.toml: reinstall (make env)"
+    assert pin("Nvidia_PyTriton") == pin("nvidia-pytriton")
+    with pytest.raises(KeyError, match="not a requirement"):
+        pin("no-such-package")
+
+
+def test_no_pin_is_written_twice():
+    """A pyproject.toml pin (name==version) appears nowhere else in the code or the environment file."""
+    pinned = [r for r in _requirements() if "==" in r]
+    files = [ROOT / "environment.yml", ROOT / "Makefile", *(ROOT / "workbench").rglob("*.py"),
+             *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "notebooks").glob("*.ipynb")]
+    spellings = {r: {r, _name(r) + r[r.index("=="):]} for r in pinned}  # tritonclient[all]==v, tritonclient==v
+    found = [(str(path.relative_to(ROOT)), r) for path in files for r in pinned
+             if any(s in path.read_text() for s in spellings[r])]
+    assert not found
 
 
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)

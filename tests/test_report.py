@@ -8,10 +8,12 @@ import pytest
 from workbench import figures
 from workbench.config import RunConfig
 from workbench.latency import interleaved, matmul_flops, summarize
-from workbench.load import breakdown, find_perf_analyzer, stage_totals
+from workbench.load import breakdown, stage_totals
+from workbench.perf_analyzer import find_perf_analyzer
 from workbench.record import RunRecord
-from workbench.served import pick
+from workbench.served import TextLoad, measure_text_loads, pick
 from workbench.steps import export, optimize, parity, report
+from workbench.triton.plan import serving_plan
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
          "requests_per_level": 24, "seconds_per_level": 10, "search_queue_delays_us": [0, 4000],
@@ -61,6 +63,20 @@ def test_served_sweeps_search_and_tokenization(reported):
     search = served["search"]
     assert [c["max_queue_delay_us"] for c in search["candidates"]] == [0, 4000]
     assert search["chosen"] == max(search["candidates"], key=lambda c: c["throughput"])
+
+
+@pytest.mark.slow
+def test_text_loads_run_on_each_batching_setting(reported, tmp_path):
+    """What benchmarks/bench.py measures: chosen loads on a server with dynamic batching off, then on."""
+    config, record = reported
+    plan, _ = serving_plan(config, record)
+    loads = [TextLoad("one", ["a short text"], 1, 8, batching=(True,)), TextLoad("four", ["a text", "another"], 4, 16)]
+    measured = measure_text_loads(plan, loads, tmp_path, None, seconds=10)
+    assert {label: list(levels) for label, levels in measured.items()} == {"batching_off": ["four"],
+                                                                          "batching_on": ["one", "four"]}
+    for level in (*measured["batching_off"].values(), *measured["batching_on"].values()):
+        assert level["errors"] == 0 and level["requests"] >= 8 and 0 < level["p50"] <= level["p99"]
+    assert (tmp_path / "batching_on" / "server" / "tritonserver.log").is_file()
 
 
 @pytest.mark.slow

@@ -22,8 +22,10 @@ from workbench.errors import (
     TritonNotFoundError,
     UnstableMeasurementError,
 )
-from workbench.load import PerfAnalyzer, perf_analyzer_level, text_level
+from workbench.load import perf_analyzer_level, text_level
 from workbench.models import load_model
+from workbench.perf_analyzer import PerfAnalyzer
+from workbench.pins import pin
 from workbench.record import RunRecord
 from workbench.runners.torch import TorchRunner
 from workbench.steps import export, optimize, triton
@@ -159,18 +161,6 @@ def test_wrong_input_name_and_oversized_batch(served):
     assert server.is_ready()
 
 
-def test_explicit_load_and_unload(served, tmp_path):
-    _, plan, _ = served
-    repository = served[2].repository
-    with TritonServer(repository, tmp_path, explicit=True, load=(plan.name,)) as server:
-        with TritonClient(server.http_url) as client:
-            assert client.client.is_model_ready(plan.name)
-            client.client.unload_model(plan.name)
-            assert not client.client.is_model_ready(plan.name)
-            client.client.load_model(plan.name)
-            assert client.client.is_model_ready(plan.name)
-
-
 def _group(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -182,7 +172,7 @@ def test_stop_leaves_no_process_and_frees_the_ports(served, tmp_path):
     _, _, running = served
     server = TritonServer(running.repository, tmp_path)
     with server:
-        pid, ports = server.pid, server.ports
+        pid, ports = server.process.pid, server.ports
     left = [p for p in psutil.process_iter(["status"]) if _group(p.pid) == pid
             and p.info["status"] != psutil.STATUS_ZOMBIE]
     assert not left, "neither the server nor its Python-backend stubs are left"
@@ -275,7 +265,10 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert {p["port"] for p in service["spec"]["ports"]} == {8000, 8001, 8002}
-    assert "tritonserver --model-repository=/models" in record.artifact("triton.docker").read_text()
+    docker = record.artifact("triton.docker").read_text()
+    assert "tritonserver --model-repository=/models" in docker
+    assert f"pip install --quiet {pin('transformers')} tokenizers {pin('onnxruntime-gpu')} &&" in docker
+    assert pin("transformers").startswith("transformers==") and pin("onnxruntime-gpu").startswith("onnxruntime-gpu==")
 
 
 def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):

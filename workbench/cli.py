@@ -63,7 +63,7 @@ def _list_steps(args: argparse.Namespace) -> int:
 
 
 def _install_perf_analyzer(args: argparse.Namespace) -> int:
-    from workbench.load import install_perf_analyzer
+    from workbench.perf_analyzer import install_perf_analyzer
 
     tool = install_perf_analyzer()
     print(f"perf_analyzer: {tool.executable}")

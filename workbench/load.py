@@ -1,17 +1,13 @@
-"""Load against a served model: NVIDIA's perf_analyzer where it is installed, else an asyncio closed-loop
-generator on tritonclient; both bounded in requests and time, loopback only. Plus Triton's server-side breakdown."""
+"""Load against a served model: NVIDIA's perf_analyzer where it is installed (`workbench.perf_analyzer` finds and
+installs it), else an asyncio closed-loop generator on tritonclient; both bounded in requests and time, loopback only.
+Plus Triton's server-side breakdown."""
 from __future__ import annotations
 
 import asyncio
 import csv
 import json
-import os
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import DependencyMissingError, ServedError, ServerUnreachableError, UnstableMeasurementError
+from workbench.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
+from workbench.perf_analyzer import PerfAnalyzer
 from workbench.triton.client import AsyncTritonClient, run_async, text_array
 
-PERF_ANALYZER_WHEEL = "tritonclient==2.48.0"  # newest wheel whose perf_analyzer runs on glibc 2.36 (Debian 12)
-TOOLS = Path(sys.prefix) / "tools" / "perf_analyzer"
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -104,58 +99,7 @@ def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, request
     return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))
 
 
-# ---- perf_analyzer -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PerfAnalyzer:
-    executable: Path
-    libraries: Path | None = None
-
-    def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.libraries:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(self.libraries), env.get("LD_LIBRARY_PATH"))
-                                                     if p)
-        return env
-
-
-def find_perf_analyzer() -> PerfAnalyzer | None:
-    """perf_analyzer on PATH (NVIDIA's SDK container), or the copy `workbench install-perf-analyzer` made."""
-    on_path = shutil.which("perf_analyzer")
-    if on_path:
-        return PerfAnalyzer(Path(on_path))
-    local = TOOLS / "perf_analyzer"
-    return PerfAnalyzer(local, TOOLS / "lib") if local.is_file() else None
-
-
-def install_perf_analyzer() -> PerfAnalyzer:
-    """Take perf_analyzer from a tritonclient wheel (the PyPI `perf-analyzer` package is an empty placeholder) and
-    give it the libb64 and libcudart it links, which the nvidia-pytriton wheel ships under other names."""
-    try:
-        import pytriton
-    except ImportError:
-        raise DependencyMissingError("perf_analyzer needs libraries from nvidia-pytriton, which is not installed",
-                                     "pip install nvidia-pytriton==0.7.0") from None
-    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PERF_ANALYZER_WHEEL,
-                        "--dest", tmp], check=True, timeout=300)
-        wheel = next(Path(tmp).glob("tritonclient-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            member = next(n for n in archive.namelist() if n.endswith("/bin/perf_analyzer"))
-            TOOLS.mkdir(parents=True, exist_ok=True)
-            target = TOOLS / "perf_analyzer"
-            target.write_bytes(archive.read(member))
-    target.chmod(0o755)
-    (TOOLS / "lib").mkdir(exist_ok=True)
-    for pattern, name in (("libb64-*.so.0d", "libb64.so.0d"), ("libcudart-*.so.12*", "libcudart.so.12")):
-        link = TOOLS / "lib" / name
-        link.unlink(missing_ok=True)
-        link.symlink_to(next(libs.glob(pattern)))
-    tool = PerfAnalyzer(target, TOOLS / "lib")
-    subprocess.run([str(target), "--version"], check=True, capture_output=True, env=tool.environment(), timeout=60)
-    return tool
-
-
+# ---- perf_analyzer (found and installed by workbench.perf_analyzer) ------------------------------------------------
 def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
                         concurrency: int, requests: int, seconds: float, workdir: Path) -> LevelResult:
     """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""

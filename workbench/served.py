@@ -1,27 +1,26 @@
 """Served benchmarks on a local Triton: concurrency sweeps with and without dynamic batching, a small search over
-batching settings, and server-side vs client-side tokenization, each with Triton's own stage breakdown."""
+batching settings, and server-side vs client-side tokenization, each with Triton's own stage breakdown; and
+`measure_text_loads`, chosen text loads on a server per batching setting (benchmarks/bench.py)."""
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from workbench.config import RunConfig
+from workbench.config import BenchSettings, RunConfig
 from workbench.data import encode
 from workbench.errors import DependencyMissingError
-from workbench.load import (
-    PerfAnalyzer,
-    asyncio_level,
-    breakdown,
-    find_perf_analyzer,
-    stage_totals,
-    text_level,
-)
+from workbench.load import asyncio_level, breakdown, stage_totals, text_level
+from workbench.perf_analyzer import PerfAnalyzer, find_perf_analyzer
 from workbench.triton.client import TritonClient
 from workbench.triton.repository import ServingPlan, write_repository
 from workbench.triton.server import TritonServer
+
+BATCHING = (("batching_off", False), ("batching_on", True))
+T = TypeVar("T")
 
 
 class ServedBench:
@@ -57,10 +56,54 @@ class ServedBench:
         return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
 
 
-def _with_server(plan: ServingPlan, folder: Path, measure: Any) -> Any:
+def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServer], T]) -> T:
     repository = write_repository(plan, folder / "repository", overwrite=True)
     with TritonServer(repository, folder / "server") as server:
         return measure(server)
+
+
+def on_each_batching(plan: ServingPlan, workdir: Path,
+                     measure: Callable[[TritonServer, ServingPlan, str], T]) -> dict[str, T]:
+    """`measure(server, plan, label)` on a server of `plan` with dynamic batching off, then on one with it on:
+    {"batching_off": ..., "batching_on": ...}. Each server's repository and log lie under `workdir/<label>/`."""
+    results = {}
+    for label, batching in BATCHING:
+        measured = replace(plan, dynamic_batching=batching)
+        results[label] = _with_server(measured, workdir / label,
+                                      lambda server, p=measured, name=label: measure(server, p, name))
+    return results
+
+
+def load_tool(bench: BenchSettings) -> PerfAnalyzer | None:
+    """perf_analyzer when installed and `bench.load_tool` allows it; None means the asyncio generator."""
+    tool = find_perf_analyzer() if bench.load_tool != "asyncio" else None
+    if bench.load_tool == "perf_analyzer" and tool is None:
+        raise DependencyMissingError("perf_analyzer is not installed", "run `workbench install-perf-analyzer`")
+    return tool
+
+
+@dataclass(frozen=True)
+class TextLoad:
+    """A level of one-text requests to the ensemble: `requests` texts taken in turn from `texts`, `concurrency` in
+    flight; measured on the servers whose dynamic batching setting is in `batching` (off, on)."""
+
+    label: str
+    texts: list[str]
+    concurrency: int
+    requests: int
+    batching: tuple[bool, ...] = (False, True)
+
+
+def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Path, tool: PerfAnalyzer | None,
+                       seconds: float) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each load, in order, on a server of `plan` with dynamic batching off, then on one with it on (perf_analyzer
+    when `tool` is given and finds a stable window, else the asyncio generator; each level bounded by `seconds`):
+    {"batching_off": {label: level}, "batching_on": {label: level}}."""
+    def measure(server: TritonServer, measured: ServingPlan, label: str) -> dict[str, dict[str, Any]]:
+        return {load.label: text_level(tool, server.http_url, measured.name, load.texts, load.concurrency,
+                                       load.requests, seconds, workdir / label / "perf_analyzer" / load.label)
+                for load in loads if measured.dynamic_batching in load.batching}
+    return on_each_batching(plan, workdir, measure)
 
 
 def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any] | None:
@@ -73,15 +116,12 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
                          workdir: Path) -> dict[str, Any]:
     """Everything under metrics.served: sweeps, the batching search, and the tokenization comparison."""
     bench = config.bench
-    use_pa = bench.load_tool != "asyncio"
-    tool = find_perf_analyzer() if use_pa else None
-    if bench.load_tool == "perf_analyzer" and tool is None:
-        raise DependencyMissingError("perf_analyzer is not installed", "run `workbench install-perf-analyzer`")
+    tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
     result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "levels": levels,
                               "variant_plan": {"flavor": plan.flavor, "max_batch_size": plan.max_batch_size}}
 
-    def sweep(server: TritonServer, label: str, measured_plan: ServingPlan) -> dict[str, Any]:
+    def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> dict[str, Any]:
         runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
         out = {"text": {str(c): runner.level(c) for c in levels}}
         if label == "batching_on":
@@ -91,10 +131,7 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
                 out["text_asyncio"] = {str(c): asyncio_runner.level(c) for c in levels}
         return out
 
-    for label, batching in (("batching_off", False), ("batching_on", True)):
-        measured = replace(plan, dynamic_batching=batching)
-        result[label] = _with_server(measured, workdir / label,
-                                     lambda server, p=measured, name=label: sweep(server, name, p))
+    result.update(on_each_batching(plan, workdir, sweep))
     top = max(levels)
     candidates = []
     for delay in bench.search_queue_delays_us:

@@ -8,15 +8,17 @@ import yaml
 
 from workbench.atomic import write_text
 from workbench.config import RunConfig
+from workbench.pins import pin
 from workbench.triton.repository import ServingPlan
 
-CONTAINER_PACKAGES = ("transformers==5.23.0", "tokenizers")
+CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
 
 
 def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
     """A `docker run` script for NVIDIA's Triton container and a Kubernetes Deployment + Service."""
-    packages = list(CONTAINER_PACKAGES) + (["onnxruntime-gpu==1.31.1"] if plan.flavor == "python-ort" else [])
-    serve = f"pip install --quiet {' '.join(packages)} && tritonserver --model-repository=/models"
+    packages = [*CONTAINER_PACKAGES, *(["onnxruntime-gpu"] if plan.flavor == "python-ort" else [])]
+    requirements = " ".join(shlex.quote(pin(name)) for name in packages)
+    serve = f"pip install --quiet {requirements} && tritonserver --model-repository=/models"
     docker = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=1g", "-p", "8000:8000", "-p", "8001:8001",
               "-p", "8002:8002", "-v", f'"$(realpath "$(dirname "$0")/../model_repository/{plan.name}")":/models',
               config.triton.container_image, "bash", "-c", shlex.quote(serve)]

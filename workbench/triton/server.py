@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import ConfigError, PortInUseError, ServerStartError, TritonNotFoundError
+from workbench.pins import pin
 
 HOST = "127.0.0.1"
 
@@ -39,13 +40,13 @@ def find_tritonserver() -> TritonBinary:
     except ImportError:
         raise TritonNotFoundError(
             "no tritonserver on PATH and the nvidia-pytriton wheel (which bundles one) is not installed",
-            "pip install nvidia-pytriton==0.7.0 (CPU, Python backend only), or run in NVIDIA's Triton container",
+            f"pip install {pin('nvidia-pytriton')} (CPU, Python backend only), or run in NVIDIA's Triton container",
         ) from None
     root = Path(pytriton.__file__).parent / "tritonserver"
     executable = root / "bin" / "tritonserver"
     if not executable.is_file():
         raise TritonNotFoundError(f"nvidia-pytriton is installed but {executable} is missing",
-                                  "reinstall it: pip install --force-reinstall nvidia-pytriton==0.7.0")
+                                  f"reinstall it: pip install --force-reinstall {pin('nvidia-pytriton')}")
     return TritonBinary(executable, root / "backends", "nvidia-pytriton", root / "python_backend_stubs")
 
 
@@ -93,13 +94,11 @@ class Ports:
 class TritonServer:
     """A tritonserver process bound to 127.0.0.1; use as a context manager so it is always stopped."""
 
-    def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, explicit: bool = False,
-                 load: tuple[str, ...] = (), binary: TritonBinary | None = None, ready_timeout: float = 90.0) -> None:
+    def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, binary: TritonBinary | None = None,
+                 ready_timeout: float = 90.0) -> None:
         self.repository = Path(repository).resolve()
         self.workdir = Path(workdir).resolve()
         self.ports = ports or Ports.pick()
-        self.explicit = explicit
-        self.load = load
         self.binary = binary or find_tritonserver()
         self.ready_timeout = ready_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -113,14 +112,6 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"{HOST}:{self.ports.grpc}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{HOST}:{self.ports.metrics}/metrics"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
 
     def _backends(self) -> Path:
         """The wheel ships one Python-backend stub per Python version: assemble a backend folder using ours."""
@@ -150,16 +141,12 @@ class TritonServer:
         return env
 
     def command(self) -> list[str]:
-        command = [str(self.binary.executable), f"--model-repository={self.repository}",
-                   f"--backend-directory={self._backends()}",
-                   f"--http-address={HOST}", f"--http-port={self.ports.http}",
-                   f"--grpc-address={HOST}", f"--grpc-port={self.ports.grpc}",
-                   f"--metrics-address={HOST}", f"--metrics-port={self.ports.metrics}",
-                   "--allow-metrics=true", "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0"]
-        if self.explicit:
-            command.append("--model-control-mode=explicit")
-            command += [f"--load-model={name}" for name in self.load]
-        return command
+        return [str(self.binary.executable), f"--model-repository={self.repository}",
+                f"--backend-directory={self._backends()}",
+                f"--http-address={HOST}", f"--http-port={self.ports.http}",
+                f"--grpc-address={HOST}", f"--grpc-port={self.ports.grpc}",
+                f"--metrics-address={HOST}", f"--metrics-port={self.ports.metrics}",
+                "--allow-metrics=true", "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0"]
 
     def start(self) -> TritonServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
