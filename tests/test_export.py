@@ -35,7 +35,7 @@ def test_export_matches_torch_at_other_shapes(tiny_models, tmp_path, model, expo
         model, "feature-extraction")
     config = RunConfig(model=str(tiny_models[model]), task=task, exporter=exporter, opset=opset)
     record = RunRecord.create(tmp_path, config)
-    metrics = export.run(config, record)
+    metrics = export.run(config, record).metrics
     assert metrics["opset"] == opset and list(metrics["io"]["outputs"]) == outputs
     assert all(shape[:2] == ["batch", "sequence"] for shape in metrics["io"]["inputs"].values())
 

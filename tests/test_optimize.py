@@ -18,7 +18,7 @@ def optimized_bert(tiny_models, tmp_path_factory):
     config = RunConfig(model=str(tiny_models["bert"]))
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
-    fusions = optimize.run(config, record)
+    fusions = optimize.run(config, record).metrics["variants"]
     return record, fusions
 
 
@@ -31,7 +31,7 @@ def test_bert_fuses_every_layer(optimized_bert):
     assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] / 3
     assert fusions["int8"]["fused"]["QAttention"] == layers
     assert fusions["int8"]["fused"]["MatMulInteger"] > 0
-    assert record.data["metrics"]["fusions"] == fusions
+    assert record.metric("optimize.variants") == fusions
     assert record.data["environment"]["onnxruntime"]["providers_used"] == ["CPUExecutionProvider"]
 
 
@@ -77,7 +77,7 @@ def test_sdpa_export_is_flagged_as_unfused(tiny_bert, tmp_path):
     record = RunRecord.create(tmp_path, config)
     export.run(config, record)
     with pytest.warns(UserWarning, match="Attention fused in 0 of 2 layers"):
-        fusions = optimize.run(config, record)
+        fusions = optimize.run(config, record).metrics["variants"]
     assert fusions["fp32"]["attention_fused"] is False
     assert set(fusions) == {"original", "fp32", "tensorrt"}
 

@@ -29,7 +29,7 @@ def pipeline(model: Path, run_dir: Path, **settings) -> tuple[RunRecord, dict]:
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
     optimize.run(config, record)
-    return record, parity.run(config, record)
+    return record, parity.run(config, record).metrics["variants"]
 
 
 @pytest.fixture(scope="module")

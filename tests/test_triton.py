@@ -260,11 +260,11 @@ def test_gpu_flavors_generate_valid_configs(served, tmp_path):
 def test_triton_step_end_to_end(tiny_models, tmp_path):
     config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
                               task="sequence-classification")
-    metrics = triton.run(config, record)
+    metrics = triton.run(config, record).metrics
     assert record.data["steps"]["triton"]["status"] == "ok", record.data["steps"]["triton"]
     assert metrics["verified"] and metrics["verification"]["by"] == "triton step", "no parity step ran before it"
     for protocol in ("http", "grpc"):
-        served_parity = record.data["metrics"]["served_parity"][protocol]
+        served_parity = metrics["served_parity"][protocol]
         assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0
     assert metrics["models"] == sorted([metrics["name"], f"{metrics['name']}_model", f"{metrics['name']}_postprocess",
                                         f"{metrics['name']}_tokenizer"])

@@ -69,9 +69,8 @@ class TritonSettings(_Strict):
 
 
 class BenchSettings(_Strict):
-    """In-process and served benchmarks (bounded: rounds, requests and seconds)."""
+    """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
 
-    enabled: bool = True
     batches: list[int] = [1, 8]
     sequences: list[int] = [16, 128]
     rounds: int = Field(default=20, ge=3)

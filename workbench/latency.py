@@ -90,12 +90,10 @@ def benchmark_runners(config: Any, record: Any) -> dict[str, Any]:
         runners[name] = OrtRunner(name, path, providers_for(config.device), threads)
     engines = record.variants("engine")
     if engines:
-        from workbench.profiles import Profile
         from workbench.runners.tensorrt import TrtEngineRunner
 
         for name, (path, _) in engines.items():
-            profiles = [Profile.from_record(p) for p in record.data["artifacts"][f"engine.{name}"]["profiles"]]
-            runners[name] = TrtEngineRunner(name, path, profiles)
+            runners[name] = TrtEngineRunner(name, path, record.engine_profiles(name))
     return runners
 
 
@@ -103,19 +101,18 @@ def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
     """The batch x sequence grid of `config.bench` on real text; per cell and runner: percentiles, throughput,
     speedup over PyTorch; fp32-equivalent GFLOP/s against a matmul peak measured in the same run."""
     import torch
-    from transformers import AutoTokenizer
 
     from workbench.batches import shaped_batch, token_lengths
     from workbench.data import load_corpus
 
-    bench, export = config.bench, record.metric("export")
+    bench, export = config.bench, record.export_info()
     threads = config.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    tokenizer = record.tokenizer()
     texts = list(load_corpus(config.corpus))
     lengths = token_lengths(tokenizer, texts)
     runners = benchmark_runners(config, record)
-    verdicts = record.metric("parity.variants", {})
+    verdicts = record.verdicts()
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}
     cells: dict[str, Any] = {}
     flops: dict[str, float] = {}

@@ -14,7 +14,7 @@ from workbench.data import load_corpus
 from workbench.errors import MissingArtifactError
 from workbench.lab import ParityLab
 from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.timing import median_ms
@@ -143,7 +143,7 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
     return write_text(record.run_dir / "parity" / "reproduce.sh", "\n".join(lines) + "\n")
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Compare every variant with PyTorch; repair failing fp16/int8 variants; fp32 variants must pass."""
     with record.step(STEP):
         variants = record.variants()
@@ -183,4 +183,4 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         for name in EXACT_VARIANTS:
             if name in results:
                 raise_if_failed(name, results[name])
-        return results
+    return record.step_entry(STEP)
