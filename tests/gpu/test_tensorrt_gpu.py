@@ -40,7 +40,7 @@ def test_two_profile_engines_are_built_and_match_pytorch(engine_run):
     for name in ("trt_fp32", "trt_fp16"):
         assert engines[name]["build"]["cache_hit"] is False
         assert record.artifact(f"engine.{name}").stat().st_size > 1_000_000
-    variants = record.data["metrics"]["parity"]["variants"]
+    variants = record.data["metrics"]["tensorrt"]["parity"]
     fp32 = variants["trt_fp32"]["outputs"]["sentence_embedding"]
     assert fp32["min_cosine"] > 0.9999 and fp32["max_abs"] < 1e-3
     fp16 = variants["trt_fp16"]["outputs"]["sentence_embedding"]
