@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import onnxfiles
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.models import FUSION_MODEL_TYPES
@@ -63,9 +64,9 @@ def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> d
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
-    runner = OrtRunner(name, path, providers_for(config.device), config.threads)
-    feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
-    outputs = runner.infer(feed)
+    with OrtRunner(name, path, providers_for(config.device), config.threads) as runner:
+        feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
+        outputs = runner.infer(Batch("smoke", [0, 1], feed))
     record.note_providers(runner.providers)
     return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
 
