@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from workbench import onnxfiles
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import OnnxModelError
@@ -56,10 +57,10 @@ def test_fp16_keeps_fp32_io_and_stays_close(optimized_bert):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
-    fp32 = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"])
-    fp16 = OrtRunner("fp16", record.artifact("onnx.fp16"), ["CPUExecutionProvider"])
-    feed = encode(tokenizer, list(load_corpus()[:8]), fp32.input_names)
-    want, got = fp32.infer(feed), fp16.infer(feed)
+    with (OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32,
+          OrtRunner("fp16", record.artifact("onnx.fp16"), ["CPUExecutionProvider"]) as fp16):
+        batch = Batch("texts", list(range(8)), encode(tokenizer, list(load_corpus()[:8]), fp32.input_names))
+        want, got = fp32.infer(batch), fp16.infer(batch)
     assert got["sentence_embedding"].dtype == np.float32
     assert 0 < np.abs(got["sentence_embedding"] - want["sentence_embedding"]).max() < 0.05
 
@@ -103,8 +104,8 @@ def test_large_models_are_saved_with_external_data(optimized_bert, tmp_path, mon
     monkeypatch.setattr(onnxfiles, "EXTERNAL_DATA_THRESHOLD", 1024)
     dest = onnxfiles.save(model, tmp_path / "big.onnx")
     assert (tmp_path / "big.onnx.data").stat().st_size > dest.stat().st_size
-    runner = OrtRunner("big", dest, ["CPUExecutionProvider"])
-    feed = {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names}
-    want = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]).infer(feed)
-    assert np.array_equal(runner.infer(feed)["sentence_embedding"], want["sentence_embedding"])
+    with (OrtRunner("big", dest, ["CPUExecutionProvider"]) as runner,
+          OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32):
+        batch = Batch("ones", [0], {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names})
+        assert np.array_equal(runner.infer(batch)["sentence_embedding"], fp32.infer(batch)["sentence_embedding"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import yaml
 
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import (
@@ -77,7 +78,9 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(served, tiny_models)
     config, plan, server = served
     texts = list(load_corpus()[:6])
     loaded = load_model(config)
-    want = TorchRunner(loaded, "mean").infer(encode(loaded.tokenizer, texts, loaded.input_names, max_length=64))
+    feed = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
+    with TorchRunner(loaded, "mean") as reference:
+        want = reference.infer(Batch("texts", list(range(6)), feed))
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with TritonClient(url, protocol) as client:
             got = client.infer_texts(plan.name, texts)
@@ -284,7 +287,9 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):
     plan, _ = serving_plan(config, record)
     texts = list(load_corpus()[:5])
     loaded = load_model(config)
-    logits = TorchRunner(loaded, "none").infer(encode(loaded.tokenizer, texts, loaded.input_names))["logits"]
+    feed = encode(loaded.tokenizer, texts, loaded.input_names)
+    with TorchRunner(loaded, "none") as reference:
+        logits = reference.infer(Batch("texts", list(range(5)), feed))["logits"]
     with TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server") as server:
         with TritonClient(server.http_url) as client:
             got = client.infer_texts(plan.name, texts)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import onnxfiles
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.models import FUSION_MODEL_TYPES
@@ -61,9 +62,9 @@ def unavailable_fusions(export: dict[str, Any]) -> dict[str, Any] | None:
 def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> dict[str, Any]:
     """Load the variant in ONNX Runtime and run two real texts through it."""
     tokenizer = record.tokenizer()
-    runner = OrtRunner(name, path, providers_for(config.device), config.threads)
-    feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
-    outputs = runner.infer(feed)
+    with OrtRunner(name, path, providers_for(config.device), config.threads) as runner:
+        feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
+        outputs = runner.infer(Batch("smoke", [0, 1], feed))
     record.note_providers(runner.providers)
     return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
 

@@ -101,12 +101,9 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
 
     lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
     for name, (path, spec) in built.items():
-        runner = TrtEngineRunner(name, path, spec.profiles)
-        try:
+        with TrtEngineRunner(name, path, spec.profiles) as runner:
             metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
             record.set_metric(STEP, metrics)
-        finally:
-            runner.close()
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:

@@ -38,8 +38,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
         result["ready_seconds"] = server.timings["ready_seconds"]
         parity = {}
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            with TritonClient(url, protocol) as client:
-                runner = ServedRunner(client, plan.name, texts, loaded.input_names, outputs)
+            with (TritonClient(url, protocol) as client,
+                  ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
                 parity[protocol] = lab.compare(runner, precision)
         result["served_parity"] = parity
         result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
@@ -64,8 +64,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
         if verdict is None and flavor != "tensorrt_plan":
             path, precision = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
-            runner = OrtRunner(variant, path, providers_for(config.device), config.threads)
-            verdict = checks[variant] = lab.compare(runner, precision)
+            with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
+                verdict = checks[variant] = lab.compare(runner, precision)
         if verdict is not None and verdict["passed"]:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
                              "checked_here": checks, "passed_over": _failures(checks)}
