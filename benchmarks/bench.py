@@ -17,8 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from workbench.batches import shaped_batch, token_lengths
 from workbench.config import RunConfig
 from workbench.data import load_corpus
@@ -79,7 +77,7 @@ def main() -> None:
         "batches": [1, 8], "sequences": [16, 128], "rounds": args.rounds, "seconds_per_cell": 120.0})})
     start = time.perf_counter()
     latency = run_latency_benchmark(config, record)
-    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    tokenizer = record.tokenizer()
     texts = list(load_corpus())
     short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
     served_result = served(config, record, [texts[i] for i in short.text_ids], args.run / "bench")
@@ -116,7 +114,7 @@ def main() -> None:
     print(f"   concurrency 16, 16-token texts: {on:.1f} vs {off:.1f} req/s = {on / off:.2f}x")
     if args.profile:
         path, _ = record.variants()[best]
-        feed = shaped_batch(tokenizer, tuple(record.metric("export.io.inputs")), texts,
+        feed = shaped_batch(tokenizer, tuple(record.export_info()["io"]["inputs"]), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed
         print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")
         for op, part in profile(path, feed, latency["threads"], args.run / "bench"):

@@ -36,6 +36,9 @@ def test_round_trip_through_papermill_parameters():
 def test_misspelled_key_names_the_closest_setting():
     with pytest.raises(ConfigError, match="unknown setting 'opest'.*did you mean 'opset'"):
         RunConfig.load(None, ["opest=17"])
+    with pytest.raises(ConfigError, match="unknown setting 'bench.enabled'") as removed:
+        RunConfig.load(None, ["bench.enabled=false"])
+    assert "--steps report re-renders" in removed.value.fix
 
 
 @pytest.mark.parametrize("override, message", [

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import ExportError, OpsetError
@@ -35,14 +36,14 @@ def test_export_matches_torch_at_other_shapes(tiny_models, tmp_path, model, expo
         model, "feature-extraction")
     config = RunConfig(model=str(tiny_models[model]), task=task, exporter=exporter, opset=opset)
     record = RunRecord.create(tmp_path, config)
-    metrics = export.run(config, record)
+    metrics = export.run(config, record).metrics
     assert metrics["opset"] == opset and list(metrics["io"]["outputs"]) == outputs
     assert all(shape[:2] == ["batch", "sequence"] for shape in metrics["io"]["inputs"].values())
 
-    runner = OrtRunner("original", record.artifact("onnx.original"), ["CPUExecutionProvider"])
-    # Seven texts up to 90 tokens: neither the batch (2) nor the length used at export time.
-    feed = encode(record_tokenizer(record), list(load_corpus()[10:17]), runner.input_names, max_length=90)
-    got = runner.infer(feed)
+    with OrtRunner("original", record.artifact("onnx.original"), ["CPUExecutionProvider"]) as runner:
+        # Seven texts up to 90 tokens: neither the batch (2) nor the length used at export time.
+        feed = encode(record_tokenizer(record), list(load_corpus()[10:17]), runner.input_names, max_length=90)
+        got = runner.infer(Batch("texts", list(range(10, 17)), feed))
     want = torch_outputs(config, feed)
     assert feed["input_ids"].shape[0] == 7 and feed["input_ids"].shape[1] > 40
     for name, reference in zip(outputs, want):

@@ -32,8 +32,8 @@ def family_run(request, tmp_path_factory):
     config = RunConfig.model_validate({"model": str(model), "task": FAMILIES[family][0], **SMALL})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
-    fusions = optimize.run(config, record)
-    return family, config, record, fusions, parity.run(config, record)
+    fusions = optimize.run(config, record).metrics["variants"]
+    return family, config, record, fusions, parity.run(config, record).metrics["variants"]
 
 
 def test_fp32_variants_match_pytorch(family_run):
@@ -52,7 +52,7 @@ def test_record_names_the_unavailable_fusions(family_run):
     family, _, record, fusions, _ = family_run
     assert record.data["metrics"]["export"]["optimizer_model_type"] is None
     for variant in ("fp32", "fp16", "int8"):
-        stats = record.data["metrics"]["fusions"][variant]
+        stats = record.metric(f"optimize.variants.{variant}")
         assert stats["unavailable"]["fusions"] == list(TRANSFORMER_FUSIONS)
         assert f"no fusion rules for model type '{family}'" in stats["unavailable"]["reason"]
         assert not set(TRANSFORMER_FUSIONS) & set(stats["fused"])
@@ -92,10 +92,10 @@ def test_served_through_triton_like_the_others(family_run, tmp_path):
     family, config, record, _, _ = family_run
     served = config.model_copy(update={"triton": config.triton.model_copy(
         update={"repository_dir": str(tmp_path / "repos")})})
-    metrics = triton.run(served, record)
+    metrics = triton.run(served, record).metrics
     assert metrics["verified"] and metrics["verification"]["by"] == "parity step", family
     assert metrics["variant"] == "int8", "the preferred CPU variant, passed in process"
-    served_parity = record.data["metrics"]["served_parity"]
+    served_parity = metrics["served_parity"]
     assert set(served_parity) == {"http", "grpc"}
     for protocol, result in served_parity.items():
         assert result["passed"] and result["precision"] == "int8", (family, protocol, result["failures"])

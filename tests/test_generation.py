@@ -155,7 +155,7 @@ def test_generation_step_and_its_report_section(tmp_path):
         "generation": {"target_language": ">>fra<<", "texts": 8, "max_new_tokens": 16, "concurrency": [1, 4],
                        "requests_per_level": 12}})
     record = RunRecord.create(tmp_path / "run", config)
-    results = generation.run(config, record)
+    results = generation.run(config, record).metrics
     assert record.data["steps"]["generation"]["status"] == "ok"
     for task, result in results.items():
         assert result["in_process"]["identical"] == result["in_process"]["sequences"] == 8, task

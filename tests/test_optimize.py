@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from workbench import onnxfiles
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import OnnxModelError
@@ -18,7 +19,7 @@ def optimized_bert(tiny_models, tmp_path_factory):
     config = RunConfig(model=str(tiny_models["bert"]))
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
-    fusions = optimize.run(config, record)
+    fusions = optimize.run(config, record).metrics["variants"]
     return record, fusions
 
 
@@ -31,7 +32,7 @@ def test_bert_fuses_every_layer(optimized_bert):
     assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] / 3
     assert fusions["int8"]["fused"]["QAttention"] == layers
     assert fusions["int8"]["fused"]["MatMulInteger"] > 0
-    assert record.data["metrics"]["fusions"] == fusions
+    assert record.metric("optimize.variants") == fusions
     assert record.data["environment"]["onnxruntime"]["providers_used"] == ["CPUExecutionProvider"]
 
 
@@ -56,10 +57,10 @@ def test_fp16_keeps_fp32_io_and_stays_close(optimized_bert):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
-    fp32 = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"])
-    fp16 = OrtRunner("fp16", record.artifact("onnx.fp16"), ["CPUExecutionProvider"])
-    feed = encode(tokenizer, list(load_corpus()[:8]), fp32.input_names)
-    want, got = fp32.infer(feed), fp16.infer(feed)
+    with (OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32,
+          OrtRunner("fp16", record.artifact("onnx.fp16"), ["CPUExecutionProvider"]) as fp16):
+        batch = Batch("texts", list(range(8)), encode(tokenizer, list(load_corpus()[:8]), fp32.input_names))
+        want, got = fp32.infer(batch), fp16.infer(batch)
     assert got["sentence_embedding"].dtype == np.float32
     assert 0 < np.abs(got["sentence_embedding"] - want["sentence_embedding"]).max() < 0.05
 
@@ -77,7 +78,7 @@ def test_sdpa_export_is_flagged_as_unfused(tiny_bert, tmp_path):
     record = RunRecord.create(tmp_path, config)
     export.run(config, record)
     with pytest.warns(UserWarning, match="Attention fused in 0 of 2 layers"):
-        fusions = optimize.run(config, record)
+        fusions = optimize.run(config, record).metrics["variants"]
     assert fusions["fp32"]["attention_fused"] is False
     assert set(fusions) == {"original", "fp32", "tensorrt"}
 
@@ -103,8 +104,8 @@ def test_large_models_are_saved_with_external_data(optimized_bert, tmp_path, mon
     monkeypatch.setattr(onnxfiles, "EXTERNAL_DATA_THRESHOLD", 1024)
     dest = onnxfiles.save(model, tmp_path / "big.onnx")
     assert (tmp_path / "big.onnx.data").stat().st_size > dest.stat().st_size
-    runner = OrtRunner("big", dest, ["CPUExecutionProvider"])
-    feed = {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names}
-    want = OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]).infer(feed)
-    assert np.array_equal(runner.infer(feed)["sentence_embedding"], want["sentence_embedding"])
+    with (OrtRunner("big", dest, ["CPUExecutionProvider"]) as runner,
+          OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32):
+        batch = Batch("ones", [0], {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names})
+        assert np.array_equal(runner.infer(batch)["sentence_embedding"], fp32.infer(batch)["sentence_embedding"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]

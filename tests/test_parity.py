@@ -29,7 +29,7 @@ def pipeline(model: Path, run_dir: Path, **settings) -> tuple[RunRecord, dict]:
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
     optimize.run(config, record)
-    return record, parity.run(config, record)
+    return record, parity.run(config, record).metrics["variants"]
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +154,8 @@ def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_pa
     export.run(roberta, other)
     bert = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL})
     lab = ParityLab.build(bert, load_model(bert), load_corpus()[:16])
-    runner = OrtRunner("roberta", other.artifact("onnx.original"), ["CPUExecutionProvider"])
-    with pytest.raises(InputMismatchError, match="roberta takes inputs"):
+    with (OrtRunner("roberta", other.artifact("onnx.original"), ["CPUExecutionProvider"]) as runner,
+          pytest.raises(InputMismatchError, match="roberta takes inputs")):
         lab.compare(runner, "fp32")
 
 

@@ -9,6 +9,7 @@ import pytest
 from workbench.atomic import sha256_file
 from workbench.cli import main
 from workbench.environment import gpu_name
+from workbench.steplist import STEP_NAMES
 
 TRT_STATUS = "skipped" if gpu_name() is None else "ok"  # TensorRT builds only where a GPU is
 
@@ -27,11 +28,15 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     record = json.loads((run_dir / "run.json").read_text())
     assert [(n, s["status"]) for n, s in record["steps"].items()] == [
         ("export", "ok"), ("optimize", "ok"), ("parity", "ok"), ("tensorrt", TRT_STATUS), ("triton", "ok"),
-        ("generation", "ok"), ("report", "ok")]
+        ("generation", "ok"), ("bench", "ok"), ("report", "ok")]
+    # One word per step: each step's metrics live under metrics.<step>, and only there.
+    assert set(record["metrics"]) <= set(record["steps"])
+    for name, step in record["steps"].items():
+        assert all(key == name or key.startswith(f"{name}.") for key in step.get("metrics", [])), name
     assert record["metrics"]["parity"]["variants"]["fp32"]["passed"]
-    assert record["metrics"]["served_parity"]["http"]["passed"]
+    assert record["metrics"]["triton"]["served_parity"]["http"]["passed"]
     assert record["config"]["precisions"] == ["fp32", "int8"]
-    assert record["metrics"]["fusions"]["fp32"]["fused"]["Attention"] == 2
+    assert record["metrics"]["optimize"]["variants"]["fp32"]["fused"]["Attention"] == 2
     for name, artifact in record["artifacts"].items():
         path = run_dir / artifact["path"]
         if path.is_file():
@@ -39,8 +44,8 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     assert {"notebook.export", "notebook.optimize", "notebook.parity", "onnx.int8"} <= set(record["artifacts"])
     assert (run_dir / "report.html").stat().st_size > 1_000_000  # plotly embedded
     assert record["metrics"]["generation"]["translation"]["in_process"]["identical"] == 4
-    for notebook in ("02_optimize.ipynb", "04_parity.ipynb", "05_triton.ipynb", "07_generation.ipynb",
-                     "06_report.ipynb"):
+    for notebook in ("02_optimize.ipynb", "03_parity.ipynb", "05_triton.ipynb", "06_generation.ipynb",
+                     "07_bench.ipynb"):
         executed = json.loads((run_dir / "notebooks" / notebook).read_text())
         assert any("plotly" in json.dumps(cell.get("outputs")) for cell in executed["cells"]), notebook
     assert record["environment"]["packages"]["onnxruntime"]
@@ -71,7 +76,7 @@ def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, ca
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
     assert "model.safetensors" in record["steps"]["export"]["error"]
-    for later in ("optimize", "parity", "tensorrt", "triton", "generation", "report"):
+    for later in STEP_NAMES[1:]:
         assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
     assert (run_dir / "notebooks" / "01_export.ipynb").is_file()

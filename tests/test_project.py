@@ -1,6 +1,7 @@
 """Promises about the project files themselves: notebooks, environment.yml, version pins in one place."""
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -9,8 +10,10 @@ import pytest
 import tomllib
 import yaml
 
+from workbench.cli import main
+from workbench.config import RunConfig
 from workbench.pins import pin
-from workbench.steplist import STEPS
+from workbench.steplist import STEP_NAMES, STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -68,8 +71,39 @@ def test_step_notebook_is_clean_and_parameterized(step):
     assert sum("parameters" in c["metadata"].get("tags", []) for c in code) == 1
     assert all(not c["outputs"] and c["execution_count"] is None for c in code)
     source = "".join("".join(c["source"]) for c in code)
-    assert f"from workbench.steps import {step.name}" in source
-    assert (ROOT / "workbench" / "steps" / f"{step.name}.py").is_file()
+    assert f"from workbench.steps import {step.name}" in source and f"{step.name}.run(cfg, record)" in source
+    assert "record.data" not in source, "notebooks read the record through its typed readers"
+    assert "".join(notebook["cells"][0]["source"]).startswith(f"# {step.number:02d} · ")
+
+
+def test_one_word_names_each_step_everywhere(capsys):
+    """--steps, `workbench steps`, the notebooks (numbered in run order), the modules and the README agree."""
+    assert sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")) == [s.notebook for s in STEPS]
+    assert [s.number for s in STEPS] == list(range(1, len(STEPS) + 1))
+    modules = {p.stem for p in (ROOT / "workbench" / "steps").glob("*.py")} - {"__init__"}
+    assert modules == set(STEP_NAMES)
+    for step in STEPS:
+        module = importlib.import_module(f"workbench.steps.{step.name}")
+        assert module.STEP == step.name and module.__doc__.startswith(f"The {step.name} step: ")
+    assert main(["steps"]) == 0
+    listed = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
+    assert listed == [[s.name, f"notebooks/{s.notebook}"] for s in STEPS]
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| `notebooks/(\S+)` \|", readme, re.MULTILINE)
+    assert rows == [(s.name, s.notebook) for s in STEPS]
+    assert RunConfig(steps=list(reversed(STEP_NAMES))).steps == list(STEP_NAMES)
+
+
+def test_steps_do_not_import_steps_and_only_record_reads_the_raw_record():
+    for path in (ROOT / "workbench").rglob("*.py"):
+        text = path.read_text()
+        if path.parent.name == "steps":
+            assert not re.search(r"from workbench\.steps\b|import workbench\.steps", text), path
+        if path.name != "record.py":
+            assert not re.search(r"record\.data\b|\.data\[\"(steps|metrics|artifacts)", text), path
+    config_imports = re.findall(r"^from workbench\.(\S+) import", (ROOT / "workbench" / "config.py").read_text(),
+                                re.MULTILINE)
+    assert "steps" not in config_imports and "steplist" in config_imports
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_tests():

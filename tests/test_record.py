@@ -8,7 +8,7 @@ import pytest
 from workbench.atomic import atomic_dir, atomic_path
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, GpuRequiredError, MissingArtifactError, OutputDirError
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 
 
 def test_step_statuses_and_seconds(tmp_path):
@@ -44,12 +44,18 @@ def test_artifacts_carry_size_and_sha256(tmp_path):
         record.artifact("onnx.x")
 
 
-def test_metrics_are_nested_by_dots(tmp_path):
+def test_metrics_are_nested_by_dots_under_the_step_that_writes_them(tmp_path):
     record = RunRecord.create(tmp_path, RunConfig())
-    record.set_metric("fusions.fp32.nodes", 46)
-    assert RunRecord.load(tmp_path).data["metrics"] == {"fusions": {"fp32": {"nodes": 46}}}
-    assert record.metric("fusions.fp32.nodes") == 46
-    assert record.metric("fusions.int8.nodes", "absent") == "absent"
+    with record.step("optimize"):
+        record.set_metric("optimize.variants.fp32.nodes", 46)
+        with pytest.raises(ValueError, match="optimize.*not 'parity.variants.fp32'"):
+            record.set_metric("parity.variants.fp32", {"passed": True})
+    assert RunRecord.load(tmp_path).data["metrics"] == {"optimize": {"variants": {"fp32": {"nodes": 46}}}}
+    assert record.metric("optimize.variants.fp32.nodes") == 46
+    assert record.metric("optimize.variants.int8.nodes", "absent") == "absent"
+    entry = record.step_entry("optimize")
+    assert (entry.status, entry.metrics) == ("ok", {"variants": {"fp32": {"nodes": 46}}})
+    assert record.step_entry("parity") == StepEntry("parity", None, "", None, None, {})
 
 
 def test_open_refuses_a_folder_holding_another_models_run(tmp_path):

@@ -1,4 +1,4 @@
-"""Benchmarks (in-process and served against a real Triton) and the self-contained report, on a tiny model."""
+"""The bench step (in-process and served against a real Triton) and the self-contained report, on a tiny model."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,7 @@ from workbench.load import breakdown, stage_totals
 from workbench.perf_analyzer import find_perf_analyzer
 from workbench.record import RunRecord
 from workbench.served import TextLoad, measure_text_loads, pick
-from workbench.steps import export, optimize, parity, report
+from workbench.steps import bench, export, optimize, parity, report
 from workbench.triton.plan import serving_plan
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
@@ -26,7 +26,7 @@ def reported(tiny_models, tmp_path_factory):
         "model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"], "threads": 1, "bench": BENCH,
         "batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}})
     record = RunRecord.create(tmp_path_factory.mktemp("report"), config)
-    for step in (export, optimize, parity, report):
+    for step in (export, optimize, parity, bench, report):
         step.run(config, record)
     return config, record
 
@@ -34,7 +34,7 @@ def reported(tiny_models, tmp_path_factory):
 @pytest.mark.slow
 def test_latency_grid_covers_every_runner_and_cell(reported):
     _, record = reported
-    latency = record.data["metrics"]["latency"]
+    latency = record.metric("bench.latency")
     assert set(latency["cells"]) == {"b1_s8", "b1_s16", "b2_s8", "b2_s16"}
     for cell, stats in latency["cells"].items():
         assert {"pytorch", "original", "fp32", "int8"} <= set(stats)
@@ -51,7 +51,7 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
 @pytest.mark.slow
 def test_served_sweeps_search_and_tokenization(reported):
     config, record = reported
-    served = record.data["metrics"]["served"]
+    served = record.metric("bench.served")
     assert served["tool"] == ("perf_analyzer" if find_perf_analyzer() else "asyncio")
     for label in ("batching_off", "batching_on"):
         for level in served[label]["text"].values():
@@ -88,11 +88,32 @@ def test_report_is_self_contained(reported):
     for title in ("Parity against PyTorch", "In-process latency", "Served throughput", "Dynamic batching search",
                   "Where tokenization runs", "ONNX Runtime fusions"):
         assert title in html, title
-    assert ("int8 precision repair" in html) == ("repair" in record.data["metrics"]["parity"])
-    # Re-render without measuring again: the numbers stay, the page is rewritten.
-    before = record.data["metrics"]["latency"]
-    report.run(config.model_copy(update={"bench": config.bench.model_copy(update={"enabled": False})}), record)
-    assert record.data["metrics"]["latency"] == before
+    assert ("int8 precision repair" in html) == bool(record.metric("parity.repair"))
+    assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"
+    # Rendering again measures nothing: the bench step's numbers stay as they were, and stay current.
+    before = record.step_entry("bench")
+    again = report.run(config, record)
+    assert again.status == "ok" and record.step_entry("bench") == before and before.status == "ok"
+    assert record.artifact("report").read_text().count("Plotly.newPlot") == html.count("Plotly.newPlot")
+
+
+def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):
+    config = RunConfig()
+    record = RunRecord.create(tmp_path, config)
+    with record.step("export"):
+        record.set_metric("export", {"nodes": 3})
+    with record.step("parity"):
+        pass  # ok, but wrote no metric
+    with pytest.raises(RuntimeError), record.step("optimize"):
+        raise RuntimeError("the disk is full")
+    result = report.run(config, record)
+    html = record.artifact("report").read_text()
+    assert result.status == "ok" and "Plotly.newPlot" not in html
+    assert "The optimize step is failed (RuntimeError: the disk is full)" in html
+    for step in ("tensorrt", "triton", "generation", "bench"):
+        assert f"the {step} step did not run; run `workbench run --resume --output-dir &lt;this run&gt; " \
+               f"--steps {step}` to fill it" in html, step
+    assert "The parity step ran but recorded nothing" in html
 
 
 def test_interleaving_rotates_and_respects_the_budget():

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import yaml
 
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import (
@@ -79,7 +80,9 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(served, tiny_models)
     config, plan, server = served
     texts = list(load_corpus()[:6])
     loaded = load_model(config)
-    want = TorchRunner(loaded, "mean").infer(encode(loaded.tokenizer, texts, loaded.input_names, max_length=64))
+    feed = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
+    with TorchRunner(loaded, "mean") as reference:
+        want = reference.infer(Batch("texts", list(range(6)), feed))
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with TritonClient(url, protocol) as client:
             got = client.infer_texts(plan.name, texts)
@@ -250,11 +253,11 @@ def test_gpu_flavors_generate_valid_configs(served, tmp_path):
 def test_triton_step_end_to_end(tiny_models, tmp_path):
     config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
                               task="sequence-classification")
-    metrics = triton.run(config, record)
+    metrics = triton.run(config, record).metrics
     assert record.data["steps"]["triton"]["status"] == "ok", record.data["steps"]["triton"]
     assert metrics["verified"] and metrics["verification"]["by"] == "triton step", "no parity step ran before it"
     for protocol in ("http", "grpc"):
-        served_parity = record.data["metrics"]["served_parity"][protocol]
+        served_parity = metrics["served_parity"][protocol]
         assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0
     assert metrics["models"] == sorted([metrics["name"], f"{metrics['name']}_model", f"{metrics['name']}_postprocess",
                                         f"{metrics['name']}_tokenizer"])
@@ -277,7 +280,9 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):
     plan, _ = serving_plan(config, record)
     texts = list(load_corpus()[:5])
     loaded = load_model(config)
-    logits = TorchRunner(loaded, "none").infer(encode(loaded.tokenizer, texts, loaded.input_names))["logits"]
+    feed = encode(loaded.tokenizer, texts, loaded.input_names)
+    with TorchRunner(loaded, "none") as reference:
+        logits = reference.infer(Batch("texts", list(range(5)), feed))["logits"]
     with TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server") as server:
         with TritonClient(server.http_url) as client:
             got = client.infer_texts(plan.name, texts)

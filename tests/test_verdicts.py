@@ -133,7 +133,7 @@ def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
     saved = RunRecord.load(record.run_dir)
     assert saved.status("optimize") == "failed"
     assert saved.status("parity") == "stale" and "onnx.fp32 (from optimize)" in saved.data["steps"]["parity"]["reason"]
-    assert "fusions" not in saved.data["metrics"] or not saved.data["metrics"]["fusions"]
+    assert not saved.metric("optimize.variants")
     assert not (record.run_dir / "onnx" / "fp32.onnx").exists()
 
 
@@ -153,13 +153,13 @@ def _optimized(model: Path, root: Path, **settings) -> tuple[RunConfig, RunRecor
 @pytest.mark.slow
 def test_the_triton_step_serves_only_what_passed_parity(tiny_models, tmp_path):
     config, record = _optimized(tiny_models["bert"], tmp_path, **STRICT)
-    metrics = triton.run(config, record)  # no parity step ran: the triton step checks the candidates itself
+    metrics = triton.run(config, record).metrics  # no parity step ran: the triton step checks the candidates itself
     assert metrics["variant"] == "fp32" and metrics["verified"] is True
     assert metrics["verification"]["by"] == "triton step"
     checked = metrics["verification"]["checked_here"]
     assert checked["int8"]["passed"] is False and checked["fp32"]["passed"] is True
     assert "verified" not in record.data["steps"]["triton"]
-    assert all(record.data["metrics"]["served_parity"][p]["passed"] for p in ("http", "grpc"))
+    assert all(metrics["served_parity"][p]["passed"] for p in ("http", "grpc"))
 
 
 @pytest.mark.slow
@@ -170,10 +170,10 @@ def test_a_failing_variant_is_refused_unless_the_user_allows_it(tiny_models, tmp
     assert record.status("triton") == "failed"
     assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir())
     allowed = config.model_copy(update={"triton": config.triton.model_copy(update={"allow_unverified": True})})
-    metrics = triton.run(allowed, record)
+    metrics = triton.run(allowed, record).metrics
     step = record.data["steps"]["triton"]
     assert step["status"] == "ok" and step["verified"] is False and metrics["verified"] is False
-    assert record.data["metrics"]["served_parity"]["http"]["passed"] is False
+    assert metrics["served_parity"]["http"]["passed"] is False
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ def _load_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "resume", False):
         if not args.output_dir:
             raise ConfigError("--resume needs the run folder", "pass --output-dir <the run to continue>")
-        base = RunRecord.load(args.output_dir).data["config"]
+        base = RunRecord.load(args.output_dir).config.to_params()
     return RunConfig.load(args.config, overrides, base=base)
 
 
@@ -42,11 +42,8 @@ def _run(args: argparse.Namespace) -> int:
 
     config = _load_config(args)
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
-    for name, step in record.data["steps"].items():
-        unverified = step.get("verified") is False
-        detail = step.get("unverified_reason" if unverified else "reason") or step.get("error") or ""
-        status = "ok, verified: false" if unverified else step["status"]
-        print(f"{name:12s} {status:8s} {step.get('seconds', '')!s:>8} {detail}")
+    for step in record.step_entries():
+        print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {step.detail}")
     print(f"run.json: {record.path}")
     return 0
 

@@ -14,6 +14,9 @@ from workbench.steplist import STEP_NAMES
 from workbench.tasks import TASKS
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Settings that existed once, and what replaces them.
+REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
+                            "and --resume --steps report re-renders the report"}
 Precision = Literal["fp32", "fp16", "int8"]
 
 
@@ -69,9 +72,8 @@ class TritonSettings(_Strict):
 
 
 class BenchSettings(_Strict):
-    """In-process and served benchmarks (bounded: rounds, requests and seconds)."""
+    """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
 
-    enabled: bool = True
     batches: list[int] = [1, 8]
     sequences: list[int] = [16, 128]
     rounds: int = Field(default=20, ge=3)
@@ -234,7 +236,7 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             close = difflib.get_close_matches(field, RunConfig.model_fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             lines.append(f"unknown setting {loc!r}{hint}")
-            fixes.append("remove or rename it; `workbench config` prints every setting")
+            fixes.append(REMOVED.get(loc, "remove or rename it; `workbench config` prints every setting"))
         else:
             lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
             fixes.append(f"set {loc} to a valid value")

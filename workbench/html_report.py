@@ -1,6 +1,8 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -8,51 +10,118 @@ import jinja2
 
 from workbench import figures
 from workbench.atomic import write_text
+from workbench.record import RunRecord, StepEntry
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
+Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
 
 
-def _sections(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """(title, text, figures) for every part of the run that left metrics."""
-    sections: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class Section:
+    """Part of the page: the step whose metrics fill it, and how they render (none: the step left nothing)."""
 
-    def add(title: str, text: str, *made: Any) -> None:
-        sections.append({"title": title, "text": text, "figures": [f for f in made if f is not None]})
+    title: str
+    step: str
+    render: Callable[[dict[str, Any]], Parts]
 
-    if "fusions" in metrics:
-        add("ONNX Runtime fusions", "Fused operators and node counts per variant.",
-            figures.fusion_figure(metrics["fusions"]))
-    parity = metrics.get("parity", {})
+
+def _fusions(optimize: dict[str, Any]) -> Parts:
+    if "variants" not in optimize:
+        return []
+    return [("ONNX Runtime fusions", "Fused operators and node counts per variant.",
+             [figures.fusion_figure(optimize["variants"])])]
+
+
+def _parity(parity: dict[str, Any]) -> Parts:
+    parts: Parts = []
     if parity.get("variants"):
-        add("Parity against PyTorch", "Real text at the shape corners and the whole corpus; padding excluded.",
-            figures.parity_table(parity["variants"]), figures.error_distribution(parity["variants"]))
+        parts.append(("Parity against PyTorch", "Real text at the shape corners and the whole corpus; padding "
+                      "excluded.", [figures.parity_table(parity["variants"]),
+                                    figures.error_distribution(parity["variants"])]))
     for precision, outcome in parity.get("repair", {}).items():
-        add(f"{precision} precision repair", f"Outcome: {outcome['outcome']}; nodes kept in fp32: "
-            f"{len(outcome['chosen']['blocked']) if outcome.get('chosen') else 'none'} of {outcome['units']}.",
-            figures.repair_tradeoff(outcome))
-    if "latency" in metrics:
-        latency = metrics["latency"]
-        add("In-process latency", f"Interleaved rounds, {latency['threads']} threads, median per call; speedup "
-            f"over PyTorch eager fp32. Matmul peak measured in the same run: {latency['peak_gflops']:.0f} GFLOP/s.",
-            figures.latency_figure(latency), figures.speedup_figure(latency))
-    served = metrics.get("served", {})
-    if "batching_on" in served:
-        add("Served throughput and latency", f"Load tool: {served['tool']}; one text per request.",
-            figures.throughput_figure(served), figures.breakdown_figure(served))
-        add("Dynamic batching search", _search_text(served["search"]), figures.search_figure(served["search"]))
-        add("Where tokenization runs", "Text to the ensemble (tokenizer in Triton) against token ids sent "
-            "straight to the model (tokenized in the client), same concurrencies.", figures.tokenization_figure(served))
-    if "served_parity" in metrics:
-        add("Served parity", "The deployed ensemble against PyTorch over HTTP and gRPC.",
-            figures.parity_table({f"served {p}": r for p, r in metrics["served_parity"].items()}))
-    if "generation" in metrics:
-        add("Translation and text generation", "transformers generate against CTranslate2, both served through "
-            "Triton's Python backend; greedy decoding, one text per request.",
-            *figures.generation_figures(metrics["generation"]))
-    if "tensorrt" in metrics:
-        add("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
-            figures.length_histogram(metrics["tensorrt"]), figures.padding_figure(metrics["tensorrt"]))
-    return sections
+        kept = len(outcome["chosen"]["blocked"]) if outcome.get("chosen") else "none"
+        parts.append((f"{precision} precision repair", f"Outcome: {outcome['outcome']}; nodes kept in fp32: "
+                      f"{kept} of {outcome['units']}.", [figures.repair_tradeoff(outcome)]))
+    return parts
+
+
+def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
+    if "profiles" not in tensorrt:
+        return []
+    parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
+                     [figures.length_histogram(tensorrt), figures.padding_figure(tensorrt)])]
+    if tensorrt.get("parity"):
+        parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
+                      [figures.parity_table(tensorrt["parity"])]))
+    return parts
+
+
+def _triton(triton: dict[str, Any]) -> Parts:
+    if "served_parity" not in triton:
+        return []
+    return [("Served parity", f"The deployed ensemble ({triton['variant']}) against PyTorch over HTTP and gRPC.",
+             [figures.parity_table({f"served {p}": r for p, r in triton["served_parity"].items()})])]
+
+
+def _generation(generation: dict[str, Any]) -> Parts:
+    if not generation:
+        return []
+    return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
+             "Triton's Python backend; greedy decoding, one text per request.",
+             figures.generation_figures(generation))]
+
+
+def _latency(bench: dict[str, Any]) -> Parts:
+    latency = bench.get("latency")
+    if not latency:
+        return []
+    return [("In-process latency", f"Interleaved rounds, {latency['threads']} threads, median per call; speedup "
+             f"over PyTorch eager fp32. Matmul peak measured in the same run: {latency['peak_gflops']:.0f} GFLOP/s.",
+             [figures.latency_figure(latency), figures.speedup_figure(latency)])]
+
+
+def _served(bench: dict[str, Any]) -> Parts:
+    served = bench.get("served", {})
+    if "skipped" in served:
+        return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
+    if "batching_on" not in served:
+        return []
+    return [("Served throughput and latency", f"Load tool: {served['tool']}; one text per request.",
+             [figures.throughput_figure(served), figures.breakdown_figure(served)]),
+            ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
+            ("Where tokenization runs", "Text to the ensemble (tokenizer in Triton) against token ids sent straight "
+             "to the model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
+
+
+SECTIONS = (
+    Section("ONNX Runtime fusions", "optimize", _fusions),
+    Section("Parity against PyTorch", "parity", _parity),
+    Section("TensorRT shape profiles", "tensorrt", _tensorrt),
+    Section("Served parity", "triton", _triton),
+    Section("Translation and text generation", "generation", _generation),
+    Section("In-process latency", "bench", _latency),
+    Section("Served throughput and latency", "bench", _served),
+)
+
+
+def _missing(section: Section, step: StepEntry) -> str:
+    """Why a section is empty, and which step fills it."""
+    fill = f"run `workbench run --resume --output-dir <this run> --steps {section.step}` to fill it"
+    if step.status is None:
+        return f"Not in this run: the {section.step} step did not run; {fill}."
+    if step.status == "ok":
+        return f"The {section.step} step ran but recorded nothing for this section; {fill}."
+    return f"The {section.step} step is {step.status}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
+
+
+def sections(record: RunRecord) -> Parts:
+    """Every section, in pipeline order: its figures, or why it is empty."""
+    parts: Parts = []
+    for section in SECTIONS:
+        step = record.step_entry(section.step)
+        rendered = section.render(step.metrics) if step.status in ("ok", "stale") else []
+        parts += rendered or [(section.title, _missing(section, step), [])]
+    return parts
 
 
 def _search_text(search: dict[str, Any]) -> str:
@@ -64,14 +133,13 @@ def _search_text(search: dict[str, Any]) -> str:
             f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
 
 
-def headline(metrics: dict[str, Any]) -> list[str]:
-    """One sentence per speedup the run measured."""
+def headline(bench: dict[str, Any]) -> list[str]:
+    """One sentence per speedup the bench step measured."""
     lines = []
-    latency = metrics.get("latency", {})
-    for cell, best in latency.get("best", {}).items():
+    for cell, best in bench.get("latency", {}).get("best", {}).items():
         lines.append(f"{cell}: fastest variant that passes parity is {best['variant']}, "
                      f"{best['speedup']:.2f}x PyTorch eager.")
-    served = metrics.get("served", {})
+    served = bench.get("served", {})
     if "batching_on" in served and "batching_off" in served:
         top = str(max(served["levels"]))
         on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
@@ -80,27 +148,23 @@ def headline(metrics: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build_report(record: Any, dest: Path) -> Path:
-    data = record.data
+def build_report(record: RunRecord, dest: Path) -> Path:
+    """Render the record; the step writing the report leaves itself out of the summary."""
     rendered = []
     first = True
-    sections = _sections(data["metrics"])
-    for section in sections:
+    for title, text, made in sections(record):
         html_parts = []
-        for figure in section["figures"]:
+        for figure in made:
             html_parts.append(figure.to_html(full_html=False, include_plotlyjs=first, config={"responsive": True}))
             first = False
-        rendered.append({**section, "figures": html_parts})
-    env = data["environment"]
-    steps = {name: {"status": step["status"], "seconds": step.get("seconds", ""),
-                    "label": "ok, verified: false" if step.get("verified") is False else step["status"],
-                    "note": "still running while it writes this report" if step["status"] == "running"
-                    else (step.get("unverified_reason") or step.get("reason") or step.get("error") or ""
-                          ).split("\n")[0]}
-             for name, step in data["steps"].items()}
+        rendered.append({"title": title, "text": text, "figures": html_parts})
+    env = record.environment
+    config = record.config
+    steps = [step for step in record.step_entries() if step.status != "running"]
+    bench = record.step_entry("bench")
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
-        title=f"{data['config']['model']} · {data['config']['task']}", created=data["created"],
+        title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
-        steps=steps, headline=headline(data["metrics"]), sections=rendered)
+        steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered)
     return write_text(dest, page)

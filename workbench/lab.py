@@ -6,13 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from workbench.atomic import atomic_path
 from workbench.batches import Batch, corner_batches, corpus_batches
 from workbench.compare import OutputParity, check_inputs, tolerance_for, verdict
 from workbench.config import RunConfig
 from workbench.models import LoadedModel
+from workbench.runners import Runner
 from workbench.runners.torch import TorchRunner
 from workbench.tasks import OutputSpec
 
@@ -30,10 +29,11 @@ class ParityLab:
         self.specs: tuple[OutputSpec, ...] = loaded.task.outputs(config.pooling)
         self.batches = batches
         self.corners = batches[:corners]
-        self.reference = TorchRunner(loaded, config.pooling)
-        start = time.perf_counter()
-        self.expected = [self.reference.infer(b.feed) for b in self.batches]
-        self.reference_seconds = time.perf_counter() - start
+        with TorchRunner(loaded, config.pooling) as reference:
+            start = time.perf_counter()
+            self.expected = [reference.infer(b) for b in self.batches]
+            self.reference_seconds = time.perf_counter() - start
+        self.reference = reference  # closed: its name and input names describe `expected`
 
     @classmethod
     def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
@@ -74,20 +74,18 @@ class ParityLab:
         """The output users read: the sentence embedding when there is one."""
         return next((s for s in self.specs if s.kind == "embedding"), self.specs[0])
 
-    def collect(self, runner: Any, precision: str) -> dict[str, OutputParity]:
-        """Run every batch through `runner` and accumulate each output's comparison."""
+    def collect(self, runner: Runner, precision: str) -> dict[str, OutputParity]:
+        """Run every batch through `runner` and accumulate the comparison of each output it returns."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
-        served = getattr(runner, "output_names", None) or [s.name for s in self.specs]
         outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances))
-                   for s in self.specs if s.name in served}
+                   for s in self.specs if s.name in runner.output_names}
         for batch, expected in zip(self.batches, self.expected):
-            # Runners that need the texts themselves (a served ensemble) take the whole batch.
-            got = runner.infer_batch(batch) if hasattr(runner, "infer_batch") else runner.infer(batch.feed)
+            got = runner.infer(batch)
             for name, parity in outputs.items():
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs
 
-    def compare(self, runner: Any, precision: str) -> dict[str, Any]:
+    def compare(self, runner: Runner, precision: str) -> dict[str, Any]:
         start = time.perf_counter()
         outputs = self.collect(runner, precision)
         seconds = time.perf_counter() - start
@@ -100,9 +98,10 @@ class ParityLab:
         return [{"text_id": i, "text": self.texts[i][:160], "metric": parity.per_text_metric,
                  "error": parity.per_text_error(i), **parity.per_text[i]} for i in parity.hardest(WORST_TEXTS)]
 
-    def latency_feed(self) -> dict[str, np.ndarray]:
+    def latency_batch(self) -> Batch:
+        """The corner batch at the configuration's optimal batch size and sequence length."""
         name = f"b{self.config.batch.opt}_s{self.config.sequence.opt}"
-        return next(b.feed for b in self.corners if b.name == name)
+        return next(b for b in self.corners if b.name == name)
 
     def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:
         """The corner batches and PyTorch's outputs in Polygraphy's JSON formats (--load-inputs/--load-outputs)."""

@@ -4,9 +4,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from workbench.runners import Runner
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -78,44 +82,47 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int, reference
     return result
 
 
-def benchmark_runners(config: Any, record: Any) -> dict[str, Any]:
-    """PyTorch eager (the reference), every ONNX variant in ONNX Runtime, and TensorRT engines where built."""
+def benchmark_runners(config: Any, record: Any, stack: ExitStack) -> dict[str, Runner]:
+    """PyTorch eager (the reference), every ONNX variant in ONNX Runtime, and TensorRT engines where built; each is
+    closed when `stack` closes (also those opened before one that fails)."""
     from workbench.models import load_model
     from workbench.runners.onnxruntime import OrtRunner, providers_for
     from workbench.runners.torch import TorchRunner
 
     threads = config.threads or os.cpu_count() or 1
-    runners: dict[str, Any] = {"pytorch": TorchRunner(load_model(config), config.pooling)}
+    runners: dict[str, Runner] = {"pytorch": stack.enter_context(TorchRunner(load_model(config), config.pooling))}
     for name, (path, _) in record.variants("onnx").items():
-        runners[name] = OrtRunner(name, path, providers_for(config.device), threads)
+        runners[name] = stack.enter_context(OrtRunner(name, path, providers_for(config.device), threads))
     engines = record.variants("engine")
     if engines:
-        from workbench.profiles import Profile
         from workbench.runners.tensorrt import TrtEngineRunner
 
         for name, (path, _) in engines.items():
-            profiles = [Profile.from_record(p) for p in record.data["artifacts"][f"engine.{name}"]["profiles"]]
-            runners[name] = TrtEngineRunner(name, path, profiles)
+            runners[name] = stack.enter_context(TrtEngineRunner(name, path, record.engine_profiles(name)))
     return runners
 
 
 def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
     """The batch x sequence grid of `config.bench` on real text; per cell and runner: percentiles, throughput,
     speedup over PyTorch; fp32-equivalent GFLOP/s against a matmul peak measured in the same run."""
+    with ExitStack() as stack:  # every runner is closed, even when the benchmark fails
+        return _latency_benchmark(config, record, stack)
+
+
+def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, Any]:
     import torch
-    from transformers import AutoTokenizer
 
     from workbench.batches import shaped_batch, token_lengths
     from workbench.data import load_corpus
 
-    bench, export = config.bench, record.metric("export")
+    bench, export = config.bench, record.export_info()
     threads = config.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+    tokenizer = record.tokenizer()
     texts = list(load_corpus(config.corpus))
     lengths = token_lengths(tokenizer, texts)
-    runners = benchmark_runners(config, record)
-    verdicts = record.metric("parity.variants", {})
+    runners = benchmark_runners(config, record, stack)
+    verdicts = record.verdicts()
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}
     cells: dict[str, Any] = {}
     flops: dict[str, float] = {}
@@ -124,7 +131,7 @@ def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
             if length > export["max_sequence"]:
                 continue
             batch = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, rows, length)
-            calls = {name: (lambda r=runner, f=batch.feed: r.infer(f)) for name, runner in runners.items()}
+            calls = {name: (lambda r=runner, b=batch: r.infer(b)) for name, runner in runners.items()}
             samples = interleaved(calls, bench.rounds, bench.warmup, bench.seconds_per_cell)
             cell = f"b{rows}_s{length}"
             cells[cell] = summarize(samples, rows, length, "pytorch")

@@ -6,7 +6,6 @@ from datetime import datetime
 from pathlib import Path
 
 from workbench.config import RunConfig
-from workbench.environment import collect_environment
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.preflight import preflight
@@ -44,7 +43,7 @@ def remove_earlier_run(run_dir: Path) -> None:
     listed: list[Path] = []
     if (run_dir / RECORD_NAME).is_file():
         try:
-            listed = [run_dir / a["path"] for a in RunRecord.load(run_dir).data["artifacts"].values()]
+            listed = RunRecord.load(run_dir).artifact_paths()
         except OutputDirError:
             pass  # an unreadable record: its folders still go
     for path in [*listed, *(run_dir / name for name in OWNED_FOLDERS), run_dir / RECORD_NAME]:
@@ -86,8 +85,7 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     preflight(config)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True)
-        record.data["environment"] = collect_environment()  # the resumed steps may run on another machine
-        record.save()
+        record.refresh_environment()  # the resumed steps may run on another machine
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config)
     steps = [s for s in STEP_NAMES if s in config.steps]

@@ -7,8 +7,8 @@ from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.record import ensure_writable
 
-MODEL_STEPS = ("export", "optimize", "parity", "tensorrt", "triton", "report")
-SERVING_STEPS = ("triton", "generation", "report")
+MODEL_STEPS = ("export", "optimize", "parity", "tensorrt", "triton", "bench")
+SERVING_STEPS = ("triton", "generation", "bench")
 
 
 def preflight(config: RunConfig) -> None:

@@ -9,6 +9,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,25 @@ from workbench.steplist import STEP_NAMES as STEP_ORDER
 RECORD_NAME = "run.json"
 SCHEMA_VERSION = 1
 _RUN_DEFINING = ("model", "task", "pooling", "exporter", "opset", "attn_implementation")
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One step as the record has it: status (None: never run), why, seconds, and what it wrote (metrics.<step>)."""
+
+    name: str
+    status: str | None
+    detail: str
+    seconds: float | None
+    verified: bool | None
+    metrics: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The status as people read it: an ok the user allowed without verification says so."""
+        if self.status == "ok" and self.verified is False:
+            return "ok, verified: false"
+        return self.status or "not run"
 
 
 class RunRecord:
@@ -102,18 +122,17 @@ class RunRecord:
 
     # ---- steps ---------------------------------------------------------------------------
     @contextmanager
-    def step(self, name: str, keep: tuple[str, ...] = ()) -> Iterator[RunRecord]:
+    def step(self, name: str) -> Iterator[RunRecord]:
         """Time a step; record it ok, skipped (StepSkipped) or failed (re-raised), and save.
 
-        The step's earlier metrics (except the dotted keys in `keep`) and artifacts are dropped first, and what it
+        The step's earlier metrics and artifacts are dropped first, and what it
         reads from other steps is remembered, so that steps which consumed its outputs read `stale` once it re-runs
         or fails.
         """
         start = time.perf_counter()
-        kept = [m for m in self.data["steps"].get(name, {}).get("metrics", []) if m in keep]
-        self._drop_outputs(name, keep)
+        self._drop_outputs(name)
         self.data["steps"][name] = {"status": "running", "started": _now(), "run_id": uuid.uuid4().hex,
-                                    "inputs": {}, "metrics": kept}
+                                    "inputs": {}, "metrics": []}
         self._current = name
         self._refresh_stale()
         entry: dict[str, Any]
@@ -152,11 +171,23 @@ class RunRecord:
     def status(self, name: str) -> str | None:
         return self.data["steps"].get(name, {}).get("status")
 
-    def _drop_outputs(self, name: str, keep: tuple[str, ...] = ()) -> None:
-        """Forget the metrics `name` wrote (but `keep`) and remove the artifacts it produced (inside the run folder)."""
+    def step_entry(self, name: str) -> StepEntry:
+        """Step `name` as recorded, its metrics included ({} when it wrote none, e.g. skipped)."""
+        step = self.data["steps"].get(name, {})
+        verified = step.get("verified")
+        detail = (step.get("unverified_reason") if verified is False else None) or step.get("reason") \
+            or step.get("error") or ""
+        return StepEntry(name, step.get("status"), detail.split("\n")[0], step.get("seconds"), verified,
+                         self.metric(name) or {})
+
+    def step_entries(self) -> list[StepEntry]:
+        """Every step the record has, in pipeline order."""
+        return [self.step_entry(name) for name in STEP_ORDER if name in self.data["steps"]]
+
+    def _drop_outputs(self, name: str) -> None:
+        """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
         for dotted in self.data["steps"].get(name, {}).get("metrics", []):
-            if dotted not in keep:
-                _pop_dotted(self.data["metrics"], dotted.split("."))
+            _pop_dotted(self.data["metrics"], dotted.split("."))
         for artifact, entry in list(self.data["artifacts"].items()):
             if entry.get("step") == name:
                 remove_inside(self.run_dir, self.run_dir / entry["path"])
@@ -251,6 +282,27 @@ class RunRecord:
                  if a["kind"] == kind and a.get("variant") != "tensorrt"}
         return {a["variant"]: (self.artifact(name), a["precision"]) for name, a in found.items()}
 
+    def variant_names(self, kind: str = "onnx") -> list[str]:
+        """Names of the recorded variants of `kind`, without reading them."""
+        return [a["variant"] for a in self.data["artifacts"].values()
+                if a["kind"] == kind and a.get("variant") != "tensorrt"]
+
+    def variant(self, name: str, kind: str = "onnx") -> tuple[Path, str]:
+        """One variant of `kind`: (path, precision)."""
+        path = self.artifact(f"{kind}.{name}")
+        return path, self.data["artifacts"][f"{kind}.{name}"]["precision"]
+
+    def engine_profiles(self, name: str) -> list[Any]:
+        """The shape profiles engine `name` was built with."""
+        from workbench.profiles import Profile
+
+        self.artifact(f"engine.{name}")
+        return [Profile.from_record(p) for p in self.data["artifacts"][f"engine.{name}"]["profiles"]]
+
+    def artifact_paths(self) -> list[Path]:
+        """Every recorded artifact's path."""
+        return [self.run_dir / a["path"] for a in self.data["artifacts"].values()]
+
     def _relative(self, path: Path) -> str:
         try:
             return str(path.resolve().relative_to(self.run_dir.resolve()))
@@ -259,6 +311,9 @@ class RunRecord:
 
     # ---- metrics and environment ---------------------------------------------------------
     def set_metric(self, dotted: str, value: Any) -> None:
+        """Write `metrics.<dotted>`; a running step writes only under its own name."""
+        if self._current is not None and dotted.split(".")[0] != self._current:
+            raise ValueError(f"step {self._current!r} may write metrics.{self._current}.* only, not {dotted!r}")
         node = self.data["metrics"]
         *parents, leaf = dotted.split(".")
         for part in parents:
@@ -280,11 +335,48 @@ class RunRecord:
         return node
 
     def verdict(self, variant: str) -> dict[str, Any] | None:
-        """The parity result of `variant` if a step that is ok now wrote it (not stale, failed or missing)."""
-        dotted = f"parity.variants.{variant}"
-        writer = self._metric_writer(dotted)
-        result = self.metric(dotted)
-        return result if result is not None and writer is not None and self.status(writer) == "ok" else None
+        """The parity result of `variant` (an ONNX variant checked by the parity step, or an engine checked by the
+        tensorrt step) if the step that wrote it is ok now (not stale, failed or missing)."""
+        for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
+            writer = self._metric_writer(dotted)
+            if writer is not None:
+                result = self.metric(dotted)
+                return result if result is not None and self.status(writer) == "ok" else None
+        return None
+
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """Every variant's and engine's current parity result (see `verdict`)."""
+        names = [*self.data["metrics"].get("parity", {}).get("variants", {}),
+                 *self.data["metrics"].get("tensorrt", {}).get("parity", {})]
+        found = {name: self.verdict(name) for name in names}
+        return {name: result for name, result in found.items() if result is not None}
+
+    # ---- what steps read from each other -------------------------------------------------
+    def export_info(self) -> dict[str, Any]:
+        """What the export step measured about the model and its graph (metrics.export)."""
+        info = self.metric("export")
+        if info is None:
+            raise MissingArtifactError(f"the run in {self.run_dir} has no export metrics",
+                                       "run the export step first: --steps export")
+        return info
+
+    def tokenizer(self) -> Any:
+        """The tokenizer the export step saved with the model."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
+
+    def fp16_repair_pins(self) -> list[str]:
+        """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""
+        return list(self.metric("parity.repair.fp16.chosen.blocked") or [])
+
+    def shape_profiles(self) -> list[dict[str, Any]]:
+        """The TensorRT shape profiles the tensorrt step designed (none when it did not run)."""
+        return list(self.metric("tensorrt.profiles") or [])
+
+    def deployment(self) -> dict[str, Any] | None:
+        """What the triton step deployed, if it is ok now."""
+        return self.metric("triton") if self.status("triton") == "ok" else None
 
     def unverified(self, reason: str) -> None:
         """Mark the running step `verified: false` (it finished only because the user allowed it)."""
@@ -299,6 +391,25 @@ class RunRecord:
                 if written == dotted or written.startswith(f"{dotted}.") or dotted.startswith(f"{written}."):
                     return name
         return None
+
+    def all_metrics(self) -> dict[str, Any]:
+        """Every metric of the run, as one mapping (for rendering the whole record)."""
+        return self.data["metrics"]
+
+    @property
+    def created(self) -> str:
+        return self.data["created"]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.data["environment"]
+
+    def refresh_environment(self) -> None:
+        """Record this machine again (a resumed run may continue on another host)."""
+        from workbench.environment import collect_environment
+
+        self.data["environment"] = collect_environment()
+        self.save()
 
     def note_providers(self, providers: list[str]) -> None:
         """Remember which ONNX Runtime providers a session really used."""

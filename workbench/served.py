@@ -114,7 +114,7 @@ def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any
 
 def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Any,
                          workdir: Path) -> dict[str, Any]:
-    """Everything under metrics.served: sweeps, the batching search, and the tokenization comparison."""
+    """Everything under metrics.bench.served: sweeps, the batching search, and the tokenization comparison."""
     bench = config.bench
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from workbench.atomic import sha256_file
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.models import load_model
@@ -40,7 +41,7 @@ def test_two_profile_engines_are_built_and_match_pytorch(engine_run):
     for name in ("trt_fp32", "trt_fp16"):
         assert engines[name]["build"]["cache_hit"] is False
         assert record.artifact(f"engine.{name}").stat().st_size > 1_000_000
-    variants = record.data["metrics"]["parity"]["variants"]
+    variants = record.data["metrics"]["tensorrt"]["parity"]
     fp32 = variants["trt_fp32"]["outputs"]["sentence_embedding"]
     assert fp32["min_cosine"] > 0.9999 and fp32["max_abs"] < 1e-3
     fp16 = variants["trt_fp16"]["outputs"]["sentence_embedding"]
@@ -64,11 +65,12 @@ def test_a_second_run_reuses_the_cached_engines(engine_run, tmp_path):
 def test_ort_tensorrt_provider_answers_like_cuda_fp32(engine_run):
     config, record = engine_run
     options = record.data["metrics"]["tensorrt"]["engines"]["trt_fp32"]["ort_provider_options"]
-    trt = OrtRunner("ort_trt", record.artifact("onnx.tensorrt"), tensorrt_providers(options))
-    assert trt.providers[0] == TENSORRT
-    cuda = OrtRunner("fp32", record.artifact("onnx.fp32"), [CUDA, CPU])
     loaded = load_model(config)
-    feed = encode(loaded.tokenizer, list(load_corpus()[:16]), trt.input_names, max_length=128)
-    got, want = trt.infer(feed)["sentence_embedding"], cuda.infer(feed)["sentence_embedding"]
+    with (OrtRunner("ort_trt", record.artifact("onnx.tensorrt"), tensorrt_providers(options)) as trt,
+          OrtRunner("fp32", record.artifact("onnx.fp32"), [CUDA, CPU]) as cuda):
+        assert trt.providers[0] == TENSORRT
+        feed = encode(loaded.tokenizer, list(load_corpus()[:16]), trt.input_names, max_length=128)
+        batch = Batch("texts", list(range(16)), feed)
+        got, want = trt.infer(batch)["sentence_embedding"], cuda.infer(batch)["sentence_embedding"]
     cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cosine.min() > 0.9999 and np.abs(got - want).max() < 1e-3

@@ -6,8 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from workbench.batches import Batch
 from workbench.environment import gpu_name
 from workbench.errors import GpuRequiredError, OnnxModelError
+from workbench.runners import Runner, RunnerClosedError
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -63,17 +65,22 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None) 
         raise OnnxModelError(f"ONNX Runtime cannot load {path}: {exc}", "re-run the step that wrote it") from None
 
 
-class OrtRunner:
-    """Runs one ONNX file; `providers` records what the session really uses."""
+class OrtRunner(Runner):
+    """Runs one ONNX file; `providers` records what the session really uses; `close()` drops the session."""
 
     def __init__(self, name: str, path: Path | str, providers: list[Any], threads: int | None = None) -> None:
         self.name = name
         self.path = Path(path)
-        self.session = session(path, providers, threads)
+        self.session: Any = session(path, providers, threads)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.providers = self.session.get_providers()
 
-    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self.session.run(None, {name: feed[name] for name in self.input_names})
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.session is None:
+            raise RunnerClosedError(f"{self.name}: the ONNX Runtime session of {self.path} is closed")
+        outputs = self.session.run(None, {name: batch.feed[name] for name in self.input_names})
         return dict(zip(self.output_names, outputs))
+
+    def close(self) -> None:
+        self.session = None

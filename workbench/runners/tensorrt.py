@@ -5,26 +5,37 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.batches import Batch
 from workbench.errors import ShapeError
 from workbench.profiles import Profile, profile_for
+from workbench.runners import Runner
 
 
-class TrtEngineRunner:
+class TrtEngineRunner(Runner):
     """Runs a serialized engine; each call uses the first profile whose ranges hold the input shape."""
 
     def __init__(self, name: str, engine_path: Path, profiles: list[Profile]) -> None:
+        import tensorrt as trt
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
         self.name = name
         self.profiles = profiles
         self.runner = TrtRunner(EngineFromBytes(Path(engine_path).read_bytes()), name=name)
-        self.runner.activate()
         self.active = 0
-        self.input_names = tuple(self.runner.get_input_metadata().keys())
+        self.runner.activate()
+        try:
+            self.input_names = tuple(self.runner.get_input_metadata().keys())
+            # Polygraphy's TrtRunner has no output metadata; the engine lists its I/O tensors.
+            engine = self.runner.context.engine
+            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+            self.output_names = tuple(n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT)
+        except BaseException:
+            self.runner.deactivate()
+            raise
         self.providers = ["TensorRT"]
 
-    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows, length = feed["input_ids"].shape
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        rows, length = batch.shape
         index = profile_for(self.profiles, rows, length)
         if index is None:
             ranges = "; ".join(f"batch {p.batch[0]}-{p.batch[2]}, sequence {p.sequence[0]}-{p.sequence[2]}"
@@ -34,8 +45,9 @@ class TrtEngineRunner:
         if index != self.active:
             self.runner.set_profile(index)
             self.active = index
-        outputs = self.runner.infer({name: feed[name] for name in self.input_names})
-        return {name: np.asarray(value) for name, value in outputs.items()}
+        outputs = self.runner.infer({name: batch.feed[name] for name in self.input_names})
+        return {name: np.asarray(outputs[name]) for name in self.output_names}
 
     def close(self) -> None:
-        self.runner.deactivate()
+        if self.runner.is_active:
+            self.runner.deactivate()

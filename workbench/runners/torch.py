@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.batches import Batch
 from workbench.models import LoadedModel
+from workbench.runners import Runner, RunnerClosedError
 
 
 class GraphModule(torch.nn.Module):
@@ -24,17 +26,22 @@ class GraphModule(torch.nn.Module):
         return self.task.forward(self.model, inputs, self.pooling)
 
 
-class TorchRunner:
-    """PyTorch eager in fp32, no grad: the reference every variant is compared with."""
+class TorchRunner(Runner):
+    """PyTorch eager in fp32, no grad: the reference every variant is compared with; `close()` drops the module."""
 
     def __init__(self, loaded: LoadedModel, pooling: str, name: str = "pytorch") -> None:
         self.name = name
-        self.module = GraphModule(loaded, pooling).eval()
+        self.module: GraphModule | None = GraphModule(loaded, pooling).eval()
         self.input_names = loaded.input_names
         self.output_names = tuple(o.name for o in loaded.task.outputs(pooling))
         self.providers = ["torch-cpu"]
 
-    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.module is None:
+            raise RunnerClosedError(f"{self.name}: the PyTorch runner is closed")
         with torch.inference_mode():
-            outputs = self.module(*(torch.from_numpy(feed[name]) for name in self.input_names))
+            outputs = self.module(*(torch.from_numpy(batch.feed[name]) for name in self.input_names))
         return {name: out.numpy() for name, out in zip(self.output_names, outputs)}
+
+    def close(self) -> None:
+        self.module = None

@@ -4,12 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.batches import Batch
+from workbench.runners import Runner
 from workbench.triton.client import TritonClient
 
 
-class ServedRunner:
-    """The served ensemble behind the parity-lab runner interface: sends each batch's texts, trims per-token
-    outputs to the batch's local width (servers may pad further, to a length bucket)."""
+class ServedRunner(Runner):
+    """The served ensemble behind the runner interface: sends each batch's texts, trims per-token outputs to the
+    batch's local width (servers may pad further, to a length bucket). The caller owns and closes `client`."""
 
     def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
                  outputs: list[str]) -> None:
@@ -18,7 +19,7 @@ class ServedRunner:
         self.name = f"served-{client.protocol}"
         self.providers = [f"triton-{client.protocol}"]
 
-    def infer_batch(self, batch: Batch) -> dict[str, np.ndarray]:
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
         # postprocess) makes the ensemble report a deadlock.
         got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids])

@@ -15,7 +15,7 @@ from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import ExportError, OpsetError
 from workbench.models import LoadedModel, load_model
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.runners.torch import GraphModule
 from workbench.tasks import BATCH, SEQUENCE
 
@@ -82,7 +82,7 @@ def _export_errors(loaded: LoadedModel, config: RunConfig) -> Iterator[None]:
         ) from None
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Export the configured model; record the graph, the tokenizer folder and export metrics."""
     with record.step(STEP):
         check_opset(config.exporter, config.opset)
@@ -117,4 +117,4 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         }
         record.add_artifact("onnx.original", dest, kind="onnx", variant="original", precision="fp32")
         record.set_metric(STEP, metrics)
-        return metrics
+    return record.step_entry(STEP)

@@ -22,7 +22,7 @@ from workbench.generation import (
     prepared_inputs,
 )
 from workbench.load import asyncio_level
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.triton.client import TritonClient, text_array
 from workbench.triton.generation_repository import ENGINES, GenerationPlan, generation_models
 from workbench.triton.models import generation_core as core
@@ -117,7 +117,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
     return result
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Each configured generation model (translation, text generation) end to end; results in metrics.generation."""
     with record.step(STEP):
         results = {}
@@ -129,4 +129,4 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
                               "and/or -p generation.text_generation_model=<id>")
-        return results
+    return record.step_entry(STEP)

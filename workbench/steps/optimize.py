@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench import onnxfiles
+from workbench.batches import Batch
 from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.models import FUSION_MODEL_TYPES
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 
@@ -60,20 +61,18 @@ def unavailable_fusions(export: dict[str, Any]) -> dict[str, Any] | None:
 
 def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> dict[str, Any]:
     """Load the variant in ONNX Runtime and run two real texts through it."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
-    runner = OrtRunner(name, path, providers_for(config.device), config.threads)
-    feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
-    outputs = runner.infer(feed)
+    tokenizer = record.tokenizer()
+    with OrtRunner(name, path, providers_for(config.device), config.threads) as runner:
+        feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
+        outputs = runner.infer(Batch("smoke", [0, 1], feed))
     record.note_providers(runner.providers)
     return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
-    """Write the optimized variants the configuration asks for and record their fusion counts."""
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
+    """Write the optimized variants the configuration asks for; their fusion counts in metrics.optimize.variants."""
     with record.step(STEP):
-        export = record.metric("export")
+        export = record.export_info()
         original = record.artifact("onnx.original")
         layers = export["num_layers"]
         unavailable = unavailable_fusions(export)
@@ -103,6 +102,6 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             precision = "fp32" if variant in ("fp32", "tensorrt") else variant
             record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
             fusions[variant] = stats
-            record.set_metric(f"fusions.{variant}", stats)
-        record.set_metric("fusions.original", fusions["original"])
-        return fusions
+            record.set_metric(f"{STEP}.variants.{variant}", stats)
+        record.set_metric(f"{STEP}.variants.original", fusions["original"])
+    return record.step_entry(STEP)

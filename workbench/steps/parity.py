@@ -14,7 +14,7 @@ from workbench.data import load_corpus
 from workbench.errors import MissingArtifactError
 from workbench.lab import ParityLab
 from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.timing import median_ms
@@ -61,16 +61,18 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
     """
     providers = providers_for(config.device)
     hard: list[int] = []
-    for output in lab.collect(_runner(precision, record.artifact(f"onnx.{precision}"), config), precision).values():
+    with _runner(precision, record.artifact(f"onnx.{precision}"), config) as runner:
+        collected = lab.collect(runner, precision)
+    for output in collected.values():
         hard += [i for i in output.hardest(HARD_TEXTS) if i not in hard]
     fp32 = record.artifact("onnx.fp32")
     problem = repair_problem(precision, config, fp32, lab)
-    feed = lab.latency_feed()
+    batch = lab.latency_batch()
     checks = lab.subset(hard)
 
     def assess(path: Path) -> tuple[dict[str, Any], float]:
-        runner = OrtRunner(precision, path, providers, config.threads)
-        return checks.compare(runner, precision), median_ms(lambda: runner.infer(feed), repeats=5, warmup=1)
+        with OrtRunner(precision, path, providers, config.threads) as runner:
+            return checks.compare(runner, precision), median_ms(lambda: runner.infer(batch), repeats=5, warmup=1)
 
     def summarize(result: dict[str, Any]) -> dict[str, Any]:
         primary = result["outputs"][lab.primary.name]
@@ -86,7 +88,8 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
             result = run_search(search)
             if search.best is None:
                 break
-            full = lab.collect(_runner(precision, search.best[1], config), precision)
+            with _runner(precision, search.best[1], config) as runner:
+                full = lab.collect(runner, precision)
             failing = [i for o in full.values() if not o.summary()["passed"] for i in o.hardest(HARD_TEXTS)]
             if not failing:
                 break
@@ -106,12 +109,12 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
         search.discard()  # no candidate file outlives the step, even when it is interrupted
     baseline = search.candidates.get(frozenset())
     result["before"] = baseline.record() if baseline else None
-    result["latency_feed"] = list(feed["input_ids"].shape)
+    result["latency_feed"] = list(batch.shape)
     return result
 
 
-def _runner(precision: str, path: Path, config: RunConfig) -> OrtRunner:
-    return OrtRunner(precision, path, providers_for(config.device), config.threads)
+def _runner(name: str, path: Path, config: RunConfig) -> OrtRunner:
+    return OrtRunner(name, path, providers_for(config.device), config.threads)
 
 
 def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:
@@ -143,7 +146,7 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
     return write_text(record.run_dir / "parity" / "reproduce.sh", "\n".join(lines) + "\n")
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Compare every variant with PyTorch; repair failing fp16/int8 variants; fp32 variants must pass."""
     with record.step(STEP):
         variants = record.variants()
@@ -157,9 +160,9 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results: dict[str, Any] = {}
         for name, (path, precision) in variants.items():
-            runner = OrtRunner(name, path, providers_for(config.device), config.threads)
-            record.note_providers(runner.providers)
-            results[name] = lab.compare(runner, precision)
+            with _runner(name, path, config) as runner:
+                record.note_providers(runner.providers)
+                results[name] = lab.compare(runner, precision)
             record.set_metric(f"{STEP}.variants.{name}", results[name])
         if config.repair:
             for precision in ("fp16", "int8"):
@@ -168,9 +171,8 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
                     record.set_metric(f"{STEP}.repair.{precision}", outcome)
                     repaired = f"{precision}_repaired"
                     if repaired in record.variants():
-                        runner = OrtRunner(repaired, record.artifact(f"onnx.{repaired}"),
-                                           providers_for(config.device), config.threads)
-                        results[repaired] = lab.compare(runner, precision)
+                        with _runner(repaired, record.artifact(f"onnx.{repaired}"), config) as runner:
+                            results[repaired] = lab.compare(runner, precision)
                         record.set_metric(f"{STEP}.variants.{repaired}", results[repaired])
         inputs, reference = lab.save_polygraphy_data(record.run_dir / "parity")
         script = reproduce_script(record, inputs, reference, results)
@@ -183,4 +185,4 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         for name in EXACT_VARIANTS:
             if name in results:
                 raise_if_failed(name, results[name])
-        return results
+    return record.step_entry(STEP)

@@ -25,7 +25,7 @@ from workbench.engines import (
 )
 from workbench.environment import gpu_name
 from workbench.profiles import Profile, design_profiles, padding_waste
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 
 STEP = "tensorrt"
 
@@ -45,8 +45,7 @@ def length_stats(lengths: np.ndarray, bins: int = 40) -> dict[str, Any]:
 def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
     """Nodes of the exported graph to keep fp32 in the fp16 engine: the configured block list and what the parity
     step's fp16 repair found (if it ran), mapped from the fused ORT graph back to the exported one."""
-    repaired = record.metric("parity.repair.fp16.chosen.blocked") or []
-    wanted = list(dict.fromkeys([*config.fp16_node_block_list, *repaired]))
+    wanted = list(dict.fromkeys([*config.fp16_node_block_list, *record.fp16_repair_pins()]))
     if not wanted:
         return {}
     optimized = onnxfiles.load(record.artifact("onnx.fp32"), load_external_data=False)
@@ -93,29 +92,26 @@ def build_or_reuse(spec: EngineSpec, source: Path, input_names: tuple[str, ...],
     return info
 
 
-def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[Path, EngineSpec]]) -> None:
-    """Compare each engine with PyTorch on the parity lab; results join metrics.parity.variants."""
+def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[Path, EngineSpec]],
+                  metrics: dict[str, Any]) -> None:
+    """Compare each engine with PyTorch on the parity lab; results in metrics.tensorrt.parity.<engine>."""
     from workbench.lab import ParityLab
     from workbench.models import load_model
     from workbench.runners.tensorrt import TrtEngineRunner
 
     lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
     for name, (path, spec) in built.items():
-        runner = TrtEngineRunner(name, path, spec.profiles)
-        try:
-            record.set_metric(f"parity.variants.{name}", lab.compare(runner, spec.precision))
-        finally:
-            runner.close()
+        with TrtEngineRunner(name, path, spec.profiles) as runner:
+            metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
+            record.set_metric(STEP, metrics)
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Design profiles and write build commands everywhere; build and check engines where a GPU and TensorRT are."""
     with record.step(STEP):
-        from transformers import AutoTokenizer
-
-        export = record.metric("export")
+        export = record.export_info()
         source = record.artifact("onnx.tensorrt")
-        tokenizer = AutoTokenizer.from_pretrained(record.artifact("tokenizer"))
+        tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(load_corpus(config.corpus)))
         limit = export["max_sequence"]
         profiles = design_profiles(lengths, config.trt_profiles, config.batch, config.sequence, limit)
@@ -150,5 +146,5 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
                                 precision=spec.precision, profiles=[p.record() for p in spec.profiles])
             built[spec.name] = (dest, spec)
             record.set_metric(STEP, metrics)
-        check_engines(config, record, built)
-        return metrics
+        check_engines(config, record, built, metrics)
+    return record.step_entry(STEP)

@@ -9,7 +9,7 @@ from workbench.data import load_corpus
 from workbench.errors import StepSkipped, UnverifiedError
 from workbench.lab import ParityLab
 from workbench.models import LoadedModel, load_model
-from workbench.record import RunRecord
+from workbench.record import RunRecord, StepEntry
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.runners.triton import ServedRunner
 from workbench.triton.batching import observe_batching
@@ -38,10 +38,10 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
         result["ready_seconds"] = server.timings["ready_seconds"]
         parity = {}
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            with TritonClient(url, protocol) as client:
-                runner = ServedRunner(client, plan.name, texts, loaded.input_names, outputs)
+            with (TritonClient(url, protocol) as client,
+                  ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
                 parity[protocol] = lab.compare(runner, precision)
-        record.set_metric("served_parity", parity)
+        result["served_parity"] = parity
         result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
     result["stop_seconds"] = server.timings["stop_seconds"]
     result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
@@ -62,10 +62,10 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
     for variant in candidates:
         verdict = record.verdict(variant)
         if verdict is None and flavor != "tensorrt_plan":
-            path, precision = record.variants()[variant]
+            path, precision = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
-            runner = OrtRunner(variant, path, providers_for(config.device), config.threads)
-            verdict = checks[variant] = lab.compare(runner, precision)
+            with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
+                verdict = checks[variant] = lab.compare(runner, precision)
         if verdict is not None and verdict["passed"]:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
                              "checked_here": checks, "passed_over": _failures(checks)}
@@ -79,7 +79,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
     return candidates[0], {"variant": candidates[0], "by": None, "checked_here": checks, "passed_over": failures}
 
 
-def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Serve only what passed parity in this run: write the repository into the run folder, serve it locally and
     check what it answers; only then publish it to model_repository/<name>/. A repository whose served check failed
     or did not finish is never published, and an earlier published one stays as it was."""
@@ -94,8 +94,7 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
                             variant=variant)
         for name, path in deployment_files(config, plan, record.run_dir / "triton").items():
             record.add_artifact(f"triton.{name}", path, kind="deployment")
-        precision = record.data["artifacts"][f"{'engine' if plan.flavor == 'tensorrt_plan' else 'onnx'}.{variant}"][
-            "precision"]
+        _, precision = record.variant(variant, "engine" if plan.flavor == "tensorrt_plan" else "onnx")
         metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "variant": variant,
                                    "precision": precision, "models": sorted(read_repository(run_copy)),
                                    "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
@@ -121,13 +120,13 @@ def run(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         record.set_metric(STEP, metrics)
         if failed and not config.triton.allow_unverified:
             record.remove_artifact("triton.repository")
-            served = record.metric("served_parity")
             raise UnverifiedError(
                 f"{variant} served by Triton fails parity over {', '.join(failed)}: "
-                f"{'; '.join(served[failed[0]]['failures'])}; nothing was published to {destination}",
-                "read metrics.served_parity in run.json; serve another variant (-p triton.variant=...) or publish "
-                "it anyway with -p triton.allow_unverified=true")
+                f"{'; '.join(metrics['served_parity'][failed[0]]['failures'])}; nothing was published to "
+                f"{destination}",
+                "read metrics.triton.served_parity in run.json; serve another variant (-p triton.variant=...) or "
+                "publish it anyway with -p triton.allow_unverified=true")
         if failed:
             record.unverified(f"served parity failed over {', '.join(failed)}")
         publish()
-        return metrics
+    return record.step_entry(STEP)

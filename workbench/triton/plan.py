@@ -36,7 +36,7 @@ def candidate_variants(config: RunConfig, record: RunRecord, flavor: str) -> lis
     """Variants that could be served, best first: the configured one, else those of the flavor's preference
     that exist, the ones that passed parity in this run ahead of the unchecked (failed ones are left out)."""
     kind = "engine" if flavor == "tensorrt_plan" else "onnx"
-    available = {a["variant"] for a in record.data["artifacts"].values() if a["kind"] == kind}
+    available = set(record.variant_names(kind))
     if config.triton.variant:
         if config.triton.variant not in available:
             raise MissingArtifactError(
@@ -76,17 +76,16 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     flavor = choose_flavor(config)
     variant = variant or candidate_variants(config, record, flavor)[0]
     kind = "engine" if flavor == "tensorrt_plan" else "onnx"
-    path = record.artifact(f"{kind}.{variant}")
-    precision = record.data["artifacts"][f"{kind}.{variant}"]["precision"]
-    from transformers import AutoConfig, AutoTokenizer
+    path, precision = record.variant(variant, kind)
+    from transformers import AutoConfig
 
-    export = record.metric("export")
+    export = record.export_info()
     outputs = served_outputs(config)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = record.tokenizer()
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
     id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
-    profiles = record.metric("tensorrt.profiles") or []
+    profiles = record.shape_profiles()
     batch = config.batch
     plan = ServingPlan(
         name=model_name_for(config.triton.name or config.model_slug), flavor=flavor,

@@ -1,0 +1,137 @@
+"""The runner protocol: one `infer(batch)`, exactly `output_names` back, closed after a `with` block."""
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import numpy as np
+import pytest
+
+from workbench import latency
+from workbench.batches import Batch, shaped_batch, token_lengths
+from workbench.config import RunConfig
+from workbench.data import load_corpus
+from workbench.errors import OnnxModelError
+from workbench.lab import ParityLab
+from workbench.models import load_model
+from workbench.record import RunRecord
+from workbench.runners import Runner, RunnerClosedError
+from workbench.runners.onnxruntime import CPU, OrtRunner
+from workbench.runners.torch import TorchRunner
+from workbench.runners.triton import ServedRunner
+from workbench.steps import export
+
+TEXTS = list(load_corpus()[:24])
+OUTPUTS = {"bert": ("last_hidden_state", "sentence_embedding"), "bert-seqcls": ("logits",)}
+TASKS = {"bert": "feature-extraction", "bert-seqcls": "sequence-classification"}
+
+
+@pytest.fixture(scope="module", params=sorted(OUTPUTS))
+def exported(request, tiny_models, tmp_path_factory):
+    config = RunConfig(model=str(tiny_models[request.param]), task=TASKS[request.param])
+    record = RunRecord.create(tmp_path_factory.mktemp(f"runners-{request.param}"), config)
+    export.run(config, record)
+    loaded = load_model(config)
+    lengths = token_lengths(loaded.tokenizer, TEXTS)
+    batch = shaped_batch(loaded.tokenizer, loaded.input_names, TEXTS, lengths, rows=3, length=20)
+    return request.param, config, record, loaded, batch
+
+
+def make_runner(kind: str, config: RunConfig, record: RunRecord, loaded) -> Runner:
+    if kind == "onnxruntime":
+        return OrtRunner("original", record.artifact("onnx.original"), [CPU])
+    return TorchRunner(loaded, config.pooling)
+
+
+@pytest.mark.parametrize("kind", ["onnxruntime", "torch"])
+def test_runner_returns_exactly_its_outputs_and_is_closed_after_with(exported, kind):
+    model, config, record, loaded, batch = exported
+    with make_runner(kind, config, record, loaded) as runner:
+        assert isinstance(runner, Runner)
+        assert runner.output_names == OUTPUTS[model] and runner.input_names == loaded.input_names
+        got = runner.infer(batch)
+        assert tuple(got) == runner.output_names
+        assert all(isinstance(v, np.ndarray) and v.shape[0] == 3 and np.isfinite(v).all() for v in got.values())
+    with pytest.raises(RunnerClosedError, match="closed"):
+        runner.infer(batch)
+    runner.close()  # a second close is harmless
+
+
+def test_onnxruntime_and_torch_agree_through_the_protocol(exported):
+    model, config, record, loaded, batch = exported
+    with (OrtRunner("original", record.artifact("onnx.original"), [CPU]) as ort,
+          TorchRunner(loaded, config.pooling) as reference):
+        got, want = ort.infer(batch), reference.infer(batch)
+    for name in OUTPUTS[model]:
+        assert got[name].shape == want[name].shape and np.abs(got[name] - want[name]).max() < 1e-4, name
+
+
+def test_an_error_inside_the_block_still_releases_the_session(exported):
+    _, _, record, _, batch = exported
+    runner = OrtRunner("original", record.artifact("onnx.original"), [CPU])
+    with pytest.raises(ValueError, match="boom"), runner:
+        raise ValueError("boom")
+    assert runner.session is None
+    with pytest.raises(RunnerClosedError, match="original: the ONNX Runtime session of .* is closed"):
+        runner.infer(batch)
+
+
+def test_the_parity_lab_closes_its_reference_and_compares_what_a_runner_returns(exported):
+    model, config, record, loaded, _ = exported
+    lab = ParityLab.corpus_only(config, loaded, tuple(TEXTS))
+    with pytest.raises(RunnerClosedError):
+        lab.reference.infer(lab.batches[0])
+    with OrtRunner("original", record.artifact("onnx.original"), [CPU]) as runner:
+        result = lab.compare(runner, "fp32")
+    assert result["passed"] and tuple(result["outputs"]) == OUTPUTS[model]
+
+
+class FakeClient:
+    """Answers like the served ensemble: the reference's outputs, per-token ones padded to a wider bucket, plus an
+    output the lab has no reference for."""
+
+    protocol = "http"
+
+    def __init__(self, loaded, config: RunConfig) -> None:
+        self.loaded, self.config = loaded, config
+
+    def infer_texts(self, model: str, texts: list[str]) -> dict[str, np.ndarray]:
+        from workbench.data import encode
+
+        limit = min(self.config.sequence.max, self.loaded.max_sequence)
+        feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=limit)
+        with TorchRunner(self.loaded, self.config.pooling) as reference:
+            got = reference.infer(Batch(model, list(range(len(texts))), feed))
+        padded = {k: np.pad(v, ((0, 0), (0, 7), (0, 0))) if v.ndim == 3 else v for k, v in got.items()}
+        return padded | {"truncated": np.zeros((len(texts), 1), dtype=bool)}
+
+
+def test_a_served_runner_is_compared_through_the_same_infer(exported):
+    model, config, _, loaded, _ = exported
+    lab = ParityLab.corpus_only(config, loaded, tuple(TEXTS))
+    outputs = [*OUTPUTS[model], "truncated"]
+    with ServedRunner(FakeClient(loaded, config), "served", tuple(TEXTS), loaded.input_names, outputs) as runner:
+        got = runner.infer(lab.batches[0])
+        result = lab.compare(runner, "fp32")
+    assert tuple(got) == runner.output_names == tuple(outputs)
+    assert all(v.shape[:2] == lab.batches[0].shape for v in got.values() if v.ndim == 3)
+    assert result["passed"] and tuple(result["outputs"]) == OUTPUTS[model]
+
+
+def test_benchmark_runners_are_all_closed_even_when_one_fails_to_load(exported, monkeypatch):
+    _, config, record, _, batch = exported
+    broken = record.run_dir / "onnx" / "broken.onnx"
+    broken.write_bytes(b"not an onnx file")
+    record.add_artifact("onnx.broken", broken, kind="onnx", variant="broken", precision="fp32")
+    opened: list[Runner] = []
+    for cls in (OrtRunner, TorchRunner):
+        monkeypatch.setattr(cls, "__enter__", lambda self: opened.append(self) or self)
+    try:
+        with pytest.raises(OnnxModelError), ExitStack() as stack:
+            latency.benchmark_runners(config, record, stack)
+    finally:
+        del record.data["artifacts"]["onnx.broken"]
+        broken.unlink()
+    assert [r.name for r in opened] == ["pytorch", "original"]
+    for runner in opened:
+        with pytest.raises(RunnerClosedError):
+            runner.infer(batch)
