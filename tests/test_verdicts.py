@@ -180,8 +180,8 @@ def test_a_failing_variant_is_refused_unless_the_user_allows_it(tiny_models, tmp
 def test_a_served_parity_failure_publishes_nothing_and_keeps_the_earlier_deployment(tiny_models, tmp_path):
     lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False,
                              triton={"variant": "int8"})
-    assert parity.run(lax, record)["int8"]["passed"]
-    first = triton.run(lax, record)
+    assert parity.run(lax, record).metrics["variants"]["int8"]["passed"]
+    first = triton.run(lax, record).metrics
     published = Path(first["repository"])
     assert first["published"] and first["verified"] and published.is_dir()
     marker = (published / ".workbench.json").read_text()
