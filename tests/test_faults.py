@@ -6,8 +6,10 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from dataclasses import replace
 
+import psutil
 import pytest
 
 from workbench.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
@@ -148,3 +150,58 @@ def test_every_client_names_a_killed_server(plan, tmp_path):
         with pytest.raises(ServerUnreachableError, match=f"{server.http_url} for {plan.name}: connection refused"):
             asyncio_level(server.http_url, "http", answer, 2, 8, 30)
     assert running(repository) == [], "neither the server nor its Python-backend stubs are left"
+
+
+def test_a_server_killed_mid_load_is_named_by_every_call(plan, tmp_path):
+    """SIGKILL to tritonserver alone (not its group) while asyncio load (HTTP and gRPC, 16 in flight each) and
+    blocking calls run: every call raises ServerUnreachableError naming the URL, why, and how the server ended; the
+    manager reports -9; no Python-backend stub outlives it."""
+    server = TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server")
+    answered = {name: threading.Event() for name in ("http async", "grpc async", "http sync", "grpc sync")}
+    errors: dict[str, Exception] = {}
+
+    def load(name: str) -> None:
+        protocol, kind = name.split()
+        url = server.http_url if protocol == "http" else server.grpc_url
+
+        async def send(client: AsyncTritonClient, index: int) -> object:
+            answer = await client.infer_texts(plan.name, [f"text {index}"])
+            answered[name].set()
+            return answer
+
+        try:
+            with server.watch():
+                if kind == "async":
+                    asyncio_level(url, protocol, send, 16, 10**9, 10**6)  # ends only when the server is gone
+                else:
+                    with TritonClient(url, protocol) as client:
+                        while True:
+                            client.infer_texts(plan.name, ["hello"])
+                            answered[name].set()
+        except Exception as error:  # noqa: BLE001 - checked below
+            errors[name] = error
+        finally:
+            answered[name].set()  # a load that failed early must not leave the kill waiting
+
+    with server:
+        stubs = psutil.Process(server.pid).children(recursive=True)
+        assert stubs and all(p.name() == "triton_python_backend_stub" for p in stubs), "a stub per Python model"
+        loads = [threading.Thread(target=load, args=(name,)) for name in answered]
+        for thread in loads:
+            thread.start()
+        for event in answered.values():
+            event.wait()
+        os.kill(server.pid, signal.SIGKILL)
+        for thread in loads:
+            thread.join()
+    assert server.returncode == -9
+    assert sorted(errors) == sorted(answered)
+    for name, error in errors.items():
+        url = server.http_url if name.startswith("http") else server.grpc_url
+        assert isinstance(error, ServerUnreachableError), f"{name}: {error!r}"
+        # in flight: closed; sent after the listening socket went (or a gRPC reconnect): refused
+        assert re.fullmatch(f"no answer from Triton at {url} for {plan.name}: (server closed the connection|"
+                            f"connection refused); tritonserver \\(pid {server.pid}\\) was killed by SIGKILL "
+                            "\\(exit status -9\\)", error.problem), f"{name}: {error.problem}"
+    left = [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left and not server.group(), "no stub outlives the server"

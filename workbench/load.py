@@ -89,11 +89,11 @@ async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, re
 
 
 def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int, seconds: float,
-                  after_warmup: Callable[[], None] | None = None) -> LevelResult:
-    """A warm-up of `concurrency` requests, then up to `requests` requests (or `seconds`) with `concurrency` in
-    flight, each sent as soon as the previous one of its worker returned. `after_warmup` runs in between (to reset
-    whatever `send` counts)."""
-    run_async(_closed_loop(url, protocol, send, concurrency, concurrency, seconds))
+                  after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> LevelResult:
+    """A warm-up of `warmup` requests (default: `concurrency`), then up to `requests` requests (or `seconds`) with
+    `concurrency` in flight, each sent as soon as the previous one of its worker returned. `after_warmup` runs in
+    between (to reset whatever `send` counts). A server that stops answering raises ServerUnreachableError."""
+    run_async(_closed_loop(url, protocol, send, concurrency, warmup or concurrency, seconds))
     if after_warmup:
         after_warmup()
     return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))

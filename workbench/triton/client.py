@@ -16,6 +16,7 @@ from workbench.errors import ServedError, ServerUnreachableError
 PROTOCOLS = ("http", "grpc")
 DATATYPES = {"int64": "INT64", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
 NO_ANSWER_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")  # gRPC: the server never answered
+CLOSED_WORDS = ("closed", "disconnected", "reset", "stream removed", "broken pipe", "end of tcp stream", "goaway")
 
 
 def _module(protocol: str, asynchronous: bool) -> Any:
@@ -37,19 +38,32 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     import aiohttp
     from geventhttpclient.response import HTTPConnectionClosed
 
-    return OSError, asyncio.TimeoutError, aiohttp.ClientConnectionError, HTTPConnectionClosed
+    return OSError, asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, \
+        HTTPConnectionClosed
+
+
+def _closed(exc: BaseException) -> bool:
+    """Did a connection that was open break (the server died or closed it mid-request)?"""
+    import aiohttp
+    from geventhttpclient.response import HTTPConnectionClosed
+
+    if isinstance(exc, aiohttp.ClientOSError) and not isinstance(exc, aiohttp.ClientConnectorError):
+        return True  # an OS error on an established connection, e.g. "Can not write request body"
+    return isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, HTTPConnectionClosed,
+                            aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)) or \
+        any(word in str(exc).lower() for word in CLOSED_WORDS)
 
 
 def _why_no_answer(exc: BaseException) -> str:
-    """'timed out', 'connection refused' or 'server closed the connection', else the error itself."""
-    text = str(exc).lower()
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "deadline" in text:
+    """'timed out', 'connection refused' or 'server closed the connection', else the error itself. A connection
+    error's cause counts too: aiohttp's ClientConnectorError wraps a refused connect, or one the dying server's
+    listening socket accepted and then reset."""
+    causes = [exc, *([exc.__cause__] if exc.__cause__ is not None else [])]
+    if any(isinstance(e, (TimeoutError, asyncio.TimeoutError)) or "deadline" in str(e).lower() for e in causes):
         return "timed out"
-    if isinstance(exc, ConnectionRefusedError) or isinstance(exc.__cause__, ConnectionRefusedError) \
-            or "refused" in text:
+    if any(isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower() for e in causes):
         return "connection refused"
-    if isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)) or any(
-            word in text for word in ("closed", "disconnected", "reset", "stream removed")):
+    if any(_closed(e) for e in causes):
         return "server closed the connection"
     return f"{type(exc).__name__}: {exc}"
 

@@ -1,4 +1,5 @@
-"""Run a real tritonserver on 127.0.0.1: find it, start it on free ports, wait for readiness, stop it by PID."""
+"""Run a real tritonserver on 127.0.0.1: find it, start it on free ports, wait for readiness, stop it by PID (its
+process group: the Python-backend stubs too)."""
 from __future__ import annotations
 
 import os
@@ -11,10 +12,14 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.errors import ConfigError, PortInUseError, ServerStartError, TritonNotFoundError
+import psutil
+
+from workbench.errors import ConfigError, PortInUseError, ServerStartError, ServerUnreachableError, TritonNotFoundError
 from workbench.pins import pin
 
 HOST = "127.0.0.1"
@@ -102,6 +107,8 @@ class TritonServer:
         self.binary = binary or find_tritonserver()
         self.ready_timeout = ready_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None  # also its process group: the Python-backend stubs are in it
+        self.stopped_with: int | None = None  # the exit status once stop() has reaped it
         self.log_path = self.workdir / "tritonserver.log"
         self.timings: dict[str, float] = {}
 
@@ -154,6 +161,7 @@ class TritonServer:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                             env=self._environment(), start_new_session=True)
+        self.pid, self.stopped_with = self.process.pid, None
         try:
             self._wait_ready()
         except BaseException:
@@ -187,10 +195,65 @@ class TritonServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL for the whole process group (the model stubs too) if it does not exit in time."""
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status (negative: killed by that signal, e.g. -9), None while it runs."""
+        return self.process.poll() if self.process is not None else self.stopped_with
+
+    def group(self) -> list[psutil.Process]:
+        """Live processes of the server's process group: the server and its Python-backend stubs, which outlive a
+        server killed with SIGKILL (orphans keep the group)."""
+        if self.pid is None:
+            return []
+        members = []
+        for process in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(process.pid) == self.pid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                    members.append(process)
+            except ProcessLookupError:
+                pass
+        return members
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process and its children (the Python-backend stubs), in bytes."""
         if self.process is None:
+            return 0
+        total = 0
+        try:
+            server = psutil.Process(self.process.pid)
+            for process in (server, *server.children(recursive=True)):
+                total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass  # gone, or a child that exited between the listing and the reading
+        return total
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        """Calls made inside: a ServerUnreachableError from this server after it died says how (its exit status)."""
+        try:
+            yield
+        except ServerUnreachableError as error:
+            code = self._exit_status(grace=5.0)
+            if code is None:
+                raise
+            raise ServerUnreachableError(f"{error.problem}; tritonserver (pid {self.pid}) {_ended(code)}",
+                                         f"read {self.log_path} for why it stopped, then start it again") from None
+
+    def _exit_status(self, grace: float) -> int | None:
+        """The exit status, waiting up to `grace` seconds for a server whose sockets closed as it died."""
+        if self.process is None:
+            return self.stopped_with
+        try:
+            return self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
             return None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL for the whole process group (the model stubs too, also those a killed server left
+        behind) once the server is gone or did not exit in time; returns when none of the group is left. Returns the
+        server's exit status (also `returncode` afterwards)."""
+        if self.process is None:
+            return self.stopped_with
         start = time.perf_counter()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -202,13 +265,27 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)  # stubs left behind, or a server that ignored SIGTERM
         except ProcessLookupError:
             pass
-        code = self.process.wait()
+        self.stopped_with = self.process.wait()
+        deadline = time.monotonic() + timeout
+        while self.group() and time.monotonic() < deadline:  # SIGKILLed stubs take a moment to go
+            time.sleep(0.05)
         self.timings["stop_seconds"] = round(time.perf_counter() - start, 3)
         self.process = None
-        return code
+        return self.stopped_with
 
     def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _ended(code: int) -> str:
+    """'exited with status 1', 'was killed by SIGKILL (exit status -9)'."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name} (exit status {code})"
