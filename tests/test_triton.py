@@ -165,7 +165,7 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
     with pytest.raises(UnstableMeasurementError, match="no stable window at concurrency 2"):
         perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array(["a"])}], 2, 8, 5,
                             tmp_path / "pa")
-    level = text_level(tool, server.http_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
+    level = text_level(tool, server.grpc_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
     assert level["tool"] == "asyncio" and "no stable window" in level["note"]
     assert level["requests"] >= 8 and level["errors"] == 0 and 0 < level["p50"] <= level["p99"]
 
