@@ -4,6 +4,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
+from workbench.triton.plan import threads_per_instance
 
 
 def test_defaults_describe_the_embedded_model():
@@ -31,6 +32,13 @@ def test_round_trip_through_papermill_parameters():
     again = RunConfig.from_dict(config.to_params())
     assert again == config
     assert again.tolerances["sentence_embedding"].min_cosine == 0.995
+
+
+def test_each_model_instance_gets_its_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert threads_per_instance(RunConfig.load(None, ["triton.instances=2"])) == 4
+    assert threads_per_instance(RunConfig.load(None, ["triton.instances=16"])) == 1
+    assert threads_per_instance(RunConfig.load(None, ["triton.instances=2", "threads=3"])) == 3
 
 
 def test_misspelled_key_names_the_closest_setting():

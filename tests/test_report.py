@@ -56,10 +56,24 @@ def test_served_sweeps_search_and_tokenization(reported):
     for label in ("batching_off", "batching_on"):
         for level in served[label]["text"].values():
             assert level["errors"] == 0 and level["throughput"] > 0 and level["p50"] <= level["p99"]
-            model = next(name for name in level["server"] if name.endswith("_model"))
+            (model,) = level["server"]  # the fused layout: one model does all the work
             assert level["server"][model]["requests"] >= level["requests"] or served["tool"] == "perf_analyzer"
             assert level["server"][model]["compute_infer"] > 0
     assert set(served["batching_on"]["client_tokenization"]) == {"1", "4"}
+    assert served["protocol"] == "grpc" and served["variant_plan"]["layout"] == "fused"
+    layouts = served["layouts"]
+    assert set(layouts) == {"fused", "ensemble"} and layouts["fused"] == served["batching_on"]["text"]
+    assert all(level["errors"] == 0 for level in served["layouts"]["ensemble"].values())
+    assert set(served["batching_on"]["text_http"]) == {"1", "4"}, "the deployment over HTTP too"
+    assert set(served["batching_on"]["text_asyncio"]) == {"1", "4"}, "tokenization compared on the ensemble"
+    efficiency = served["efficiency"]
+    rates = efficiency["in_process"]
+    assert set(rates["sequences_per_s"]) == {"1", "4", "8"} and rates["p50_ms"] > 0
+    best = rates["sequences_per_s"][str(rates["best_batch"])]
+    assert best == max(rates["sequences_per_s"].values())
+    for label, ratio in efficiency["throughput_ratio"].items():
+        assert ratio == pytest.approx(served[label]["text"]["4"]["throughput"] / best)
+    assert efficiency["p50_ratio_c1"] == pytest.approx(served["batching_on"]["text"]["1"]["p50"] / rates["p50_ms"])
     search = served["search"]
     assert [c["max_queue_delay_us"] for c in search["candidates"]] == [0, 4000]
     assert search["chosen"] == max(search["candidates"], key=lambda c: c["throughput"])
@@ -86,7 +100,7 @@ def test_report_is_self_contained(reported):
     assert html.count("<script") > 3 and "Plotly.newPlot" in html
     assert not re.search(r'<script[^>]+src="https?://', html), "no script fetched from the network"
     for title in ("Parity against PyTorch", "In-process latency", "Served throughput", "Dynamic batching search",
-                  "Where tokenization runs", "ONNX Runtime fusions"):
+                  "Where tokenization runs", "ONNX Runtime fusions", "Serving efficiency", "Repository layouts"):
         assert title in html, title
     assert ("int8 precision repair" in html) == bool(record.metric("parity.repair"))
     assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"

@@ -50,21 +50,39 @@ def prepared(model, run_dir, repositories, triton_settings=None, **settings):
     return config, record
 
 
-@pytest.fixture(scope="module")
-def served(tiny_models, tmp_path_factory):
-    """Tiny BERT, python-ort flavor, one server for the module (stopped even when tests fail)."""
-    root = tmp_path_factory.mktemp("triton")
-    both = {"outputs": ["last_hidden_state", "sentence_embedding"]}
+def _serve(tiny_models, tmp_path_factory, layout):
+    """Tiny BERT, python-ort flavor, in `layout`; one server for the module (stopped even when tests fail)."""
+    root = tmp_path_factory.mktemp(f"triton-{layout}")
+    both = {"outputs": ["last_hidden_state", "sentence_embedding"], "layout": layout}
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos", triton_settings=both)
     assert [o.name for o in serving_plan(config.model_copy(update={"triton": config.triton.model_copy(
         update={"outputs": None})}), record)[0].outputs] == ["sentence_embedding"], "embedding alone by default"
     plan, _ = serving_plan(config, record)
+    assert plan.layout == layout
     repository = write_repository(plan, root / "repository")
     with TritonServer(repository, root / "server") as server:
         yield config, plan, server
 
 
-def test_configs_read_back_through_the_protobuf(served):
+@pytest.fixture(scope="module")
+def served(tiny_models, tmp_path_factory):
+    """The ensemble layout: tokenizer -> model behind an ensemble."""
+    yield from _serve(tiny_models, tmp_path_factory, "ensemble")
+
+
+@pytest.fixture(scope="module")
+def fused(tiny_models, tmp_path_factory):
+    """The fused layout: one Python model tokenizes and runs ONNX Runtime."""
+    yield from _serve(tiny_models, tmp_path_factory, "fused")
+
+
+@pytest.fixture(params=["ensemble", "fused"])
+def either(request):
+    """Each layout in turn: what holds for both."""
+    return request.getfixturevalue("served" if request.param == "ensemble" else "fused")
+
+
+def test_configs_read_back_through_the_protobuf(served, fused):
     _, plan, server = served
     parsed = read_repository(server.repository)
     assert sorted(parsed) == [plan.name, plan.model_name, plan.tokenizer_name]
@@ -72,12 +90,29 @@ def test_configs_read_back_through_the_protobuf(served):
     assert model.backend == "python" and model.max_batch_size == 8
     assert list(model.dynamic_batching.preferred_batch_size) == [4, 8]
     assert all(i.allow_ragged_batch for i in model.input)
+    assert model.parameters["intra_op_threads"].string_value == "1"
     assert [s.model_name for s in parsed[plan.name].ensemble_scheduling.step] == [plan.tokenizer_name, plan.model_name]
     assert [o.name for o in parsed[plan.tokenizer_name].output][-1] == "truncated"
+    _, one, server = fused
+    parsed = read_repository(server.repository)
+    assert list(parsed) == [one.name] and one.working_models == (one.name,)
+    model = parsed[one.name]
+    assert model.backend == "python" and model.max_batch_size == 8 and not model.ensemble_scheduling.step
+    assert list(model.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert [i.name for i in model.input] == ["TEXT"]
+    assert [o.name for o in model.output] == [o.name for o in parsed_outputs(served)]
+    assert sorted(p.name for p in (server.repository / one.name / "1").iterdir() if p.name != "__pycache__") == [
+        "labels.py", "model.onnx", "model.py", "ort_batches.py", "text_input.py", "tokenizer"]
 
 
-def test_served_embeddings_match_pytorch_over_http_and_grpc(served, tiny_models):
-    config, plan, server = served
+def parsed_outputs(served):
+    """The ensemble's outputs, which the fused model answers too."""
+    _, plan, server = served
+    return read_repository(server.repository)[plan.name].output
+
+
+def test_served_embeddings_match_pytorch_over_http_and_grpc(either, tiny_models):
+    config, plan, server = either
     texts = list(load_corpus()[:6])
     loaded = load_model(config)
     feed = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
@@ -92,8 +127,8 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(served, tiny_models)
         assert got["truncated"].ravel().tolist() == long and any(long) and not all(long)
 
 
-def test_asyncio_clients_and_dynamic_batching(served):
-    _, plan, server = served
+def test_asyncio_clients_and_dynamic_batching(either):
+    _, plan, server = either
 
     async def many(protocol, url):
         client = AsyncTritonClient(url, protocol)
@@ -117,7 +152,7 @@ def burst_batch_sizes(plan, root) -> dict[int, int]:
     waiting = replace(plan, max_queue_delay_us=2_000_000)
     with TritonServer(write_repository(waiting, root / "repository"), root / "server") as server:
         burst = observe_batching(server, waiting, ["a short text", "another one"], concurrency=32)
-    return burst["batch_sizes"][plan.model_name]
+    return burst["batch_sizes"][plan.working_models[-1]]  # the network's model (the fused model is the only one)
 
 
 def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
@@ -130,7 +165,7 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
     with pytest.raises(UnstableMeasurementError, match="no stable window at concurrency 2"):
         perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array(["a"])}], 2, 8, 5,
                             tmp_path / "pa")
-    level = text_level(tool, server.http_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
+    level = text_level(tool, server.grpc_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
     assert level["tool"] == "asyncio" and "no stable window" in level["note"]
     assert level["requests"] >= 8 and level["errors"] == 0 and 0 < level["p50"] <= level["p99"]
 
@@ -139,23 +174,41 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
     (["fine", "   "], "TEXT\\[1\\] is empty"),
     ([b"\xff\xfe not utf-8"], "TEXT\\[0\\] is not valid UTF-8"),
 ])
-def test_bad_text_is_refused_and_the_server_stays_healthy(served, texts, message):
-    _, plan, server = served
+def test_bad_text_is_refused_and_the_server_stays_healthy(either, texts, message):
+    _, plan, server = either
     with TritonClient(server.http_url) as client, pytest.raises(ServedError, match=message):
         client.infer_texts(plan.name, texts)
     assert server.is_ready()
 
 
-def test_long_text_is_truncated_and_says_so(served):
-    _, plan, server = served
+def test_a_bad_request_fails_alone_in_a_dynamic_batch(either):
+    """A refused text fails its own request only: the requests batched with it are answered."""
+    _, plan, server = either
+
+    async def mixed():
+        client = AsyncTritonClient(server.grpc_url, "grpc")
+        try:
+            texts = [[f"text number {i}"] if i % 4 else [b"\xff not utf-8"] for i in range(16)]
+            return await asyncio.gather(*(client.infer_texts(plan.name, t) for t in texts), return_exceptions=True)
+        finally:
+            await client.close()
+
+    answers = asyncio.run(mixed())
+    refused = [i for i, a in enumerate(answers) if isinstance(a, ServedError)]
+    assert refused == [0, 4, 8, 12] and all("not valid UTF-8" in str(answers[i]) for i in refused)
+    assert all(answers[i]["sentence_embedding"].shape == (1, 32) for i in range(16) if i not in refused)
+
+
+def test_long_text_is_truncated_and_says_so(either):
+    _, plan, server = either
     with TritonClient(server.http_url) as client:
         got = client.infer_texts(plan.name, ["word " * 500, "short"])
     assert got["truncated"].ravel().tolist() == [True, False]
     assert got["last_hidden_state"].shape[1] == plan.max_length == 64
 
 
-def test_wrong_input_name_and_oversized_batch(served):
-    _, plan, server = served
+def test_wrong_input_name_and_oversized_batch(either):
+    _, plan, server = either
     with TritonClient(server.http_url) as client:
         with pytest.raises(ServedError, match="TXT"):
             client.infer(plan.name, {"TXT": np.array([[b"hello"]], dtype=object)})
@@ -227,7 +280,7 @@ def test_user_folders_are_never_overwritten(served, tmp_path):
     assert (target / "notes.txt").read_text() == "mine"
     ours = write_repository(plan, tmp_path / "ours")
     write_repository(plan, ours)  # ours and untouched: regenerated in place
-    (ours / plan.tokenizer_name / "config.pbtxt").write_text("edited")
+    (ours / plan.working_models[0] / "config.pbtxt").write_text("edited")
     with pytest.raises(RepositoryError, match="was edited"):
         write_repository(plan, ours)
     write_repository(plan, ours, overwrite=True)
@@ -246,6 +299,8 @@ def test_gpu_flavors_generate_valid_configs(served, tmp_path):
     assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
     assert parsed[plan.tokenizer_name].parameters["pad_to"].string_value == "32,64"
     engine = read_repository(write_repository(trt, tmp_path / "trt"))[plan.model_name]
+    with pytest.raises(RepositoryError, match="fused layout runs in Triton's Python backend"):
+        write_repository(replace(onnx_gpu, layout="fused"), tmp_path / "fused-on-gpu")
     assert engine.platform == "tensorrt_plan" and [list(g.profile) for g in engine.instance_group] == [["0"], ["1"]]
     assert not engine.model_warmup
 
@@ -259,8 +314,7 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
     for protocol in ("http", "grpc"):
         served_parity = metrics["served_parity"][protocol]
         assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0
-    assert metrics["models"] == sorted([metrics["name"], f"{metrics['name']}_model", f"{metrics['name']}_postprocess",
-                                        f"{metrics['name']}_tokenizer"])
+    assert metrics["layout"] == "fused" and metrics["models"] == [metrics["name"]], "python-ort serves fused (auto)"
     assert (tmp_path / "repos" / metrics["name"] / metrics["name"] / "config.pbtxt").is_file()
     assert metrics["ready_seconds"] > 0 and metrics["stop_seconds"] > 0
     deployment, service = yaml.safe_load_all(record.artifact("triton.kubernetes").read_text())
@@ -274,9 +328,10 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
     assert pin("transformers").startswith("transformers==") and pin("onnxruntime-gpu").startswith("onnxruntime-gpu==")
 
 
-def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path):
+@pytest.mark.parametrize("layout", ["ensemble", "fused"])
+def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, layout):
     config, record = prepared(tiny_models["bert-seqcls"], tmp_path / "run", tmp_path / "repos",
-                              task="sequence-classification")
+                              task="sequence-classification", triton_settings={"layout": layout})
     plan, _ = serving_plan(config, record)
     texts = list(load_corpus()[:5])
     loaded = load_model(config)

@@ -52,6 +52,9 @@ class TritonSettings(_Strict):
 
     name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
     flavor: Literal["auto", "onnxruntime", "tensorrt_plan", "python-ort"] = "auto"
+    layout: Literal["auto", "ensemble", "fused"] = Field(default="auto", description=(
+        "ensemble: tokenizer -> model models behind an ensemble (any flavor); fused: one Python model tokenizes and "
+        "runs ONNX Runtime in one hop (python-ort); auto: fused for python-ort, else ensemble"))
     variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
     outputs: list[str] | None = Field(default=None, description="outputs to serve; default: the sentence embedding "
                                                                 "alone when there is one, else every task output")

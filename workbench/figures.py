@@ -265,3 +265,27 @@ def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
     figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency", xaxis_type="log",
                          yaxis_title="tokens/s", yaxis_type="log")
     return [figure, generation_table(generation)]
+
+
+def layouts_figure(layouts: dict[str, Any]) -> go.Figure:
+    """Throughput of each repository layout against concurrency (batching on, same texts)."""
+    figure = go.Figure()
+    for layout, levels in layouts.items():
+        figure.add_scatter(name=layout, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
+                           mode="lines+markers", hovertext=[f"p50 {v['p50']:.1f} ms" for v in levels.values()])
+    figure.update_layout(title="Repository layouts: ensemble (tokenizer -> model) vs fused (one Python model)",
+                         xaxis_title="concurrency", xaxis_type="log", yaxis_title="throughput (requests/s)")
+    return figure
+
+
+def efficiency_table(efficiency: dict[str, Any]) -> go.Figure:
+    """Served against in process on the same texts and threads."""
+    rates = efficiency["in_process"]
+    best = rates["best_batch"]
+    rows = [[f"throughput at concurrency {efficiency['concurrency']}, batching {label.split('_')[1]}",
+             f"in process at batch {best}: {rates['sequences_per_s'][str(best)]:.1f} seq/s", f"{ratio:.2f}"]
+            for label, ratio in efficiency["throughput_ratio"].items()]
+    if "p50_ratio_c1" in efficiency:
+        rows.append(["p50 at concurrency 1", f"in process at batch 1: {rates['p50_ms']:.2f} ms",
+                     f"{efficiency['p50_ratio_c1']:.2f}"])
+    return _table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)

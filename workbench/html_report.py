@@ -86,11 +86,20 @@ def _served(bench: dict[str, Any]) -> Parts:
         return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
     if "batching_on" not in served:
         return []
-    return [("Served throughput and latency", f"Load tool: {served['tool']}; one text per request.",
-             [figures.throughput_figure(served), figures.breakdown_figure(served)]),
-            ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
-            ("Where tokenization runs", "Text to the ensemble (tokenizer in Triton) against token ids sent straight "
-             "to the model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
+    parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
+                     f"{served['protocol']}; one text per request; layout {served['variant_plan']['layout']}.",
+                     [figures.throughput_figure(served), figures.breakdown_figure(served)])]
+    if "efficiency" in served:
+        parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
+                      "the same texts with the same threads (targets: throughput >= 0.8, p50 <= 1.5x).",
+                      [figures.efficiency_table(served["efficiency"])]))
+    if "layouts" in served:
+        parts.append(("Repository layouts", "The same variant served as an ensemble and as one fused Python model, "
+                      "batching on.", [figures.layouts_figure(served["layouts"])]))
+    return parts + [
+        ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
+        ("Where tokenization runs", "Text in, tokenized in Triton, against token ids sent straight to the ensemble's "
+         "network model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
 
 
 SECTIONS = (
@@ -145,6 +154,12 @@ def headline(bench: dict[str, Any]) -> list[str]:
         on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
         lines.append(f"Dynamic batching at concurrency {top}: {on['throughput']:.1f} vs {off['throughput']:.1f} "
                      f"req/s ({on['throughput'] / off['throughput']:.2f}x).")
+    if "efficiency" in served:
+        efficiency = served["efficiency"]
+        lines.append(f"Serving efficiency at concurrency {efficiency['concurrency']}: "
+                     f"{efficiency['throughput_ratio']['batching_on']:.2f} of in-process throughput (batching on)"
+                     + (f"; p50 at concurrency 1 {efficiency['p50_ratio_c1']:.2f}x in process."
+                        if "p50_ratio_c1" in efficiency else "."))
     return lines
 
 

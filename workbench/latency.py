@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from workbench.batches import Batch
     from workbench.runners import Runner
 
 PERCENTILES = (50, 90, 95, 99)
@@ -144,3 +145,28 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     return {"threads": threads, "cells": cells, "flops": flops, "passed": passed,
             "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]} for cell, name in best.items()},
             "peak_gflops": matmul_peak_gflops(threads)}
+
+
+
+def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 3) -> dict[str, Any]:
+    """What one in-process runner delivers on the served texts (`batches`: per batch size, the texts in order,
+    tokenized beforehand as a client would): sequences/s of the fastest of `passes` passes per batch size, the
+    best size, and at batch size 1 the median call in ms (the in-process side of served/in-process ratios)."""
+    rates: dict[str, Any] = {"sequences_per_s": {}}
+    for size, sized in batches.items():
+        texts = sum(len(batch.text_ids) for batch in sized)
+        runner.infer(sized[0])  # warm-up
+        calls: list[float] = []
+        best = float("inf")
+        for _ in range(passes):
+            start = time.perf_counter()
+            for batch in sized:
+                begin = time.perf_counter()
+                runner.infer(batch)
+                calls.append(time.perf_counter() - begin)
+            best = min(best, time.perf_counter() - start)
+        rates["sequences_per_s"][str(size)] = texts / best
+        if size == 1:
+            rates["p50_ms"] = float(np.median(calls)) * 1e3
+    rates["best_batch"] = int(max(rates["sequences_per_s"], key=rates["sequences_per_s"].get))
+    return rates

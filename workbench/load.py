@@ -131,19 +131,20 @@ def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str,
 
 
 def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str], concurrency: int, requests: int,
-               seconds: float, workdir: Path) -> dict[str, Any]:
-    """One level of one-text HTTP requests: perf_analyzer when it is there and finds a stable window, else asyncio."""
+               seconds: float, workdir: Path, protocol: str = "grpc") -> dict[str, Any]:
+    """One level of one-text requests over `protocol` (`url` is the server's address for it): perf_analyzer when
+    it is there and finds a stable window, else the asyncio generator."""
     note = {}
     if tool is not None:
         try:
-            return perf_analyzer_level(tool, url, "http", model, [{"TEXT": text_array([t])} for t in texts],
+            return perf_analyzer_level(tool, url, protocol, model, [{"TEXT": text_array([t])} for t in texts],
                                        concurrency, requests, seconds, workdir).record()
         except UnstableMeasurementError as error:
             note = {"tool": "asyncio", "note": f"{error.problem}; measured with the asyncio generator instead"}
 
     async def send(client: AsyncTritonClient, index: int) -> object:
         return await client.infer_texts(model, [texts[index % len(texts)]])
-    return {**asyncio_level(url, "http", send, concurrency, requests, seconds).record(), **note}
+    return {**asyncio_level(url, protocol, send, concurrency, requests, seconds).record(), **note}
 
 
 # ---- server-side breakdown -----------------------------------------------------------------------------------------

@@ -24,17 +24,18 @@ T = TypeVar("T")
 
 
 class ServedBench:
-    """Measures one running server: text to the ensemble, or token ids (tokenized here) straight to the model."""
+    """Measures one running server over `protocol` (gRPC unless told): text to the served model, or token ids
+    (tokenized here) straight to the ensemble's network model."""
 
     def __init__(self, config: RunConfig, plan: ServingPlan, server: TritonServer, texts: list[str],
-                 tokenizer: Any, tool: PerfAnalyzer | None, workdir: Path) -> None:
+                 tokenizer: Any, tool: PerfAnalyzer | None, workdir: Path, protocol: str = "grpc") -> None:
         self.config, self.plan, self.server, self.texts = config, plan, server, texts
-        self.tokenizer, self.tool, self.workdir = tokenizer, tool, workdir
+        self.tokenizer, self.tool, self.workdir, self.protocol = tokenizer, tool, workdir, protocol
+        self.url = server.grpc_url if protocol == "grpc" else server.http_url
 
     def _stages(self) -> dict[str, dict[str, int]]:
         with TritonClient(self.server.http_url) as client:
-            return {name: stage_totals(client.statistics(name))
-                    for name in (self.plan.tokenizer_name, self.plan.model_name)}
+            return {name: stage_totals(client.statistics(name)) for name in self.plan.working_models}
 
     def _ids(self, index: int) -> dict[str, np.ndarray]:
         text = self.texts[index % len(self.texts)]
@@ -47,11 +48,12 @@ class ServedBench:
         if client_tokenization:
             async def send(client: Any, index: int) -> object:
                 return await client.infer(self.plan.model_name, self._ids(index))
-            result = asyncio_level(self.server.http_url, "http", send, concurrency, bench.requests_per_level,
+            result = asyncio_level(self.url, self.protocol, send, concurrency, bench.requests_per_level,
                                    bench.seconds_per_level).record()
         else:
-            result = text_level(self.tool, self.server.http_url, self.plan.name, self.texts, concurrency,
-                                bench.requests_per_level, bench.seconds_per_level, self.workdir / "perf_analyzer")
+            result = text_level(self.tool, self.url, self.plan.name, self.texts, concurrency,
+                                bench.requests_per_level, bench.seconds_per_level,
+                                self.workdir / f"perf_analyzer_{self.protocol}", self.protocol)
         after = self._stages()
         return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
 
@@ -100,10 +102,24 @@ def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Pa
     when `tool` is given and finds a stable window, else the asyncio generator; each level bounded by `seconds`):
     {"batching_off": {label: level}, "batching_on": {label: level}}."""
     def measure(server: TritonServer, measured: ServingPlan, label: str) -> dict[str, dict[str, Any]]:
-        return {load.label: text_level(tool, server.http_url, measured.name, load.texts, load.concurrency,
+        return {load.label: text_level(tool, server.grpc_url, measured.name, load.texts, load.concurrency,
                                        load.requests, seconds, workdir / label / "perf_analyzer" / load.label)
                 for load in loads if measured.dynamic_batching in load.batching}
     return on_each_batching(plan, workdir, measure)
+
+
+def serving_efficiency(served: dict[str, Any], in_process: dict[str, Any]) -> dict[str, Any]:
+    """Served against in process on the same texts: throughput at the top concurrency over the in-process
+    throughput at its best batch size (batching off and on), and p50 at concurrency 1 over the in-process p50 at
+    batch size 1."""
+    top = str(max(served["levels"]))
+    best = in_process["sequences_per_s"][str(in_process["best_batch"])]
+    result = {"concurrency": int(top), "in_process": in_process,
+              "throughput_ratio": {label: served[label]["text"][top]["throughput"] / best
+                                   for label in ("batching_off", "batching_on")}}
+    if "1" in served["batching_on"]["text"] and "p50_ms" in in_process:
+        result["p50_ratio_c1"] = served["batching_on"]["text"]["1"]["p50"] / in_process["p50_ms"]
+    return result
 
 
 def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any] | None:
@@ -114,24 +130,38 @@ def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any
 
 def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Any,
                          workdir: Path) -> dict[str, Any]:
-    """Everything under metrics.bench.served: sweeps, the batching search, and the tokenization comparison."""
+    """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
+    where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""
     bench = config.bench
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
-    result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "levels": levels,
-                              "variant_plan": {"flavor": plan.flavor, "max_batch_size": plan.max_batch_size}}
+    result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "protocol": "grpc", "levels": levels,
+                              "variant_plan": {"flavor": plan.flavor, "layout": plan.layout,
+                                               "max_batch_size": plan.max_batch_size}}
+
+    def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
+        """Client-side tokenization against the text path, both through the asyncio generator (like with like)."""
+        runner = ServedBench(config, ensemble, server, texts, tokenizer, None, workdir / label)
+        return {"client_tokenization": {str(c): runner.level(c, client_tokenization=True) for c in levels},
+                "text_asyncio": {str(c): runner.level(c) for c in levels}}
 
     def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> dict[str, Any]:
         runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
         out = {"text": {str(c): runner.level(c) for c in levels}}
-        if label == "batching_on":
-            out["client_tokenization"] = {str(c): runner.level(c, client_tokenization=True) for c in levels}
-            if tool is not None:  # compare like with like: the text path through the same asyncio generator
-                asyncio_runner = ServedBench(config, measured_plan, server, texts, tokenizer, None, workdir / label)
-                out["text_asyncio"] = {str(c): asyncio_runner.level(c) for c in levels}
+        if label == "batching_on" and measured_plan.layout == "ensemble":
+            out.update(tokenization(server, measured_plan, label))
+        if label == "batching_on" and measured_plan.layout == plan.layout:  # the deployment over HTTP too
+            http = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
+            out["text_http"] = {str(c): http.level(c) for c in sorted({levels[0], levels[-1]})}
         return out
 
     result.update(on_each_batching(plan, workdir, sweep))
+    if plan.flavor == "python-ort":  # the other layout, batching on, same load
+        other = replace(plan, dynamic_batching=True, layout="ensemble" if plan.layout == "fused" else "fused")
+        measured = _with_server(other, workdir / f"layout_{other.layout}",
+                                lambda server: sweep(server, other, "batching_on"))
+        result["layouts"] = {plan.layout: result["batching_on"]["text"], other.layout: measured.pop("text")}
+        result["batching_on"].update(measured)
     top = max(levels)
     candidates = []
     for delay in bench.search_queue_delays_us:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.batches import corpus_batches
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.errors import TritonNotFoundError
-from workbench.latency import run_latency_benchmark
+from workbench.latency import corpus_rates, run_latency_benchmark
 from workbench.record import RunRecord, StepEntry
-from workbench.served import run_served_benchmark
+from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.served import run_served_benchmark, serving_efficiency
 from workbench.triton.plan import serving_plan
+from workbench.triton.repository import ServingPlan
 from workbench.triton.server import find_tritonserver
 
 STEP = "bench"
@@ -26,11 +29,25 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         return {"skipped": str(missing)}
     if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
         return {"skipped": f"the {plan.flavor} flavor needs NVIDIA's Triton container"}
-    result = run_served_benchmark(config, plan, list(load_corpus(config.corpus)), record.tokenizer(),
-                                  record.run_dir / "served-bench")
+    texts, tokenizer = list(load_corpus(config.corpus)), record.tokenizer()
+    result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
+    if plan.flavor != "tensorrt_plan":
+        result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
     verdict = record.verdict(variant) or {}
     verified = bool(deployment and deployment["verified"]) or bool(verdict.get("passed"))
     return {**result, "variant": variant, "verified": verified}
+
+
+def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str,
+                     texts: list[str]) -> dict[str, Any]:
+    """The served variant in process on the served texts, with the threads one served instance has, at batch size
+    1 and the served preferred sizes."""
+    path, _ = record.variant(variant)
+    tokenizer, limit = record.tokenizer(), record.export_info()["max_sequence"]
+    with OrtRunner(variant, path, providers_for(config.device), plan.threads) as runner:
+        batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, config.sequence, limit)
+                   for size in sorted({1, *plan.preferred_batch_sizes})}
+        return corpus_rates(runner, batches)
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:

@@ -95,7 +95,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         for name, path in deployment_files(config, plan, record.run_dir / "triton").items():
             record.add_artifact(f"triton.{name}", path, kind="deployment")
         _, precision = record.variant(variant, "engine" if plan.flavor == "tensorrt_plan" else "onnx")
-        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "variant": variant,
+        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "layout": plan.layout, "variant": variant,
                                    "precision": precision, "models": sorted(read_repository(run_copy)),
                                    "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
                                    "repository": str(destination), "published": False,

@@ -26,7 +26,7 @@ def batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
 def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
                      concurrency: int) -> dict[str, Any]:
     """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them."""
-    models = (plan.tokenizer_name, plan.model_name)
+    models = plan.working_models
     with TritonClient(server.http_url) as client:
         before = {name: batch_sizes(client.statistics(name)) for name in models}
         run_async(burst(server.http_url, plan.name, texts, concurrency))

@@ -1,6 +1,7 @@
 """Decide what to serve and how: flavor, variant and the ServingPlan the repository is generated from."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from workbench.config import RunConfig
@@ -30,6 +31,20 @@ def choose_flavor(config: RunConfig) -> str:
     if config.triton.flavor != "auto":
         return config.triton.flavor
     return "onnxruntime" if gpu_name() is not None and config.device != "cpu" else "python-ort"
+
+
+def choose_layout(config: RunConfig, flavor: str) -> str:
+    """The configured layout; `auto` is the one measured faster for the flavor (fused for the Python-hosted
+    python-ort, the ensemble for the C++ backends: README, "Triton")."""
+    if config.triton.layout != "auto":
+        return config.triton.layout
+    return "fused" if flavor == "python-ort" else "ensemble"
+
+
+def threads_per_instance(config: RunConfig) -> int:
+    """ONNX Runtime intra-op threads of each model instance: `threads`, else the cores shared among the instances
+    (every instance taking all cores would have them fight over the CPU)."""
+    return config.threads or max(1, (os.cpu_count() or 1) // config.triton.instances)
 
 
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: str) -> list[str]:
@@ -99,5 +114,6 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
         # Fixed-shape backends batch only equal shapes: pad each request up to its length bucket (the profiles).
         pad_to=[p["sequence"][2] for p in profiles] if flavor != "python-ort" else [],
         profiles=len(profiles) if flavor == "tensorrt_plan" else 1,
-        pad_token_id=tokenizer.pad_token_id or 0, threads=config.threads or 0, id2label=id2label)
+        pad_token_id=tokenizer.pad_token_id or 0, threads=threads_per_instance(config), id2label=id2label,
+        layout=choose_layout(config, flavor))
     return plan, variant

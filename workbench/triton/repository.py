@@ -1,5 +1,6 @@
-"""Model repositories: tokenizer + model (+ postprocess) + ensemble, every config.pbtxt built as a ModelConfig
-protobuf and parsed back before anything is written."""
+"""Model repositories, every config.pbtxt built as a ModelConfig protobuf and parsed back before anything is written.
+Two layouts: `ensemble` (tokenizer -> model (-> postprocess) models behind an ensemble; any backend) and `fused`
+(one Python model tokenizing, running ONNX Runtime and labelling in one `execute`; the python-ort flavor)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from workbench.tasks import OutputSpec
 MODELS_SOURCE = Path(__file__).parent / "models"
 MARKER = ".workbench.json"
 FLAVORS = ("onnxruntime", "tensorrt_plan", "python-ort")
+LAYOUTS = ("ensemble", "fused")
 INT64, FP32, STRING, BOOL = mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING, mc.TYPE_BOOL
 
 
@@ -48,6 +50,7 @@ class ServingPlan:
     pad_token_id: int = 0
     threads: int = 0
     id2label: dict[str, str] = field(default_factory=dict)
+    layout: str = "ensemble"
 
     @property
     def classifies(self) -> bool:
@@ -64,6 +67,14 @@ class ServingPlan:
     @property
     def postprocess_name(self) -> str:
         return f"{self.name}_postprocess"
+
+    @property
+    def working_models(self) -> tuple[str, ...]:
+        """The models that do the work (whose statistics tell where the time goes): the ensemble's steps, or the
+        fused model itself."""
+        if self.layout == "fused":
+            return (self.name,)
+        return (self.tokenizer_name, self.model_name) + ((self.postprocess_name,) if self.classifies else ())
 
 
 def model_name_for(text: str) -> str:
@@ -119,10 +130,7 @@ def model_config(plan: ServingPlan) -> Any:
         config.platform, config.default_model_filename = "tensorrt_plan", "model.plan"
     else:
         config.backend = "python"
-        config.parameters["providers"].string_value = (
-            "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
-        config.parameters["intra_op_threads"].string_value = str(plan.threads)
-        config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+        _onnxruntime_parameters(config, plan)
     _batching(config, plan)
     for name in plan.input_names:
         add_tensor(config.input, name, INT64, [-1], ragged=ragged)
@@ -144,6 +152,40 @@ def model_config(plan: ServingPlan) -> Any:
             warmup.inputs[name].data_type = INT64
             warmup.inputs[name].dims.append(min(16, plan.max_length))
             warmup.inputs[name].zero_data = True
+    return config
+
+
+def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
+    """What a Python model running ONNX Runtime needs: providers, threads per instance, the pad token."""
+    config.parameters["providers"].string_value = (
+        "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
+    config.parameters["intra_op_threads"].string_value = str(plan.threads)
+    config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+
+
+def _text_outputs(config: Any, plan: ServingPlan) -> None:
+    """What text-in models answer: the task outputs, label and score for classifiers, and `truncated`."""
+    for spec in plan.outputs:
+        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+    if plan.classifies:
+        per_token = next(o for o in plan.outputs if o.name == "logits").per_token
+        for name, data_type in (("label", STRING), ("score", FP32)):
+            add_tensor(config.output, name, data_type, [-1] if per_token else [1])
+    add_tensor(config.output, "truncated", BOOL, [1])
+
+
+def fused_config(plan: ServingPlan) -> Any:
+    """Text in, task outputs out, in one Python model."""
+    config = mc.ModelConfig(name=plan.name, backend="python")
+    _batching(config, plan)
+    add_tensor(config.input, "TEXT", STRING, [1])
+    _text_outputs(config, plan)
+    _onnxruntime_parameters(config, plan)
+    config.parameters["max_length"].string_value = str(plan.max_length)
+    config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
+    if plan.classifies:
+        config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)
     return config
 
 
@@ -174,15 +216,12 @@ def ensemble_config(plan: ServingPlan) -> Any:
         run.input_map[name] = name
     for spec in plan.outputs:
         run.output_map[spec.name] = spec.name
-        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     if plan.classifies:
         post = steps.add(model_name=plan.postprocess_name, model_version=-1)
         post.input_map["logits"] = "logits"
-        per_token = next(o for o in plan.outputs if o.name == "logits").per_token
-        for name, data_type in (("label", STRING), ("score", FP32)):
+        for name in ("label", "score"):
             post.output_map[name] = name
-            add_tensor(config.output, name, data_type, [-1] if per_token else [1])
-    add_tensor(config.output, "truncated", BOOL, [1])
+    _text_outputs(config, plan)
     return config
 
 
@@ -202,6 +241,14 @@ def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
 def configs(plan: ServingPlan) -> dict[str, Any]:
     if plan.flavor not in FLAVORS:
         raise RepositoryError(f"unknown Triton flavor {plan.flavor!r}", f"use one of {', '.join(FLAVORS)}")
+    if plan.layout not in LAYOUTS:
+        raise RepositoryError(f"unknown repository layout {plan.layout!r}", f"use one of {', '.join(LAYOUTS)}")
+    if plan.layout == "fused":
+        if plan.flavor != "python-ort":
+            raise RepositoryError(f"the fused layout runs in Triton's Python backend; flavor {plan.flavor} runs in "
+                                  "a C++ backend behind the ensemble",
+                                  "use -p triton.layout=ensemble (or auto), or -p triton.flavor=python-ort")
+        return {plan.name: fused_config(plan)}
     result = {plan.tokenizer_name: tokenizer_config(plan), plan.model_name: model_config(plan),
               plan.name: ensemble_config(plan)}
     if plan.classifies:
@@ -211,19 +258,28 @@ def configs(plan: ServingPlan) -> dict[str, Any]:
 
 def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
     """Every model of the plan: its config and the files of its version folder (name there -> source)."""
+    network = {{"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx"): plan.model_file}
+    data = Path(f"{plan.model_file}.data")
+    if data.is_file():
+        network[data.name] = data
+    if plan.layout == "fused":
+        files = {plan.name: {**network, "tokenizer": plan.tokenizer_dir,
+                             **{name: MODELS_SOURCE / source for name, source in (
+                                 ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
+                                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"))}}}
+        return {name: (config, files[name]) for name, config in configs(plan).items()}
     files: dict[str, dict[str, Path]] = {
         plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",
                               "text_input.py": MODELS_SOURCE / "text_input.py", "tokenizer": plan.tokenizer_dir},
-        plan.model_name: {{"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx"): plan.model_file},
+        plan.model_name: network,
         plan.name: {},
     }
-    data = Path(f"{plan.model_file}.data")
-    if data.is_file():
-        files[plan.model_name][data.name] = data
     if plan.flavor == "python-ort":
         files[plan.model_name]["model.py"] = MODELS_SOURCE / "onnxruntime_model.py"
+        files[plan.model_name]["ort_batches.py"] = MODELS_SOURCE / "ort_batches.py"
     if plan.classifies:
-        files[plan.postprocess_name] = {"model.py": MODELS_SOURCE / "postprocess.py"}
+        files[plan.postprocess_name] = {"model.py": MODELS_SOURCE / "postprocess.py",
+                                        "labels.py": MODELS_SOURCE / "labels.py"}
     return {name: (config, files[name]) for name, config in configs(plan).items()}
 
 

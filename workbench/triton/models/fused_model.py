@@ -1,0 +1,71 @@
+"""Triton Python model serving text in one hop: the texts of the whole dynamic batch are tokenized in one
+fast-tokenizer call, run through ONNX Runtime in length groups (ort_batches.py), and, for classifiers, labelled,
+all in one `execute`: no tensors cross between models, no second Python stub."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
+from ort_batches import PaddedRunner, session  # noqa: E402
+from text_input import decode  # noqa: E402
+
+
+def stack(rows):
+    """One request's per-text outputs as one array, per-token ones zero-padded to the request's longest text."""
+    if rows[0].ndim == 1:
+        return np.stack(rows)
+    width = max(r.shape[0] for r in rows)
+    return np.stack([np.pad(r, [(0, width - r.shape[0])] + [(0, 0)] * (r.ndim - 1)) for r in rows])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        folder = Path(args["model_repository"]) / args["model_version"]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
+        self.max_length = int(params["max_length"])
+        model = session(folder / "model.onnx", params)
+        self.inputs = [i.name for i in model.get_inputs()]
+        self.outputs = json.loads(params["model_outputs"])
+        per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
+        self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
+                                   float(params.get("max_padding", "0.25")))
+        id2label = json.loads(params.get("id2label", "{}"))
+        self.labels = label_names(id2label) if id2label else None
+
+    def respond(self, outputs, truncated):
+        tensors = {name: stack([o[name][0] for o in outputs]) for name in self.outputs}
+        if self.labels is not None:
+            tensors["label"], tensors["score"] = label_and_score(tensors["logits"], self.labels)
+        tensors["truncated"] = np.array([[flag] for flag in truncated])
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value))
+                                                          for name, value in tensors.items()])
+
+    def execute(self, requests):
+        responses, texts, owners = [None] * len(requests), [], []
+        for index, request in enumerate(requests):
+            try:
+                mine = decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+            except ValueError as exc:
+                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                continue
+            owners.append((index, len(texts), len(mine)))
+            texts += mine
+        if not texts:
+            return responses
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length)
+        parts = [{name: np.asarray([encoded[name][i]], dtype=np.int64) for name in self.inputs}
+                 for i in range(len(texts))]
+        outputs = self.runner.run(parts)
+        truncated = [bool(e.overflowing) for e in encoded.encodings]
+        if any(truncated):
+            pb_utils.Logger.log_warn(f"truncated {sum(truncated)} text(s) to {self.max_length} tokens")
+        for index, start, count in owners:
+            responses[index] = self.respond(outputs[start:start + count], truncated[start:start + count])
+        return responses
