@@ -1,8 +1,9 @@
-"""`workbench` command line: run the pipeline, show the configuration, list the steps."""
+"""`workbench` command line: run the pipeline, show the configuration, list the steps, serve a deployment."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -10,6 +11,9 @@ from workbench.config import RunConfig
 from workbench.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.record import RunRecord
 from workbench.steplist import STEPS
+from workbench.triton.server import HOST
+
+SERVE_PORTS = (8000, 8001, 8002)  # tritonserver's own defaults, as in the triton step's deployment files
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +71,31 @@ def _install_perf_analyzer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from workbench.serve import run_repository, serve
+
+    repository = run_repository(Path(args.run)) if args.run else Path(args.repository)
+    return serve(repository, args.host, (args.http_port, args.grpc_port, args.metrics_port))
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535; 0 picks a free one)")
+    return port
+
+
+def _serve_args(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", metavar="RUN_FOLDER", help="serve what this run's triton step deployed")
+    source.add_argument("--repository", metavar="PATH", help="serve this Triton model repository")
+    parser.add_argument("--host", default=HOST, help=f"address to listen on (default {HOST}: this machine only; "
+                        "0.0.0.0 is every interface, with a warning)")
+    for protocol, default in zip(("http", "grpc", "metrics"), SERVE_PORTS):
+        parser.add_argument(f"--{protocol}-port", type=_port, default=default, metavar="PORT",
+                            help=f"default {default}, as tritonserver's own; 0 picks a free one")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,8 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(show)
     show.set_defaults(func=_show_config)
     sub.add_parser("steps", help="list the pipeline steps").set_defaults(func=_list_steps)
-    sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/)"
-                   ).set_defaults(func=_install_perf_analyzer)
+    sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/, and a "
+                   "perf_analyzer wrapper in bin/)").set_defaults(func=_install_perf_analyzer)
+    serve = sub.add_parser("serve", help="serve a run's model repository on tritonserver until Ctrl-C, SIGTERM or "
+                           "SIGHUP; prints its URLs, a curl request and a perf_analyzer command")
+    _serve_args(serve)
+    serve.set_defaults(func=_serve)
     return parser
 
 

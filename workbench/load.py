@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from workbench.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
-from workbench.perf_analyzer import PerfAnalyzer
+from workbench.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
 from workbench.triton.client import AsyncTritonClient, run_async, text_array
 
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
@@ -100,26 +100,32 @@ def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, request
 
 
 # ---- perf_analyzer (found and installed by workbench.perf_analyzer) ------------------------------------------------
+def write_input_data(path: Path, data: list[dict[str, Any]]) -> Path:
+    """perf_analyzer's --input-data file: one entry per request (`data`: a dict of arrays each, batch axis first)."""
+    def tensor(value: Any) -> dict[str, Any]:
+        array = np.asarray(value)
+        content = [x.decode() for x in array.ravel()] if array.dtype == object else array.ravel().tolist()
+        return {"content": content, "shape": list(array.shape[1:])}
+    path.write_text(json.dumps({"data": [{name: tensor(v) for name, v in item.items()} for item in data]}))
+    return path
+
+
 def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
                         concurrency: int, requests: int, seconds: float, workdir: Path) -> LevelResult:
     """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    inputs = workdir / "inputs.json"
-    inputs.write_text(json.dumps({"data": [{name: {"content": np.asarray(v).ravel().tolist() if np.asarray(v).dtype
-                                                   != object else [x.decode() for x in np.asarray(v).ravel()],
-                                                   "shape": list(np.asarray(v).shape[1:])}
-                                            for name, v in item.items()} for item in data]}))
+    inputs = write_input_data(workdir / "inputs.json", data)
     report = workdir / f"c{concurrency}.csv"
     command = [str(tool.executable), "-m", model, "-u", url, "-i", protocol, "-b", "1",
                "--input-data", str(inputs), "--concurrency-range", f"{concurrency}:{concurrency}",
-               "--measurement-mode", "count_windows", "--measurement-request-count", str(requests),
-               "--max-trials", "4", "--stability-percentage", "30", "-f", str(report), "--verbose-csv"]
+               *stability_options(requests), "-f", str(report), "--verbose-csv"]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=tool.environment(), timeout=seconds * 6 + 60)
+    done = subprocess.run(command, capture_output=True, text=True, env=tool.environment(),
+                          timeout=seconds * STABILITY_TRIALS + 60)
     if "Failed to obtain stable measurement" in done.stdout + done.stderr:
         raise UnstableMeasurementError(
-            f"perf_analyzer found no stable window at concurrency {concurrency} in 4 trials of {requests} requests",
-            "raise bench.requests_per_level, or measure on a quieter machine")
+            f"perf_analyzer found no stable window at concurrency {concurrency} in {STABILITY_TRIALS} windows of "
+            f"{requests} requests", "raise bench.requests_per_level, or measure on a quieter machine")
     if done.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
     row = next(csv.DictReader(report.open()))

@@ -14,6 +14,14 @@ from workbench.triton.repository import ServingPlan
 CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a mapping used twice (the labels) out in full each time, as people write manifests, not as an
+    anchor and alias."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
 def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
     """A `docker run` script for NVIDIA's Triton container and a Kubernetes Deployment + Service."""
     packages = [*CONTAINER_PACKAGES, *(["onnxruntime-gpu"] if plan.flavor == "python-ort" else [])]
@@ -46,5 +54,5 @@ def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict
     manifest = write_text(folder / "kubernetes.yaml",
                           "# Copy the repository into the PersistentVolumeClaim "
                           f"{labels['app']}-models, then kubectl apply -f this file.\n"
-                          + yaml.safe_dump_all([deployment, service], sort_keys=False))
+                          + yaml.dump_all([deployment, service], Dumper=_PlainDumper, sort_keys=False))
     return {"docker": script, "kubernetes": manifest}

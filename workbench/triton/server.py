@@ -1,5 +1,5 @@
-"""Run a real tritonserver on 127.0.0.1: find it, start it on free ports, wait for readiness, stop it by PID (its
-process group: the Python-backend stubs too)."""
+"""Run a real tritonserver on 127.0.0.1 (or a given address): find it, start it on free ports, wait for readiness,
+stop it by PID (its process group: the Python-backend stubs too)."""
 from __future__ import annotations
 
 import os
@@ -23,6 +23,7 @@ from workbench.errors import ConfigError, PortInUseError, ServerStartError, Serv
 from workbench.pins import pin
 
 HOST = "127.0.0.1"
+ANY_ADDRESS = "0.0.0.0"  # every interface; clients on this machine still reach it on HOST
 
 
 @dataclass(frozen=True)
@@ -55,18 +56,18 @@ def find_tritonserver() -> TritonBinary:
     return TritonBinary(executable, root / "backends", "nvidia-pytriton", root / "python_backend_stubs")
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def ensure_port_free(port: int, what: str) -> None:
+def ensure_port_free(port: int, what: str, host: str = HOST) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind((HOST, port))
+            sock.bind((host, port))
         except OSError:
-            raise PortInUseError(f"{what} port {port} on {HOST} is already in use",
+            raise PortInUseError(f"{what} port {port} on {host} is already in use",
                                  "stop whatever listens there, or choose another port (or none: a free one is "
                                  "picked)") from None
 
@@ -78,8 +79,9 @@ class Ports:
     metrics: int
 
     @classmethod
-    def pick(cls, http: int | None = None, grpc: int | None = None, metrics: int | None = None) -> Ports:
-        """The given ports (checked distinct and free) or free ones."""
+    def pick(cls, http: int | None = None, grpc: int | None = None, metrics: int | None = None,
+             host: str = HOST) -> Ports:
+        """The given ports (checked distinct and free on `host`) or free ones."""
         given = [port for port in (http, grpc, metrics) if port is not None]
         if len(set(given)) < len(given):
             raise ConfigError(f"the HTTP, gRPC and metrics ports must differ, got {http}, {grpc}, {metrics}",
@@ -87,23 +89,25 @@ class Ports:
         chosen = []
         for port, what in ((http, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")):
             if port is None:
-                port = free_port()
+                port = free_port(host)
                 while port in chosen:
-                    port = free_port()
+                    port = free_port(host)
             else:
-                ensure_port_free(port, what)
+                ensure_port_free(port, what, host)
             chosen.append(port)
         return cls(*chosen)
 
 
 class TritonServer:
-    """A tritonserver process bound to 127.0.0.1; use as a context manager so it is always stopped."""
+    """A tritonserver process bound to `host` (127.0.0.1 unless told otherwise); use as a context manager so it is
+    always stopped."""
 
     def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, binary: TritonBinary | None = None,
-                 ready_timeout: float = 90.0) -> None:
+                 ready_timeout: float = 90.0, host: str = HOST) -> None:
         self.repository = Path(repository).resolve()
         self.workdir = Path(workdir).resolve()
-        self.ports = ports or Ports.pick()
+        self.host = host
+        self.ports = ports or Ports.pick(host=host)
         self.binary = binary or find_tritonserver()
         self.ready_timeout = ready_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -113,12 +117,21 @@ class TritonServer:
         self.timings: dict[str, float] = {}
 
     @property
+    def client_host(self) -> str:
+        """The address clients on this machine use: the bound one, or loopback for every interface."""
+        return HOST if self.host == ANY_ADDRESS else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"{HOST}:{self.ports.http}"
+        return f"{self.client_host}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{HOST}:{self.ports.grpc}"
+        return f"{self.client_host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.client_host}:{self.ports.metrics}"
 
     def _backends(self) -> Path:
         """The wheel ships one Python-backend stub per Python version: assemble a backend folder using ours."""
@@ -150,9 +163,9 @@ class TritonServer:
     def command(self) -> list[str]:
         return [str(self.binary.executable), f"--model-repository={self.repository}",
                 f"--backend-directory={self._backends()}",
-                f"--http-address={HOST}", f"--http-port={self.ports.http}",
-                f"--grpc-address={HOST}", f"--grpc-port={self.ports.grpc}",
-                f"--metrics-address={HOST}", f"--metrics-port={self.ports.metrics}",
+                f"--http-address={self.host}", f"--http-port={self.ports.http}",
+                f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
+                f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}",
                 "--allow-metrics=true", "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0"]
 
     def start(self) -> TritonServer:

@@ -1,0 +1,237 @@
+"""`workbench serve`: a real tritonserver until a signal, printing URLs and commands that work as printed."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import psutil
+import pytest
+
+from workbench.batches import Batch
+from workbench.cli import main
+from workbench.config import RunConfig
+from workbench.data import encode
+from workbench.errors import ConfigError, MissingArtifactError, PortInUseError
+from workbench.models import load_model
+from workbench.perf_analyzer import find_perf_analyzer, write_wrapper
+from workbench.record import RunRecord
+from workbench.runners.torch import TorchRunner
+from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_ports, run_repository
+from workbench.steps import export, optimize
+from workbench.triton.client import TritonClient
+from workbench.triton.endpoints import curl_command, text_endpoints
+from workbench.triton.plan import serving_plan
+from workbench.triton.repository import write_models, write_repository
+
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
+         "precisions": ["fp32"], "threads": 1}
+
+
+# ---- refused before any server starts ------------------------------------------------------------------------------
+def test_a_run_without_a_triton_step_is_refused_naming_the_step(tmp_path, capsys):
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    with record.step("export"):
+        pass
+    assert main(["serve", "--run", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert "MissingArtifactError" in error and "(its triton step: not run)" in error
+    assert f"workbench run --resume --output-dir {tmp_path / 'run'} --steps triton" in error
+    with pytest.raises(RuntimeError), record.step("triton"):
+        raise RuntimeError("the server never came up")
+    with pytest.raises(MissingArtifactError, match="triton step: failed: RuntimeError: the server never came up"):
+        run_repository(tmp_path / "run")
+
+
+def test_a_missing_or_foreign_repository_is_refused(tmp_path, capsys):
+    assert main(["serve", "--repository", str(tmp_path / "nowhere")]) == 2
+    assert re.search(r"RepositoryError.*nowhere does not exist", capsys.readouterr().err)
+    plain = tmp_path / "plain" / "m"
+    plain.mkdir(parents=True)
+    (plain / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    assert main(["serve", "--repository", str(tmp_path / "plain")]) == 2
+    assert "holds no model that takes a TEXT input from clients" in capsys.readouterr().err
+    assert main(["serve", "--run", str(tmp_path / "plain")]) == 2
+    assert "run.json does not exist" in capsys.readouterr().err
+
+
+def test_each_text_model_gets_a_request_for_its_answer(tmp_path):
+    for name, outputs in (("cls", ["logits", "label", "score", "truncated"]),
+                          ("emb", ["sentence_embedding", "truncated"]), ("states", ["last_hidden_state", "truncated"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+            'input { name: "TEXT" data_type: TYPE_STRING dims: 1 }\n'
+            + "".join(f'output {{ name: "{o}" data_type: TYPE_FP32 dims: 1 }}\n' for o in outputs))
+    (tmp_path / "fused").mkdir()  # a fused one-hop model takes text itself; a tokenizer behind an ensemble does not
+    (tmp_path / "fused" / "config.pbtxt").write_text(
+        'name: "fused"\nbackend: "python"\nmax_batch_size: 8\ninput { name: "TEXT" data_type: TYPE_STRING dims: 1 }\n'
+        'output { name: "sentence_embedding" data_type: TYPE_FP32 dims: 4 }\n')
+    (tmp_path / "emb_tokenizer").mkdir()
+    (tmp_path / "emb_tokenizer" / "config.pbtxt").write_text(
+        'name: "emb_tokenizer"\nbackend: "python"\ninput { name: "TEXT" data_type: TYPE_STRING dims: 1 }\n')
+    emb = tmp_path / "emb" / "config.pbtxt"
+    emb.write_text(emb.read_text() + 'ensemble_scheduling { step { model_name: "emb_tokenizer" model_version: -1 } }\n')
+    endpoints = text_endpoints(tmp_path)
+    assert [(e.model, e.shape, e.output) for e in endpoints] == [
+        ("cls", [1, 1], "label"), ("emb", [1, 1], "sentence_embedding"), ("fused", [1, 1], "sentence_embedding"),
+        ("states", [1, 1], "last_hidden_state")]
+    curl = shlex.split(curl_command("127.0.0.1:8000", endpoints[0], "it's a text"))
+    assert curl[:3] == ["curl", "-s", "http://127.0.0.1:8000/v2/models/cls/infer"]
+    assert json.loads(curl[-1]) == {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1],
+                                                "data": ["it's a text"]}]}
+
+
+def test_a_run_serves_its_published_repository_while_it_holds_what_the_run_checked(tmp_path):
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    run_copy = write_models({}, tmp_path / "run" / "model_repository" / "m", about={"name": "m"})
+    published = write_models({}, tmp_path / "repos" / "m", about={"name": "m"})
+    with record.step("triton"):
+        record.add_artifact("triton.repository", run_copy, kind="triton-repository")
+        record.set_metric("triton", {"repository": str(published), "published": True})
+    assert run_repository(tmp_path / "run") == published
+    write_models({}, published, about={"name": "m", "from": "a later run"})  # republished by another run
+    assert run_repository(tmp_path / "run") == run_copy
+
+
+def test_other_hosts_get_a_loud_warning_and_unknown_addresses_are_refused():
+    warning = exposure_warning("0.0.0.0")
+    assert warning.startswith("WARNING:") and "every network interface" in warning and "127.0.0.1" in warning
+    assert exposure_warning("127.0.0.1") is None
+    for host in ("localhost.invalid", "192.0.2.1"):  # not an address; not one of this machine's (TEST-NET-1)
+        with pytest.raises(ConfigError, match=f"--host {host} is not an IPv4 address of this machine"):
+            check_host(host)
+
+
+def test_taken_or_repeated_ports_name_the_options(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"(?s)HTTP port {port} on 127.0.0.1 is already in use.*--http-port"):
+            pick_ports(port, 0, 0, "127.0.0.1")
+    with pytest.raises(ConfigError, match="(?s)must differ.*0 picks a free one"):
+        pick_ports(port, port, 0, "127.0.0.1")
+    assert len(set(vars(pick_ports(0, 0, 0, "127.0.0.1")).values())) == 3
+
+
+def test_the_perf_analyzer_wrapper_sets_the_library_path_and_passes_arguments(tmp_path):
+    binary = tmp_path / "tools dir" / "perf_analyzer"
+    binary.parent.mkdir()
+    binary.write_text('#!/bin/sh\necho "$LD_LIBRARY_PATH"\nfor a in "$@"; do echo "[$a]"; done\n')
+    binary.chmod(0o755)
+    wrapper = write_wrapper(tmp_path / "bin" / "perf_analyzer", binary, tmp_path / "tools dir" / "lib")
+    env = {**os.environ, "LD_LIBRARY_PATH": "/elsewhere"}
+    out = subprocess.run([str(wrapper), "-m", "a model"], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.splitlines() == [f"{tmp_path / 'tools dir' / 'lib'}:/elsewhere", "[-m]", "[a model]"]
+    assert os.access(wrapper, os.X_OK)
+
+
+# ---- a real server -------------------------------------------------------------------------------------------------
+def _alive(pids: set[int], groups: set[int]) -> list[psutil.Process]:
+    left = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if (process.pid in pids or os.getpgid(process.pid) in groups) and \
+                    process.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(process)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return left
+
+
+def _wait_for(condition, what: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.2)
+
+
+def _kill_leftovers(serve: subprocess.Popen, server_groups: set[int]) -> None:
+    """After a failure: the serve's group while it runs, and a tritonserver's group while it leads it."""
+    if serve.poll() is None:
+        os.killpg(serve.pid, signal.SIGKILL)
+    serve.wait()
+    for group in server_groups:
+        try:
+            if "tritonserver" in psutil.Process(group).name() and os.getpgid(group) == group:
+                os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+
+
+def _printed(lines: list[str], label: str) -> str:
+    """The command printed on the line after the one that starts with `label`."""
+    return lines[next(i for i, line in enumerate(lines) if line.startswith(label)) + 1].strip()
+
+
+@pytest.mark.slow
+def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(tiny_bert, tmp_path):
+    config = RunConfig.model_validate({"model": str(tiny_bert), **SMALL,
+                                       "triton": {"repository_dir": str(tmp_path / "repos")}})
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    plan, _ = serving_plan(config, record)
+    repository = write_repository(plan, tmp_path / "repository")
+    command = [sys.executable, "-m", "workbench", "serve", "--repository", str(repository),
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    watchdog = threading.Timer(600, serve.kill)  # a hung serve fails the test instead of hanging it
+    watchdog.start()
+    groups = {serve.pid}
+    try:
+        lines = []
+        for line in serve.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("Ctrl-C"):
+                break
+        assert lines and lines[-1].startswith("Ctrl-C"), (lines, serve.stderr.read() if serve.poll() else "")
+        server_pid = int(re.match(r"tritonserver \(pid (\d+)\) serves ", lines[0]).group(1))
+        groups.add(server_pid)
+        urls = dict(re.match(r"\s+(\w+):\s+(\S+)", line).groups() for line in lines[1:5])
+        assert urls["HTTP"].startswith("http://127.0.0.1:") and urls["gRPC"].startswith("127.0.0.1:")
+
+        curl = _printed(lines, f"one text through {plan.name} (its answer: sentence_embedding):")
+        assert curl.startswith("curl ")
+        answer = json.loads(subprocess.run(curl, shell=True, capture_output=True, text=True, check=True,
+                                           timeout=120).stdout)
+        outputs = {o["name"]: o for o in answer["outputs"]}
+        assert outputs["truncated"]["data"] == [False]
+        output = outputs["sentence_embedding"]
+        loaded = load_model(config)
+        with TorchRunner(loaded, "mean") as reference:
+            want = reference.infer(Batch("sample", [0], encode(loaded.tokenizer, [SAMPLE_TEXT], loaded.input_names,
+                                                               max_length=64)))["sentence_embedding"]
+        assert output["name"] == "sentence_embedding" and output["shape"] == [1, plan.hidden_size] == list(want.shape)
+        assert np.abs(np.asarray(output["data"]) - want.ravel()).max() < 1e-4
+        with TritonClient(urls["gRPC"], "grpc") as client:
+            assert client.infer_texts(plan.name, [SAMPLE_TEXT])["sentence_embedding"].shape == want.shape
+        with urllib.request.urlopen(urls["metrics"], timeout=30) as response:
+            assert b"nv_inference_request_success" in response.read()
+
+        measure = _printed(lines, "latency and throughput at concurrency 1")
+        if find_perf_analyzer() is not None:  # it ran as printed: a measurement, or the host was too noisy for one
+            done = subprocess.run(measure, shell=True, capture_output=True, text=True, timeout=300)
+            said = done.stdout + done.stderr
+            assert (done.returncode == 0 and "Throughput:" in said) or "Failed to obtain stable measurement" in said, \
+                said[-3000:]
+
+        started = {p.pid for p in psutil.Process(serve.pid).children(recursive=True)} | {serve.pid}
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=120) == 128 + signal.SIGTERM
+        assert "stopped (SIGTERM): tritonserver and its model processes are gone" in serve.stderr.read()
+        _wait_for(lambda: not _alive(started, groups), "every process of the serve and server groups gone", 30)
+    finally:
+        watchdog.cancel()
+        _kill_leftovers(serve, groups - {serve.pid})

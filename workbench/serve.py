@@ -1,0 +1,142 @@
+"""`workbench serve`: a run's (or any) model repository on a real tritonserver until Ctrl-C, SIGTERM or SIGHUP."""
+from __future__ import annotations
+
+import ipaddress
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workbench.data import load_corpus
+from workbench.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
+from workbench.interrupt import SIGNALS
+from workbench.load import write_input_data
+from workbench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
+from workbench.record import RunRecord
+from workbench.triton.client import text_array
+from workbench.triton.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
+from workbench.triton.repository import MARKER, ours_and_untouched
+from workbench.triton.server import ANY_ADDRESS, HOST, Ports, TritonServer
+
+SAMPLE_TEXT = "Triton serves this sentence through the workbench."
+LOAD_TEXTS = 64  # corpus texts perf_analyzer cycles through, one per request
+WINDOW_REQUESTS = 200  # perf_analyzer's measurement windows hold at least this many requests
+
+
+class Stopped(BaseException):
+    """A stop signal arrived (raised in the main thread, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def run_repository(run_dir: Path) -> Path:
+    """The repository the run's triton step deployed: the published one while it holds what the run checked,
+    else the run's own copy (`<run>/model_repository/<name>`)."""
+    record = RunRecord.load(run_dir)
+    triton = record.step_entry("triton")
+    if triton.status != "ok":
+        why = f"{triton.label}: {triton.detail}" if triton.detail else triton.label
+        raise MissingArtifactError(f"the run in {run_dir} has no deployment to serve (its triton step: {why})",
+                                   f"deploy it first: workbench run --resume --output-dir {run_dir} --steps triton")
+    run_copy = record.artifact("triton.repository")
+    published = Path(triton.metrics["repository"])
+    if triton.metrics.get("published") and ours_and_untouched(published) and \
+            (published / MARKER).read_bytes() == (run_copy / MARKER).read_bytes():
+        return published
+    return run_copy
+
+
+def check_host(host: str) -> None:
+    """`host` must be an IPv4 address of this machine (or 0.0.0.0)."""
+    try:
+        ipaddress.IPv4Address(host)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"--host {host} is not an IPv4 address of this machine ({exc})",
+                          f"leave it out ({HOST}: this machine only), or give 0.0.0.0 or one of its addresses"
+                          ) from None
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning for a server other machines can reach (None on loopback)."""
+    if ipaddress.IPv4Address(host).is_loopback:
+        return None
+    where = "every network interface" if host == ANY_ADDRESS else f"address {host}"
+    return (f"WARNING: tritonserver listens on {where}: whoever can reach this machine can send it requests and read "
+            "its models' configurations and statistics, with no authentication. Leave out --host to serve on "
+            f"{HOST} only.")
+
+
+def pick_ports(http: int, grpc: int, metrics: int, host: str) -> Ports:
+    """The given ports (0: a free one), checked distinct and free on `host`."""
+    try:
+        return Ports.pick(*(port or None for port in (http, grpc, metrics)), host=host)
+    except (PortInUseError, ConfigError) as exc:
+        raise type(exc)(exc.problem, "stop whatever listens there, or choose other --http-port / --grpc-port / "
+                                     "--metrics-port values (0 picks a free one)") from None
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise Stopped in the main thread; later ones are ignored while it stops."""
+    def handle(signum: int, frame: Any) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def usage_lines(server: TritonServer, endpoints: list[TextEndpoint], tool: PerfAnalyzer | None,
+                input_data: Path) -> list[str]:
+    """What `serve` prints once the server is ready: URLs, then a curl and a perf_analyzer command per text model."""
+    pid = server.process.pid if server.process else None
+    lines = [f"tritonserver (pid {pid}) serves {server.repository}",
+             f"  HTTP:    http://{server.http_url}", f"  gRPC:    {server.grpc_url}",
+             f"  metrics: http://{server.metrics_url}/metrics", f"  log:     {server.log_path}"]
+    executable = tool.shell_command() if tool else ["perf_analyzer"]
+    install = "" if tool else " (install it first: workbench install-perf-analyzer)"
+    options = stability_options(WINDOW_REQUESTS)
+    for endpoint in endpoints:
+        lines += [f"one text through {endpoint.model} (its answer: {endpoint.output}):",
+                  f"  {curl_command(server.http_url, endpoint, SAMPLE_TEXT)}",
+                  f"latency and throughput at concurrency 1, one corpus text per request, with perf_analyzer{install}:",
+                  f"  {perf_analyzer_command(executable, server.grpc_url, endpoint, input_data, options)}"]
+    return [*lines, "Ctrl-C, SIGTERM or SIGHUP stops the server."]
+
+
+def serve(repository: Path, host: str, ports: tuple[int, int, int]) -> int:
+    """Serve `repository` until a stop signal; 128 + the signal's number once the server is stopped (as an
+    interrupted `workbench run`). A server that exits by itself is a ServerStartError with its log."""
+    endpoints = text_endpoints(repository)
+    check_host(host)
+    chosen = pick_ports(*ports, host=host)
+    warning = exposure_warning(host)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    with stop_on_signals():
+        try:
+            with tempfile.TemporaryDirectory(prefix="workbench-serve-") as workdir:
+                input_data = write_input_data(Path(workdir) / "texts.json",
+                                              [{"TEXT": text_array([t])} for t in load_corpus()[:LOAD_TEXTS]])
+                server = TritonServer(repository, Path(workdir), chosen, host=host)
+                with server:
+                    print("\n".join(usage_lines(server, endpoints, find_perf_analyzer(), input_data)), flush=True)
+                    code = server.process.wait() if server.process else None
+                    raise ServerStartError(f"tritonserver exited by itself with code {code}:\n{server.log_tail()}",
+                                           "read its log above; fix the repository or free the resources it names")
+        except Stopped as stopped:
+            print(f"stopped ({stopped}): tritonserver and its model processes are gone", file=sys.stderr, flush=True)
+            return 128 + stopped.signum
