@@ -69,7 +69,7 @@ def test_greedy_fp32_is_identical_in_process(built, case):
 def test_served_engines_answer_like_hf_in_process(built, case):
     cases, server = built
     info = cases[case]
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         for engine in ("hf", "ct2"):
             out = client.infer(f"{info['plan'].name}_{engine}_text", arrays(TEXTS[:5], info["language"]))
             assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == info["greedy"]["hf_ids"][:5], engine
@@ -83,13 +83,13 @@ def test_requests_of_different_lengths_batch_together_and_stay_exact(built):
     name = info["plan"].name
 
     async def concurrently():
-        client = AsyncTritonClient(server.http_url)
+        client = AsyncTritonClient(server.http_url, "http")
         try:
             return await asyncio.gather(*(client.infer(f"{name}_hf_text", arrays([t], None)) for t in TEXTS))
         finally:
             await client.close()
 
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         before = batch_sizes(client.statistics(f"{name}_hf"))
         answers = asyncio.run(concurrently())
         after = batch_sizes(client.statistics(f"{name}_hf"))
@@ -101,7 +101,7 @@ def test_requests_of_different_lengths_batch_together_and_stay_exact(built):
 def test_max_new_tokens_cuts_the_answer(built):
     cases, server = built
     info = cases["translation"]
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         out = client.infer(f"{info['plan'].name}_ct2_text", arrays(TEXTS[:3], info["language"], 5))
     assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == [ids[:5] for ids in info["greedy"]["hf_ids"][:3]]
 
@@ -116,7 +116,7 @@ def test_max_new_tokens_cuts_the_answer(built):
 ])
 def test_bad_requests_are_refused_and_the_server_stays_healthy(built, case, request_arrays, message):
     cases, server = built
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         for engine in ("hf", "ct2"):
             with pytest.raises(ServedError, match=message):
                 client.infer(f"{cases[case]['plan'].name}_{engine}_text", request_arrays())

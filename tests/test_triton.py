@@ -176,7 +176,7 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
 ])
 def test_bad_text_is_refused_and_the_server_stays_healthy(either, texts, message):
     _, plan, server = either
-    with TritonClient(server.http_url) as client, pytest.raises(ServedError, match=message):
+    with TritonClient(server.http_url, "http") as client, pytest.raises(ServedError, match=message):
         client.infer_texts(plan.name, texts)
     assert server.is_ready()
 
@@ -201,7 +201,7 @@ def test_a_bad_request_fails_alone_in_a_dynamic_batch(either):
 
 def test_long_text_is_truncated_and_says_so(either):
     _, plan, server = either
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         got = client.infer_texts(plan.name, ["word " * 500, "short"])
     assert got["truncated"].ravel().tolist() == [True, False]
     assert got["last_hidden_state"].shape[1] == plan.max_length == 64
@@ -209,7 +209,7 @@ def test_long_text_is_truncated_and_says_so(either):
 
 def test_wrong_input_name_and_oversized_batch(either):
     _, plan, server = either
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.http_url, "http") as client:
         with pytest.raises(ServedError, match="TXT"):
             client.infer(plan.name, {"TXT": np.array([[b"hello"]], dtype=object)})
         with pytest.raises(ServedError, match="batch"):
@@ -339,7 +339,7 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
     with TorchRunner(loaded, "none") as reference:
         logits = reference.infer(Batch("texts", list(range(5)), feed))["logits"]
     with TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server") as server:
-        with TritonClient(server.http_url) as client:
+        with TritonClient(server.http_url, "http") as client:
             got = client.infer_texts(plan.name, texts)
     labels = [loaded.hf_config.id2label[i] for i in logits.argmax(axis=1)]
     assert [x.decode() for x in got["label"].ravel()] == labels

@@ -34,7 +34,7 @@ class ServedBench:
         self.url = server.grpc_url if protocol == "grpc" else server.http_url
 
     def _stages(self) -> dict[str, dict[str, int]]:
-        with TritonClient(self.server.http_url) as client:
+        with TritonClient(self.server.grpc_url) as client:
             return {name: stage_totals(client.statistics(name)) for name in self.plan.working_models}
 
     def _ids(self, index: int) -> dict[str, np.ndarray]:

@@ -50,7 +50,7 @@ def request_arrays(texts: list[str], language: str | None, max_new_tokens: int) 
 def served_ids(server: TritonServer, model: str, texts: list[str], language: str | None,
                max_new_tokens: int) -> list[list[int]]:
     ids: list[list[int]] = []
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.grpc_url) as client:
         for start in range(0, len(texts), REQUEST_TEXTS):
             out = client.infer(model, request_arrays(texts[start:start + REQUEST_TEXTS], language, max_new_tokens))
             ids += core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"])
@@ -71,7 +71,7 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
             counted["tokens"] += int(out["OUTPUT_LENGTHS"].sum())
             counted["words"] += sum(len(t.decode("utf-8").split()) for t in out["OUTPUT_TEXT"].ravel())
 
-        level = asyncio_level(server.http_url, "http", send, concurrency, gen.requests_per_level,
+        level = asyncio_level(server.grpc_url, "grpc", send, concurrency, gen.requests_per_level,
                               gen.seconds_per_level, after_warmup=lambda c=counted: c.update(tokens=0, words=0))
         results[str(concurrency)] = {**level.record(), "tokens_per_s": counted["tokens"] / level.seconds,
                                      "words_per_s": counted["words"] / level.seconds}

@@ -27,9 +27,9 @@ def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
                      concurrency: int) -> dict[str, Any]:
     """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them."""
     models = plan.working_models
-    with TritonClient(server.http_url) as client:
+    with TritonClient(server.grpc_url) as client:
         before = {name: batch_sizes(client.statistics(name)) for name in models}
-        run_async(burst(server.http_url, plan.name, texts, concurrency))
+        run_async(burst(server.grpc_url, plan.name, texts, concurrency))
         after = {name: batch_sizes(client.statistics(name)) for name in models}
     executed = {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
                        if count > before[name].get(size, 0)} for name in models}

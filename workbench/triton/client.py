@@ -120,9 +120,9 @@ def _result(response: Any, names: list[str] | None) -> dict[str, np.ndarray]:
 
 
 class TritonClient:
-    """Blocking client for one server."""
+    """Blocking client for one server; gRPC unless told (`url` is the server's address for `protocol`)."""
 
-    def __init__(self, url: str, protocol: str = "http", timeout: float = 120.0) -> None:
+    def __init__(self, url: str, protocol: str = "grpc", timeout: float = 120.0) -> None:
         self.url, self.protocol = url, protocol
         self.module = _module(protocol, asynchronous=False)
         kwargs = {"network_timeout": timeout, "connection_timeout": timeout} if protocol == "http" else {}
@@ -153,9 +153,9 @@ class TritonClient:
 
 
 class AsyncTritonClient:
-    """asyncio client (tritonclient.http.aio / grpc.aio) for concurrent load."""
+    """asyncio client (tritonclient.grpc.aio unless told, or http.aio) for concurrent load."""
 
-    def __init__(self, url: str, protocol: str = "http") -> None:
+    def __init__(self, url: str, protocol: str = "grpc") -> None:
         self.url = url
         self.module = _module(protocol, asynchronous=True)
         self.client = self.module.InferenceServerClient(url=url)
