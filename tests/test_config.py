@@ -44,6 +44,12 @@ def test_each_model_instance_gets_its_share_of_the_cores(monkeypatch):
 def test_misspelled_key_names_the_closest_setting():
     with pytest.raises(ConfigError, match="unknown setting 'opest'.*did you mean 'opset'"):
         RunConfig.load(None, ["opest=17"])
+    with pytest.raises(ConfigError, match="unknown setting 'batch.maxx' \\(did you mean 'max'\\?\\)"):
+        RunConfig.load(None, ["batch.maxx=4"])
+    with pytest.raises(ConfigError, match="unknown setting 'triton.flavour' \\(did you mean 'flavor'\\?\\)"):
+        RunConfig.load(None, ["triton.flavour=auto"])
+    with pytest.raises(ConfigError, match="'parityy': did you mean 'parity'"):
+        RunConfig.load(None, ["steps=[parityy]"])
     with pytest.raises(ConfigError, match="unknown setting 'bench.enabled'") as removed:
         RunConfig.load(None, ["bench.enabled=false"])
     assert "--steps report re-renders" in removed.value.fix

@@ -12,7 +12,7 @@ from workbench.load import breakdown, stage_totals
 from workbench.perf_analyzer import find_perf_analyzer
 from workbench.record import RunRecord
 from workbench.served import TextLoad, measure_text_loads, pick
-from workbench.steps import bench, export, optimize, parity, report
+from workbench.steps import bench, export, optimize, parity, report, tensorrt
 from workbench.triton.plan import serving_plan
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
@@ -26,7 +26,7 @@ def reported(tiny_models, tmp_path_factory):
         "model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"], "threads": 1, "bench": BENCH,
         "batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}})
     record = RunRecord.create(tmp_path_factory.mktemp("report"), config)
-    for step in (export, optimize, parity, bench, report):
+    for step in (export, optimize, parity, tensorrt, bench, report):
         step.run(config, record)
     return config, record
 
@@ -109,6 +109,14 @@ def test_report_is_self_contained(reported):
     again = report.run(config, record)
     assert again.status == "ok" and record.step_entry("bench") == before and before.status == "ok"
     assert record.artifact("report").read_text().count("Plotly.newPlot") == html.count("Plotly.newPlot")
+    if record.status("tensorrt") == "skipped":  # no GPU: the profiles designed on the CPU are shown all the same
+        assert "TensorRT shape profiles" in html and "The step stopped early: building TensorRT engines needs" in html
+    # An earlier step runs again: the sections built on what it replaced say so, and name the step to run.
+    optimize.run(config, record)
+    report.run(config, record)
+    stale = record.artifact("report").read_text()
+    assert stale.count("STALE: inputs changed since it ran") >= 3  # parity, latency, served
+    assert f"run `workbench run --resume --output-dir {record.run_dir} --steps bench` to refresh them" in stale
 
 
 def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):
@@ -123,9 +131,9 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
     result = report.run(config, record)
     html = record.artifact("report").read_text()
     assert result.status == "ok" and "Plotly.newPlot" not in html
-    assert "The optimize step is failed (RuntimeError: the disk is full)" in html
+    assert "The optimize step failed (RuntimeError: the disk is full)" in html
     for step in ("tensorrt", "triton", "generation", "bench"):
-        assert f"the {step} step did not run; run `workbench run --resume --output-dir &lt;this run&gt; " \
+        assert f"the {step} step did not run; run `workbench run --resume --output-dir {tmp_path} " \
                f"--steps {step}` to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
 

@@ -53,7 +53,8 @@ def test_a_rerun_drops_its_old_outputs_and_makes_consumers_stale(tmp_path):
     assert record.status("export") == "ok"
     stale = RunRecord.load(tmp_path).data["steps"]["optimize"]
     assert stale["status"] == "stale"
-    assert "onnx.original (from export)" in stale["reason"] and "metrics:export.nodes" in stale["reason"]
+    assert stale["reason"] == ("inputs changed since it ran: onnx.original (export ran again), "
+                               "metrics:export.nodes (export ran again)")
     _consume(record)
     assert record.status("optimize") == "ok"
 
@@ -66,6 +67,23 @@ def test_a_failed_rerun_leaves_no_old_result_and_consumers_stale(tmp_path):
         _produce(record, "second", fail=True)
     saved = RunRecord.load(tmp_path)
     assert saved.status("export") == "failed" and saved.status("optimize") == "stale"
+    assert "onnx.original" not in saved.data["artifacts"] and not (tmp_path / "onnx" / "original.onnx").exists()
+    assert saved.data["metrics"]["export"]["nodes"] == 6, "kept in run.json for diagnosis"
+    assert saved.metric("export.nodes", "absent") == "absent", "but no step reads a failed step's results"
+
+
+def test_a_step_after_a_failed_one_reads_none_of_its_results_and_stays_ok(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    with pytest.raises(RuntimeError):
+        _produce(record, "half", fail=True)
+    with record.step("optimize"):
+        with pytest.raises(MissingArtifactError):
+            record.artifact("onnx.original")
+        assert record.metric("export.nodes") is None
+        with pytest.raises(MissingArtifactError, match="no export metrics"):
+            record.export_info()
+    saved = RunRecord.load(tmp_path)
+    assert saved.status("optimize") == "ok" and saved.data["steps"]["optimize"]["inputs"] == {}
 
 
 def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):
@@ -87,7 +105,7 @@ def test_a_file_changed_behind_the_record_makes_its_consumers_stale(tmp_path):
     record.mark("parity", "skipped", "not requested")  # any later change to the record re-checks its inputs
     assert record.status("export") == "ok"
     step = RunRecord.load(tmp_path).data["steps"]["optimize"]
-    assert step["status"] == "stale" and "onnx.original (from export)" in step["reason"]
+    assert step["status"] == "stale" and "onnx.original (the file export wrote changed)" in step["reason"]
 
 
 def test_a_truncated_run_record_is_a_typed_error(tmp_path):
@@ -132,7 +150,8 @@ def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
         optimize.run(config, record)
     saved = RunRecord.load(record.run_dir)
     assert saved.status("optimize") == "failed"
-    assert saved.status("parity") == "stale" and "onnx.fp32 (from optimize)" in saved.data["steps"]["parity"]["reason"]
+    assert saved.status("parity") == "stale"
+    assert "onnx.fp32 (optimize ran again)" in saved.data["steps"]["parity"]["reason"]
     assert not saved.metric("optimize.variants")
     assert not (record.run_dir / "onnx" / "fp32.onnx").exists()
 
@@ -251,5 +270,5 @@ def test_the_report_shows_stale_and_unverified_steps(tmp_path):
     with record.step("triton"):
         record.unverified("int8 did not pass parity")
     page = build_report(record, tmp_path / "report.html").read_text()
-    assert '<td class="stale">stale</td>' in page and "onnx.original (from export)" in page
+    assert '<td class="stale">stale</td>' in page and "onnx.original (export ran again)" in page
     assert '<td class="ok">ok, verified: false</td>' in page and "int8 did not pass parity" in page

@@ -32,7 +32,7 @@ def _load_config(args: argparse.Namespace) -> RunConfig:
         if getattr(args, key):
             overrides.append(f"{key}={getattr(args, key)}")
     if args.steps:
-        overrides.append(f"steps=[{args.steps}]")
+        overrides.append(f"steps=[{', '.join(n.strip() for n in args.steps.split(',') if n.strip())}]")
     base = None
     if getattr(args, "resume", False):
         if not args.output_dir:

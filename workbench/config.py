@@ -154,7 +154,9 @@ class RunConfig(_Strict):
     def _known_steps(cls, steps: list[str]) -> list[str]:
         unknown = [s for s in steps if s not in STEP_NAMES]
         if unknown:
-            raise ValueError(f"unknown steps {unknown}; steps are: {', '.join(STEP_NAMES)}")
+            close = {s: difflib.get_close_matches(s, STEP_NAMES, n=1) for s in unknown}
+            hints = "".join(f" ({s!r}: did you mean {c[0]!r}?)" for s, c in close.items() if c)
+            raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(STEP_NAMES)}")
         return [s for s in STEP_NAMES if s in steps]
 
     @property
@@ -229,6 +231,19 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _fields_at(path: tuple[Any, ...]) -> list[str]:
+    """The setting names one level below `path` (e.g. ("batch",) -> min, opt, max)."""
+    model: Any = RunConfig
+    for part in path:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) \
+            else None
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
 def _config_error(exc: ValidationError, where: str) -> ConfigError:
     lines = []
     fixes = []
@@ -236,7 +251,7 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             field = str(err["loc"][-1])
-            close = difflib.get_close_matches(field, RunConfig.model_fields, n=1)
+            close = difflib.get_close_matches(field, _fields_at(err["loc"][:-1]), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             lines.append(f"unknown setting {loc!r}{hint}")
             fixes.append(REMOVED.get(loc, "remove or rename it; `workbench config` prints every setting"))

@@ -113,23 +113,34 @@ SECTIONS = (
 )
 
 
-def _missing(section: Section, step: StepEntry) -> str:
+def _fill(record: RunRecord, step: str) -> str:
+    return f"`workbench run --resume --output-dir {record.run_dir} --steps {step}`"
+
+
+def _missing(record: RunRecord, section: Section, step: StepEntry) -> str:
     """Why a section is empty, and which step fills it."""
-    fill = f"run `workbench run --resume --output-dir <this run> --steps {section.step}` to fill it"
+    fill = f"run {_fill(record, section.step)} to fill it"
     if step.status is None:
         return f"Not in this run: the {section.step} step did not run; {fill}."
     if step.status == "ok":
         return f"The {section.step} step ran but recorded nothing for this section; {fill}."
-    return f"The {section.step} step is {step.status}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
+    state = {"failed": "failed", "running": "is still running"}.get(step.status, f"was {step.status}")
+    return f"The {section.step} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
 def sections(record: RunRecord) -> Parts:
-    """Every section, in pipeline order: its figures, or why it is empty."""
+    """Every section, in pipeline order: its figures, or why it is empty. A skipped step shows what it measured
+    before it stopped (the tensorrt step's profiles on a host without a GPU); a stale one says so first."""
     parts: Parts = []
     for section in SECTIONS:
         step = record.step_entry(section.step)
-        rendered = section.render(step.metrics) if step.status in ("ok", "stale") else []
-        parts += rendered or [(section.title, _missing(section, step), [])]
+        rendered = section.render(step.metrics) if step.status in ("ok", "stale", "skipped") else []
+        if rendered and step.status in ("stale", "skipped"):
+            title, text, made = rendered[0]
+            note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, section.step)} to "
+                    "refresh them." if step.status == "stale" else f"The step stopped early: {step.detail}.")
+            rendered[0] = (title, f"{note} {text}", made)
+        parts += rendered or [(section.title, _missing(record, section, step), [])]
     return parts
 
 
@@ -143,8 +154,12 @@ def _search_text(search: dict[str, Any]) -> str:
 
 
 def headline(bench: dict[str, Any]) -> list[str]:
-    """One sentence per speedup the bench step measured."""
+    """One sentence per speedup the bench step measured, after a warning when other work loaded the host."""
     lines = []
+    host = bench.get("host")
+    if host and host["load_before"] > host["cpu_count"] / 2:
+        lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
+                     f"{host['cpu_count']} cores): ratios measured side by side hold, absolute times do not.")
     for cell, best in bench.get("latency", {}).get("best", {}).items():
         lines.append(f"{cell}: fastest variant that passes parity is {best['variant']}, "
                      f"{best['speedup']:.2f}x PyTorch eager.")

@@ -151,6 +151,8 @@ class RunRecord:
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None
+        if entry["status"] == "failed":
+            self._drop_artifacts(name)
         previous = self.data["steps"][name]
         kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
                 if k in previous}
@@ -160,9 +162,12 @@ class RunRecord:
     def mark(self, name: str, status: str, reason: str) -> None:
         """Set a step's status from outside it (the pipeline marks steps it did not run, or that it stopped).
 
-        A step marked skipped was not run this time: what an earlier run of it left is dropped."""
+        A step marked skipped was not run this time: what an earlier run of it left is dropped; a step marked
+        failed loses its files (its metrics stay, for diagnosis, but no step reads them)."""
         if status == "skipped":
             self._drop_outputs(name)
+        elif status == "failed":
+            self._drop_artifacts(name)
         entry = {**self.data["steps"].get(name, {}), "status": status}
         entry.pop("error" if status != "failed" else "reason", None)
         self.data["steps"][name] = {**entry, "error" if status == "failed" else "reason": reason}
@@ -188,11 +193,16 @@ class RunRecord:
         """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
         for dotted in self.data["steps"].get(name, {}).get("metrics", []):
             _pop_dotted(self.data["metrics"], dotted.split("."))
+        self._drop_artifacts(name)
+        self.data["steps"].get(name, {}).pop("metrics", None)
+
+    def _drop_artifacts(self, name: str) -> None:
+        """Remove the files `name` produced (inside the run folder) and their entries: what a failed step wrote
+        is never an input of another step."""
         for artifact, entry in list(self.data["artifacts"].items()):
             if entry.get("step") == name:
                 remove_inside(self.run_dir, self.run_dir / entry["path"])
                 del self.data["artifacts"][artifact]
-        self.data["steps"].get(name, {}).pop("metrics", None)
 
     def _consume(self, key: str, producer: str | None, sha256: str | None = None) -> None:
         """Remember that the running step read `key` from step `producer`."""
@@ -209,21 +219,30 @@ class RunRecord:
             step = self.data["steps"].get(name)
             if not step or step.get("status") not in ("ok", "stale") or name == self._current:
                 continue
-            changed = [key for key, source in step.get("inputs", {}).items() if self._input_changed(key, source)]
-            if changed:
+            changes = {key: why for key, source in step.get("inputs", {}).items()
+                       if (why := self._input_change(key, source))}
+            if changes:
                 step["status"] = "stale"
                 step["reason"] = "inputs changed since it ran: " + ", ".join(
-                    f"{key} (from {step['inputs'][key]['step']})" for key in changed)
+                    f"{key} ({why})" for key, why in changes.items())
         self.save()
 
-    def _input_changed(self, key: str, source: dict[str, Any]) -> bool:
-        producer = self.data["steps"].get(source["step"], {})
-        if producer.get("run_id") != source["run_id"] or producer.get("status") not in ("ok", "skipped"):
-            return True
+    def _input_change(self, key: str, source: dict[str, Any]) -> str | None:
+        """How input `key` changed since the step read it (None: it did not)."""
+        name = source["step"]
+        producer = self.data["steps"].get(name, {})
+        if producer.get("run_id") != source["run_id"]:
+            return f"{name} ran again"
+        if producer.get("status") not in ("ok", "skipped"):
+            return f"{name} is {producer.get('status')}"
         if key.startswith("metrics:"):
-            return False
+            return None
         entry = self.data["artifacts"].get(key)
-        return entry is None or entry.get("sha256") != source["sha256"] or self._modified(entry)
+        if entry is None:
+            return f"removed from the record of {name}"
+        if entry.get("sha256") != source["sha256"] or self._modified(entry):
+            return f"the file {name} wrote changed"
+        return None
 
     def _modified(self, entry: dict[str, Any]) -> bool:
         """A recorded file that is gone, or whose size or modification time differ from when it was recorded."""
@@ -326,7 +345,12 @@ class RunRecord:
         self.save()
 
     def metric(self, dotted: str, default: Any = None) -> Any:
-        self._consume(f"metrics:{dotted}", self._metric_writer(dotted))
+        """`metrics.<dotted>`, or `default`. A failed step's metrics stay in run.json for diagnosis, but read as
+        absent: no step takes a result from a step that did not finish."""
+        writer = self._metric_writer(dotted)
+        if writer is not None and writer != self._current and self.status(writer) == "failed":
+            return default
+        self._consume(f"metrics:{dotted}", writer)
         node: Any = self.data["metrics"]
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:
@@ -340,8 +364,7 @@ class RunRecord:
         for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
             writer = self._metric_writer(dotted)
             if writer is not None:
-                result = self.metric(dotted)
-                return result if result is not None and self.status(writer) == "ok" else None
+                return self.metric(dotted) if self.status(writer) == "ok" else None
         return None
 
     def verdicts(self) -> dict[str, dict[str, Any]]:

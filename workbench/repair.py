@@ -123,6 +123,9 @@ class RepairSearch:
         self.best = None
         for path in self.workdir.glob("candidate-*.onnx*"):
             path.unlink(missing_ok=True)
+        for folder in (self.workdir, self.workdir.parent):  # repair/<precision>, then repair/, once empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
     def passes(self, blocked: list[str]) -> bool:
         return self.try_blocked(blocked).passed

@@ -3,6 +3,7 @@ batching settings, and server-side vs client-side tokenization, each with Triton
 `measure_text_loads`, chosen text loads on a server per batching setting (benchmarks/bench.py)."""
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,9 +60,13 @@ class ServedBench:
 
 
 def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServer], T]) -> T:
+    """`measure` on a server of `plan`; its repository copy goes afterwards (the server log stays)."""
     repository = write_repository(plan, folder / "repository", overwrite=True)
-    with TritonServer(repository, folder / "server") as server:
-        return measure(server)
+    try:
+        with TritonServer(repository, folder / "server") as server:
+            return measure(server)
+    finally:
+        shutil.rmtree(repository, ignore_errors=True)
 
 
 def on_each_batching(plan: ServingPlan, workdir: Path,

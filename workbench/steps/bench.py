@@ -2,6 +2,7 @@
 a local Triton (batching off and on, a batching search, where tokenization runs)."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from workbench.batches import corpus_batches
@@ -53,6 +54,7 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
+        record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]})
         record.set_metric(f"{STEP}.latency", run_latency_benchmark(config, record))
         if config.bench.served:
             record.set_metric(f"{STEP}.served", served_benchmark(config, record))
