@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
-from ort_batches import PaddedRunner, session  # noqa: E402
+from ort_batches import PaddedRunner, model_args, session  # noqa: E402
 from text_input import decode  # noqa: E402
 
 
@@ -25,9 +25,7 @@ def stack(rows):
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        folder = Path(args["model_repository"]) / args["model_version"]
+        config, params, folder = model_args(args)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
         self.max_length = int(params["max_length"])
         model = session(folder / "model.onnx", params)

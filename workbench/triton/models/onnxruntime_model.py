@@ -1,6 +1,5 @@
 """Triton Python model running an ONNX file with onnxruntime (for Triton builds without the onnxruntime backend).
 Requests of different lengths arrive together (ragged batching) and run in length groups (ort_batches.py)."""
-import json
 import sys
 from pathlib import Path
 
@@ -8,14 +7,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_batches import PaddedRunner, session  # noqa: E402  (copied beside this file)
+from ort_batches import PaddedRunner, model_args, session  # noqa: E402  (copied beside this file)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        model = session(Path(args["model_repository"]) / args["model_version"] / "model.onnx", params)
+        config, params, folder = model_args(args)
+        model = session(folder / "model.onnx", params)
         self.inputs = [i.name for i in model.get_inputs()]
         outputs = [o["name"] for o in config["output"]]  # the outputs served, a subset of the graph's
         per_token = [o["name"] for o in config["output"] if len(o["dims"]) >= 2]

@@ -3,8 +3,18 @@ sorted by length and cut into groups whose padding stays under `max_padding` of 
 run as one padded batch and split back, per-token outputs trimmed to each part's own length (padding most of a
 batch of short texts up to one long text wastes most of a CPU's work). Copied beside the Python models that run
 ONNX Runtime."""
+import json
+from pathlib import Path
+
 import numpy as np
 import onnxruntime
+
+
+def model_args(args):
+    """What Triton passes `initialize`, unpacked: the model config, its string parameters, the version folder."""
+    config = json.loads(args["model_config"])
+    params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+    return config, params, Path(args["model_repository"]) / args["model_version"]
 
 
 def session(path, params):
