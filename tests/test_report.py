@@ -128,14 +128,17 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
         pass  # ok, but wrote no metric
     with pytest.raises(RuntimeError), record.step("optimize"):
         raise RuntimeError("the disk is full")
+    with record.step("triton"):  # written by an older workbench: no layout, no served_parity protocols
+        record.set_metric("triton", {"variant": "fp32", "served_parity": {"http": {}}})
     result = report.run(config, record)
     html = record.artifact("report").read_text()
     assert result.status == "ok" and "Plotly.newPlot" not in html
     assert "The optimize step failed (RuntimeError: the disk is full)" in html
-    for step in ("tensorrt", "triton", "generation", "bench"):
+    for step in ("tensorrt", "generation", "bench"):
         assert f"the {step} step did not run; run `workbench run --resume --output-dir {tmp_path} " \
                f"--steps {step}` to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
+    assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (KeyError" in html
 
 
 def test_interleaving_rotates_and_respects_the_budget():

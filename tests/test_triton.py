@@ -238,6 +238,20 @@ def test_stop_leaves_no_process_and_frees_the_ports(served, tmp_path):
             sock.bind(("127.0.0.1", port))
 
 
+def test_a_port_whose_last_connection_lingers_is_free(tmp_path):
+    """After a client talked to a server that then stopped, its port sits in TIME_WAIT: a restart may bind it."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end of the connection lingers in TIME_WAIT
+        client.close()
+    assert Ports.pick(http=port).http == port
+
+
 def test_port_in_use_is_named(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -86,6 +86,19 @@ def test_a_step_after_a_failed_one_reads_none_of_its_results_and_stays_ok(tmp_pa
     assert saved.status("optimize") == "ok" and saved.data["steps"]["optimize"]["inputs"] == {}
 
 
+def test_reading_a_stale_result_is_not_news_until_it_changes_again(tmp_path):
+    record = RunRecord.create(tmp_path, RunConfig())
+    _produce(record, "first")
+    _consume(record)
+    _produce(record, "second")  # optimize is stale now
+    with record.step("parity"):
+        record.metric("optimize.nodes_seen")
+    assert record.status("parity") == "ok", "it read a result that was already stale: nothing changed since"
+    _consume(record)  # optimize runs again: now parity's input did change
+    assert record.status("parity") == "stale"
+    assert "metrics:optimize.nodes_seen (optimize ran again)" in record.data["steps"]["parity"]["reason"]
+
+
 def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):
     record = RunRecord.create(tmp_path, RunConfig())
     _produce(record, "first")

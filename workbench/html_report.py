@@ -59,7 +59,8 @@ def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
 def _triton(triton: dict[str, Any]) -> Parts:
     if "served_parity" not in triton:
         return []
-    return [("Served parity", f"The deployed ensemble ({triton['variant']}) against PyTorch over HTTP and gRPC.",
+    return [("Served parity", f"The deployment ({triton['variant']}, {triton.get('layout', 'ensemble')} layout) "
+             "against PyTorch over HTTP and gRPC.",
              [figures.parity_table({f"served {p}": r for p, r in triton["served_parity"].items()})])]
 
 
@@ -87,7 +88,8 @@ def _served(bench: dict[str, Any]) -> Parts:
     if "batching_on" not in served:
         return []
     parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
-                     f"{served['protocol']}; one text per request; layout {served['variant_plan']['layout']}.",
+                     f"{served.get('protocol', 'http')}; one text per request; layout "
+                     f"{served['variant_plan'].get('layout', 'ensemble')}.",
                      [figures.throughput_figure(served), figures.breakdown_figure(served)])]
     if "efficiency" in served:
         parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
@@ -134,7 +136,11 @@ def sections(record: RunRecord) -> Parts:
     parts: Parts = []
     for section in SECTIONS:
         step = record.step_entry(section.step)
-        rendered = section.render(step.metrics) if step.status in ("ok", "stale", "skipped") else []
+        try:
+            rendered = section.render(step.metrics) if step.status in ("ok", "stale", "skipped") else []
+        except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
+            rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
+                                        f"{exc}); run {_fill(record, section.step)} to measure again.", [])]
         if rendered and step.status in ("stale", "skipped"):
             title, text, made = rendered[0]
             note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, section.step)} to "

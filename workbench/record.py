@@ -105,6 +105,7 @@ class RunRecord:
                 "use another run folder for another model or export setting",
             )
         record.data["config"] = new
+        record.data["run_dir"] = str(Path(run_dir).resolve())  # the folder may have been moved or copied
         record.save()
         return record
 
@@ -210,7 +211,7 @@ class RunRecord:
             return
         source = self.data["steps"].get(producer, {})
         self.data["steps"][self._current]["inputs"][key] = {"step": producer, "run_id": source.get("run_id"),
-                                                            "sha256": sha256}
+                                                            "sha256": sha256, "status": source.get("status")}
 
     def _refresh_stale(self) -> None:
         """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
@@ -233,7 +234,7 @@ class RunRecord:
         producer = self.data["steps"].get(name, {})
         if producer.get("run_id") != source["run_id"]:
             return f"{name} ran again"
-        if producer.get("status") not in ("ok", "skipped"):
+        if producer.get("status") not in ("ok", "skipped", source.get("status")):  # stale when read: still news
             return f"{name} is {producer.get('status')}"
         if key.startswith("metrics:"):
             return None

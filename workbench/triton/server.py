@@ -63,7 +63,10 @@ def free_port(host: str = HOST) -> int:
 
 
 def ensure_port_free(port: int, what: str, host: str = HOST) -> None:
+    """Refuse a port something listens on. A port whose last connection lingers in TIME_WAIT is free, as it is
+    for tritonserver (which binds with SO_REUSEADDR): `serve` restarts on its fixed ports at once."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
