@@ -5,7 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= cpu,serve,generation,dev
 ARGS ?=
+# Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
+# Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: env demo test test-gpu lab bench clean
 
@@ -28,8 +32,8 @@ test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev
 	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
 
-lab: env
-	$(BIN)/jupyter lab notebooks
+lab: env  ## JupyterLab on the notebooks; interactive runs go to this checkout's outputs/ (ARGS="--no-browser" etc.)
+	WORKBENCH_OUTPUTS="$(CURDIR)/outputs" $(BIN)/jupyter lab $(LAB_ROOT) $(ARGS) notebooks
 
 bench: env
 	$(BIN)/python benchmarks/bench.py $(ARGS)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,12 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
 Precision = Literal["fp32", "fp16", "int8"]
+OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
+
+
+def outputs_root() -> Path:
+    """Where runs go: $WORKBENCH_OUTPUTS, else outputs/ in the working directory (a notebook's is its own folder)."""
+    return Path(os.environ.get(OUTPUTS_VARIABLE) or "outputs")
 
 
 class _Strict(BaseModel):
@@ -249,6 +256,11 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
     fixes = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
+        if not loc:
+            lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
+                         f"{err.get('input')!r}")
+            fixes.append("pass key: value pairs, e.g. {\"opset\": 18}")
+            continue
         if err["type"] == "extra_forbidden":
             field = str(err["loc"][-1])
             close = difflib.get_close_matches(field, _fields_at(err["loc"][:-1]), n=1)

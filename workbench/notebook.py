@@ -1,21 +1,169 @@
-"""What every step notebook does first: turn papermill parameters into a config and an open record."""
+"""What every step notebook does first: turn its parameters into a config and an open record.
+
+The parameters cell of every notebook is written from `PARAMETERS` (`python -m workbench.notebook` rewrites it), so
+papermill's `--help-notebook` lists typed, commented settings, and a value a user or papermill passes is checked here.
+"""
 from __future__ import annotations
 
-import logging
+import ast
+import difflib
+import json
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.config import RunConfig
+import yaml
+
+from workbench.config import RunConfig, outputs_root
+from workbench.errors import ConfigError
+from workbench.quiet import quiet_known_warnings
 from workbench.record import RunRecord
 
-INTERACTIVE_ROOT = Path(__file__).resolve().parent.parent / "outputs"
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+INJECTED_MARK = "# Parameters"  # the first line of the cell papermill injects after the parameters cell
 
 
-def start(config: dict[str, Any] | None, run_dir: str | None) -> tuple[RunConfig, RunRecord]:
-    """Validate the parameters and open the run; interactive runs share outputs/interactive-<model>/."""
+@dataclass(frozen=True)
+class Parameter:
+    """One notebook parameter: its name, the run-configuration setting it sets, and a help line."""
+
+    name: str
+    setting: str
+    type_name: str
+    help: str
+
+    @property
+    def default(self) -> Any:
+        value: Any = RunConfig().to_params()
+        for part in self.setting.split("."):
+            value = value[part]
+        return value
+
+    def line(self) -> str:
+        return f"{self.name}: {self.type_name} = {self.default!r}  # {self.help}"
+
+
+PARAMETERS = (
+    Parameter("model", "model", "str", "HF model id or local folder; the default is embedded in a pip package"),
+    Parameter("task", "task", "str", "feature-extraction, text-classification, token-classification, ..."),
+    Parameter("pooling", "pooling", "str", "sentence embedding for feature-extraction: mean, cls or none"),
+    Parameter("precisions", "precisions", "list", "ONNX variants to build and check: fp32, fp16, int8"),
+    Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),
+    Parameter("batch_opt", "batch.opt", "int", "most frequent"),
+    Parameter("batch_max", "batch.max", "int", "largest"),
+    Parameter("sequence_min", "sequence.min", "int", "tokens per text: fewest"),
+    Parameter("sequence_opt", "sequence.opt", "int", "most frequent"),
+    Parameter("sequence_max", "sequence.max", "int", "most (at most the model's limit)"),
+    Parameter("corpus", "corpus", "str", "UTF-8 text file, one text per line; None: the shipped corpus"),
+    Parameter("device", "device", "str", "auto, cpu or cuda"),
+    Parameter("threads", "threads", "int", "intra-op threads for PyTorch and ONNX Runtime; None: all cores"),
+)
+OTHER_PARAMETERS = (
+    'config: dict = {}  # any other setting (`workbench config` lists them), as a dict or a YAML/JSON string, '
+    'e.g. {"opset": 18, "triton": {"layout": "fused"}}',
+    "run_dir: str = None  # run folder; None: interactive-<model> under $WORKBENCH_OUTPUTS (default ./outputs)",
+)
+NAMES = tuple(p.name for p in PARAMETERS) + ("config", "run_dir")
+
+
+def parameters_cell() -> str:
+    """The source of every notebook's parameters cell."""
+    head = ("# Parameters (papermill: -p NAME VALUE). A setting left at its default keeps what `config` says; "
+            "one you change wins over it.")
+    return "\n".join([head, *(p.line() for p in PARAMETERS), *OTHER_PARAMETERS])
+
+
+def start(namespace: dict[str, Any]) -> tuple[RunConfig, RunRecord]:
+    """Validate the notebook's parameters (its globals) and open the run.
+
+    Without `run_dir`, runs go to `interactive-<model>/` under the outputs root, so the notebooks of one model
+    continue one run.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-    cfg = RunConfig.from_dict(config)
-    folder = Path(run_dir) if run_dir else INTERACTIVE_ROOT / f"interactive-{cfg.model_slug}"
+    quiet_known_warnings()
+    refuse_unknown_injected(namespace.get("In"))
+    cfg = config_from(namespace)
+    run_dir = namespace.get("run_dir")
+    folder = Path(run_dir) if run_dir else outputs_root() / f"interactive-{cfg.model_slug}"
     return cfg, RunRecord.open(folder, cfg)
+
+
+def config_from(namespace: dict[str, Any]) -> RunConfig:
+    """`config` (a dict, or a YAML/JSON string), then each named parameter that differs from its default."""
+    data = _mapping(namespace.get("config"))
+    for parameter in PARAMETERS:
+        if parameter.name not in namespace:
+            continue
+        value = _typed(parameter, namespace[parameter.name])
+        if value != parameter.default:
+            node = data
+            *parents, leaf = parameter.setting.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    return RunConfig.load(base=data)
+
+
+def refuse_unknown_injected(history: list[str] | None) -> None:
+    """Refuse a parameter papermill injected that no notebook knows (papermill itself only warns).
+
+    The cell run just before `start` is papermill's injected cell when it begins with INJECTED_MARK.
+    """
+    if not history or len(history) < 2 or not history[-2].startswith(INJECTED_MARK):
+        return
+    assigned = [t.id for node in ast.parse(history[-2]).body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)]
+    unknown = [name for name in assigned if name not in NAMES]
+    if unknown:
+        hints = "".join(f" ({name!r}: did you mean {close[0]!r}?)" for name in unknown
+                        if (close := difflib.get_close_matches(name, NAMES, n=1)))
+        raise ConfigError(f"unknown notebook parameter(s) {unknown}{hints}",
+                          f"parameters are: {', '.join(NAMES)}; any other setting goes in -p config "
+                          "'{...}' or -y 'config: {...}'")
+
+
+def _mapping(config: Any) -> dict[str, Any]:
+    if config is None or config == "":
+        return {}
+    if isinstance(config, str):
+        try:
+            config = yaml.safe_load(config)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"parameter config is not valid YAML/JSON: {exc}",
+                              "pass a mapping, e.g. -p config '{\"opset\": 18}'") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"parameter config holds a {type(config).__name__} ({config!r}), not a mapping",
+                          "pass a mapping, e.g. -p config '{\"opset\": 18}' or -y 'config: {opset: 18}'")
+    return json.loads(json.dumps(config))  # a deep copy the merge may change
+
+
+def _typed(parameter: Parameter, value: Any) -> Any:
+    """papermill's -p passes '[fp32]' as a string: read a string given for a non-string setting as YAML."""
+    if isinstance(value, str) and parameter.type_name != "str":
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def write_parameter_cells(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """Rewrite the parameters cell of every notebook in `folder` from PARAMETERS; returns the notebooks changed."""
+    import nbformat
+
+    changed = []
+    for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+        if cell.source != parameters_cell():
+            cell.source = parameters_cell()
+            nbformat.write(notebook, path)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    for written in write_parameter_cells():
+        print(f"rewrote the parameters cell of {written}", file=sys.stderr)

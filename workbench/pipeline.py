@@ -5,7 +5,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from workbench.config import RunConfig
+from workbench.config import RunConfig, outputs_root
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.preflight import preflight
@@ -18,9 +18,9 @@ OWNED_FOLDERS = ("notebooks", "model", "onnx", "parity", "repair", "engines", "t
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def default_run_dir(config: RunConfig, root: Path | str = "outputs") -> Path:
+def default_run_dir(config: RunConfig) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{stamp}-{config.model_slug}"
+    return outputs_root() / f"{stamp}-{config.model_slug}"
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
@@ -51,6 +51,19 @@ def remove_earlier_run(run_dir: Path) -> None:
     remove_partials(run_dir)
 
 
+def _kernel_manager_class() -> type:
+    """Kernels reached over Unix sockets in Jupyter's runtime folder rather than unencrypted localhost TCP."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IpcKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _ipc(self) -> str:
+            return "ipc"
+
+    return IpcKernelManager
+
+
 def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = True,
                  notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute one step notebook into `run_dir/notebooks/`; the copy lands even when it fails."""
@@ -66,6 +79,7 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
         papermill.execute_notebook(
             str(source), str(partial), parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
             kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
+            kernel_manager_class=_kernel_manager_class(),
         )
     finally:
         if partial.exists():

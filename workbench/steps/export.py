@@ -15,6 +15,7 @@ from workbench.config import RunConfig
 from workbench.data import encode, load_corpus
 from workbench.errors import ExportError, OpsetError
 from workbench.models import LoadedModel, load_model
+from workbench.quiet import quiet_tracer
 from workbench.record import RunRecord, StepEntry
 from workbench.runners.torch import GraphModule
 from workbench.tasks import BATCH, SEQUENCE
@@ -61,9 +62,10 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
         else:
             axes = {n: {0: BATCH, 1: SEQUENCE} for n in loaded.input_names}
             axes.update({o.name: o.dynamic_axes for o in outputs})
-            torch.onnx.export(module, args, str(tmp), dynamo=False, opset_version=config.opset,
-                              input_names=list(loaded.input_names), output_names=output_names,
-                              dynamic_axes=axes, do_constant_folding=True)
+            with quiet_tracer():
+                torch.onnx.export(module, args, str(tmp), dynamo=False, opset_version=config.opset,
+                                  input_names=list(loaded.input_names), output_names=output_names,
+                                  dynamic_axes=axes, do_constant_folding=True)
         onnxfiles.check(tmp)
     return onnxfiles.load(dest, load_external_data=False)
 

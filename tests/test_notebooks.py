@@ -1,0 +1,149 @@
+"""The notebooks as users run them: JupyterLab's way (nbclient, defaults, the notebook's own folder) and papermill's."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+from nbclient import NotebookClient
+from papermill.exceptions import PapermillExecutionError
+
+from workbench.config import OUTPUTS_VARIABLE, RunConfig
+from workbench.errors import ConfigError
+from workbench.notebook import NOTEBOOKS_DIR, PARAMETERS, config_from, parameters_cell, refuse_unknown_injected
+from workbench.steplist import STEPS
+
+DEFAULT_SLUG = RunConfig().model_slug
+
+
+def test_every_notebook_has_the_generated_parameters_cell():
+    for step in STEPS:
+        notebook = nbformat.read(NOTEBOOKS_DIR / step.notebook, as_version=4)
+        cells = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+        assert [c.source for c in cells] == [parameters_cell()], f"{step.notebook}: run python -m workbench.notebook"
+        assert "takeaway(" in notebook.cells[-1].source, step.notebook  # every notebook ends with its verdict line
+
+
+def test_papermill_lists_the_typed_parameters():
+    shown = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook",
+                            str(NOTEBOOKS_DIR / STEPS[0].notebook)], capture_output=True, text=True, check=True).stdout
+    assert "precisions: list (default ['fp32', 'fp16', 'int8'])" in shown
+    assert "batch_max: int (default 32)" in shown
+    assert "config: dict (default {})" in shown
+
+
+def test_named_parameters_override_config_and_strings_are_read_as_yaml():
+    cfg = config_from({"config": '{"opset": 16, "batch": {"max": 16}, "precisions": ["fp16"]}',
+                       "precisions": "[fp32, int8]", "batch_max": 32, "sequence_opt": 32, "sequence_max": "64",
+                       "model": "here"})
+    assert cfg.opset == 16 and cfg.precisions == ["fp32", "int8"] and cfg.model == "here"
+    assert cfg.batch.max == 16  # batch_max left at its default: config's value stands
+    assert cfg.sequence.max == 64
+    assert config_from({"config": "opset: 18"}).opset == 18
+
+
+@pytest.mark.parametrize("config, problem", [("[1, 2]", "holds a list"), ("{opset: [", "not valid YAML"),
+                                             (7, "holds a int")])
+def test_a_config_that_is_not_a_mapping_is_refused(config, problem):
+    with pytest.raises(ConfigError, match=problem) as caught:
+        config_from({"config": config})
+    assert "-p config" in caught.value.fix
+
+
+def test_an_unknown_injected_parameter_is_refused_with_the_closest_name():
+    injected = "# Parameters\nprecisionz = '[fp32]'\nrun_dir = '/tmp/x'\n"
+    with pytest.raises(ConfigError, match="'precisionz': did you mean 'precisions'"):
+        refuse_unknown_injected([injected, "cfg, record = start(globals())"])
+    refuse_unknown_injected(["# Parameters\nprecisions = '[fp32]'\n", "start"])  # known: accepted
+    refuse_unknown_injected(["x = 1\n", "start"])  # not papermill's cell (an interactive session): not judged
+    assert {p.name for p in PARAMETERS} >= {"model", "task", "precisions", "batch_max", "sequence_max", "corpus"}
+
+
+@pytest.mark.slow
+def test_a_copied_notebook_runs_like_jupyterlab_and_writes_under_its_folder(tmp_path, monkeypatch):
+    """nbclient with the default parameters, in the notebook's own folder, as JupyterLab's kernel runs it."""
+    monkeypatch.delenv(OUTPUTS_VARIABLE, raising=False)
+    copies = tmp_path / "my-notebooks"
+    copies.mkdir()
+    for step in STEPS[:2]:
+        shutil.copy(NOTEBOOKS_DIR / step.notebook, copies)
+        notebook = nbformat.read(copies / step.notebook, as_version=4)
+        NotebookClient(notebook, kernel_name="python3", timeout=600,
+                       resources={"metadata": {"path": str(copies)}}).execute()
+        assert not [o for c in notebook.cells for o in c.get("outputs", []) if o.get("name") == "stderr"], \
+            f"{step.notebook} printed warnings"
+    run = copies / "outputs" / f"interactive-{DEFAULT_SLUG}"
+    record = json.loads((run / "run.json").read_text())
+    assert {n: s["status"] for n, s in record["steps"].items()} == {"export": "ok", "optimize": "ok"}
+    assert "Attention fused in 6 of 6 layers" in notebook.cells[-1].outputs[0]["text"]
+
+    monkeypatch.setenv(OUTPUTS_VARIABLE, str(tmp_path / "elsewhere"))
+    notebook = nbformat.read(copies / STEPS[0].notebook, as_version=4)
+    NotebookClient(notebook, kernel_name="python3", timeout=600,
+                   resources={"metadata": {"path": str(copies)}}).execute()
+    assert (tmp_path / "elsewhere" / f"interactive-{DEFAULT_SLUG}" / "run.json").is_file()
+
+
+@pytest.mark.slow
+def test_papermill_typed_parameters_run_and_an_unknown_one_is_refused(tiny_bert, tmp_path):
+    notebook = str(NOTEBOOKS_DIR / STEPS[0].notebook)
+    run_dir = tmp_path / "run"
+    papermill.execute_notebook(notebook, str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
+                               parameters={"model": str(tiny_bert), "precisions": "[fp32]", "batch_opt": 2,
+                                           "batch_max": 4, "config": "{opset: 16}", "run_dir": str(run_dir)})
+    config = json.loads((run_dir / "run.json").read_text())["config"]
+    assert (config["precisions"], config["batch"]["max"], config["opset"]) == (["fp32"], 4, 16)
+
+    refused = tmp_path / "refused"
+    with pytest.raises(PapermillExecutionError, match="did you mean 'precisions'"):
+        papermill.execute_notebook(notebook, str(tmp_path / "bad.ipynb"), kernel_name="python3", progress_bar=False,
+                                   parameters={"model": str(tiny_bert), "precisionz": "[fp32]",
+                                               "run_dir": str(refused)})
+    assert not refused.exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_make_lab_opens_jupyterlab_on_the_notebooks(tmp_path):
+    """As root too (containers): `make lab` must not stop at JupyterLab's root check."""
+    port, token = free_port(), "workbench-test"
+    repo = NOTEBOOKS_DIR.parent
+    args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token}"
+    lab = subprocess.Popen(["make", "-s", "-C", str(repo), "lab", f"ARGS={args}"], stdout=subprocess.DEVNULL,
+                           stderr=open(tmp_path / "lab.log", "w"), start_new_session=True,
+                           env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+    try:
+        url = f"http://127.0.0.1:{port}/api/contents?token={token}"
+        listing = poll_json(url, lab, tmp_path / "lab.log")
+        assert {step.notebook for step in STEPS} <= {item["name"] for item in listing["content"]}
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def poll_json(url: str, process: subprocess.Popen, log: Path) -> dict:
+    """The JSON at `url` once the server answers; fails with the server's log if it exits first."""
+    for _ in range(600):
+        if process.poll() is not None:
+            pytest.fail(f"JupyterLab exited ({process.returncode}): {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return json.load(answer)
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"JupyterLab did not answer at {url}: {log.read_text()[-2000:]}")

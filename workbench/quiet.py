@@ -1,0 +1,43 @@
+"""Silence the warnings known to be harmless for what the workbench does; everything else still shows."""
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# ONNX Runtime's quantizer suggests its pre-processing (shape inference and graph optimization) on every call: the
+# optimize step quantizes graphs it has already optimized and shape-inferred.
+HARMLESS_LOG_MESSAGES = ("Please consider to run pre-processing before quantization",
+                         "Please consider pre-processing before quantization")
+
+
+class _DropHarmless(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(HARMLESS_LOG_MESSAGES)
+
+
+def quiet_known_warnings() -> None:
+    """Apply the process-wide filters once (notebook kernels call this through `notebook.start`)."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropHarmless) for f in root.filters):
+        root.addFilter(_DropHarmless())
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Loading weights" bars of a fraction of a second
+
+
+@contextmanager
+def quiet_tracer() -> Iterator[None]:
+    """The legacy exporter's tracer warnings about Python values frozen into the graph.
+
+    They name shape arithmetic in the model's mask code; a graph that froze a shape would fail the parity step,
+    which runs every batch size and length of the run configuration on real text.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
+        yield

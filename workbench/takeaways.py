@@ -1,0 +1,101 @@
+"""The verdict line each step notebook ends with, computed from what the run recorded (one function per step)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from workbench.record import RunRecord
+
+
+def takeaway(step: str, record: RunRecord) -> str:
+    """One or a few lines: what the step found, or why it did not run."""
+    entry = record.step_entry(step)
+    if entry.status != "ok":
+        return f"{step}: {entry.label} - {entry.detail}"
+    return "\n".join(TAKEAWAYS[step](record))
+
+
+def _export(record: RunRecord) -> list[str]:
+    info = record.metric("export")
+    dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
+    return [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
+            f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+            f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+
+
+def _optimize(record: RunRecord) -> list[str]:
+    variants = record.metric("optimize.variants")
+    layers = record.metric("export.num_layers")
+    fp32 = variants.get("fp32", {})
+    attention = fp32.get("fused", {}).get("Attention", 0)
+    fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
+    if fp32.get("unavailable"):
+        fused = f"no attention fusion for this family ({fp32['unavailable']})"
+    sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
+    return [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
+            f"variants built: {sizes}"]
+
+
+def _parity(record: RunRecord) -> list[str]:
+    verdicts = record.metric("parity.variants") or {}
+    passed = [name for name, v in verdicts.items() if v["passed"]]
+    lines = [f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
+    lines += [f"  {name} FAILS: {'; '.join(v['failures'])}" for name, v in verdicts.items() if not v["passed"]]
+    for precision, outcome in (record.metric("parity.repair") or {}).items():
+        chosen = outcome.get("chosen")
+        if outcome["outcome"] == "repaired" and chosen:
+            lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32 "
+                         f"(min cosine {_number(chosen.get('min_cosine'))}, {len(outcome['candidates'])} candidates "
+                         f"built)")
+        else:
+            lines.append(f"{precision} repair: {outcome['outcome']}")
+    return lines
+
+
+def _tensorrt(record: RunRecord) -> list[str]:
+    profiles = record.metric("tensorrt.profiles") or []
+    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})" for p in profiles)
+    engines = record.metric("tensorrt.parity") or {}
+    checked = ", ".join(f"{name} {'pass' if v['passed'] else 'FAIL'}" for name, v in engines.items())
+    return [f"{len(profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
+
+
+def _triton(record: RunRecord) -> list[str]:
+    deployment = record.metric("triton")
+    served = deployment.get("served_parity") or {}
+    parity = " and ".join(f"{protocol.upper()} {'pass' if r['passed'] else 'FAIL'}" for protocol, r in served.items())
+    verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
+    return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
+            f"layout ({deployment['flavor']})", f"served parity: {parity or 'not checked'}"]
+
+
+def _generation(record: RunRecord) -> list[str]:
+    lines = []
+    for task, outcome in (record.metric("generation") or {}).items():
+        same = outcome["in_process"]
+        lines.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
+                     f"texts; CTranslate2 {_number(outcome.get('ct2_over_hf_tokens_per_s'))}x HF tokens/s served")
+    return lines or ["no generation model configured"]
+
+
+def _bench(record: RunRecord) -> list[str]:
+    best = record.metric("bench.latency.best") or {}
+    lines = [f"{cell}: fastest passing variant {b['variant']}, {b['speedup']:.1f}x PyTorch" for cell, b in best.items()]
+    served = record.metric("bench.served") or {}
+    if "skipped" in served:
+        lines.append(f"served benchmark skipped: {served['skipped']}")
+    return lines or ["nothing measured"]
+
+
+def _report(record: RunRecord) -> list[str]:
+    return [f"report: {record.run_dir / 'report.html'}"]
+
+
+def _number(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+TAKEAWAYS: dict[str, Callable[[RunRecord], list[str]]] = {
+    "export": _export, "optimize": _optimize, "parity": _parity, "tensorrt": _tensorrt, "triton": _triton,
+    "generation": _generation, "bench": _bench, "report": _report,
+}
