@@ -95,3 +95,34 @@ def test_parity_error_names_the_worst_output_and_values():
 def test_mismatched_input_names():
     with pytest.raises(InputMismatchError, match="takes inputs \\['attention_mask', 'input_ids'\\]"):
         check_inputs(("input_ids", "attention_mask", "token_type_ids"), ("input_ids", "attention_mask"), "roberta")
+
+
+def test_retrieval_agreement_is_one_for_identical_embeddings_and_less_for_a_permutation():
+    from workbench.retrieval import retrieval_agreement
+
+    corpus = RNG.normal(size=(40, 16))
+    assert retrieval_agreement(corpus, corpus) == {"texts": 40, "agreement_at_1": 1.0, "recall_at_10": 1.0,
+                                                   "spearman": pytest.approx(1.0)}
+    shuffled = corpus[RNG.permutation(40)]  # every text now answers with another text's vector
+    mixed = retrieval_agreement(shuffled, corpus)
+    assert mixed["agreement_at_1"] < 0.5 and mixed["recall_at_10"] < 0.6 and mixed["spearman"] < 0.5
+    assert retrieval_agreement(corpus[:10], corpus[:10]) is None  # no more texts than neighbours asked for
+
+
+def test_a_retrieval_gate_fails_a_variant_whose_neighbours_change():
+    want = RNG.normal(size=(30, 8))
+    got = want + RNG.normal(scale=0.3, size=want.shape)  # cosine stays high, neighbours move
+    gated = OutputParity(EMBEDDING, Tolerance(min_cosine=0.5, min_recall_at_10=0.99))
+    gated.add("corpus", list(range(30)), got, want, np.ones((30, 4)))
+    summary = gated.summary()
+    recall = summary["retrieval"]["recall_at_10"]
+    assert recall < 0.99 and summary["failures"] == [f"recall at 10 {recall:.4f} < 0.99"]
+    assert summary["violation"] == pytest.approx((0.99 - recall) / 0.01)
+
+
+def test_classifier_parity_reports_the_largest_probability_shift():
+    want = np.array([[2.0, 0.0], [0.0, 0.0]])
+    got = np.array([[2.0, 0.0], [1.0, 0.0]])  # second row: 0.5/0.5 -> 0.731/0.269
+    parity = OutputParity(LOGITS, Tolerance(min_agreement=0.0))
+    parity.add("b", [0, 1], got, want, MASK)
+    assert parity.summary()["max_prob_shift"] == pytest.approx(1 / (1 + np.exp(-1)) - 0.5)

@@ -8,6 +8,7 @@ import numpy as np
 
 from workbench.config import Tolerance
 from workbench.errors import InputMismatchError, ParityError
+from workbench.retrieval import TOP_K, retrieval_agreement
 from workbench.tasks import OutputSpec
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -52,6 +53,11 @@ def check_inputs(reference: tuple[str, ...], variant: tuple[str, ...], name: str
         )
 
 
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
     return np.sum(a * b, axis=-1) / np.maximum(norms, 1e-12)
@@ -71,6 +77,8 @@ class OutputParity:
     non_finite: int = 0
     worst: dict[str, Any] = field(default_factory=dict)
     per_text: dict[int, dict[str, float]] = field(default_factory=dict)
+    vectors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # embeddings: text -> got, want
+    max_prob_shift: float = 0.0
 
     def add(self, batch: str, text_ids: list[int], got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> None:
         if got.shape != want.shape:
@@ -96,9 +104,13 @@ class OutputParity:
             cos = _cosine(np.nan_to_num(got64), want64)
             self.cosines.append(cos[mask.astype(bool)] if self.spec.per_token else cos)
             row_cos = np.where(mask.astype(bool), cos, np.inf).min(axis=1) if self.spec.per_token else cos
+            if self.spec.kind == "embedding":  # a text's last batch wins: the corpus sweep holds it whole
+                self.vectors.update({int(t): (g, w) for t, g, w in zip(text_ids, got64, want64)})
         else:
             agree = np.argmax(got64, axis=-1) == np.argmax(want64, axis=-1)
             self.agreements.append(agree[mask.astype(bool)] if self.spec.per_token else agree)
+            shift = np.abs(_softmax(np.nan_to_num(got64)) - _softmax(want64)).max(axis=-1)
+            self.max_prob_shift = max(self.max_prob_shift, float(np.where(valid[..., 0], shift, 0.0).max()))
         for text_id, err, cos in zip(text_ids, row_err, row_cos):
             seen = self.per_text.setdefault(int(text_id), {"max_abs": 0.0})
             seen["max_abs"] = max(seen["max_abs"], float(err))
@@ -156,6 +168,13 @@ class OutputParity:
             result.update(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()), loss=1.0 - float(cos.mean()))
         if self.agreements:
             result["agreement"] = float(np.concatenate(self.agreements).mean())
+            result["max_prob_shift"] = self.max_prob_shift
+        if self.vectors:
+            ids = sorted(self.vectors)
+            retrieval = retrieval_agreement(np.stack([self.vectors[i][0] for i in ids]),
+                                            np.stack([self.vectors[i][1] for i in ids]))
+            if retrieval:
+                result["retrieval"] = retrieval
         result["failures"] = self._failures(result)
         result["passed"] = not result["failures"]
         result["violation"] = self._violation(result)
@@ -172,6 +191,10 @@ class OutputParity:
             failures.append(f"min cosine {r['min_cosine']:.6f} < {tol.min_cosine}")
         if tol.min_agreement is not None and "agreement" in r and not r["agreement"] >= tol.min_agreement:
             failures.append(f"label agreement {r['agreement']:.4f} < {tol.min_agreement}")
+        for key, limit in _retrieval_gates(tol):
+            value = r.get("retrieval", {}).get(key)
+            if value is not None and not value >= limit:
+                failures.append(f"{key.replace('_', ' ')} {value:.4f} < {limit}")
         return failures
 
     def _violation(self, r: dict[str, Any]) -> float:
@@ -186,7 +209,18 @@ class OutputParity:
             total += max(0.0, tol.min_cosine - r["min_cosine"]) / max(1.0 - tol.min_cosine, 1e-12)
         if tol.min_agreement is not None and "agreement" in r:
             total += max(0.0, tol.min_agreement - r["agreement"]) / max(1.0 - tol.min_agreement, 1e-12)
+        for key, limit in _retrieval_gates(tol):
+            value = r.get("retrieval", {}).get(key)
+            if value is not None:
+                total += max(0.0, limit - value) / max(1.0 - limit, 1e-12)
         return total
+
+
+def _retrieval_gates(tol: Tolerance) -> list[tuple[str, float]]:
+    """The retrieval metrics this tolerance gates on, with their limits."""
+    gates = {"agreement_at_1": tol.min_agreement_at_1, f"recall_at_{TOP_K}": tol.min_recall_at_10,
+             "spearman": tol.min_spearman}
+    return [(key, limit) for key, limit in gates.items() if limit is not None]
 
 
 def verdict(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:

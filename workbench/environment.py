@@ -31,6 +31,30 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction-set features that decide how fast int8 (and fp32) matmuls run on a CPU.
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+# Best first: the int8 matmul instructions ONNX Runtime's kernels use when the CPU has them.
+INT8_INSTRUCTIONS = (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"))
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_features(flags: set[str] | None = None) -> dict[str, Any]:
+    """The speed-relevant flags this CPU has, and its best int8 dot-product instructions (None: none of them)."""
+    flags = cpu_flags() if flags is None else flags
+    int8 = next((name for flag, name in INT8_INSTRUCTIONS if flag in flags), None)
+    return {"flags": [f for f in SPEED_FLAGS if f in flags], "int8_dot_product": int8}
+
+
 @lru_cache(maxsize=1)
 def gpu_name() -> str | None:
     """Name of the first NVIDIA GPU that nvidia-smi reports, or None when there is none."""
@@ -52,6 +76,7 @@ def collect_environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_features": cpu_features(),
         "gpu": gpu_name(),
         "packages": {name: version for name in PACKAGES if (version := package_version(name))},
     }
