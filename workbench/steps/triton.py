@@ -15,7 +15,7 @@ from workbench.runners.triton import ServedRunner
 from workbench.triton.batching import observe_batching
 from workbench.triton.client import TritonClient
 from workbench.triton.deploy import deployment_files
-from workbench.triton.plan import candidate_variants, choose_flavor, repository_root, serving_plan
+from workbench.triton.plan import candidate_variants, choose_flavor, preference, repository_root, serving_plan
 from workbench.triton.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
@@ -57,6 +57,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
     """The first candidate that passed parity in this run; a candidate no step has checked is checked here, on
     the parity step's lab and tolerances. Without one, UnverifiedError (unless triton.allow_unverified)."""
     candidates = candidate_variants(config, record, flavor)
+    order = "configured: triton.variant" if config.triton.variant else preference(flavor)[1]
     checks: dict[str, Any] = {}
     lab: ParityLab | None = None
     for variant in candidates:
@@ -68,7 +69,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
                 verdict = checks[variant] = lab.compare(runner, precision)
         if verdict is not None and verdict["passed"]:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
-                             "checked_here": checks, "passed_over": _failures(checks)}
+                             "order": order, "checked_here": checks, "passed_over": _failures(checks)}
     failures = {v: (checks.get(v) or record.verdict(v) or {}).get("failures", ["not checked (needs a GPU)"])
                 for v in candidates}
     if not config.triton.allow_unverified:
@@ -76,7 +77,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
                               "run --steps parity (its repair may fix the variant), serve another with "
                               "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
-    return candidates[0], {"variant": candidates[0], "by": None, "checked_here": checks, "passed_over": failures}
+    return candidates[0], {"variant": candidates[0], "by": None, "order": order, "checked_here": checks,
+                           "passed_over": failures}
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:

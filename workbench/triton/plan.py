@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from workbench.config import RunConfig
-from workbench.environment import gpu_name
+from workbench.environment import cpu_features, gpu_name
 from workbench.errors import ConfigError, MissingArtifactError
 from workbench.record import RunRecord
 from workbench.tasks import TASKS
@@ -13,13 +13,30 @@ from workbench.triton.repository import ServingPlan, model_name_for
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
-# Variants to serve, best first, when the configuration names none (the first that passed parity wins).
+# Variants to serve, best first, when the configuration names none (the first that passed parity wins). On a CPU,
+# int8 comes first only where the CPU has int8 dot-product instructions (VNNI, AMX): without them ONNX Runtime's int8
+# matmuls run about as fast as fp32 (README, "Precision on this host"), so fp32 serves the same speed exactly.
+CPU_INT8_FIRST = ("int8_repaired", "int8", "fp32", "original")
+CPU_FP32_FIRST = ("fp32", "int8_repaired", "int8", "original")
 PREFERENCE = {
-    "python-ort": ("int8_repaired", "int8", "fp32", "original"),
+    "python-ort": CPU_INT8_FIRST,
     "onnxruntime": ("fp16_repaired", "fp16", "fp32", "original"),
-    "onnxruntime-cpu": ("int8_repaired", "int8", "fp32", "original"),
+    "onnxruntime-cpu": CPU_INT8_FIRST,
     "tensorrt_plan": ("trt_fp16", "trt_fp32"),
 }
+
+
+def preference(flavor: str, features: dict | None = None) -> tuple[tuple[str, ...], str]:
+    """The variants `flavor` serves, best first, on this host, and why in that order."""
+    key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
+    order = PREFERENCE[key]
+    if order != CPU_INT8_FIRST:
+        return order, f"{flavor} on a GPU"
+    int8 = (features or cpu_features())["int8_dot_product"]
+    if int8 is None:
+        return CPU_FP32_FIRST, ("fp32 first: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
+                                "AMX), so int8 would serve about the same speed with less accuracy")
+    return order, f"int8 first: this CPU has {int8}"
 
 
 def repository_root(config: RunConfig) -> Path:
@@ -58,15 +75,15 @@ def candidate_variants(config: RunConfig, record: RunRecord, flavor: str) -> lis
                 f"triton.variant={config.triton.variant!r} has no {kind} file in this run (have {sorted(available)})",
                 "run the step that builds it (optimize, parity or tensorrt), or choose one of those")
         return [config.triton.variant]
-    key = flavor if flavor != "onnxruntime" or gpu_name() else "onnxruntime-cpu"
-    preferred = [v for v in PREFERENCE[key] if v in available]
+    order, _ = preference(flavor)
+    preferred = [v for v in order if v in available]
     verdicts = {v: record.verdict(v) for v in preferred}
     passed = [v for v in preferred if verdicts[v] and verdicts[v]["passed"]]
     unchecked = [v for v in preferred if verdicts[v] is None]
     if not passed + unchecked:
         raise MissingArtifactError(
             f"no {kind} variant to serve with flavor {flavor}: of {sorted(available)}, the preferred "
-            f"{list(PREFERENCE[key])} failed parity or do not exist",
+            f"{list(order)} failed parity or do not exist",
             "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those> "
             "with -p triton.allow_unverified=true")
     return passed + unchecked
