@@ -10,6 +10,7 @@ from workbench.config import RunConfig
 from workbench.latency import interleaved, matmul_flops, summarize
 from workbench.load import breakdown, stage_totals
 from workbench.perf_analyzer import find_perf_analyzer
+from workbench.recommend import recommend
 from workbench.record import RunRecord
 from workbench.served import TextLoad, measure_text_loads, pick
 from workbench.steps import bench, export, optimize, parity, report, tensorrt
@@ -139,6 +140,9 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
                f"--steps {step}` to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
     assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (KeyError" in html
+    assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run `workbench run "
+                      f"--resume --output-dir {tmp_path} --steps parity,bench`") == 2  # latency and throughput
+    assert "Served: fp32 via the ensemble layout." in html
 
 
 def test_interleaving_rotates_and_respects_the_budget():
@@ -179,3 +183,126 @@ def test_tables_leave_room_for_every_row():
     assert drawable >= table.header.height + len(results) * table.cells.height
     assert list(table.cells.values[0]) == ["variant_0", "variant_1"]
     assert table.columnwidth[-1] > table.columnwidth[3]  # the long "why" column gets the room, not the verdict
+
+
+def _verdict(precision: str, min_cosine: float, threshold: float = 0.99) -> dict:
+    """A parity verdict as the parity step records it, for one embedding output."""
+    passed = min_cosine >= threshold
+    failures = [] if passed else [f"min cosine {min_cosine:.6f} < {threshold}"]
+    output = {"kind": "embedding", "passed": passed, "failures": failures, "max_abs": 0.05, "mean_abs": 0.01,
+              "min_cosine": min_cosine, "tolerance": {"min_cosine": threshold},
+              "quantiles": {"p50": 0.01, "p90": 0.02, "p99": 0.04, "p99.9": 0.045}}
+    return {"passed": passed, "precision": precision, "failures": [f"sentence_embedding: {f}" for f in failures],
+            "outputs": {"sentence_embedding": output}}
+
+
+def _cell(p50: dict[str, float]) -> dict:
+    """One latency cell: medians in ms per runner, speedup over PyTorch as the bench step computes it."""
+    return {name: {"p50": ms, "p90": ms * 1.1, "speedup": p50["pytorch"] / ms} for name, ms in p50.items()}
+
+
+PASSING = {"fp32": 0.99999, "int8": 0.9556, "int8_repaired": 0.9903}  # min cosine; int8 fails
+
+
+def _benched(run_dir, cosines: dict[str, float]) -> tuple[RunConfig, RunRecord]:
+    """A record with parity verdicts (fp32 against 0.9999, int8 against 0.99) and a latency grid where int8 is the
+    fastest everywhere and the repaired int8 beats fp32 at batch 1 only."""
+    config = RunConfig()
+    record = RunRecord.create(run_dir, config)
+    with record.step("parity"):
+        for name, cosine in cosines.items():
+            precision = name.split("_")[0]
+            record.set_metric(f"parity.variants.{name}",
+                              _verdict(precision, cosine, 0.9999 if precision == "fp32" else 0.99))
+    cells = {"b1_s16": _cell({"pytorch": 10.0, "fp32": 5.0, "int8": 2.0, "int8_repaired": 4.0}),
+             "b1_s128": _cell({"pytorch": 40.0, "fp32": 10.0, "int8": 5.0, "int8_repaired": 8.0}),
+             "b8_s16": _cell({"pytorch": 50.0, "fp32": 20.0, "int8": 10.0, "int8_repaired": 25.0}),
+             "b8_s128": _cell({"pytorch": 400.0, "fp32": 100.0, "int8": 50.0, "int8_repaired": 125.0})}
+    with record.step("bench"):
+        passed = {name: bool(v["passed"]) for name, v in record.verdicts().items()}  # what the bench step reads
+        record.set_metric("bench.latency", {"threads": 2, "peak_gflops": 50.0, "cells": cells,
+                                            "passed": {"pytorch": True, **passed}})
+    return config, record
+
+
+@pytest.fixture
+def benched(tmp_path):
+    return _benched(tmp_path, PASSING)
+
+
+def test_the_recommendation_is_the_fastest_variant_that_passes_parity(benched):
+    _, record = benched
+    latency, throughput = recommend(record)
+    assert (latency.goal, latency.batch, latency.sequence, latency.variant) == ("latency", 1, 16, "int8_repaired")
+    assert latency.speedup == pytest.approx(2.5) and latency.gate_metric == "min cosine"
+    assert latency.margin == pytest.approx(0.0003)
+    assert "faster but failing parity: int8 (5x, sentence_embedding: min cosine 0.955600 < 0.99)" in latency.reason
+    assert latency.line() == ("latency: int8_repaired, 2.5x faster than PyTorch at b1 s16, min cosine 0.9903 vs "
+                              "0.99 (margin +0.0003)")
+    # the largest batch at its longest sequence: fp32 beats the repaired int8 there
+    assert (throughput.goal, throughput.batch, throughput.sequence, throughput.variant) == ("throughput", 8, 128,
+                                                                                            "fp32")
+    assert throughput.speedup == pytest.approx(4.0) and throughput.margin == pytest.approx(0.00009)
+    assert throughput.steps == () and latency.steps == ()
+
+
+def test_no_recommendation_without_a_variant_that_passes(tmp_path):
+    _, record = _benched(tmp_path, {"fp32": 0.99, "int8": 0.95, "int8_repaired": 0.985})
+    for choice in recommend(record):
+        assert choice.variant is None and choice.speedup is None and choice.margin is None
+        assert choice.steps == ("parity", "bench")
+        assert choice.reason.startswith(f"no variant measured at b{choice.batch} s{choice.sequence} passes parity")
+        assert "int8_repaired: sentence_embedding: min cosine 0.985000 < 0.99" in choice.reason
+        assert choice.line().endswith("; run --steps parity,bench")
+
+
+def test_a_stale_bench_recommends_nothing(benched):
+    _, record = benched
+    with record.step("parity"):  # parity again: the bench's numbers may no longer describe what passes
+        record.set_metric("parity.variants.fp32", _verdict("fp32", 0.99999, 0.9999))
+    for choice in recommend(record):
+        assert choice.variant is None and choice.steps == ("bench",)
+        assert choice.reason.startswith("nothing was benchmarked in process in this run (bench: stale: inputs "
+                                        "changed since it ran")
+
+
+def test_the_report_opens_with_the_recommendation_and_names_the_served_variant(benched):
+    config, record = benched
+    with record.step("triton"):
+        record.set_metric("triton", {"variant": "int8_repaired", "layout": "fused", "verified": True,
+                                     "served_parity": {}})
+    report.run(config, record)
+    html = record.artifact("report").read_text()
+    block = html.index('<h2 id="recommendation">')
+    assert block < html.index("<h2>Summary</h2>") < html.index("Plotly.newPlot")
+    table = html[block:html.index("</table>", block)]
+    assert "<b>int8_repaired</b></td><td>2.5x</td>" in table and "margin +0.0003) on sentence_embedding" in table
+    assert "<b>fp32</b></td><td>4x</td>" in table
+    assert html.count("Served: int8_repaired via the fused layout.") == 2  # the block and the served parity section
+
+
+def test_the_speedup_heatmap_is_centred_on_1x(benched):
+    _, record = benched
+    latency = record.metric("bench.latency")
+    heatmap = figures.speedup_figure(latency).data[0]
+    assert heatmap.zmid == 0 and heatmap.zmin == -heatmap.zmax  # log2 of the ratio: 1x sits in the middle
+    assert heatmap.colorbar.title.text == "speedup over PyTorch (x)"
+    row = list(heatmap.y).index("int8_repaired")
+    assert heatmap.z[row][0] == pytest.approx(1.3219, abs=1e-4) and heatmap.text[row][0] == "2.50x"
+    assert dict(zip(heatmap.colorbar.tickvals, heatmap.colorbar.ticktext))[0] == "1x"
+    assert heatmap.z[list(heatmap.y).index("pytorch")][0] == 0
+    low, high = ([int(c) for c in re.findall(r"\d+", colour)] for _, colour in (heatmap.colorscale[0],
+                                                                              heatmap.colorscale[-1]))
+    assert low[0] > low[2] and high[2] > high[0], "slower than PyTorch reads red, faster blue"
+
+
+def test_figures_name_their_units(benched):
+    _, record = benched
+    axes = {
+        "latency": figures.latency_figure(record.metric("bench.latency")).layout.yaxis,
+        "errors": figures.error_distribution(record.metric("parity.variants")).layout.yaxis,
+        "fusions": figures.fusion_figure({"fp32": {"nodes": 120, "fused": {"Attention": 6}}}).layout.yaxis,
+    }
+    assert {name: axis.title.text for name, axis in axes.items()} == {
+        "latency": "latency per call (ms)", "errors": "absolute error |variant - PyTorch| (output units)",
+        "fusions": "fused nodes (count)"}

@@ -1,6 +1,7 @@
 """Plotly figures built from run.json metrics; notebooks and the report show the same ones."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import plotly.graph_objects as go
@@ -33,8 +34,8 @@ def fusion_figure(fusions: dict[str, Any]) -> go.Figure:
     figure = go.Figure()
     for variant, stats in fusions.items():
         figure.add_bar(name=f"{variant} ({stats['nodes']} nodes)", x=ops, y=[stats["fused"].get(op, 0) for op in ops])
-    figure.update_layout(title="Fused operators per variant", barmode="group", yaxis_title="count",
-                         legend_title="variant")
+    figure.update_layout(title="Fused operators per variant", barmode="group", xaxis_title="fused operator",
+                         yaxis_title="fused nodes (count)", legend_title="variant (nodes in the graph)")
     return figure
 
 
@@ -42,7 +43,7 @@ def size_figure(fusions: dict[str, Any]) -> go.Figure:
     variants = [v for v, s in fusions.items() if "megabytes" in s]
     figure = go.Figure(go.Bar(x=variants, y=[fusions[v]["megabytes"] for v in variants],
                               text=[f"{fusions[v]['megabytes']:.1f} MB" for v in variants]))
-    figure.update_layout(title="File size per variant", yaxis_title="MB")
+    figure.update_layout(title="File size per variant", xaxis_title="variant", yaxis_title="file size (MB)")
     return figure
 
 
@@ -74,7 +75,8 @@ def error_distribution(results: dict[str, Any]) -> go.Figure:
         figure.add_scatter(name=variant, x=labels, y=[max(v, 1e-12) for v in values], mode="lines+markers")
     name = _primary(next(iter(results.values()))) if results else ""
     figure.update_layout(title=f"Absolute error quantiles of {name} vs PyTorch", yaxis_type="log",
-                         xaxis_title="quantile", yaxis_title="|variant - pytorch|")
+                         xaxis_title="quantile over every compared value",
+                         yaxis_title="absolute error |variant - PyTorch| (output units)")
     return figure
 
 
@@ -84,6 +86,7 @@ def worst_texts(results: dict[str, Any], variant: str) -> go.Figure:
     figure = go.Figure(go.Bar(x=[t["error"] for t in texts], y=[f"#{t['text_id']}: {t['text'][:50]}" for t in texts],
                               orientation="h", hovertext=[t["text"] for t in texts]))
     figure.update_layout(title=f"Worst texts for {variant}", xaxis_title=texts[0]["metric"] if texts else "",
+                         yaxis_title="text (corpus id)",
                          height=200 + 30 * len(texts), margin={"l": 380})
     return figure
 
@@ -104,8 +107,8 @@ def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
             figure.add_scatter(name=label, mode="markers", x=[entry["latency_ms"]], y=[entry.get(metric)],
                                marker={"symbol": "star" if label == "chosen" else "x", "size": 16})
     figure.update_layout(title=f"{repair['precision']} repair: accuracy vs latency ({repair['outcome']})",
-                         xaxis_title=f"latency ms at batch x sequence {repair.get('latency_feed')}",
-                         yaxis_title=f"{metric} on the hard texts (marker size: nodes kept in fp32)")
+                         xaxis_title=f"latency (ms) at batch x sequence {repair.get('latency_feed')}",
+                         yaxis_title=f"{metric.replace('_', ' ')} on the hard texts (marker size: nodes kept in fp32)")
     return figure
 
 
@@ -114,6 +117,7 @@ def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:
     items = sorted(repair["sensitivity"].items(), key=lambda kv: kv[1])
     figure = go.Figure(go.Bar(x=[v for _, v in items], y=[k for k, _ in items], orientation="h"))
     figure.update_layout(title=f"{repair['precision']}: error reduction when one node stays fp32",
+                         xaxis_title="loss removed (1 - mean cosine, or mean absolute error)", yaxis_title="node",
                          height=200 + 22 * len(items), margin={"l": 380})
     return figure
 
@@ -130,7 +134,7 @@ def length_histogram(tensorrt: dict[str, Any]) -> go.Figure:
                          annotation_text=f"profile {index}: {low}-{high}", annotation_position="top left")
         figure.add_vline(x=opt, line_dash="dot", annotation_text=f"opt {opt}")
     figure.update_layout(title="Token lengths (special tokens included) and the TensorRT profiles",
-                         xaxis_title="tokens", yaxis_title="texts", showlegend=False)
+                         xaxis_title="text length (tokens)", yaxis_title="texts (count)", showlegend=False)
     return figure
 
 
@@ -140,7 +144,8 @@ def padding_figure(tensorrt: dict[str, Any]) -> go.Figure:
     figure = go.Figure()
     for kind, label in (("dynamic", "batch padded to its longest"), ("to_profile_max", "padded to profile max")):
         figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[w[kind] * 100 for w in waste.values()])
-    figure.update_layout(title="Padding waste", yaxis_title="% of token slots that are padding", barmode="group")
+    figure.update_layout(title="Padding waste", xaxis_title="TensorRT profiles (length buckets)",
+                         yaxis_title="padding (% of token slots)", barmode="group")
     return figure
 
 
@@ -151,7 +156,8 @@ def batch_size_figure(burst: dict[str, Any]) -> go.Figure:
         ordered = sorted(sizes.items(), key=lambda kv: int(kv[0]))
         figure.add_bar(name=model, x=[str(k) for k, _ in ordered], y=[v for _, v in ordered])
     figure.update_layout(title=f"Dynamic batching: {burst['requests']} concurrent one-text requests",
-                         xaxis_title="batch size executed", yaxis_title="executions", barmode="group")
+                         xaxis_title="batch size executed (texts)", yaxis_title="executions (count)",
+                         barmode="group")
     return figure
 
 
@@ -166,18 +172,28 @@ def latency_figure(latency: dict[str, Any]) -> go.Figure:
                        y=[s["p50"] for s in stats],
                        error_y={"type": "data", "array": [s["p90"] - s["p50"] for s in stats], "visible": True})
     figure.update_layout(title="In-process latency (median, error bar to p90)", yaxis_type="log",
-                         yaxis_title="ms per call", xaxis_title="batch x sequence", barmode="group")
+                         yaxis_title="latency per call (ms)", xaxis_title="batch x sequence (texts x tokens)",
+                         barmode="group")
     return figure
 
 
 def speedup_figure(latency: dict[str, Any]) -> go.Figure:
-    """Speedup over PyTorch eager per runner and cell."""
+    """Speedup over PyTorch eager per runner and cell, coloured on log2 of the ratio centred on 1x: red is slower
+    than PyTorch, blue faster, equally far either way for halving and doubling."""
     cells = list(latency["cells"])
     runners = [n for n in next(iter(latency["cells"].values()))] if cells else []
-    z = [[latency["cells"][c][n]["speedup"] for c in cells] for n in runners]
-    figure = go.Figure(go.Heatmap(z=z, x=cells, y=runners, colorscale="RdYlGn", zmid=1.0,
-                                  text=[[f"{v:.2f}x" for v in row] for row in z], texttemplate="%{text}"))
-    figure.update_layout(title="Speedup over PyTorch eager (ratio of medians)", height=200 + 40 * len(runners))
+    ratios = [[latency["cells"][c][n]["speedup"] for c in cells] for n in runners]
+    z = [[math.log2(v) if v else None for v in row] for row in ratios]
+    reach = max([1, *(math.ceil(abs(v)) for row in z for v in row if v is not None)])
+    ticks = list(range(-reach, reach + 1))
+    figure = go.Figure(go.Heatmap(
+        z=z, x=cells, y=runners, colorscale="RdBu", zmid=0, zmin=-reach, zmax=reach,
+        text=[[f"{v:.2f}x" if v else "" for v in row] for row in ratios], texttemplate="%{text}",
+        hovertemplate="%{y} at %{x}: %{text} PyTorch<extra></extra>",
+        colorbar={"title": {"text": "speedup over PyTorch (x)"}, "tickvals": ticks,
+                  "ticktext": [f"{2.0 ** t:g}x" for t in ticks]}))
+    figure.update_layout(title="Speedup over PyTorch eager (ratio of medians)", height=200 + 40 * len(runners),
+                         xaxis_title="batch x sequence (texts x tokens)", yaxis_title="runner")
     return figure
 
 
@@ -185,7 +201,7 @@ def throughput_figure(served: dict[str, Any]) -> go.Figure:
     """Throughput and p99 against concurrency, with and without dynamic batching."""
     from plotly.subplots import make_subplots
 
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("throughput (requests/s)", "p99 latency (ms)"))
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("throughput", "p99 latency"))
     for label in ("batching_off", "batching_on"):
         levels = served[label]["text"]
         x = [int(c) for c in levels]
@@ -193,7 +209,9 @@ def throughput_figure(served: dict[str, Any]) -> go.Figure:
                            mode="lines+markers", row=1, col=1)
         figure.add_scatter(name=f"{label.replace('_', ' ')} p99", x=x, y=[v["p99"] for v in levels.values()],
                            mode="lines+markers", row=1, col=2)
-    figure.update_xaxes(title_text="concurrency", type="log")
+    figure.update_xaxes(title_text="concurrency (requests in flight)", type="log")
+    figure.update_yaxes(title_text="throughput (requests/s)", row=1, col=1)
+    figure.update_yaxes(title_text="p99 latency (ms)", row=1, col=2)
     figure.update_layout(title="Served: throughput and latency vs concurrency")
     return figure
 
@@ -207,7 +225,7 @@ def breakdown_figure(served: dict[str, Any]) -> go.Figure:
             figure.add_bar(name=f"{model.rsplit('_', 1)[-1]} {stage}", x=[int(c) for c in levels],
                            y=[v["server"][model][stage] for v in levels.values()], offsetgroup=model)
     figure.update_layout(title="Server-side time per request by stage (batching on)", barmode="stack",
-                         xaxis_title="concurrency", yaxis_title="ms per request")
+                         xaxis_title="concurrency (requests in flight)", yaxis_title="time per request (ms)")
     return figure
 
 
@@ -234,7 +252,7 @@ def tokenization_figure(served: dict[str, Any]) -> go.Figure:
                                                                     on["client_tokenization"])):
         figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
                            mode="lines+markers")
-    figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency",
+    figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency (requests in flight)",
                          yaxis_title="throughput (requests/s)", xaxis_type="log")
     return figure
 
@@ -262,8 +280,8 @@ def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
         for engine, levels in result["load"].items():
             figure.add_scatter(name=f"{task} {engine}", x=[int(c) for c in levels], mode="lines+markers",
                                y=[v["tokens_per_s"] for v in levels.values()])
-    figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency", xaxis_type="log",
-                         yaxis_title="tokens/s", yaxis_type="log")
+    figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency (requests in flight)",
+                         xaxis_type="log", yaxis_title="throughput (generated tokens/s)", yaxis_type="log")
     return [figure, generation_table(generation)]
 
 
@@ -274,7 +292,8 @@ def layouts_figure(layouts: dict[str, Any]) -> go.Figure:
         figure.add_scatter(name=layout, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
                            mode="lines+markers", hovertext=[f"p50 {v['p50']:.1f} ms" for v in levels.values()])
     figure.update_layout(title="Repository layouts: ensemble (tokenizer -> model) vs fused (one Python model)",
-                         xaxis_title="concurrency", xaxis_type="log", yaxis_title="throughput (requests/s)")
+                         xaxis_title="concurrency (requests in flight)", xaxis_type="log",
+                         yaxis_title="throughput (requests/s)")
     return figure
 
 

@@ -10,6 +10,7 @@ import jinja2
 
 from workbench import figures
 from workbench.atomic import write_text
+from workbench.recommend import recommend
 from workbench.record import RunRecord, StepEntry
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
@@ -18,11 +19,13 @@ Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
 
 @dataclass(frozen=True)
 class Section:
-    """Part of the page: the step whose metrics fill it, and how they render (none: the step left nothing)."""
+    """Part of the page: the step whose metrics fill it, and how they render (none: the step left nothing);
+    a served section names what Triton serves."""
 
     title: str
     step: str
     render: Callable[[dict[str, Any]], Parts]
+    served: bool = False
 
 
 def _fusions(optimize: dict[str, Any]) -> Parts:
@@ -59,8 +62,7 @@ def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
 def _triton(triton: dict[str, Any]) -> Parts:
     if "served_parity" not in triton:
         return []
-    return [("Served parity", f"The deployment ({triton['variant']}, {triton.get('layout', 'ensemble')} layout) "
-             "against PyTorch over HTTP and gRPC.",
+    return [("Served parity", "The deployment against PyTorch over HTTP and gRPC.",
              [figures.parity_table({f"served {p}": r for p, r in triton["served_parity"].items()})])]
 
 
@@ -87,9 +89,10 @@ def _served(bench: dict[str, Any]) -> Parts:
         return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
     if "batching_on" not in served:
         return []
+    measured = f"{served['variant']} in the " if "variant" in served else ""
     parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
-                     f"{served.get('protocol', 'http')}; one text per request; layout "
-                     f"{served['variant_plan'].get('layout', 'ensemble')}.",
+                     f"{served.get('protocol', 'http')}; one text per request; measured: {measured}"
+                     f"{served['variant_plan'].get('layout', 'ensemble')} layout.",
                      [figures.throughput_figure(served), figures.breakdown_figure(served)])]
     if "efficiency" in served:
         parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
@@ -108,10 +111,10 @@ SECTIONS = (
     Section("ONNX Runtime fusions", "optimize", _fusions),
     Section("Parity against PyTorch", "parity", _parity),
     Section("TensorRT shape profiles", "tensorrt", _tensorrt),
-    Section("Served parity", "triton", _triton),
+    Section("Served parity", "triton", _triton, served=True),
     Section("Translation and text generation", "generation", _generation),
     Section("In-process latency", "bench", _latency),
-    Section("Served throughput and latency", "bench", _served),
+    Section("Served throughput and latency", "bench", _served, served=True),
 )
 
 
@@ -130,10 +133,21 @@ def _missing(record: RunRecord, section: Section, step: StepEntry) -> str:
     return f"The {section.step} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
+def served_note(record: RunRecord) -> str:
+    """What Triton serves from this run (the triton step's deployment, when that step is ok now)."""
+    deployment = record.deployment()
+    if deployment is None:
+        return (f"Served: nothing current (triton: {record.step_entry('triton').label}); run "
+                f"{_fill(record, 'triton')} to deploy.")
+    unverified = "" if deployment.get("verified", True) else " (unverified)"
+    return f"Served: {deployment['variant']} via the {deployment.get('layout', 'ensemble')} layout{unverified}."
+
+
 def sections(record: RunRecord) -> Parts:
     """Every section, in pipeline order: its figures, or why it is empty. A skipped step shows what it measured
     before it stopped (the tensorrt step's profiles on a host without a GPU); a stale one says so first."""
     parts: Parts = []
+    served = served_note(record)
     for section in SECTIONS:
         step = record.step_entry(section.step)
         try:
@@ -141,6 +155,10 @@ def sections(record: RunRecord) -> Parts:
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
                                         f"{exc}); run {_fill(record, section.step)} to measure again.", [])]
+        else:
+            if rendered and section.served:
+                title, text, made = rendered[0]
+                rendered[0] = (title, f"{served} {text}", made)
         if rendered and step.status in ("stale", "skipped"):
             title, text, made = rendered[0]
             note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, section.step)} to "
@@ -160,15 +178,13 @@ def _search_text(search: dict[str, Any]) -> str:
 
 
 def headline(bench: dict[str, Any]) -> list[str]:
-    """One sentence per speedup the bench step measured, after a warning when other work loaded the host."""
+    """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
+    the recommendation)."""
     lines = []
     host = bench.get("host")
     if host and host["load_before"] > host["cpu_count"] / 2:
         lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
                      f"{host['cpu_count']} cores): ratios measured side by side hold, absolute times do not.")
-    for cell, best in bench.get("latency", {}).get("best", {}).items():
-        lines.append(f"{cell}: fastest variant that passes parity is {best['variant']}, "
-                     f"{best['speedup']:.2f}x PyTorch eager.")
     served = bench.get("served", {})
     if "batching_on" in served and "batching_off" in served:
         top = str(max(served["levels"]))
@@ -182,6 +198,18 @@ def headline(bench: dict[str, Any]) -> list[str]:
                      + (f"; p50 at concurrency 1 {efficiency['p50_ratio_c1']:.2f}x in process."
                         if "p50_ratio_c1" in efficiency else "."))
     return lines
+
+
+def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
+    """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one."""
+    rows = []
+    for choice in recommend(record):
+        found = choice.variant is not None
+        rows.append({"goal": choice.goal, "cell": choice.cell, "variant": choice.variant or "none",
+                     "speedup": f"{choice.speedup:.3g}x" if found else "",
+                     "gate": f"{choice.gate} on {choice.gate.output}" if choice.gate else "",
+                     "why": choice.reason + ("" if found else f"; run {_fill(record, ','.join(choice.steps))}.")})
+    return rows
 
 
 def build_report(record: RunRecord, dest: Path) -> Path:
@@ -202,5 +230,6 @@ def build_report(record: RunRecord, dest: Path) -> Path:
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
-        steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered)
+        steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered,
+        recommendations=recommendation_rows(record), served=served_note(record))
     return write_text(dest, page)
