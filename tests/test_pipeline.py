@@ -49,6 +49,12 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
         executed = json.loads((run_dir / "notebooks" / notebook).read_text())
         assert any("plotly" in json.dumps(cell.get("outputs")) for cell in executed["cells"]), notebook
     assert record["environment"]["packages"]["onnxruntime"]
+    verdict_lines = {notebook.name: "".join(json.loads(notebook.read_text())["cells"][-1]["outputs"][0]["text"])
+                     for notebook in sorted((run_dir / "notebooks").glob("*.ipynb"))}
+    assert "Attention fused in 2 of 2 layers" in verdict_lines["02_optimize.ipynb"]
+    assert "fp32: pass, min cosine" in verdict_lines["03_parity.ipynb"]
+    assert "served parity: HTTP pass and gRPC pass" in verdict_lines["05_triton.ipynb"]
+    assert verdict_lines["07_bench.ipynb"].startswith("latency: ")
 
     # Resume the same run with the TensorRT step only: the stored configuration is reused, nothing is lost.
     assert main(["run", "--resume", "--output-dir", str(run_dir), "--steps", "tensorrt", "--quiet"]) == 0

@@ -4,15 +4,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workbench.recommend import gate, recommend
 from workbench.record import RunRecord
 
 
 def takeaway(step: str, record: RunRecord) -> str:
     """One or a few lines: what the step found, or why it did not run."""
     entry = record.step_entry(step)
-    if entry.status != "ok":
-        return f"{step}: {entry.label} - {entry.detail}"
-    return "\n".join(TAKEAWAYS[step](record))
+    if entry.status == "ok":
+        return "\n".join(TAKEAWAYS[step](record))
+    found = TAKEAWAYS[step](record) if entry.status == "skipped" and entry.metrics else []  # e.g. TensorRT's profiles
+    return "\n".join([f"{step}: {entry.label} - {entry.detail.splitlines()[0] if entry.detail else ''}", *found])
 
 
 def _export(record: RunRecord) -> list[str]:
@@ -40,13 +42,12 @@ def _parity(record: RunRecord) -> list[str]:
     verdicts = record.metric("parity.variants") or {}
     passed = [name for name, v in verdicts.items() if v["passed"]]
     lines = [f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
-    lines += [f"  {name} FAILS: {'; '.join(v['failures'])}" for name, v in verdicts.items() if not v["passed"]]
+    lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}" for name, v in verdicts.items()]
     for precision, outcome in (record.metric("parity.repair") or {}).items():
         chosen = outcome.get("chosen")
         if outcome["outcome"] == "repaired" and chosen:
             lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32 "
-                         f"(min cosine {_number(chosen.get('min_cosine'))}, {len(outcome['candidates'])} candidates "
-                         f"built)")
+                         f"({len(outcome['candidates'])} candidates built)")
         else:
             lines.append(f"{precision} repair: {outcome['outcome']}")
     return lines
@@ -63,7 +64,8 @@ def _tensorrt(record: RunRecord) -> list[str]:
 def _triton(record: RunRecord) -> list[str]:
     deployment = record.metric("triton")
     served = deployment.get("served_parity") or {}
-    parity = " and ".join(f"{protocol.upper()} {'pass' if r['passed'] else 'FAIL'}" for protocol, r in served.items())
+    parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r['passed'] else 'FAIL'}"
+                          for protocol, r in served.items())
     verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
     return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
             f"layout ({deployment['flavor']})", f"served parity: {parity or 'not checked'}"]
@@ -79,16 +81,18 @@ def _generation(record: RunRecord) -> list[str]:
 
 
 def _bench(record: RunRecord) -> list[str]:
-    best = record.metric("bench.latency.best") or {}
-    lines = [f"{cell}: fastest passing variant {b['variant']}, {b['speedup']:.1f}x PyTorch" for cell, b in best.items()]
+    lines = [r.line() for r in recommend(record)]
     served = record.metric("bench.served") or {}
     if "skipped" in served:
         lines.append(f"served benchmark skipped: {served['skipped']}")
-    return lines or ["nothing measured"]
+    return lines
 
 
 def _report(record: RunRecord) -> list[str]:
-    return [f"report: {record.run_dir / 'report.html'}"]
+    return [*(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
+
+
+PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
 
 
 def _number(value: Any) -> str:
