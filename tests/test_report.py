@@ -306,3 +306,19 @@ def test_figures_name_their_units(benched):
     assert {name: axis.title.text for name, axis in axes.items()} == {
         "latency": "latency per call (ms)", "errors": "absolute error |variant - PyTorch| (output units)",
         "fusions": "fused nodes (count)"}
+
+
+def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
+    """A host where int8 gains nothing (the speed table an AVX2-only CPU measured: b8 s128 fp32 377 ms, int8
+    380 ms): fp32 is recommended, and the reason names the instructions that would make int8 pay."""
+    from workbench.recommend import Candidate, pick
+
+    pytorch_ms = 640.0
+    table = {"fp32": (377.0, "fp32"), "int8": (380.0, "int8"), "int8_repaired": (360.0, "int8")}
+    measured = [Candidate(name, pytorch_ms / ms, True, None, (), precision) for name, (ms, precision) in table.items()]
+    choice = pick("throughput", 8, 128, measured, int8_dot_product=None)
+    assert choice.variant == "fp32" and choice.speedup == pytest.approx(pytorch_ms / 377.0)
+    assert "int8_repaired is only 1.05x fp32 here" in choice.reason
+    assert "no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay" in choice.reason
+    faster = [Candidate("fp32", 2.0, True, None, (), "fp32"), Candidate("int8", 5.0, True, None, (), "int8")]
+    assert pick("latency", 1, 16, faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays

@@ -359,3 +359,12 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
     assert [x.decode() for x in got["label"].ravel()] == labels
     probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     assert np.allclose(got["score"].ravel(), probabilities.max(axis=1), atol=1e-4)
+
+
+def test_the_cpu_serving_order_puts_int8_first_only_where_the_cpu_has_int8_instructions():
+    from workbench.triton.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
+
+    order, why = preference("python-ort", {"int8_dot_product": None})
+    assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
+    order, why = preference("python-ort", {"int8_dot_product": "AMX"})
+    assert order == CPU_INT8_FIRST and why == "int8 first: this CPU has AMX"

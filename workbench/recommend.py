@@ -14,6 +14,9 @@ from typing import Any
 from workbench.record import RunRecord
 
 GOALS = ("latency", "throughput")
+# int8 is recommended over a passing fp32 only when it is at least this much faster in the same cell of the same run:
+# below it, fp32 gives the same speed with no accuracy loss (and a quarter of the risk).
+INT8_MIN_GAIN = 1.2
 _CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
@@ -55,6 +58,7 @@ class Candidate:
     passed: bool
     gate: Gate | None
     failures: tuple[str, ...]
+    precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,12 +122,15 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> lis
             measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
         else:
             measured.append(Candidate(name, stats["speedup"], bool(verdict["passed"]), gate(verdict),
-                                      tuple(verdict["failures"])))
+                                      tuple(verdict["failures"]), verdict.get("precision")))
     return measured
 
 
-def pick(goal: str, batch: int, sequence: int, measured: list[Candidate]) -> Recommendation:
-    """The fastest candidate that passes parity; the faster ones that fail are named in the reason."""
+def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None
+         ) -> Recommendation:
+    """The fastest candidate that passes parity; the faster ones that fail are named in the reason. An int8 winner
+    less than INT8_MIN_GAIN faster than a passing fp32 gives way to fp32 (`int8_dot_product`: this host's int8
+    instructions, for the reason)."""
     passing = [c for c in measured if c.passed]
     if not passing:
         failing = "; ".join(f"{c.variant}: {c.failures[0]}" for c in measured) or "none measured"
@@ -136,6 +143,13 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate]) -> Rec
     if faster:
         reason += "; faster but failing parity: " + "; ".join(f"{c.variant} ({c.speedup:.3g}x, {c.failures[0]})"
                                                                for c in faster)
+    fp32 = max((c for c in passing if c.precision == "fp32"), key=lambda c: c.speedup, default=None)
+    if best.precision == "int8" and fp32 is not None and best.speedup < INT8_MIN_GAIN * fp32.speedup:
+        reason = (f"{best.variant} is only {best.speedup / fp32.speedup:.2f}x {fp32.variant} here (under "
+                  f"{INT8_MIN_GAIN}x): {fp32.variant} serves about the same speed with no int8 accuracy loss; "
+                  + (f"this CPU has {int8_dot_product}, yet int8 gains little at this shape" if int8_dot_product else
+                     "this CPU has no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay"))
+        best = fp32
     if best.speedup < 1:
         reason += "; slower than PyTorch eager"
     return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason)
@@ -159,7 +173,8 @@ def recommend(record: RunRecord) -> list[Recommendation]:
             recommendations.append(Recommendation(goal, None, None, reason="batch 1 was not measured; add 1 to "
                                                   "bench.batches", steps=("bench",)))
         else:
-            recommendations.append(pick(goal, *shape, candidates(cells[shapes[shape]], verdicts)))
+            recommendations.append(pick(goal, *shape, candidates(cells[shapes[shape]], verdicts),
+                                        record.environment.get("cpu_features", {}).get("int8_dot_product")))
     return recommendations
 
 
