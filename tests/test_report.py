@@ -322,3 +322,11 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
     assert "no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay" in choice.reason
     faster = [Candidate("fp32", 2.0, True, None, (), "fp32"), Candidate("int8", 5.0, True, None, (), "int8")]
     assert pick("latency", 1, 16, faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays
+
+
+def test_cpu_features_name_the_int8_instructions():
+    from workbench.environment import cpu_features
+
+    assert cpu_features({"avx2", "fma", "sse4_2"}) == {"flags": ["avx2", "fma"], "int8_dot_product": None}
+    assert cpu_features({"avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_tile"})["int8_dot_product"] == "AMX"
+    assert cpu_features({"avx2", "avx_vnni"})["int8_dot_product"] == "AVX-VNNI"
