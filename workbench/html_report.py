@@ -212,6 +212,14 @@ def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
     return rows
 
 
+def _features(env: dict[str, Any]) -> str:
+    """The CPU flags that decide int8 and fp32 speed (runs recorded before they were, say nothing)."""
+    features = env.get("cpu_features")
+    if features is None:
+        return ""
+    return f"; {' '.join(features['flags']) or 'no AVX2'}; int8 dot product: {features['int8_dot_product'] or 'none'}"
+
+
 def build_report(record: RunRecord, dest: Path) -> Path:
     """Render the record; the step writing the report leaves itself out of the summary."""
     rendered = []
@@ -228,7 +236,7 @@ def build_report(record: RunRecord, dest: Path) -> Path:
     bench = record.step_entry("bench")
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
-        environment=f"{env['cpu']} ({env['cpu_count']} cores), GPU: {env['gpu'] or 'none'}, "
+        environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
         steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered,
         recommendations=recommendation_rows(record), served=served_note(record))
