@@ -15,6 +15,7 @@ from workbench.data import load_corpus
 from workbench.errors import InputMismatchError, ParityError, ShapeError
 from workbench.lab import ParityLab
 from workbench.models import load_model
+from workbench.progress import PROGRESS_FILE_VAR
 from workbench.record import RunRecord
 from workbench.repair import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
@@ -66,7 +67,10 @@ def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):
     assert "Pass Rate: 100.00%" in done.stdout
 
 
-def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path):
+def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch):
+    progress = tmp_path / "progress.txt"
+    progress.touch()
+    monkeypatch.setenv(PROGRESS_FILE_VAR, str(progress))  # as `workbench run` names it for the step's kernel
     model = make_fp16_overflow(tmp_path / "overflow", tiny_models["bert"])
     record, results = pipeline(model, tmp_path / "run", precisions=["fp32", "fp16"])
     before = results["fp16"]
@@ -83,6 +87,13 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path):
     assert record.data["artifacts"]["onnx.fp16_repaired"]["blocked"] == blocked
     assert repair["before"]["passed"] is False
     assert not (tmp_path / "run" / "repair").exists(), "candidate files and their folders are cleaned up"
+    lines = progress.read_text().splitlines()
+    assert "parity: 3/3 variants (fp16)" in lines
+    repair_lines = [line for line in lines if line.startswith("repair fp16: ")]
+    assert repair_lines[0] == "repair fp16: 0/80 candidates"
+    assert repair_lines[-1].startswith(f"repair fp16: {len(repair['candidates'])}/80 candidates (best so far: "
+                                       f"{len(blocked)} of {repair['units']} units in fp32, ")
+    assert repair_lines[-1].endswith(f"; min cosine {repair['chosen']['min_cosine']:.6f})")
 
 
 def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true", help="reuse an output dir that already holds files")
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --output-dir (same model), e.g. --steps tensorrt on a GPU host")
-    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     run.set_defaults(func=_run)
     show = sub.add_parser("config", help="print the resolved run configuration as YAML")
     _config_args(show)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from workbench.config import RunConfig, outputs_root
 from workbench.errors import OutputDirError, StepFailedError
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.preflight import preflight
+from workbench.progress import ProgressTail
 from workbench.record import RECORD_NAME, RunRecord, remove_inside
 from workbench.steplist import STEP_NAMES, step_info
 
@@ -109,7 +111,8 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
             try:
-                run_notebook(step, config, run_dir, progress)
+                with ProgressTail() if progress else nullcontext():  # the step's progress lines, printed here
+                    run_notebook(step, config, run_dir, progress)
             except Exception as exc:
                 record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
                 guard.check(f"step {step!r}")

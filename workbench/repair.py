@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 
 from workbench import onnxfiles
+from workbench.progress import Progress
 
 RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
+# The primary output's metric a progress note shows, by preference: key, words, format.
+NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
 # Check one built file: its parity result ({"passed", "violation", "failures", "outputs"}) and latency in ms.
 Assess = Callable[[Path], tuple[dict[str, Any], float]]
 
@@ -52,15 +55,17 @@ class RepairProblem:
 
 
 class RepairSearch:
-    """Builds, checks and times candidates, caching by blocked set; keeps only the best file on disk."""
+    """Builds, checks and times candidates, caching by blocked set; keeps only the best file on disk. Each build
+    is counted on `progress`, with the best repair so far as its note."""
 
     def __init__(self, problem: RepairProblem, assess: Assess, workdir: Path, max_builds: int,
-                 summarize: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+                 summarize: Callable[[dict[str, Any]], dict[str, Any]], progress: Progress | None = None) -> None:
         self.problem = problem
         self.assess = assess
         self.workdir = workdir
         self.max_builds = max_builds
         self.summarize = summarize
+        self.progress = progress
         self.candidates: dict[frozenset[str], Candidate] = {}
         self.best: tuple[Candidate, Path] | None = None
         self.history: list[dict[str, Any]] = []
@@ -83,7 +88,19 @@ class RepairSearch:
         self.candidates[key] = candidate
         self.history.append({**self.describe(candidate), "round": self.round})
         self._keep_if_best(candidate, path)
+        if self.progress:
+            self.progress.update(1, note=self.best_so_far())
         return candidate
+
+    def best_so_far(self) -> str:
+        """The best repair yet: the units it keeps in fp32, their share of the compute, its primary metric."""
+        if self.best is None:
+            return "no repair yet"
+        blocked, summary = self.best[0].blocked, self.best[0].summary
+        total = sum(self.problem.costs.values())
+        share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
+        metric = next((f"; {words} {summary[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in summary), "")
+        return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}"
 
     def reset_results(self) -> None:
         """Forget verdicts (the check set changed); the build budget and history carry on."""

@@ -3,6 +3,7 @@ batching settings, and server-side vs client-side tokenization, each with Triton
 `measure_text_loads`, chosen text loads on a server per batching setting (benchmarks/bench.py)."""
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from workbench.data import encode
 from workbench.errors import DependencyMissingError
 from workbench.load import asyncio_level, breakdown, stage_totals, text_level
 from workbench.perf_analyzer import PerfAnalyzer, find_perf_analyzer
+from workbench.progress import track
 from workbench.triton.client import TritonClient
 from workbench.triton.repository import ServingPlan, write_repository
 from workbench.triton.server import TritonServer
@@ -57,6 +59,15 @@ class ServedBench:
                                 self.workdir / f"perf_analyzer_{self.protocol}", self.protocol)
         after = self._stages()
         return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
+
+    def sweep(self, levels: list[int], client_tokenization: bool = False) -> dict[str, dict[str, Any]]:
+        """`level` at each concurrency in turn, with progress: {"<concurrency>": level}."""
+        sent = "token ids" if client_tokenization else "text"
+        via = "perf_analyzer" if self.tool and not client_tokenization else "asyncio"
+        label = (f"served {self.plan.layout}, batching {'on' if self.plan.dynamic_batching else 'off'}, "
+                 f"{sent} over {self.protocol} via {via}")
+        return {str(c): self.level(c, client_tokenization)
+                for c in track(levels, label, "concurrency levels", note=lambda c: f"concurrency {c}")}
 
 
 def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServer], T]) -> T:
@@ -107,9 +118,10 @@ def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Pa
     when `tool` is given and finds a stable window, else the asyncio generator; each level bounded by `seconds`):
     {"batching_off": {label: level}, "batching_on": {label: level}}."""
     def measure(server: TritonServer, measured: ServingPlan, label: str) -> dict[str, dict[str, Any]]:
+        chosen = [load for load in loads if measured.dynamic_batching in load.batching]
         return {load.label: text_level(tool, server.grpc_url, measured.name, load.texts, load.concurrency,
                                        load.requests, seconds, workdir / label / "perf_analyzer" / load.label)
-                for load in loads if measured.dynamic_batching in load.batching}
+                for load in track(chosen, f"text loads, {label}", "loads", note=lambda load: load.label)}
     return on_each_batching(plan, workdir, measure)
 
 
@@ -147,17 +159,17 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
     def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
         """Client-side tokenization against the text path, both through the asyncio generator (like with like)."""
         runner = ServedBench(config, ensemble, server, texts, tokenizer, None, workdir / label)
-        return {"client_tokenization": {str(c): runner.level(c, client_tokenization=True) for c in levels},
-                "text_asyncio": {str(c): runner.level(c) for c in levels}}
+        return {"client_tokenization": runner.sweep(levels, client_tokenization=True),
+                "text_asyncio": runner.sweep(levels)}
 
     def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> dict[str, Any]:
         runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
-        out = {"text": {str(c): runner.level(c) for c in levels}}
+        out = {"text": runner.sweep(levels)}
         if label == "batching_on" and measured_plan.layout == "ensemble":
             out.update(tokenization(server, measured_plan, label))
         if label == "batching_on" and measured_plan.layout == plan.layout:  # the deployment over HTTP too
             http = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
-            out["text_http"] = {str(c): http.level(c) for c in sorted({levels[0], levels[-1]})}
+            out["text_http"] = http.sweep(sorted({levels[0], levels[-1]}))
         return out
 
     result.update(on_each_batching(plan, workdir, sweep))
@@ -169,14 +181,15 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
         result["batching_on"].update(measured)
     top = max(levels)
     candidates = []
-    for delay in bench.search_queue_delays_us:
-        for instances in bench.search_instances:
-            candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances)
-            label = f"search_d{delay}_i{instances}"
-            measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
-                                    ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
-            candidates.append({"max_queue_delay_us": delay, "instances": instances,
-                               "preferred_batch_sizes": plan.preferred_batch_sizes, **measured})
+    settings = list(itertools.product(bench.search_queue_delays_us, bench.search_instances))
+    for delay, instances in track(settings, f"batching search at concurrency {top}", "settings",
+                                  note=lambda setting: f"queue delay {setting[0]} us, instances {setting[1]}"):
+        candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances)
+        label = f"search_d{delay}_i{instances}"
+        measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
+                                ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
+        candidates.append({"max_queue_delay_us": delay, "instances": instances,
+                           "preferred_batch_sizes": plan.preferred_batch_sizes, **measured})
     chosen = pick(candidates, bench.p99_limit_ms)
     result["search"] = {"concurrency": top, "p99_limit_ms": bench.p99_limit_ms, "candidates": candidates,
                         "chosen": chosen}

@@ -22,6 +22,7 @@ from workbench.generation import (
     prepared_inputs,
 )
 from workbench.load import asyncio_level
+from workbench.progress import track
 from workbench.record import RunRecord, StepEntry
 from workbench.triton.client import TritonClient, text_array
 from workbench.triton.generation_repository import ENGINES, GenerationPlan, generation_models
@@ -62,7 +63,8 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
     """Generated tokens/s, words/s and latency per concurrency, one text per request."""
     gen = config.generation
     results = {}
-    for concurrency in gen.concurrency:
+    for concurrency in track(gen.concurrency, f"generation load, {model}", "concurrency levels",
+                             note=lambda c: f"concurrency {c}"):
         counted = {"tokens": 0, "words": 0}
 
         async def send(client: Any, index: int) -> None:

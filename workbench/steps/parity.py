@@ -14,6 +14,7 @@ from workbench.data import load_corpus
 from workbench.errors import MissingArtifactError
 from workbench.lab import ParityLab
 from workbench.models import load_model
+from workbench.progress import Progress, track
 from workbench.record import RunRecord, StepEntry
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import OrtRunner, providers_for
@@ -52,12 +53,12 @@ def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab
         costs=matmul_costs(graph, units))
 
 
-def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
+def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab, bar: Progress) -> dict[str, Any]:
     """Search for nodes to keep in fp32 on the hardest batches, confirm on the full lab, write the repaired file.
 
     The search checks candidates on the corner batches and the corpus batches the unrepaired variant gets most
     wrong; when its winner then fails on the full set, the batches where it fails join and the search goes on
-    (verdicts are re-taken, builds are budgeted).
+    (verdicts are re-taken, builds are budgeted). Each build is counted on `bar`.
     """
     providers = providers_for(config.device)
     hard: list[int] = []
@@ -80,7 +81,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
                 **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss") if k in primary}}
 
     search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
-                          summarize)
+                          summarize, bar)
     try:
         if precision == "int8":
             problem.units = sensitivity_order(search, problem.costs)
@@ -159,7 +160,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results: dict[str, Any] = {}
-        for name, (path, precision) in variants.items():
+        for name in track(list(variants), STEP, "variants"):
+            path, precision = variants[name]
             with _runner(name, path, config) as runner:
                 record.note_providers(runner.providers)
                 results[name] = lab.compare(runner, precision)
@@ -167,7 +169,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         if config.repair:
             for precision in ("fp16", "int8"):
                 if precision in results and not results[precision]["passed"]:
-                    outcome = repair(precision, config, record, lab)
+                    with Progress(f"repair {precision}", config.repair_max_builds, "candidates") as bar:
+                        outcome = repair(precision, config, record, lab, bar)
                     record.set_metric(f"{STEP}.repair.{precision}", outcome)
                     repaired = f"{precision}_repaired"
                     if repaired in record.variants():

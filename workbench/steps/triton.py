@@ -9,6 +9,7 @@ from workbench.data import load_corpus
 from workbench.errors import StepSkipped, UnverifiedError
 from workbench.lab import ParityLab
 from workbench.models import LoadedModel, load_model
+from workbench.progress import track
 from workbench.record import RunRecord, StepEntry
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.runners.triton import ServedRunner
@@ -37,7 +38,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
         result["ready_seconds"] = server.timings["ready_seconds"]
         parity = {}
-        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        endpoints = (("http", server.http_url), ("grpc", server.grpc_url))
+        for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
             with (TritonClient(url, protocol) as client,
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
                 parity[protocol] = lab.compare(runner, precision)

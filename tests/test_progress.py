@@ -1,0 +1,131 @@
+"""Progress of long loops: bars where they run, throttled lines for `workbench run` to print, no file left behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.errors import StepFailedError
+from workbench.pipeline import run_pipeline
+from workbench.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
+from workbench.steplist import step_info
+
+ROOT = Path(__file__).resolve().parent.parent
+# A stand-in for a step's kernel: another process, which reports progress through the environment it inherited.
+CHILD = """
+from workbench.progress import Progress
+with Progress("demo", total=3, unit="steps", interval=0) as bar:
+    for note in "abc":
+        bar.update(1, note=note)
+"""
+CHILD_LINES = [f"{INDENT}demo: {n}/3 steps" + (f" ({'abc'[n - 1]})" if n else "") for n in range(4)]
+
+
+@pytest.fixture
+def progress_file(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "progress.txt"
+    path.touch()
+    monkeypatch.setenv(PROGRESS_FILE_VAR, str(path))
+    return path
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_lines_are_throttled_to_the_first_and_the_last(progress_file):
+    with Progress("repair int8", total=10, unit="candidates", interval=3600) as bar:
+        for index in range(10):
+            bar.update(1, note=f"best so far: {index}")
+    assert _lines(progress_file) == ["repair int8: 0/10 candidates", "repair int8: 10/10 candidates (best so far: 9)"]
+
+
+def test_without_throttling_every_update_is_a_line(progress_file):
+    with Progress("parity", total=3, unit="variants", interval=0) as bar:
+        for name in ("original", "fp32", "int8"):
+            bar.update(1, note=name)
+    assert _lines(progress_file) == ["parity: 0/3 variants", "parity: 1/3 variants (original)",
+                                     "parity: 2/3 variants (fp32)", "parity: 3/3 variants (int8)"]
+
+
+def test_a_loop_that_stops_early_writes_where_it_stopped(progress_file):
+    with pytest.raises(KeyboardInterrupt), Progress("served", total=5, unit="levels", interval=3600) as bar:
+        bar.update(2, note="concurrency 2")
+        raise KeyboardInterrupt
+    assert _lines(progress_file)[-1] == "served: 2/5 levels (concurrency 2)"
+
+
+def test_track_counts_each_item_after_it_is_done(progress_file):
+    assert list(track([1, 4], "load", "levels", note=lambda c: f"c{c}")) == [1, 4]
+    lines = _lines(progress_file)
+    assert lines[0] == "load: 0/2 levels" and lines[-1] == "load: 2/2 levels (c4)"
+
+
+def test_outside_the_pipeline_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv(PROGRESS_FILE_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with Progress("parity", total=2, unit="variants", interval=0) as bar:
+        bar.update(2, note="fp32")
+    assert bar.line() == "parity: 2/2 variants (fp32)"
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_removed_file_is_not_created_again(tmp_path, monkeypatch):
+    gone = tmp_path / "ended-step.txt"
+    monkeypatch.setenv(PROGRESS_FILE_VAR, str(gone))
+    with Progress("parity", total=1, unit="variants", interval=0) as bar:
+        bar.update(1)
+    assert not gone.exists()
+
+
+def test_tail_prints_what_a_child_process_writes_and_removes_its_file(capsys, monkeypatch):
+    monkeypatch.setenv(PROGRESS_FILE_VAR, "the caller's")
+    with ProgressTail(poll=0.05) as tail:
+        assert os.environ[PROGRESS_FILE_VAR] == str(tail.path) and tail.path.is_file()
+        subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith(INDENT)] == CHILD_LINES
+    assert not tail.path.exists()
+    assert os.environ[PROGRESS_FILE_VAR] == "the caller's"
+
+
+def test_tail_removes_its_file_when_the_step_is_interrupted(monkeypatch):
+    monkeypatch.delenv(PROGRESS_FILE_VAR, raising=False)
+    with pytest.raises(KeyboardInterrupt), ProgressTail() as tail:
+        raise KeyboardInterrupt
+    assert not tail.path.exists() and PROGRESS_FILE_VAR not in os.environ
+
+
+@pytest.mark.parametrize("progress", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_prints_the_kernel_lines_unless_quiet(progress, fails, tmp_path, monkeypatch, capsys):
+    """The pipeline names the file before the step's kernel starts and prints its lines (none with --quiet)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.delenv(PROGRESS_FILE_VAR, raising=False)
+
+    def kernel_stand_in(step: str, config: RunConfig, run_dir: Path, progress: bool) -> Path:
+        subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, check=True, capture_output=True, timeout=120)
+        if fails:
+            raise RuntimeError("the step failed")
+        dest = run_dir / "notebooks" / step_info(step).notebook
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("{}")
+        return dest
+
+    monkeypatch.setattr("workbench.pipeline.run_notebook", kernel_stand_in)
+    config = RunConfig.model_validate({"steps": ["report"]})
+    if fails:
+        with pytest.raises(StepFailedError, match="the step failed"):
+            run_pipeline(config, tmp_path / "run", progress=progress)
+    else:
+        run_pipeline(config, tmp_path / "run", progress=progress)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(INDENT)]
+    assert printed == (CHILD_LINES if progress else [])
+    assert not list(scratch.iterdir()), "the progress file is removed after the step"
+    assert PROGRESS_FILE_VAR not in os.environ

@@ -1,0 +1,145 @@
+"""Progress of long loops: a tqdm bar where the loop runs (a widget in JupyterLab when ipywidgets is installed, text
+otherwise) and, under `workbench run`, lines in the file WORKBENCH_PROGRESS_FILE names, which the pipeline prints.
+
+The step notebooks run in a kernel, a process of their own: the pipeline creates the file and names it in the
+environment before papermill starts the kernel (`ProgressTail`), and `Progress` in the kernel appends to it. Without
+the variable nothing is written anywhere but the bar. Lines are throttled to one per `interval` per bar, plus the
+last one; the time only decides what is shown, never what a loop does.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+PROGRESS_FILE_VAR = "WORKBENCH_PROGRESS_FILE"
+LINE_INTERVAL_S = 1.0  # at most one line per bar this often, plus the last one
+POLL_S = 0.2  # how often the pipeline looks for new lines
+INDENT = "    "
+T = TypeVar("T")
+
+
+class Progress:
+    """`with Progress("repair int8", total=80, unit="candidates") as bar: ... bar.update(1, note="...")` shows
+    `repair int8: 7/80 candidates (note)` as a bar and, when WORKBENCH_PROGRESS_FILE is set, as throttled lines."""
+
+    def __init__(self, label: str, total: int, unit: str, interval: float = LINE_INTERVAL_S) -> None:
+        self.label, self.total, self.unit, self.interval = label, total, unit, interval
+        self.done = 0
+        self.note = ""
+        self._path = os.environ.get(PROGRESS_FILE_VAR) or None
+        self._written: str | None = None
+        self._written_at = 0.0
+        self._bar: Any = None
+
+    def line(self) -> str:
+        return f"{self.label}: {self.done}/{self.total} {self.unit}" + (f" ({self.note})" if self.note else "")
+
+    def __enter__(self) -> Progress:
+        self._bar = _tqdm()(total=self.total, desc=self.label, unit=self.unit)
+        self._write()
+        return self
+
+    def update(self, steps: int = 1, note: str | None = None) -> None:
+        """Count `steps` more done; `note` (kept until the next one) says what was last done or found."""
+        self.done += steps
+        if note is not None:
+            self.note = note
+            self._bar.set_postfix_str(note, refresh=False)
+        self._bar.update(steps)
+        if self.done >= self.total or time.monotonic() - self._written_at >= self.interval:
+            self._write()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._written != self.line():
+            self._write()
+        self._bar.close()
+
+    def _write(self) -> None:
+        """Append the current line to the pipeline's file; a file that is gone (the step ended) ends the lines."""
+        self._written, self._written_at = self.line(), time.monotonic()
+        if self._path is None:
+            return
+        try:
+            handle = os.open(self._path, os.O_WRONLY | os.O_APPEND)  # never creates it: nothing is left behind
+        except OSError:
+            self._path = None
+            return
+        try:
+            os.write(handle, f"{self._written}\n".encode())
+        finally:
+            os.close(handle)
+
+
+def track(items: Collection[T], label: str, unit: str, note: Callable[[T], str] = str) -> Iterator[T]:
+    """Each of `items` in turn, counted in a `Progress` whose note names the item last done."""
+    with Progress(label, total=len(items), unit=unit) as bar:
+        for item in items:
+            yield item
+            bar.update(1, note=note(item))
+
+
+def _tqdm() -> Any:
+    """tqdm.auto's bar, without its warning that ipywidgets is missing (the text bar is fine)."""
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        from tqdm.auto import tqdm
+    return tqdm
+
+
+class ProgressTail:
+    """While active: a new temporary file named in WORKBENCH_PROGRESS_FILE (processes started meanwhile inherit
+    it) and a thread printing each line written to it, indented, above any bar of this process; on exit the last
+    lines are printed, the file is removed (also on an error or interrupt) and the variable is restored."""
+
+    def __init__(self, out: TextIO | None = None, poll: float = POLL_S) -> None:
+        self.out, self.poll = out, poll
+        self.path = Path()
+        self._offset = 0
+        self._previous: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="progress-tail", daemon=True)
+        self._bars: Any = None
+
+    def __enter__(self) -> ProgressTail:
+        self._bars = _tqdm()  # imported here: its warning filter is not for a second thread to change
+        handle, name = tempfile.mkstemp(prefix="workbench-progress-", suffix=".txt")
+        os.close(handle)
+        self.path = Path(name)
+        self._previous = os.environ.get(PROGRESS_FILE_VAR)
+        os.environ[PROGRESS_FILE_VAR] = name
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._stop.set()
+            self._thread.join()
+            self._print_new()
+        finally:
+            self.path.unlink(missing_ok=True)
+            if self._previous is None:
+                os.environ.pop(PROGRESS_FILE_VAR, None)
+            else:
+                os.environ[PROGRESS_FILE_VAR] = self._previous
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll):
+            self._print_new()
+
+    def _print_new(self) -> None:
+        """Print the complete lines written since the last look (a line still being written waits)."""
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            self._bars.write(f"{INDENT}{line}", file=self.out)  # above papermill's bar; None: the current sys.stdout
