@@ -20,7 +20,14 @@ from papermill.exceptions import PapermillExecutionError
 
 from workbench.config import OUTPUTS_VARIABLE, RunConfig
 from workbench.errors import ConfigError
-from workbench.notebook import NOTEBOOKS_DIR, PARAMETERS, config_from, parameters_cell, refuse_unknown_injected
+from workbench.notebook import (
+    NOTEBOOKS_DIR,
+    PARAMETERS,
+    config_from,
+    injected_cell,
+    parameters_cell,
+    refuse_unknown_injected,
+)
 from workbench.steplist import STEPS
 
 DEFAULT_SLUG = RunConfig().model_slug
@@ -66,6 +73,7 @@ def test_an_unknown_injected_parameter_is_refused_with_the_closest_name():
         refuse_unknown_injected([injected, "cfg, record = start(globals())"])
     refuse_unknown_injected(["# Parameters\nprecisions = '[fp32]'\n", "start"])  # known: accepted
     refuse_unknown_injected(["x = 1\n", "start"])  # not papermill's cell (an interactive session): not judged
+    assert injected_cell([parameters_cell(), "start"]) is None  # the notebooks' own parameters cell, run in Lab
     assert {p.name for p in PARAMETERS} >= {"model", "task", "precisions", "batch_max", "sequence_max", "corpus"}
 
 

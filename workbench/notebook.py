@@ -18,11 +18,12 @@ import yaml
 
 from workbench.config import RunConfig, outputs_root
 from workbench.errors import ConfigError
+from workbench.progress import use_text_bars
 from workbench.quiet import quiet_known_warnings
 from workbench.record import RunRecord
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-INJECTED_MARK = "# Parameters"  # the first line of the cell papermill injects after the parameters cell
+INJECTED_MARK = "# Parameters"  # the whole first line of the cell papermill injects after the parameters cell
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def start(namespace: dict[str, Any]) -> tuple[RunConfig, RunRecord]:
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     quiet_known_warnings()
+    if injected_cell(namespace.get("In")) is not None:
+        use_text_bars()  # papermill: the saved notebook keeps a text bar's last state, not a widget's
     refuse_unknown_injected(namespace.get("In"))
     cfg = config_from(namespace)
     run_dir = namespace.get("run_dir")
@@ -106,14 +109,19 @@ def config_from(namespace: dict[str, Any]) -> RunConfig:
     return RunConfig.load(base=data)
 
 
-def refuse_unknown_injected(history: list[str] | None) -> None:
-    """Refuse a parameter papermill injected that no notebook knows (papermill itself only warns).
+def injected_cell(history: list[str] | None) -> str | None:
+    """The cell papermill injected, when it is the one run just before `start` (its first line is INJECTED_MARK)."""
+    if not history or len(history) < 2 or history[-2].split("\n", 1)[0].strip() != INJECTED_MARK:
+        return None
+    return history[-2]
 
-    The cell run just before `start` is papermill's injected cell when it begins with INJECTED_MARK.
-    """
-    if not history or len(history) < 2 or not history[-2].startswith(INJECTED_MARK):
+
+def refuse_unknown_injected(history: list[str] | None) -> None:
+    """Refuse a parameter papermill injected that no notebook knows (papermill itself only warns)."""
+    injected = injected_cell(history)
+    if injected is None:
         return
-    assigned = [t.id for node in ast.parse(history[-2]).body if isinstance(node, ast.Assign)
+    assigned = [t.id for node in ast.parse(injected).body if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(t, ast.Name)]
     unknown = [name for name in assigned if name not in NAMES]
     if unknown:

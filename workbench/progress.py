@@ -22,6 +22,13 @@ LINE_INTERVAL_S = 1.0  # at most one line per bar this often, plus the last one
 POLL_S = 0.2  # how often the pipeline looks for new lines
 INDENT = "    "
 T = TypeVar("T")
+_text_bars = False  # set for headless runs, whose saved notebooks cannot show a widget's final state
+
+
+def use_text_bars() -> None:
+    """Bars as text from now on (papermill runs: the saved notebook keeps a text bar's last state)."""
+    global _text_bars
+    _text_bars = True
 
 
 class Progress:
@@ -85,8 +92,13 @@ def track(items: Collection[T], label: str, unit: str, note: Callable[[T], str] 
 
 
 def _tqdm() -> Any:
-    """tqdm.auto's bar, without its warning that ipywidgets is missing (the text bar is fine)."""
+    """tqdm.auto's bar (text for headless runs), without its warning that ipywidgets is missing."""
     from tqdm import TqdmWarning
+
+    if _text_bars:
+        from tqdm.std import tqdm as text_tqdm
+
+        return text_tqdm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TqdmWarning)
