@@ -26,7 +26,7 @@ demo: env  ## the whole pipeline on the embedded all-MiniLM-L6-v2 (ARGS="--steps
 	$(BIN)/workbench run $(ARGS)
 
 test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
-	$(BIN)/ruff check workbench tests benchmarks
+	$(BIN)/ruff check workbench tests benchmarks docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev

@@ -1,0 +1,84 @@
+"""Screenshots for the README, from a finished run: JupyterLab showing an executed step notebook, and the top of the
+run's report (the recommendation).
+
+    python docs/screenshots.py outputs/<run> [--notebook 03_parity.ipynb]
+
+Needs Debian's Chromium (`apt-get install chromium`) and the `docs` extra (Playwright drives it); writes
+docs/jupyterlab-notebook.png and docs/report-recommendation.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+CHROMIUM = "/usr/bin/chromium"
+# A closed network: no background connections, no first-run work.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1500, "height": 1000}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_lab(root: Path, port: int, token: str) -> subprocess.Popen:
+    """JupyterLab on `root`, 127.0.0.1 only, in its own process group; returns once it answers."""
+    command = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", f"--port={port}",
+               "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    lab = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5)
+            return lab
+        except OSError:
+            if lab.poll() is not None:
+                raise SystemExit(f"JupyterLab exited with status {lab.returncode}")
+            time.sleep(0.5)
+    os.killpg(lab.pid, signal.SIGTERM)
+    raise SystemExit("JupyterLab did not answer within 2 minutes")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run folder with notebooks/ and report.html")
+    parser.add_argument("--notebook", default="03_parity.ipynb", help="executed notebook to show in JupyterLab")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    run = args.run.resolve()
+    port, token = free_port(), secrets.token_hex(16)
+    lab = start_lab(run / "notebooks", port, token)
+    try:
+        with sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/{args.notebook}?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_timeout(5_000)  # let plotly draw the figures in view
+            page.screenshot(path=str(DOCS / "jupyterlab-notebook.png"))
+            page.goto((run / "report.html").as_uri())
+            page.wait_for_selector("table", timeout=60_000)
+            page.screenshot(path=str(DOCS / "report-recommendation.png"))
+            browser.close()
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+    print(f"wrote {DOCS / 'jupyterlab-notebook.png'} and {DOCS / 'report-recommendation.png'}")
+
+
+if __name__ == "__main__":
+    main()
