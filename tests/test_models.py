@@ -2,12 +2,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 
 import pytest
 
 from workbench.config import RunConfig
-from workbench.errors import ModelLoadError, ModelNotFoundError, TokenizerNotFoundError, UnsupportedModelError
+from workbench.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    TokenizerNotFoundError,
+    UnsupportedModelError,
+    ZippedModelError,
+)
 from workbench.models import check_supported, load_model, resolve_source
+from workbench.preflight import preflight
 from workbench.tasks import TASKS
 from workbench.tiny import build_encoder
 
@@ -32,6 +40,46 @@ def test_missing_path_is_model_not_found(name):
 def test_folder_without_config_is_model_not_found(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         resolve_source(str(tmp_path))
+
+
+def test_folder_one_level_above_the_model_names_the_model_folder(tiny_bert, tmp_path):
+    shutil.copytree(tiny_bert, tmp_path / "package" / "model")
+    with pytest.raises(ModelNotFoundError, match="no config.json") as caught:
+        resolve_source(str(tmp_path / "package"))
+    assert caught.value.fix == f"pass the model folder one level down: --model {tmp_path / 'package' / 'model'}"
+
+
+def _zipped(folder, members):
+    """A pip-package-like folder holding the model as all-minilm.zip with `members` (name -> text)."""
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "all-minilm.zip", "w") as archive:
+        for name, text in members.items():
+            archive.writestr(name, text)
+    return folder / "all-minilm.zip"
+
+
+def test_zipped_model_is_refused_in_preflight_and_loader_with_the_extract_command(tmp_path):
+    archive = _zipped(tmp_path / "package", {"model/config.json": "{}", "model/1_Pooling/config.json": "{}",
+                                             "model/model.safetensors": ""})
+    config = RunConfig(model=str(tmp_path / "package"), steps=["export"], output_dir=str(tmp_path / "run"))
+    for check in (preflight, load_model):
+        with pytest.raises(ZippedModelError) as caught:
+            check(config)
+        assert "all-minilm.zip is a zipped model" in caught.value.problem
+        assert "its config.json at model/config.json inside" in caught.value.problem
+        assert caught.value.fix == (f"extract it: `python -m zipfile -e {archive} models/all-minilm`, then pass "
+                                    "--model models/all-minilm/model")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    with pytest.raises(ZippedModelError, match="is a file, not a model folder; it is a zipped model"):
+        resolve_source(str(archive))
+
+
+def test_zip_without_config_says_so(tmp_path):
+    _zipped(tmp_path / "package", {"weights.bin": ""})
+    with pytest.raises(ModelNotFoundError) as caught:
+        resolve_source(str(tmp_path / "package"))
+    assert caught.value.problem.endswith("(no config.json in it); no config.json in all-minilm.zip either")
+    assert not isinstance(caught.value, ZippedModelError) and "save_pretrained()" in caught.value.fix
 
 
 def test_unreachable_hub_id_is_model_not_found():

@@ -23,6 +23,8 @@ def test_step_statuses_and_seconds(tmp_path):
     assert steps["export"]["status"] == "ok" and steps["export"]["seconds"] >= 0
     assert steps["tensorrt"]["status"] == "skipped"
     assert "needs an NVIDIA GPU" in steps["tensorrt"]["reason"]
+    assert RunRecord.load(tmp_path).step_entry("tensorrt").detail == (
+        "building an engine needs an NVIDIA GPU; `workbench doctor` shows what this machine can run")
     assert steps["optimize"]["status"] == "failed" and steps["optimize"]["error"] == "ValueError: boom"
 
 

@@ -1,4 +1,5 @@
-"""`workbench` command line: run the pipeline, show the configuration, list the steps, serve a deployment."""
+"""`workbench` command line: run the pipeline, show the configuration, list the steps, check what this machine can
+run, serve a deployment."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ import yaml
 
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, RunInterruptedError, WorkbenchError
+from workbench.pins import project_version
 from workbench.record import RunRecord
 from workbench.steplist import STEPS
 from workbench.triton.server import HOST
@@ -63,6 +65,30 @@ def _list_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from workbench.doctor import run_checks, step_support
+
+    findings = run_checks()
+    print(f"workbench {project_version()}: what this machine has")
+    for finding in findings:
+        print(f"  {finding.line()}")
+    print("steps")
+    for support in step_support(findings):
+        print(f"  {support.line()}")
+    return 0
+
+
+def _run_epilog() -> str:
+    """`run --help`'s closing text: the steps (from the step list) and two typical commands."""
+    steps = "\n".join(f"  {step.name:12s} {step.summary}" for step in STEPS)
+    return (f"steps, in run order (--steps takes any of them, comma-separated):\n{steps}\n\n"
+            "examples:\n"
+            "  workbench run --steps export,optimize\n"
+            "      the embedded all-MiniLM-L6-v2: export it to ONNX and optimize it, in outputs/<timestamp>-<model>\n"
+            "  workbench run --resume --output-dir outputs/<run> --steps tensorrt\n"
+            "      on an NVIDIA GPU host: build the TensorRT engines of a run made on another machine")
+
+
 def _install_perf_analyzer(args: argparse.Namespace) -> int:
     from workbench.perf_analyzer import install_perf_analyzer
 
@@ -98,8 +124,10 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {project_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the step notebooks through papermill and write run.json")
+    run = sub.add_parser("run", help="run the step notebooks through papermill and write run.json",
+                         epilog=_run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _config_args(run)
     run.add_argument("--overwrite", action="store_true", help="reuse an output dir that already holds files")
     run.add_argument("--resume", action="store_true",
@@ -110,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(show)
     show.set_defaults(func=_show_config)
     sub.add_parser("steps", help="list the pipeline steps").set_defaults(func=_list_steps)
+    sub.add_parser("doctor", help="what this machine can run and why not: GPU, ONNX Runtime providers, TensorRT, "
+                   "tritonserver, perf_analyzer, libraries, with versions").set_defaults(func=_doctor)
     sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/, and a "
                    "perf_analyzer wrapper in bin/)").set_defaults(func=_install_perf_analyzer)
     serve = sub.add_parser("serve", help="serve a run's model repository on tritonserver until Ctrl-C, SIGTERM or "

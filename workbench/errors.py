@@ -1,6 +1,8 @@
 """Typed errors: each names what was wrong and what to do about it."""
 from __future__ import annotations
 
+DOCTOR_HINT = "`workbench doctor` shows what this machine can run"
+
 
 class WorkbenchError(Exception):
     """Base of every error the workbench raises on purpose."""
@@ -8,7 +10,11 @@ class WorkbenchError(Exception):
     def __init__(self, problem: str, fix: str) -> None:
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{problem}\n  fix: {fix}")
+        super().__init__(f"{self.headline()}\n  fix: {fix}")
+
+    def headline(self) -> str:
+        """The message's first line, the one that one-line summaries (`workbench run`'s step table) show."""
+        return self.problem
 
 
 class ConfigError(WorkbenchError):
@@ -17,6 +23,10 @@ class ConfigError(WorkbenchError):
 
 class ModelNotFoundError(WorkbenchError):
     """The model path or id cannot be found."""
+
+
+class ZippedModelError(ModelNotFoundError):
+    """The model path holds the model as a zip (as some pip packages ship one) instead of a model folder."""
 
 
 class TokenizerNotFoundError(WorkbenchError):
@@ -59,11 +69,18 @@ class RunInterruptedError(WorkbenchError):
         self.signum = signum
 
 
-class DependencyMissingError(StepSkipped):
+class MissingHereError(StepSkipped):
+    """This machine lacks what the operation needs (a GPU, a package, a tool); its message names `workbench doctor`."""
+
+    def headline(self) -> str:
+        return f"{self.problem}; {DOCTOR_HINT}"
+
+
+class DependencyMissingError(MissingHereError):
     """An optional dependency (tensorrt, ctranslate2, ...) is not installed."""
 
 
-class GpuRequiredError(StepSkipped):
+class GpuRequiredError(MissingHereError):
     """The operation needs an NVIDIA GPU and none was found."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import shlex
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from workbench.config import RunConfig
@@ -15,6 +17,7 @@ from workbench.errors import (
     TokenizerNotFoundError,
     UnsupportedModelError,
     WorkbenchError,
+    ZippedModelError,
 )
 from workbench.tasks import INPUT_NAMES, TASKS, Task
 
@@ -47,10 +50,7 @@ def resolve_source(model: str) -> ModelSource:
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
-            raise ModelNotFoundError(
-                f"{path} is not a model folder (no config.json in it)",
-                "pass a folder written by save_pretrained(), holding config.json, weights and tokenizer files",
-            )
+            raise not_a_model_folder(path)
         return ModelSource("local", str(path.resolve()))
     if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1:
         raise ModelNotFoundError(f"model path {model} does not exist", "check the path, or pass a hub id like org/name")
@@ -58,6 +58,43 @@ def resolve_source(model: str) -> ModelSource:
         module = importlib.import_module(EMBEDDED_MODELS[model])
         return ModelSource("embedded", str(module.get_model_path()))
     return ModelSource("hub", model)
+
+
+def not_a_model_folder(path: Path) -> ModelNotFoundError:
+    """Why `path` (no config.json) is not a model folder, and what to pass instead: the extracted zip for a zipped
+    model (some pip packages ship one), the folder one level down, or a save_pretrained() folder."""
+    if path.is_dir():
+        problem, archives = f"{path} is not a model folder (no config.json in it)", sorted(path.glob("*.zip"))
+    else:
+        problem, archives = f"{path} is a file, not a model folder", [path]
+    archives = [archive for archive in archives if zipfile.is_zipfile(archive)]
+    for archive in archives:
+        inner = zipped_config(archive)
+        if inner:
+            dest = Path("models") / archive.stem
+            model_dir = dest / PurePosixPath(inner).parent
+            return ZippedModelError(
+                f"{problem}; {archive.name if archive != path else 'it'} is a zipped model, its config.json at "
+                f"{inner} inside",
+                f"extract it: `python -m zipfile -e {shlex.quote(str(archive.resolve()))} {shlex.quote(str(dest))}`, "
+                f"then pass --model {shlex.quote(str(model_dir))}",
+            )
+    if archives:
+        problem += f"; no config.json in {', '.join(archive.name for archive in archives)} either"
+    nested = sorted(path.glob("*/config.json")) if path.is_dir() else []
+    fix = (f"pass the model folder one level down: --model {shlex.quote(str(nested[0].parent))}" if nested else
+           "pass a folder written by save_pretrained(), holding config.json, weights and tokenizer files")
+    return ModelNotFoundError(problem, fix)
+
+
+def zipped_config(archive: Path) -> str | None:
+    """The path inside `archive` of its top-most config.json; None when it holds none or cannot be read."""
+    try:
+        with zipfile.ZipFile(archive) as handle:
+            found = [name for name in handle.namelist() if PurePosixPath(name).name == "config.json"]
+    except (zipfile.BadZipFile, OSError):
+        return None
+    return min(found, key=lambda name: (name.count("/"), name)) if found else None
 
 
 @dataclass

@@ -34,3 +34,11 @@ def pin(name: str) -> str:
         return requirements[_normalized(name)]
     except KeyError:
         raise KeyError(f"{name} is not a requirement of {PROJECT} (pyproject.toml)") from None
+
+
+def project_version() -> str:
+    """The installed workbench's version (pyproject.toml's, through the distribution metadata)."""
+    try:
+        return metadata.version(PROJECT)
+    except metadata.PackageNotFoundError:
+        return f"unknown ({PROJECT} is not installed: pip install -e .)"

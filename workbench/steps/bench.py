@@ -8,7 +8,7 @@ from typing import Any
 from workbench.batches import corpus_batches
 from workbench.config import RunConfig
 from workbench.data import load_corpus
-from workbench.errors import TritonNotFoundError
+from workbench.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.latency import corpus_rates, run_latency_benchmark
 from workbench.record import RunRecord, StepEntry
 from workbench.runners.onnxruntime import OrtRunner, providers_for
@@ -29,7 +29,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     except TritonNotFoundError as missing:
         return {"skipped": str(missing)}
     if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
-        return {"skipped": f"the {plan.flavor} flavor needs NVIDIA's Triton container"}
+        return {"skipped": f"the {plan.flavor} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
     texts, tokenizer = list(load_corpus(config.corpus)), record.tokenizer()
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor != "tensorrt_plan":

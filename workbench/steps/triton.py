@@ -6,7 +6,7 @@ from typing import Any
 
 from workbench.config import RunConfig
 from workbench.data import load_corpus
-from workbench.errors import StepSkipped, UnverifiedError
+from workbench.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.lab import ParityLab
 from workbench.models import LoadedModel, load_model
 from workbench.progress import track
@@ -27,9 +27,10 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                     repository: Path, loaded: LoadedModel) -> dict[str, Any]:
     binary = find_tritonserver()
     if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
-        raise StepSkipped(f"the {plan.flavor} flavor needs Triton's {plan.flavor} backend; the tritonserver bundled "
-                          "in nvidia-pytriton has only the Python backend",
-                          "serve it from NVIDIA's container (triton/docker_run.sh), or use -p triton.flavor=python-ort")
+        raise DependencyMissingError(f"the {plan.flavor} flavor needs Triton's {plan.flavor} backend; the "
+                                     "tritonserver bundled in nvidia-pytriton has only the Python backend",
+                                     "serve it from NVIDIA's container (triton/docker_run.sh), or use "
+                                     "-p triton.flavor=python-ort")
     texts = load_corpus(config.corpus)
     lab = ParityLab.corpus_only(config, loaded, texts)
     outputs = [o.name for o in plan.outputs]

@@ -1,0 +1,67 @@
+"""The command line's own answers: --version, run --help, and `workbench doctor` on this machine."""
+from __future__ import annotations
+
+import re
+import shutil
+from importlib import metadata
+
+import pytest
+
+from workbench.cli import main
+from workbench.doctor import GPU, STEP_NEEDS, Finding, run_checks, step_support
+from workbench.environment import gpu_name, package_version
+from workbench.pins import PROJECT
+from workbench.steplist import STEP_NAMES
+
+needs_no_gpu = pytest.mark.skipif(gpu_name() is not None, reason="checks what doctor says on machines without a GPU")
+
+
+def test_version_is_the_installed_distribution_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"workbench {metadata.version(PROJECT)}\n"
+
+
+def test_run_help_lists_every_step_and_two_examples(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"^  (\w+) +\S", out.split("steps, in run order")[1].split("examples:")[0], re.MULTILINE)
+    assert tuple(listed) == STEP_NAMES
+    assert "workbench run --steps export,optimize" in out
+    assert "workbench run --resume --output-dir outputs/<run> --steps tensorrt" in out
+
+
+@needs_no_gpu
+def test_doctor_reports_what_this_machine_lacks_and_has(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  tensorrt +skipped here: needs an NVIDIA GPU$", out, re.MULTILINE)
+    assert re.search(r"^  report +runs here$", out, re.MULTILINE)
+    found = {finding.name: finding for finding in run_checks()}
+    assert {name for needs in STEP_NEEDS.values() for name in needs} <= set(found)
+    assert len(re.findall(r"^  \S.* (found|missing) ", out, re.MULTILINE)) == len(found)
+    assert not found[GPU].available and found[GPU].fix.startswith("needs an NVIDIA GPU")
+    cuda = found["onnxruntime CUDA EP"]
+    assert not cuda.available and "CUDAExecutionProvider" in cuda.reason and "needs an NVIDIA GPU" in cuda.fix
+    assert found["onnxruntime CPU EP"].available
+    tensorrt = found["tensorrt"]
+    assert not tensorrt.available and tensorrt.reason == "not installed" and "[gpu]" in tensorrt.fix
+    triton = found["tritonserver"]
+    assert triton.available and triton.version
+    if shutil.which("tritonserver") is None:  # the server bundled in the nvidia-pytriton wheel
+        assert triton.version == f"nvidia-pytriton {package_version('nvidia-pytriton')}"
+    assert found["torch"].version == package_version("torch")
+
+
+def test_steps_need_known_checks_and_a_missing_gpu_is_named_first():
+    assert tuple(STEP_NEEDS) == STEP_NAMES
+    findings = [Finding(name, True, "1") for name in {n for needs in STEP_NEEDS.values() for n in needs}]
+    lacking = {"tritonserver", GPU, "tensorrt"}
+    support = {s.step: s for s in step_support([f for f in findings if f.name not in lacking] +
+                                               [Finding(name, False, reason="absent", fix="x") for name in lacking])}
+    assert support["tensorrt"].reason == "needs an NVIDIA GPU" and not support["tensorrt"].runs
+    assert support["triton"].reason == "needs tritonserver" and support["generation"].reason == "needs tritonserver"
+    assert [s for s, entry in support.items() if entry.runs] == ["export", "optimize", "parity", "bench", "report"]
