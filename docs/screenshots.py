@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -33,10 +35,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_lab(root: Path, port: int, token: str) -> subprocess.Popen:
-    """JupyterLab on `root`, 127.0.0.1 only, in its own process group; returns once it answers."""
+def start_lab(root: Path, port: int, token: str, state: Path) -> subprocess.Popen:
+    """JupyterLab on `root`, 127.0.0.1 only, with fresh workspace state under `state`, in its own process group;
+    returns once it answers."""
     command = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", f"--port={port}",
-               "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+               "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+               f"--LabApp.workspaces_dir={state}"]
     if os.geteuid() == 0:
         command.append("--allow-root")
     lab = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -61,13 +65,20 @@ def main() -> None:
 
     run = args.run.resolve()
     port, token = free_port(), secrets.token_hex(16)
-    lab = start_lab(run / "notebooks", port, token)
+    state = Path(tempfile.mkdtemp(prefix="workbench-lab-"))
+    lab = start_lab(run / "notebooks", port, token, state)
     try:
         with sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport=VIEWPORT)
             page.goto(f"http://127.0.0.1:{port}/lab/tree/{args.notebook}?token={token}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_timeout(5_000)
+            for answer in ("No Kernel", "No"):  # a kernel is not needed to show outputs; no news feed either
+                button = page.get_by_role("button", name=answer, exact=True)
+                if button.count():
+                    button.first.click()
+            page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()  # the verdict line
             page.wait_for_timeout(5_000)  # let plotly draw the figures in view
             page.screenshot(path=str(DOCS / "jupyterlab-notebook.png"))
             page.goto((run / "report.html").as_uri())
@@ -77,6 +88,7 @@ def main() -> None:
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
+        shutil.rmtree(state, ignore_errors=True)
     print(f"wrote {DOCS / 'jupyterlab-notebook.png'} and {DOCS / 'report-recommendation.png'}")
 
 
