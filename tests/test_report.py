@@ -330,3 +330,14 @@ def test_cpu_features_name_the_int8_instructions():
     assert cpu_features({"avx2", "fma", "sse4_2"}) == {"flags": ["avx2", "fma"], "int8_dot_product": None}
     assert cpu_features({"avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_tile"})["int8_dot_product"] == "AMX"
     assert cpu_features({"avx2", "avx_vnni"})["int8_dot_product"] == "AVX-VNNI"
+
+
+def test_the_recommendation_shows_how_many_neighbours_it_keeps():
+    from workbench.recommend import candidates, pick
+
+    verdict = _verdict("int8", 0.9903)
+    verdict["outputs"]["sentence_embedding"]["retrieval"] = {"texts": 320, "agreement_at_1": 0.95,
+                                                             "recall_at_10": 0.97, "spearman": 0.998}
+    cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
+    choice = pick("latency", 1, 16, candidates(cell, {"int8_repaired": verdict}), "AMX")
+    assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")

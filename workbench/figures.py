@@ -60,9 +60,18 @@ def parity_table(results: dict[str, Any]) -> go.Figure:
             rows.append([variant, result["precision"], name, "pass" if out["passed"] else "FAIL",
                          f"{out['max_abs']:.2e}", f"{out['mean_abs']:.2e}",
                          f"{out['min_cosine']:.6f}" if "min_cosine" in out else "",
-                         f"{out['agreement']:.4f}" if "agreement" in out else "", "; ".join(out["failures"])])
-    header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement", "why"]
+                         f"{out['agreement']:.4f}" if "agreement" in out else "", _retrieval_cell(out),
+                         "; ".join(out["failures"])])
+    header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement",
+              "neighbours (agreement@1 / recall@10 / Spearman)", "why"]
     return _table("Parity against PyTorch fp32 (padded positions excluded)", header, rows)
+
+
+def _retrieval_cell(out: dict[str, Any]) -> str:
+    retrieval = out.get("retrieval")
+    if not retrieval:
+        return ""
+    return f"{retrieval['agreement_at_1']:.3f} / {retrieval['recall_at_10']:.3f} / {retrieval['spearman']:.4f}"
 
 
 def error_distribution(results: dict[str, Any]) -> go.Figure:
@@ -101,7 +110,7 @@ def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
         figure.add_scatter(name="passes" if passed else "fails", mode="markers",
                            x=[c["latency_ms"] for c in group], y=[c.get(metric) for c in group],
                            marker={"size": [6 + len(c["blocked"]) for c in group]},
-                           hovertext=[f"{len(c['blocked'])} nodes kept in fp32" for c in group])
+                           hovertext=[f"{len(c['blocked'])} nodes kept in fp32{_retrieval_note(c)}" for c in group])
     for label, entry in (("chosen", repair.get("chosen")), ("before repair", repair.get("before"))):
         if entry:
             figure.add_scatter(name=label, mode="markers", x=[entry["latency_ms"]], y=[entry.get(metric)],
@@ -110,6 +119,12 @@ def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
                          xaxis_title=f"latency (ms) at batch x sequence {repair.get('latency_feed')}",
                          yaxis_title=f"{metric.replace('_', ' ')} on the hard texts (marker size: nodes kept in fp32)")
     return figure
+
+
+def _retrieval_note(entry: dict[str, Any]) -> str:
+    retrieval = entry.get("retrieval")
+    return (f"; agreement@1 {retrieval['agreement_at_1']:.3f}, recall@10 {retrieval['recall_at_10']:.3f}"
+            if retrieval else "")
 
 
 def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:

@@ -207,7 +207,9 @@ def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.cell, "variant": choice.variant or "none",
                      "speedup": f"{choice.speedup:.3g}x" if found else "",
-                     "gate": f"{choice.gate} on {choice.gate.output}" if choice.gate else "",
+                     "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
+                     + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "
+                        f"top-10 {choice.retrieval['recall_at_10']:.1%}" if choice.retrieval else ""),
                      "why": choice.reason + ("" if found else f"; run {_fill(record, ','.join(choice.steps))}.")})
     return rows
 

@@ -59,6 +59,7 @@ class Candidate:
     gate: Gate | None
     failures: tuple[str, ...]
     precision: str | None = None
+    retrieval: dict[str, float] | None = None  # embeddings: nearest-neighbour agreement with PyTorch
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Recommendation:
     gate: Gate | None = None
     reason: str = ""
     steps: tuple[str, ...] = ()
+    retrieval: dict[str, float] | None = None
 
     @property
     def margin(self) -> float | None:
@@ -94,7 +96,9 @@ class Recommendation:
             return f"{self.goal}: nothing to recommend: {self.reason}; run --steps {','.join(self.steps)}"
         gate = str(self.gate) if self.gate else "parity passed"
         pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
-        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.cell}, {gate}"
+        neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"
+                      if self.retrieval else "")
+        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.cell}, {gate}{neighbours}"
 
 
 def gate(verdict: dict[str, Any]) -> Gate | None:
@@ -121,8 +125,9 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> lis
         if verdict is None:
             measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
         else:
+            retrieval = next((o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o), None)
             measured.append(Candidate(name, stats["speedup"], bool(verdict["passed"]), gate(verdict),
-                                      tuple(verdict["failures"]), verdict.get("precision")))
+                                      tuple(verdict["failures"]), verdict.get("precision"), retrieval))
     return measured
 
 
@@ -152,7 +157,8 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_d
         best = fp32
     if best.speedup < 1:
         reason += "; slower than PyTorch eager"
-    return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason)
+    return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason,
+                          retrieval=best.retrieval)
 
 
 def recommend(record: RunRecord) -> list[Recommendation]:

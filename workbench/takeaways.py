@@ -42,7 +42,8 @@ def _parity(record: RunRecord) -> list[str]:
     verdicts = record.metric("parity.variants") or {}
     passed = [name for name, v in verdicts.items() if v["passed"]]
     lines = [f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
-    lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}" for name, v in verdicts.items()]
+    lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
+              for name, v in verdicts.items()]
     for precision, outcome in (record.metric("parity.repair") or {}).items():
         chosen = outcome.get("chosen")
         if outcome["outcome"] == "repaired" and chosen:
@@ -51,6 +52,11 @@ def _parity(record: RunRecord) -> list[str]:
         else:
             lines.append(f"{precision} repair: {outcome['outcome']}")
     return lines
+
+
+def _neighbours(verdict: dict[str, Any]) -> str:
+    retrieval = next((o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o), None)
+    return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
 def _tensorrt(record: RunRecord) -> list[str]:

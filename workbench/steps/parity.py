@@ -78,7 +78,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
     def summarize(result: dict[str, Any]) -> dict[str, Any]:
         primary = result["outputs"][lab.primary.name]
         return {"failures": result["failures"],
-                **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss") if k in primary}}
+                **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss", "retrieval") if k in primary}}
 
     search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
                           summarize, bar)
