@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workbench.compare import raise_if_failed
@@ -106,6 +107,43 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
     assert all(c["latency_ms"] > 0 for c in repair["candidates"])
+    # The kept MatMuls tried as 8-bit block-quantized weights instead of fp32: every recipe recorded, won or lost.
+    fp32_only = min((c for c in repair["candidates"] if c["passed"] and len(c["blocked"]) < repair["units"]),
+                    key=lambda c: (c["fp32_cost"], len(c["blocked"])))
+    recipes = repair["recipes"]
+    if any(unit.endswith("MatMul") for unit in fp32_only["blocked"]):
+        assert {int(r["recipe"].split("block-")[1].split(" ")[0]) for r in recipes} == {16, 32, 128}
+    else:
+        assert recipes == []  # nothing the recipes could quantize instead
+    assert all(r["build_seconds"] > 0 and "path" not in r for r in recipes)
+    winner = next((r for r in recipes if r["passed"]), None)
+    if winner is not None:  # a passing recipe keeps fewer weights in fp32, so it is the repair
+        assert repair["chosen"] == winner and winner["blockwise"]
+        assert record.data["artifacts"]["onnx.int8_repaired"]["blocked"] == winner["blocked"]
+    assert not (tmp_path / "run" / "repair").exists() or not any((tmp_path / "run" / "repair").rglob("*.onnx"))
+
+
+def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models, tmp_path):
+    import onnxruntime
+
+    from workbench import onnxfiles
+    from workbench.data import encode, load_corpus
+    from workbench.variants import quantize_int8_blockwise
+
+    record, results = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
+    fp32 = record.artifact("onnx.fp32")
+    matmuls = [n.name for n in onnxfiles.load(fp32).graph.node if n.op_type == "MatMul"]
+    dest = tmp_path / "blockwise.onnx"
+    quantize_int8_blockwise(fp32, dest, True, matmuls, matmuls, 16, 4)
+    ops = onnxfiles.op_counts(onnxfiles.load(dest))
+    assert ops.get("MatMulNBits") == len(matmuls) > 0 and "MatMul" not in ops
+    names = [i.name for i in onnxruntime.InferenceSession(str(fp32)).get_inputs()]
+    feed = encode(record.tokenizer(), list(load_corpus()[:8]), names, max_length=64)  # real text, mixed lengths
+    want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
+    got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
+    cosine = np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() > 0.999  # 8-bit weights in blocks of 16: close to fp32, not equal
+    assert not np.array_equal(got, want)
 
 
 @contextmanager
@@ -130,8 +168,9 @@ def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_pa
         repair = record.data["metrics"]["parity"]["repair"]["int8"]
         assert repair["outcome"] == "repaired"
         chosen.append(repair["chosen"]["blocked"])
-        costs = {tuple(c["blocked"]): c["fp32_cost"] for c in repair["candidates"] if c["passed"]}
-        assert repair["chosen"]["fp32_cost"] == min(c for b, c in costs.items() if len(b) < repair["units"])
+        costs = [c["fp32_cost"] for c in repair["candidates"] + repair.get("recipes", [])
+                 if c["passed"] and len(c["blocked"]) < repair["units"]]
+        assert repair["chosen"]["fp32_cost"] == min(costs)
     assert chosen[0] == chosen[1]
 
 

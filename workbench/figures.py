@@ -111,6 +111,12 @@ def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
                            x=[c["latency_ms"] for c in group], y=[c.get(metric) for c in group],
                            marker={"size": [6 + len(c["blocked"]) for c in group]},
                            hovertext=[f"{len(c['blocked'])} nodes kept in fp32{_retrieval_note(c)}" for c in group])
+    recipes = repair.get("recipes", [])
+    if recipes:
+        figure.add_scatter(name="8-bit block-wise MatMuls", mode="markers", marker={"symbol": "diamond", "size": 12},
+                           x=[r["latency_ms"] for r in recipes], y=[r.get(metric) for r in recipes],
+                           hovertext=[f"{r['recipe']}: {'passes' if r['passed'] else 'fails'}{_retrieval_note(r)}"
+                                      for r in recipes])
     for label, entry in (("chosen", repair.get("chosen")), ("before repair", repair.get("before"))):
         if entry:
             figure.add_scatter(name=label, mode="markers", x=[entry["latency_ms"]], y=[entry.get(metric)],

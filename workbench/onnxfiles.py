@@ -93,6 +93,12 @@ def save(model: Any, dest: Path | str) -> Path:
     return Path(dest)
 
 
+def remove(path: Path) -> None:
+    """Delete an ONNX file and its external-data file, if there."""
+    path.unlink(missing_ok=True)
+    Path(f"{path}.data").unlink(missing_ok=True)
+
+
 def op_counts(model: Any) -> dict[str, int]:
     """Node count per op type in the main graph."""
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))

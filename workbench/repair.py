@@ -128,15 +128,15 @@ class RepairSearch:
         better = self.is_repair(candidate) and (best is None or self._rank(candidate) < self._rank(best))
         if better:
             if self.best:
-                _remove_onnx(self.best[1])
+                onnxfiles.remove(self.best[1])
             self.best = (candidate, path)
         else:
-            _remove_onnx(path)
+            onnxfiles.remove(path)
 
     def discard(self) -> None:
         """Remove every candidate file still on disk (the best one too)."""
         if self.best:
-            _remove_onnx(self.best[1])
+            onnxfiles.remove(self.best[1])
         self.best = None
         for path in self.workdir.glob("candidate-*.onnx*"):
             path.unlink(missing_ok=True)
@@ -150,11 +150,6 @@ class RepairSearch:
 
 class _BudgetSpent(Exception):
     pass
-
-
-def _remove_onnx(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    Path(f"{path}.data").unlink(missing_ok=True)
 
 
 def run_search(search: RepairSearch) -> dict[str, Any]:

@@ -63,6 +63,20 @@ def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: l
     return onnxfiles.load(dest, load_external_data=False)
 
 
+def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str],
+                            blockwise: list[str], block_size: int, accuracy_level: int) -> Any:
+    """Dynamic int8 except `nodes_to_exclude`; of those, the MatMuls in `blockwise` get 8-bit block-quantized weights
+    (ONNX Runtime's MatMulNBits; activations stay fp32, `accuracy_level` 4 computes in int8) instead of fp32 ones."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantize_int8(fp32, dest, per_channel, nodes_to_exclude)
+    quantizer = MatMulNBitsQuantizer(onnxfiles.load(dest), bits=8, block_size=block_size, is_symmetric=True,
+                                     accuracy_level=accuracy_level, nodes_to_include=blockwise)
+    quantizer.process()
+    onnxfiles.save(quantizer.model.model, dest)
+    return quantizer.model.model
+
+
 def infer_shapes(original: Path, dest: Path) -> Any:
     """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference

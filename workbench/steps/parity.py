@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,15 @@ from workbench.record import RunRecord, StepEntry
 from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.timing import median_ms
-from workbench.variants import convert_fp16, quantize_int8
+from workbench.variants import convert_fp16, quantize_int8, quantize_int8_blockwise
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
 HARD_TEXTS = 16  # worst texts per output whose batches the repair search checks candidates on
 REPAIR_ROUNDS = 3
+# Recipes tried on an int8 repair's MatMuls instead of fp32: 8-bit block-quantized weights (MatMulNBits) with these
+# block sizes, accuracy level 4 (int8 compute). Smaller blocks follow the weights more closely.
+BLOCKWISE_RECIPES = ((16, 4), (32, 4), (128, 4))
 
 
 def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab) -> RepairProblem:
@@ -102,16 +106,59 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
         result["checked_batches"] = len(checks.batches)
         if search.best is not None:
             candidate, path = search.best
+            blocked = list(candidate.blocked)
+            if precision == "int8":
+                result["recipes"] = blockwise_recipes(config, fp32, search, assess, summarize, lab)
+                winner = next((r for r in result["recipes"] if r["passed"]), None)
+                if winner is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
+                    result["chosen"], path, blocked = winner, Path(winner.pop("path")), winner["blocked"]
             dest = record.run_dir / "onnx" / f"{precision}_repaired.onnx"
             onnxfiles.save(onnxfiles.load(path), dest)
+            onnxfiles.remove(path)
             record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
-                                precision=precision, blocked=list(candidate.blocked))
+                                precision=precision, blocked=blocked)
     finally:
         search.discard()  # no candidate file outlives the step, even when it is interrupted
     baseline = search.candidates.get(frozenset())
     result["before"] = baseline.record() if baseline else None
     result["latency_feed"] = list(batch.shape)
     return result
+
+
+def blockwise_recipes(config: RunConfig, fp32: Path, search: RepairSearch, assess: Any, summarize: Any,
+                      lab: ParityLab) -> list[dict[str, Any]]:
+    """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
+    on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;
+    passing ones come first, fewest fp32 weight elements first (from the graph), and only the first one's file is
+    kept (its "path"). None when the repair kept no MatMul in fp32."""
+    chosen = search.best[0]
+    graph = onnxfiles.load(fp32, load_external_data=False)
+    matmuls = [n.name for n in graph.graph.node if n.name in chosen.blocked and n.op_type == "MatMul"]
+    if not matmuls:
+        return []
+    still_fp32 = tuple(u for u in chosen.blocked if u not in matmuls)
+    recipes = []
+    for block, level in BLOCKWISE_RECIPES:
+        path = search.workdir / f"candidate-blockwise-{block}.onnx"  # removed with the candidates if interrupted
+        start = time.perf_counter()
+        quantize_int8_blockwise(fp32, path, config.int8_per_channel,
+                                config.int8_nodes_to_exclude + list(chosen.blocked), matmuls, block, level)
+        seconds = time.perf_counter() - start
+        result, latency_ms = assess(path)
+        if result["passed"]:
+            with _runner("int8", path, config) as runner:
+                result = lab.compare(runner, "int8")
+        recipes.append({"recipe": f"{len(matmuls)} MatMuls as 8-bit block-{block} weights (MatMulNBits, accuracy "
+                                  f"level {level})", "blocked": list(still_fp32), "blockwise": matmuls,
+                        "passed": result["passed"], "violation": result["violation"], "checked_on": (
+                            "full lab" if result["passed"] else "the search's batches"),
+                        "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3),
+                        **summarize(result), "fp32_cost": search.cost(still_fp32), "path": str(path)})
+    recipes.sort(key=lambda r: (not r["passed"], r["fp32_cost"], r["violation"]))
+    for index, recipe in enumerate(recipes):
+        if index > 0 or not recipe["passed"]:
+            onnxfiles.remove(Path(recipe.pop("path")))
+    return recipes
 
 
 def _runner(name: str, path: Path, config: RunConfig) -> OrtRunner:
