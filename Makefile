@@ -8,8 +8,6 @@ ARGS ?=
 # Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
-# Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
-LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: env demo test test-gpu lab bench clean
 

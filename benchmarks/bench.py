@@ -8,7 +8,7 @@ host's CPU features, then, each against its target (targets for this kind of 2-c
      in the same run, at (b1,s16), (b1,s128), (b8,s128); the best that passes parity against the share-of-peak
      targets (any host) and the speedup targets (hosts with int8 dot-product instructions);
   2. the recommended variant per cell and why (hardware-aware: int8 only where it is meaningfully faster here), and
-     the retrieval agreement of every int8 variant (nearest neighbours under the variant vs PyTorch);
+     the neighbour agreement of every int8 variant (nearest neighbours under the variant vs PyTorch);
   3. served p50 at concurrency 1 (one ~16-token text per request) over the in-process p50 of the same variant;
   4. served throughput with dynamic batching over without, at concurrency 16;
   5. serving efficiency: served throughput at concurrency 16 on corpus texts over the in-process throughput of the
@@ -127,7 +127,7 @@ def main() -> None:
         if int8:
             line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
         print(line)
-    print("\n2. recommended (fastest passing; int8 only where >= 1.2x fp32 here):")
+    print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
     for cell in CELLS:
         choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")

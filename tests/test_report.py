@@ -341,3 +341,14 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
     cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
     choice = pick("latency", 1, 16, candidates(cell, {"int8_repaired": verdict}), "AMX")
     assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
+
+
+def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
+    """The trial's b8 s128 medians on a busy host: fp16 99.3 ms, int8_repaired 102.5 ms, fp32 110.4 ms."""
+    from workbench.recommend import Candidate, pick
+
+    table = {"fp16": (99.3, "fp16"), "int8_repaired": (102.5, "int8"), "fp32": (110.4, "fp32")}
+    measured = [Candidate(name, 459.0 / ms, True, None, (), precision) for name, (ms, precision) in table.items()]
+    choice = pick("throughput", 8, 128, measured, int8_dot_product="AVX-512 VNNI")
+    assert choice.variant == "fp32"
+    assert choice.reason.startswith("fp16 is only 1.11x fp32 here (under 1.2x)")

@@ -210,7 +210,8 @@ def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
                      "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
                      + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "
                         f"top-10 {choice.retrieval['recall_at_10']:.1%}" if choice.retrieval else ""),
-                     "why": choice.reason + ("" if found else f"; run {_fill(record, ','.join(choice.steps))}.")})
+                     "why": choice.reason + ("" if found else f"; run {_fill(record, ','.join(choice.steps))}.")
+                     + _served_differs(record, choice.variant)})
     return rows
 
 
@@ -220,6 +221,15 @@ def _features(env: dict[str, Any]) -> str:
     if features is None:
         return ""
     return f"; {' '.join(features['flags']) or 'no AVX2'}; int8 dot product: {features['int8_dot_product'] or 'none'}"
+
+
+def _served_differs(record: RunRecord, variant: str | None) -> str:
+    """A note when Triton serves another variant than the one recommended (the triton step chose before bench)."""
+    deployment = record.deployment()
+    if variant is None or deployment is None or deployment["variant"] == variant:
+        return ""
+    return (f". Triton serves {deployment['variant']} (the triton step's order, chosen before bench measured); to "
+            f"serve {variant}: {_fill(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
 
 
 def build_report(record: RunRecord, dest: Path) -> Path:

@@ -53,7 +53,10 @@ def resolve_source(model: str) -> ModelSource:
             raise not_a_model_folder(path)
         return ModelSource("local", str(path.resolve()))
     if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1:
-        raise ModelNotFoundError(f"model path {model} does not exist", "check the path, or pass a hub id like org/name")
+        where = "" if Path(model).is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        raise ModelNotFoundError(f"model path {model} does not exist{where}",
+                                 "check the path (an absolute one works from anywhere, a notebook's working directory "
+                                 "is its own folder), or pass a hub id like org/name")
     if model in EMBEDDED_MODELS:
         module = importlib.import_module(EMBEDDED_MODELS[model])
         return ModelSource("embedded", str(module.get_model_path()))

@@ -21,6 +21,7 @@ from workbench.errors import ConfigError
 from workbench.progress import use_text_bars
 from workbench.quiet import quiet_known_warnings
 from workbench.record import RunRecord
+from workbench.tasks import TASKS
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 INJECTED_MARK = "# Parameters"  # the whole first line of the cell papermill injects after the parameters cell
@@ -48,7 +49,7 @@ class Parameter:
 
 PARAMETERS = (
     Parameter("model", "model", "str", "HF model id or local folder; the default is embedded in a pip package"),
-    Parameter("task", "task", "str", "feature-extraction, text-classification, token-classification, ..."),
+    Parameter("task", "task", "str", ", ".join(TASKS)),
     Parameter("pooling", "pooling", "str", "sentence embedding for feature-extraction: mean, cls or none"),
     Parameter("precisions", "precisions", "list", "ONNX variants to build and check: fp32, fp16, int8"),
     Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),

@@ -17,6 +17,11 @@ class _DropHarmless(logging.Filter):
         return not str(record.msg).startswith(HARMLESS_LOG_MESSAGES)
 
 
+class _DropTooLong(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token indices sequence length is longer than")
+
+
 def quiet_known_warnings() -> None:
     """Apply the process-wide filters once (notebook kernels call this through `notebook.start`)."""
     root = logging.getLogger()
@@ -26,6 +31,10 @@ def quiet_known_warnings() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # "Loading weights" bars of a fraction of a second
+    # Marian's tokenizer suggests sacremoses for punctuation normalisation the translation models here do not use;
+    # token counts over a model's limit are about texts the workbench cuts to it (generation.max_input_tokens).
+    warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
+    transformers_logging.get_logger("transformers.tokenization_utils_base").addFilter(_DropTooLong())
 
 
 @contextmanager

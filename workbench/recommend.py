@@ -14,9 +14,10 @@ from typing import Any
 from workbench.record import RunRecord
 
 GOALS = ("latency", "throughput")
-# int8 is recommended over a passing fp32 only when it is at least this much faster in the same cell of the same run:
-# below it, fp32 gives the same speed with no accuracy loss (and a quarter of the risk).
-INT8_MIN_GAIN = 1.2
+# A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
+# in the same cell of the same run: below it, the more precise one gives about the same speed with less accuracy loss.
+PRECISION_MIN_GAIN = 1.2
+PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
 _CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
@@ -133,9 +134,9 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> lis
 
 def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None
          ) -> Recommendation:
-    """The fastest candidate that passes parity; the faster ones that fail are named in the reason. An int8 winner
-    less than INT8_MIN_GAIN faster than a passing fp32 gives way to fp32 (`int8_dot_product`: this host's int8
-    instructions, for the reason)."""
+    """The fastest candidate that passes parity; the faster ones that fail are named in the reason. A winner of lower
+    precision less than PRECISION_MIN_GAIN faster than a more precise passing one gives way to the most precise
+    within that band (`int8_dot_product`: this host's int8 instructions, for the reason)."""
     passing = [c for c in measured if c.passed]
     if not passing:
         failing = "; ".join(f"{c.variant}: {c.failures[0]}" for c in measured) or "none measured"
@@ -148,17 +149,24 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_d
     if faster:
         reason += "; faster but failing parity: " + "; ".join(f"{c.variant} ({c.speedup:.3g}x, {c.failures[0]})"
                                                                for c in faster)
-    fp32 = max((c for c in passing if c.precision == "fp32"), key=lambda c: c.speedup, default=None)
-    if best.precision == "int8" and fp32 is not None and best.speedup < INT8_MIN_GAIN * fp32.speedup:
-        reason = (f"{best.variant} is only {best.speedup / fp32.speedup:.2f}x {fp32.variant} here (under "
-                  f"{INT8_MIN_GAIN}x): {fp32.variant} serves about the same speed with no int8 accuracy loss; "
-                  + (f"this CPU has {int8_dot_product}, yet int8 gains little at this shape" if int8_dot_product else
-                     "this CPU has no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay"))
-        best = fp32
+    band = [c for c in passing if c.speedup * PRECISION_MIN_GAIN > best.speedup]  # not meaningfully slower
+    precise = min(band, key=lambda c: (_rank(c), -c.speedup))
+    if _rank(precise) < _rank(best):
+        reason = (f"{best.variant} is only {best.speedup / precise.speedup:.2f}x {precise.variant} here (under "
+                  f"{PRECISION_MIN_GAIN}x): {precise.variant} serves about the same speed with less precision loss")
+        if best.precision == "int8":
+            reason += (f"; this CPU has {int8_dot_product}, yet int8 gains little at this shape" if int8_dot_product
+                       else "; this CPU has no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make "
+                            "int8 pay")
+        best = precise
     if best.speedup < 1:
         reason += "; slower than PyTorch eager"
     return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason,
                           retrieval=best.retrieval)
+
+
+def _rank(candidate: Candidate) -> int:
+    return PRECISION_RANK.get(candidate.precision or "fp32", 0)
 
 
 def recommend(record: RunRecord) -> list[Recommendation]:
