@@ -54,7 +54,9 @@ def remove_earlier_run(run_dir: Path) -> None:
 
 
 def _kernel_manager_class() -> type:
-    """Kernels reached over Unix sockets in Jupyter's runtime folder rather than unencrypted localhost TCP."""
+    """Kernels reached over Unix sockets in Jupyter's runtime folder rather than unencrypted localhost TCP, and shut
+    down without the SIGINT jupyter_client sends first (a kernel busy with a last message logs it as an ERROR; a
+    user's Ctrl-C reaches the kernel through InterruptGuard, not through this)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -62,6 +64,10 @@ def _kernel_manager_class() -> type:
         @default("transport")
         def _ipc(self) -> str:
             return "ipc"
+
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
 
     return IpcKernelManager
 
