@@ -10,6 +10,7 @@ from workbench import latency
 from workbench.batches import Batch, shaped_batch, token_lengths
 from workbench.config import RunConfig
 from workbench.data import load_corpus
+from workbench.environment import gpu_name
 from workbench.errors import OnnxModelError
 from workbench.lab import ParityLab
 from workbench.models import load_model
@@ -135,3 +136,27 @@ def test_benchmark_runners_are_all_closed_even_when_one_fails_to_load(exported, 
     for runner in opened:
         with pytest.raises(RunnerClosedError):
             runner.infer(batch)
+
+
+@pytest.mark.skipif(gpu_name() is not None, reason="checks the CPU fallback of a session asked for CUDA")
+def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tmp_path):
+    """ONNX Runtime creates the session on the CPU and only warns; the workbench refuses that run."""
+    from onnx import TensorProto, helper
+
+    from workbench.errors import CudaFallbackError, GpuRequiredError
+    from workbench.runners.onnxruntime import CPU, CUDA, cuda_problem, cuda_usable, providers_for, session
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "relu.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(CudaFallbackError, match="asked for CUDAExecutionProvider and fell back to "
+                                                "CPUExecutionProvider") as caught:
+        session(path, [CUDA, CPU])
+    assert cuda_problem() in str(caught.value) and "has no CUDA provider" in cuda_problem()
+    assert not cuda_usable() and providers_for("auto") == [CPU]
+    with pytest.raises(GpuRequiredError, match="device 'cuda' needs ONNX Runtime on CUDA: this ONNX Runtime build"):
+        providers_for("cuda")
+    assert session(path, [CPU]).get_providers() == [CPU]

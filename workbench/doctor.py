@@ -159,7 +159,16 @@ def check_cpu_provider() -> Finding:
 
 
 def check_cuda_provider() -> Finding:
-    return _provider("CUDA", CUDA)
+    """Listed is not enough: a probe session must really run on CUDA."""
+    listed = _provider("CUDA", CUDA)
+    if not listed.available:
+        return listed
+    from workbench.runners.onnxruntime import cuda_problem
+
+    problem = cuda_problem()
+    if problem is None:
+        return Finding(listed.name, True, listed.version, f"{CUDA} (a probe session ran on it)")
+    return Finding(listed.name, False, reason=problem, fix=_gpu_fix(f"{GPU_EXTRA} (onnxruntime-gpu[cuda,cudnn])"))
 
 
 def check_tensorrt_provider() -> Finding:

@@ -84,6 +84,10 @@ class GpuRequiredError(MissingHereError):
     """The operation needs an NVIDIA GPU and none was found."""
 
 
+class CudaFallbackError(GpuRequiredError):
+    """A session asked for a GPU provider was created without it (ONNX Runtime fell back to the CPU)."""
+
+
 class ShapeError(WorkbenchError):
     """Inputs fall outside the shapes a model or engine supports."""
 

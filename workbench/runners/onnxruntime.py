@@ -1,6 +1,7 @@
 """ONNX Runtime sessions with the providers the run's device asks for."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from workbench.batches import Batch
 from workbench.environment import gpu_name
-from workbench.errors import GpuRequiredError, OnnxModelError
+from workbench.errors import CudaFallbackError, GpuRequiredError, OnnxModelError
 from workbench.runners import Runner, RunnerClosedError
 
 CPU = "CPUExecutionProvider"
@@ -17,17 +18,78 @@ TENSORRT = "TensorrtExecutionProvider"
 
 
 def cuda_usable() -> bool:
-    """CUDA EP listed *and* a GPU present (onnxruntime-gpu lists CUDA even on machines without one)."""
+    """A session really runs on CUDA here (a probe session, never `get_available_providers()`: onnxruntime-gpu lists
+    CUDA even where its libraries or a GPU are missing, and then runs everything on the CPU)."""
+    return cuda_problem() is None
+
+
+@lru_cache(maxsize=1)
+def cuda_problem() -> str | None:
+    """Why ONNX Runtime cannot run on CUDA here, or None when a probe session was created on CUDA."""
     import onnxruntime
 
-    return gpu_name() is not None and CUDA in onnxruntime.get_available_providers()
+    if CUDA not in onnxruntime.get_available_providers():
+        return (f"this ONNX Runtime build (onnxruntime {onnxruntime.__version__}) has no CUDA provider: install the "
+                "[gpu] extra (onnxruntime-gpu with its cuda and cudnn extras) in place of onnxruntime")
+    if gpu_name() is None:
+        return "no NVIDIA GPU (nvidia-smi found none)"
+    _preload_cuda_libraries()
+    probe = onnxruntime.InferenceSession(_probe_model(), providers=[CUDA, CPU])
+    if CUDA in probe.get_providers():
+        return None
+    return f"ONNX Runtime's CUDA provider did not load: {_provider_load_error()}"
+
+
+def _preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the nvidia-* pip packages the [gpu] extra installs (no system CUDA needed)."""
+    import onnxruntime
+
+    if hasattr(onnxruntime, "preload_dlls"):
+        try:
+            onnxruntime.preload_dlls()
+        except Exception:  # noqa: BLE001 - a failed preload shows as the provider's own load error below
+            pass
+
+
+def _provider_load_error() -> str:
+    """The dynamic loader's reason the CUDA provider library does not load (it names the missing library)."""
+    import ctypes
+
+    import onnxruntime
+
+    library = Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not library.exists():
+        return f"{library.name} is not in {library.parent}"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return f"{exc}; the pinned onnxruntime-gpu needs CUDA 13 and cuDNN 9 (the [gpu] extra installs them)"
+    return "the library loads, yet the session fell back to the CPU (see ONNX Runtime's log above)"
+
+
+def _why_missing(providers: list[str]) -> str:
+    if CUDA in providers and cuda_problem():
+        return str(cuda_problem())
+    return ("ONNX Runtime's TensorRT provider did not load: it needs TensorRT's libnvinfer (the tensorrt pip "
+            "packages or NVIDIA's container)" if TENSORRT in providers else "see ONNX Runtime's log above")
+
+
+def _probe_model() -> bytes:
+    """A one-node float model, enough for ONNX Runtime to place a node on a provider."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
 
 def providers_for(device: str) -> list[str]:
     if device == "cuda":
-        if not cuda_usable():
-            raise GpuRequiredError("device 'cuda' needs an NVIDIA GPU with onnxruntime-gpu; none was found",
-                                   "run on a GPU host with the [gpu] extra, or set device: cpu")
+        problem = cuda_problem()
+        if problem is not None:
+            raise GpuRequiredError(f"device 'cuda' needs ONNX Runtime on CUDA: {problem}",
+                                   "run on a GPU host installed with the [gpu] extra, or set device: cpu")
         return [CUDA, CPU]
     if device == "auto" and cuda_usable():
         return [CUDA, CPU]
@@ -57,12 +119,20 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None) 
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     try:
-        return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+        created = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
     except (onnxruntime.capi.onnxruntime_pybind11_state.Fail,
             onnxruntime.capi.onnxruntime_pybind11_state.InvalidGraph,
             onnxruntime.capi.onnxruntime_pybind11_state.InvalidProtobuf,
             onnxruntime.capi.onnxruntime_pybind11_state.NoSuchFile) as exc:
         raise OnnxModelError(f"ONNX Runtime cannot load {path}: {exc}", "re-run the step that wrote it") from None
+    asked = [p[0] if isinstance(p, tuple) else p for p in providers]
+    missing = [p for p in asked if p != CPU and p not in created.get_providers()]
+    if missing:  # ONNX Runtime falls back to the CPU silently: a GPU run must not become a slow CPU run
+        raise CudaFallbackError(f"the session for {path} was asked for {', '.join(missing)} and fell back to "
+                                f"{', '.join(created.get_providers())}: {_why_missing(missing)}",
+                                "install the [gpu] extra on an NVIDIA host (`workbench doctor` checks it), or set "
+                                "device: cpu")
+    return created
 
 
 class OrtRunner(Runner):

@@ -47,7 +47,9 @@ def repository_root(config: RunConfig) -> Path:
 def choose_flavor(config: RunConfig) -> str:
     if config.triton.flavor != "auto":
         return config.triton.flavor
-    return "onnxruntime" if gpu_name() is not None and config.device != "cpu" else "python-ort"
+    from workbench.runners.onnxruntime import cuda_usable
+
+    return "onnxruntime" if config.device != "cpu" and cuda_usable() else "python-ort"
 
 
 def choose_layout(config: RunConfig, flavor: str) -> str:
