@@ -80,3 +80,13 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="not a mapping"):
         RunConfig.load(tmp_path / "list.yaml")
+
+
+def test_a_tolerance_for_an_output_the_task_lacks_is_refused_with_the_closest_name():
+    with pytest.raises(ConfigError, match="unknown outputs \\['sentence_embeding'\\] \\('sentence_embeding': did you "
+                                          "mean 'sentence_embedding'\\?\\)"):
+        RunConfig.load(overrides=["tolerances.sentence_embeding.min_cosine=0.999"])
+    with pytest.raises(ConfigError, match="did you mean 'min_recall_at_10'"):
+        RunConfig.load(overrides=["tolerances.sentence_embedding.min_recal_at_10=0.9"])
+    assert RunConfig.load(overrides=["tolerances.sentence_embedding.min_recall_at_10=0.9"]).tolerances[
+        "sentence_embedding"].min_recall_at_10 == 0.9

@@ -352,3 +352,17 @@ def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
     choice = pick("throughput", 8, 128, measured, int8_dot_product="AVX-512 VNNI")
     assert choice.variant == "fp32"
     assert choice.reason.startswith("fp16 is only 1.11x fp32 here (under 1.2x)")
+
+
+def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
+    from workbench.recommend import gate
+
+    verdict = _verdict("int8", 0.99998, threshold=0.99)
+    output = verdict["outputs"]["sentence_embedding"]
+    output["tolerance"]["min_recall_at_10"] = 0.999
+    output["retrieval"] = {"texts": 320, "agreement_at_1": 0.97, "recall_at_10": 0.9859, "spearman": 0.99999}
+    judged = gate(verdict)
+    assert (judged.metric, judged.value, judged.threshold) == ("recall@10", 0.9859, 0.999)
+    assert str(judged) == "recall@10 0.98590 vs 0.999 (margin -0.01310)"
+    output["tolerance"] = {"min_cosine": 0.99999998}
+    assert str(gate(verdict)) == "min cosine 0.9999800000 vs 0.99999998 (margin -0.0000199800)"

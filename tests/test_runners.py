@@ -160,3 +160,7 @@ def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tm
     with pytest.raises(GpuRequiredError, match="device 'cuda' needs ONNX Runtime on CUDA: this ONNX Runtime build"):
         providers_for("cuda")
     assert session(path, [CPU]).get_providers() == [CPU]
+    from workbench.preflight import preflight
+
+    with pytest.raises(GpuRequiredError, match="has no CUDA provider"):  # refused before anything is written
+        preflight(RunConfig(device="cuda", steps=["export"]))

@@ -5,7 +5,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -172,6 +172,18 @@ class RunConfig(_Strict):
             raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(STEP_NAMES)}")
         return [s for s in STEP_NAMES if s in steps]
 
+    @model_validator(mode="after")
+    def _known_outputs(self) -> RunConfig:
+        """A tolerance for an output the task does not have would silently gate nothing."""
+        outputs = [o.name for o in TASKS[self.task].outputs(self.pooling)]
+        unknown = [name for name in self.tolerances if name not in outputs]
+        if unknown:
+            close = {n: difflib.get_close_matches(n, outputs, n=1) for n in unknown}
+            hints = "".join(f" ({n!r}: did you mean {c[0]!r}?)" for n, c in close.items() if c)
+            raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
+                             f"{self.pooling} has outputs: {', '.join(outputs)}")
+        return self
+
     @property
     def model_slug(self) -> str:
         """A file-name-safe short name for the model."""
@@ -247,10 +259,13 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 def _fields_at(path: tuple[Any, ...]) -> list[str]:
     """The setting names one level below `path` (e.g. ("batch",) -> min, opt, max)."""
     model: Any = RunConfig
-    for part in path:
-        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) \
-            else None
+    parts = list(path)
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
         annotation = field.annotation if field else None
+        if get_origin(annotation) is dict and parts:  # e.g. tolerances.<output>: the key, then its model
+            parts.pop(0)
+            annotation = get_args(annotation)[1]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation
@@ -262,10 +277,14 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
     fixes = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        if not loc:
+        if not loc and err["type"] == "model_type":
             lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
                          f"{err.get('input')!r}")
             fixes.append("pass key: value pairs, e.g. {\"opset\": 18}")
+            continue
+        if not loc:  # a check across settings
+            lines.append(err["msg"].removeprefix("Value error, "))
+            fixes.append("fix the names or values it lists; `workbench config` prints every setting")
             continue
         if err["type"] == "extra_forbidden":
             field = str(err["loc"][-1])

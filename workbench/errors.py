@@ -84,8 +84,9 @@ class GpuRequiredError(MissingHereError):
     """The operation needs an NVIDIA GPU and none was found."""
 
 
-class CudaFallbackError(GpuRequiredError):
-    """A session asked for a GPU provider was created without it (ONNX Runtime fell back to the CPU)."""
+class CudaFallbackError(WorkbenchError):
+    """A session asked for a GPU provider was created without it (ONNX Runtime fell back to the CPU): the step
+    fails, it is not a skip, since what was asked for did not run."""
 
 
 class ShapeError(WorkbenchError):

@@ -12,12 +12,17 @@ SERVING_STEPS = ("triton", "generation", "bench")
 
 
 def preflight(config: RunConfig) -> None:
-    """Opset, corpus, the model's sequence limit, ports and the repository folder, for the steps that use them."""
+    """device: cuda, opset, corpus, the model's sequence limit, ports and the repository folder, for the steps that
+    use them."""
     from workbench.steps.export import check_opset
     from workbench.triton.plan import repository_root
     from workbench.triton.server import Ports
 
     steps = set(config.steps)
+    if config.device == "cuda":  # asked for, not available: refused now, not found out mid-run
+        from workbench.runners.onnxruntime import providers_for
+
+        providers_for("cuda")
     if "export" in steps:
         check_opset(config.exporter, config.opset)
     load_corpus(config.corpus)

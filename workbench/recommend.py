@@ -21,6 +21,8 @@ PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
 _CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
+_NEIGHBOURS = (("min_agreement_at_1", "agreement_at_1", "agreement@1"),  # gates on outputs.<o>.retrieval
+               ("min_recall_at_10", "recall_at_10", "recall@10"), ("min_spearman", "spearman", "Spearman"))
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Gate:
     def __str__(self) -> str:
         if not self.at_least:
             return f"{self.metric} {self.value:.2e} vs atol {self.threshold:g} (margin {self.margin:+.2e})"
-        digits = len(f"{self.threshold:g}".partition(".")[2]) + 2
-        return f"{self.metric} {self.value:.{digits}f} vs {self.threshold:g} (margin {self.margin:+.{digits}f})"
+        threshold = f"{self.threshold:.12g}"
+        digits = len(threshold.partition(".")[2]) + 2
+        return f"{self.metric} {self.value:.{digits}f} vs {threshold} (margin {self.margin:+.{digits}f})"
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ def gate(verdict: dict[str, Any]) -> Gate | None:
         tolerance = result["tolerance"]
         found = [Gate(name, output, result[value], tolerance[key], True)
                  for key, value, name in _AT_LEAST if key in tolerance and value in result]
+        found += [Gate(name, output, result["retrieval"][value], tolerance[key], True)
+                  for key, value, name in _NEIGHBOURS if key in tolerance and value in result.get("retrieval", {})]
         if not found and "atol" in tolerance:
             found = [Gate("max abs error", output, result["max_abs"], tolerance["atol"], False)]
         gates += found

@@ -147,8 +147,9 @@ def blockwise_recipes(config: RunConfig, fp32: Path, search: RepairSearch, asses
         if result["passed"]:
             with _runner("int8", path, config) as runner:
                 result = lab.compare(runner, "int8")
-        recipes.append({"recipe": f"{len(matmuls)} MatMuls as 8-bit block-{block} weights (MatMulNBits, accuracy "
-                                  f"level {level})", "blocked": list(still_fp32), "blockwise": matmuls,
+        name = f"{len(matmuls)} MatMul{'s' * (len(matmuls) > 1)} as 8-bit block-{block} weights (MatMulNBits, " \
+               f"accuracy level {level})"
+        recipes.append({"recipe": name, "blocked": list(still_fp32), "blockwise": matmuls,
                         "passed": result["passed"], "violation": result["violation"], "checked_on": (
                             "full lab" if result["passed"] else "the search's batches"),
                         "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3),
