@@ -32,6 +32,7 @@ from workbench.latency import run_latency_benchmark
 from workbench.pipeline import run_pipeline
 from workbench.recommend import candidates, cell_shape, pick
 from workbench.record import RunRecord
+from workbench.retrieval import verdict_retrieval
 from workbench.served import TextLoad, load_tool, measure_text_loads
 from workbench.steps.bench import in_process_rates
 from workbench.triton.plan import serving_plan
@@ -132,9 +133,8 @@ def main() -> None:
         choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
     for name, verdict in verdicts.items():
-        retrieval = [o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o]
-        if verdict.get("precision") == "int8" and retrieval:
-            r = retrieval[0]
+        r = verdict_retrieval(verdict)
+        if verdict.get("precision") == "int8" and r:
             print(f"   {name}: agreement@1 {r['agreement_at_1']:.3f}, recall@10 {r['recall_at_10']:.3f}, Spearman "
                   f"{r['spearman']:.4f} over {r['texts']} texts ({'passes' if verdict['passed'] else 'fails'} parity)")
     variant = served_result["variant"]

@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,18 +20,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from workbench.triton.server import free_port
+
 DOCS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
 # A closed network: no background connections, no first-run work.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1500, "height": 1000}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_lab(root: Path, port: int, token: str, state: Path) -> subprocess.Popen:

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from workbench.notebook import (
     refuse_unknown_injected,
 )
 from workbench.steplist import STEPS
+from workbench.triton.server import free_port
 
 DEFAULT_SLUG = RunConfig().model_slug
 
@@ -136,12 +136,6 @@ def test_make_lab_opens_jupyterlab_on_the_notebooks(tmp_path):
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def poll_json(url: str, process: subprocess.Popen, log: Path) -> dict:

@@ -20,15 +20,20 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first `field` line's value in /proc/cpuinfo (None where there is none, e.g. not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 # The instruction-set features that decide how fast int8 (and fp32) matmuls run on a CPU.
@@ -38,14 +43,7 @@ INT8_INSTRUCTIONS = (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI"), ("avx
 
 
 def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def cpu_features(flags: set[str] | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.record import RunRecord
+from workbench.retrieval import verdict_retrieval
 
 GOALS = ("latency", "throughput")
 # A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
@@ -131,9 +132,9 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> lis
         if verdict is None:
             measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
         else:
-            retrieval = next((o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o), None)
             measured.append(Candidate(name, stats["speedup"], bool(verdict["passed"]), gate(verdict),
-                                      tuple(verdict["failures"]), verdict.get("precision"), retrieval))
+                                      tuple(verdict["failures"]), verdict.get("precision"),
+                                      verdict_retrieval(verdict)))
     return measured
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from workbench.recommend import gate, recommend
 from workbench.record import RunRecord
+from workbench.retrieval import verdict_retrieval
 
 
 def takeaway(step: str, record: RunRecord) -> str:
@@ -55,7 +56,7 @@ def _parity(record: RunRecord) -> list[str]:
 
 
 def _neighbours(verdict: dict[str, Any]) -> str:
-    retrieval = next((o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o), None)
+    retrieval = verdict_retrieval(verdict)
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
