@@ -107,6 +107,21 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
     assert all(c["latency_ms"] > 0 for c in repair["candidates"])
+    # Whole-graph recipes first: per-channel (configured), per-tensor, smoothed at three strengths; the base is the
+    # one closest to the gate, and the repaired file records it.
+    bases = repair["bases"]
+    assert [(b["per_channel"], b["smoothing_alpha"]) for b in bases] == [
+        (True, None), (False, None), (True, 0.5), (True, 0.7), (True, 0.85)]
+    assert [b["chosen"] for b in bases].count(True) == 1
+    chosen_base = next(b for b in bases if b["chosen"])
+    assert chosen_base["violation"] == min(b["violation"] for b in bases if b["passed"] == chosen_base["passed"])
+    assert repair["base"] == chosen_base["recipe"] == record.data["artifacts"]["onnx.int8_repaired"]["recipe"]
+    assert bases[0]["min_cosine"] == pytest.approx(repair["before"]["min_cosine"], abs=1e-6)  # same build twice
+    # qdq_loss_debug's per-node error, for every MatMul unit, beside the measured sensitivity
+    errors = repair["node_error"]["per_node"]
+    assert errors and set(errors) <= set(repair["sensitivity"]) and all(n.endswith("MatMul") for n in errors)
+    assert all(e["weight_sqnr_db"] > 20 and e["input_sqnr_db"] > 0 for e in errors.values())
+    assert -1 <= repair["node_error"]["spearman_vs_sensitivity"] <= 1
     # The kept MatMuls tried as 8-bit block-quantized weights instead of fp32: every recipe recorded, won or lost.
     fp32_only = min((c for c in repair["candidates"] if c["passed"] and len(c["blocked"]) < repair["units"]),
                     key=lambda c: (c["fp32_cost"], len(c["blocked"])))
@@ -144,6 +159,51 @@ def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models,
     cosine = np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cosine.min() > 0.999  # 8-bit weights in blocks of 16: close to fp32, not equal
     assert not np.array_equal(got, want)
+
+
+def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(tiny_models, tmp_path):
+    import onnxruntime
+
+    from workbench import onnxfiles
+    from workbench.data import encode, load_corpus
+    from workbench.variants import _channel_max, smooth_activations
+
+    record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
+    fp32 = record.artifact("onnx.fp32")
+    names = [i.name for i in onnxruntime.InferenceSession(str(fp32)).get_inputs()]
+    feed = encode(record.tokenizer(), list(load_corpus()[:16]), names, max_length=64)
+    dest = tmp_path / "smoothed.onnx"
+    smoothed = smooth_activations(fp32, dest, [feed], alpha=0.5)
+    graph = onnxfiles.load(dest)
+    muls = {n.name: n for n in graph.graph.node if n.name.endswith("_smooth")}
+    assert smoothed and set(muls) == {f"{name}_smooth" for name in smoothed}
+    want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
+    got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
+    np.testing.assert_allclose(got, want, atol=2e-5)  # x/s times s*W is x*W
+    before = _channel_max(onnxfiles.load(fp32), [n.input[0] for n in muls.values()], [feed])
+    after = _channel_max(graph, [n.output[0] for n in muls.values()], [feed])
+    spread = [float(b.max() / b.min()) for b in before.values()]
+    flattened = [float(a.max() / a.min()) for a in after.values()]
+    assert max(flattened) < max(spread)  # the outlier channels no longer set the range alone
+
+
+def test_per_channel_weights_quantize_every_matmul_at_least_as_well_as_per_tensor(tiny_models, tmp_path):
+    from workbench import onnxfiles
+    from workbench.data import encode, load_corpus
+    from workbench.nodeerror import node_errors
+
+    record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
+    fp32 = record.artifact("onnx.fp32")
+    names = [i.name for i in onnxfiles.load(fp32, load_external_data=False).graph.input]
+    feeds = [encode(record.tokenizer(), list(load_corpus()[i:i + 8]), names, max_length=64) for i in (0, 8)]
+    nodes = [n.name for n in onnxfiles.load(fp32, load_external_data=False).graph.node]
+    per_channel, per_tensor = (node_errors(fp32, tmp_path, feeds, flag, nodes) for flag in (True, False))
+    assert set(per_channel) == set(per_tensor) == {n for n in nodes if n.endswith("MatMul")}
+    for node, error in per_channel.items():
+        assert error["weight_sqnr_db"] >= per_tensor[node]["weight_sqnr_db"] - 1e-6
+        assert error["input_sqnr_db"] == pytest.approx(per_tensor[node]["input_sqnr_db"], abs=0.5)  # same activations
+    assert any(e["weight_sqnr_db"] > per_tensor[n]["weight_sqnr_db"] + 1 for n, e in per_channel.items())
+    assert not list(tmp_path.glob("candidate-*")), "its files are removed"
 
 
 @contextmanager

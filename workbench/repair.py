@@ -135,17 +135,20 @@ class RepairSearch:
 
     def discard(self) -> None:
         """Remove every candidate file still on disk (the best one too)."""
-        if self.best:
-            onnxfiles.remove(self.best[1])
         self.best = None
-        for path in self.workdir.glob("candidate-*.onnx*"):
-            path.unlink(missing_ok=True)
-        for folder in (self.workdir, self.workdir.parent):  # repair/<precision>, then repair/, once empty
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        remove_candidates(self.workdir)
 
     def passes(self, blocked: list[str]) -> bool:
         return self.try_blocked(blocked).passed
+
+
+def remove_candidates(workdir: Path) -> None:
+    """Remove every candidate file in `workdir`, then the folder and its parent (repair/) once empty."""
+    for path in workdir.glob("candidate-*.onnx*"):
+        path.unlink(missing_ok=True)
+    for folder in (workdir, workdir.parent):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 class _BudgetSpent(Exception):

@@ -22,6 +22,11 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation of two equally long series (ties broken by position)."""
+    return float(np.corrcoef(_ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float)))[0, 1])
+
+
 def retrieval_agreement(got: np.ndarray, want: np.ndarray, k: int = TOP_K) -> dict[str, float] | None:
     """Over a corpus of embeddings (one row per text, same order in both):
 
@@ -40,7 +45,5 @@ def retrieval_agreement(got: np.ndarray, want: np.ndarray, k: int = TOP_K) -> di
     top_want = np.argsort(-sims_want, axis=1, kind="stable")[:, :k]
     overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_want)]
     upper = np.triu_indices(count, 1)
-    rank_got, rank_want = _ranks(sims_got[upper]), _ranks(sims_want[upper])
-    spearman = float(np.corrcoef(rank_got, rank_want)[0, 1])
     return {"texts": count, "agreement_at_1": float(np.mean(top_got[:, 0] == top_want[:, 0])),
-            f"recall_at_{k}": float(np.mean(overlap)), "spearman": spearman}
+            f"recall_at_{k}": float(np.mean(overlap)), "spearman": spearman(sims_got[upper], sims_want[upper])}

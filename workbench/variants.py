@@ -84,3 +84,64 @@ def infer_shapes(original: Path, dest: Path) -> Any:
     model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
     onnxfiles.save(model, dest)
     return model
+
+
+def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float) -> list[str]:
+    """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
+    the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
+    s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` measured in fp32 on `feeds`. Outlier channels
+    then no longer set the per-tensor activation scale alone. Returns the smoothed nodes' names.
+
+    Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
+    neural-compressor 2.x and applies to static quantization only."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    model = onnxfiles.load(fp32)
+    weights = {i.name: i for i in model.graph.initializer}
+    targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
+               and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
+    channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
+    nodes = list(model.graph.node)
+    for node in targets:
+        weight = numpy_helper.to_array(weights[node.input[1]])
+        x_max = channel_max.get(node.input[0])
+        if x_max is None or x_max.shape[0] != weight.shape[0]:
+            continue
+        w_max = np.abs(weight).max(axis=1)
+        scale = np.where((x_max > 0) & (w_max > 0),
+                         np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha),
+                         1.0).astype(np.float32)
+        smoothed_weight = numpy_helper.from_array((weight * scale[:, None]).astype(weight.dtype),
+                                                  f"{node.input[1]}_smoothed_{len(nodes)}")
+        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{smoothed_weight.name}_inverse")
+        model.graph.initializer.extend([smoothed_weight, inverse])
+        smoothed_input = f"{node.input[0]}_smoothed_for_{node.name}"
+        nodes.insert(nodes.index(node), helper.make_node("Mul", [node.input[0], inverse.name], [smoothed_input],
+                                                         name=f"{node.name}_smooth"))
+        node.input[0], node.input[1] = smoothed_input, smoothed_weight.name
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {t for n in model.graph.node for t in n.input}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    onnxfiles.save(model, dest)
+    return [n.name for n in targets]
+
+
+def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
+    import numpy as np
+    import onnxruntime
+    from polygraphy.backend.onnx import modify_outputs
+
+    marked = modify_outputs(model, outputs=tensors, copy=True)
+    session = onnxruntime.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    found: dict[str, Any] = {}
+    for feed in feeds:
+        for name, value in zip(tensors, session.run(tensors, {k: v for k, v in feed.items() if k in wanted})):
+            peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
+            found[name] = np.maximum(found[name], peak) if name in found else peak
+    return found

@@ -14,12 +14,22 @@ from workbench.data import load_corpus
 from workbench.errors import MissingArtifactError
 from workbench.lab import ParityLab
 from workbench.models import load_model
+from workbench.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.progress import Progress, track
+from workbench.recipes import ChosenBase, base_recipes, choose_base
 from workbench.record import RunRecord, StepEntry
-from workbench.repair import RepairProblem, RepairSearch, activation_order, matmul_costs, run_search, sensitivity_order
+from workbench.repair import (
+    RepairProblem,
+    RepairSearch,
+    activation_order,
+    matmul_costs,
+    remove_candidates,
+    run_search,
+    sensitivity_order,
+)
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.timing import median_ms
-from workbench.variants import convert_fp16, quantize_int8, quantize_int8_blockwise
+from workbench.variants import convert_fp16, quantize_int8_blockwise
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
@@ -28,10 +38,13 @@ REPAIR_ROUNDS = 3
 # Recipes tried on an int8 repair's MatMuls instead of fp32: 8-bit block-quantized weights (MatMulNBits) with these
 # block sizes, accuracy level 4 (int8 compute). Smaller blocks follow the weights more closely.
 BLOCKWISE_RECIPES = ((16, 4), (32, 4), (128, 4))
+SMOOTHING_CALIBRATION_STRIDE = 4  # every 4th corpus batch measures the activation ranges smoothing balances
 
 
-def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab) -> RepairProblem:
-    """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude, by sensitivity.
+def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab,
+                   base: ChosenBase | None = None) -> RepairProblem:
+    """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude from `base`'s recipe
+    (its fp32 graph, smoothed or not), by sensitivity.
 
     Both rank passing candidates by the matmul work they keep in fp32 (`matmul_costs`), never by a timing.
     """
@@ -48,10 +61,11 @@ def repair_problem(precision: str, config: RunConfig, fp32: Path, lab: ParityLab
             ordering="largest fp32 activation first", costs=matmul_costs(graph, ordered))
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
+    assert base is not None, "an int8 repair starts from a chosen base recipe"
     units = [n.name for n in graph.graph.node
              if n.op_type in IntegerOpsRegistry and n.name not in config.int8_nodes_to_exclude]
-    return RepairProblem("int8", units, lambda blocked, dest: quantize_int8(
-        fp32, dest, config.int8_per_channel, config.int8_nodes_to_exclude + blocked),
+    return RepairProblem("int8", units, lambda blocked, dest: base.recipe.build(
+        base.source, dest, config.int8_nodes_to_exclude + blocked),
         ordering="largest parity gain per weight element when kept in fp32 alone first",
         costs=matmul_costs(graph, units))
 
@@ -70,7 +84,6 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
     for output in collected.values():
         hard += [i for i in output.hardest(HARD_TEXTS) if i not in hard]
     fp32 = record.artifact("onnx.fp32")
-    problem = repair_problem(precision, config, fp32, lab)
     batch = lab.latency_batch()
     checks = lab.subset(hard)
 
@@ -78,16 +91,29 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
         with OrtRunner(precision, path, providers, config.threads) as runner:
             return checks.compare(runner, precision), median_ms(lambda: runner.infer(batch), repeats=5, warmup=1)
 
+    def confirm(path: Path) -> dict[str, Any]:
+        with _runner(precision, path, config) as runner:
+            return lab.compare(runner, precision)
+
     def summarize(result: dict[str, Any]) -> dict[str, Any]:
         primary = result["outputs"][lab.primary.name]
         return {"failures": result["failures"],
                 **{k: primary[k] for k in ("max_abs", "min_cosine", "agreement", "loss", "retrieval") if k in primary}}
 
-    search = RepairSearch(problem, assess, record.run_dir / "repair" / precision, config.repair_max_builds,
-                          summarize, bar)
+    workdir = record.run_dir / "repair" / precision
+    workdir.mkdir(parents=True, exist_ok=True)
     try:
+        base = None
         if precision == "int8":
+            feeds = [b.feed for b in lab.sweep[::SMOOTHING_CALIBRATION_STRIDE]]
+            base = choose_base(base_recipes(config.int8_per_channel), fp32, workdir, feeds,
+                               config.int8_nodes_to_exclude, assess, confirm, summarize)
+        problem = repair_problem(precision, config, fp32, lab, base)
+        search = RepairSearch(problem, assess, workdir, config.repair_max_builds, summarize, bar)
+        errors: dict[str, Any] = {}
+        if base is not None:
             problem.units = sensitivity_order(search, problem.costs)
+            errors = node_errors(base.source, workdir, feeds, base.recipe.per_channel, problem.units)
         for _ in range(REPAIR_ROUNDS):
             result = run_search(search)
             if search.best is None:
@@ -103,11 +129,16 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
         else:
             result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
         result["checked_batches"] = len(checks.batches)
+        if base is not None:
+            result["base"], result["bases"] = base.recipe.name, base.records
+            agreement = agreement_with_sensitivity(errors, result["sensitivity"])
+            result["node_error"] = {"tool": "onnxruntime.quantization.qdq_loss_debug", "per_node": errors,
+                                    "spearman_vs_sensitivity": agreement}
         if search.best is not None:
             candidate, path = search.best
             blocked = list(candidate.blocked)
-            if precision == "int8":
-                result["recipes"] = blockwise_recipes(config, fp32, search, assess, summarize, lab)
+            if base is not None:
+                result["recipes"] = blockwise_recipes(config, base, search, assess, confirm, summarize)
                 winner = next((r for r in result["recipes"] if r["passed"]), None)
                 if winner is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
                     result["chosen"], path, blocked = winner, Path(winner.pop("path")), winner["blocked"]
@@ -115,23 +146,24 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
             onnxfiles.save(onnxfiles.load(path), dest)
             onnxfiles.remove(path)
             record.add_artifact(f"onnx.{precision}_repaired", dest, kind="onnx", variant=f"{precision}_repaired",
-                                precision=precision, blocked=blocked)
+                                precision=precision, blocked=blocked,
+                                **({"recipe": base.recipe.name} if base is not None else {}))
     finally:
-        search.discard()  # no candidate file outlives the step, even when it is interrupted
+        remove_candidates(workdir)  # no candidate file outlives the step, even when it is interrupted
     baseline = search.candidates.get(frozenset())
     result["before"] = baseline.record() if baseline else None
     result["latency_feed"] = list(batch.shape)
     return result
 
 
-def blockwise_recipes(config: RunConfig, fp32: Path, search: RepairSearch, assess: Any, summarize: Any,
-                      lab: ParityLab) -> list[dict[str, Any]]:
+def blockwise_recipes(config: RunConfig, base: ChosenBase, search: RepairSearch, assess: Any, confirm: Any,
+                      summarize: Any) -> list[dict[str, Any]]:
     """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
     on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;
     passing ones come first, fewest fp32 weight elements first (from the graph), and only the first one's file is
     kept (its "path"). None when the repair kept no MatMul in fp32."""
     chosen = search.best[0]
-    graph = onnxfiles.load(fp32, load_external_data=False)
+    graph = onnxfiles.load(base.source, load_external_data=False)
     matmuls = [n.name for n in graph.graph.node if n.name in chosen.blocked and n.op_type == "MatMul"]
     if not matmuls:
         return []
@@ -140,13 +172,12 @@ def blockwise_recipes(config: RunConfig, fp32: Path, search: RepairSearch, asses
     for block, level in BLOCKWISE_RECIPES:
         path = search.workdir / f"candidate-blockwise-{block}.onnx"  # removed with the candidates if interrupted
         start = time.perf_counter()
-        quantize_int8_blockwise(fp32, path, config.int8_per_channel,
+        quantize_int8_blockwise(base.source, path, base.recipe.per_channel,
                                 config.int8_nodes_to_exclude + list(chosen.blocked), matmuls, block, level)
         seconds = time.perf_counter() - start
         result, latency_ms = assess(path)
         if result["passed"]:
-            with _runner("int8", path, config) as runner:
-                result = lab.compare(runner, "int8")
+            result = confirm(path)
         name = f"{len(matmuls)} MatMul{'s' * (len(matmuls) > 1)} as 8-bit block-{block} weights (MatMulNBits, " \
                f"accuracy level {level})"
         recipes.append({"recipe": name, "blocked": list(still_fp32), "blockwise": matmuls,
