@@ -128,6 +128,20 @@ def main() -> None:
         if int8:
             line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
         print(line)
+    print("   session settings per variant, measured at b1_s16 (spinning measured, never applied: it takes the "
+          "cores from everything else):")
+    for name, tuned in latency["sessions"].items():
+        print(f"   {name:16s} {tuned['reason']}; spinning alone would be {tuned['spinning_gain']:.2f}x the default")
+    repair = (record.metric("parity.repair") or {}).get("int8")
+    if repair and repair.get("bases"):
+        print("   int8 whole-graph recipes (min cosine on the repair's hard batches, * = the repair's base):")
+        for base in repair["bases"]:
+            print(f"   {'*' if base['chosen'] else ' '} {base['recipe']:44s} {base['min_cosine']:.4f} "
+                  f"({'passes' if base['passed'] else 'fails'})")
+        kept = repair["chosen"]["blocked"] if repair.get("chosen") else None
+        print(f"   repair: {repair['outcome']}, {len(kept) if kept is not None else 'no'} of {repair['units']} units "
+              f"kept in fp32; qdq_loss_debug vs measured sensitivity: Spearman "
+              f"{repair['node_error']['spearman_vs_sensitivity']}")
     print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
     for cell in CELLS:
         choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)

@@ -34,6 +34,8 @@ def reported(tiny_models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_latency_grid_covers_every_runner_and_cell(reported):
+    from workbench.sessions import candidates
+
     _, record = reported
     latency = record.metric("bench.latency")
     assert set(latency["cells"]) == {"b1_s8", "b1_s16", "b2_s8", "b2_s16"}
@@ -47,6 +49,13 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
             assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
     assert latency["peak_gflops"] > 1
     assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
+    # Session settings measured per ONNX variant at the smallest cell; the chosen one never spins, the grid ran it
+    assert set(latency["sessions"]) == set(record.variants("onnx"))
+    for tuned in latency["sessions"].values():
+        assert len(tuned["candidates"]) == len(candidates(latency["threads"])) and all(c["p50_ms"] > 0 for c in tuned["candidates"])
+        assert tuned["chosen"]["spinning"] is False and tuned["spinning_gain"] > 0
+        chosen = next(c for c in tuned["candidates"] if {**c, "p50_ms": None} == {**tuned["chosen"], "p50_ms": None})
+        assert chosen["p50_ms"] == tuned["chosen_ms"]
 
 
 @pytest.mark.slow

@@ -95,6 +95,7 @@ class BenchSettings(_Strict):
     rounds: int = Field(default=20, ge=3)
     warmup: int = Field(default=3, ge=0)
     seconds_per_cell: float = Field(default=60.0, gt=0)
+    tune_sessions: bool = Field(default=True, description="measure ONNX Runtime session settings per variant first")
     served: bool = True
     concurrency: list[int] = [1, 2, 4, 8, 16]
     requests_per_level: int = Field(default=160, ge=8)

@@ -111,12 +111,14 @@ def repair_tradeoff(repair: dict[str, Any]) -> go.Figure:
                            x=[c["latency_ms"] for c in group], y=[c.get(metric) for c in group],
                            marker={"size": [6 + len(c["blocked"]) for c in group]},
                            hovertext=[f"{len(c['blocked'])} nodes kept in fp32{_retrieval_note(c)}" for c in group])
-    recipes = repair.get("recipes", [])
-    if recipes:
-        figure.add_scatter(name="8-bit block-wise MatMuls", mode="markers", marker={"symbol": "diamond", "size": 12},
-                           x=[r["latency_ms"] for r in recipes], y=[r.get(metric) for r in recipes],
-                           hovertext=[f"{r['recipe']}: {'passes' if r['passed'] else 'fails'}{_retrieval_note(r)}"
-                                      for r in recipes])
+    for label, symbol, recipes in (("whole-graph recipes (weights, smoothing)", "square", repair.get("bases", [])),
+                                   ("8-bit block-wise MatMuls", "diamond", repair.get("recipes", []))):
+        if recipes:
+            figure.add_scatter(name=label, mode="markers", marker={"symbol": symbol, "size": 12},
+                               x=[r["latency_ms"] for r in recipes], y=[r.get(metric) for r in recipes],
+                               hovertext=[f"{r['recipe']}: {'passes' if r['passed'] else 'fails'}"
+                                          f"{' (the base)' if r.get('chosen') else ''}{_retrieval_note(r)}"
+                                          for r in recipes])
     for label, entry in (("chosen", repair.get("chosen")), ("before repair", repair.get("before"))):
         if entry:
             figure.add_scatter(name=label, mode="markers", x=[entry["latency_ms"]], y=[entry.get(metric)],
@@ -140,6 +142,21 @@ def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:
     figure.update_layout(title=f"{repair['precision']}: error reduction when one node stays fp32",
                          xaxis_title="loss removed (1 - mean cosine, or mean absolute error)", yaxis_title="node",
                          height=200 + 22 * len(items), margin={"l": 380})
+    return figure
+
+
+def node_error_figure(repair: dict[str, Any]) -> go.Figure:
+    """qdq_loss_debug's quantization noise per MatMul (input activation and weight SQNR, lower is worse)."""
+    errors = repair["node_error"]
+    items = sorted(errors["per_node"].items(), key=lambda kv: -(kv[1]["input_sqnr_db"] or 0))
+    figure = go.Figure()
+    for key, label in (("input_sqnr_db", "input activation"), ("weight_sqnr_db", "weight")):
+        figure.add_bar(name=label, orientation="h", x=[e[key] for _, e in items], y=[n for n, _ in items])
+    rho = errors["spearman_vs_sensitivity"]
+    agreement = f"; Spearman vs measured sensitivity {rho:.2f}" if rho is not None else ""
+    figure.update_layout(title=f"{repair['precision']}: int8 noise per MatMul (qdq_loss_debug){agreement}",
+                         xaxis_title="signal-to-quantization-noise ratio (dB, lower is worse)", yaxis_title="node",
+                         barmode="group", height=200 + 36 * len(items), margin={"l": 380})
     return figure
 
 

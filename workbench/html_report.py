@@ -43,8 +43,12 @@ def _parity(parity: dict[str, Any]) -> Parts:
                                     figures.error_distribution(parity["variants"])]))
     for precision, outcome in parity.get("repair", {}).items():
         kept = len(outcome["chosen"]["blocked"]) if outcome.get("chosen") else "none"
+        base = f" Quantized as: {outcome['base']}." if outcome.get("base") else ""
+        charts = [figures.repair_tradeoff(outcome)]
+        if outcome.get("node_error", {}).get("per_node"):
+            charts.append(figures.node_error_figure(outcome))
         parts.append((f"{precision} precision repair", f"Outcome: {outcome['outcome']}; nodes kept in fp32: "
-                      f"{kept} of {outcome['units']}.", [figures.repair_tradeoff(outcome)]))
+                      f"{kept} of {outcome['units']}.{base}", charts))
     return parts
 
 
@@ -78,9 +82,12 @@ def _latency(bench: dict[str, Any]) -> Parts:
     latency = bench.get("latency")
     if not latency:
         return []
+    sessions = "".join(f" {name}: {tuned['reason']} (spinning would be {tuned['spinning_gain']:.2f}x alone; never "
+                       "applied)." for name, tuned in latency.get("sessions", {}).items())
     return [("In-process latency", f"Interleaved rounds, {latency['threads']} threads, median per call; speedup "
              f"over PyTorch eager fp32. fp32 matmul peak measured in the same run (the faster of PyTorch and "
-             f"ONNX Runtime): {latency['peak_gflops']:.0f} GFLOP/s.",
+             f"ONNX Runtime): {latency['peak_gflops']:.0f} GFLOP/s. Session settings measured per variant at the "
+             f"smallest cell:{sessions or ' not measured.'}",
              [figures.latency_figure(latency), figures.speedup_figure(latency)])]
 
 

@@ -114,17 +114,32 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int, reference
     return result
 
 
-def benchmark_runners(config: Any, record: Any, stack: ExitStack) -> dict[str, Runner]:
-    """PyTorch eager (the reference), every ONNX variant in ONNX Runtime, and TensorRT engines where built; each is
-    closed when `stack` closes (also those opened before one that fails)."""
+def tune_sessions(config: Any, record: Any, batch: Batch) -> dict[str, dict[str, Any]]:
+    """Per ONNX variant, the session settings measured fastest on `batch` (the grid's smallest cell, where per-op
+    overhead dominates), with every candidate's median (`workbench.sessions.tune`)."""
+    from workbench.runners.onnxruntime import providers_for, session
+    from workbench.sessions import tune
+
+    threads = config.threads or os.cpu_count() or 1
+    providers = providers_for(config.device)
+    return {name: tune(lambda settings, path=path: session(path, providers, settings=settings), batch.feed, threads)
+            for name, (path, _) in record.variants("onnx").items()}
+
+
+def benchmark_runners(config: Any, record: Any, stack: ExitStack,
+                      tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:
+    """PyTorch eager (the reference), every ONNX variant in ONNX Runtime (with its `tuned` settings, if any), and
+    TensorRT engines where built; each is closed when `stack` closes (also those opened before one that fails)."""
     from workbench.models import load_model
     from workbench.runners.onnxruntime import OrtRunner, providers_for
     from workbench.runners.torch import TorchRunner
+    from workbench.sessions import SessionSettings
 
     threads = config.threads or os.cpu_count() or 1
     runners: dict[str, Runner] = {"pytorch": stack.enter_context(TorchRunner(load_model(config), config.pooling))}
     for name, (path, _) in record.variants("onnx").items():
-        runners[name] = stack.enter_context(OrtRunner(name, path, providers_for(config.device), threads))
+        settings = SessionSettings(**tuned[name]["chosen"]) if tuned and name in tuned else None
+        runners[name] = stack.enter_context(OrtRunner(name, path, providers_for(config.device), threads, settings))
     engines = record.variants("engine")
     if engines:
         from workbench.runners.tensorrt import TrtEngineRunner
@@ -153,7 +168,10 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     tokenizer = record.tokenizer()
     texts = list(load_corpus(config.corpus))
     lengths = token_lengths(tokenizer, texts)
-    runners = benchmark_runners(config, record, stack)
+    smallest = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, min(bench.batches),
+                            min(s for s in bench.sequences if s <= export["max_sequence"]))
+    tuned = tune_sessions(config, record, smallest) if bench.tune_sessions else {}
+    runners = benchmark_runners(config, record, stack, tuned)
     verdicts = record.verdicts()
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}
     cells: dict[str, Any] = {}
@@ -173,7 +191,7 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
                 stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
     best = {cell: max((n for n in stats if passed[n]), key=lambda n: stats[n]["speedup"] or 0)
             for cell, stats in cells.items()}
-    return {"threads": threads, "cells": cells, "flops": flops, "passed": passed,
+    return {"threads": threads, "cells": cells, "flops": flops, "passed": passed, "sessions": tuned,
             "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]} for cell, name in best.items()},
             "peak_gflops": matmul_peak_gflops(threads)}
 

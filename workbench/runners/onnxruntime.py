@@ -11,6 +11,7 @@ from workbench.batches import Batch
 from workbench.environment import gpu_name
 from workbench.errors import CudaFallbackError, GpuRequiredError, OnnxModelError
 from workbench.runners import Runner, RunnerClosedError
+from workbench.sessions import SessionSettings
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -107,17 +108,14 @@ def tensorrt_providers(options: dict[str, Any]) -> list[Any]:
     return [(TENSORRT, options), CUDA, CPU]
 
 
-def session(path: Path | str, providers: list[Any], threads: int | None = None) -> Any:
-    """An InferenceSession; a file ORT cannot load is an OnnxModelError."""
+def session(path: Path | str, providers: list[Any], threads: int | None = None,
+            settings: SessionSettings | None = None) -> Any:
+    """An InferenceSession with `settings` (default: `threads` threads that sleep when idle); a file ORT cannot load
+    is an OnnxModelError."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    # Idle worker threads spinning for work steal the CPU from whatever runs next (another session, PyTorch, a
-    # tokenizer process); on a few cores that distorts every interleaved measurement, so they sleep instead.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
+    (settings or SessionSettings(threads)).apply(options)
     try:
         created = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
     except (onnxruntime.capi.onnxruntime_pybind11_state.Fail,
@@ -138,10 +136,11 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None) 
 class OrtRunner(Runner):
     """Runs one ONNX file; `providers` records what the session really uses; `close()` drops the session."""
 
-    def __init__(self, name: str, path: Path | str, providers: list[Any], threads: int | None = None) -> None:
+    def __init__(self, name: str, path: Path | str, providers: list[Any], threads: int | None = None,
+                 settings: SessionSettings | None = None) -> None:
         self.name = name
         self.path = Path(path)
-        self.session: Any = session(path, providers, threads)
+        self.session: Any = session(path, providers, threads, settings)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.providers = self.session.get_providers()
