@@ -52,7 +52,8 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
     # Session settings measured per ONNX variant at the smallest cell; the chosen one never spins, the grid ran it
     assert set(latency["sessions"]) == set(record.variants("onnx"))
     for tuned in latency["sessions"].values():
-        assert len(tuned["candidates"]) == len(candidates(latency["threads"])) and all(c["p50_ms"] > 0 for c in tuned["candidates"])
+        assert len(tuned["candidates"]) == len(candidates(latency["threads"]))
+        assert all(c["p50_ms"] > 0 for c in tuned["candidates"])
         assert tuned["chosen"]["spinning"] is False and tuned["spinning_gain"] > 0
         chosen = next(c for c in tuned["candidates"] if {**c, "p50_ms": None} == {**tuned["chosen"], "p50_ms": None})
         assert chosen["p50_ms"] == tuned["chosen_ms"]
