@@ -150,7 +150,8 @@ def node_error_figure(repair: dict[str, Any]) -> go.Figure:
     errors = repair["node_error"]
     items = sorted(errors["per_node"].items(), key=lambda kv: -(kv[1]["input_sqnr_db"] or 0))
     figure = go.Figure()
-    for key, label in (("input_sqnr_db", "input activation"), ("weight_sqnr_db", "weight")):
+    for key, label in (("input_sqnr_db", "input activation"), ("weight_sqnr_db_per_channel", "weight per channel"),
+                       ("weight_sqnr_db_per_tensor", "weight per tensor")):
         figure.add_bar(name=label, orientation="h", x=[e[key] for _, e in items], y=[n for n, _ in items])
     rho = errors["spearman_vs_sensitivity"]
     agreement = f"; Spearman vs measured sensitivity {rho:.2f}" if rho is not None else ""

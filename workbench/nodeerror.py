@@ -1,7 +1,8 @@
-"""Per-node int8 error from ONNX Runtime's `qdq_loss_debug`: a QDQ twin of the graph (its MatMuls' weights quantized
-as the repair's recipe does, their input activations calibrated on corpus batches) is compared with the fp32 graph
-node by node. For each MatMul: the signal-to-quantization-noise ratio (dB, higher is better) of its weight and of
-its input activation. A diagnostic shown beside the repair's measured sensitivity; verdicts never read it.
+"""Per-node int8 error from ONNX Runtime's `qdq_loss_debug`: QDQ twins of the graph (its MatMuls' weights quantized
+per channel, and per tensor; their input activations calibrated on corpus batches) are compared with the fp32 graph
+node by node. For each MatMul: the signal-to-quantization-noise ratio (dB, higher is better) of its weight under
+either granularity and of its input activation. A diagnostic shown beside the repair's measured sensitivity;
+verdicts never read it.
 
 ONNX Runtime's QDQ quantizer has no fused Attention, so the Attention nodes' weights are not covered."""
 from __future__ import annotations
@@ -16,10 +17,10 @@ from workbench import onnxfiles
 COVERED_OPS = ("MatMul",)
 
 
-def node_errors(source: Path, workdir: Path, feeds: list[dict[str, np.ndarray]], per_channel: bool,
-                nodes: list[str]) -> dict[str, dict[str, float]]:
-    """{node: {"weight_sqnr_db", "input_sqnr_db"}} for the MatMuls among `nodes` (files made in `workdir` are
-    candidate files, removed with the repair's)."""
+def node_errors(source: Path, workdir: Path, feeds: list[dict[str, np.ndarray]],
+                nodes: list[str]) -> dict[str, dict[str, float | None]]:
+    """{node: {"weight_sqnr_db_per_channel", "weight_sqnr_db_per_tensor", "input_sqnr_db"}} for the MatMuls among
+    `nodes` (files made in `workdir` are candidate files, removed with the repair's)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.qdq_loss_debug import (
         collect_activations,
@@ -47,11 +48,14 @@ def node_errors(source: Path, workdir: Path, feeds: list[dict[str, np.ndarray]],
     # Calibration and the saver act only on tensors of known type: ONNX Runtime's symbolic shape inference types
     # the outputs of its contrib ops (Attention, SkipLayerNormalization), which ONNX's own inference leaves unknown
     _with_shapes(source, float_saved)
-    quantize_static(float_saved, qdq, Feeds(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    nodes_to_quantize=[n.name for n in wanted], op_types_to_quantize=list(COVERED_OPS),
-                    extra_options={"ActivationSymmetric": True})
-    weight_error = compute_weight_error(create_weight_matching(str(source), str(qdq)))
+    weight_error = {}
+    for per_channel in (False, True):  # the per-channel twin stays for the activations
+        quantize_static(float_saved, qdq, Feeds(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        nodes_to_quantize=[n.name for n in wanted], op_types_to_quantize=list(COVERED_OPS),
+                        extra_options={"ActivationSymmetric": True})
+        granularity = "per_channel" if per_channel else "per_tensor"
+        weight_error[granularity] = compute_weight_error(create_weight_matching(str(source), str(qdq)))
     _with_shapes(qdq, qdq_saved)
     modify_model_output_intermediate_tensors(float_saved, float_saved)
     modify_model_output_intermediate_tensors(qdq_saved, qdq_saved)
@@ -60,7 +64,8 @@ def node_errors(source: Path, workdir: Path, feeds: list[dict[str, np.ndarray]],
     activation_error = compute_activation_error(activations)
     for path in (qdq, float_saved, qdq_saved):
         onnxfiles.remove(path)
-    return {node.name: {"weight_sqnr_db": _rounded(weight_error.get(node.input[1])),
+    return {node.name: {**{f"weight_sqnr_db_{g}": _rounded(errors.get(node.input[1]))
+                           for g, errors in weight_error.items()},
                         "input_sqnr_db": _rounded(activation_error.get(node.input[0], {}).get("qdq_err"))}
             for node in wanted}
 

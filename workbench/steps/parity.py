@@ -113,7 +113,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
         errors: dict[str, Any] = {}
         if base is not None:
             problem.units = sensitivity_order(search, problem.costs)
-            errors = node_errors(base.source, workdir, feeds, base.recipe.per_channel, problem.units)
+            errors = node_errors(base.source, workdir, feeds, problem.units)
         for _ in range(REPAIR_ROUNDS):
             result = run_search(search)
             if search.best is None:
