@@ -116,6 +116,10 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     chosen_base = next(b for b in bases if b["chosen"])
     assert chosen_base["violation"] == min(b["violation"] for b in bases if b["passed"] == chosen_base["passed"])
     assert repair["base"] == chosen_base["recipe"] == record.data["artifacts"]["onnx.int8_repaired"]["recipe"]
+    from workbench.takeaways import takeaway
+
+    assert (f"int8_repaired keeps {len(repair['chosen']['blocked'])} of {repair['units']} units in fp32, quantized as "
+            f"{repair['base']} (") in takeaway("parity", record)
     assert bases[0]["min_cosine"] == pytest.approx(repair["before"]["min_cosine"], abs=1e-6)  # same build twice
     # qdq_loss_debug's per-node error, for every MatMul unit, beside the measured sensitivity
     errors = repair["node_error"]["per_node"]

@@ -48,8 +48,9 @@ def _parity(record: RunRecord) -> list[str]:
     for precision, outcome in (record.metric("parity.repair") or {}).items():
         chosen = outcome.get("chosen")
         if outcome["outcome"] == "repaired" and chosen:
-            lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32 "
-                         f"({len(outcome['candidates'])} candidates built)")
+            base = f", quantized as {outcome['base']}" if outcome.get("base") else ""
+            lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32"
+                         f"{base} ({len(outcome['candidates'])} candidates built)")
         else:
             lines.append(f"{precision} repair: {outcome['outcome']}")
     return lines
