@@ -128,10 +128,10 @@ def main() -> None:
         if int8:
             line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
         print(line)
-    print("   session settings per variant, measured at b1_s16 (spinning measured, never applied: it takes the "
-          "cores from everything else):")
+    print("   session settings per variant, screened at b1_s16, the fastest re-measured against the default at "
+          "b1_s16 and b8_s128 (spinning measured alone, never applied: it takes the cores from everything else):")
     for name, tuned in latency["sessions"].items():
-        print(f"   {name:16s} {tuned['reason']}; spinning alone would be {tuned['spinning_gain']:.2f}x the default")
+        print(f"   {name:16s} {tuned['reason']}; spinning alone {tuned['spinning_gain']:.2f}x the default at b1_s16")
     repair = (record.metric("parity.repair") or {}).get("int8")
     if repair and repair.get("bases"):
         print("   int8 whole-graph recipes (min cosine on the repair's hard batches, * = the repair's base):")

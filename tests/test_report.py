@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from markupsafe import escape as html_escape
 
 from workbench import figures
 from workbench.config import RunConfig
@@ -34,7 +35,7 @@ def reported(tiny_models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_latency_grid_covers_every_runner_and_cell(reported):
-    from workbench.sessions import candidates
+    from workbench.sessions import SessionSettings, candidates
 
     _, record = reported
     latency = record.metric("bench.latency")
@@ -49,14 +50,16 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
             assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
     assert latency["peak_gflops"] > 1
     assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
-    # Session settings measured per ONNX variant at the smallest cell; the chosen one never spins, the grid ran it
+    # Session settings screened per ONNX variant, the fastest re-measured head to head; the chosen one never spins
     assert set(latency["sessions"]) == set(record.variants("onnx"))
     for tuned in latency["sessions"].values():
-        assert len(tuned["candidates"]) == len(candidates(latency["threads"]))
-        assert all(c["p50_ms"] > 0 for c in tuned["candidates"])
-        assert tuned["chosen"]["spinning"] is False and tuned["spinning_gain"] > 0
-        chosen = next(c for c in tuned["candidates"] if {**c, "p50_ms": None} == {**tuned["chosen"], "p50_ms": None})
-        assert chosen["p50_ms"] == tuned["chosen_ms"]
+        assert len(tuned["screen"]) == len(candidates(latency["threads"]))
+        assert all(c["p50_ms"] > 0 for c in tuned["screen"]) and tuned["spinning_gain"] > 0
+        assert tuned["chosen"]["spinning"] is False and tuned["head_to_head"][0] == {
+            **SessionSettings(latency["threads"]).record(), **{k: tuned["head_to_head"][0][k] for k in
+                                                              ("small_ms", "large_ms")}}
+        assert tuned["chosen"] in [{k: v for k, v in h.items() if not k.endswith("_ms")}
+                                   for h in tuned["head_to_head"]]
 
 
 @pytest.mark.slow
@@ -114,6 +117,8 @@ def test_report_is_self_contained(reported):
                   "Where tokenization runs", "ONNX Runtime fusions", "Serving efficiency", "Repository layouts"):
         assert title in html, title
     assert ("int8 precision repair" in html) == bool(record.metric("parity.repair"))
+    for name, tuned in record.metric("bench.latency.sessions").items():
+        assert f" {name}: {html_escape(tuned['reason'])} (spinning would be {tuned['spinning_gain']:.2f}x" in html
     assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"
     # Rendering again measures nothing: the bench step's numbers stay as they were, and stay current.
     before = record.step_entry("bench")

@@ -114,15 +114,16 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int, reference
     return result
 
 
-def tune_sessions(config: Any, record: Any, batch: Batch) -> dict[str, dict[str, Any]]:
-    """Per ONNX variant, the session settings measured fastest on `batch` (the grid's smallest cell, where per-op
-    overhead dominates), with every candidate's median (`workbench.sessions.tune`)."""
+def tune_sessions(config: Any, record: Any, small: Batch, large: Batch) -> dict[str, dict[str, Any]]:
+    """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
+    overhead dominates) and no slower at `large` (its largest), with every median (`workbench.sessions.tune`)."""
     from workbench.runners.onnxruntime import providers_for, session
     from workbench.sessions import tune
 
     threads = config.threads or os.cpu_count() or 1
     providers = providers_for(config.device)
-    return {name: tune(lambda settings, path=path: session(path, providers, settings=settings), batch.feed, threads)
+    return {name: tune(lambda settings, path=path: session(path, providers, settings=settings), small.feed,
+                       large.feed, threads)
             for name, (path, _) in record.variants("onnx").items()}
 
 
@@ -168,9 +169,10 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     tokenizer = record.tokenizer()
     texts = list(load_corpus(config.corpus))
     lengths = token_lengths(tokenizer, texts)
-    smallest = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, min(bench.batches),
-                            min(s for s in bench.sequences if s <= export["max_sequence"]))
-    tuned = tune_sessions(config, record, smallest) if bench.tune_sessions else {}
+    sequences = [s for s in bench.sequences if s <= export["max_sequence"]]
+    small, large = (shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, pick(bench.batches),
+                                 pick(sequences)) for pick in (min, max))
+    tuned = tune_sessions(config, record, small, large) if bench.tune_sessions else {}
     runners = benchmark_runners(config, record, stack, tuned)
     verdicts = record.verdicts()
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}

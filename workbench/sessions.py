@@ -2,8 +2,9 @@
 
 At batch 1 and a short sequence a call is per-op overhead more than arithmetic, and the settings that shape that
 overhead (threads, the graph optimization level applied at load, the execution mode, whether idle threads spin) are
-measured per variant on one real batch, in rotating blocks, and the fastest median wins. Only speed follows this
-measurement: verdicts never read it, and the defaults stand when no candidate is at least `MIN_GAIN` faster.
+screened per variant on one real batch in rotating blocks; the fastest is then re-measured head to head with the
+default at the smallest and the largest cell, and replaces it only when clearly faster at the one and no slower at
+the other. Only speed follows this measurement: verdicts never read it.
 
 Spinning is measured and reported but never chosen: a spinning session keeps its threads busy after each call and
 takes the cores from everything else on the host (PyTorch ran 2x slower beside one, even 10 ms after its calls),
@@ -21,7 +22,8 @@ import numpy as np
 
 OPTIMIZATION_LEVELS = ("all", "extended", "basic")
 EXECUTION_MODES = ("sequential", "parallel")
-MIN_GAIN = 1.05  # a candidate must beat the default by 5% (median over median) to replace it
+MIN_GAIN = 1.05  # head to head at the smallest cell, the challenger must beat the default by 5%
+MAX_LARGE_LOSS = 1.02  # and be no more than 2% slower at the largest cell
 
 
 @dataclass(frozen=True)
@@ -60,19 +62,19 @@ class SessionSettings:
 
 
 def candidates(threads: int) -> list[SessionSettings]:
-    """The default with `threads` first, then every combination of fewer threads, spinning, optimization level and
-    execution mode."""
+    """The default with `threads` first, then every combination of fewer threads, optimization level and execution
+    mode (none spins: see `spinning_gain`)."""
     default = SessionSettings(threads)
-    grid = [SessionSettings(t, spin, level, mode)
-            for t, spin, level, mode in itertools.product(sorted({1, threads}, reverse=True), (False, True),
-                                                          OPTIMIZATION_LEVELS, EXECUTION_MODES)]
+    grid = [SessionSettings(t, False, level, mode)
+            for t, level, mode in itertools.product(sorted({1, threads}, reverse=True), OPTIMIZATION_LEVELS,
+                                                    EXECUTION_MODES)]
     return [default, *(s for s in grid if s != default)]
 
 
 def measure(calls: dict[SessionSettings, Callable[[], object]], rounds: int, block: int) -> dict[SessionSettings,
                                                                                                   list[float]]:
     """Seconds per call for each candidate, in `rounds` rounds of `block` calls per candidate (the order rotates
-    every round). The first call of each block is not counted: it pays for the previous candidate's threads."""
+    every round). The first call of each block is not counted: its caches are the previous candidate's."""
     order = list(calls)
     samples: dict[SessionSettings, list[float]] = {s: [] for s in order}
     for index in range(rounds):
@@ -86,26 +88,61 @@ def measure(calls: dict[SessionSettings, Callable[[], object]], rounds: int, blo
     return samples
 
 
-def choose(medians_ms: dict[SessionSettings, float], default: SessionSettings) -> tuple[SessionSettings, str]:
-    """The fastest candidate that does not spin when it beats `default` by `MIN_GAIN`, else `default`; and why."""
-    fastest = min((s for s in medians_ms if not s.spinning), key=lambda s: (medians_ms[s], s != default))
-    gain = medians_ms[default] / medians_ms[fastest]
-    if fastest == default or gain < MIN_GAIN:
-        return default, f"no setting beat the default by {MIN_GAIN:.2f}x (best {gain:.2f}x)"
-    return fastest, f"{gain:.2f}x faster than the default ({fastest.label()})"
+def choose(default: SessionSettings, challenger: SessionSettings | None, small_ms: dict[SessionSettings, float],
+           large_ms: dict[SessionSettings, float]) -> tuple[SessionSettings, str]:
+    """The screen's fastest `challenger` when, head to head with `default`, it is `MIN_GAIN` faster at the smallest
+    cell and at most `MAX_LARGE_LOSS` slower at the largest (one setting serves every shape); else `default`.
+    The head-to-head re-measure keeps the screen's luckiest draw from winning on noise."""
+    if challenger is None:
+        return default, "the default was the fastest in the screen"
+    gain, large = small_ms[default] / small_ms[challenger], large_ms[default] / large_ms[challenger]
+    if gain < MIN_GAIN:
+        return default, (f"the screen's fastest ({challenger.label()}) was {gain:.2f}x the default head to head "
+                         f"(needs {MIN_GAIN:.2f}x)")
+    if large < 1 / MAX_LARGE_LOSS:
+        return default, (f"the screen's fastest ({challenger.label()}) was {gain:.2f}x the default at the smallest "
+                         f"cell but {large:.2f}x at the largest")
+    return challenger, (f"{gain:.2f}x faster than the default head to head at the smallest cell, {large:.2f}x at "
+                        f"the largest ({challenger.label()})")
 
 
-def tune(make_session: Callable[[SessionSettings], Any], feed: dict[str, np.ndarray], threads: int,
-         rounds: int = 5, block: int = 8) -> dict[str, Any]:
-    """Measure every candidate on `feed`; the chosen settings, why, and each candidate's median in ms."""
+def _medians_ms(samples: dict[SessionSettings, list[float]]) -> dict[SessionSettings, float]:
+    return {s: float(np.median(v)) * 1e3 for s, v in samples.items()}
+
+
+def spinning_gain(make_session: Callable[[SessionSettings], Any], feed: dict[str, np.ndarray],
+                  default: SessionSettings, calls: int = 40) -> float:
+    """Default median over spinning median at `feed`, measured in separate phases (default, spinning, default)
+    with the spinning session dropped before the last: its threads would slow whatever runs after it."""
+    before, spinning, after = (_alone(make_session, settings, feed, calls) for settings in (
+        default, SessionSettings(default.threads, spinning=True), default))
+    return (before + after) / 2 / spinning
+
+
+def _alone(make_session: Callable[[SessionSettings], Any], settings: SessionSettings, feed: dict[str, np.ndarray],
+           calls: int) -> float:
+    """Median ms of `calls` calls of a session of its own, released on return (its threads with it)."""
+    session = make_session(settings)
+    return _medians_ms(measure({settings: lambda: session.run(None, feed)}, 1, calls))[settings]
+
+
+def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.ndarray], large: dict[str, np.ndarray],
+         threads: int, rounds: int = 5, block: int = 8) -> dict[str, Any]:
+    """Screen every candidate at `small` (the smallest cell), re-measure the fastest head to head with the default
+    at `small` and `large`, and choose (`choose`). Returns the choice, why, every median, and the spinning gain."""
     options = candidates(threads)
+    default = options[0]
     sessions = {s: make_session(s) for s in options}
-    calls = {s: (lambda session=session: session.run(None, feed)) for s, session in sessions.items()}
-    samples = measure(calls, rounds, block)
-    medians = {s: float(np.median(v)) * 1e3 for s, v in samples.items()}
-    chosen, reason = choose(medians, options[0])
-    spinning = min((s for s in options if s.spinning), key=medians.__getitem__)
-    return {"chosen": chosen.record(), "reason": reason, "default_ms": round(medians[options[0]], 4),
-            "chosen_ms": round(medians[chosen], 4),
-            "spinning_gain": round(medians[options[0]] / medians[spinning], 3),  # measured, never applied
-            "candidates": [{**s.record(), "p50_ms": round(medians[s], 4)} for s in options]}
+    screen = _medians_ms(measure({s: (lambda r=r: r.run(None, small)) for s, r in sessions.items()}, rounds, block))
+    fastest = min(options, key=lambda s: (screen[s], s != default))
+    challenger = None if fastest == default else fastest
+    pair = [default] + ([challenger] if challenger else [])
+    small_ms = _medians_ms(measure({s: (lambda r=sessions[s]: r.run(None, small)) for s in pair}, 2 * rounds, block))
+    large_ms = _medians_ms(measure({s: (lambda r=sessions[s]: r.run(None, large)) for s in pair}, rounds, 3))
+    del sessions
+    chosen, reason = choose(default, challenger, small_ms, large_ms)
+    return {"chosen": chosen.record(), "reason": reason,
+            "head_to_head": [{**s.record(), "small_ms": round(small_ms[s], 4), "large_ms": round(large_ms[s], 4)}
+                             for s in pair],
+            "spinning_gain": round(spinning_gain(make_session, small, default), 3),  # measured, never applied
+            "screen": [{**s.record(), "p50_ms": round(screen[s], 4)} for s in options]}
