@@ -67,12 +67,11 @@ class InterruptGuard:
             else:
                 _quietly(process.kill)
 
-    def check(self, where: str) -> None:
-        """Raise RunInterruptedError if a signal came."""
+    def check(self, where: str, fix: str = "re-run the steps that did not finish (--resume --output-dir <run> "
+                                           "--steps <them>)") -> None:
+        """Raise RunInterruptedError if a signal came; `fix` says how to go on."""
         if self.signum is not None:
-            raise RunInterruptedError(f"the run was {self.reason} during {where}",
-                                      "re-run the steps that did not finish (--resume --output-dir <run>)",
-                                      self.signum)
+            raise RunInterruptedError(f"the run was {self.reason} during {where}", fix, self.signum)
 
 
 def remove_partials(run_dir: Path) -> list[Path]:

@@ -113,7 +113,9 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     steps = [s for s in STEP_NAMES if s in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):
-            guard.check(f"the run, before step {step!r}")
+            again = (f"re-run the steps that did not finish, keeping the others: workbench run --resume --output-dir "
+                     f"{run_dir} --steps {','.join(steps[index:])}")
+            guard.check(f"the run, before step {step!r}", again)
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
             try:
@@ -121,7 +123,7 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
                     run_notebook(step, config, run_dir, progress)
             except Exception as exc:
                 record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
-                guard.check(f"step {step!r}")
+                guard.check(f"step {step!r}", again)
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
                                       f"read {run_dir / 'notebooks' / step_info(step).notebook} and {record.path}"
                                       ) from None

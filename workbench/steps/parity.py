@@ -77,6 +77,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
     wrong; when its winner then fails on the full set, the batches where it fails join and the search goes on
     (verdicts are re-taken, builds are budgeted). Each build is counted on `bar`.
     """
+    started = time.perf_counter()
     providers = providers_for(config.device)
     hard: list[int] = []
     with _runner(precision, record.artifact(f"onnx.{precision}"), config) as runner:
@@ -153,6 +154,7 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
     baseline = search.candidates.get(frozenset())
     result["before"] = baseline.record() if baseline else None
     result["latency_feed"] = list(batch.shape)
+    result["seconds"] = round(time.perf_counter() - started, 2)  # the whole repair: recipes, rounds, diagnostics
     return result
 
 
