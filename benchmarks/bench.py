@@ -111,6 +111,8 @@ def main() -> None:
     int8 = features["int8_dot_product"]
     print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; matmul peak "
           f"{latency['peak_gflops']:.0f} GFLOP/s\n")
+    for disturbance in latency["disturbed"]:
+        print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
     print("1. speedup over PyTorch eager / share of the matmul peak (median ms in brackets); * = fails parity")
     runners = list(latency["cells"][CELLS[0]])
     print(f"   {'variant':16s}" + "".join(f"{c:>28s}" for c in CELLS))

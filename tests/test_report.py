@@ -35,6 +35,7 @@ def reported(tiny_models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_latency_grid_covers_every_runner_and_cell(reported):
+    from workbench.latency import disturbances
     from workbench.sessions import SessionSettings, candidates
 
     _, record = reported
@@ -50,6 +51,7 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
             assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
     assert latency["peak_gflops"] > 1
     assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
+    assert latency["disturbed"] == disturbances(latency["cells"], latency["flops"])  # recorded, read from the grid
     # Session settings screened per ONNX variant, the fastest re-measured head to head; the chosen one never spins
     assert set(latency["sessions"]) == set(record.variants("onnx"))
     for tuned in latency["sessions"].values():
@@ -381,3 +383,28 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
     assert str(judged) == "recall@10 0.98590 vs 0.999 (margin -0.01310)"
     output["tolerance"] = {"min_cosine": 0.99999998}
     assert str(gate(verdict)) == "min cosine 0.9999800000 vs 0.99999998 (margin -0.0000199800)"
+
+
+def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
+    from workbench.html_report import headline
+    from workbench.latency import disturbances
+    from workbench.takeaways import takeaway
+
+    flops = {"b1_s16": 1.0, "b1_s128": 8.0, "b8_s16": 8.5, "b8_s128": 70.0}
+    quiet = {"b1_s16": _cell({"pytorch": 7.8, "int8_repaired": 2.2}), "b1_s128": _cell({"pytorch": 22.5,
+             "int8_repaired": 7.4}), "b8_s16": _cell({"pytorch": 30.0, "int8_repaired": 9.0}),
+             "b8_s128": _cell({"pytorch": 145.7, "int8_repaired": 49.7})}
+    assert disturbances(quiet, flops) == []
+    # what a run beside a test suite and a busy loop measured: PyTorch's threads oversubscribed, ORT's not
+    busy = {"b1_s16": _cell({"pytorch": 844.8, "int8_repaired": 2.22}), "b1_s128": _cell({"pytorch": 1273.4,
+            "int8_repaired": 12.38}), "b8_s16": _cell({"pytorch": 1734.6, "int8_repaired": 10.8}),
+            "b8_s128": _cell({"pytorch": 1007.0, "int8_repaired": 135.4})}
+    found = disturbances(busy, flops)
+    assert found == ["pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
+    assert headline({"latency": {"disturbed": found}})[0].startswith(f"DISTURBED TIMINGS: {found[0]}. Other work")
+    _, record = _benched(tmp_path, PASSING)
+    with record.step("bench"):
+        record.set_metric("bench.latency.disturbed", found)
+    assert takeaway("bench", record).splitlines()[0] == (
+        f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host before "
+        "trusting the speeds below")

@@ -33,7 +33,7 @@ def test_the_challenger_replaces_the_default_only_when_clearly_faster_head_to_he
     chosen, reason = choose(default, single, {default: 4.0, single: 3.2}, {default: 80.0, single: 79.0})
     assert chosen == single
     assert reason == "1.25x faster than the default head to head at the smallest cell, 1.01x at the largest " \
-                     "(1 threads, spinning off, basic optimizations, sequential)"
+                     "(1 thread, spinning off, basic optimizations, sequential)"
     chosen, reason = choose(default, single, {default: 4.0, single: 4.0 / (MIN_GAIN - 0.01)},
                             {default: 80.0, single: 80.0})
     assert chosen == default and reason.endswith("was 1.04x the default head to head (needs 1.05x)")

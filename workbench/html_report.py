@@ -190,9 +190,15 @@ def headline(bench: dict[str, Any]) -> list[str]:
     the recommendation)."""
     lines = []
     host = bench.get("host")
+    disturbed = bench.get("latency", {}).get("disturbed")
+    if disturbed:
+        lines.append(f"DISTURBED TIMINGS: {disturbed[0]}{f' (and {len(disturbed) - 1} more)' if disturbed[1:] else ''}"
+                     ". Other work on the host distorted the in-process grid, ratios included: do not compare or "
+                     "deploy by these numbers; re-run the bench step on a quiet host.")
     if host and host["load_before"] > host["cpu_count"] / 2:
         lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
-                     f"{host['cpu_count']} cores): ratios measured side by side hold, absolute times do not.")
+                     f"{host['cpu_count']} cores): absolute times do not hold; ratios hold only where the other "
+                     "work slowed every runner alike.")
     served = bench.get("served", {})
     if "batching_on" in served and "batching_off" in served:
         top = str(max(served["levels"]))

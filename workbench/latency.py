@@ -41,6 +41,26 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int
     return samples
 
 
+DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
+
+
+def disturbances(cells: dict[str, dict[str, dict[str, Any]]], flops: dict[str, float]) -> list[str]:
+    """Signs, read from the medians themselves, that other work on the host distorted the grid: a runner whose
+    median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with at least as much work
+    (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold either)."""
+    found = []
+    for small in cells:
+        for large in cells:
+            if small == large or flops[large] < flops[small]:
+                continue
+            for runner, stats in cells[small].items():
+                other = cells[large].get(runner)
+                if other and stats["p50"] > DISTURBANCE_FACTOR * other["p50"]:
+                    found.append(f"{runner} took {stats['p50']:.1f} ms at {small} but {other['p50']:.1f} ms at "
+                                 f"{large}, which does more work")
+    return found
+
+
 def matmul_flops(layers: int, hidden: int, intermediate: int, rows: int, length: int) -> float:
     """Multiply-add FLOPs of an encoder's matmuls: Q, K, V, output and the two feed-forward projections per token,
     plus the two attention products (scores and weighted values) per layer."""
@@ -194,6 +214,7 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     best = {cell: max((n for n in stats if passed[n]), key=lambda n: stats[n]["speedup"] or 0)
             for cell, stats in cells.items()}
     return {"threads": threads, "cells": cells, "flops": flops, "passed": passed, "sessions": tuned,
+            "disturbed": disturbances(cells, flops),
             "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]} for cell, name in best.items()},
             "peak_gflops": matmul_peak_gflops(threads)}
 

@@ -54,7 +54,8 @@ class SessionSettings:
                                   else onnxruntime.ExecutionMode.ORT_SEQUENTIAL)
 
     def label(self) -> str:
-        return (f"{self.threads or 'default'} threads, spinning {'on' if self.spinning else 'off'}, "
+        threads = f"{self.threads} thread{'s' * (self.threads != 1)}" if self.threads else "default threads"
+        return (f"{threads}, spinning {'on' if self.spinning else 'off'}, "
                 f"{self.optimization} optimizations, {self.execution}")
 
     def record(self) -> dict[str, Any]:

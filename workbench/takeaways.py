@@ -88,8 +88,14 @@ def _generation(record: RunRecord) -> list[str]:
     return lines or ["no generation model configured"]
 
 
+def _disturbed(record: RunRecord) -> list[str]:
+    found = record.metric("bench.latency.disturbed") or []
+    return [f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host "
+            "before trusting the speeds below"] if found else []
+
+
 def _bench(record: RunRecord) -> list[str]:
-    lines = [r.line() for r in recommend(record)]
+    lines = [*_disturbed(record), *(r.line() for r in recommend(record))]
     served = record.metric("bench.served") or {}
     if "skipped" in served:
         lines.append(f"served benchmark skipped: {served['skipped']}")
@@ -97,7 +103,7 @@ def _bench(record: RunRecord) -> list[str]:
 
 
 def _report(record: RunRecord) -> list[str]:
-    return [*(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
+    return [*_disturbed(record), *(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
 
 
 PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
