@@ -132,6 +132,9 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
 
     traces = {t.name: t for t in figures.repair_tradeoff(repair).data}
     assert list(traces["whole-graph recipes (weights, smoothing)"].y) == [b["min_cosine"] for b in bases]
+    table = figures.recipes_table(repair).data[0].cells.values
+    assert list(table[0][:5]) == [("base: " if b["chosen"] else "") + b["recipe"] for b in bases]
+    assert list(table[3][:5]) == [f"{b['min_cosine']:.4f}" for b in bases]
     noise = {t.name: t for t in figures.node_error_figure(repair).data}
     assert sorted(noise["input activation"].x) == sorted(e["input_sqnr_db"] for e in errors.values())
     # The kept MatMuls tried as 8-bit block-quantized weights instead of fp32: every recipe recorded, won or lost.

@@ -145,6 +145,41 @@ def sensitivity_figure(repair: dict[str, Any]) -> go.Figure:
     return figure
 
 
+def recipes_table(repair: dict[str, Any]) -> go.Figure:
+    """The int8 recipes the repair measured, won and lost: whole-graph ones first (the base marked), then the
+    block-wise MatMul ones on top of the node search's result."""
+    rows = [[("base: " if r.get("chosen") else "") + r["recipe"], "whole graph, nothing in fp32",
+             "pass" if r["passed"] else "fail", _cosine_cell(r), _recall_cell(r), f"{r['latency_ms']:.2f}",
+             r["checked_on"]] for r in repair.get("bases", [])]
+    rows += [[r["recipe"], f"{len(r['blocked'])} other units in fp32", "pass" if r["passed"] else "fail",
+              _cosine_cell(r), _recall_cell(r), f"{r['latency_ms']:.2f}", r["checked_on"]]
+             for r in repair.get("recipes", [])]
+    header = ["recipe", "applied to", "verdict", "min cosine", "recall@10", "latency (ms)", "checked on"]
+    return _table(f"{repair['precision']} recipes measured by the repair", header, rows)
+
+
+def _cosine_cell(entry: dict[str, Any]) -> str:
+    return f"{entry['min_cosine']:.4f}" if "min_cosine" in entry else ""
+
+
+def _recall_cell(entry: dict[str, Any]) -> str:
+    return f"{entry['retrieval']['recall_at_10']:.3f}" if entry.get("retrieval") else ""
+
+
+def sessions_table(latency: dict[str, Any]) -> go.Figure:
+    """Per ONNX variant: the session settings the grid ran with, why, and what spinning would have given."""
+    rows = [[name, _settings_cell(tuned["chosen"]), tuned["reason"], f"{tuned['spinning_gain']:.2f}x"]
+            for name, tuned in latency.get("sessions", {}).items()]
+    header = ["variant", "settings the grid ran", "why", "spinning alone (never applied)"]
+    return _table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
+
+
+def _settings_cell(settings: dict[str, Any]) -> str:
+    threads = settings["threads"]
+    return (f"{threads} thread{'s' * (threads != 1)}, {settings['optimization']} optimizations, "
+            f"{settings['execution']}")
+
+
 def node_error_figure(repair: dict[str, Any]) -> go.Figure:
     """qdq_loss_debug's quantization noise per MatMul (input activation and weight SQNR, lower is worse)."""
     errors = repair["node_error"]

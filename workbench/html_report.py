@@ -42,13 +42,17 @@ def _parity(parity: dict[str, Any]) -> Parts:
                       "excluded.", [figures.parity_table(parity["variants"]),
                                     figures.error_distribution(parity["variants"])]))
     for precision, outcome in parity.get("repair", {}).items():
-        kept = len(outcome["chosen"]["blocked"]) if outcome.get("chosen") else "none"
+        chosen = outcome.get("chosen")
+        kept = (f"{len(chosen['blocked'])} of {outcome['units']} ({', '.join(chosen['blocked']) or 'none'})"
+                if chosen else f"none of {outcome['units']}")
         base = f" Quantized as: {outcome['base']}." if outcome.get("base") else ""
         charts = [figures.repair_tradeoff(outcome)]
+        if outcome.get("bases") or outcome.get("recipes"):
+            charts.append(figures.recipes_table(outcome))
         if outcome.get("node_error", {}).get("per_node"):
             charts.append(figures.node_error_figure(outcome))
-        parts.append((f"{precision} precision repair", f"Outcome: {outcome['outcome']}; nodes kept in fp32: "
-                      f"{kept} of {outcome['units']}.{base}", charts))
+        parts.append((f"{precision} precision repair", f"Outcome: {outcome['outcome']}; units kept in fp32: "
+                      f"{kept}.{base}", charts))
     return parts
 
 
@@ -82,13 +86,13 @@ def _latency(bench: dict[str, Any]) -> Parts:
     latency = bench.get("latency")
     if not latency:
         return []
-    sessions = "".join(f" {name}: {tuned['reason']} (spinning would be {tuned['spinning_gain']:.2f}x alone; never "
-                       "applied)." for name, tuned in latency.get("sessions", {}).items())
-    return [("In-process latency", f"Interleaved rounds, {latency['threads']} threads, median per call; speedup "
-             f"over PyTorch eager fp32. fp32 matmul peak measured in the same run (the faster of PyTorch and "
-             f"ONNX Runtime): {latency['peak_gflops']:.0f} GFLOP/s. Session settings measured per variant at the "
-             f"smallest cell:{sessions or ' not measured.'}",
-             [figures.latency_figure(latency), figures.speedup_figure(latency)])]
+    charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
+    if latency.get("sessions"):
+        charts.append(figures.sessions_table(latency))
+    return [("In-process latency", f"Interleaved rounds, {latency['threads']} threads for PyTorch (ONNX Runtime: "
+             f"the settings in the table below), median per call; speedup over PyTorch eager fp32. fp32 matmul peak "
+             f"measured in the same run (the faster of PyTorch and ONNX Runtime): {latency['peak_gflops']:.0f} "
+             "GFLOP/s.", charts)]
 
 
 def _served(bench: dict[str, Any]) -> Parts:
@@ -170,7 +174,7 @@ def sections(record: RunRecord) -> Parts:
         if rendered and step.status in ("stale", "skipped"):
             title, text, made = rendered[0]
             note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, section.step)} to "
-                    "refresh them." if step.status == "stale" else f"The step stopped early: {step.detail}.")
+                    "refresh them." if step.status == "stale" else f"Skipped: {step.detail}.")
             rendered[0] = (title, f"{note} {text}", made)
         parts += rendered or [(section.title, _missing(record, section, step), [])]
     return parts

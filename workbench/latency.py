@@ -137,14 +137,16 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int, reference
 def tune_sessions(config: Any, record: Any, small: Batch, large: Batch) -> dict[str, dict[str, Any]]:
     """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
     overhead dominates) and no slower at `large` (its largest), with every median (`workbench.sessions.tune`)."""
+    from workbench.progress import track
     from workbench.runners.onnxruntime import providers_for, session
     from workbench.sessions import tune
 
     threads = config.threads or os.cpu_count() or 1
     providers = providers_for(config.device)
-    return {name: tune(lambda settings, path=path: session(path, providers, settings=settings), small.feed,
-                       large.feed, threads)
-            for name, (path, _) in record.variants("onnx").items()}
+    variants = record.variants("onnx")
+    return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
+                       small.feed, large.feed, threads)
+            for name in track(list(variants), "bench: session settings", "variants")}
 
 
 def benchmark_runners(config: Any, record: Any, stack: ExitStack,
@@ -182,6 +184,7 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
 
     from workbench.batches import shaped_batch, token_lengths
     from workbench.data import load_corpus
+    from workbench.progress import track
 
     bench, export = config.bench, record.export_info()
     threads = config.threads or os.cpu_count() or 1
@@ -198,19 +201,17 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}
     cells: dict[str, Any] = {}
     flops: dict[str, float] = {}
-    for rows in bench.batches:
-        for length in bench.sequences:
-            if length > export["max_sequence"]:
-                continue
-            batch = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, rows, length)
-            calls = {name: (lambda r=runner, b=batch: r.infer(b)) for name, runner in runners.items()}
-            samples = interleaved(calls, bench.rounds, bench.warmup, bench.seconds_per_cell)
-            cell = f"b{rows}_s{length}"
-            cells[cell] = summarize(samples, rows, length, "pytorch")
-            flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
-                                       rows, length)
-            for name, stats in cells[cell].items():
-                stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
+    shapes = [(rows, length) for rows in bench.batches for length in sequences]
+    for rows, length in track(shapes, "bench: latency grid", "cells", note=lambda shape: f"b{shape[0]}_s{shape[1]}"):
+        batch = shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, rows, length)
+        calls = {name: (lambda r=runner, b=batch: r.infer(b)) for name, runner in runners.items()}
+        samples = interleaved(calls, bench.rounds, bench.warmup, bench.seconds_per_cell)
+        cell = f"b{rows}_s{length}"
+        cells[cell] = summarize(samples, rows, length, "pytorch")
+        flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
+                                   rows, length)
+        for name, stats in cells[cell].items():
+            stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
     best = {cell: max((n for n in stats if passed[n]), key=lambda n: stats[n]["speedup"] or 0)
             for cell, stats in cells.items()}
     return {"threads": threads, "cells": cells, "flops": flops, "passed": passed, "sessions": tuned,
