@@ -70,6 +70,7 @@ class RepairSearch:
         self.best: tuple[Candidate, Path] | None = None
         self.history: list[dict[str, Any]] = []
         self.round = 0
+        self.phase = ""  # what the builds are for, while no repair has been found
         workdir.mkdir(parents=True, exist_ok=True)
 
     def try_blocked(self, blocked: list[str]) -> Candidate:
@@ -95,7 +96,7 @@ class RepairSearch:
     def best_so_far(self) -> str:
         """The best repair yet: the units it keeps in fp32, their share of the compute, its primary metric."""
         if self.best is None:
-            return "no repair yet"
+            return self.phase or "no repair yet"
         blocked, summary = self.best[0].blocked, self.best[0].summary
         total = sum(self.problem.costs.values())
         share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
@@ -198,9 +199,11 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
 def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:
     """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
     (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
+    search.phase = f"measuring each of {len(search.problem.units)} units alone in fp32"
     baseline = search.try_blocked([]).summary["loss"]
     for unit in search.problem.units:
         search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
+    search.phase = ""
     floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
     return sorted(search.problem.units,
                   key=lambda u: -search.problem.sensitivity[u] / max(costs.get(u, 0.0), floor))
