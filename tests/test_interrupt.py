@@ -94,4 +94,5 @@ def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert,
                                          "error": "interrupted (SIGINT)"}
     assert not list(run_dir.rglob("candidate-*")) and not list(run_dir.rglob("*partial*"))
     assert _step_status(run_dir, "export") == "ok"
-    assert f"workbench run --resume --output-dir {run_dir} --steps parity" in output, "the fix names what is left"
+    assert f"{sys.executable} -m workbench run --resume --output-dir {run_dir} --steps parity" in output, \
+        "the fix is a command that runs as printed, naming the steps left"

@@ -387,7 +387,7 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
 
 
 def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
-    from workbench.html_report import headline
+    from workbench.html_report import disturbed_warning
     from workbench.latency import disturbances
     from workbench.takeaways import takeaway
 
@@ -402,10 +402,17 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
             "b8_s128": _cell({"pytorch": 1007.0, "int8_repaired": 135.4})}
     found = disturbances(busy, flops)
     assert found == ["pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
-    assert headline({"latency": {"disturbed": found}})[0].startswith(f"DISTURBED TIMINGS: {found[0]}. Other work")
-    _, record = _benched(tmp_path, PASSING)
+    assert disturbed_warning({"latency": {"disturbed": found}}).startswith(f"DISTURBED TIMINGS: {found[0]}. Other")
+    assert disturbed_warning({"latency": {"disturbed": []}}) == ""
+    config, record = _benched(tmp_path, PASSING)
+    latency = record.metric("bench.latency")
     with record.step("bench"):
-        record.set_metric("bench.latency.disturbed", found)
+        record.set_metric("bench.latency", {**latency, "disturbed": found})
     assert takeaway("bench", record).splitlines()[0] == (
         f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host before "
         "trusting the speeds below")
+    report.run(config, record)
+    html = record.artifact("report").read_text()
+    warning = html.index('<div class="warning"><p>DISTURBED TIMINGS: pytorch took 1734.6 ms at b8_s16')
+    table = html.index('<table class="summary recommendation">')
+    assert warning < table and "<td>2.5x (disturbed timings)</td>" in html[table:]

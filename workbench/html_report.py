@@ -86,13 +86,14 @@ def _latency(bench: dict[str, Any]) -> Parts:
     latency = bench.get("latency")
     if not latency:
         return []
+    warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
     charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
     if latency.get("sessions"):
         charts.append(figures.sessions_table(latency))
-    return [("In-process latency", f"Interleaved rounds, {latency['threads']} threads for PyTorch (ONNX Runtime: "
-             f"the settings in the table below), median per call; speedup over PyTorch eager fp32. fp32 matmul peak "
-             f"measured in the same run (the faster of PyTorch and ONNX Runtime): {latency['peak_gflops']:.0f} "
-             "GFLOP/s.", charts)]
+    text = (f"{warning}Interleaved rounds, {latency['threads']} threads for PyTorch (ONNX Runtime: the settings in "
+            "the table below), median per call; speedup over PyTorch eager fp32. fp32 matmul peak measured in the "
+            f"same run (the faster of PyTorch and ONNX Runtime): {latency['peak_gflops']:.0f} GFLOP/s.")
+    return [("In-process latency", text, charts)]
 
 
 def _served(bench: dict[str, Any]) -> Parts:
@@ -189,16 +190,21 @@ def _search_text(search: dict[str, Any]) -> str:
             f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
 
 
+def disturbed_warning(bench: dict[str, Any]) -> str:
+    """The warning the report opens with when the in-process grid's own medians show other work distorted it."""
+    disturbed = bench.get("latency", {}).get("disturbed")
+    if not disturbed:
+        return ""
+    more = f" (and {len(disturbed) - 1} more)" if disturbed[1:] else ""
+    return (f"DISTURBED TIMINGS: {disturbed[0]}{more}. Other work on the host distorted the in-process grid, ratios "
+            "included: do not compare or deploy by the speedups below; re-run the bench step on a quiet host.")
+
+
 def headline(bench: dict[str, Any]) -> list[str]:
     """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
     the recommendation)."""
     lines = []
     host = bench.get("host")
-    disturbed = bench.get("latency", {}).get("disturbed")
-    if disturbed:
-        lines.append(f"DISTURBED TIMINGS: {disturbed[0]}{f' (and {len(disturbed) - 1} more)' if disturbed[1:] else ''}"
-                     ". Other work on the host distorted the in-process grid, ratios included: do not compare or "
-                     "deploy by these numbers; re-run the bench step on a quiet host.")
     if host and host["load_before"] > host["cpu_count"] / 2:
         lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
                      f"{host['cpu_count']} cores): absolute times do not hold; ratios hold only where the other "
@@ -221,10 +227,11 @@ def headline(bench: dict[str, Any]) -> list[str]:
 def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
     """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one."""
     rows = []
+    disturbed = " (disturbed timings)" if record.metric("bench.latency.disturbed") else ""
     for choice in recommend(record):
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.cell, "variant": choice.variant or "none",
-                     "speedup": f"{choice.speedup:.3g}x" if found else "",
+                     "speedup": f"{choice.speedup:.3g}x{disturbed}" if found else "",
                      "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
                      + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "
                         f"top-10 {choice.retrieval['recall_at_10']:.1%}" if choice.retrieval else ""),
@@ -269,5 +276,6 @@ def build_report(record: RunRecord, dest: Path) -> Path:
         environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
         steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered,
+        warning=disturbed_warning(bench.metrics) if bench.status in ("ok", "stale") else "",
         recommendations=recommendation_rows(record), served=served_note(record))
     return write_text(dest, page)

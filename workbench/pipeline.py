@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -113,8 +115,9 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     steps = [s for s in STEP_NAMES if s in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):
-            again = (f"re-run the steps that did not finish, keeping the others: workbench run --resume --output-dir "
-                     f"{run_dir} --steps {','.join(steps[index:])}")
+            command = [sys.executable, "-m", "workbench", "run", "--resume", "--output-dir", str(run_dir),
+                       "--steps", ",".join(steps[index:])]
+            again = f"re-run the steps that did not finish, keeping the others: {shlex.join(command)}"
             guard.check(f"the run, before step {step!r}", again)
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)

@@ -5,6 +5,7 @@ base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,15 @@ class ChosenBase:
 
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
-                excluded: list[str], check: Any, confirm: Any, summarize: Any) -> ChosenBase:
+                excluded: list[str], check: Any, confirm: Any, summarize: Any,
+                note: Callable[[str], None]) -> ChosenBase:
     """Build every recipe with nothing but `excluded` kept in fp32, `check` it (parity result, latency ms) and
     `confirm` on the full lab the ones that pass there. The base is the first recipe that passes the full lab, else
-    the one closest to the gate (smallest violation, then loss): accuracy decides, never a timing."""
+    the one closest to the gate (smallest violation, then loss): accuracy decides, never a timing. `note` hears
+    which recipe is being built."""
     records, sources = [], []
     for index, recipe in enumerate(recipes):
+        note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
         start = time.perf_counter()
         source = recipe.source(fp32, workdir, feeds)
         path = workdir / f"candidate-base-{index}.onnx"

@@ -55,7 +55,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
         record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]})
-        record.set_metric(f"{STEP}.latency", run_latency_benchmark(config, record))
+        latency = run_latency_benchmark(config, record)
+        record.set_metric(f"{STEP}.latency", latency)
+        if latency["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
+            record.unverified(f"timings disturbed by other work on the host ({latency['disturbed'][0]}); re-run "
+                              "the bench step on a quiet host")
         if config.bench.served:
             record.set_metric(f"{STEP}.served", served_benchmark(config, record))
     return record.step_entry(STEP)

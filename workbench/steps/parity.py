@@ -108,12 +108,14 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab,
         if precision == "int8":
             feeds = [b.feed for b in lab.sweep[::SMOOTHING_CALIBRATION_STRIDE]]
             base = choose_base(base_recipes(config.int8_per_channel), fp32, workdir, feeds,
-                               config.int8_nodes_to_exclude, assess, confirm, summarize)
+                               config.int8_nodes_to_exclude, assess, confirm, summarize,
+                               note=lambda text: bar.update(0, note=text))
         problem = repair_problem(precision, config, fp32, lab, base)
         search = RepairSearch(problem, assess, workdir, config.repair_max_builds, summarize, bar)
         errors: dict[str, Any] = {}
         if base is not None:
             problem.units = sensitivity_order(search, problem.costs)
+            bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
             errors = node_errors(base.source, workdir, feeds, problem.units)
         for _ in range(REPAIR_ROUNDS):
             result = run_search(search)
