@@ -6,6 +6,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from workbench.sessions import SessionSettings
+
 _ROW_PX = 28
 
 
@@ -168,16 +170,10 @@ def _recall_cell(entry: dict[str, Any]) -> str:
 
 def sessions_table(latency: dict[str, Any]) -> go.Figure:
     """Per ONNX variant: the session settings the grid ran with, why, and what spinning would have given."""
-    rows = [[name, _settings_cell(tuned["chosen"]), tuned["reason"], f"{tuned['spinning_gain']:.2f}x"]
+    rows = [[name, SessionSettings(**tuned["chosen"]).label(), tuned["reason"], f"{tuned['spinning_gain']:.2f}x"]
             for name, tuned in latency.get("sessions", {}).items()]
     header = ["variant", "settings the grid ran", "why", "spinning alone (never applied)"]
     return _table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
-
-
-def _settings_cell(settings: dict[str, Any]) -> str:
-    threads = settings["threads"]
-    return (f"{threads} thread{'s' * (threads != 1)}, {settings['optimization']} optimizations, "
-            f"{settings['execution']}")
 
 
 def node_error_figure(repair: dict[str, Any]) -> go.Figure:

@@ -61,6 +61,12 @@ def disturbances(cells: dict[str, dict[str, dict[str, Any]]], flops: dict[str, f
     return found
 
 
+def disturbance_note(found: list[str]) -> str:
+    """What a disturbed grid means for its reader, naming the first sign."""
+    return (f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host "
+            "before trusting the speeds")
+
+
 def matmul_flops(layers: int, hidden: int, intermediate: int, rows: int, length: int) -> float:
     """Multiply-add FLOPs of an encoder's matmuls: Q, K, V, output and the two feed-forward projections per token,
     plus the two attention products (scores and weighted values) per layer."""
@@ -134,14 +140,13 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int, reference
     return result
 
 
-def tune_sessions(config: Any, record: Any, small: Batch, large: Batch) -> dict[str, dict[str, Any]]:
+def tune_sessions(config: Any, record: Any, small: Batch, large: Batch, threads: int) -> dict[str, dict[str, Any]]:
     """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
     overhead dominates) and no slower at `large` (its largest), with every median (`workbench.sessions.tune`)."""
     from workbench.progress import track
     from workbench.runners.onnxruntime import providers_for, session
     from workbench.sessions import tune
 
-    threads = config.threads or os.cpu_count() or 1
     providers = providers_for(config.device)
     variants = record.variants("onnx")
     return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
@@ -195,7 +200,7 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     sequences = [s for s in bench.sequences if s <= export["max_sequence"]]
     small, large = (shaped_batch(tokenizer, tuple(export["io"]["inputs"]), texts, lengths, pick(bench.batches),
                                  pick(sequences)) for pick in (min, max))
-    tuned = tune_sessions(config, record, small, large) if bench.tune_sessions else {}
+    tuned = tune_sessions(config, record, small, large, threads) if bench.tune_sessions else {}
     runners = benchmark_runners(config, record, stack, tuned)
     verdicts = record.verdicts()
     passed = {name: name == "pytorch" or bool(verdicts.get(name, {}).get("passed")) for name in runners}

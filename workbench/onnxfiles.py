@@ -82,6 +82,20 @@ def verify(path: Path | str) -> None:
         raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
+def tensor_values(model: Any, outputs: Any, feeds: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
+    ONNX Runtime on the CPU; feed entries the model does not take are left out."""
+    import onnxruntime as ort
+    from polygraphy.backend.onnx import modify_outputs
+
+    marked = modify_outputs(model, outputs=outputs, copy=True)
+    session = ort.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    wanted = {i.name for i in session.get_inputs()}
+    for feed in feeds:
+        yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in wanted})))
+
+
 def save(model: Any, dest: Path | str) -> Path:
     """Save a ModelProto atomically, with external data when it would exceed 2 GB."""
     import onnx

@@ -47,6 +47,21 @@ def base_recipes(per_channel: bool) -> list[BaseRecipe]:
             *(BaseRecipe(per_channel, alpha) for alpha in SMOOTHING_ALPHAS)]
 
 
+def measure_recipe(name: str, build: Callable[[], object], path: Path, check: Any, confirm: Any,
+                   summarize: Any) -> dict[str, Any]:
+    """A recipe's record: `build` it to `path` (timed), `check` it (parity result, latency ms) and, when it passes
+    there, `confirm` it on the full lab."""
+    start = time.perf_counter()
+    build()
+    seconds = time.perf_counter() - start
+    result, latency_ms = check(path)
+    checked_on = "the search's batches"
+    if result["passed"]:
+        result, checked_on = confirm(path), "full lab"
+    return {"recipe": name, "passed": result["passed"], "violation": result["violation"], "checked_on": checked_on,
+            "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **summarize(result)}
+
+
 @dataclass
 class ChosenBase:
     recipe: BaseRecipe
@@ -64,20 +79,15 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
     records, sources = [], []
     for index, recipe in enumerate(recipes):
         note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
-        start = time.perf_counter()
-        source = recipe.source(fp32, workdir, feeds)
         path = workdir / f"candidate-base-{index}.onnx"
-        recipe.build(source, path, excluded)
-        seconds = time.perf_counter() - start
-        result, latency_ms = check(path)
-        checked_on = "the search's batches"
-        if result["passed"]:
-            result, checked_on = confirm(path), "full lab"
+
+        def build(recipe: BaseRecipe = recipe, path: Path = path) -> None:
+            sources.append(recipe.source(fp32, workdir, feeds))
+            recipe.build(sources[-1], path, excluded)
+
+        records.append({**measure_recipe(recipe.name, build, path, check, confirm, summarize),
+                        "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha})
         onnxfiles.remove(path)
-        sources.append(source)
-        records.append({"recipe": recipe.name, "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha,
-                        "passed": result["passed"], "violation": result["violation"], "checked_on": checked_on,
-                        "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **summarize(result)})
     best = min(range(len(recipes)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
                                                     records[i].get("loss", 0.0), i))
     for index, record in enumerate(records):

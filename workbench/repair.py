@@ -229,17 +229,12 @@ def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candi
 
     fp16 overflows past 65504, so the nodes that touch the largest values are the first suspects.
     """
-    import onnxruntime
     from polygraphy import constants
-    from polygraphy.backend.onnx import modify_outputs
 
-    model = modify_outputs(onnxfiles.load(model_path), outputs=constants.MARK_ALL, copy=True)
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
+    model = onnxfiles.load(model_path)
     peak: dict[str, float] = {}
-    for feed in feeds:
-        wanted = {i.name for i in session.get_inputs()}
-        for name, value in zip(names, session.run(None, {k: v for k, v in feed.items() if k in wanted})):
+    for values in onnxfiles.tensor_values(model, constants.MARK_ALL, feeds):
+        for name, value in values.items():
             if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
                 peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
     node_peak = {node.name: max(peak[t] for t in [*node.input, *node.output] if t in peak)

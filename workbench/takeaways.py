@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workbench.latency import disturbance_note
 from workbench.recommend import gate, recommend
 from workbench.record import RunRecord
 from workbench.retrieval import verdict_retrieval
@@ -90,8 +91,7 @@ def _generation(record: RunRecord) -> list[str]:
 
 def _disturbed(record: RunRecord) -> list[str]:
     found = record.metric("bench.latency.disturbed") or []
-    return [f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host "
-            "before trusting the speeds below"] if found else []
+    return [f"{disturbance_note(found)} below"] if found else []
 
 
 def _bench(record: RunRecord) -> list[str]:

@@ -102,12 +102,13 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
     targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
                and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
     channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
-    nodes = list(model.graph.node)
+    nodes, smoothed = list(model.graph.node), []
     for node in targets:
         weight = numpy_helper.to_array(weights[node.input[1]])
         x_max = channel_max.get(node.input[0])
         if x_max is None or x_max.shape[0] != weight.shape[0]:
             continue
+        smoothed.append(node.name)
         w_max = np.abs(weight).max(axis=1)
         scale = np.where((x_max > 0) & (w_max > 0),
                          np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha),
@@ -127,21 +128,16 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     onnxfiles.save(model, dest)
-    return [n.name for n in targets]
+    return smoothed
 
 
 def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
     import numpy as np
-    import onnxruntime
-    from polygraphy.backend.onnx import modify_outputs
 
-    marked = modify_outputs(model, outputs=tensors, copy=True)
-    session = onnxruntime.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
-    wanted = {i.name for i in session.get_inputs()}
     found: dict[str, Any] = {}
-    for feed in feeds:
-        for name, value in zip(tensors, session.run(tensors, {k: v for k, v in feed.items() if k in wanted})):
+    for values in onnxfiles.tensor_values(model, tensors, feeds):
+        for name, value in values.items():
             peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             found[name] = np.maximum(found[name], peak) if name in found else peak
     return found

@@ -9,7 +9,7 @@ from workbench.batches import corpus_batches
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.errors import DOCTOR_HINT, TritonNotFoundError
-from workbench.latency import corpus_rates, run_latency_benchmark
+from workbench.latency import corpus_rates, disturbance_note, run_latency_benchmark
 from workbench.record import RunRecord, StepEntry
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.served import run_served_benchmark, serving_efficiency
@@ -58,8 +58,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         latency = run_latency_benchmark(config, record)
         record.set_metric(f"{STEP}.latency", latency)
         if latency["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
-            record.unverified(f"timings disturbed by other work on the host ({latency['disturbed'][0]}); re-run "
-                              "the bench step on a quiet host")
+            record.unverified(disturbance_note(latency["disturbed"]))
         if config.bench.served:
             record.set_metric(f"{STEP}.served", served_benchmark(config, record))
     return record.step_entry(STEP)

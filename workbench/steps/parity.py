@@ -16,7 +16,7 @@ from workbench.lab import ParityLab
 from workbench.models import load_model
 from workbench.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.progress import Progress, track
-from workbench.recipes import ChosenBase, base_recipes, choose_base
+from workbench.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
 from workbench.record import RunRecord, StepEntry
 from workbench.repair import (
     RepairProblem,
@@ -173,22 +173,15 @@ def blockwise_recipes(config: RunConfig, base: ChosenBase, search: RepairSearch,
         return []
     still_fp32 = tuple(u for u in chosen.blocked if u not in matmuls)
     recipes = []
+    excluded = config.int8_nodes_to_exclude + list(chosen.blocked)
     for block, level in BLOCKWISE_RECIPES:
         path = search.workdir / f"candidate-blockwise-{block}.onnx"  # removed with the candidates if interrupted
-        start = time.perf_counter()
-        quantize_int8_blockwise(base.source, path, base.recipe.per_channel,
-                                config.int8_nodes_to_exclude + list(chosen.blocked), matmuls, block, level)
-        seconds = time.perf_counter() - start
-        result, latency_ms = assess(path)
-        if result["passed"]:
-            result = confirm(path)
         name = f"{len(matmuls)} MatMul{'s' * (len(matmuls) > 1)} as 8-bit block-{block} weights (MatMulNBits, " \
                f"accuracy level {level})"
-        recipes.append({"recipe": name, "blocked": list(still_fp32), "blockwise": matmuls,
-                        "passed": result["passed"], "violation": result["violation"], "checked_on": (
-                            "full lab" if result["passed"] else "the search's batches"),
-                        "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3),
-                        **summarize(result), "fp32_cost": search.cost(still_fp32), "path": str(path)})
+        recipes.append({**measure_recipe(name, lambda path=path, block=block, level=level: quantize_int8_blockwise(
+            base.source, path, base.recipe.per_channel, excluded, matmuls, block, level), path, assess, confirm,
+            summarize), "blocked": list(still_fp32), "blockwise": matmuls, "fp32_cost": search.cost(still_fp32),
+            "path": str(path)})
     recipes.sort(key=lambda r: (not r["passed"], r["fp32_cost"], r["violation"]))
     for index, recipe in enumerate(recipes):
         if index > 0 or not recipe["passed"]:
