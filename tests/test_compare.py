@@ -8,7 +8,7 @@ from workbench.config import Tolerance
 from workbench.errors import InputMismatchError, ParityError
 from workbench.tasks import OutputSpec
 
-HIDDEN = OutputSpec("last_hidden_state", ("batch", "sequence", "hidden"), "hidden")
+HIDDEN = OutputSpec("token_embeddings", ("batch", "sequence", "hidden"), "hidden")
 EMBEDDING = OutputSpec("sentence_embedding", ("batch", "hidden"), "embedding")
 LOGITS = OutputSpec("logits", ("batch", "labels"), "logits")
 TOKENS = OutputSpec("logits", ("batch", "sequence", "labels"), "token_logits")

@@ -18,18 +18,18 @@ from workbench.tiny import build_encoder
 
 def torch_outputs(config: RunConfig, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     loaded = load_model(config)
-    module = GraphModule(loaded, config.pooling).eval()
+    module = GraphModule(loaded, config.output_specs).eval()
     with torch.no_grad():
         return [t.numpy() for t in module(*(torch.from_numpy(feed[n]) for n in loaded.input_names))]
 
 
 @pytest.mark.parametrize("model, exporter, opset, outputs", [
-    ("bert", "legacy", 17, ["last_hidden_state", "sentence_embedding"]),
-    ("roberta", "legacy", 14, ["last_hidden_state", "sentence_embedding"]),
-    ("distilbert", "legacy", 17, ["last_hidden_state", "sentence_embedding"]),
+    ("bert", "legacy", 17, ["token_embeddings", "sentence_embedding"]),
+    ("roberta", "legacy", 14, ["token_embeddings", "sentence_embedding"]),
+    ("distilbert", "legacy", 17, ["token_embeddings", "sentence_embedding"]),
     ("bert-seqcls", "legacy", 17, ["logits"]),
     ("bert-tokcls", "legacy", 17, ["logits"]),
-    ("bert", "dynamo", 18, ["last_hidden_state", "sentence_embedding"]),
+    ("bert", "dynamo", 18, ["token_embeddings", "sentence_embedding"]),
 ])
 def test_export_matches_torch_at_other_shapes(tiny_models, tmp_path, model, exporter, opset, outputs):
     task = {"bert-seqcls": "sequence-classification", "bert-tokcls": "token-classification"}.get(

@@ -44,7 +44,7 @@ def test_fp32_variants_match_pytorch_everywhere(bert_parity):
     for variant in ("original", "fp32"):
         for name, out in results[variant]["outputs"].items():
             assert out["passed"] and out["max_abs"] < 1e-5 and out["min_cosine"] > 0.99999, (variant, name)
-    assert results["fp16"]["passed"] and 1e-5 < results["fp16"]["outputs"]["last_hidden_state"]["max_abs"] < 0.05
+    assert results["fp16"]["passed"] and 1e-5 < results["fp16"]["outputs"]["token_embeddings"]["max_abs"] < 0.05
     stored = record.data["metrics"]["parity"]
     assert set(stored["variants"]) == set(results)
     assert stored["inputs"]["texts"] == len(load_corpus())

@@ -22,7 +22,7 @@ from workbench.runners.triton import ServedRunner
 from workbench.steps import export
 
 TEXTS = list(load_corpus()[:24])
-OUTPUTS = {"bert": ("last_hidden_state", "sentence_embedding"), "bert-seqcls": ("logits",)}
+OUTPUTS = {"bert": ("token_embeddings", "sentence_embedding"), "bert-seqcls": ("logits",)}
 TASKS = {"bert": "feature-extraction", "bert-seqcls": "sequence-classification"}
 
 
@@ -40,7 +40,7 @@ def exported(request, tiny_models, tmp_path_factory):
 def make_runner(kind: str, config: RunConfig, record: RunRecord, loaded) -> Runner:
     if kind == "onnxruntime":
         return OrtRunner("original", record.artifact("onnx.original"), [CPU])
-    return TorchRunner(loaded, config.pooling)
+    return TorchRunner(loaded, config.output_specs)
 
 
 @pytest.mark.parametrize("kind", ["onnxruntime", "torch"])
@@ -60,7 +60,7 @@ def test_runner_returns_exactly_its_outputs_and_is_closed_after_with(exported, k
 def test_onnxruntime_and_torch_agree_through_the_protocol(exported):
     model, config, record, loaded, batch = exported
     with (OrtRunner("original", record.artifact("onnx.original"), [CPU]) as ort,
-          TorchRunner(loaded, config.pooling) as reference):
+          TorchRunner(loaded, config.output_specs) as reference):
         got, want = ort.infer(batch), reference.infer(batch)
     for name in OUTPUTS[model]:
         assert got[name].shape == want[name].shape and np.abs(got[name] - want[name]).max() < 1e-4, name
@@ -100,7 +100,7 @@ class FakeClient:
 
         limit = min(self.config.sequence.max, self.loaded.max_sequence)
         feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=limit)
-        with TorchRunner(self.loaded, self.config.pooling) as reference:
+        with TorchRunner(self.loaded, self.config.output_specs) as reference:
             got = reference.infer(Batch(model, list(range(len(texts))), feed))
         padded = {k: np.pad(v, ((0, 0), (0, 7), (0, 0))) if v.ndim == 3 else v for k, v in got.items()}
         return padded | {"truncated": np.zeros((len(texts), 1), dtype=bool)}

@@ -66,7 +66,7 @@ def test_a_missing_or_foreign_repository_is_refused(tmp_path, capsys):
 
 def test_each_text_model_gets_a_request_for_its_answer(tmp_path):
     for name, outputs in (("cls", ["logits", "label", "score", "truncated"]),
-                          ("emb", ["sentence_embedding", "truncated"]), ("states", ["last_hidden_state", "truncated"])):
+                          ("emb", ["sentence_embedding", "truncated"]), ("states", ["token_embeddings", "truncated"])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.pbtxt").write_text(
             f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 8\n'
@@ -84,7 +84,7 @@ def test_each_text_model_gets_a_request_for_its_answer(tmp_path):
     endpoints = text_endpoints(tmp_path)
     assert [(e.model, e.shape, e.output) for e in endpoints] == [
         ("cls", [1, 1], "label"), ("emb", [1, 1], "sentence_embedding"), ("fused", [1, 1], "sentence_embedding"),
-        ("states", [1, 1], "last_hidden_state")]
+        ("states", [1, 1], "token_embeddings")]
     curl = shlex.split(curl_command("127.0.0.1:8000", endpoints[0], "it's a text"))
     assert curl[:3] == ["curl", "-s", "http://127.0.0.1:8000/v2/models/cls/infer"]
     assert json.loads(curl[-1]) == {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1],
@@ -210,10 +210,11 @@ def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(tiny_be
         assert outputs["truncated"]["data"] == [False]
         output = outputs["sentence_embedding"]
         loaded = load_model(config)
-        with TorchRunner(loaded, "mean") as reference:
+        with TorchRunner(loaded, config.output_specs) as reference:
             want = reference.infer(Batch("sample", [0], encode(loaded.tokenizer, [SAMPLE_TEXT], loaded.input_names,
                                                                max_length=64)))["sentence_embedding"]
-        assert output["name"] == "sentence_embedding" and output["shape"] == [1, plan.hidden_size] == list(want.shape)
+        width = plan.output_dims["sentence_embedding"]
+        assert output["name"] == "sentence_embedding" and output["shape"] == [1, *width] == list(want.shape)
         assert np.abs(np.asarray(output["data"]) - want.ravel()).max() < 1e-4
         with TritonClient(urls["gRPC"], "grpc") as client:
             assert client.infer_texts(plan.name, [SAMPLE_TEXT])["sentence_embedding"].shape == want.shape

@@ -53,7 +53,7 @@ def prepared(model, run_dir, repositories, triton_settings=None, **settings):
 def _serve(tiny_models, tmp_path_factory, layout):
     """Tiny BERT, python-ort flavor, in `layout`; one server for the module (stopped even when tests fail)."""
     root = tmp_path_factory.mktemp(f"triton-{layout}")
-    both = {"outputs": ["last_hidden_state", "sentence_embedding"], "layout": layout}
+    both = {"outputs": ["token_embeddings", "sentence_embedding"], "layout": layout}
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos", triton_settings=both)
     assert [o.name for o in serving_plan(config.model_copy(update={"triton": config.triton.model_copy(
         update={"outputs": None})}), record)[0].outputs] == ["sentence_embedding"], "embedding alone by default"
@@ -116,13 +116,13 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(either, tiny_models)
     texts = list(load_corpus()[:6])
     loaded = load_model(config)
     feed = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
-    with TorchRunner(loaded, "mean") as reference:
+    with TorchRunner(loaded, config.output_specs) as reference:
         want = reference.infer(Batch("texts", list(range(6)), feed))
     for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
         with TritonClient(url, protocol) as client:
             got = client.infer_texts(plan.name, texts)
         assert np.abs(got["sentence_embedding"] - want["sentence_embedding"]).max() < 1e-4, protocol
-        assert got["last_hidden_state"].shape == want["last_hidden_state"].shape
+        assert got["token_embeddings"].shape == want["token_embeddings"].shape
         long = [len(ids) > 64 for ids in loaded.tokenizer(texts, verbose=False)["input_ids"]]
         assert got["truncated"].ravel().tolist() == long and any(long) and not all(long)
 
@@ -204,7 +204,7 @@ def test_long_text_is_truncated_and_says_so(either):
     with TritonClient(server.http_url, "http") as client:
         got = client.infer_texts(plan.name, ["word " * 500, "short"])
     assert got["truncated"].ravel().tolist() == [True, False]
-    assert got["last_hidden_state"].shape[1] == plan.max_length == 64
+    assert got["token_embeddings"].shape[1] == plan.max_length == 64
 
 
 def test_wrong_input_name_and_oversized_batch(either):
@@ -352,7 +352,7 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
     texts = list(load_corpus()[:5])
     loaded = load_model(config)
     feed = encode(loaded.tokenizer, texts, loaded.input_names)
-    with TorchRunner(loaded, "none") as reference:
+    with TorchRunner(loaded, config.output_specs) as reference:
         logits = reference.infer(Batch("texts", list(range(5)), feed))["logits"]
     with TritonServer(write_repository(plan, tmp_path / "repository"), tmp_path / "server") as server:
         with TritonClient(server.http_url, "http") as client:

@@ -12,12 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from workbench.errors import ConfigError
 from workbench.steplist import STEP_NAMES
-from workbench.tasks import TASKS
+from workbench.tasks import TASKS, OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Settings that existed once, and what replaces them.
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
+# Graph outputs that were renamed: the old name, the new one.
+RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "int8"]
 OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
 
@@ -128,7 +130,14 @@ class RunConfig(_Strict):
 
     model: str = Field(DEFAULT_MODEL, description="HF model id, local folder, or the embedded default")
     task: str = "feature-extraction"
-    pooling: Literal["mean", "cls", "none"] = "mean"
+    pooling: Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean", "none"] = Field(
+        default="auto", description=(
+            "feature extraction: auto reads the model's sentence-transformers files (1_Pooling/config.json), mean "
+            "where it has none; a mode the files contradict needs pooling_override; none: token embeddings only"))
+    pooling_override: bool = Field(default=False, description=(
+        "pool as `pooling` says although the model's files declare another mode (the record notes it)"))
+    token_embeddings: bool = Field(default=True, description=(
+        "feature extraction: the graph also returns the per-token states (token_embeddings)"))
     trust_remote_code: bool = False
     exporter: Literal["legacy", "dynamo"] = "legacy"
     opset: int = 17
@@ -176,14 +185,22 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _known_outputs(self) -> RunConfig:
         """A tolerance for an output the task does not have would silently gate nothing."""
-        outputs = [o.name for o in TASKS[self.task].outputs(self.pooling)]
+        outputs = [o.name for o in self.output_specs]
+        if not outputs:
+            raise ValueError("pooling=none with token_embeddings=false leaves the graph no output; keep one of them")
         unknown = [name for name in self.tolerances if name not in outputs]
         if unknown:
-            close = {n: difflib.get_close_matches(n, outputs, n=1) for n in unknown}
-            hints = "".join(f" ({n!r}: did you mean {c[0]!r}?)" for n, c in close.items() if c)
+            close = {n: RENAMED_OUTPUTS.get(n) or next(iter(difflib.get_close_matches(n, outputs, n=1)), None)
+                     for n in unknown}
+            hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
             raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
         return self
+
+    @property
+    def output_specs(self) -> tuple[OutputSpec, ...]:
+        """The graph outputs this configuration exports, in order."""
+        return TASKS[self.task].outputs(self.pooling != "none", self.token_embeddings)
 
     @property
     def model_slug(self) -> str:

@@ -145,3 +145,11 @@ class ModelLoadError(WorkbenchError):
 
 class ExportError(OnnxModelError):
     """torch.onnx cannot export the model with these settings (an operator unsupported at the opset, ...)."""
+
+
+class PoolingMismatchError(ConfigError):
+    """`pooling` contradicts what the model's sentence-transformers files declare."""
+
+
+class ReferenceMismatchError(WorkbenchError):
+    """The workbench's PyTorch module does not reproduce what the model's own library returns for the same texts."""

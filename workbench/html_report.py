@@ -28,6 +28,34 @@ class Section:
     served: bool = False
 
 
+def pipeline_text(pipeline: dict[str, Any]) -> str:
+    """The sentence-transformers pipeline the graph runs, and the similarity function the model declares."""
+    prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline["prompts"].items()) or "none"
+    default = f", default {pipeline['default_prompt_name']}" if pipeline.get("default_prompt_name") else ""
+    override = f" OVERRIDDEN: {pipeline['override']}." if pipeline.get("override") else ""
+    return (f"The graph runs {' -> '.join(pipeline['steps'])} ({pipeline['source']}), so its sentence_embedding is "
+            f"what SentenceTransformer.encode() returns.{override} Similarity function the model declares: "
+            f"{pipeline['similarity']}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
+            f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
+
+
+def _pipeline(export: dict[str, Any]) -> Parts:
+    if "sentence_pipeline" not in export:
+        return []
+    return [("The model as its users run it", pipeline_text(export["sentence_pipeline"]), [])]
+
+
+def reference_text(check: dict[str, Any]) -> str:
+    """What the PyTorch module every variant is compared with was checked against, and how close it came."""
+    if not check["checked"]:
+        return f"Reference: {check['reference']} ({check['reason']})."
+    parts = [f"{name} max abs {o['max_abs']:.2g}" + (f", min cosine {o['min_cosine']:.8f}" if "min_cosine" in o
+                                                       else "") for name, o in check["outputs"].items()]
+    norms = f"; embedding norms {check['norms'][0]:.6f}-{check['norms'][1]:.6f}" if "norms" in check else ""
+    return (f"The PyTorch module against {check['reference']} on {check['texts']} texts: "
+            f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
+
+
 def _fusions(optimize: dict[str, Any]) -> Parts:
     if "variants" not in optimize:
         return []
@@ -37,10 +65,13 @@ def _fusions(optimize: dict[str, Any]) -> Parts:
 
 def _parity(parity: dict[str, Any]) -> Parts:
     parts: Parts = []
+    checked = f"{reference_text(parity['reference'])} " if "reference" in parity else ""
     if parity.get("variants"):
-        parts.append(("Parity against PyTorch", "Real text at the shape corners and the whole corpus; padding "
-                      "excluded.", [figures.parity_table(parity["variants"]),
-                                    figures.error_distribution(parity["variants"])]))
+        parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
+                      "padding excluded.", [figures.parity_table(parity["variants"]),
+                                            figures.error_distribution(parity["variants"])]))
+    elif checked:
+        parts.append(("Parity against PyTorch", checked, []))
     for precision, outcome in parity.get("repair", {}).items():
         chosen = outcome.get("chosen")
         kept = (f"{len(chosen['blocked'])} of {outcome['units']} ({', '.join(chosen['blocked']) or 'none'})"
@@ -70,7 +101,8 @@ def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
 def _triton(triton: dict[str, Any]) -> Parts:
     if "served_parity" not in triton:
         return []
-    return [("Served parity", "The deployment against PyTorch over HTTP and gRPC.",
+    against = triton.get("served_reference", "PyTorch")
+    return [("Served parity", f"The deployment against {against} over HTTP and gRPC.",
              [figures.parity_table({f"served {p}": r for p, r in triton["served_parity"].items()})])]
 
 
@@ -121,6 +153,7 @@ def _served(bench: dict[str, Any]) -> Parts:
 
 
 SECTIONS = (
+    Section("The model as its users run it", "export", _pipeline),
     Section("ONNX Runtime fusions", "optimize", _fusions),
     Section("Parity against PyTorch", "parity", _parity),
     Section("TensorRT shape profiles", "tensorrt", _tensorrt),

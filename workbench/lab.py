@@ -6,51 +6,60 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from workbench.atomic import atomic_path
 from workbench.batches import Batch, corner_batches, corpus_batches
 from workbench.compare import OutputParity, check_inputs, tolerance_for, verdict
-from workbench.config import RunConfig
+from workbench.config import RunConfig, Tolerance
 from workbench.models import LoadedModel
 from workbench.runners import Runner
+from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.torch import TorchRunner
-from workbench.tasks import OutputSpec
+from workbench.tasks import SENTENCE_EMBEDDING, OutputSpec
 
 WORST_TEXTS = 10
 
 
 class ParityLab:
-    """The reference outputs on a fixed set of real-text batches, and comparisons of any runner against them."""
+    """The reference outputs on a fixed set of real-text batches, and comparisons of any runner against them.
+
+    `texts` are tokenized as the model's users get them (after its default prompt, if it declares one); the
+    reference is the workbench's PyTorch module unless another runner is given (the model's own library)."""
 
     def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...], batches: list[Batch],
-                 corners: int) -> None:
+                 corners: int, reference: Runner | None = None) -> None:
         self.config = config
         self.loaded = loaded
         self.texts = texts
-        self.specs: tuple[OutputSpec, ...] = loaded.task.outputs(config.pooling)
+        self.specs: tuple[OutputSpec, ...] = config.output_specs
         self.batches = batches
         self.corners = batches[:corners]
-        with TorchRunner(loaded, config.pooling) as reference:
+        with reference or TorchRunner(loaded, self.specs) as runner:
             start = time.perf_counter()
-            self.expected = [reference.infer(b) for b in self.batches]
+            self.expected = [runner.infer(b) for b in self.batches]
             self.reference_seconds = time.perf_counter() - start
-        self.reference = reference  # closed: its name and input names describe `expected`
+        self.reference = runner  # closed: its name and input names describe `expected`
 
     @classmethod
     def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
         """The shape corners of the configuration, then every text once in mixed-length batches."""
-        names = loaded.input_names
-        corners = corner_batches(loaded.tokenizer, names, list(texts), config.batch, config.sequence,
+        names, prompted = loaded.input_names, list(loaded.prompted(texts))
+        corners = corner_batches(loaded.tokenizer, names, prompted, config.batch, config.sequence,
                                  loaded.max_sequence, config.seed)
-        sweep = corpus_batches(loaded.tokenizer, names, list(texts), config.batch.opt, config.sequence,
+        sweep = corpus_batches(loaded.tokenizer, names, prompted, config.batch.opt, config.sequence,
                                loaded.max_sequence)
-        return cls(config, loaded, texts, corners + sweep, len(corners))
+        return cls(config, loaded, tuple(prompted), corners + sweep, len(corners))
 
     @classmethod
-    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
-        """Every text once, whole (not cut to a corner's length): what a served model sees."""
-        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, list(texts), config.batch.opt, config.sequence,
+    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
+                    reference: Runner | None = None) -> ParityLab:
+        """Every text once, whole (not cut to a corner's length): what a served model, or the model's own library
+        (`reference`, given the texts without the prompt it adds itself), sees."""
+        prompted = list(loaded.prompted(texts))
+        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, prompted, config.batch.opt, config.sequence,
                                loaded.max_sequence)
-        return cls(config, loaded, texts, sweep, 0)
+        return cls(config, loaded, tuple(prompted), sweep, 0, reference)
 
     def subset(self, text_ids: list[int]) -> ParityLab:
         """The corner batches plus the corpus batches holding `text_ids`, with the reference outputs reused.
@@ -74,10 +83,13 @@ class ParityLab:
         """The output users read: the sentence embedding when there is one."""
         return next((s for s in self.specs if s.kind == "embedding"), self.specs[0])
 
-    def collect(self, runner: Runner, precision: str) -> dict[str, OutputParity]:
-        """Run every batch through `runner` and accumulate the comparison of each output it returns."""
+    def collect(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None
+                ) -> dict[str, OutputParity]:
+        """Run every batch through `runner` and accumulate the comparison of each output it returns, against the
+        task-aware default tolerances with `tolerances` (default: the run configuration's) on top."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
-        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, self.config.tolerances))
+        overrides = self.config.tolerances if tolerances is None else tolerances
+        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides))
                    for s in self.specs if s.name in runner.output_names}
         for batch, expected in zip(self.batches, self.expected):
             got = runner.infer(batch)
@@ -85,9 +97,10 @@ class ParityLab:
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs
 
-    def compare(self, runner: Runner, precision: str) -> dict[str, Any]:
+    def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None
+                ) -> dict[str, Any]:
         start = time.perf_counter()
-        outputs = self.collect(runner, precision)
+        outputs = self.collect(runner, precision, tolerances)
         seconds = time.perf_counter() - start
         summaries = {name: parity.summary() for name, parity in outputs.items()}
         return {**verdict(summaries), "precision": precision, "providers": list(runner.providers),
@@ -118,3 +131,32 @@ class ParityLab:
         with atomic_path(reference) as tmp:
             save_json(results, str(tmp))
         return inputs, reference
+
+
+def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> LibraryRunner | None:
+    """What the model's users run today on `texts` (raw: the library adds the model's prompt itself), cut at the
+    deployment's sequence limit; None where no library call returns the task's outputs."""
+    names = tuple(spec.name for spec in config.output_specs)
+    return library_runner(loaded, texts, names, min(config.sequence.max, loaded.max_sequence),
+                          config.trust_remote_code)
+
+
+def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> dict[str, Any]:
+    """The workbench's PyTorch module against the model's own library on every text, whole, at the default fp32
+    gate (the run's `tolerances` are for its variants): the module the graph is exported from must return what the
+    model's users get today."""
+    reference = library_reference(config, loaded, texts)
+    if reference is None:
+        return {"checked": False, "library": f"transformers {loaded.task.auto_class}",
+                "reference": f"transformers {loaded.task.auto_class}",
+                "reason": f"{loaded.task.name}: the transformers pipeline returns each token's best label, not "
+                          "logits; the module is transformers' own model"}
+    call, library = reference.call, reference.library
+    lab = ParityLab.corpus_only(config, loaded, texts, reference)
+    with TorchRunner(loaded, lab.specs) as module:
+        result = lab.compare(module, "fp32", tolerances={})
+    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result}
+    if any(spec.name == SENTENCE_EMBEDDING for spec in lab.specs):
+        norms = np.concatenate([np.linalg.norm(e[SENTENCE_EMBEDDING], axis=-1) for e in lab.expected])
+        check["norms"] = [float(norms.min()), float(norms.max())]
+    return check

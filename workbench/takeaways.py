@@ -22,9 +22,16 @@ def takeaway(step: str, record: RunRecord) -> str:
 def _export(record: RunRecord) -> list[str]:
     info = record.metric("export")
     dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
-    return [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
-            f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
-            f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+    lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
+             f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+             f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+    pipeline = info.get("sentence_pipeline")
+    if pipeline:
+        override = f"; {pipeline['override']}" if pipeline.get("override") else ""
+        lines.append(f"in the graph: {' -> '.join(pipeline['steps'])} "
+                     f"({'from modules.json' if pipeline['declared'] else 'no sentence-transformers files'}), "
+                     f"similarity {pipeline['similarity']}{override}")
+    return lines
 
 
 def _optimize(record: RunRecord) -> list[str]:
@@ -43,7 +50,8 @@ def _optimize(record: RunRecord) -> list[str]:
 def _parity(record: RunRecord) -> list[str]:
     verdicts = record.metric("parity.variants") or {}
     passed = [name for name, v in verdicts.items() if v["passed"]]
-    lines = [f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
+    lines = [*_reference(record.metric("parity.reference")),
+             f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
     lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
               for name, v in verdicts.items()]
     for precision, outcome in (record.metric("parity.repair") or {}).items():
@@ -55,6 +63,18 @@ def _parity(record: RunRecord) -> list[str]:
         else:
             lines.append(f"{precision} repair: {outcome['outcome']}")
     return lines
+
+
+def _reference(check: dict[str, Any] | None) -> list[str]:
+    """The PyTorch module against the model's own library, in one line."""
+    if not check:
+        return []
+    if not check["checked"]:
+        return [f"reference: {check['library']} (not checked against a library call: {check['reason']})"]
+    primary = list(check["outputs"].values())[-1]
+    cosine = f", min cosine {primary['min_cosine']:.6f}" if "min_cosine" in primary else ""
+    return [f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs "
+            f"{primary['max_abs']:.2g}{cosine}"]
 
 
 def _neighbours(verdict: dict[str, Any]) -> str:
@@ -76,8 +96,9 @@ def _triton(record: RunRecord) -> list[str]:
     parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r['passed'] else 'FAIL'}"
                           for protocol, r in served.items())
     verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
+    against = f" against {deployment['served_library']}" if "served_library" in deployment else ""
     return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
-            f"layout ({deployment['flavor']})", f"served parity: {parity or 'not checked'}"]
+            f"layout ({deployment['flavor']})", f"served parity{against}: {parity or 'not checked'}"]
 
 
 def _generation(record: RunRecord) -> list[str]:

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
 BATCH, SEQUENCE = "batch", "sequence"
 INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+TOKEN_EMBEDDINGS, SENTENCE_EMBEDDING = "token_embeddings", "sentence_embedding"
 
 
 @dataclass(frozen=True)
@@ -45,50 +46,47 @@ class Task(ABC):
         return getattr(modeling_auto, self.mapping)
 
     @abstractmethod
-    def outputs(self, pooling: str) -> tuple[OutputSpec, ...]:
-        """The graph outputs, in order."""
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
+        """The graph outputs, in order (feature extraction: token states unless `token_embeddings` is off, then the
+        sentence embedding when `pooled`)."""
 
     @abstractmethod
-    def forward(self, model: Any, inputs: dict[str, torch.Tensor], pooling: str) -> tuple[torch.Tensor, ...]:
-        """Run the loaded model and return the outputs in the order of `outputs`."""
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Sentence embedding from token states: mean over real tokens, or the first token."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    def forward(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                head: torch.nn.Module | None) -> dict[str, torch.Tensor]:
+        """Run the loaded model (and, for embeddings, the sentence-transformers `head` after it): every output."""
 
 
 class FeatureExtraction(Task):
-    def outputs(self, pooling: str) -> tuple[OutputSpec, ...]:
-        hidden = OutputSpec("last_hidden_state", (BATCH, SEQUENCE, "hidden"), "hidden")
-        if pooling == "none":
-            return (hidden,)
-        return hidden, OutputSpec("sentence_embedding", (BATCH, "hidden"), "embedding")
+    """Sentence-transformers' names: `token_embeddings` from the transformer, `sentence_embedding` from its head
+    (pooling, then any Dense and Normalize modules), exactly what `SentenceTransformer.encode()` returns."""
 
-    def forward(self, model, inputs, pooling):
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
+        specs = (OutputSpec(TOKEN_EMBEDDINGS, (BATCH, SEQUENCE, "hidden"), "hidden"),) if token_embeddings else ()
+        return specs + ((OutputSpec(SENTENCE_EMBEDDING, (BATCH, "embedding"), "embedding"),) if pooled else ())
+
+    def forward(self, model, inputs, head):
         hidden = model(**inputs).last_hidden_state
-        if pooling == "none":
-            return (hidden,)
-        return hidden, pool(hidden, inputs["attention_mask"], pooling)
+        outputs = {TOKEN_EMBEDDINGS: hidden}
+        if head is not None:
+            features = head({TOKEN_EMBEDDINGS: hidden, "attention_mask": inputs["attention_mask"]})
+            outputs[SENTENCE_EMBEDDING] = features[SENTENCE_EMBEDDING]
+        return outputs
 
 
 class SequenceClassification(Task):
-    def outputs(self, pooling: str) -> tuple[OutputSpec, ...]:
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
         return (OutputSpec("logits", (BATCH, "labels"), "logits"),)
 
-    def forward(self, model, inputs, pooling):
-        return (model(**inputs).logits,)
+    def forward(self, model, inputs, head):
+        return {"logits": model(**inputs).logits}
 
 
 class TokenClassification(Task):
-    def outputs(self, pooling: str) -> tuple[OutputSpec, ...]:
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
         return (OutputSpec("logits", (BATCH, SEQUENCE, "labels"), "token_logits"),)
 
-    def forward(self, model, inputs, pooling):
-        return (model(**inputs).logits,)
+    def forward(self, model, inputs, head):
+        return {"logits": model(**inputs).logits}
 
 
 TASKS: dict[str, Task] = {

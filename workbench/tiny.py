@@ -74,15 +74,18 @@ def bytelevel_tokenizer(vocab_size: int = 600):
 
 
 def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extraction", layers: int = 2,
-                  hidden: int = 32, heads: int = 4, seed: int = 0) -> Path:
-    """Save a tiny `family` model for `task` (random weights, fixed seed) and its tokenizer into `dest`."""
+                  hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None) -> Path:
+    """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`: transformers'
+    0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
+    `dest`."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     tokenizer = {"roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
                  "deberta-v2": unigram_tokenizer}.get(family, wordpiece_tokenizer)()
-    common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3}
+    common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3,
+              "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
     configs = {
         "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
                                                 num_attention_heads=heads, intermediate_size=hidden * 2,
@@ -98,7 +101,7 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
             hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=hidden * 2,
             max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
             pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
-            type_vocab_size=0, initializer_range=0.2, **common),  # wider weights: logits that differ per text
+            type_vocab_size=0, **common),
         # all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index.
         "mpnet": lambda: transformers.MPNetConfig(hidden_size=hidden, num_hidden_layers=layers,
                                                   num_attention_heads=heads, intermediate_size=hidden * 2,
@@ -110,6 +113,36 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     model = auto.from_config(configs[family]())
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
+    return Path(dest)
+
+
+def build_sentence_encoder(dest: Path, pooling: str = "cls", dense: int | None = 16, normalize: bool = False,
+                           prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                           similarity: str = "dot", seed: int = 0) -> Path:
+    """A tiny BERT saved as a sentence-transformers model by the library's own classes: Transformer -> Pooling in
+    `pooling` -> an optional Dense layer (tanh, `dense` outputs) -> optional Normalize, with prompts and a
+    similarity function in config_sentence_transformers.json. Wide random weights (std 0.2): with transformers'
+    0.02 every text, prompted or not, gets nearly the same embedding."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build_encoder(Path(tmp) / "encoder", seed=seed, initializer_range=0.2)
+        torch.manual_seed(seed)
+        transformer = Transformer(str(base))
+        width = transformer.get_embedding_dimension()
+        modules = [transformer, Pooling(width, pooling)]
+        if dense:
+            modules.append(Dense(width, dense))
+        if normalize:
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts,
+                                    default_prompt_name=default_prompt_name, similarity_fn_name=similarity)
+        model.save(str(dest))
     return Path(dest)
 
 

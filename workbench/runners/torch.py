@@ -7,33 +7,38 @@ import torch
 from workbench.batches import Batch
 from workbench.models import LoadedModel
 from workbench.runners import Runner, RunnerClosedError
+from workbench.tasks import OutputSpec
 
 
 class GraphModule(torch.nn.Module):
-    """Takes the graph inputs positionally and returns the task's outputs in order."""
+    """Takes the graph inputs positionally and returns `outputs` in order: the transformer, then (embeddings) the
+    model's sentence-transformers head."""
 
-    def __init__(self, loaded: LoadedModel, pooling: str) -> None:
+    def __init__(self, loaded: LoadedModel, outputs: tuple[OutputSpec, ...]) -> None:
         super().__init__()
         self.model = loaded.model
+        self.head = loaded.head
         self.task = loaded.task
-        self.pooling = pooling
+        self.output_names = tuple(o.name for o in outputs)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids
-        return self.task.forward(self.model, inputs, self.pooling)
+        results = self.task.forward(self.model, inputs, self.head)
+        return tuple(results[name] for name in self.output_names)
 
 
 class TorchRunner(Runner):
-    """PyTorch eager in fp32, no grad: the reference every variant is compared with; `close()` drops the module."""
+    """PyTorch eager in fp32, no grad: the module the ONNX graph is exported from, checked against the model's own
+    library (reference.py), then the reference every variant is compared with; `close()` drops the module."""
 
-    def __init__(self, loaded: LoadedModel, pooling: str, name: str = "pytorch") -> None:
+    def __init__(self, loaded: LoadedModel, outputs: tuple[OutputSpec, ...], name: str = "pytorch") -> None:
         self.name = name
-        self.module: GraphModule | None = GraphModule(loaded, pooling).eval()
+        self.module: GraphModule | None = GraphModule(loaded, outputs).eval()
         self.input_names = loaded.input_names
-        self.output_names = tuple(o.name for o in loaded.task.outputs(pooling))
+        self.output_names = self.module.output_names
         self.providers = ["torch-cpu"]
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ from workbench.models import LoadedModel, load_model
 from workbench.quiet import quiet_tracer
 from workbench.record import RunRecord, StepEntry
 from workbench.runners.torch import GraphModule
-from workbench.tasks import BATCH, SEQUENCE
+from workbench.tasks import BATCH, SEQUENCE, OutputSpec
 
 STEP = "export"
 # Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).
@@ -44,10 +44,10 @@ def sample_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
 
 def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
     """Write `dest` with torch.onnx.export and return the loaded ModelProto (without weights)."""
-    module = GraphModule(loaded, config.pooling).eval()
+    outputs = config.output_specs
+    module = GraphModule(loaded, outputs).eval()
     inputs = sample_inputs(loaded)
     args = tuple(inputs[name] for name in loaded.input_names)
-    outputs = loaded.task.outputs(config.pooling)
     output_names = [o.name for o in outputs]
     large = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) > onnxfiles.EXTERNAL_DATA_THRESHOLD
     with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad(), _export_errors(loaded, config):
@@ -66,8 +66,17 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
                 torch.onnx.export(module, args, str(tmp), dynamo=False, opset_version=config.opset,
                                   input_names=list(loaded.input_names), output_names=output_names,
                                   dynamic_axes=axes, do_constant_folding=True)
+        onnxfiles.fix_output_dims(tmp, fixed_sizes(module, args, outputs))
         onnxfiles.check(tmp)
     return onnxfiles.load(dest, load_external_data=False)
+
+
+def fixed_sizes(module: GraphModule, args: tuple[torch.Tensor, ...], outputs: tuple[OutputSpec, ...]
+                ) -> dict[str, dict[int, int]]:
+    """Per output, the size of every axis that is not dynamic, from one run of the module on the sample."""
+    results = module(*args)
+    return {spec.name: {axis: int(result.shape[axis]) for axis in range(result.dim())
+                        if axis not in spec.dynamic_axes} for spec, result in zip(outputs, results)}
 
 
 @contextmanager
@@ -109,6 +118,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                      or getattr(loaded.hf_config, "hidden_dim", 4 * loaded.hidden_size)),
             "max_positions": loaded.max_positions,
             "max_sequence": loaded.max_sequence,
+            **({"sentence_pipeline": loaded.pipeline.describe(loaded.pooling, loaded.pooling_overridden)}
+               if loaded.pipeline else {}),
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "exporter": config.exporter,
             "opset": config.opset,

@@ -11,9 +11,9 @@ from workbench.atomic import write_text
 from workbench.compare import raise_if_failed
 from workbench.config import RunConfig
 from workbench.data import load_corpus
-from workbench.errors import MissingArtifactError
-from workbench.lab import ParityLab
-from workbench.models import load_model
+from workbench.errors import MissingArtifactError, ReferenceMismatchError
+from workbench.lab import ParityLab, library_check
+from workbench.models import LoadedModel, load_model
 from workbench.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.progress import Progress, track
 from workbench.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
@@ -222,6 +222,23 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
     return write_text(record.run_dir / "parity" / "reproduce.sh", "\n".join(lines) + "\n")
 
 
+def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, texts: tuple[str, ...]) -> None:
+    """The PyTorch module every variant is compared with, against what the model's users run today (its own
+    library); recorded, and the step fails here when they differ: every verdict after would be against the wrong
+    reference."""
+    with Progress("module vs the model's own library", 1, "checks") as bar:
+        check = library_check(config, loaded, texts)
+        bar.update(1, note="pass" if check.get("passed", True) else "FAIL")
+    record.set_metric(f"{STEP}.reference", check)
+    if check["checked"] and not check["passed"]:
+        raise ReferenceMismatchError(
+            f"the workbench's PyTorch module does not return what {check['reference']} returns on the same texts: "
+            f"{'; '.join(check['failures'])}",
+            "read metrics.parity.reference in run.json; check the model's sentence-transformers files (modules.json, "
+            "1_Pooling/config.json) and -p pooling, or report the model: the export would not serve what its users "
+            "get today")
+
+
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Compare every variant with PyTorch; repair failing fp16/int8 variants; fp32 variants must pass."""
     with record.step(STEP):
@@ -230,7 +247,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
                                        "run the export and optimize steps first: --steps export,optimize,parity")
         loaded = load_model(config)
-        lab = ParityLab.build(config, loaded, load_corpus(config.corpus))
+        texts = load_corpus(config.corpus)
+        check_module(config, record, loaded, texts)
+        lab = ParityLab.build(config, loaded, texts)
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})

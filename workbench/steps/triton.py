@@ -7,7 +7,7 @@ from typing import Any
 from workbench.config import RunConfig
 from workbench.data import load_corpus
 from workbench.errors import DependencyMissingError, StepSkipped, UnverifiedError
-from workbench.lab import ParityLab
+from workbench.lab import ParityLab, library_reference
 from workbench.models import LoadedModel, load_model
 from workbench.progress import track
 from workbench.record import RunRecord, StepEntry
@@ -32,10 +32,14 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                                      "serve it from NVIDIA's container (triton/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
     texts = load_corpus(config.corpus)
-    lab = ParityLab.corpus_only(config, loaded, texts)
+    reference = library_reference(config, loaded, texts)
+    served_reference = reference.call if reference else "the workbench's PyTorch module"
+    served_library = reference.library if reference else "PyTorch"
+    lab = ParityLab.corpus_only(config, loaded, texts, reference)  # the served answers against what users run today
     outputs = [o.name for o in plan.outputs]
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
-    result: dict[str, Any] = {"flavor": plan.flavor, "variant": variant, "server": str(binary.executable)}
+    result: dict[str, Any] = {"flavor": plan.flavor, "variant": variant, "server": str(binary.executable),
+                              "served_reference": served_reference, "served_library": served_library}
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
         result["ready_seconds"] = server.timings["ready_seconds"]
         parity = {}

@@ -128,13 +128,17 @@ class TritonClient:
         kwargs = {"network_timeout": timeout, "connection_timeout": timeout} if protocol == "http" else {}
         self.client = self.module.InferenceServerClient(url=url, **kwargs)
 
-    def infer(self, model: str, arrays: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, Any]:
+    def infer(self, model: str, arrays: dict[str, np.ndarray], outputs: list[str] | None = None,
+              parameters: dict[str, str] | None = None) -> dict[str, Any]:
+        """`parameters`: request parameters, e.g. {"prompt_name": "query"} for a model with prompts."""
         with _answered(self.url, model):
-            response = self.client.infer(model, _inputs(self.module, arrays), outputs=_outputs(self.module, outputs))
+            response = self.client.infer(model, _inputs(self.module, arrays), outputs=_outputs(self.module, outputs),
+                                         parameters=parameters)
         return _result(response, outputs)
 
-    def infer_texts(self, model: str, texts: list[str | bytes], outputs: list[str] | None = None) -> dict[str, Any]:
-        return self.infer(model, {"TEXT": text_array(texts)}, outputs)
+    def infer_texts(self, model: str, texts: list[str | bytes], outputs: list[str] | None = None,
+                    parameters: dict[str, str] | None = None) -> dict[str, Any]:
+        return self.infer(model, {"TEXT": text_array(texts)}, outputs, parameters)
 
     def statistics(self, model: str) -> dict[str, Any]:
         with _answered(self.url, model):

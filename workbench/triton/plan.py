@@ -8,8 +8,7 @@ from workbench.config import RunConfig
 from workbench.environment import cpu_features, gpu_name
 from workbench.errors import ConfigError, MissingArtifactError
 from workbench.record import RunRecord
-from workbench.tasks import TASKS
-from workbench.triton.repository import ServingPlan, model_name_for
+from workbench.triton.repository import ServingPlan, graph_output_dims, model_name_for
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -94,7 +93,7 @@ def candidate_variants(config: RunConfig, record: RunRecord, flavor: str) -> lis
 def served_outputs(config: RunConfig) -> tuple:
     """Token states are large (batch x sequence x hidden floats per request): an embedding service sends the
     sentence embedding alone unless `triton.outputs` asks for more."""
-    outputs = TASKS[config.task].outputs(config.pooling)
+    outputs = config.output_specs
     if config.triton.outputs is None:
         embeddings = tuple(o for o in outputs if o.kind == "embedding")
         return embeddings or outputs
@@ -114,6 +113,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     from transformers import AutoConfig
 
     export = record.export_info()
+    pipeline = export.get("sentence_pipeline") or {}
     outputs = served_outputs(config)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     tokenizer = record.tokenizer()
@@ -123,7 +123,8 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     batch = config.batch
     plan = ServingPlan(
         name=model_name_for(config.triton.name or config.model_slug), flavor=flavor,
-        input_names=tuple(export["io"]["inputs"]), outputs=outputs, hidden_size=export["hidden_size"],
+        input_names=tuple(export["io"]["inputs"]), outputs=outputs,
+        output_dims=graph_output_dims(export["io"]["outputs"]),
         model_file=path, tokenizer_dir=folder,
         max_length=min(config.sequence.max, export["max_sequence"]), max_batch_size=batch.max,
         preferred_batch_sizes=config.triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
@@ -134,5 +135,6 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
         pad_to=[p["sequence"][2] for p in profiles] if flavor != "python-ort" else [],
         profiles=len(profiles) if flavor == "tensorrt_plan" else 1,
         pad_token_id=tokenizer.pad_token_id or 0, threads=threads_per_instance(config), id2label=id2label,
-        layout=choose_layout(config, flavor))
+        layout=choose_layout(config, flavor), prompts=dict(pipeline.get("prompts") or {}),
+        default_prompt_name=pipeline.get("default_prompt_name"))
     return plan, variant

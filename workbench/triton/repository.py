@@ -33,7 +33,7 @@ class ServingPlan:
     flavor: str
     input_names: tuple[str, ...]
     outputs: tuple[OutputSpec, ...]
-    hidden_size: int
+    output_dims: dict[str, list[int]]  # per output, its dims after the batch axis as the graph declares them
     model_file: Path
     tokenizer_dir: Path
     max_length: int
@@ -51,6 +51,8 @@ class ServingPlan:
     threads: int = 0
     id2label: dict[str, str] = field(default_factory=dict)
     layout: str = "ensemble"
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
+    default_prompt_name: str | None = None
 
     @property
     def classifies(self) -> bool:
@@ -89,10 +91,20 @@ def add_tensor(message: Any, name: str, data_type: int, dims: list[int], ragged:
 
 
 def _output_dims(spec: OutputSpec, plan: ServingPlan) -> list[int]:
-    """Dims after the batch axis: -1 for the sequence, the hidden size or label count otherwise."""
-    labels = max(len(plan.id2label), 1)
-    sizes = {"hidden": plan.hidden_size, "labels": labels}
-    return [-1 if axis == "sequence" else sizes[axis] for axis in spec.axes[1:]]
+    return plan.output_dims[spec.name]
+
+
+def graph_output_dims(io_outputs: dict[str, list[int | str]]) -> dict[str, list[int]]:
+    """Per graph output, its dims after the batch axis: -1 where the graph leaves one open (sequence)."""
+    return {name: [d if isinstance(d, int) and d > 0 else -1 for d in dims[1:]] for name, dims in io_outputs.items()}
+
+
+def _prompt_parameters(config: Any, plan: ServingPlan) -> None:
+    """The model's prompts, which a request picks by its `prompt_name` parameter (the default one otherwise)."""
+    if plan.prompts:
+        config.parameters["prompts"].string_value = json.dumps(plan.prompts)
+    if plan.default_prompt_name:
+        config.parameters["default_prompt_name"].string_value = plan.default_prompt_name
 
 
 def _batching(config: Any, plan: ServingPlan) -> None:
@@ -116,6 +128,7 @@ def tokenizer_config(plan: ServingPlan) -> Any:
     add_tensor(config.output, "truncated", BOOL, [1])
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
+    _prompt_parameters(config, plan)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config
 
@@ -183,6 +196,7 @@ def fused_config(plan: ServingPlan) -> Any:
     _onnxruntime_parameters(config, plan)
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
+    _prompt_parameters(config, plan)
     if plan.classifies:
         config.parameters["id2label"].string_value = json.dumps(plan.id2label)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
 from ort_batches import PaddedRunner, model_args, session  # noqa: E402
-from text_input import decode  # noqa: E402
+from text_input import Prompts, decode  # noqa: E402
 
 
 def stack(rows):
@@ -36,6 +36,7 @@ class TritonPythonModel:
                                    float(params.get("max_padding", "0.25")))
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
+        self.prompts = Prompts(params)
 
     def respond(self, outputs, truncated):
         tensors = {name: stack([o[name][0] for o in outputs]) for name in self.outputs}
@@ -49,7 +50,8 @@ class TritonPythonModel:
         responses, texts, owners = [None] * len(requests), [], []
         for index, request in enumerate(requests):
             try:
-                mine = decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+                mine = self.prompts.apply(decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()),
+                                          request.parameters())
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
                 continue

@@ -1,5 +1,6 @@
-"""Decode a Triton BYTES tensor of texts, refusing invalid UTF-8 and empty texts with messages that name the text.
-Copied beside the Python models that take text."""
+"""Decode a Triton BYTES tensor of texts, refusing invalid UTF-8 and empty texts with messages that name the text;
+put the model's sentence-transformers prompt before them. Copied beside the Python models that take text."""
+import json
 
 
 def decode(values):
@@ -15,3 +16,21 @@ def decode(values):
             raise ValueError(f"TEXT[{index}] is empty: send at least one non-space character")
         texts.append(text)
     return texts
+
+
+class Prompts:
+    """The model's named prompts (model config parameters `prompts`, `default_prompt_name`): a request picks one by
+    its `prompt_name` parameter (an empty name: none), else the default one applies, as in encode()."""
+
+    def __init__(self, params):
+        self.prompts = json.loads(params.get("prompts", "{}"))
+        self.default = params.get("default_prompt_name", "")
+
+    def apply(self, texts, parameters):
+        """`texts` after the prompt the request's parameters (JSON text, as Triton passes them) ask for."""
+        name = json.loads(parameters or "{}").get("prompt_name", self.default)
+        if name and name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise ValueError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
+        prefix = self.prompts.get(name, "") if name else ""
+        return [prefix + text for text in texts]

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from text_input import decode  # noqa: E402  (copied beside this file)
+from text_input import Prompts, decode  # noqa: E402  (copied beside this file)
 
 
 class TritonPythonModel:
@@ -20,6 +20,7 @@ class TritonPythonModel:
         self.max_length = int(params["max_length"])
         self.pad_to = sorted(int(edge) for edge in params.get("pad_to", "").split(",") if edge)
         self.names = [out["name"] for out in config["output"] if out["name"] != "truncated"]
+        self.prompts = Prompts(params)
 
     def tokenize(self, texts):
         """Truncate to max_length, pad to the longest text, then up to the next `pad_to` edge if one is set
@@ -40,7 +41,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                texts = decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+                texts = self.prompts.apply(decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()),
+                                           request.parameters())
                 responses.append(self.tokenize(texts))
             except ValueError as exc:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))

@@ -1,0 +1,106 @@
+"""The model's own library behind the runner interface: what its users run today, on the same texts. Embedding
+models: `SentenceTransformer.encode()`; sequence classifiers: the transformers text-classification pipeline's raw
+logits. The workbench's PyTorch module is checked against these once, then used for speed."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from workbench.batches import Batch
+from workbench.runners import Runner, RunnerClosedError
+from workbench.sentence import library_model
+from workbench.tasks import SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from transformers import Pipeline
+
+    from workbench.models import LoadedModel
+
+
+class LibraryRunner(Runner):
+    """A runner that is a library call users make: `library` names it in a line, `call` spells it out."""
+
+    library: str
+    call: str
+
+
+class SentenceTransformerRunner(LibraryRunner):
+    """`encode()` on each batch's texts (the model's default prompt applied by the library, as for its users):
+    sentence embeddings, and token embeddings placed at each text's own positions of the batch."""
+
+    def __init__(self, model: SentenceTransformer, call: str, texts: tuple[str, ...], input_names: tuple[str, ...],
+                 output_names: tuple[str, ...]) -> None:
+        self.model: SentenceTransformer | None = model
+        self.call, self.texts = f"{call}.encode(texts)", texts
+        self.input_names, self.output_names = input_names, output_names
+        self.name, self.providers = "sentence-transformers", ["torch-cpu"]
+        self.library = "SentenceTransformer.encode()"
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.model is None:
+            raise RunnerClosedError(f"{self.name}: the runner is closed")
+        texts = [self.texts[i] for i in batch.text_ids]
+        rows = self.model.encode(texts, output_value=None, batch_size=len(texts), convert_to_numpy=False)
+        result = {}
+        if SENTENCE_EMBEDDING in self.output_names:
+            result[SENTENCE_EMBEDDING] = np.stack([r[SENTENCE_EMBEDDING].float().cpu().numpy() for r in rows])
+        if TOKEN_EMBEDDINGS in self.output_names:
+            tokens = np.zeros((len(rows), batch.shape[1], rows[0][TOKEN_EMBEDDINGS].shape[-1]), dtype=np.float32)
+            for row, out in zip(rows, tokens):
+                length = min(int(row["attention_mask"].sum()), out.shape[0])
+                out[:length] = row[TOKEN_EMBEDDINGS][:length].float().cpu().numpy()
+            result[TOKEN_EMBEDDINGS] = tokens
+        return result
+
+    def close(self) -> None:
+        self.model = None
+
+
+class ClassificationPipelineRunner(LibraryRunner):
+    """`pipeline("text-classification", top_k=None, function_to_apply="none")`: every label's raw logit per text."""
+
+    def __init__(self, pipe: Pipeline, call: str, texts: tuple[str, ...], input_names: tuple[str, ...],
+                 max_length: int) -> None:
+        self.pipe: Pipeline | None = pipe
+        self.call, self.texts, self.max_length = call, texts, max_length
+        self.label_ids = {label: int(i) for i, label in pipe.model.config.id2label.items()}
+        self.input_names, self.output_names = input_names, ("logits",)
+        self.name, self.providers = "transformers-pipeline", ["torch-cpu"]
+        self.library = "the text-classification pipeline"
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.pipe is None:
+            raise RunnerClosedError(f"{self.name}: the runner is closed")
+        answers = self.pipe([self.texts[i] for i in batch.text_ids], truncation=True, max_length=self.max_length)
+        logits = np.zeros((len(answers), len(self.label_ids)), dtype=np.float32)
+        for row, labels in zip(logits, answers):
+            for answer in labels:
+                row[self.label_ids[answer["label"]]] = answer["score"]
+        return {"logits": logits}
+
+    def close(self) -> None:
+        self.pipe = None
+
+
+def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tuple[str, ...], max_length: int,
+                   trust_remote_code: bool = False) -> LibraryRunner | None:
+    """The library runner for the loaded model's task, truncating at `max_length` tokens like the deployment (None
+    for token classification: its pipeline returns each token's best label, not logits, so transformers' own model
+    is the reference there)."""
+    if loaded.pipeline is not None:
+        model, call = library_model(loaded.pipeline, loaded.pooling, loaded.hidden_size, trust_remote_code)
+        if model.max_seq_length != max_length:
+            model.max_seq_length = max_length
+            call += f" with max_seq_length={max_length}"
+        return SentenceTransformerRunner(model, call, texts, loaded.input_names, output_names)
+    if loaded.task.name == "sequence-classification":
+        from transformers import pipeline
+
+        location = loaded.source.location
+        pipe = pipeline("text-classification", model=location, top_k=None, function_to_apply="none", device="cpu",
+                        trust_remote_code=trust_remote_code)
+        call = f"pipeline('text-classification', model={location!r}, top_k=None, function_to_apply='none')"
+        return ClassificationPipelineRunner(pipe, call, texts, loaded.input_names, max_length)
+    return None
