@@ -9,7 +9,7 @@ ARGS ?=
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 
-.PHONY: env demo test test-gpu lab bench clean
+.PHONY: env demo test test-gpu gpu-check lab bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
 
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev
 	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
+
+gpu-check: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev: tests/gpu, then the bench on CUDA
+	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
+	$(BIN)/python benchmarks/bench.py --device cuda --in-process $(ARGS)
 
 lab: env  ## JupyterLab on the notebooks; interactive runs go to this checkout's outputs/ (ARGS="--no-browser" etc.)
 	WORKBENCH_OUTPUTS="$(CURDIR)/outputs" $(BIN)/jupyter lab $(LAB_ROOT) $(ARGS) notebooks

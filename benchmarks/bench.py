@@ -1,8 +1,10 @@
 """Speed of the workbench's variants on the embedded model, measured side by side in one run.
 
-    python benchmarks/bench.py [--run outputs/<run>] [--profile]
+    python benchmarks/bench.py [--run outputs/<run>] [--device cpu|cuda] [--in-process] [--profile]
 
-Without --run it first runs export, optimize and parity (with precision repair) on all-MiniLM-L6-v2. Prints the
+Without --run it first runs export, optimize and parity (with precision repair) on all-MiniLM-L6-v2, on --device
+(default: auto). --in-process skips the served items (3-5), e.g. on a GPU host whose tritonserver lacks the
+onnxruntime backend. Prints the
 host's CPU features, then, each against its target (targets for this kind of 2-core CPU machine, not assertions):
   1. every variant's speedup over PyTorch eager and its fp32-equivalent GFLOP/s as a share of a matmul peak measured
      in the same run, at (b1,s16), (b1,s128), (b8,s128); the best that passes parity against the share-of-peak
@@ -24,6 +26,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from workbench import figures
 from workbench.batches import shaped_batch, token_lengths
 from workbench.config import RunConfig
 from workbench.data import load_corpus
@@ -63,8 +66,17 @@ def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: P
 
 
 def _share(latency: dict, cell: str, name: str) -> float:
-    """fp32-equivalent GFLOP/s of `name` in `cell` over the matmul peak measured in the same run."""
-    return latency["cells"][cell][name]["gflops"] / latency["peak_gflops"]
+    """GFLOP/s of `name` in `cell` over the matmul peak of its precision measured in the same run (fp32-equivalent
+    for int8)."""
+    return latency["cells"][cell][name]["peak_share"]
+
+
+def _row(latency: dict, cell: str, name: str) -> str:
+    stats = latency["cells"][cell].get(name)
+    if stats is None:
+        return f"{'':>28s}"
+    speedup = f"{stats['speedup']:>9.2f}x" if stats["speedup"] is not None else f"{'n/a':>10s}"
+    return f"{speedup} {_share(latency, cell, name):>5.0%} ({stats['p50']:7.1f})"
 
 
 def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) -> list[tuple[str, float]]:
@@ -88,71 +100,8 @@ def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) ->
     return [(op, t / total) for op, t in time_by_op.most_common(8)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, help="an existing run with export, optimize and parity done")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--profile", action="store_true", help="ONNX Runtime op profile of the best variant")
-    args = parser.parse_args()
-    if args.run is None:
-        args.run = Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(steps=["export", "optimize", "parity"]), args.run)
-    record = RunRecord.load(args.run)
-    config = record.config.model_copy(update={"bench": record.config.bench.model_copy(update={
-        "batches": [1, 8], "sequences": [16, 128], "rounds": args.rounds, "seconds_per_cell": 120.0})})
-    start = time.perf_counter()
-    latency = run_latency_benchmark(config, record)
-    tokenizer = record.tokenizer()
-    texts = list(load_corpus())
-    short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
-    served_result = served(config, record, [texts[i] for i in short.text_ids], args.run / "bench")
-    print(f"\nrun: {args.run}  threads: {latency['threads']}  measured in {time.perf_counter() - start:.0f} s\n")
-    features = cpu_features()
-    int8 = features["int8_dot_product"]
-    print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; matmul peak "
-          f"{latency['peak_gflops']:.0f} GFLOP/s\n")
-    for disturbance in latency["disturbed"]:
-        print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
-    print("1. speedup over PyTorch eager / share of the matmul peak (median ms in brackets); * = fails parity")
-    runners = list(latency["cells"][CELLS[0]])
-    print(f"   {'variant':16s}" + "".join(f"{c:>28s}" for c in CELLS))
-    for name in runners:
-        row = "".join(f"{latency['cells'][c][name]['speedup']:>9.2f}x {_share(latency, c, name):>5.0%} "
-                      f"({latency['cells'][c][name]['p50']:7.1f})" for c in CELLS)
-        print(f"   {name + ('' if latency['passed'][name] else ' *'):16s}{row}")
-    verdicts = record.verdicts()
-    for cell in CELLS:
-        best = latency["best"][cell]
-        share = _share(latency, cell, best["variant"])
-        target = PEAK_SHARE_TARGETS[cell]
-        line = (f"   best passing at {cell}: {best['variant']} {share:.0%} of peak (target {target:.0%}) "
-                f"{'PASS' if share >= target else 'MISS'}, {best['speedup']:.2f}x PyTorch")
-        if int8:
-            line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
-        print(line)
-    print("   session settings per variant, screened at b1_s16, the fastest re-measured against the default at "
-          "b1_s16 and b8_s128 (spinning measured alone, never applied: it takes the cores from everything else):")
-    for name, tuned in latency["sessions"].items():
-        print(f"   {name:16s} {tuned['reason']}; spinning alone {tuned['spinning_gain']:.2f}x the default at b1_s16")
-    repair = (record.metric("parity.repair") or {}).get("int8")
-    if repair and repair.get("bases"):
-        print("   int8 whole-graph recipes (min cosine on the repair's hard batches, * = the repair's base):")
-        for base in repair["bases"]:
-            print(f"   {'*' if base['chosen'] else ' '} {base['recipe']:44s} {base['min_cosine']:.4f} "
-                  f"({'passes' if base['passed'] else 'fails'})")
-        kept = repair["chosen"]["blocked"] if repair.get("chosen") else None
-        print(f"   repair: {repair['outcome']}, {len(kept) if kept is not None else 'no'} of {repair['units']} units "
-              f"kept in fp32; qdq_loss_debug vs measured sensitivity: Spearman "
-              f"{repair['node_error']['spearman_vs_sensitivity']}")
-    print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
-    for cell in CELLS:
-        choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
-        print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
-    for name, verdict in verdicts.items():
-        r = verdict_retrieval(verdict)
-        if verdict.get("precision") == "int8" and r:
-            print(f"   {name}: agreement@1 {r['agreement_at_1']:.3f}, recall@10 {r['recall_at_10']:.3f}, Spearman "
-                  f"{r['spearman']:.4f} over {r['texts']} texts ({'passes' if verdict['passed'] else 'fails'} parity)")
+def print_served(latency: dict, served_result: dict) -> None:
+    """Items 3-5, per repository layout."""
     variant = served_result["variant"]
     in_process = latency["cells"]["b1_s16"][variant]["p50"]
     rates = served_result["in_process"]
@@ -173,8 +122,94 @@ def main() -> None:
         print(f"5. serving efficiency, concurrency 16 corpus texts over in process at batch {rates['best_batch']} "
               f"({best_rate:.1f} seq/s, {served_result['threads']} threads): batching on {efficiency:.2f}, "
               f"off {off / best_rate:.2f} (target >= {EFFICIENCY}) {'PASS' if efficiency >= EFFICIENCY else 'MISS'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="an existing run with export, optimize and parity done")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--profile", action="store_true", help="ONNX Runtime op profile of the best variant")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--in-process", action="store_true", help="in-process items only (1 and 2)")
+    args = parser.parse_args()
+    if args.run is None:
+        args.run = Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(RunConfig(steps=["export", "optimize", "parity"], device=args.device), args.run)
+    record = RunRecord.load(args.run)
+    config = record.config.model_copy(update={"device": args.device, "bench": record.config.bench.model_copy(update={
+        "batches": [1, 8], "sequences": [16, 128], "rounds": args.rounds, "seconds_per_cell": 120.0})})
+    start = time.perf_counter()
+    latency = run_latency_benchmark(config, record)
+    tokenizer = record.tokenizer()
+    texts = list(load_corpus())
+    short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
+    served_result = None if args.in_process else served(config, record, [texts[i] for i in short.text_ids],
+                                                         args.run / "bench")
+    print(f"\nrun: {args.run}  threads: {latency['threads']}  measured in {time.perf_counter() - start:.0f} s\n")
+    features = cpu_features()
+    int8 = features["int8_dot_product"]
+    peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency["peaks"].items())
+    print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; device: "
+          f"{latency['device']}; matmul peaks (GFLOP/s): {peaks}\n")
+    for disturbance in latency["disturbed"]:
+        print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
+    print("1. speedup over PyTorch eager fp32 on the same device and I/O / share of its precision's matmul peak "
+          "(median ms in brackets); * = fails parity")
+    runners = list(dict.fromkeys(name for cell in CELLS for name in latency["cells"][cell]))
+    labels = {name: figures.row_label(latency, name) for name in runners}
+    width = max(len(label) for label in labels.values()) + 3
+    print(f"   {'row':{width}s}" + "".join(f"{c:>28s}" for c in CELLS))
+    for name in runners:
+        row = "".join(_row(latency, c, name) for c in CELLS)
+        print(f"   {labels[name] + ('' if latency['passed'][name] else ' *'):{width}s}{row}")
+    for name, row in latency["runners"].items():
+        if "peak_memory_mb" in row:
+            print(f"   peak device memory, {row['label']}: {row['peak_memory_mb']:.0f} MiB")
+    for cell, outcome in latency.get("cuda_graph", {}).items():
+        print(f"   CUDA graphs at {cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items()))
+    verdicts = record.verdicts()
+    for cell in CELLS:
+        best = latency["best"].get(cell)
+        if best is None:
+            print(f"   best passing at {cell}: no variant passes parity")
+            continue
+        share = _share(latency, cell, best["variant"])
+        target = PEAK_SHARE_TARGETS[cell]
+        line = (f"   best passing at {cell}: {best['variant']} {share:.0%} of peak (target {target:.0%}) "
+                f"{'PASS' if share >= target else 'MISS'}, {best['speedup']:.2f}x PyTorch")
+        if int8:
+            line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
+        print(line)
+    print("   session settings per variant, screened at b1_s16, the fastest re-measured against the default at "
+          "b1_s16 and b8_s128 (CPU: spinning measured alone, never applied: it takes the cores from everything "
+          "else; CUDA: provider options, with I/O binding):")
+    for name, tuned in latency["sessions"].items():
+        beside = (f"spinning alone {tuned['spinning_gain']:.2f}x the default" if "spinning_gain" in tuned else
+                  f"I/O binding {tuned['io_binding_gain']:.2f}x numpy in and out")
+        print(f"   {name:16s} {tuned['reason']}; {beside} at b1_s16")
+    repair = (record.metric("parity.repair") or {}).get("int8")
+    if repair and repair.get("bases"):
+        print("   int8 whole-graph recipes (min cosine on the repair's hard batches, * = the repair's base):")
+        for base in repair["bases"]:
+            print(f"   {'*' if base['chosen'] else ' '} {base['recipe']:44s} {base['min_cosine']:.4f} "
+                  f"({'passes' if base['passed'] else 'fails'})")
+        kept = repair["chosen"]["blocked"] if repair.get("chosen") else None
+        print(f"   repair: {repair['outcome']}, {len(kept) if kept is not None else 'no'} of {repair['units']} units "
+              f"kept in fp32; qdq_loss_debug vs measured sensitivity: Spearman "
+              f"{repair['node_error']['spearman_vs_sensitivity']}")
+    print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
+    for cell in CELLS:
+        choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
+        print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
+    for name, verdict in verdicts.items():
+        r = verdict_retrieval(verdict)
+        if verdict.get("precision") == "int8" and r:
+            print(f"   {name}: agreement@1 {r['agreement_at_1']:.3f}, recall@10 {r['recall_at_10']:.3f}, Spearman "
+                  f"{r['spearman']:.4f} over {r['texts']} texts ({'passes' if verdict['passed'] else 'fails'} parity)")
+    if served_result is not None:
+        print_served(latency, served_result)
     if args.profile:
-        best = latency["best"]["b8_s128"]["variant"]
+        best = latency["best"].get("b8_s128", {}).get("variant", "fp32")
         path, _ = record.variants()[best]
         feed = shaped_batch(tokenizer, tuple(record.export_info()["io"]["inputs"]), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed

@@ -168,7 +168,9 @@ def test_interleaving_rotates_and_respects_the_budget():
     calls = {name: (lambda n=name: order.append(n)) for name in "abc"}
     samples = interleaved(calls, rounds=3, warmup=0)
     assert order == list("abcbcacab") and all(len(v) == 3 for v in samples.values())
-    stats = summarize({"pytorch": [0.02, 0.02], "x": [0.01, 0.01]}, rows=2, length=8, reference="pytorch")
+    rows = {name: {"label": name, "device": "cpu", "io": "host", "reference": name == "pytorch"}
+            for name in ("pytorch", "x")}
+    stats = summarize({"pytorch": [0.02, 0.02], "x": [0.01, 0.01]}, rows=2, length=8, described=rows)
     assert stats["x"]["speedup"] == pytest.approx(2.0) and stats["x"]["tokens_per_s"] == pytest.approx(1600)
 
 

@@ -98,6 +98,8 @@ class BenchSettings(_Strict):
     warmup: int = Field(default=3, ge=0)
     seconds_per_cell: float = Field(default=60.0, gt=0)
     tune_sessions: bool = Field(default=True, description="measure ONNX Runtime session settings per variant first")
+    torch_compile: bool = Field(default=False, description=(
+        "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))
     served: bool = True
     concurrency: list[int] = [1, 2, 4, 8, 16]
     requests_per_level: int = Field(default=160, ge=8)

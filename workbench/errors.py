@@ -153,3 +153,7 @@ class PoolingMismatchError(ConfigError):
 
 class ReferenceMismatchError(WorkbenchError):
     """The workbench's PyTorch module does not reproduce what the model's own library returns for the same texts."""
+
+
+class DeviceMismatchError(WorkbenchError):
+    """Two measurements from different devices were about to be compared as if they were one."""

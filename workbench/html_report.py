@@ -120,12 +120,30 @@ def _latency(bench: dict[str, Any]) -> Parts:
         return []
     warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
     charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
+    if latency.get("runners"):
+        charts.append(figures.runners_table(latency))
     if latency.get("sessions"):
         charts.append(figures.sessions_table(latency))
-    text = (f"{warning}Interleaved rounds, {latency['threads']} threads for PyTorch (ONNX Runtime: the settings in "
-            "the table below), median per call; speedup over PyTorch eager fp32. fp32 matmul peak measured in the "
-            f"same run (the faster of PyTorch and ONNX Runtime): {latency['peak_gflops']:.0f} GFLOP/s.")
-    return [("In-process latency", text, charts)]
+    return [("In-process latency", warning + latency_text(latency), charts)]
+
+
+def latency_text(latency: dict[str, Any]) -> str:
+    """How the grid was measured, on the device it ran on."""
+    if latency.get("device", "cpu") == "cpu":
+        threads = f"{latency['threads']} thread{'s' * (latency['threads'] != 1)}"
+        return (f"Interleaved rounds, {threads} for PyTorch (ONNX Runtime: the settings in the "
+                "table below), median per call; speedup over PyTorch eager fp32 on the CPU. fp32 matmul peak "
+                "measured in the same run (the faster of PyTorch and ONNX Runtime): "
+                f"{latency['peak_gflops']:.0f} GFLOP/s.")
+    peaks = latency["peaks"]
+    graphs = "; ".join(f"{cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items())
+                       for cell, outcome in latency.get("cuda_graph", {}).items())
+    return ("Interleaved rounds on CUDA, median per call; every call ends when the GPU is done with it. End to end: "
+            "numpy arrays in and out (what a server pays); on device: inputs copied to the GPU once per batch, "
+            "outputs left there. Speedup over PyTorch eager fp32 on the same device with the same I/O (TF32 off). "
+            f"Matmul peaks measured in the same run: fp32 {peaks['fp32']:.0f} GFLOP/s, fp16 (tensor cores) "
+            f"{peaks['fp16']:.0f} GFLOP/s; each row's share is against its own precision's. CUDA graphs: "
+            f"{graphs or 'none measured'}.")
 
 
 def _served(bench: dict[str, Any]) -> Parts:

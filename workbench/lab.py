@@ -15,7 +15,8 @@ from workbench.config import RunConfig, Tolerance
 from workbench.models import LoadedModel
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
-from workbench.runners.torch import TorchRunner
+from workbench.runners.onnxruntime import device_for
+from workbench.runners.torch import TorchRunner, torch_device
 from workbench.tasks import SENTENCE_EMBEDDING, OutputSpec
 
 WORST_TEXTS = 10
@@ -35,7 +36,7 @@ class ParityLab:
         self.specs: tuple[OutputSpec, ...] = config.output_specs
         self.batches = batches
         self.corners = batches[:corners]
-        with reference or TorchRunner(loaded, self.specs) as runner:
+        with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(config.device))) as runner:
             start = time.perf_counter()
             self.expected = [runner.infer(b) for b in self.batches]
             self.reference_seconds = time.perf_counter() - start

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.latency import is_variant_row
 from workbench.record import RunRecord
 from workbench.retrieval import verdict_retrieval
 
@@ -123,10 +124,11 @@ def gate(verdict: dict[str, Any]) -> Gate | None:
 
 
 def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> list[Candidate]:
-    """Every variant measured in `cell` (PyTorch, the reference, left out) with its current parity verdict."""
+    """Every variant measured in `cell` end to end (PyTorch, torch.compile and the on-device rows left out: the
+    deployment pays numpy in and out) with its current parity verdict."""
     measured = []
     for name, stats in cell.items():
-        if name == "pytorch" or stats.get("speedup") is None:
+        if not is_variant_row(name) or stats.get("speedup") is None:
             continue
         verdict = verdicts.get(name)
         if verdict is None:

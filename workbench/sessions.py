@@ -1,10 +1,12 @@
 """ONNX Runtime session settings as part of a variant, chosen by measurement.
 
 At batch 1 and a short sequence a call is per-op overhead more than arithmetic, and the settings that shape that
-overhead (threads, the graph optimization level applied at load, the execution mode, whether idle threads spin) are
-screened per variant on one real batch in rotating blocks; the fastest is then re-measured head to head with the
-default at the smallest and the largest cell, and replaces it only when clearly faster at the one and no slower at
-the other. Only speed follows this measurement: verdicts never read it.
+overhead are screened per variant on one real batch in rotating blocks: on the CPU threads, the graph optimization
+level applied at load, the execution mode and whether idle threads spin; on CUDA the provider's options (cuDNN
+workspace, arena growth, copies in the default stream), with inputs and outputs bound on the device, never CPU
+thread counts. The screen's fastest is then re-measured head to head with the default at the smallest and the largest
+cell, and replaces it only when clearly faster at the one and no slower at the other. Only speed follows this
+measurement: verdicts never read it.
 
 Spinning is measured and reported but never chosen: a spinning session keeps its threads busy after each call and
 takes the cores from everything else on the host (PyTorch ran 2x slower beside one, even 10 ms after its calls),
@@ -22,6 +24,10 @@ import numpy as np
 
 OPTIMIZATION_LEVELS = ("all", "extended", "basic")
 EXECUTION_MODES = ("sequential", "parallel")
+# CUDA provider options screened on CUDA sessions, ONNX Runtime's default first.
+CUDA_OPTIONS = {"cudnn_conv_use_max_workspace": ("1", "0"),
+                "arena_extend_strategy": ("kNextPowerOfTwo", "kSameAsRequested"),
+                "do_copy_in_default_stream": ("1", "0")}
 MIN_GAIN = 1.05  # head to head at the smallest cell, the challenger must beat the default by 5%
 MAX_LARGE_LOSS = 1.02  # and be no more than 2% slower at the largest cell
 
@@ -35,6 +41,22 @@ class SessionSettings:
     spinning: bool = False
     optimization: str = "all"
     execution: str = "sequential"
+    cuda: tuple[tuple[str, str], ...] = ()  # CUDA provider options (name, value); none: ONNX Runtime's defaults
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> SessionSettings:
+        """The settings a record holds (`record`); older records have no CUDA options."""
+        return cls(**{**data, "cuda": tuple((str(k), str(v)) for k, v in data.get("cuda", ()))})
+
+    def providers(self, providers: list[Any]) -> list[Any]:
+        """`providers` with these CUDA options on the CUDA provider (beside options it already has, which win)."""
+        if not self.cuda:
+            return providers
+        merged = []
+        for provider in providers:
+            name, options = provider if isinstance(provider, tuple) else (provider, {})
+            merged.append((name, {**dict(self.cuda), **options}) if name == "CUDAExecutionProvider" else provider)
+        return merged
 
     def apply(self, options: Any) -> None:
         """Set these on an `onnxruntime.SessionOptions`."""
@@ -54,12 +76,14 @@ class SessionSettings:
                                   else onnxruntime.ExecutionMode.ORT_SEQUENTIAL)
 
     def label(self) -> str:
+        if self.cuda:
+            return ", ".join(f"{name}={value}" for name, value in self.cuda)
         threads = f"{self.threads} thread{'s' * (self.threads != 1)}" if self.threads else "default threads"
         return (f"{threads}, spinning {'on' if self.spinning else 'off'}, "
                 f"{self.optimization} optimizations, {self.execution}")
 
     def record(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "cuda": [list(option) for option in self.cuda]}
 
 
 def candidates(threads: int) -> list[SessionSettings]:
@@ -70,6 +94,34 @@ def candidates(threads: int) -> list[SessionSettings]:
             for t, level, mode in itertools.product(sorted({1, threads}, reverse=True), OPTIMIZATION_LEVELS,
                                                     EXECUTION_MODES)]
     return [default, *(s for s in grid if s != default)]
+
+
+def cuda_candidates() -> list[SessionSettings]:
+    """ONNX Runtime's CUDA defaults first, then every combination of `CUDA_OPTIONS`."""
+    default = SessionSettings(cuda=tuple((name, values[0]) for name, values in CUDA_OPTIONS.items()))
+    grid = [SessionSettings(cuda=tuple(zip(CUDA_OPTIONS, values))) for values in
+            itertools.product(*CUDA_OPTIONS.values())]
+    return [default, *(s for s in grid if s != default)]
+
+
+def call_for(session: Any, feed: dict[str, np.ndarray], device: str) -> Callable[[], object]:
+    """One call of `session` on `feed` as it is timed: numpy in and out on the CPU; on CUDA with the inputs bound on
+    the device once and the outputs left there, returning once the device is done."""
+    if device == "cpu":
+        return lambda: session.run(None, feed)
+    from onnxruntime import OrtValue
+
+    binding = session.io_binding()
+    for name, array in feed.items():
+        binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(array, device, 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, device)
+
+    def call() -> object:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return binding
+    return call
 
 
 def measure(calls: dict[SessionSettings, Callable[[], object]], rounds: int, block: int) -> dict[SessionSettings,
@@ -128,22 +180,29 @@ def _alone(make_session: Callable[[SessionSettings], Any], settings: SessionSett
 
 
 def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.ndarray], large: dict[str, np.ndarray],
-         threads: int, rounds: int = 5, block: int = 8) -> dict[str, Any]:
-    """Screen every candidate at `small` (the smallest cell), re-measure the fastest head to head with the default
-    at `small` and `large`, and choose (`choose`). Returns the choice, why, every median, and the spinning gain."""
-    options = candidates(threads)
+         threads: int, device: str = "cpu", rounds: int = 5, block: int = 8) -> dict[str, Any]:
+    """Screen every candidate for `device` at `small` (the smallest cell), re-measure the fastest head to head with
+    the default at `small` and `large`, and choose (`choose`). Returns the device, the choice, why and every median;
+    on the CPU the spinning gain, on CUDA what I/O binding gains over numpy in and out (the default's median of
+    each)."""
+    options = candidates(threads) if device == "cpu" else cuda_candidates()
     default = options[0]
     sessions = {s: make_session(s) for s in options}
-    screen = _medians_ms(measure({s: (lambda r=r: r.run(None, small)) for s, r in sessions.items()}, rounds, block))
+    small_calls = {s: call_for(r, small, device) for s, r in sessions.items()}
+    screen = _medians_ms(measure(small_calls, rounds, block))
     fastest = min(options, key=lambda s: (screen[s], s != default))
     challenger = None if fastest == default else fastest
     pair = [default] + ([challenger] if challenger else [])
-    small_ms = _medians_ms(measure({s: (lambda r=sessions[s]: r.run(None, small)) for s in pair}, 2 * rounds, block))
-    large_ms = _medians_ms(measure({s: (lambda r=sessions[s]: r.run(None, large)) for s in pair}, rounds, 3))
-    del sessions
+    small_ms = _medians_ms(measure({s: small_calls[s] for s in pair}, 2 * rounds, block))
+    large_ms = _medians_ms(measure({s: call_for(sessions[s], large, device) for s in pair}, rounds, 3))
+    if device == "cpu":
+        extra = {"spinning_gain": round(spinning_gain(make_session, small, default), 3)}  # measured, never applied
+    else:
+        host = _medians_ms(measure({default: call_for(sessions[default], small, "cpu")}, rounds, block))[default]
+        extra = {"io_binding_gain": round(host / small_ms[default], 3)}
+    del sessions, small_calls
     chosen, reason = choose(default, challenger, small_ms, large_ms)
-    return {"chosen": chosen.record(), "reason": reason,
+    return {"device": device, "chosen": chosen.record(), "reason": reason,
             "head_to_head": [{**s.record(), "small_ms": round(small_ms[s], 4), "large_ms": round(large_ms[s], 4)}
-                             for s in pair],
-            "spinning_gain": round(spinning_gain(make_session, small, default), 3),  # measured, never applied
+                             for s in pair], **extra,
             "screen": [{**s.record(), "p50_ms": round(screen[s], 4)} for s in options]}

@@ -1,8 +1,10 @@
-"""One interface, many backends: each runner maps a batch of named numpy inputs to named numpy outputs."""
+"""One interface, many backends: each runner maps a batch of named numpy inputs to named numpy outputs, and says
+where and how it runs (device, precision, providers, where its inputs and outputs live)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -10,6 +12,11 @@ if TYPE_CHECKING:
     from workbench.batches import Batch
 
 R = TypeVar("R", bound="Runner")
+Device = Literal["cpu", "cuda"]
+# host: numpy arrays in and out on every call (what a server pays); device: the batch's inputs copied to the device
+# once, outputs left there (what the device itself takes).
+IO = Literal["host", "device"]
+IO_LABELS = {"host": "end to end", "device": "on device"}
 
 
 class RunnerClosedError(RuntimeError):
@@ -17,7 +24,9 @@ class RunnerClosedError(RuntimeError):
 
 
 class Runner(ABC):
-    """What every runner has: `infer(batch)` returns exactly `output_names`; `providers` says what really runs it.
+    """What every runner has: `infer(batch)` returns exactly `output_names`; `providers` says what really runs it;
+    `device`, `precision` and `io` say where it runs, in what precision and where its data lives; `engine` names the
+    software ("PyTorch eager", "ONNX Runtime <variant>", ...).
 
     Use it in a `with` block (or call `close()`): closing releases what it holds and is safe to repeat.
     """
@@ -26,10 +35,29 @@ class Runner(ABC):
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     providers: list[str]
+    engine: str = ""
+    device: Device = "cpu"
+    precision: str = "fp32"
+    io: IO = "host"
 
     @abstractmethod
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         """The outputs named `output_names` for the batch's inputs."""
+
+    def timed(self, batch: Batch) -> Callable[[], object]:
+        """A call to time on `batch` that returns once the device is done with it. Host I/O: the whole `infer`
+        (numpy in and out); a device-I/O runner prepares the inputs on the device here, outside the timed call."""
+        return lambda: self.infer(batch)
+
+    def label(self) -> str:
+        """How the row reads in a table, e.g. "PyTorch eager fp32 · cuda · on device" ("· cpu" alone on the CPU)."""
+        io = f" · {IO_LABELS[self.io]}" if self.device != "cpu" else ""
+        return f"{self.engine or self.name} · {self.device}{io}"
+
+    def describe(self) -> dict[str, Any]:
+        """What a record says of the runner."""
+        return {"label": self.label(), "device": self.device, "precision": self.precision,
+                "providers": list(self.providers), "io": self.io}
 
     def close(self) -> None:
         """Release the runner's resources (nothing by default)."""

@@ -1,6 +1,7 @@
 """ONNX Runtime sessions with the providers the run's device asks for."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -9,8 +10,8 @@ import numpy as np
 
 from workbench.batches import Batch
 from workbench.environment import gpu_name
-from workbench.errors import CudaFallbackError, GpuRequiredError, OnnxModelError
-from workbench.runners import Runner, RunnerClosedError
+from workbench.errors import CudaFallbackError, GpuRequiredError, OnnxModelError, ShapeError
+from workbench.runners import IO, Device, Runner, RunnerClosedError
 from workbench.sessions import SessionSettings
 
 CPU = "CPUExecutionProvider"
@@ -97,6 +98,11 @@ def providers_for(device: str) -> list[str]:
     return [CPU]
 
 
+def device_for(device: str) -> Device:
+    """Where the run's ONNX Runtime sessions run for the `device` setting: cuda when they run on CUDA."""
+    return "cuda" if CUDA in providers_for(device) else "cpu"
+
+
 def tensorrt_providers(options: dict[str, Any]) -> list[Any]:
     """ONNX Runtime's TensorRT EP first (options from `engines.ort_tensorrt_options`), CUDA and CPU for the rest."""
     import onnxruntime
@@ -115,7 +121,9 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None,
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    (settings or SessionSettings(threads)).apply(options)
+    settings = settings or SessionSettings(threads)
+    settings.apply(options)
+    providers = settings.providers(providers)
     try:
         created = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
     except (onnxruntime.capi.onnxruntime_pybind11_state.Fail,
@@ -134,22 +142,107 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None,
 
 
 class OrtRunner(Runner):
-    """Runs one ONNX file; `providers` records what the session really uses; `close()` drops the session."""
+    """Runs one ONNX file; `providers` records what the session really uses; `close()` drops the session.
+
+    `io` host: numpy arrays in and out of every call. `io` device: I/O binding, the batch's inputs copied to the
+    session's device once per batch (`timed`) and its outputs left there (CPU OrtValues on the CPU, CUDA memory on
+    CUDA); `infer` reads them back, so a parity check still compares what a user gets."""
 
     def __init__(self, name: str, path: Path | str, providers: list[Any], threads: int | None = None,
-                 settings: SessionSettings | None = None) -> None:
-        self.name = name
+                 settings: SessionSettings | None = None, precision: str = "fp32", io: IO = "host") -> None:
+        self.name, self.precision, self.io = name, precision, io
         self.path = Path(path)
         self.session: Any = session(path, providers, threads, settings)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.providers = self.session.get_providers()
+        self.device = "cuda" if CUDA in self.providers or TENSORRT in self.providers else "cpu"
+        self.engine = f"ONNX Runtime {name.split('@')[0]}"
+
+    def _session(self) -> Any:
+        if self.session is None:
+            raise RunnerClosedError(f"{self.name}: the ONNX Runtime session of {self.path} is closed")
+        return self.session
+
+    def bind(self, batch: Batch) -> Any:
+        """An I/O binding of `batch`: its inputs copied to the session's device now, outputs allocated there."""
+        from onnxruntime import OrtValue
+
+        binding = self._session().io_binding()
+        for name in self.input_names:
+            binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(batch.feed[name], self.device, 0))
+        for name in self.output_names:
+            binding.bind_output(name, self.device)
+        return binding
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.io == "host":
+            outputs = self._session().run(None, {name: batch.feed[name] for name in self.input_names})
+            return dict(zip(self.output_names, outputs))
+        binding = self.bind(batch)
+        self._session().run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+
+    def timed(self, batch: Batch) -> Callable[[], object]:
+        if self.io == "host":
+            return super().timed(batch)
+        binding, session = self.bind(batch), self._session()
+
+        def call() -> object:
+            session.run_with_iobinding(binding)
+            binding.synchronize_outputs()  # returns once the device has written them
+            return binding
+        return call
+
+    def close(self) -> None:
+        self.session = None
+
+
+class CudaGraphRunner(Runner):
+    """One fixed-shape batch replayed as a CUDA graph ONNX Runtime captured (`enable_cuda_graph`): inputs and outputs
+    in device buffers bound once at fixed addresses, as the capture requires. Where ONNX Runtime refuses the graph
+    (a node outside the CUDA provider, a shape it cannot fix) the constructor raises with its reason."""
+
+    def __init__(self, name: str, path: Path | str, batch: Batch, output_shapes: dict[str, tuple[int, ...]],
+                 settings: SessionSettings | None = None, precision: str = "fp32") -> None:
+        from onnxruntime import OrtValue
+
+        self.name, self.precision, self.device, self.io = name, precision, "cuda", "device"
+        self.engine = f"ONNX Runtime {name.split('@')[0]} CUDA graph"
+        self.shape = batch.shape
+        self.session: Any = session(path, [(CUDA, {"enable_cuda_graph": "1"}), CPU], settings=settings)
+        self.providers = self.session.get_providers()
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self.inputs = {n: OrtValue.ortvalue_from_numpy(batch.feed[n], "cuda", 0) for n in self.input_names}
+        self.outputs = {n: OrtValue.ortvalue_from_shape_and_type(list(output_shapes[n]), np.float32, "cuda", 0)
+                        for n in self.output_names}
+        self.binding = self.session.io_binding()
+        for name, value in self.inputs.items():
+            self.binding.bind_ortvalue_input(name, value)
+        for name, value in self.outputs.items():
+            self.binding.bind_ortvalue_output(name, value)
+        self.session.run_with_iobinding(self.binding)  # the first run captures the graph
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         if self.session is None:
-            raise RunnerClosedError(f"{self.name}: the ONNX Runtime session of {self.path} is closed")
-        outputs = self.session.run(None, {name: batch.feed[name] for name in self.input_names})
-        return dict(zip(self.output_names, outputs))
+            raise RunnerClosedError(f"{self.name}: the CUDA-graph session is closed")
+        if batch.shape != self.shape:
+            raise ShapeError(f"{self.name} replays a graph captured at batch x sequence {self.shape}, not "
+                             f"{batch.shape}", "use one CUDA-graph runner per fixed shape")
+        for name, value in self.inputs.items():
+            value.update_inplace(batch.feed[name])
+        self.session.run_with_iobinding(self.binding)
+        return {name: value.numpy() for name, value in self.outputs.items()}
+
+    def timed(self, batch: Batch) -> Callable[[], object]:
+        self.infer(batch)  # the batch's inputs in the captured buffers; the timed call replays the graph
+
+        def call() -> object:
+            self.session.run_with_iobinding(self.binding)
+            self.binding.synchronize_outputs()
+            return self.binding
+        return call
 
     def close(self) -> None:
         self.session = None

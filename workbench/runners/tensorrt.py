@@ -8,17 +8,21 @@ import numpy as np
 from workbench.batches import Batch
 from workbench.errors import ShapeError
 from workbench.profiles import Profile, profile_for
-from workbench.runners import Runner
+from workbench.runners import Device, Runner
 
 
 class TrtEngineRunner(Runner):
-    """Runs a serialized engine; each call uses the first profile whose ranges hold the input shape."""
+    """Runs a serialized engine on the GPU; each call uses the first profile whose ranges hold the input shape and
+    returns once the outputs are copied back to the host (Polygraphy's runner synchronizes its stream), so a timed
+    call ends when the GPU is done, end to end like ONNX Runtime's numpy row."""
 
-    def __init__(self, name: str, engine_path: Path, profiles: list[Profile]) -> None:
+    device: Device = "cuda"
+
+    def __init__(self, name: str, engine_path: Path, profiles: list[Profile], precision: str = "fp32") -> None:
         import tensorrt as trt
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-        self.name = name
+        self.name, self.precision, self.engine = name, precision, f"TensorRT {name}"
         self.profiles = profiles
         self.runner = TrtRunner(EngineFromBytes(Path(engine_path).read_bytes()), name=name)
         self.active = 0

@@ -101,7 +101,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
 
     lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
     for name, (path, spec) in built.items():
-        with TrtEngineRunner(name, path, spec.profiles) as runner:
+        with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
             metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
             record.set_metric(STEP, metrics)
 
