@@ -45,7 +45,7 @@ def test_the_embedded_model_serves_what_encode_returns(minilm, tmp_path):
 
     root, config, record, _ = minilm
     deployment = triton.run(config, record).metrics
-    assert deployment["variant"] == "fp32" and deployment["served_reference"].startswith("SentenceTransformer(")
+    assert deployment["variant"] == "fp32" and deployment["served_reference"].startswith("model = SentenceTransformer(")
     for result in deployment["served_parity"].values():
         assert result["passed"] and result["outputs"]["sentence_embedding"]["max_abs"] < 1e-5
     texts = list(load_corpus())

@@ -74,10 +74,11 @@ def cls_dense(tmp_path_factory):
 def test_the_pipeline_is_read_from_the_models_own_files(cls_dense):
     pipeline = read_pipeline(str(cls_dense))
     assert (pipeline.declared, pipeline.pooling, pipeline.dense_layers, pipeline.normalized) == (True, "cls", 1, False)
-    assert pipeline.prompts == PROMPTS and pipeline.similarity == "dot"
+    assert pipeline.prompts == {**PROMPTS, "document": ""} and pipeline.similarity == "dot", "as the library has them"
+    assert pipeline.max_seq_length == 128, "the tokenizer's limit, as the library resolves it"
     minilm = read_pipeline(resolve_source(RunConfig().model).location)
     assert (minilm.pooling, minilm.normalized, minilm.max_seq_length) == ("mean", True, 256)
-    assert minilm.similarity == "cosine"
+    assert minilm.similarity == "cosine" and minilm.prompts == {"query": "", "document": ""}
     assert minilm.steps("mean") == ["Transformer", "Pooling(mean)", "Normalize"]
 
 
@@ -94,7 +95,7 @@ def test_cls_pooling_and_a_dense_layer_are_served_as_encode_returns_them(cls_den
     assert pipeline["steps"] == ["Transformer", "Pooling(cls)", "Dense"] and pipeline["similarity"] == "dot"
     assert record.metric("export.io.outputs.sentence_embedding") == ["batch", 16]
     check = record.metric("parity.reference")
-    assert check["passed"] and check["reference"].startswith(f"SentenceTransformer({str(cls_dense)!r})")
+    assert check["passed"] and check["reference"].startswith(f"model = SentenceTransformer({str(cls_dense)!r});")
     assert check["outputs"]["sentence_embedding"]["max_abs"] < 1e-5
     deployment = record.metric("triton")
     assert deployment["served_reference"] == check["reference"]
@@ -105,9 +106,13 @@ def test_cls_pooling_and_a_dense_layer_are_served_as_encode_returns_them(cls_den
     for protocol, got in _served(repository, name, TEXTS, tmp_path).items():
         max_abs, min_cosine = _gate(got, want)
         assert got.shape == (len(TEXTS), 16) and max_abs < 1e-4 and min_cosine > 0.9999, protocol
-    for protocol, got in _served(repository, name, TEXTS, tmp_path, {"prompt_name": "query"}).items():
-        max_abs, min_cosine = _gate(got, query)
-        assert max_abs < 1e-4 and min_cosine > 0.9999, protocol
+    for parameters in ({"prompt_name": "query"}, {"prompt": "query: "}):  # a name, or the text, as encode() takes
+        for protocol, got in _served(repository, name, TEXTS, tmp_path, parameters).items():
+            max_abs, min_cosine = _gate(got, query)
+            assert max_abs < 1e-4 and min_cosine > 0.9999, (protocol, parameters)
+    prompts = deployment["prompt_parity"]
+    assert set(prompts) == {"query", "passage", "document"} and all(r["passed"] for r in prompts.values())
+    assert all(deployment["served_passed"][f"http, prompt_name={p!r}"] for p in prompts)
 
 
 @pytest.mark.slow
@@ -116,7 +121,8 @@ def test_an_unknown_prompt_name_is_refused_with_the_known_ones(cls_dense_deploye
     name = record.metric("triton.name")
     with TritonServer(root / "repos" / name, tmp_path / "server") as server, \
             TritonClient(server.http_url, "http") as client:
-        with pytest.raises(Exception, match="unknown prompt_name 'querry': this model's prompts are passage, query"):
+        with pytest.raises(Exception, match="unknown prompt_name 'querry': this model's prompts are document, "
+                                            "passage, query"):
             client.infer_texts(name, TEXTS[:1], parameters={"prompt_name": "querry"})
 
 
@@ -155,7 +161,10 @@ def test_an_override_is_noted_and_checked_against_the_library_pooling_that_way(c
     assert loaded.pipeline.describe("mean", True)["override"] == \
         "pooling mean instead of the declared cls (pooling_override)"
     check = library_check(config, loaded, load_corpus()[:24])
-    assert check["passed"] and "with Pooling('mean') in place of its cls (pooling_override)" in check["reference"]
+    assert check["passed"] and check["reference"] == (
+        f"model = SentenceTransformer({str(cls_dense)!r}); model[1] = Pooling(32, pooling_mode='mean'); "
+        "model.max_seq_length = 64; model.encode(texts)")
+    assert check["library"] == "SentenceTransformer.encode() with mean pooling (pooling_override)"
 
 
 def test_a_module_pooled_the_wrong_way_fails_the_check_against_encode(cls_dense):
@@ -174,7 +183,9 @@ def test_models_without_sentence_transformers_files_keep_working(tiny_models):
     loaded = load_model(embedding)
     assert not loaded.pipeline.declared and loaded.pooling == "mean"
     check = library_check(embedding, loaded, load_corpus()[:24])
-    assert check["passed"] and "Pooling('mean')" in check["reference"]
+    assert check["passed"] and check["reference"] == (
+        f"model = SentenceTransformer(modules=[Transformer({str(tiny_models['bert'])!r}), Pooling(32, "
+        "pooling_mode='mean')]); model.max_seq_length = 64; model.encode(texts)")
     classifier = RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), **SMALL,
                                            "task": "sequence-classification"})
     check = library_check(classifier, load_model(classifier), load_corpus()[:24])

@@ -102,8 +102,10 @@ def _triton(triton: dict[str, Any]) -> Parts:
     if "served_parity" not in triton:
         return []
     against = triton.get("served_reference", "PyTorch")
-    return [("Served parity", f"The deployment against {against} over HTTP and gRPC.",
-             [figures.parity_table({f"served {p}": r for p, r in triton["served_parity"].items()})])]
+    served = {f"served {p}": r for p, r in triton["served_parity"].items()}
+    served.update({f"served, prompt_name={name!r}": r for name, r in triton.get("prompt_parity", {}).items()})
+    return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
+             "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
 
 
 def _generation(generation: dict[str, Any]) -> Parts:

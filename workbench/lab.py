@@ -54,10 +54,11 @@ class ParityLab:
 
     @classmethod
     def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
-                    reference: Runner | None = None) -> ParityLab:
+                    reference: Runner | None = None, prompt_name: str | None = None) -> ParityLab:
         """Every text once, whole (not cut to a corner's length): what a served model, or the model's own library
-        (`reference`, given the texts without the prompt it adds itself), sees."""
-        prompted = list(loaded.prompted(texts))
+        (`reference`, given the texts without the prompt it adds itself), sees; after the named prompt (None: the
+        model's default)."""
+        prompted = list(loaded.prompted(texts, prompt_name))
         sweep = corpus_batches(loaded.tokenizer, loaded.input_names, prompted, config.batch.opt, config.sequence,
                                loaded.max_sequence)
         return cls(config, loaded, tuple(prompted), sweep, 0, reference)
@@ -134,12 +135,14 @@ class ParityLab:
         return inputs, reference
 
 
-def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> LibraryRunner | None:
-    """What the model's users run today on `texts` (raw: the library adds the model's prompt itself), cut at the
-    deployment's sequence limit; None where no library call returns the task's outputs."""
+def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
+                      prompt_name: str | None = None) -> LibraryRunner | None:
+    """What the model's users run today on `texts` (raw: the library adds the prompt itself, `prompt_name` or the
+    model's default), cut at the deployment's sequence limit; None where no library call returns the task's
+    outputs."""
     names = tuple(spec.name for spec in config.output_specs)
     return library_runner(loaded, texts, names, min(config.sequence.max, loaded.max_sequence),
-                          config.trust_remote_code)
+                          config.trust_remote_code, prompt_name)
 
 
 def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> dict[str, Any]:

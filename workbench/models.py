@@ -145,9 +145,9 @@ class LoadedModel:
     def max_sequence(self) -> int:
         return sequence_limit(self.hf_config, self.tokenizer, self.pipeline)
 
-    def prompted(self, texts: tuple[str, ...]) -> tuple[str, ...]:
-        """`texts` as the model's users encode them: after its default prompt, when it declares one."""
-        return self.pipeline.prompted(texts) if self.pipeline else texts
+    def prompted(self, texts: tuple[str, ...], prompt_name: str | None = None) -> tuple[str, ...]:
+        """`texts` as the model's users encode them: after the named prompt, else its default prompt (if any)."""
+        return self.pipeline.prompted(texts, prompt_name) if self.pipeline else texts
 
     @property
     def pooling_overridden(self) -> bool:

@@ -66,9 +66,9 @@ class SentencePipeline:
             raise KeyError(name)
         return self.prompts[name]
 
-    def prompted(self, texts: Sequence[str]) -> tuple[str, ...]:
-        """`texts` as `encode()` sees them by default: after the model's default prompt."""
-        prefix = self.prompt(None)
+    def prompted(self, texts: Sequence[str], name: str | None = None) -> tuple[str, ...]:
+        """`texts` as `encode(texts, prompt_name=name)` sees them (None: after the model's default prompt)."""
+        prefix = self.prompt(name)
         return tuple(prefix + text for text in texts)
 
     def describe(self, mode: str, overridden: bool) -> dict[str, Any]:
@@ -98,6 +98,7 @@ def _json(location: str, filename: str, subfolder: str = "") -> dict[str, Any] |
 def read_pipeline(location: str) -> SentencePipeline:
     """The pipeline the model's files declare, read without loading any weights (the library's own config readers);
     UnsupportedModelError for a module the exported graph cannot hold."""
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
     from sentence_transformers.util import import_from_string
@@ -127,20 +128,31 @@ def read_pipeline(location: str) -> SentencePipeline:
             pooling = mode if isinstance(mode, str) else "+".join(mode)
             include_prompt = bool(settings.get("include_prompt", True))
     transformer = Transformer.load_config(location, subfolder=listed[0].get("path", ""))
+    tokenizer = _json(location, "tokenizer_config.json", listed[0].get("path", "")) or {}
+    assert isinstance(tokenizer, dict)
     settings = _json(location, "config_sentence_transformers.json") or {}
     assert isinstance(settings, dict)
-    prompts = {name: text for name, text in (settings.get("prompts") or {}).items() if text}
+    # As the library loads them: its default names (query, document: no text) under the saved ones; an empty prompt
+    # is still a name encode(prompt_name=...) takes.
+    defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
+    prompts = {**defaults, **{name: text or "" for name, text in (settings.get("prompts") or {}).items()}}
     pipeline = SentencePipeline(
         location, declared=True, modules=modules, pooling=pooling, include_prompt=include_prompt,
-        max_seq_length=transformer.get("max_seq_length"), prompts=prompts,
+        max_seq_length=transformer.get("max_seq_length") or _limit(tokenizer.get("model_max_length")),
+        prompts=prompts,
         default_prompt_name=settings.get("default_prompt_name") or None,
         similarity=settings.get("similarity_fn_name") or "cosine")
-    if prompts and not include_prompt:
+    if any(prompts.values()) and not include_prompt:
         raise UnsupportedModelError(
             f"{location}/{next(m.path for m in modules if m.name == 'Pooling')}/config.json pools without the "
             "prompt tokens (include_prompt: false), which depends on each request's prompt length",
             "export the token embeddings alone with -p pooling=none and pool outside the graph")
     return pipeline
+
+
+def _limit(value: object) -> int | None:
+    """A tokenizer's model_max_length as a limit (transformers writes a huge number for "none")."""
+    return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
 
 
 def graph_pooling(pipeline: SentencePipeline, pooling: str, override: bool) -> str:
@@ -187,24 +199,25 @@ def load_head(pipeline: SentencePipeline, mode: str, hidden_size: int,
 
 
 def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,
-                  trust_remote_code: bool = False) -> tuple[SentenceTransformer, str]:
-    """The model as sentence-transformers itself loads it (its own transformer, default attention), and the call
-    that builds it: `SentenceTransformer(folder)` for a declared pipeline (its Pooling replaced when overridden),
-    else the library's Transformer and Pooling modules."""
+                  trust_remote_code: bool = False) -> tuple[SentenceTransformer, list[str]]:
+    """The model as sentence-transformers itself loads it (its own transformer, default attention), and the Python
+    statements that build it as `model`: `SentenceTransformer(folder)` for a declared pipeline (its Pooling replaced
+    when overridden), else the library's Transformer and Pooling modules."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
 
     if pipeline.declared:
         model = SentenceTransformer(pipeline.location, device="cpu", trust_remote_code=trust_remote_code)
-        call = f"SentenceTransformer({pipeline.location!r})"
+        statements = [f"model = SentenceTransformer({pipeline.location!r})"]
         if mode not in ("none", pipeline.pooling):
             index = 1 + next(i for i, m in enumerate(pipeline.modules) if m.name == "Pooling")
             key = list(model._modules)[index]
             model._modules[key] = _modules(pipeline, mode, hidden_size, trust_remote_code)[index - 1]
-            call += f" with Pooling({mode!r}) in place of its {pipeline.pooling} (pooling_override)"
-        return model, call
+            statements.append(f"model[{index}] = Pooling({hidden_size}, pooling_mode={mode!r})")
+        return model, statements
     trust = {"trust_remote_code": trust_remote_code}
     transformer = Transformer(pipeline.location, model_kwargs=trust, processor_kwargs=trust, config_kwargs=trust)
     modules = [transformer, *(_modules(pipeline, mode, hidden_size, trust_remote_code) if mode != "none" else [])]
+    pooling = f", Pooling({hidden_size}, pooling_mode={mode!r})" if mode != "none" else ""
     return (SentenceTransformer(modules=modules, device="cpu"),
-            f"SentenceTransformer(modules=[Transformer({pipeline.location!r}), Pooling({mode!r})])")
+            [f"model = SentenceTransformer(modules=[Transformer({pipeline.location!r}){pooling}])"])

@@ -97,8 +97,12 @@ def _triton(record: RunRecord) -> list[str]:
                           for protocol, r in served.items())
     verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
     against = f" against {deployment['served_library']}" if "served_library" in deployment else ""
+    prompts = ", ".join(f"{name or '(empty)'} {'pass' if r['passed'] else 'FAIL'}"
+                        for name, r in deployment.get("prompt_parity", {}).items())
     return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
-            f"layout ({deployment['flavor']})", f"served parity{against}: {parity or 'not checked'}"]
+            f"layout ({deployment['flavor']})", f"served parity{against}: {parity or 'not checked'}",
+            *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
+              if prompts else [])]
 
 
 def _generation(record: RunRecord) -> list[str]:

@@ -30,19 +30,22 @@ class SentenceTransformerRunner(LibraryRunner):
     """`encode()` on each batch's texts (the model's default prompt applied by the library, as for its users):
     sentence embeddings, and token embeddings placed at each text's own positions of the batch."""
 
-    def __init__(self, model: SentenceTransformer, call: str, texts: tuple[str, ...], input_names: tuple[str, ...],
-                 output_names: tuple[str, ...]) -> None:
+    def __init__(self, model: SentenceTransformer, statements: list[str], texts: tuple[str, ...],
+                 input_names: tuple[str, ...], output_names: tuple[str, ...], library: str,
+                 prompt_name: str | None = None) -> None:
         self.model: SentenceTransformer | None = model
-        self.call, self.texts = f"{call}.encode(texts)", texts
+        self.prompt_name = prompt_name
+        named = f", prompt_name={prompt_name!r}" if prompt_name is not None else ""
+        self.call, self.texts = "; ".join([*statements, f"model.encode(texts{named})"]), texts
         self.input_names, self.output_names = input_names, output_names
-        self.name, self.providers = "sentence-transformers", ["torch-cpu"]
-        self.library = "SentenceTransformer.encode()"
+        self.name, self.providers, self.library = "sentence-transformers", ["torch-cpu"], library
 
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         if self.model is None:
             raise RunnerClosedError(f"{self.name}: the runner is closed")
         texts = [self.texts[i] for i in batch.text_ids]
-        rows = self.model.encode(texts, output_value=None, batch_size=len(texts), convert_to_numpy=False)
+        rows = self.model.encode(texts, prompt_name=self.prompt_name, output_value=None, batch_size=len(texts),
+                                 convert_to_numpy=False)
         result = {}
         if SENTENCE_EMBEDDING in self.output_names:
             result[SENTENCE_EMBEDDING] = np.stack([r[SENTENCE_EMBEDDING].float().cpu().numpy() for r in rows])
@@ -85,16 +88,19 @@ class ClassificationPipelineRunner(LibraryRunner):
 
 
 def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tuple[str, ...], max_length: int,
-                   trust_remote_code: bool = False) -> LibraryRunner | None:
-    """The library runner for the loaded model's task, truncating at `max_length` tokens like the deployment (None
-    for token classification: its pipeline returns each token's best label, not logits, so transformers' own model
-    is the reference there)."""
+                   trust_remote_code: bool = False, prompt_name: str | None = None) -> LibraryRunner | None:
+    """The library runner for the loaded model's task, truncating at `max_length` tokens like the deployment, with
+    the named sentence-transformers prompt (None: the model's default); None for token classification: its
+    pipeline returns each token's best label, not logits, so transformers' own model is the reference there."""
     if loaded.pipeline is not None:
-        model, call = library_model(loaded.pipeline, loaded.pooling, loaded.hidden_size, trust_remote_code)
+        model, statements = library_model(loaded.pipeline, loaded.pooling, loaded.hidden_size, trust_remote_code)
         if model.max_seq_length != max_length:
             model.max_seq_length = max_length
-            call += f" with max_seq_length={max_length}"
-        return SentenceTransformerRunner(model, call, texts, loaded.input_names, output_names)
+            statements.append(f"model.max_seq_length = {max_length}")
+        library = "SentenceTransformer.encode()" + (f" with {loaded.pooling} pooling (pooling_override)"
+                                                    if loaded.pooling_overridden else "")
+        return SentenceTransformerRunner(model, statements, texts, loaded.input_names, output_names, library,
+                                         prompt_name)
     if loaded.task.name == "sequence-classification":
         from transformers import pipeline
 

@@ -9,12 +9,13 @@ from workbench.triton.client import TritonClient
 
 
 class ServedRunner(Runner):
-    """The served ensemble behind the runner interface: sends each batch's texts, trims per-token outputs to the
-    batch's local width (servers may pad further, to a length bucket). The caller owns and closes `client`."""
+    """The served ensemble behind the runner interface: sends each batch's texts (with request `parameters`, e.g. a
+    prompt_name), trims per-token outputs to the batch's local width (servers may pad further, to a length bucket).
+    The caller owns and closes `client`."""
 
     def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
-                 outputs: list[str]) -> None:
-        self.client, self.model, self.texts = client, model, texts
+                 outputs: list[str], parameters: dict[str, str] | None = None) -> None:
+        self.client, self.model, self.texts, self.parameters = client, model, texts, parameters
         self.input_names, self.output_names = input_names, tuple(outputs)
         self.name = f"served-{client.protocol}"
         self.providers = [f"triton-{client.protocol}"]
@@ -22,6 +23,6 @@ class ServedRunner(Runner):
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
         # postprocess) makes the ensemble report a deadlock.
-        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids])
+        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids], parameters=self.parameters)
         width = batch.shape[1]
         return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.output_names}

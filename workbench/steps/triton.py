@@ -21,6 +21,7 @@ from workbench.triton.repository import ServingPlan, check_replaceable, read_rep
 from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
+PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
 
 
 def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,
@@ -49,10 +50,29 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
                 parity[protocol] = lab.compare(runner, precision)
         result["served_parity"] = parity
+        if plan.prompts:
+            result["prompt_parity"] = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
+                                                    precision)
         result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
     result["stop_seconds"] = server.timings["stop_seconds"]
     result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
+    result["served_passed"].update({f"http, prompt_name={name!r}": r["passed"]
+                                    for name, r in result.get("prompt_parity", {}).items()})
     return result
+
+
+def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url: str, texts: tuple[str, ...],
+                  precision: str) -> dict[str, Any]:
+    """Per named prompt of the model, the served answers to requests naming it (`prompt_name`) against
+    `encode(texts, prompt_name=...)`, over HTTP."""
+    outputs = [o.name for o in plan.outputs]
+    results = {}
+    for name in track(list(plan.prompts), "served prompts", "prompts", note=lambda prompt: prompt):
+        lab = ParityLab.corpus_only(config, loaded, texts, library_reference(config, loaded, texts, name), name)
+        with (TritonClient(url, "http") as client,
+              ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
+            results[name] = lab.compare(runner, precision)
+    return results
 
 
 def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:

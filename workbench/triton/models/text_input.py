@@ -19,8 +19,9 @@ def decode(values):
 
 
 class Prompts:
-    """The model's named prompts (model config parameters `prompts`, `default_prompt_name`): a request picks one by
-    its `prompt_name` parameter (an empty name: none), else the default one applies, as in encode()."""
+    """The model's named prompts (model config parameters `prompts`, `default_prompt_name`), as encode() takes
+    them: a request's `prompt` parameter is the text itself, else its `prompt_name` picks one (an empty name: none),
+    else the default one applies."""
 
     def __init__(self, params):
         self.prompts = json.loads(params.get("prompts", "{}"))
@@ -28,7 +29,10 @@ class Prompts:
 
     def apply(self, texts, parameters):
         """`texts` after the prompt the request's parameters (JSON text, as Triton passes them) ask for."""
-        name = json.loads(parameters or "{}").get("prompt_name", self.default)
+        asked = json.loads(parameters or "{}")
+        if "prompt" in asked:
+            return [str(asked["prompt"]) + text for text in texts]
+        name = asked.get("prompt_name", self.default)
         if name and name not in self.prompts:
             known = ", ".join(sorted(self.prompts)) or "none"
             raise ValueError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
