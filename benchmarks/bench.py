@@ -26,20 +26,20 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from workbench import figures
-from workbench.batches import shaped_batch, token_lengths
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.environment import cpu_features
-from workbench.latency import run_latency_benchmark
+from workbench.core.batches import shaped_batch, token_lengths
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.machine import cpu_features
+from workbench.core.record import RunRecord
+from workbench.measure.latency import run_latency_benchmark
+from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
-from workbench.recommend import candidates, cell_shape, pick
-from workbench.record import RunRecord
-from workbench.retrieval import verdict_retrieval
-from workbench.served import TextLoad, load_tool, measure_text_loads
+from workbench.precision.retrieval import verdict_retrieval
+from workbench.report import figures
+from workbench.report.recommend import candidates, cell_shape, pick
+from workbench.serving.plan import serving_plan
+from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
-from workbench.triton.plan import serving_plan
-from workbench.triton.repository import LAYOUTS
 
 CELLS = ("b1_s16", "b1_s128", "b8_s128")
 TARGETS = {"b1_s16": 3.5, "b1_s128": 2.0, "b8_s128": 1.5}  # speedup over PyTorch, on hosts with VNNI or AMX

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import MissingArtifactError, ServedError
-from workbench.load import asyncio_level
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import MissingArtifactError, ServedError
+from workbench.core.record import RunRecord
+from workbench.measure.load import asyncio_level
 from workbench.pipeline import run_pipeline
-from workbench.record import RunRecord
-from workbench.triton.client import AsyncTritonClient, TritonClient
-from workbench.triton.server import TritonServer
+from workbench.serving.client import AsyncTritonClient, TritonClient
+from workbench.serving.server import TritonServer
 
 STEPS = ["export", "optimize", "parity", "triton"]
 PROBE = "A soak probe: the same text must get the same answer, bit for bit, before and after the load."

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from workbench.triton.server import free_port
+from workbench.serving.server import free_port
 
 DOCS = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"

@@ -8,7 +8,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from workbench.tiny import build_encoder  # noqa: E402
+from workbench.models.tiny import build_encoder  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from workbench.batches import corner_batches, corpus_batches, token_lengths
-from workbench.config import RunConfig, ShapeRange
-from workbench.data import load_corpus
-from workbench.errors import ShapeError
-from workbench.lab import ParityLab
-from workbench.models import load_model
+from workbench.core.batches import corner_batches, corpus_batches, token_lengths
+from workbench.core.config import RunConfig, ShapeRange
+from workbench.core.data import load_corpus
+from workbench.core.errors import ShapeError
+from workbench.models.loading import load_model
+from workbench.precision.lab import ParityLab
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -8,10 +8,10 @@ from importlib import metadata
 import pytest
 
 from workbench.cli import main
+from workbench.core.machine import gpu_name, package_version
+from workbench.core.pins import PROJECT
+from workbench.core.steplist import STEP_NAMES
 from workbench.doctor import GPU, STEP_NEEDS, Finding, run_checks, step_support
-from workbench.environment import gpu_name, package_version
-from workbench.pins import PROJECT
-from workbench.steplist import STEP_NAMES
 
 needs_no_gpu = pytest.mark.skipif(gpu_name() is not None, reason="checks what doctor says on machines without a GPU")
 

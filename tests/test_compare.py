@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
-from workbench.config import Tolerance
-from workbench.errors import InputMismatchError, ParityError
-from workbench.tasks import OutputSpec
+from workbench.core.config import Tolerance
+from workbench.core.errors import InputMismatchError, ParityError
+from workbench.core.tasks import OutputSpec
+from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
 
 HIDDEN = OutputSpec("token_embeddings", ("batch", "sequence", "hidden"), "hidden")
 EMBEDDING = OutputSpec("sentence_embedding", ("batch", "hidden"), "embedding")
@@ -98,7 +98,7 @@ def test_mismatched_input_names():
 
 
 def test_retrieval_agreement_is_one_for_identical_embeddings_and_less_for_a_permutation():
-    from workbench.retrieval import retrieval_agreement
+    from workbench.precision.retrieval import retrieval_agreement
 
     corpus = RNG.normal(size=(40, 16))
     assert retrieval_agreement(corpus, corpus) == {"texts": 40, "agreement_at_1": 1.0, "recall_at_10": 1.0,

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
-from workbench.triton.plan import threads_per_instance
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError
+from workbench.serving.plan import threads_per_instance
 
 
 def test_defaults_describe_the_embedded_model():

@@ -5,8 +5,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from workbench.triton.deploy import deployment_files
-from workbench.triton.plan import serving_plan
+from workbench.serving.deploy import deployment_files
+from workbench.serving.plan import serving_plan
 
 from .test_triton import prepared
 

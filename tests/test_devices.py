@@ -8,18 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from workbench.batches import shaped_batch, token_lengths
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import DeviceMismatchError
-from workbench.html_report import build_report
-from workbench.latency import baseline_for, run_latency_benchmark, speedup, summarize
-from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.core.batches import shaped_batch, token_lengths
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import DeviceMismatchError
+from workbench.core.record import RunRecord
+from workbench.measure.latency import baseline_for, run_latency_benchmark, speedup, summarize
+from workbench.measure.sessions import cuda_candidates
+from workbench.models.loading import load_model
+from workbench.report.page import build_report
 from workbench.runners.library import library_runner
-from workbench.runners.onnxruntime import CPU, CUDA, OrtRunner
+from workbench.runners.onnxruntime import CPU, CUDA, OrtRunner, SessionSettings
 from workbench.runners.torch import TorchRunner
-from workbench.sessions import SessionSettings, cuda_candidates
 from workbench.steps import export, optimize
 
 SMALL = {"batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 32},

@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.batches import Batch
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.errors import ExportError, OpsetError
-from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import ExportError, OpsetError
+from workbench.core.record import RunRecord
+from workbench.models.loading import load_model
+from workbench.models.tiny import build_encoder
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.torch import GraphModule
 from workbench.steps import export
-from workbench.tiny import build_encoder
 
 
 def torch_outputs(config: RunConfig, feed: dict[str, np.ndarray]) -> list[np.ndarray]:

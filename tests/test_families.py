@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import onnxfiles
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+from workbench.models.loading import load_model
+from workbench.models.tiny import build_encoder
 from workbench.steps import export, optimize, parity, triton
 from workbench.steps.optimize import TRANSFORMER_FUSIONS
-from workbench.tiny import build_encoder
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 # family -> (task, what its tokenizer returns, what the graph takes)

@@ -12,12 +12,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from workbench.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
-from workbench.load import asyncio_level
-from workbench.triton.client import AsyncTritonClient, TritonClient
-from workbench.triton.plan import serving_plan
-from workbench.triton.repository import write_repository
-from workbench.triton.server import TritonServer, free_port
+from workbench.core.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
+from workbench.measure.load import asyncio_level
+from workbench.serving.client import AsyncTritonClient, TritonClient
+from workbench.serving.plan import serving_plan
+from workbench.serving.repository import write_repository
+from workbench.serving.server import TritonServer, free_port
 
 from .test_triton import prepared
 

@@ -6,19 +6,27 @@ import asyncio
 import numpy as np
 import pytest
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import ServedError
-from workbench.generation import GEN_TASKS, compare_greedy, convert_ct2, load_ct2, load_hf, materialize, prepared_inputs
-from workbench.html_report import build_report
-from workbench.record import RunRecord
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import ServedError
+from workbench.core.record import RunRecord
+from workbench.report.page import build_report
+from workbench.serving.backend import generation_core as core
+from workbench.serving.batching import batch_sizes
+from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
+from workbench.serving.generation import (
+    GEN_TASKS,
+    compare_greedy,
+    convert_ct2,
+    load_ct2,
+    load_hf,
+    materialize,
+    prepared_inputs,
+)
+from workbench.serving.generation_repository import GenerationPlan, generation_models
+from workbench.serving.repository import read_repository, write_models
+from workbench.serving.server import TritonServer
 from workbench.steps import generation
-from workbench.triton.batching import batch_sizes
-from workbench.triton.client import AsyncTritonClient, TritonClient, text_array
-from workbench.triton.generation_repository import GenerationPlan, generation_models
-from workbench.triton.models import generation_core as core
-from workbench.triton.repository import read_repository, write_models
-from workbench.triton.server import TritonServer
 
 pytestmark = pytest.mark.slow
 CASES = {"translation": ("tiny:marian", ">>fra<<"), "text-generation": ("tiny:gpt2", None)}

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.models import resolve_source
-from workbench.record import RunRecord
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.record import RunRecord
+from workbench.models.loading import resolve_source
+from workbench.serving.client import TritonClient
+from workbench.serving.server import TritonServer
 from workbench.steps import export, optimize, triton
-from workbench.triton.client import TritonClient
-from workbench.triton.server import TritonServer
 
 pytestmark = pytest.mark.slow
 

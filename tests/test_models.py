@@ -6,18 +6,18 @@ import zipfile
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.errors import (
+from workbench.core.config import RunConfig
+from workbench.core.errors import (
     ModelLoadError,
     ModelNotFoundError,
     TokenizerNotFoundError,
     UnsupportedModelError,
     ZippedModelError,
 )
-from workbench.models import check_supported, load_model, resolve_source
+from workbench.core.tasks import TASKS
+from workbench.models.loading import check_supported, load_model, resolve_source
+from workbench.models.tiny import build_encoder
 from workbench.preflight import preflight
-from workbench.tasks import TASKS
-from workbench.tiny import build_encoder
 
 
 def test_default_id_resolves_to_the_embedded_package():

@@ -17,9 +17,10 @@ import pytest
 from nbclient import NotebookClient
 from papermill.exceptions import PapermillExecutionError
 
-from workbench.config import OUTPUTS_VARIABLE, RunConfig
-from workbench.errors import ConfigError
-from workbench.notebook import (
+from workbench.core.config import OUTPUTS_VARIABLE, RunConfig
+from workbench.core.errors import ConfigError
+from workbench.core.steplist import STEPS
+from workbench.report.notebook import (
     NOTEBOOKS_DIR,
     PARAMETERS,
     config_from,
@@ -27,8 +28,7 @@ from workbench.notebook import (
     parameters_cell,
     refuse_unknown_injected,
 )
-from workbench.steplist import STEPS
-from workbench.triton.server import free_port
+from workbench.serving.server import free_port
 
 DEFAULT_SLUG = RunConfig().model_slug
 
@@ -37,7 +37,8 @@ def test_every_notebook_has_the_generated_parameters_cell():
     for step in STEPS:
         notebook = nbformat.read(NOTEBOOKS_DIR / step.notebook, as_version=4)
         cells = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
-        assert [c.source for c in cells] == [parameters_cell()], f"{step.notebook}: run python -m workbench.notebook"
+        assert [c.source for c in cells] == [parameters_cell()], \
+            f"{step.notebook}: run python -m workbench.report.notebook"
         assert "takeaway(" in notebook.cells[-1].source, step.notebook  # every notebook ends with its verdict line
 
 

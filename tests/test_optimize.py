@@ -3,12 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench import onnxfiles
-from workbench.batches import Batch
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.errors import OnnxModelError
-from workbench.record import RunRecord
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import OnnxModelError
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize
 
@@ -47,7 +47,7 @@ def test_variants_are_recorded_with_hashes(optimized_bert):
 
 
 def onnxfiles_sha(record, variant):
-    from workbench.atomic import sha256_file
+    from workbench.core.atomic import sha256_file
 
     return sha256_file(record.artifact(f"onnx.{variant}"))
 

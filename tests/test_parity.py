@@ -10,18 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.compare import raise_if_failed
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import InputMismatchError, ParityError, ShapeError
-from workbench.lab import ParityLab
-from workbench.models import load_model
-from workbench.progress import PROGRESS_FILE_VAR
-from workbench.record import RunRecord
-from workbench.repair import RANKED_BY
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import InputMismatchError, ParityError, ShapeError
+from workbench.core.progress import PROGRESS_FILE_VAR
+from workbench.core.record import RunRecord
+from workbench.models.loading import load_model
+from workbench.models.tiny import make_fp16_overflow
+from workbench.precision.compare import raise_if_failed
+from workbench.precision.lab import ParityLab
+from workbench.precision.repair import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize, parity
-from workbench.tiny import make_fp16_overflow
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -116,7 +116,7 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     chosen_base = next(b for b in bases if b["chosen"])
     assert chosen_base["violation"] == min(b["violation"] for b in bases if b["passed"] == chosen_base["passed"])
     assert repair["base"] == chosen_base["recipe"] == record.data["artifacts"]["onnx.int8_repaired"]["recipe"]
-    from workbench.takeaways import takeaway
+    from workbench.report.takeaways import takeaway
 
     assert (f"int8_repaired keeps {len(repair['chosen']['blocked'])} of {repair['units']} units in fp32, quantized as "
             f"{repair['base']} (") in takeaway("parity", record)
@@ -128,7 +128,7 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert errors and set(errors) <= set(repair["sensitivity"]) and all(n.endswith("MatMul") for n in errors)
     assert all(e["weight_sqnr_db_per_channel"] > 20 and e["input_sqnr_db"] > 0 for e in errors.values())
     assert -1 <= repair["node_error"]["spearman_vs_sensitivity"] <= 1
-    from workbench import figures
+    from workbench.report import figures
 
     traces = {t.name: t for t in figures.repair_tradeoff(repair).data}
     assert list(traces["whole-graph recipes (weights, smoothing)"].y) == [b["min_cosine"] for b in bases]
@@ -156,9 +156,9 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
 def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models, tmp_path):
     import onnxruntime
 
-    from workbench import onnxfiles
-    from workbench.data import encode, load_corpus
-    from workbench.variants import quantize_int8_blockwise
+    from workbench.core.data import encode, load_corpus
+    from workbench.graphs import onnxfiles
+    from workbench.graphs.variants import quantize_int8_blockwise
 
     record, results = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")
@@ -179,9 +179,9 @@ def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models,
 def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(tiny_models, tmp_path):
     import onnxruntime
 
-    from workbench import onnxfiles
-    from workbench.data import encode, load_corpus
-    from workbench.variants import _channel_max, smooth_activations
+    from workbench.core.data import encode, load_corpus
+    from workbench.graphs import onnxfiles
+    from workbench.graphs.variants import _channel_max, smooth_activations
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")
@@ -203,9 +203,9 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
 
 
 def test_per_channel_weights_quantize_every_matmul_at_least_as_well_as_per_tensor(tiny_models, tmp_path):
-    from workbench import onnxfiles
-    from workbench.data import encode, load_corpus
-    from workbench.nodeerror import node_errors
+    from workbench.core.data import encode, load_corpus
+    from workbench.graphs import onnxfiles
+    from workbench.precision.nodeerror import node_errors
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")

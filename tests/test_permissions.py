@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from workbench import onnxfiles
-from workbench.atomic import atomic_dir, atomic_path, write_json, write_text
-from workbench.triton.repository import MARKER, write_models
+from workbench.core.atomic import atomic_dir, atomic_path, write_json, write_text
+from workbench.graphs import onnxfiles
+from workbench.serving.repository import MARKER, write_models
 
 
 @pytest.fixture(params=[(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)], ids=["umask022", "umask077"])

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from workbench.atomic import sha256_file
 from workbench.cli import main
-from workbench.environment import gpu_name
-from workbench.steplist import STEP_NAMES
+from workbench.core.atomic import sha256_file
+from workbench.core.machine import gpu_name
+from workbench.core.steplist import STEP_NAMES
 
 TRT_STATUS = "skipped" if gpu_name() is None else "ok"  # TensorRT builds only where a GPU is
 

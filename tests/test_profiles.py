@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.config import ShapeRange
-from workbench.profiles import Profile, bucket_edges, design_profiles, padding_waste, profile_for
+from workbench.core.config import ShapeRange
+from workbench.graphs.profiles import Profile, bucket_edges, design_profiles, padding_waste, profile_for
 
 BATCH = ShapeRange(min=1, opt=8, max=32)
 SEQUENCE = ShapeRange(min=1, opt=128, max=256)

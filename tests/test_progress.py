@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.errors import StepFailedError
+from workbench.core.config import RunConfig
+from workbench.core.errors import StepFailedError
+from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
+from workbench.core.steplist import step_info
 from workbench.pipeline import run_pipeline
-from workbench.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
-from workbench.steplist import step_info
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stand-in for a step's kernel: another process, which reports progress through the environment it inherited.
 CHILD = """
-from workbench.progress import Progress
+from workbench.core.progress import Progress
 with Progress("demo", total=3, unit="steps", interval=0) as bar:
     for note in "abc":
         bar.update(1, note=note)

@@ -11,9 +11,9 @@ import tomllib
 import yaml
 
 from workbench.cli import main
-from workbench.config import RunConfig
-from workbench.pins import pin
-from workbench.steplist import STEP_NAMES, STEPS
+from workbench.core.config import RunConfig
+from workbench.core.pins import pin
+from workbench.core.steplist import STEP_NAMES, STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -101,9 +101,9 @@ def test_steps_do_not_import_steps_and_only_record_reads_the_raw_record():
             assert not re.search(r"from workbench\.steps\b|import workbench\.steps", text), path
         if path.name != "record.py":
             assert not re.search(r"record\.data\b|\.data\[\"(steps|metrics|artifacts)", text), path
-    config_imports = re.findall(r"^from workbench\.(\S+) import", (ROOT / "workbench" / "config.py").read_text(),
-                                re.MULTILINE)
-    assert "steps" not in config_imports and "steplist" in config_imports
+    config = (ROOT / "workbench" / "core" / "config.py").read_text()
+    config_imports = re.findall(r"^from workbench\.(\S+) import", config, re.MULTILINE)
+    assert "steps" not in config_imports and "core.steplist" in config_imports
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_tests():

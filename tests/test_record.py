@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from workbench.atomic import atomic_dir, atomic_path
-from workbench.config import RunConfig
-from workbench.errors import ConfigError, GpuRequiredError, MissingArtifactError, OutputDirError
-from workbench.record import RunRecord, StepEntry
+from workbench.core.atomic import atomic_dir, atomic_path
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError, GpuRequiredError, MissingArtifactError, OutputDirError
+from workbench.core.record import RunRecord, StepEntry
 
 
 def test_step_statuses_and_seconds(tmp_path):

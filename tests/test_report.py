@@ -5,16 +5,16 @@ import re
 
 import pytest
 
-from workbench import figures
-from workbench.config import RunConfig
-from workbench.latency import interleaved, matmul_flops, summarize
-from workbench.load import breakdown, stage_totals
-from workbench.perf_analyzer import find_perf_analyzer
-from workbench.recommend import recommend
-from workbench.record import RunRecord
-from workbench.served import TextLoad, measure_text_loads, pick
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord
+from workbench.measure.latency import interleaved, matmul_flops, summarize
+from workbench.measure.load import breakdown, stage_totals
+from workbench.measure.perf_analyzer import find_perf_analyzer
+from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
+from workbench.report import figures
+from workbench.report.recommend import recommend
+from workbench.serving.plan import serving_plan
 from workbench.steps import bench, export, optimize, parity, report, tensorrt
-from workbench.triton.plan import serving_plan
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
          "requests_per_level": 24, "seconds_per_level": 10, "search_queue_delays_us": [0, 4000],
@@ -34,8 +34,9 @@ def reported(tiny_models, tmp_path_factory):
 
 @pytest.mark.slow
 def test_latency_grid_covers_every_runner_and_cell(reported):
-    from workbench.latency import disturbances
-    from workbench.sessions import SessionSettings, candidates
+    from workbench.measure.latency import disturbances
+    from workbench.measure.sessions import candidates
+    from workbench.runners.onnxruntime import SessionSettings
 
     _, record = reported
     latency = record.metric("bench.latency")
@@ -331,7 +332,7 @@ def test_figures_name_their_units(benched):
 def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
     """A host where int8 gains nothing (the speed table an AVX2-only CPU measured: b8 s128 fp32 377 ms, int8
     380 ms): fp32 is recommended, and the reason names the instructions that would make int8 pay."""
-    from workbench.recommend import Candidate, pick
+    from workbench.report.recommend import Candidate, pick
 
     pytorch_ms = 640.0
     table = {"fp32": (377.0, "fp32"), "int8": (380.0, "int8"), "int8_repaired": (360.0, "int8")}
@@ -345,7 +346,7 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
 
 
 def test_cpu_features_name_the_int8_instructions():
-    from workbench.environment import cpu_features
+    from workbench.core.machine import cpu_features
 
     assert cpu_features({"avx2", "fma", "sse4_2"}) == {"flags": ["avx2", "fma"], "int8_dot_product": None}
     assert cpu_features({"avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_tile"})["int8_dot_product"] == "AMX"
@@ -353,7 +354,7 @@ def test_cpu_features_name_the_int8_instructions():
 
 
 def test_the_recommendation_shows_how_many_neighbours_it_keeps():
-    from workbench.recommend import candidates, pick
+    from workbench.report.recommend import candidates, pick
 
     verdict = _verdict("int8", 0.9903)
     verdict["outputs"]["sentence_embedding"]["retrieval"] = {"texts": 320, "agreement_at_1": 0.95,
@@ -365,7 +366,7 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
 
 def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
     """The trial's b8 s128 medians on a busy host: fp16 99.3 ms, int8_repaired 102.5 ms, fp32 110.4 ms."""
-    from workbench.recommend import Candidate, pick
+    from workbench.report.recommend import Candidate, pick
 
     table = {"fp16": (99.3, "fp16"), "int8_repaired": (102.5, "int8"), "fp32": (110.4, "fp32")}
     measured = [Candidate(name, 459.0 / ms, True, None, (), precision) for name, (ms, precision) in table.items()]
@@ -375,7 +376,7 @@ def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
 
 
 def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
-    from workbench.recommend import gate
+    from workbench.report.recommend import gate
 
     verdict = _verdict("int8", 0.99998, threshold=0.99)
     output = verdict["outputs"]["sentence_embedding"]
@@ -389,9 +390,9 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
 
 
 def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
-    from workbench.html_report import disturbed_warning
-    from workbench.latency import disturbances
-    from workbench.takeaways import takeaway
+    from workbench.measure.latency import disturbances
+    from workbench.report.page import disturbed_warning
+    from workbench.report.takeaways import takeaway
 
     flops = {"b1_s16": 1.0, "b1_s128": 8.0, "b8_s16": 8.5, "b8_s128": 70.0}
     quiet = {"b1_s16": _cell({"pytorch": 7.8, "int8_repaired": 2.2}), "b1_s128": _cell({"pytorch": 22.5,

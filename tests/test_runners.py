@@ -6,19 +6,19 @@ from contextlib import ExitStack
 import numpy as np
 import pytest
 
-from workbench import latency
-from workbench.batches import Batch, shaped_batch, token_lengths
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.environment import gpu_name
-from workbench.errors import OnnxModelError
-from workbench.lab import ParityLab
-from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.core.batches import Batch, shaped_batch, token_lengths
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import OnnxModelError
+from workbench.core.machine import gpu_name
+from workbench.core.record import RunRecord
+from workbench.measure import latency
+from workbench.models.loading import load_model
+from workbench.precision.lab import ParityLab
 from workbench.runners import Runner, RunnerClosedError
 from workbench.runners.onnxruntime import CPU, OrtRunner
 from workbench.runners.torch import TorchRunner
-from workbench.runners.triton import ServedRunner
+from workbench.serving.runner import ServedRunner
 from workbench.steps import export
 
 TEXTS = list(load_corpus()[:24])
@@ -95,8 +95,9 @@ class FakeClient:
     def __init__(self, loaded, config: RunConfig) -> None:
         self.loaded, self.config = loaded, config
 
-    def infer_texts(self, model: str, texts: list[str]) -> dict[str, np.ndarray]:
-        from workbench.data import encode
+    def infer_texts(self, model: str, texts: list[str], parameters: dict[str, str] | None = None
+                    ) -> dict[str, np.ndarray]:
+        from workbench.core.data import encode
 
         limit = min(self.config.sequence.max, self.loaded.max_sequence)
         feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=limit)
@@ -143,7 +144,7 @@ def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tm
     """ONNX Runtime creates the session on the CPU and only warns; the workbench refuses that run."""
     from onnx import TensorProto, helper
 
-    from workbench.errors import CudaFallbackError, GpuRequiredError
+    from workbench.core.errors import CudaFallbackError, GpuRequiredError
     from workbench.runners.onnxruntime import CPU, CUDA, cuda_problem, cuda_usable, providers_for, session
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import PoolingMismatchError, UnsupportedModelError
-from workbench.lab import library_check
-from workbench.models import load_model, resolve_source
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
+from workbench.core.record import RunRecord
+from workbench.models.loading import load_model, resolve_source
+from workbench.models.sentence import read_pipeline
+from workbench.models.tiny import build_sentence_encoder
+from workbench.precision.lab import library_check
 from workbench.preflight import preflight
-from workbench.record import RunRecord
-from workbench.sentence import read_pipeline
+from workbench.serving.client import TritonClient
+from workbench.serving.server import TritonServer
 from workbench.steps import export, optimize, parity, triton
-from workbench.tiny import build_sentence_encoder
-from workbench.triton.client import TritonClient
-from workbench.triton.server import TritonServer
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
          "precisions": ["fp32"], "threads": 1}

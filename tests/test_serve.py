@@ -17,21 +17,21 @@ import numpy as np
 import psutil
 import pytest
 
-from workbench.batches import Batch
 from workbench.cli import main
-from workbench.config import RunConfig
-from workbench.data import encode
-from workbench.errors import ConfigError, MissingArtifactError, PortInUseError
-from workbench.models import load_model
-from workbench.perf_analyzer import find_perf_analyzer, write_wrapper
-from workbench.record import RunRecord
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode
+from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError
+from workbench.core.record import RunRecord
+from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
+from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
 from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_ports, run_repository
+from workbench.serving.client import TritonClient
+from workbench.serving.endpoints import curl_command, text_endpoints
+from workbench.serving.plan import serving_plan
+from workbench.serving.repository import write_models, write_repository
 from workbench.steps import export, optimize
-from workbench.triton.client import TritonClient
-from workbench.triton.endpoints import curl_command, text_endpoints
-from workbench.triton.plan import serving_plan
-from workbench.triton.repository import write_models, write_repository
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
          "precisions": ["fp32"], "threads": 1}

@@ -3,7 +3,8 @@ timing)."""
 import onnxruntime
 import pytest
 
-from workbench.sessions import MIN_GAIN, SessionSettings, candidates, choose
+from workbench.measure.sessions import MIN_GAIN, candidates, choose
+from workbench.runners.onnxruntime import SessionSettings
 
 
 def test_settings_are_what_the_session_options_say():

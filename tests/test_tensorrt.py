@@ -5,9 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from workbench import onnxfiles
-from workbench.config import RunConfig
-from workbench.engines import (
+from workbench.core.config import RunConfig
+from workbench.core.errors import GpuRequiredError, StepSkipped
+from workbench.core.machine import gpu_name
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+from workbench.graphs.engines import (
     EngineSpec,
     cache_key,
     layer_matches,
@@ -16,13 +19,10 @@ from workbench.engines import (
     require_tensorrt,
     trtexec_command,
 )
-from workbench.environment import gpu_name
-from workbench.errors import GpuRequiredError, StepSkipped
-from workbench.profiles import Profile
-from workbench.record import RunRecord
+from workbench.graphs.profiles import Profile
+from workbench.models.tiny import make_fp16_overflow
 from workbench.runners.onnxruntime import tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
-from workbench.tiny import make_fp16_overflow
 
 PROFILES = [Profile((1, 4, 8), (1, 32, 32)), Profile((1, 4, 8), (33, 64, 64))]
 NAMES = ("input_ids", "attention_mask", "token_type_ids")

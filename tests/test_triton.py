@@ -12,10 +12,10 @@ import psutil
 import pytest
 import yaml
 
-from workbench.batches import Batch
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.errors import (
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import (
     PortInUseError,
     RepositoryError,
     ServedError,
@@ -23,18 +23,18 @@ from workbench.errors import (
     TritonNotFoundError,
     UnstableMeasurementError,
 )
-from workbench.load import perf_analyzer_level, text_level
-from workbench.models import load_model
-from workbench.perf_analyzer import PerfAnalyzer
-from workbench.pins import pin
-from workbench.record import RunRecord
+from workbench.core.pins import pin
+from workbench.core.record import RunRecord
+from workbench.measure.load import perf_analyzer_level, text_level
+from workbench.measure.perf_analyzer import PerfAnalyzer
+from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
+from workbench.serving.batching import observe_batching
+from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
+from workbench.serving.plan import serving_plan
+from workbench.serving.repository import parse_pbtxt, read_repository, write_repository
+from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import export, optimize, triton
-from workbench.triton.batching import observe_batching
-from workbench.triton.client import AsyncTritonClient, TritonClient, text_array
-from workbench.triton.plan import serving_plan
-from workbench.triton.repository import parse_pbtxt, read_repository, write_repository
-from workbench.triton.server import Ports, TritonServer, find_tritonserver
 
 pytestmark = pytest.mark.slow
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
@@ -364,7 +364,7 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
 
 
 def test_the_cpu_serving_order_puts_int8_first_only_where_the_cpu_has_int8_instructions():
-    from workbench.triton.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
+    from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 
     order, why = preference("python-ort", {"int8_dot_product": None})
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why

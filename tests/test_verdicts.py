@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.errors import (
+from workbench.core.config import RunConfig
+from workbench.core.errors import (
     ConfigError,
     MissingArtifactError,
     OnnxModelError,
@@ -17,9 +17,9 @@ from workbench.errors import (
     ShapeError,
     UnverifiedError,
 )
-from workbench.html_report import build_report
+from workbench.core.record import RunRecord
 from workbench.pipeline import prepare_run_dir, run_pipeline
-from workbench.record import RunRecord
+from workbench.report.page import build_report
 from workbench.steps import export, optimize, parity, triton
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}

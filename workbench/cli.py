@@ -8,12 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from workbench.config import RunConfig
-from workbench.errors import ConfigError, RunInterruptedError, WorkbenchError
-from workbench.pins import project_version
-from workbench.record import RunRecord
-from workbench.steplist import STEPS
-from workbench.triton.server import HOST
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
+from workbench.core.pins import project_version
+from workbench.core.record import RunRecord
+from workbench.core.steplist import STEPS
+from workbench.serving.server import HOST
 
 SERVE_PORTS = (8000, 8001, 8002)  # tritonserver's own defaults, as in the triton step's deployment files
 
@@ -90,7 +90,7 @@ def _run_epilog() -> str:
 
 
 def _install_perf_analyzer(args: argparse.Namespace) -> int:
-    from workbench.perf_analyzer import install_perf_analyzer
+    from workbench.measure.perf_analyzer import install_perf_analyzer
 
     tool = install_perf_analyzer()
     print(f"perf_analyzer: {tool.executable}")

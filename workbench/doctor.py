@@ -10,13 +10,13 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.environment import gpu_name, package_version
-from workbench.errors import TritonNotFoundError
-from workbench.perf_analyzer import find_perf_analyzer
-from workbench.pins import pin
+from workbench.core.errors import TritonNotFoundError
+from workbench.core.machine import gpu_name, package_version
+from workbench.core.pins import pin
+from workbench.core.steplist import STEP_NAMES
+from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT
-from workbench.steplist import STEP_NAMES
-from workbench.triton.server import find_tritonserver
+from workbench.serving.server import find_tritonserver
 
 GPU = "NVIDIA GPU"
 NEEDS_GPU = "needs an NVIDIA GPU"

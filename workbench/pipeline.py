@@ -8,13 +8,13 @@ from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 
-from workbench.config import RunConfig, outputs_root
-from workbench.errors import OutputDirError, StepFailedError
-from workbench.interrupt import InterruptGuard, remove_partials
+from workbench.core.config import RunConfig, outputs_root
+from workbench.core.errors import OutputDirError, StepFailedError
+from workbench.core.interrupt import InterruptGuard, remove_partials
+from workbench.core.progress import ProgressTail
+from workbench.core.record import RECORD_NAME, RunRecord, remove_inside
+from workbench.core.steplist import STEP_NAMES, step_info
 from workbench.preflight import preflight
-from workbench.progress import ProgressTail
-from workbench.record import RECORD_NAME, RunRecord, remove_inside
-from workbench.steplist import STEP_NAMES, step_info
 
 # Folders every run writes into (steps and their scratch space).
 OWNED_FOLDERS = ("notebooks", "model", "onnx", "parity", "repair", "engines", "triton", "model_repository",

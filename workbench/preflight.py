@@ -2,10 +2,10 @@
 minutes of export and optimization."""
 from __future__ import annotations
 
-from workbench.batches import check_sequence_limit
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.record import ensure_writable
+from workbench.core.batches import check_sequence_limit
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.record import ensure_writable
 
 MODEL_STEPS = ("export", "optimize", "parity", "tensorrt", "triton", "bench")
 SERVING_STEPS = ("triton", "generation", "bench")
@@ -14,9 +14,9 @@ SERVING_STEPS = ("triton", "generation", "bench")
 def preflight(config: RunConfig) -> None:
     """device: cuda, opset, corpus, the model's sequence limit, ports and the repository folder, for the steps that
     use them."""
+    from workbench.serving.plan import repository_root
+    from workbench.serving.server import Ports
     from workbench.steps.export import check_opset
-    from workbench.triton.plan import repository_root
-    from workbench.triton.server import Ports
 
     steps = set(config.steps)
     if config.device == "cuda":  # asked for, not available: refused now, not found out mid-run
@@ -37,9 +37,9 @@ def preflight(config: RunConfig) -> None:
 def check_model_limits(config: RunConfig) -> None:
     """The model resolves, its architecture suits the task, its sentence-transformers pipeline (feature extraction)
     can be exported and agrees with `pooling`, and sequence.max fits its limits."""
-    from workbench.models import check_supported, load_config, load_tokenizer, resolve_source, sequence_limit
-    from workbench.sentence import graph_pooling, read_pipeline
-    from workbench.tasks import TASKS
+    from workbench.core.tasks import TASKS
+    from workbench.models.loading import check_supported, load_config, load_tokenizer, resolve_source, sequence_limit
+    from workbench.models.sentence import graph_pooling, read_pipeline
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)

@@ -11,16 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workbench.data import load_corpus
-from workbench.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
-from workbench.interrupt import SIGNALS
-from workbench.load import write_input_data
-from workbench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
-from workbench.record import RunRecord
-from workbench.triton.client import text_array
-from workbench.triton.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
-from workbench.triton.repository import MARKER, ours_and_untouched
-from workbench.triton.server import ANY_ADDRESS, HOST, Ports, TritonServer
+from workbench.core.data import load_corpus
+from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
+from workbench.core.interrupt import SIGNALS
+from workbench.core.record import RunRecord
+from workbench.measure.load import write_input_data
+from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
+from workbench.serving.client import text_array
+from workbench.serving.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
+from workbench.serving.repository import MARKER, ours_and_untouched
+from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
 SAMPLE_TEXT = "Triton serves this sentence through the workbench."
 LOAD_TEXTS = 64  # corpus texts perf_analyzer cycles through, one per request

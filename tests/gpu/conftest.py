@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.environment import gpu_name
+from workbench.core.machine import gpu_name
 
 
 def pytest_collection_modifyitems(config, items):

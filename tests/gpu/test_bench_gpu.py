@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.latency import REFERENCES, run_latency_benchmark
-from workbench.record import RunRecord
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord
+from workbench.measure.latency import REFERENCES, run_latency_benchmark
 from workbench.steps import export, optimize, parity
 
 SETTINGS = {"precisions": ["fp32", "fp16"], "device": "cuda", "repair": False,

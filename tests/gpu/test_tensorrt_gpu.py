@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.atomic import sha256_file
-from workbench.batches import Batch
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.models import load_model
-from workbench.record import RunRecord
+from workbench.core.atomic import sha256_file
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.record import RunRecord
+from workbench.models.loading import load_model
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT, OrtRunner, tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
 

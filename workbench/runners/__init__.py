@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 if TYPE_CHECKING:
     import numpy as np
 
-    from workbench.batches import Batch
+    from workbench.core.batches import Batch
 
 R = TypeVar("R", bound="Runner")
 Device = Literal["cpu", "cuda"]

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.batches import Batch
+from workbench.core.batches import Batch
+from workbench.core.tasks import SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
+from workbench.models.sentence import library_model
 from workbench.runners import Runner, RunnerClosedError
-from workbench.sentence import library_model
-from workbench.tasks import SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
     from transformers import Pipeline
 
-    from workbench.models import LoadedModel
+    from workbench.models.loading import LoadedModel
 
 
 class LibraryRunner(Runner):

@@ -2,21 +2,77 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from workbench.batches import Batch
-from workbench.environment import gpu_name
-from workbench.errors import CudaFallbackError, GpuRequiredError, OnnxModelError, ShapeError
+from workbench.core.batches import Batch
+from workbench.core.errors import CudaFallbackError, GpuRequiredError, OnnxModelError, ShapeError
+from workbench.core.machine import gpu_name
 from workbench.runners import IO, Device, Runner, RunnerClosedError
-from workbench.sessions import SessionSettings
 
+OPTIMIZATION_LEVELS = ("all", "extended", "basic")
+EXECUTION_MODES = ("sequential", "parallel")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """How ONNX Runtime runs a variant's session. The default: idle threads sleep, every graph optimization,
+    sequential execution."""
+
+    threads: int | None = None  # intra-op threads; None: ONNX Runtime's default (all cores)
+    spinning: bool = False
+    optimization: str = "all"
+    execution: str = "sequential"
+    cuda: tuple[tuple[str, str], ...] = ()  # CUDA provider options (name, value); none: ONNX Runtime's defaults
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> SessionSettings:
+        """The settings a record holds (`record`); older records have no CUDA options."""
+        return cls(**{**data, "cuda": tuple((str(k), str(v)) for k, v in data.get("cuda", ()))})
+
+    def providers(self, providers: list[Any]) -> list[Any]:
+        """`providers` with these CUDA options on the CUDA provider (beside options it already has, which win)."""
+        if not self.cuda:
+            return providers
+        merged = []
+        for provider in providers:
+            name, options = provider if isinstance(provider, tuple) else (provider, {})
+            merged.append((name, {**dict(self.cuda), **options}) if name == "CUDAExecutionProvider" else provider)
+        return merged
+
+    def apply(self, options: Any) -> None:
+        """Set these on an `onnxruntime.SessionOptions`."""
+        import onnxruntime
+
+        # Idle worker threads spinning for work steal the CPU from whatever runs next (another session, PyTorch, a
+        # tokenizer process); on a few cores that distorts every interleaved measurement, so they sleep by default.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+        levels = {"all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  "extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC}
+        options.graph_optimization_level = levels[self.optimization]
+        options.execution_mode = (onnxruntime.ExecutionMode.ORT_PARALLEL if self.execution == "parallel"
+                                  else onnxruntime.ExecutionMode.ORT_SEQUENTIAL)
+
+    def label(self) -> str:
+        if self.cuda:
+            return ", ".join(f"{name}={value}" for name, value in self.cuda)
+        threads = f"{self.threads} thread{'s' * (self.threads != 1)}" if self.threads else "default threads"
+        return (f"{threads}, spinning {'on' if self.spinning else 'off'}, "
+                f"{self.optimization} optimizations, {self.execution}")
+
+    def record(self) -> dict[str, Any]:
+        return {**asdict(self), "cuda": [list(option) for option in self.cuda]}
 
 
 def cuda_usable() -> bool:

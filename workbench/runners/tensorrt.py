@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.batches import Batch
-from workbench.errors import ShapeError
-from workbench.profiles import Profile, profile_for
+from workbench.core.batches import Batch
+from workbench.core.errors import ShapeError
+from workbench.graphs.profiles import Profile, profile_for
 from workbench.runners import Device, Runner
 
 

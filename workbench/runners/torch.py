@@ -7,10 +7,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from workbench.batches import Batch
-from workbench.models import LoadedModel
+from workbench.core.batches import Batch
+from workbench.core.tasks import OutputSpec
+from workbench.models.loading import LoadedModel
 from workbench.runners import IO, Device, Runner, RunnerClosedError
-from workbench.tasks import OutputSpec
 
 
 def torch_device(device: Device) -> Device:

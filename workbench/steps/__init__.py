@@ -1,1 +1,1 @@
-"""Pipeline steps: one module per step, named as in `workbench.steplist`."""
+"""Pipeline steps: one module per step, named as in `workbench.core.steplist`."""

@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workbench.batches import corpus_batches
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import DOCTOR_HINT, TritonNotFoundError
-from workbench.latency import corpus_rates, disturbance_note, run_latency_benchmark
-from workbench.record import RunRecord, StepEntry
+from workbench.core.batches import corpus_batches
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
+from workbench.core.record import RunRecord, StepEntry
+from workbench.measure.latency import corpus_rates, disturbance_note, run_latency_benchmark
+from workbench.measure.sweeps import run_served_benchmark, serving_efficiency
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.served import run_served_benchmark, serving_efficiency
-from workbench.triton.plan import serving_plan
-from workbench.triton.repository import ServingPlan
-from workbench.triton.server import find_tritonserver
+from workbench.serving.plan import serving_plan
+from workbench.serving.repository import ServingPlan
+from workbench.serving.server import find_tritonserver
 
 STEP = "bench"
 

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from workbench import onnxfiles
-from workbench.atomic import atomic_dir
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.errors import ExportError, OpsetError
-from workbench.models import LoadedModel, load_model
-from workbench.quiet import quiet_tracer
-from workbench.record import RunRecord, StepEntry
+from workbench.core.atomic import atomic_dir
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import ExportError, OpsetError
+from workbench.core.quiet import quiet_tracer
+from workbench.core.record import RunRecord, StepEntry
+from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
+from workbench.graphs import onnxfiles
+from workbench.models.loading import LoadedModel, load_model
 from workbench.runners.torch import GraphModule
-from workbench.tasks import BATCH, SEQUENCE, OutputSpec
 
 STEP = "export"
 # Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).

@@ -7,10 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import StepSkipped
-from workbench.generation import (
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import StepSkipped
+from workbench.core.progress import track
+from workbench.core.record import RunRecord, StepEntry
+from workbench.measure.load import asyncio_level
+from workbench.serving.backend import generation_core as core
+from workbench.serving.client import TritonClient, text_array
+from workbench.serving.generation import (
     GEN_TASKS,
     GenTask,
     compare_greedy,
@@ -21,15 +26,10 @@ from workbench.generation import (
     max_input_tokens,
     prepared_inputs,
 )
-from workbench.load import asyncio_level
-from workbench.progress import track
-from workbench.record import RunRecord, StepEntry
-from workbench.triton.client import TritonClient, text_array
-from workbench.triton.generation_repository import ENGINES, GenerationPlan, generation_models
-from workbench.triton.models import generation_core as core
-from workbench.triton.plan import repository_root
-from workbench.triton.repository import model_name_for, write_models
-from workbench.triton.server import TritonServer
+from workbench.serving.generation_repository import ENGINES, GenerationPlan, generation_models
+from workbench.serving.plan import repository_root
+from workbench.serving.repository import model_name_for, write_models
+from workbench.serving.server import TritonServer
 
 STEP = "generation"
 REQUEST_TEXTS = 4  # texts per request when checking served answers

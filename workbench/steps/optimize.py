@@ -6,14 +6,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench import onnxfiles
-from workbench.batches import Batch
-from workbench.config import RunConfig
-from workbench.data import encode, load_corpus
-from workbench.models import FUSION_MODEL_TYPES
-from workbench.record import RunRecord, StepEntry
+from workbench.core.batches import Batch
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.record import RunRecord, StepEntry
+from workbench.graphs import onnxfiles
+from workbench.graphs.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
+from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 
 STEP = "optimize"
 FUSED_OPS = (

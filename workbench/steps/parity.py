@@ -6,19 +6,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import onnxfiles
-from workbench.atomic import write_text
-from workbench.compare import raise_if_failed
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import MissingArtifactError, ReferenceMismatchError
-from workbench.lab import ParityLab, library_check
-from workbench.models import LoadedModel, load_model
-from workbench.nodeerror import agreement_with_sensitivity, node_errors
-from workbench.progress import Progress, track
-from workbench.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
-from workbench.record import RunRecord, StepEntry
-from workbench.repair import (
+from workbench.core.atomic import write_text
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
+from workbench.core.progress import Progress, track
+from workbench.core.record import RunRecord, StepEntry
+from workbench.core.timing import median_ms
+from workbench.graphs import onnxfiles
+from workbench.graphs.variants import convert_fp16, quantize_int8_blockwise
+from workbench.models.loading import LoadedModel, load_model
+from workbench.precision.compare import raise_if_failed
+from workbench.precision.lab import ParityLab, library_check
+from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
+from workbench.precision.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
+from workbench.precision.repair import (
     RepairProblem,
     RepairSearch,
     activation_order,
@@ -28,8 +30,6 @@ from workbench.repair import (
     sensitivity_order,
 )
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.timing import median_ms
-from workbench.variants import convert_fp16, quantize_int8_blockwise
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")

@@ -2,9 +2,9 @@
 can run any number of times."""
 from __future__ import annotations
 
-from workbench.config import RunConfig
-from workbench.html_report import build_report
-from workbench.record import RunRecord, StepEntry
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord, StepEntry
+from workbench.report.page import build_report
 
 STEP = "report"
 

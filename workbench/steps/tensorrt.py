@@ -9,12 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from workbench import onnxfiles
-from workbench.atomic import atomic_path, sha256_file, write_text
-from workbench.batches import token_lengths
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.engines import (
+from workbench.core.atomic import atomic_path, sha256_file, write_text
+from workbench.core.batches import token_lengths
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.machine import gpu_name
+from workbench.core.record import RunRecord, StepEntry
+from workbench.graphs import onnxfiles
+from workbench.graphs.engines import (
     EngineSpec,
     build_engine,
     cache_key,
@@ -23,9 +25,7 @@ from workbench.engines import (
     require_tensorrt,
     trtexec_command,
 )
-from workbench.environment import gpu_name
-from workbench.profiles import Profile, design_profiles, padding_waste
-from workbench.record import RunRecord, StepEntry
+from workbench.graphs.profiles import Profile, design_profiles, padding_waste
 
 STEP = "tensorrt"
 
@@ -95,8 +95,8 @@ def build_or_reuse(spec: EngineSpec, source: Path, input_names: tuple[str, ...],
 def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[Path, EngineSpec]],
                   metrics: dict[str, Any]) -> None:
     """Compare each engine with PyTorch on the parity lab; results in metrics.tensorrt.parity.<engine>."""
-    from workbench.lab import ParityLab
-    from workbench.models import load_model
+    from workbench.models.loading import load_model
+    from workbench.precision.lab import ParityLab
     from workbench.runners.tensorrt import TrtEngineRunner
 
     lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))

@@ -4,21 +4,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.config import RunConfig
-from workbench.data import load_corpus
-from workbench.errors import DependencyMissingError, StepSkipped, UnverifiedError
-from workbench.lab import ParityLab, library_reference
-from workbench.models import LoadedModel, load_model
-from workbench.progress import track
-from workbench.record import RunRecord, StepEntry
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
+from workbench.core.progress import track
+from workbench.core.record import RunRecord, StepEntry
+from workbench.models.loading import LoadedModel, load_model
+from workbench.precision.lab import ParityLab, library_reference
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.runners.triton import ServedRunner
-from workbench.triton.batching import observe_batching
-from workbench.triton.client import TritonClient
-from workbench.triton.deploy import deployment_files
-from workbench.triton.plan import candidate_variants, choose_flavor, preference, repository_root, serving_plan
-from workbench.triton.repository import ServingPlan, check_replaceable, read_repository, write_repository
-from workbench.triton.server import Ports, TritonServer, find_tritonserver
+from workbench.serving.batching import observe_batching
+from workbench.serving.client import TritonClient
+from workbench.serving.deploy import deployment_files
+from workbench.serving.plan import candidate_variants, choose_flavor, preference, repository_root, serving_plan
+from workbench.serving.repository import ServingPlan, check_replaceable, read_repository, write_repository
+from workbench.serving.runner import ServedRunner
+from workbench.serving.server import Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check

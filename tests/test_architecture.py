@@ -1,0 +1,52 @@
+"""The house in rooms: each room of the package imports only itself and the rooms below it (README, "Architecture")."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+# Bottom to top. The top holds the commands: cli, pipeline, preflight, doctor, serve.
+ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
+
+
+def room_of(module: str) -> str:
+    """`workbench.serving.plan` -> serving; a top-level module (workbench.cli) -> top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in ROOMS else "top"
+
+
+def imports(path: Path) -> set[str]:
+    """Every workbench module `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
+            found.update(f"{node.module}.{a.name}" if node.module == "workbench" else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("workbench"))
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_room_imports_only_itself_and_the_rooms_below():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "backend" in path.parts:  # Python-backend sources run inside tritonserver: they import no workbench
+            assert not imports(path), path
+            continue
+        importer = module_name(path)
+        for imported in imports(path):
+            if ROOMS.index(room_of(imported)) > ROOMS.index(room_of(importer)):
+                upward.append(f"{importer} -> {imported}")
+    assert not upward, "imports that reach up a room:\n" + "\n".join(sorted(upward))
+
+
+def test_every_room_is_a_package_that_says_what_it_holds():
+    for room in ROOMS[:-1]:
+        init = PACKAGE / room / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), room
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    assert top == {"cli", "pipeline", "preflight", "doctor", "serve"}, top

@@ -1,0 +1,318 @@
+"""The run configuration: one typed object shared by the CLI, papermill parameters and notebooks."""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workbench.core.errors import ConfigError
+from workbench.core.steplist import STEP_NAMES
+from workbench.core.tasks import TASKS, OutputSpec
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Settings that existed once, and what replaces them.
+REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
+                            "and --resume --steps report re-renders the report"}
+# Graph outputs that were renamed: the old name, the new one.
+RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
+Precision = Literal["fp32", "fp16", "int8"]
+OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
+
+
+def outputs_root() -> Path:
+    """Where runs go: $WORKBENCH_OUTPUTS, else outputs/ in the working directory (a notebook's is its own folder)."""
+    return Path(os.environ.get(OUTPUTS_VARIABLE) or "outputs")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ShapeRange(_Strict):
+    """Smallest, most frequent and largest value of one dynamic axis."""
+
+    min: int = Field(ge=1)
+    opt: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeRange:
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"need min <= opt <= max, got {self.min}, {self.opt}, {self.max}")
+        return self
+
+
+class Tolerance(_Strict):
+    """Pass criteria for one output; unset fields fall back to the task-aware default."""
+
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+    min_cosine: float | None = Field(default=None, ge=-1, le=1)
+    min_agreement: float | None = Field(default=None, ge=0, le=1)
+    min_agreement_at_1: float | None = Field(default=None, ge=0, le=1, description=(
+        "embeddings: share of corpus texts whose nearest neighbour is PyTorch's"))
+    min_recall_at_10: float | None = Field(default=None, ge=0, le=1, description=(
+        "embeddings: mean share of PyTorch's 10 nearest neighbours found among the variant's 10"))
+    min_spearman: float | None = Field(default=None, ge=-1, le=1, description=(
+        "embeddings: rank correlation of all pairwise similarities with PyTorch's"))
+
+
+class TritonSettings(_Strict):
+    """How the deployment is generated and served."""
+
+    name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
+    flavor: Literal["auto", "onnxruntime", "tensorrt_plan", "python-ort"] = "auto"
+    layout: Literal["auto", "ensemble", "fused"] = Field(default="auto", description=(
+        "ensemble: tokenizer -> model models behind an ensemble (any flavor); fused: one Python model tokenizes and "
+        "runs ONNX Runtime in one hop (python-ort); auto: fused for python-ort, else ensemble"))
+    variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
+    outputs: list[str] | None = Field(default=None, description="outputs to serve; default: the sentence embedding "
+                                                                "alone when there is one, else every task output")
+    instances: int = Field(default=1, ge=1)
+    dynamic_batching: bool = True
+    preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
+    max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
+    gpu_accelerator: Literal["none", "tensorrt"] = "none"
+    http_port: int | None = None
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+    overwrite: bool = False
+    allow_unverified: bool = Field(default=False, description="publish a variant that did not pass parity (in "
+                                                                "process and served); the record says verified: false")
+    repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
+                                                                 "the project's model_repository/")
+    container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+
+class BenchSettings(_Strict):
+    """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
+
+    batches: list[int] = [1, 8]
+    sequences: list[int] = [16, 128]
+    rounds: int = Field(default=20, ge=3)
+    warmup: int = Field(default=3, ge=0)
+    seconds_per_cell: float = Field(default=60.0, gt=0)
+    tune_sessions: bool = Field(default=True, description="measure ONNX Runtime session settings per variant first")
+    torch_compile: bool = Field(default=False, description=(
+        "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))
+    served: bool = True
+    concurrency: list[int] = [1, 2, 4, 8, 16]
+    requests_per_level: int = Field(default=160, ge=8)
+    seconds_per_level: float = Field(default=20.0, gt=0)
+    load_tool: Literal["auto", "perf_analyzer", "asyncio"] = "auto"
+    p99_limit_ms: float = Field(default=500.0, gt=0)
+    search_queue_delays_us: list[int] = [0, 2000, 8000]
+    search_instances: list[int] = [1, 2]
+
+
+class GenerationSettings(_Strict):
+    """The generation step: a seq2seq (translation) and a decoder-only model, HF generate vs CTranslate2."""
+
+    translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
+    text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")
+    target_language: str | None = Field(default=None, description="for multilingual models, e.g. >>fra<< or fra_Latn")
+    max_new_tokens: int = Field(default=32, ge=1)
+    max_new_tokens_limit: int = Field(default=256, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1, description="default: the model's limit")
+    ct2_compute_type: str = "float32"
+    texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
+    max_batch_size: int = Field(default=16, ge=1)
+    concurrency: list[int] = [1, 4, 16]
+    requests_per_level: int = Field(default=64, ge=4)
+    seconds_per_level: float = Field(default=60.0, gt=0)
+
+
+class RunConfig(_Strict):
+    """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
+
+    model: str = Field(DEFAULT_MODEL, description="HF model id, local folder, or the embedded default")
+    task: str = "feature-extraction"
+    pooling: Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean", "none"] = Field(
+        default="auto", description=(
+            "feature extraction: auto reads the model's sentence-transformers files (1_Pooling/config.json), mean "
+            "where it has none; a mode the files contradict needs pooling_override; none: token embeddings only"))
+    pooling_override: bool = Field(default=False, description=(
+        "pool as `pooling` says although the model's files declare another mode (the record notes it)"))
+    token_embeddings: bool = Field(default=True, description=(
+        "feature extraction: the graph also returns the per-token states (token_embeddings)"))
+    trust_remote_code: bool = False
+    exporter: Literal["legacy", "dynamo"] = "legacy"
+    opset: int = 17
+    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    batch: ShapeRange = ShapeRange(min=1, opt=8, max=32)
+    sequence: ShapeRange = ShapeRange(min=1, opt=128, max=256)
+    precisions: list[Precision] = ["fp32", "fp16", "int8"]
+    fp16_op_block_list: list[str] = []
+    fp16_node_block_list: list[str] = []
+    int8_per_channel: bool = True
+    int8_nodes_to_exclude: list[str] = []
+    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
+    corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
+    trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
+    trt_workspace_mb: int = Field(default=4096, ge=64)
+    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
+    triton: TritonSettings = TritonSettings()
+    bench: BenchSettings = BenchSettings()
+    generation: GenerationSettings = GenerationSettings()
+    repair: bool = True
+    repair_max_builds: int = Field(default=80, ge=2)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
+    output_dir: str | None = None
+    steps: list[str] = list(STEP_NAMES)
+    seed: int = 0
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+        return task
+
+    @field_validator("steps")
+    @classmethod
+    def _known_steps(cls, steps: list[str]) -> list[str]:
+        unknown = [s for s in steps if s not in STEP_NAMES]
+        if unknown:
+            close = {s: difflib.get_close_matches(s, STEP_NAMES, n=1) for s in unknown}
+            hints = "".join(f" ({s!r}: did you mean {c[0]!r}?)" for s, c in close.items() if c)
+            raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(STEP_NAMES)}")
+        return [s for s in STEP_NAMES if s in steps]
+
+    @model_validator(mode="after")
+    def _known_outputs(self) -> RunConfig:
+        """A tolerance for an output the task does not have would silently gate nothing."""
+        outputs = [o.name for o in self.output_specs]
+        if not outputs:
+            raise ValueError("pooling=none with token_embeddings=false leaves the graph no output; keep one of them")
+        unknown = [name for name in self.tolerances if name not in outputs]
+        if unknown:
+            close = {n: RENAMED_OUTPUTS.get(n) or next(iter(difflib.get_close_matches(n, outputs, n=1)), None)
+                     for n in unknown}
+            hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
+            raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
+                             f"{self.pooling} has outputs: {', '.join(outputs)}")
+        return self
+
+    @property
+    def output_specs(self) -> tuple[OutputSpec, ...]:
+        """The graph outputs this configuration exports, in order."""
+        return TASKS[self.task].outputs(self.pooling != "none", self.token_embeddings)
+
+    @property
+    def model_slug(self) -> str:
+        """A file-name-safe short name for the model."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.model.rstrip("/\\")).name).strip("-") or "model"
+
+    def to_params(self) -> dict[str, Any]:
+        """JSON-safe dict for papermill parameters and run.json."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RunConfig:
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise _config_error(exc, "the configuration") from None
+
+    @classmethod
+    def load(cls, path: Path | str | None = None, overrides: list[str] | None = None,
+             base: dict[str, Any] | None = None) -> RunConfig:
+        """Defaults (or `base`), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
+        data = cls().to_params()
+        _merge(data, base or {})
+        if path is not None:
+            _merge(data, _read_yaml(Path(path)))
+        for item in overrides or []:
+            key, value = _parse_override(item)
+            _set_dotted(data, key, value)
+        return cls.from_dict(data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", "pass the path of a YAML run configuration")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}", "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} holds a {type(data).__name__}, not a mapping", "write key: value pairs")
+    return data
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> None:
+    """Deep-merge `update` into `base` so a partial nested mapping keeps the other defaults."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not key=value", "write e.g. -p opset=17 or -p batch.max=16")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r} descends into a non-mapping", f"check the key {key!r}")
+    node[leaf] = value
+
+
+def _fields_at(path: tuple[Any, ...]) -> list[str]:
+    """The setting names one level below `path` (e.g. ("batch",) -> min, opt, max)."""
+    model: Any = RunConfig
+    parts = list(path)
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
+        annotation = field.annotation if field else None
+        if get_origin(annotation) is dict and parts:  # e.g. tolerances.<output>: the key, then its model
+            parts.pop(0)
+            annotation = get_args(annotation)[1]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _config_error(exc: ValidationError, where: str) -> ConfigError:
+    lines = []
+    fixes = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if not loc and err["type"] == "model_type":
+            lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
+                         f"{err.get('input')!r}")
+            fixes.append("pass key: value pairs, e.g. {\"opset\": 18}")
+            continue
+        if not loc:  # a check across settings
+            lines.append(err["msg"].removeprefix("Value error, "))
+            fixes.append("fix the names or values it lists; `workbench config` prints every setting")
+            continue
+        if err["type"] == "extra_forbidden":
+            field = str(err["loc"][-1])
+            close = difflib.get_close_matches(field, _fields_at(err["loc"][:-1]), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"unknown setting {loc!r}{hint}")
+            fixes.append(REMOVED.get(loc, "remove or rename it; `workbench config` prints every setting"))
+        else:
+            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            fixes.append(f"set {loc} to a valid value")
+    return ConfigError(f"invalid value in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))

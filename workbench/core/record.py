@@ -1,0 +1,493 @@
+"""run.json: the single machine-readable record of a run (config, environment, steps, artifacts, metrics)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from workbench.core.atomic import sha256_file, write_json
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
+from workbench.core.steplist import STEP_NAMES as STEP_ORDER
+
+RECORD_NAME = "run.json"
+SCHEMA_VERSION = 1
+_RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
+                 "attn_implementation")
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One step as the record has it: status (None: never run), why, seconds, and what it wrote (metrics.<step>)."""
+
+    name: str
+    status: str | None
+    detail: str
+    seconds: float | None
+    verified: bool | None
+    metrics: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """The status as people read it: an ok the user allowed without verification says so."""
+        if self.status == "ok" and self.verified is False:
+            return "ok, verified: false"
+        return self.status or "not run"
+
+
+class RunRecord:
+    """Load, update and atomically save one run's record; paths inside are relative to the run folder."""
+
+    def __init__(self, run_dir: Path, data: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.data = data
+        self._current: str | None = None  # the step running in this process, if any
+
+    # ---- opening -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, run_dir: Path | str, config: RunConfig) -> RunRecord:
+        from workbench.core.machine import collect_environment
+
+        run_dir = Path(run_dir)
+        ensure_writable(run_dir)
+        data = {
+            "schema": SCHEMA_VERSION,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "run_dir": str(run_dir.resolve()),
+            "config": config.to_params(),
+            "environment": collect_environment(),
+            "steps": {},
+            "artifacts": {},
+            "metrics": {},
+        }
+        record = cls(run_dir, data)
+        record.save()
+        return record
+
+    @classmethod
+    def load(cls, run_dir: Path | str) -> RunRecord:
+        path = Path(run_dir) / RECORD_NAME
+        if not path.is_file():
+            raise OutputDirError(f"{path} does not exist", "run `workbench run` first, or pass the run folder")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise OutputDirError(f"{path} is not a readable run record ({exc})",
+                                 "start a new run in another folder, or with --overwrite in this one") from None
+        if not isinstance(data, dict) or not {"config", "steps", "artifacts", "metrics"} <= set(data):
+            raise OutputDirError(f"{path} is not a workbench run record (keys missing)",
+                                 "start a new run in another folder, or with --overwrite in this one")
+        return cls(Path(run_dir), data)
+
+    @classmethod
+    def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False) -> RunRecord:
+        """Load the record in `run_dir` (or create it unless `must_exist`); refuse a folder holding another run."""
+        if not (Path(run_dir) / RECORD_NAME).is_file():
+            if must_exist:
+                raise OutputDirError(f"{run_dir} holds no run.json to resume",
+                                     "pass the folder of an earlier run, or drop --resume")
+            return cls.create(run_dir, config)
+        record = cls.load(run_dir)
+        old, new = record.data["config"], config.to_params()
+        defaults = RunConfig().to_params()  # a setting older runs did not record had its default
+        changed = [key for key in _RUN_DEFINING if old.get(key, defaults[key]) != new.get(key)]
+        if changed and record.data["steps"]:
+            raise ConfigError(
+                f"{run_dir} holds a run with a different {', '.join(changed)} "
+                f"({', '.join(f'{old.get(k)!r} -> {new.get(k)!r}' for k in changed)})",
+                "use another run folder for another model or export setting",
+            )
+        record.data["config"] = new
+        record.data["run_dir"] = str(Path(run_dir).resolve())  # the folder may have been moved or copied
+        record.save()
+        return record
+
+    # ---- persistence ---------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.run_dir / RECORD_NAME
+
+    @property
+    def config(self) -> RunConfig:
+        return RunConfig.from_dict(self.data["config"])
+
+    def save(self) -> None:
+        write_json(self.path, self.data)
+
+    # ---- steps ---------------------------------------------------------------------------
+    @contextmanager
+    def step(self, name: str) -> Iterator[RunRecord]:
+        """Time a step; record it ok, skipped (StepSkipped) or failed (re-raised), and save.
+
+        The step's earlier metrics and artifacts are dropped first, and what it
+        reads from other steps is remembered, so that steps which consumed its outputs read `stale` once it re-runs
+        or fails.
+        """
+        start = time.perf_counter()
+        self._drop_outputs(name)
+        self.data["steps"][name] = {"status": "running", "started": _now(), "run_id": uuid.uuid4().hex,
+                                    "inputs": {}, "metrics": []}
+        self._current = name
+        self._refresh_stale()
+        entry: dict[str, Any]
+        try:
+            yield self
+        except StepSkipped as skip:
+            entry = {"status": "skipped", "reason": str(skip)}
+        except BaseException as exc:
+            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                     "traceback": traceback.format_exc(limit=8)}
+            self._finish(name, start, entry)
+            raise
+        else:
+            entry = {"status": "ok"}
+        self._finish(name, start, entry)
+
+    def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
+        self._current = None
+        if entry["status"] == "failed":
+            self._drop_artifacts(name)
+        previous = self.data["steps"][name]
+        kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
+                if k in previous}
+        self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3)}
+        self._refresh_stale()
+
+    def mark(self, name: str, status: str, reason: str) -> None:
+        """Set a step's status from outside it (the pipeline marks steps it did not run, or that it stopped).
+
+        A step marked skipped was not run this time: what an earlier run of it left is dropped; a step marked
+        failed loses its files (its metrics stay, for diagnosis, but no step reads them)."""
+        if status == "skipped":
+            self._drop_outputs(name)
+        elif status == "failed":
+            self._drop_artifacts(name)
+        entry = {**self.data["steps"].get(name, {}), "status": status}
+        entry.pop("error" if status != "failed" else "reason", None)
+        self.data["steps"][name] = {**entry, "error" if status == "failed" else "reason": reason}
+        self._refresh_stale()
+
+    def status(self, name: str) -> str | None:
+        return self.data["steps"].get(name, {}).get("status")
+
+    def step_entry(self, name: str) -> StepEntry:
+        """Step `name` as recorded, its metrics included ({} when it wrote none, e.g. skipped)."""
+        step = self.data["steps"].get(name, {})
+        verified = step.get("verified")
+        detail = (step.get("unverified_reason") if verified is False else None) or step.get("reason") \
+            or step.get("error") or ""
+        return StepEntry(name, step.get("status"), detail.split("\n")[0], step.get("seconds"), verified,
+                         self.metric(name) or {})
+
+    def step_entries(self) -> list[StepEntry]:
+        """Every step the record has, in pipeline order."""
+        return [self.step_entry(name) for name in STEP_ORDER if name in self.data["steps"]]
+
+    def _drop_outputs(self, name: str) -> None:
+        """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
+        for dotted in self.data["steps"].get(name, {}).get("metrics", []):
+            _pop_dotted(self.data["metrics"], dotted.split("."))
+        self._drop_artifacts(name)
+        self.data["steps"].get(name, {}).pop("metrics", None)
+
+    def _drop_artifacts(self, name: str) -> None:
+        """Remove the files `name` produced (inside the run folder) and their entries: what a failed step wrote
+        is never an input of another step."""
+        for artifact, entry in list(self.data["artifacts"].items()):
+            if entry.get("step") == name:
+                remove_inside(self.run_dir, self.run_dir / entry["path"])
+                del self.data["artifacts"][artifact]
+
+    def _consume(self, key: str, producer: str | None, sha256: str | None = None) -> None:
+        """Remember that the running step read `key` from step `producer`."""
+        if self._current is None or producer is None or producer == self._current:
+            return
+        source = self.data["steps"].get(producer, {})
+        self.data["steps"][self._current]["inputs"][key] = {"step": producer, "run_id": source.get("run_id"),
+                                                            "sha256": sha256, "status": source.get("status")}
+
+    def _refresh_stale(self) -> None:
+        """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
+        changed) reads `stale`, naming those inputs; then save."""
+        for name in STEP_ORDER:
+            step = self.data["steps"].get(name)
+            if not step or step.get("status") not in ("ok", "stale") or name == self._current:
+                continue
+            changes = {key: why for key, source in step.get("inputs", {}).items()
+                       if (why := self._input_change(key, source))}
+            if changes:
+                step["status"] = "stale"
+                step["reason"] = "inputs changed since it ran: " + ", ".join(
+                    f"{key} ({why})" for key, why in changes.items())
+        self.save()
+
+    def _input_change(self, key: str, source: dict[str, Any]) -> str | None:
+        """How input `key` changed since the step read it (None: it did not)."""
+        name = source["step"]
+        producer = self.data["steps"].get(name, {})
+        if producer.get("run_id") != source["run_id"]:
+            return f"{name} ran again"
+        if producer.get("status") not in ("ok", "skipped", source.get("status")):  # stale when read: still news
+            return f"{name} is {producer.get('status')}"
+        if key.startswith("metrics:"):
+            return None
+        entry = self.data["artifacts"].get(key)
+        if entry is None:
+            return f"removed from the record of {name}"
+        if entry.get("sha256") != source["sha256"] or self._modified(entry):
+            return f"the file {name} wrote changed"
+        return None
+
+    def _modified(self, entry: dict[str, Any]) -> bool:
+        """A recorded file that is gone, or whose size or modification time differ from when it was recorded."""
+        if "mtime_ns" not in entry:
+            return False
+        try:
+            stat = (self.run_dir / entry["path"]).stat()
+        except OSError:
+            return True
+        return (stat.st_size, stat.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"])
+
+    # ---- artifacts -----------------------------------------------------------------------
+    def add_artifact(self, name: str, path: Path | str, kind: str, **extra: Any) -> Path:
+        path = Path(path)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        entry = {
+            "path": self._relative(path),
+            "kind": kind,
+            "bytes": sum(p.stat().st_size for p in files),
+            "sha256": sha256_file(path) if path.is_file() else _sha256_tree(path, files),
+            "step": self._current,
+            **extra,
+        }
+        if path.is_file():
+            entry["mtime_ns"] = path.stat().st_mtime_ns
+        self.data["artifacts"][name] = entry
+        self.save()
+        return path
+
+    def remove_artifact(self, name: str) -> None:
+        """Delete an artifact (its file or folder inside the run folder) and its entry."""
+        entry = self.data["artifacts"].pop(name, None)
+        if entry is not None:
+            remove_inside(self.run_dir, self.run_dir / entry["path"])
+            self.save()
+
+    def artifact(self, name: str) -> Path:
+        """Absolute path of a recorded artifact that still exists."""
+        entry = self.data["artifacts"].get(name)
+        if entry is None:
+            raise MissingArtifactError(
+                f"the run in {self.run_dir} has no artifact {name!r}",
+                "run the step that produces it first (see `workbench steps`)",
+            )
+        path = self.run_dir / entry["path"]
+        if not path.exists():
+            raise MissingArtifactError(f"artifact {name!r} was recorded but {path} is gone",
+                                       f"re-run the step that wrote it: --steps {entry.get('step') or 'export'}")
+        self._consume(name, entry.get("step"), entry.get("sha256"))
+        return path
+
+    def variants(self, kind: str = "onnx") -> dict[str, tuple[Path, str]]:
+        """Model variants of `kind` ("onnx" or "engine"): name -> (path, precision). The `tensorrt` ONNX file is
+        the exported graph again (with shapes for TensorRT), not a variant of its own."""
+        found = {name: a for name, a in self.data["artifacts"].items()
+                 if a["kind"] == kind and a.get("variant") != "tensorrt"}
+        return {a["variant"]: (self.artifact(name), a["precision"]) for name, a in found.items()}
+
+    def variant_names(self, kind: str = "onnx") -> list[str]:
+        """Names of the recorded variants of `kind`, without reading them."""
+        return [a["variant"] for a in self.data["artifacts"].values()
+                if a["kind"] == kind and a.get("variant") != "tensorrt"]
+
+    def variant(self, name: str, kind: str = "onnx") -> tuple[Path, str]:
+        """One variant of `kind`: (path, precision)."""
+        path = self.artifact(f"{kind}.{name}")
+        return path, self.data["artifacts"][f"{kind}.{name}"]["precision"]
+
+    def artifact_details(self, name: str) -> dict[str, Any]:
+        """What was recorded with an artifact besides its file (e.g. an engine's profiles); the file must exist."""
+        self.artifact(name)
+        return {k: v for k, v in self.data["artifacts"][name].items() if k not in ("path", "bytes", "sha256")}
+
+    def artifact_paths(self) -> list[Path]:
+        """Every recorded artifact's path."""
+        return [self.run_dir / a["path"] for a in self.data["artifacts"].values()]
+
+    def _relative(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self.run_dir.resolve()))
+        except ValueError:
+            return str(path.resolve())
+
+    # ---- metrics and environment ---------------------------------------------------------
+    def set_metric(self, dotted: str, value: Any) -> None:
+        """Write `metrics.<dotted>`; a running step writes only under its own name."""
+        if self._current is not None and dotted.split(".")[0] != self._current:
+            raise ValueError(f"step {self._current!r} may write metrics.{self._current}.* only, not {dotted!r}")
+        node = self.data["metrics"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        if self._current is not None:
+            written = self.data["steps"][self._current].setdefault("metrics", [])
+            if dotted not in written:
+                written.append(dotted)
+        self.save()
+
+    def metric(self, dotted: str, default: Any = None) -> Any:
+        """`metrics.<dotted>`, or `default`. A failed step's metrics stay in run.json for diagnosis, but read as
+        absent: no step takes a result from a step that did not finish."""
+        writer = self._metric_writer(dotted)
+        if writer is not None and writer != self._current and self.status(writer) == "failed":
+            return default
+        self._consume(f"metrics:{dotted}", writer)
+        node: Any = self.data["metrics"]
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def verdict(self, variant: str) -> dict[str, Any] | None:
+        """The parity result of `variant` (an ONNX variant checked by the parity step, or an engine checked by the
+        tensorrt step) if the step that wrote it is ok now (not stale, failed or missing)."""
+        for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
+            writer = self._metric_writer(dotted)
+            if writer is not None:
+                return self.metric(dotted) if self.status(writer) == "ok" else None
+        return None
+
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """Every variant's and engine's current parity result (see `verdict`)."""
+        names = [*self.data["metrics"].get("parity", {}).get("variants", {}),
+                 *self.data["metrics"].get("tensorrt", {}).get("parity", {})]
+        found = {name: self.verdict(name) for name in names}
+        return {name: result for name, result in found.items() if result is not None}
+
+    # ---- what steps read from each other -------------------------------------------------
+    def export_info(self) -> dict[str, Any]:
+        """What the export step measured about the model and its graph (metrics.export)."""
+        info = self.metric("export")
+        if info is None:
+            raise MissingArtifactError(f"the run in {self.run_dir} has no export metrics",
+                                       "run the export step first: --steps export")
+        return info
+
+    def tokenizer(self) -> Any:
+        """The tokenizer the export step saved with the model."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
+
+    def fp16_repair_pins(self) -> list[str]:
+        """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""
+        return list(self.metric("parity.repair.fp16.chosen.blocked") or [])
+
+    def shape_profiles(self) -> list[dict[str, Any]]:
+        """The TensorRT shape profiles the tensorrt step designed (none when it did not run)."""
+        return list(self.metric("tensorrt.profiles") or [])
+
+    def deployment(self) -> dict[str, Any] | None:
+        """What the triton step deployed, if it is ok now."""
+        return self.metric("triton") if self.status("triton") == "ok" else None
+
+    def unverified(self, reason: str) -> None:
+        """Mark the running step `verified: false` (it finished only because the user allowed it)."""
+        if self._current is not None:
+            self.data["steps"][self._current].update(verified=False, unverified_reason=reason)
+            self.save()
+
+    def _metric_writer(self, dotted: str) -> str | None:
+        """The step that wrote `dotted` (or a key above or below it)."""
+        for name, step in self.data["steps"].items():
+            for written in step.get("metrics", []):
+                if written == dotted or written.startswith(f"{dotted}.") or dotted.startswith(f"{written}."):
+                    return name
+        return None
+
+    def all_metrics(self) -> dict[str, Any]:
+        """Every metric of the run, as one mapping (for rendering the whole record)."""
+        return self.data["metrics"]
+
+    @property
+    def created(self) -> str:
+        return self.data["created"]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.data["environment"]
+
+    def refresh_environment(self) -> None:
+        """Record this machine again (a resumed run may continue on another host)."""
+        from workbench.core.machine import collect_environment
+
+        self.data["environment"] = collect_environment()
+        self.save()
+
+    def note_providers(self, providers: list[str]) -> None:
+        """Remember which ONNX Runtime providers a session really used."""
+        ort = self.data["environment"].setdefault("onnxruntime", {})
+        used = ort.setdefault("providers_used", [])
+        for provider in providers:
+            if provider not in used:
+                used.append(provider)
+        self.save()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _pop_dotted(node: dict[str, Any], keys: list[str]) -> None:
+    """Remove the value at `keys`, and the mappings it leaves empty."""
+    head, *rest = keys
+    if rest and isinstance(node.get(head), dict):
+        _pop_dotted(node[head], rest)
+        if not node[head]:
+            del node[head]
+    elif not rest:
+        node.pop(head, None)
+
+
+def _sha256_tree(root: Path, files: list[Path]) -> str:
+    """One digest for a folder: each file's relative path and content digest."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(root)}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def remove_inside(run_dir: Path, path: Path) -> None:
+    """Delete `path` (file or folder) if it lies inside `run_dir`; anything outside is not ours to remove."""
+    try:
+        path.resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        Path(f"{path}.data").unlink(missing_ok=True)
+
+
+def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
+    """Create `folder` if needed and prove a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputDirError(f"cannot write to {folder} ({setting}): {exc.strerror or exc}",
+                             f"choose a writable folder with {setting}") from None

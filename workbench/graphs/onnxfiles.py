@@ -1,0 +1,146 @@
+"""Load, check, count and save ONNX graphs; every save lands complete or not at all."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workbench.core.atomic import temporary_dir
+from workbench.core.errors import OnnxModelError
+
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
+REEXPORT = "re-export, or report the exporter bug"
+CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
+
+
+@contextmanager
+def onnx_destination(dest: Path | str) -> Iterator[Path]:
+    """Yield a path in a temp folder beside `dest`; on success move its files (data first, graph last). The files
+    keep the modes their writer gave them (ordinary files: 0o666 less the umask)."""
+    dest = Path(dest)
+    tmp_dir = temporary_dir(dest)
+    tmp = tmp_dir / dest.name
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise OnnxModelError(f"nothing was written for {dest}", "see the error above")
+        for extra in sorted(p for p in tmp_dir.iterdir() if p != tmp):
+            os.replace(extra, dest.parent / extra.name)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def load(path: Path | str, load_external_data: bool = True) -> Any:
+    """Read an ONNX file; a missing, truncated or non-ONNX file is an OnnxModelError."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxModelError(f"ONNX file {path} does not exist", "run the export step, or pass an existing .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=load_external_data)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise OnnxModelError(f"{path} is not a readable ONNX model: {exc}",
+                             "re-run the export step to write it again") from None
+    if not model.graph.node:
+        raise OnnxModelError(f"{path} holds no graph nodes (empty or corrupt file)",
+                             "re-run the export step to write it again")
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check(path: Path | str, fix: str = REEXPORT) -> None:
+    """onnx.checker on the file (path form, so models over 2 GB work); `fix` goes into the OnnxModelError."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=False)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise OnnxModelError(f"{path} fails onnx.checker: {_first_line(exc)}", fix) from None
+
+
+def verify(path: Path | str) -> None:
+    """`check`, then an ONNX Runtime CPU session on the file (graph optimizations off: it checks that the file,
+    its external data and every kernel load, not speed); for files about to be published."""
+    import onnxruntime as ort
+
+    check(path, CORRUPT)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's error classes share no narrower base
+        raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
+
+
+def tensor_values(model: Any, outputs: Any, feeds: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
+    ONNX Runtime on the CPU; feed entries the model does not take are left out."""
+    import onnxruntime as ort
+    from polygraphy.backend.onnx import modify_outputs
+
+    marked = modify_outputs(model, outputs=outputs, copy=True)
+    session = ort.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    wanted = {i.name for i in session.get_inputs()}
+    for feed in feeds:
+        yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in wanted})))
+
+
+def save(model: Any, dest: Path | str) -> Path:
+    """Save a ModelProto atomically, with external data when it would exceed 2 GB."""
+    import onnx
+
+    external = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    with onnx_destination(dest) as tmp:
+        onnx.save_model(model, str(tmp), save_as_external_data=external,
+                        location=f"{Path(dest).name}.data" if external else None)
+    return Path(dest)
+
+
+def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
+    """Write the known sizes of output axes the exporter left symbolic (e.g. an embedding after Normalize, whose
+    width shape inference loses) into the graph's declared outputs, in place (external data untouched)."""
+    import onnx
+
+    model = load(path, load_external_data=False)
+    changed = False
+    for output in model.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        for axis, size in sizes.get(output.name, {}).items():
+            if axis < len(dims) and dims[axis].dim_value != size:
+                dims[axis].dim_value = size  # clears dim_param: the two are a oneof
+                changed = True
+    if changed:
+        onnx.save_model(model, str(path))
+
+
+def remove(path: Path) -> None:
+    """Delete an ONNX file and its external-data file, if there."""
+    path.unlink(missing_ok=True)
+    Path(f"{path}.data").unlink(missing_ok=True)
+
+
+def op_counts(model: Any) -> dict[str, int]:
+    """Node count per op type in the main graph."""
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def io_shapes(model: Any) -> dict[str, dict[str, list[int | str]]]:
+    """Input and output names with their (symbolic) shapes."""
+    def shape(value: Any) -> list[int | str]:
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return {
+        "inputs": {v.name: shape(v) for v in model.graph.input},
+        "outputs": {v.name: shape(v) for v in model.graph.output},
+    }

@@ -1,0 +1,143 @@
+"""Building the model variants from the exported graph: ONNX Runtime's fusions (fp32), fp16, dynamic int8, and the
+graph with symbolic shapes for TensorRT. The optimize step builds them; the parity step's repair rebuilds fp16/int8
+with nodes kept in fp32."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.graphs import onnxfiles
+
+BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
+
+
+def optimize_fp32(original: Path, dest: Path, export: dict[str, Any]) -> Any:
+    """The transformer optimizer's fusions for the families it knows; ONNX Runtime's basic level for the others."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = export["optimizer_model_type"]
+    optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export["num_heads"],
+                               hidden_size=export["hidden_size"], opt_level=None if model_type else BASIC_LEVEL,
+                               only_onnxruntime=not model_type)
+    onnxfiles.save(optimized.model, dest)
+    return optimized.model
+
+
+def convert_fp16(fp32: Path, dest: Path, op_block_list: list[str], node_block_list: list[str]) -> Any:
+    """fp16 weights and compute with fp32 graph inputs/outputs; block-listed ops and nodes stay fp32."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnxfiles.load(fp32))
+    model.convert_float_to_float16(keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + op_block_list,
+                                   node_block_list=node_block_list)
+    _drop_repeated_nodes(model.model.graph)
+    onnxfiles.save(model.model, dest)
+    return model.model
+
+
+def _drop_repeated_nodes(graph: Any) -> None:
+    """Remove exact repeats of a node (the converter inserts the same Cast twice when a tensor feeds two
+    fp32-blocked consumers; ONNX Runtime then refuses the duplicate node name)."""
+    seen, keep = set(), []
+    for node in graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(node)
+    if len(keep) < len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str]) -> Any:
+    """Dynamic int8 quantization (QInt8 weights) of the already-optimized graph."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with onnxfiles.onnx_destination(dest) as tmp:
+        quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8, per_channel=per_channel,
+                         nodes_to_exclude=nodes_to_exclude or None,
+                         use_external_data_format=fp32.stat().st_size > onnxfiles.EXTERNAL_DATA_THRESHOLD,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return onnxfiles.load(dest, load_external_data=False)
+
+
+def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str],
+                            blockwise: list[str], block_size: int, accuracy_level: int) -> Any:
+    """Dynamic int8 except `nodes_to_exclude`; of those, the MatMuls in `blockwise` get 8-bit block-quantized weights
+    (ONNX Runtime's MatMulNBits; activations stay fp32, `accuracy_level` 4 computes in int8) instead of fp32 ones."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantize_int8(fp32, dest, per_channel, nodes_to_exclude)
+    quantizer = MatMulNBitsQuantizer(onnxfiles.load(dest), bits=8, block_size=block_size, is_symmetric=True,
+                                     accuracy_level=accuracy_level, nodes_to_include=blockwise)
+    quantizer.process()
+    onnxfiles.save(quantizer.model.model, dest)
+    return quantizer.model.model
+
+
+def infer_shapes(original: Path, dest: Path) -> Any:
+    """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best)."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
+    onnxfiles.save(model, dest)
+    return model
+
+
+def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float) -> list[str]:
+    """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
+    the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
+    s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` measured in fp32 on `feeds`. Outlier channels
+    then no longer set the per-tensor activation scale alone. Returns the smoothed nodes' names.
+
+    Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
+    neural-compressor 2.x and applies to static quantization only."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    model = onnxfiles.load(fp32)
+    weights = {i.name: i for i in model.graph.initializer}
+    targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
+               and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
+    channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
+    nodes, smoothed = list(model.graph.node), []
+    for node in targets:
+        weight = numpy_helper.to_array(weights[node.input[1]])
+        x_max = channel_max.get(node.input[0])
+        if x_max is None or x_max.shape[0] != weight.shape[0]:
+            continue
+        smoothed.append(node.name)
+        w_max = np.abs(weight).max(axis=1)
+        scale = np.where((x_max > 0) & (w_max > 0),
+                         np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha),
+                         1.0).astype(np.float32)
+        smoothed_weight = numpy_helper.from_array((weight * scale[:, None]).astype(weight.dtype),
+                                                  f"{node.input[1]}_smoothed_{len(nodes)}")
+        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{smoothed_weight.name}_inverse")
+        model.graph.initializer.extend([smoothed_weight, inverse])
+        smoothed_input = f"{node.input[0]}_smoothed_for_{node.name}"
+        nodes.insert(nodes.index(node), helper.make_node("Mul", [node.input[0], inverse.name], [smoothed_input],
+                                                         name=f"{node.name}_smooth"))
+        node.input[0], node.input[1] = smoothed_input, smoothed_weight.name
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {t for n in model.graph.node for t in n.input}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    onnxfiles.save(model, dest)
+    return smoothed
+
+
+def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
+    import numpy as np
+
+    found: dict[str, Any] = {}
+    for values in onnxfiles.tensor_values(model, tensors, feeds):
+        for name, value in values.items():
+            peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
+            found[name] = np.maximum(found[name], peak) if name in found else peak
+    return found

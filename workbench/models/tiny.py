@@ -1,0 +1,237 @@
+"""Tiny random-weight models built from transformers configs, with tokenizers trained on the shipped corpus.
+
+They make every step runnable without a model hub (tests, and the generation demo): their outputs are meaningless,
+their shapes, dtypes and code paths are those of the real architectures. `tiny:<name>` in a model setting builds one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench.core.data import load_corpus
+
+MAX_POSITIONS = 128
+
+
+def trained_wordpiece(specials: list[str], vocab_size: int = 600):
+    """A lowercasing WordPiece `tokenizers.Tokenizer` trained on the shipped corpus, `specials` first."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(load_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    return tok
+
+
+def wordpiece_tokenizer(vocab_size: int = 600):
+    from tokenizers import decoders, processors
+    from transformers import BertTokenizerFast
+
+    tok = trained_wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece()
+    return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]", model_max_length=MAX_POSITIONS)
+
+
+def mpnet_tokenizer(vocab_size: int = 600):
+    """MPNet's own tokenizer (WordPiece, `<s> A </s>`, no token_type_ids) over a vocabulary trained here."""
+    from transformers import MPNetTokenizer
+
+    vocab = trained_wordpiece(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"], vocab_size).get_vocab()
+    return MPNetTokenizer(vocab=vocab, model_max_length=MAX_POSITIONS)
+
+
+def unigram_tokenizer(vocab_size: int = 600):
+    """DeBERTa-v2's own tokenizer (sentencepiece-style Unigram, `[CLS] A [SEP]`) over pieces trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import DebertaV2Tokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(load_corpus(), trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                                   unk_token="[UNK]", show_progress=False))
+    pieces = [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
+    return DebertaV2Tokenizer(vocab=pieces, model_max_length=MAX_POSITIONS)
+
+
+def bytelevel_tokenizer(vocab_size: int = 600):
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import RobertaTokenizerFast
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(load_corpus(), vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                      ("<s>", tok.token_to_id("<s>")))
+    return RobertaTokenizerFast(tokenizer_object=tok._tokenizer, bos_token="<s>", eos_token="</s>",
+                                unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", cls_token="<s>",
+                                sep_token="</s>", model_max_length=MAX_POSITIONS - 2)
+
+
+def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extraction", layers: int = 2,
+                  hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None) -> Path:
+    """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`: transformers'
+    0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
+    `dest`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    tokenizer = {"roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
+                 "deberta-v2": unigram_tokenizer}.get(family, wordpiece_tokenizer)()
+    common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3,
+              "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
+    configs = {
+        "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                num_attention_heads=heads, intermediate_size=hidden * 2,
+                                                max_position_embeddings=MAX_POSITIONS, **common),
+        "roberta": lambda: transformers.RobertaConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                      num_attention_heads=heads, intermediate_size=hidden * 2,
+                                                      max_position_embeddings=MAX_POSITIONS + 2, **common),
+        "distilbert": lambda: transformers.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads,
+                                                            hidden_dim=hidden * 2,
+                                                            max_position_embeddings=MAX_POSITIONS, **common),
+        # DeBERTa-v3's layout: disentangled relative attention (log buckets), no absolute positions or segments.
+        "deberta-v2": lambda: transformers.DebertaV2Config(
+            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=hidden * 2,
+            max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
+            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
+            type_vocab_size=0, **common),
+        # all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index.
+        "mpnet": lambda: transformers.MPNetConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                                  num_attention_heads=heads, intermediate_size=hidden * 2,
+                                                  max_position_embeddings=MAX_POSITIONS + 2, **common),
+    }
+    auto = {"feature-extraction": transformers.AutoModel,
+            "sequence-classification": transformers.AutoModelForSequenceClassification,
+            "token-classification": transformers.AutoModelForTokenClassification}[task]
+    model = auto.from_config(configs[family]())
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return Path(dest)
+
+
+def build_sentence_encoder(dest: Path, pooling: str = "cls", dense: int | None = 16, normalize: bool = False,
+                           prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                           similarity: str = "dot", seed: int = 0) -> Path:
+    """A tiny BERT saved as a sentence-transformers model by the library's own classes: Transformer -> Pooling in
+    `pooling` -> an optional Dense layer (tanh, `dense` outputs) -> optional Normalize, with prompts and a
+    similarity function in config_sentence_transformers.json. Wide random weights (std 0.2): with transformers'
+    0.02 every text, prompted or not, gets nearly the same embedding."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build_encoder(Path(tmp) / "encoder", seed=seed, initializer_range=0.2)
+        torch.manual_seed(seed)
+        transformer = Transformer(str(base))
+        width = transformer.get_embedding_dimension()
+        modules = [transformer, Pooling(width, pooling)]
+        if dense:
+            modules.append(Dense(width, dense))
+        if normalize:
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts,
+                                    default_prompt_name=default_prompt_name, similarity_fn_name=similarity)
+        model.save(str(dest))
+    return Path(dest)
+
+
+def make_fp16_overflow(dest: Path, source: Path) -> Path:
+    """Copy a tiny BERT and scale one feed-forward block so its activations pass fp16's 65504 limit.
+
+    In fp32 the following LayerNorm brings the values back to normal; in fp16 they become inf, then NaN.
+    """
+    import torch
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(source)
+    with torch.no_grad():
+        layer = model.encoder.layer[0]
+        layer.intermediate.dense.weight.mul_(2000.0)
+        layer.output.dense.weight.mul_(2000.0)
+    model.save_pretrained(dest)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(dest)
+    return Path(dest)
+
+
+MARIAN_LANGUAGES = (">>fra<<", ">>deu<<")  # Marian's multilingual convention: the target language leads the source
+
+
+def build_marian(dest: Path, vocab_size: int = 200, seed: int = 0) -> Path:
+    """A tiny MarianMT with one sentencepiece model per side and a shared vocab.json (CTranslate2-convertible).
+
+    The vocab holds `</s>` first, `<unk>` second, the pieces and the language tokens, and `<pad>` last: CTranslate2's
+    converter drops the last row (so padding must never be generated, as `bad_words_ids` says). Larger init_std and
+    untied embeddings keep greedy outputs varied.
+    """
+    import tempfile
+
+    import sentencepiece
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "corpus.txt"
+        text.write_text("\n".join(load_corpus()), encoding="utf-8")
+        pieces: list[str] = []
+        for side in ("source", "target"):
+            sentencepiece.SentencePieceTrainer.train(
+                input=str(text), model_prefix=f"{tmp}/{side}", vocab_size=vocab_size, model_type="unigram",
+                hard_vocab_limit=False, character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
+                minloglevel=2, seed_sentencepiece_size=10000)
+            processor = sentencepiece.SentencePieceProcessor(model_file=f"{tmp}/{side}.model")
+            pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        ordered = ["</s>", "<unk>", *dict.fromkeys(p for p in pieces if p not in ("<unk>", "</s>", "<pad>")),
+                   *MARIAN_LANGUAGES, "<pad>"]
+        vocab = Path(tmp) / "vocab.json"
+        vocab.write_text(json.dumps({piece: i for i, piece in enumerate(ordered)}), encoding="utf-8")
+        tokenizer = transformers.MarianTokenizer(f"{tmp}/source.model", f"{tmp}/target.model", str(vocab),
+                                                 model_max_length=MAX_POSITIONS)
+        tokenizer.save_pretrained(dest)
+    pad = tokenizer.pad_token_id
+    config = transformers.MarianConfig(
+        vocab_size=len(ordered), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=MAX_POSITIONS,
+        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=pad, init_std=0.05,
+        tie_word_embeddings=False)
+    model = transformers.MarianMTModel(config)
+    model.generation_config.bad_words_ids = [[pad]]  # as in published Marian checkpoints: never generate padding
+    model.save_pretrained(dest)
+    return dest
+
+
+def build_gpt2(dest: Path, vocab_size: int = 300, seed: int = 0) -> Path:
+    """A tiny GPT-2 with a byte-level BPE tokenizer (end-of-text doubles as padding, on the left)."""
+    import torch
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    torch.manual_seed(seed)
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(load_corpus(), vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+    tokenizer = transformers.GPT2TokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<|endoftext|>",
+                                               eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                                               pad_token="<|endoftext|>", padding_side="left",
+                                               model_max_length=MAX_POSITIONS)
+    tokenizer.save_pretrained(dest)
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_positions=MAX_POSITIONS, n_embd=64, n_layer=2,
+                                     n_head=4, initializer_range=0.2, bos_token_id=tokenizer.eos_token_id,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    transformers.GPT2LMHeadModel(config).save_pretrained(dest)
+    return Path(dest)
+
+
+TINY = {"tiny:marian": build_marian, "tiny:gpt2": build_gpt2}

@@ -1,0 +1,248 @@
+"""Output parity metrics: masked errors, cosine, label agreement, tolerances and the worst case."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.core.config import Tolerance
+from workbench.core.errors import InputMismatchError, ParityError
+from workbench.core.tasks import OutputSpec
+from workbench.precision.retrieval import TOP_K, retrieval_agreement
+
+QUANTILES = (0.5, 0.9, 0.99, 0.999)
+
+# Task-aware defaults: precision class -> output kind -> tolerance. None means "not checked at this precision".
+DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
+    "fp32": {
+        "hidden": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.9999),
+        "embedding": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.9999),
+        "logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
+        "token_logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
+    },
+    "fp16": {
+        "hidden": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.999),
+        "embedding": Tolerance(atol=2e-2, rtol=1e-2, min_cosine=0.999),
+        "logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
+        "token_logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
+    },
+    "int8": {
+        "hidden": Tolerance(min_cosine=0.9),
+        "embedding": Tolerance(min_cosine=0.99),
+        "logits": Tolerance(min_agreement=0.95),
+        "token_logits": Tolerance(min_agreement=0.95),
+    },
+}
+
+
+def tolerance_for(spec: OutputSpec, precision: str, overrides: dict[str, Tolerance]) -> Tolerance:
+    """The default for (precision, output kind), with the run configuration's per-output fields on top."""
+    base = DEFAULT_TOLERANCES[precision][spec.kind]
+    override = overrides.get(spec.name)
+    if override is None:
+        return base
+    return base.model_copy(update=override.model_dump(exclude_none=True))
+
+
+def check_inputs(reference: tuple[str, ...], variant: tuple[str, ...], name: str) -> None:
+    if set(reference) != set(variant):
+        raise InputMismatchError(
+            f"{name} takes inputs {sorted(variant)} but the reference takes {sorted(reference)}",
+            "export the variant from the same model and task, or rename its graph inputs to match",
+        )
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return np.sum(a * b, axis=-1) / np.maximum(norms, 1e-12)
+
+
+@dataclass
+class OutputParity:
+    """Accumulates one output's comparison over batches; padded positions never count."""
+
+    spec: OutputSpec
+    tolerance: Tolerance
+    errors: list[np.ndarray] = field(default_factory=list)
+    cosines: list[np.ndarray] = field(default_factory=list)
+    agreements: list[np.ndarray] = field(default_factory=list)
+    max_rel: float = 0.0
+    tolerance_violations: int = 0
+    non_finite: int = 0
+    worst: dict[str, Any] = field(default_factory=dict)
+    per_text: dict[int, dict[str, float]] = field(default_factory=dict)
+    vectors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # embeddings: text -> got, want
+    max_prob_shift: float = 0.0
+
+    def add(self, batch: str, text_ids: list[int], got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> None:
+        if got.shape != want.shape:
+            raise ParityError(f"{self.spec.name}: shape {got.shape} differs from the reference {want.shape}",
+                              "check that both models were exported for the same task and pooling",
+                              "", self.spec.name, {"batch": batch})
+        got64, want64 = got.astype(np.float64), want.astype(np.float64)
+        valid = self._valid(mask, got.shape)
+        finite = np.isfinite(got64)
+        self.non_finite += int(np.count_nonzero(~finite & valid))
+        diff = np.where(finite, np.abs(got64 - want64), np.inf)
+        masked = np.where(valid, diff, 0.0)
+        self.errors.append(diff[valid])
+        rel = masked / np.maximum(np.abs(want64), 1e-6)
+        self.max_rel = max(self.max_rel, float(rel.max(initial=0.0)))
+        if self.tolerance.atol is not None:
+            limit = self.tolerance.atol + (self.tolerance.rtol or 0.0) * np.abs(want64)
+            self.tolerance_violations += int(np.count_nonzero(valid & (diff > limit)))
+        self._track_worst(batch, text_ids, masked, got, want)
+        row_err = masked.reshape(masked.shape[0], -1).max(axis=1)
+        row_cos = np.full(len(text_ids), np.nan)
+        if self.spec.kind in ("hidden", "embedding"):
+            cos = _cosine(np.nan_to_num(got64), want64)
+            self.cosines.append(cos[mask.astype(bool)] if self.spec.per_token else cos)
+            row_cos = np.where(mask.astype(bool), cos, np.inf).min(axis=1) if self.spec.per_token else cos
+            if self.spec.kind == "embedding":  # a text's last batch wins: the corpus sweep holds it whole
+                self.vectors.update({int(t): (g, w) for t, g, w in zip(text_ids, got64, want64)})
+        else:
+            agree = np.argmax(got64, axis=-1) == np.argmax(want64, axis=-1)
+            self.agreements.append(agree[mask.astype(bool)] if self.spec.per_token else agree)
+            shift = np.abs(_softmax(np.nan_to_num(got64)) - _softmax(want64)).max(axis=-1)
+            self.max_prob_shift = max(self.max_prob_shift, float(np.where(valid[..., 0], shift, 0.0).max()))
+        for text_id, err, cos in zip(text_ids, row_err, row_cos):
+            seen = self.per_text.setdefault(int(text_id), {"max_abs": 0.0})
+            seen["max_abs"] = max(seen["max_abs"], float(err))
+            if not np.isnan(cos):
+                seen["min_cosine"] = min(seen.get("min_cosine", 1.0), float(cos))
+
+    @property
+    def per_text_metric(self) -> str:
+        return "1 - cosine" if self.spec.kind in ("hidden", "embedding") else "max abs error"
+
+    def per_text_error(self, text_id: int) -> float:
+        stats = self.per_text[text_id]
+        return 1.0 - stats["min_cosine"] if "min_cosine" in stats else stats["max_abs"]
+
+    def hardest(self, count: int) -> list[int]:
+        """Text ids with the worst per-text result (lowest cosine, else largest error), worst first."""
+        return sorted(self.per_text, key=lambda i: -self.per_text_error(i))[:count]
+
+    def _valid(self, mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if not self.spec.per_token:
+            return np.ones(shape, dtype=bool)
+        return np.broadcast_to(mask.astype(bool).reshape(mask.shape + (1,) * (len(shape) - 2)), shape)
+
+    def _track_worst(self, batch: str, text_ids: list[int], masked: np.ndarray, got: np.ndarray,
+                     want: np.ndarray) -> None:
+        flat = int(np.argmax(masked))
+        value = float(masked.flat[flat])
+        if self.worst and value <= self.worst["abs_error"]:
+            return
+        index = np.unravel_index(flat, masked.shape)
+        self.worst = {
+            "batch": batch, "row": int(index[0]), "text_id": int(text_ids[index[0]]),
+            "position": [int(i) for i in index[1:]], "got": float(got[index]), "want": float(want[index]),
+            "abs_error": value,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        errors = np.concatenate(self.errors) if self.errors else np.zeros(1)
+        finite = errors[np.isfinite(errors)]
+        result: dict[str, Any] = {
+            "kind": self.spec.kind,
+            "max_abs": float(errors.max()) if errors.size else 0.0,
+            "mean_abs": float(finite.mean()) if finite.size else float("inf"),
+            "max_rel": self.max_rel,
+            "quantiles": {f"p{q * 100:g}": float(np.quantile(finite, q)) if finite.size else float("inf")
+                          for q in QUANTILES},
+            "non_finite": self.non_finite,
+            "compared_values": int(errors.size),
+            "worst": self.worst,
+            "tolerance": self.tolerance.model_dump(exclude_none=True),
+        }
+        result["loss"] = result["mean_abs"]
+        if self.cosines:
+            cos = np.concatenate(self.cosines)
+            result.update(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()), loss=1.0 - float(cos.mean()))
+        if self.agreements:
+            result["agreement"] = float(np.concatenate(self.agreements).mean())
+            result["max_prob_shift"] = self.max_prob_shift
+        if self.vectors:
+            ids = sorted(self.vectors)
+            retrieval = retrieval_agreement(np.stack([self.vectors[i][0] for i in ids]),
+                                            np.stack([self.vectors[i][1] for i in ids]))
+            if retrieval:
+                result["retrieval"] = retrieval
+        result["failures"] = self._failures(result)
+        result["passed"] = not result["failures"]
+        result["violation"] = self._violation(result)
+        return result
+
+    def _failures(self, r: dict[str, Any]) -> list[str]:
+        tol, failures = self.tolerance, []
+        if r["non_finite"]:
+            failures.append(f"{r['non_finite']} NaN/Inf values")
+        if tol.atol is not None and self.tolerance_violations:
+            failures.append(f"{self.tolerance_violations} values beyond atol {tol.atol:g} + rtol {tol.rtol or 0:g}"
+                            f"*|ref| (max abs {r['max_abs']:.3g})")
+        if tol.min_cosine is not None and "min_cosine" in r and not r["min_cosine"] >= tol.min_cosine:
+            failures.append(f"min cosine {r['min_cosine']:.6f} < {tol.min_cosine}")
+        if tol.min_agreement is not None and "agreement" in r and not r["agreement"] >= tol.min_agreement:
+            failures.append(f"label agreement {r['agreement']:.4f} < {tol.min_agreement}")
+        for key, limit in _retrieval_gates(tol):
+            value = r.get("retrieval", {}).get(key)
+            if value is not None and not value >= limit:
+                failures.append(f"{key.replace('_', ' ')} {value:.4f} < {limit}")
+        return failures
+
+    def _violation(self, r: dict[str, Any]) -> float:
+        """0 when passing, else how far past the tolerance (relative), summed over criteria; inf for NaN/Inf."""
+        tol = self.tolerance
+        if r["non_finite"]:
+            return float("inf")
+        total = 0.0
+        if tol.atol is not None:
+            total += max(0.0, r["max_abs"] - tol.atol) / max(tol.atol, 1e-12) if self.tolerance_violations else 0.0
+        if tol.min_cosine is not None and "min_cosine" in r:
+            total += max(0.0, tol.min_cosine - r["min_cosine"]) / max(1.0 - tol.min_cosine, 1e-12)
+        if tol.min_agreement is not None and "agreement" in r:
+            total += max(0.0, tol.min_agreement - r["agreement"]) / max(1.0 - tol.min_agreement, 1e-12)
+        for key, limit in _retrieval_gates(tol):
+            value = r.get("retrieval", {}).get(key)
+            if value is not None:
+                total += max(0.0, limit - value) / max(1.0 - limit, 1e-12)
+        return total
+
+
+def _retrieval_gates(tol: Tolerance) -> list[tuple[str, float]]:
+    """The retrieval metrics this tolerance gates on, with their limits."""
+    gates = {"agreement_at_1": tol.min_agreement_at_1, f"recall_at_{TOP_K}": tol.min_recall_at_10,
+             "spearman": tol.min_spearman}
+    return [(key, limit) for key, limit in gates.items() if limit is not None]
+
+
+def verdict(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Variant-level pass/fail and violation from per-output summaries."""
+    return {
+        "passed": all(o["passed"] for o in outputs.values()),
+        "violation": sum(o["violation"] for o in outputs.values()),
+        "failures": [f"{name}: {f}" for name, o in outputs.items() for f in o["failures"]],
+    }
+
+
+def raise_if_failed(variant: str, result: dict[str, Any]) -> None:
+    """ParityError naming the worst failing output, its input and both values."""
+    failing = {name: o for name, o in result["outputs"].items() if not o["passed"]}
+    if not failing:
+        return
+    name, out = max(failing.items(), key=lambda item: item[1]["violation"])
+    w = out["worst"]
+    raise ParityError(
+        f"{variant} fails parity on {name}: {'; '.join(out['failures'])}; worst value at text {w.get('text_id')} "
+        f"(batch {w.get('batch')}, row {w.get('row')}, position {w.get('position')}): got {w.get('got')}, "
+        f"reference {w.get('want')}",
+        "keep more nodes in higher precision (see the precision repair), or loosen `tolerances` in the config",
+        variant, name, w,
+    )

@@ -1,0 +1,97 @@
+"""Whole-graph int8 recipes the repair measures before its node search: weights per channel or per tensor, and
+activations smoothed first (SmoothQuant-style, at several strengths) or not. Each is built from the fp32 graph,
+checked on the search's batches (then on the full lab when it passes there) and timed; the most accurate one is the
+base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones too."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.graphs import onnxfiles
+from workbench.graphs.variants import quantize_int8, smooth_activations
+
+SMOOTHING_ALPHAS = (0.5, 0.7, 0.85)  # how much of an outlier channel's range moves from activation to weight
+
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    """How the whole graph is quantized: per-channel or per-tensor weights; activations smoothed with `alpha`."""
+
+    per_channel: bool
+    alpha: float | None = None
+
+    @property
+    def name(self) -> str:
+        weights = "per-channel" if self.per_channel else "per-tensor"
+        return f"{weights} weights" + (f", smoothed (alpha {self.alpha})" if self.alpha is not None else "")
+
+    def source(self, fp32: Path, workdir: Path, feeds: list[dict[str, Any]]) -> Path:
+        """The fp32 graph to quantize: `fp32` itself, or a smoothed copy in `workdir` (a candidate file, removed
+        with the search's candidates)."""
+        if self.alpha is None:
+            return fp32
+        dest = workdir / f"candidate-smoothed-{self.alpha}.onnx"
+        smooth_activations(fp32, dest, feeds, self.alpha)
+        return dest
+
+    def build(self, source: Path, dest: Path, nodes_to_exclude: list[str]) -> None:
+        quantize_int8(source, dest, self.per_channel, nodes_to_exclude)
+
+
+def base_recipes(per_channel: bool) -> list[BaseRecipe]:
+    """The configured weight granularity first (it wins ties), the other one, then smoothing at each strength."""
+    return [BaseRecipe(per_channel), BaseRecipe(not per_channel),
+            *(BaseRecipe(per_channel, alpha) for alpha in SMOOTHING_ALPHAS)]
+
+
+def measure_recipe(name: str, build: Callable[[], object], path: Path, check: Any, confirm: Any,
+                   summarize: Any) -> dict[str, Any]:
+    """A recipe's record: `build` it to `path` (timed), `check` it (parity result, latency ms) and, when it passes
+    there, `confirm` it on the full lab."""
+    start = time.perf_counter()
+    build()
+    seconds = time.perf_counter() - start
+    result, latency_ms = check(path)
+    checked_on = "the search's batches"
+    if result["passed"]:
+        result, checked_on = confirm(path), "full lab"
+    return {"recipe": name, "passed": result["passed"], "violation": result["violation"], "checked_on": checked_on,
+            "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **summarize(result)}
+
+
+@dataclass
+class ChosenBase:
+    recipe: BaseRecipe
+    source: Path  # the fp32 graph (smoothed or not) the repair quantizes
+    records: list[dict[str, Any]]
+
+
+def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
+                excluded: list[str], check: Any, confirm: Any, summarize: Any,
+                note: Callable[[str], None]) -> ChosenBase:
+    """Build every recipe with nothing but `excluded` kept in fp32, `check` it (parity result, latency ms) and
+    `confirm` on the full lab the ones that pass there. The base is the first recipe that passes the full lab, else
+    the one closest to the gate (smallest violation, then loss): accuracy decides, never a timing. `note` hears
+    which recipe is being built."""
+    records, sources = [], []
+    for index, recipe in enumerate(recipes):
+        note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
+        path = workdir / f"candidate-base-{index}.onnx"
+
+        def build(recipe: BaseRecipe = recipe, path: Path = path) -> None:
+            sources.append(recipe.source(fp32, workdir, feeds))
+            recipe.build(sources[-1], path, excluded)
+
+        records.append({**measure_recipe(recipe.name, build, path, check, confirm, summarize),
+                        "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha})
+        onnxfiles.remove(path)
+    best = min(range(len(recipes)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
+                                                    records[i].get("loss", 0.0), i))
+    for index, record in enumerate(records):
+        record["chosen"] = index == best
+        if index != best and sources[index] != fp32:
+            onnxfiles.remove(sources[index])
+    return ChosenBase(recipes[best], sources[best], records)

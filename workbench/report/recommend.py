@@ -1,0 +1,215 @@
+"""What to deploy, from recorded values only: per goal, the fastest variant that passes parity in this run.
+
+Goals: `latency` (batch 1 at the shortest sequence measured: one short query at a time) and `throughput` (the
+largest batch at the longest sequence measured: bulk work). Speedups are the bench step's in-process ratios over
+PyTorch eager in that cell; a variant qualifies only when its parity verdict (parity step, or tensorrt step for
+engines) is a pass now. `candidates` lists what was measured, `pick` chooses among them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.core.record import RunRecord
+from workbench.measure.latency import is_variant_row
+from workbench.precision.retrieval import verdict_retrieval
+
+GOALS = ("latency", "throughput")
+# A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
+# in the same cell of the same run: below it, the more precise one gives about the same speed with less accuracy loss.
+PRECISION_MIN_GAIN = 1.2
+PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
+_CELL = re.compile(r"b(\d+)_s(\d+)")
+# (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
+_AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
+_NEIGHBOURS = (("min_agreement_at_1", "agreement_at_1", "agreement@1"),  # gates on outputs.<o>.retrieval
+               ("min_recall_at_10", "recall_at_10", "recall@10"), ("min_spearman", "spearman", "Spearman"))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The parity criterion a variant passes (or fails) by the least, relative to its tolerance."""
+
+    metric: str
+    output: str
+    value: float
+    threshold: float
+    at_least: bool  # min cosine / agreement must reach the threshold; max abs error must stay under it
+
+    @property
+    def margin(self) -> float:
+        """How far the value is on the passing side of the threshold (negative: failing)."""
+        return self.value - self.threshold if self.at_least else self.threshold - self.value
+
+    @property
+    def relative_margin(self) -> float:
+        """The margin over the room the tolerance leaves (1 - threshold, or the threshold for an error)."""
+        return self.margin / max(1.0 - self.threshold if self.at_least else self.threshold, 1e-12)
+
+    def __str__(self) -> str:
+        if not self.at_least:
+            return f"{self.metric} {self.value:.2e} vs atol {self.threshold:g} (margin {self.margin:+.2e})"
+        threshold = f"{self.threshold:.12g}"
+        digits = len(threshold.partition(".")[2]) + 2
+        return f"{self.metric} {self.value:.{digits}f} vs {threshold} (margin {self.margin:+.{digits}f})"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A variant measured in one cell: its speedup over PyTorch and its parity verdict now (why it fails, if so)."""
+
+    variant: str
+    speedup: float
+    passed: bool
+    gate: Gate | None
+    failures: tuple[str, ...]
+    precision: str | None = None
+    retrieval: dict[str, float] | None = None  # embeddings: nearest-neighbour agreement with PyTorch
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The variant to deploy for `goal` at (batch, sequence), or none: `reason` says why and `steps` which
+    `--steps` to run to get one."""
+
+    goal: str
+    batch: int | None
+    sequence: int | None
+    variant: str | None = None
+    speedup: float | None = None
+    gate: Gate | None = None
+    reason: str = ""
+    steps: tuple[str, ...] = ()
+    retrieval: dict[str, float] | None = None
+
+    @property
+    def margin(self) -> float | None:
+        return self.gate.margin if self.gate else None
+
+    @property
+    def gate_metric(self) -> str | None:
+        return self.gate.metric if self.gate else None
+
+    @property
+    def cell(self) -> str:
+        return f"b{self.batch} s{self.sequence}" if self.batch is not None else "not measured"
+
+    def line(self) -> str:
+        """One plain-text line, e.g. `latency: int8_repaired, 2.83x faster than PyTorch at b1 s16, min cosine
+        0.9903 vs 0.99 (margin +0.0003)`."""
+        if self.variant is None:
+            return f"{self.goal}: nothing to recommend: {self.reason}; run --steps {','.join(self.steps)}"
+        gate = str(self.gate) if self.gate else "parity passed"
+        pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
+        neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"
+                      if self.retrieval else "")
+        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.cell}, {gate}{neighbours}"
+
+
+def gate(verdict: dict[str, Any]) -> Gate | None:
+    """The criterion with the least relative margin over every output: min cosine or label agreement where the
+    tolerance sets one, else max abs error against atol."""
+    gates = []
+    for output, result in verdict["outputs"].items():
+        tolerance = result["tolerance"]
+        found = [Gate(name, output, result[value], tolerance[key], True)
+                 for key, value, name in _AT_LEAST if key in tolerance and value in result]
+        found += [Gate(name, output, result["retrieval"][value], tolerance[key], True)
+                  for key, value, name in _NEIGHBOURS if key in tolerance and value in result.get("retrieval", {})]
+        if not found and "atol" in tolerance:
+            found = [Gate("max abs error", output, result["max_abs"], tolerance["atol"], False)]
+        gates += found
+    return min(gates, key=lambda g: g.relative_margin, default=None)
+
+
+def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> list[Candidate]:
+    """Every variant measured in `cell` end to end (PyTorch, torch.compile and the on-device rows left out: the
+    deployment pays numpy in and out) with its current parity verdict."""
+    measured = []
+    for name, stats in cell.items():
+        if not is_variant_row(name) or stats.get("speedup") is None:
+            continue
+        verdict = verdicts.get(name)
+        if verdict is None:
+            measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
+        else:
+            measured.append(Candidate(name, stats["speedup"], bool(verdict["passed"]), gate(verdict),
+                                      tuple(verdict["failures"]), verdict.get("precision"),
+                                      verdict_retrieval(verdict)))
+    return measured
+
+
+def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None
+         ) -> Recommendation:
+    """The fastest candidate that passes parity; the faster ones that fail are named in the reason. A winner of lower
+    precision less than PRECISION_MIN_GAIN faster than a more precise passing one gives way to the most precise
+    within that band (`int8_dot_product`: this host's int8 instructions, for the reason)."""
+    passing = [c for c in measured if c.passed]
+    if not passing:
+        failing = "; ".join(f"{c.variant}: {c.failures[0]}" for c in measured) or "none measured"
+        return Recommendation(goal, batch, sequence, reason=f"no variant measured at b{batch} s{sequence} passes "
+                              f"parity in this run ({failing}); the parity step's precision repair may fix one",
+                              steps=("parity", "bench"))
+    best = max(passing, key=lambda c: c.speedup)
+    reason = f"fastest of {len(passing)} variant(s) that pass parity"
+    faster = [c for c in measured if not c.passed and c.speedup > best.speedup]
+    if faster:
+        reason += "; faster but failing parity: " + "; ".join(f"{c.variant} ({c.speedup:.3g}x, {c.failures[0]})"
+                                                               for c in faster)
+    band = [c for c in passing if c.speedup * PRECISION_MIN_GAIN > best.speedup]  # not meaningfully slower
+    precise = min(band, key=lambda c: (_rank(c), -c.speedup))
+    if _rank(precise) < _rank(best):
+        reason = (f"{best.variant} is only {best.speedup / precise.speedup:.2f}x {precise.variant} here (under "
+                  f"{PRECISION_MIN_GAIN}x): {precise.variant} serves about the same speed with less precision loss")
+        if best.precision == "int8":
+            reason += (f"; this CPU has {int8_dot_product}, yet int8 gains little at this shape" if int8_dot_product
+                       else "; this CPU has no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make "
+                            "int8 pay")
+        best = precise
+    if best.speedup < 1:
+        reason += "; slower than PyTorch eager"
+    return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason,
+                          retrieval=best.retrieval)
+
+
+def _rank(candidate: Candidate) -> int:
+    return PRECISION_RANK.get(candidate.precision or "fp32", 0)
+
+
+def recommend(record: RunRecord) -> list[Recommendation]:
+    """One recommendation per goal from the bench step's in-process latency (when the step is ok) and the
+    parity verdicts of this run."""
+    bench = record.step_entry("bench")
+    cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == "ok" else {}
+    shapes = {shape: name for name in cells if (shape := cell_shape(name))}
+    verdicts = record.verdicts()
+    if not shapes:
+        state = bench.label + (f": {bench.detail}" if bench.detail else "")
+        steps = ("bench",) if any(v["passed"] for v in verdicts.values()) else ("parity", "bench")
+        return [Recommendation(goal, None, None, reason=f"nothing was benchmarked in process in this run (bench: "
+                               f"{state})", steps=steps) for goal in GOALS]
+    recommendations = []
+    for goal, shape in goal_shapes(list(shapes)).items():
+        if shape is None:
+            recommendations.append(Recommendation(goal, None, None, reason="batch 1 was not measured; add 1 to "
+                                                  "bench.batches", steps=("bench",)))
+        else:
+            recommendations.append(pick(goal, *shape, candidates(cells[shapes[shape]], verdicts),
+                                        record.environment.get("cpu_features", {}).get("int8_dot_product")))
+    return recommendations
+
+
+def cell_shape(name: str) -> tuple[int, int] | None:
+    """(batch, sequence) of a latency cell named like `b8_s128`."""
+    match = _CELL.fullmatch(name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def goal_shapes(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, int] | None]:
+    """(batch, sequence) per goal among the measured shapes: batch 1 at its shortest sequence (latency; none when
+    batch 1 was not measured) and the largest batch at its longest sequence (throughput)."""
+    ones = [sequence for batch, sequence in shapes if batch == 1]
+    largest = max(batch for batch, _ in shapes)
+    return {"latency": (1, min(ones)) if ones else None,
+            "throughput": (largest, max(sequence for batch, sequence in shapes if batch == largest))}

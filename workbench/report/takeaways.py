@@ -1,0 +1,144 @@
+"""The verdict line each step notebook ends with, computed from what the run recorded (one function per step)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from workbench.core.record import RunRecord
+from workbench.measure.latency import disturbance_note
+from workbench.precision.retrieval import verdict_retrieval
+from workbench.report.recommend import gate, recommend
+
+
+def takeaway(step: str, record: RunRecord) -> str:
+    """One or a few lines: what the step found, or why it did not run."""
+    entry = record.step_entry(step)
+    if entry.status == "ok":
+        return "\n".join(TAKEAWAYS[step](record))
+    found = TAKEAWAYS[step](record) if entry.status == "skipped" and entry.metrics else []  # e.g. TensorRT's profiles
+    return "\n".join([f"{step}: {entry.label} - {entry.detail.splitlines()[0] if entry.detail else ''}", *found])
+
+
+def _export(record: RunRecord) -> list[str]:
+    info = record.metric("export")
+    dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
+    lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
+             f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+             f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+    pipeline = info.get("sentence_pipeline")
+    if pipeline:
+        override = f"; {pipeline['override']}" if pipeline.get("override") else ""
+        lines.append(f"in the graph: {' -> '.join(pipeline['steps'])} "
+                     f"({'from modules.json' if pipeline['declared'] else 'no sentence-transformers files'}), "
+                     f"similarity {pipeline['similarity']}{override}")
+    return lines
+
+
+def _optimize(record: RunRecord) -> list[str]:
+    variants = record.metric("optimize.variants")
+    layers = record.metric("export.num_layers")
+    fp32 = variants.get("fp32", {})
+    attention = fp32.get("fused", {}).get("Attention", 0)
+    fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
+    if fp32.get("unavailable"):
+        fused = f"no attention fusion for this family ({fp32['unavailable']})"
+    sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
+    return [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
+            f"variants built: {sizes}"]
+
+
+def _parity(record: RunRecord) -> list[str]:
+    verdicts = record.metric("parity.variants") or {}
+    passed = [name for name, v in verdicts.items() if v["passed"]]
+    lines = [*_reference(record.metric("parity.reference")),
+             f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
+    lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
+              for name, v in verdicts.items()]
+    for precision, outcome in (record.metric("parity.repair") or {}).items():
+        chosen = outcome.get("chosen")
+        if outcome["outcome"] == "repaired" and chosen:
+            base = f", quantized as {outcome['base']}" if outcome.get("base") else ""
+            lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32"
+                         f"{base} ({len(outcome['candidates'])} candidates built)")
+        else:
+            lines.append(f"{precision} repair: {outcome['outcome']}")
+    return lines
+
+
+def _reference(check: dict[str, Any] | None) -> list[str]:
+    """The PyTorch module against the model's own library, in one line."""
+    if not check:
+        return []
+    if not check["checked"]:
+        return [f"reference: {check['library']} (not checked against a library call: {check['reason']})"]
+    primary = list(check["outputs"].values())[-1]
+    cosine = f", min cosine {primary['min_cosine']:.6f}" if "min_cosine" in primary else ""
+    return [f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs "
+            f"{primary['max_abs']:.2g}{cosine}"]
+
+
+def _neighbours(verdict: dict[str, Any]) -> str:
+    retrieval = verdict_retrieval(verdict)
+    return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
+
+
+def _tensorrt(record: RunRecord) -> list[str]:
+    profiles = record.metric("tensorrt.profiles") or []
+    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})" for p in profiles)
+    engines = record.metric("tensorrt.parity") or {}
+    checked = ", ".join(f"{name} {'pass' if v['passed'] else 'FAIL'}" for name, v in engines.items())
+    return [f"{len(profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
+
+
+def _triton(record: RunRecord) -> list[str]:
+    deployment = record.metric("triton")
+    served = deployment.get("served_parity") or {}
+    parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r['passed'] else 'FAIL'}"
+                          for protocol, r in served.items())
+    verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
+    against = f" against {deployment['served_library']}" if "served_library" in deployment else ""
+    prompts = ", ".join(f"{name or '(empty)'} {'pass' if r['passed'] else 'FAIL'}"
+                        for name, r in deployment.get("prompt_parity", {}).items())
+    return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
+            f"layout ({deployment['flavor']})", f"served parity{against}: {parity or 'not checked'}",
+            *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
+              if prompts else [])]
+
+
+def _generation(record: RunRecord) -> list[str]:
+    lines = []
+    for task, outcome in (record.metric("generation") or {}).items():
+        same = outcome["in_process"]
+        lines.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
+                     f"texts; CTranslate2 {_number(outcome.get('ct2_over_hf_tokens_per_s'))}x HF tokens/s served")
+    return lines or ["no generation model configured"]
+
+
+def _disturbed(record: RunRecord) -> list[str]:
+    found = record.metric("bench.latency.disturbed") or []
+    return [f"{disturbance_note(found)} below"] if found else []
+
+
+def _bench(record: RunRecord) -> list[str]:
+    lines = [*_disturbed(record), *(r.line() for r in recommend(record))]
+    served = record.metric("bench.served") or {}
+    if "skipped" in served:
+        lines.append(f"served benchmark skipped: {served['skipped']}")
+    return lines
+
+
+def _report(record: RunRecord) -> list[str]:
+    return [*_disturbed(record), *(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
+
+
+PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
+
+
+def _number(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+TAKEAWAYS: dict[str, Callable[[RunRecord], list[str]]] = {
+    "export": _export, "optimize": _optimize, "parity": _parity, "tensorrt": _tensorrt, "triton": _triton,
+    "generation": _generation, "bench": _bench, "report": _report,
+}

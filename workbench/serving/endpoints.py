@@ -1,0 +1,62 @@
+"""What a served repository answers: its models that take text from clients (ensembles, or fused one-hop models),
+and one-line `curl` and `perf_analyzer` commands for them."""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.core.errors import RepositoryError
+from workbench.serving.repository import read_repository
+
+TEXT_INPUT = "TEXT"
+# The output that answers, when the ensemble has it: a label (classification), an embedding, generated text.
+ANSWERS = ("label", "sentence_embedding", "OUTPUT_TEXT")
+
+
+@dataclass(frozen=True)
+class TextEndpoint:
+    """A model clients send text to: its name, the shape of one text, and the output that answers."""
+
+    model: str
+    shape: list[int]
+    output: str
+
+
+def text_endpoints(repository: Path) -> list[TextEndpoint]:
+    """Every model in `repository` that takes TEXT and is no ensemble's step (the ensemble, not its tokenizer; a
+    fused model); RepositoryError when the folder is missing or has none."""
+    fix = "pass the folder the triton step published (model_repository/<name>), or serve a run with --run <run folder>"
+    if not repository.is_dir():
+        raise RepositoryError(f"model repository {repository} does not exist or is not a folder", fix)
+    endpoints = []
+    models = read_repository(repository)
+    steps = {step.model_name for config in models.values() for step in config.ensemble_scheduling.step}
+    for name, config in models.items():
+        if name not in steps and any(i.name == TEXT_INPUT for i in config.input):
+            dims = [d if d > 0 else 1 for d in next(i.dims for i in config.input if i.name == TEXT_INPUT)]
+            outputs = [o.name for o in config.output]
+            output = next((o for o in ANSWERS if o in outputs), outputs[0])
+            endpoints.append(TextEndpoint(name, [1, *dims] if config.max_batch_size > 0 else dims, output))
+    if not endpoints:
+        raise RepositoryError(f"{repository} holds no model that takes a {TEXT_INPUT} input from clients", fix)
+    return endpoints
+
+
+def curl_command(http_url: str, endpoint: TextEndpoint, text: str) -> str:
+    """A KServe v2 JSON request for `text` (BYTES, one per batch row). It names no outputs, so every output comes
+    back: tritonserver 2.51 (nvidia-pytriton) fails a request that names the label alone, or any set of a
+    classification ensemble's outputs without all of logits, label and score ("unexpected deadlock, at least one
+    output is not set while no more ensemble steps can be made")."""
+    body = {"inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": endpoint.shape, "data": [text]}]}
+    return shlex.join(["curl", "-s", f"http://{http_url}/v2/models/{endpoint.model}/infer",
+                       "-H", "Content-Type: application/json", "-d", json.dumps(body, separators=(",", ":"))])
+
+
+def perf_analyzer_command(executable: list[str], grpc_url: str, endpoint: TextEndpoint, input_data: Path,
+                          options: list[str]) -> str:
+    """perf_analyzer at concurrency 1 over gRPC (the workbench's load protocol), one text per request from
+    `input_data`."""
+    return shlex.join([*executable, "-m", endpoint.model, "-u", grpc_url, "-i", "grpc", "-b", "1",
+                       "--input-data", str(input_data), "--concurrency-range", "1:1", *options])

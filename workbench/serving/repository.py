@@ -1,0 +1,388 @@
+"""Model repositories, every config.pbtxt built as a ModelConfig protobuf and parsed back before anything is written.
+Two layouts: `ensemble` (tokenizer -> model (-> postprocess) models behind an ensemble; any backend) and `fused`
+(one Python model tokenizing, running ONNX Runtime and labelling in one `execute`; the python-ort flavor)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from workbench.core.atomic import atomic_dir, sha256_file, write_text
+from workbench.core.errors import RepositoryError
+from workbench.core.tasks import OutputSpec
+from workbench.graphs import onnxfiles
+
+MODELS_SOURCE = Path(__file__).parent / "backend"
+MARKER = ".workbench.json"
+FLAVORS = ("onnxruntime", "tensorrt_plan", "python-ort")
+LAYOUTS = ("ensemble", "fused")
+INT64, FP32, STRING, BOOL = mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING, mc.TYPE_BOOL
+
+
+@dataclass
+class ServingPlan:
+    """Everything the repository needs to know, resolved from the run configuration and record."""
+
+    name: str
+    flavor: str
+    input_names: tuple[str, ...]
+    outputs: tuple[OutputSpec, ...]
+    output_dims: dict[str, list[int]]  # per output, its dims after the batch axis as the graph declares them
+    model_file: Path
+    tokenizer_dir: Path
+    max_length: int
+    max_batch_size: int
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    dynamic_batching: bool = True
+    instances: int = 1
+    gpu: bool = False
+    gpu_accelerator: str = "none"
+    fp16: bool = False
+    pad_to: list[int] = field(default_factory=list)
+    profiles: int = 1
+    pad_token_id: int = 0
+    threads: int = 0
+    id2label: dict[str, str] = field(default_factory=dict)
+    layout: str = "ensemble"
+    prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
+    default_prompt_name: str | None = None
+
+    @property
+    def classifies(self) -> bool:
+        return any(o.kind in ("logits", "token_logits") for o in self.outputs)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"{self.name}_tokenizer"
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.name}_model"
+
+    @property
+    def postprocess_name(self) -> str:
+        return f"{self.name}_postprocess"
+
+    @property
+    def working_models(self) -> tuple[str, ...]:
+        """The models that do the work (whose statistics tell where the time goes): the ensemble's steps, or the
+        fused model itself."""
+        if self.layout == "fused":
+            return (self.name,)
+        return (self.tokenizer_name, self.model_name) + ((self.postprocess_name,) if self.classifies else ())
+
+
+def model_name_for(text: str) -> str:
+    """A Triton-safe model name: lower case letters, digits and underscores."""
+    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
+
+
+def add_tensor(message: Any, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
+    tensor = message.add(name=name, data_type=data_type, dims=dims)
+    if ragged:
+        tensor.allow_ragged_batch = True
+
+
+def _output_dims(spec: OutputSpec, plan: ServingPlan) -> list[int]:
+    return plan.output_dims[spec.name]
+
+
+def graph_output_dims(io_outputs: dict[str, list[int | str]]) -> dict[str, list[int]]:
+    """Per graph output, its dims after the batch axis: -1 where the graph leaves one open (sequence)."""
+    return {name: [d if isinstance(d, int) and d > 0 else -1 for d in dims[1:]] for name, dims in io_outputs.items()}
+
+
+def _prompt_parameters(config: Any, plan: ServingPlan) -> None:
+    """The model's prompts, which a request picks by its `prompt_name` parameter (the default one otherwise)."""
+    if plan.prompts:
+        config.parameters["prompts"].string_value = json.dumps(plan.prompts)
+    if plan.default_prompt_name:
+        config.parameters["default_prompt_name"].string_value = plan.default_prompt_name
+
+
+def _batching(config: Any, plan: ServingPlan) -> None:
+    config.max_batch_size = plan.max_batch_size
+    if plan.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(plan.preferred_batch_sizes)
+        config.dynamic_batching.max_queue_delay_microseconds = plan.max_queue_delay_us
+    config.version_policy.latest.num_versions = 1
+
+
+def _instances(config: Any, plan: ServingPlan, kind: int) -> None:
+    config.instance_group.add(count=plan.instances, kind=kind)
+
+
+def tokenizer_config(plan: ServingPlan) -> Any:
+    config = mc.ModelConfig(name=plan.tokenizer_name, backend="python")
+    _batching(config, plan)
+    add_tensor(config.input, "TEXT", STRING, [1])
+    for name in plan.input_names:
+        add_tensor(config.output, name, INT64, [-1])
+    add_tensor(config.output, "truncated", BOOL, [1])
+    config.parameters["max_length"].string_value = str(plan.max_length)
+    config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
+    _prompt_parameters(config, plan)
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def model_config(plan: ServingPlan) -> Any:
+    """The network itself, in the chosen flavor."""
+    ragged = plan.flavor == "python-ort"
+    config = mc.ModelConfig(name=plan.model_name)
+    if plan.flavor == "onnxruntime":
+        config.platform, config.default_model_filename = "onnxruntime_onnx", "model.onnx"
+    elif plan.flavor == "tensorrt_plan":
+        config.platform, config.default_model_filename = "tensorrt_plan", "model.plan"
+    else:
+        config.backend = "python"
+        _onnxruntime_parameters(config, plan)
+    _batching(config, plan)
+    for name in plan.input_names:
+        add_tensor(config.input, name, INT64, [-1], ragged=ragged)
+    for spec in plan.outputs:
+        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+    kind = mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU
+    if plan.flavor == "tensorrt_plan" and plan.profiles > 1:
+        for profile in range(plan.profiles):  # one instance group per profile: each serves one length bucket
+            config.instance_group.add(count=plan.instances, kind=kind, profile=[str(profile)])
+    else:
+        _instances(config, plan, kind)
+    if plan.flavor == "onnxruntime" and plan.gpu and plan.gpu_accelerator == "tensorrt":
+        accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
+        accelerator.parameters["precision_mode"] = "FP16" if plan.fp16 else "FP32"
+        accelerator.parameters["max_workspace_size_bytes"] = str(1 << 30)
+    if not (plan.flavor == "tensorrt_plan" and plan.profiles > 1):
+        warmup = config.model_warmup.add(name="zeros", batch_size=1)
+        for name in plan.input_names:
+            warmup.inputs[name].data_type = INT64
+            warmup.inputs[name].dims.append(min(16, plan.max_length))
+            warmup.inputs[name].zero_data = True
+    return config
+
+
+def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
+    """What a Python model running ONNX Runtime needs: providers, threads per instance, the pad token."""
+    config.parameters["providers"].string_value = (
+        "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
+    config.parameters["intra_op_threads"].string_value = str(plan.threads)
+    config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+
+
+def _text_outputs(config: Any, plan: ServingPlan) -> None:
+    """What text-in models answer: the task outputs, label and score for classifiers, and `truncated`."""
+    for spec in plan.outputs:
+        add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
+    if plan.classifies:
+        per_token = next(o for o in plan.outputs if o.name == "logits").per_token
+        for name, data_type in (("label", STRING), ("score", FP32)):
+            add_tensor(config.output, name, data_type, [-1] if per_token else [1])
+    add_tensor(config.output, "truncated", BOOL, [1])
+
+
+def fused_config(plan: ServingPlan) -> Any:
+    """Text in, task outputs out, in one Python model."""
+    config = mc.ModelConfig(name=plan.name, backend="python")
+    _batching(config, plan)
+    add_tensor(config.input, "TEXT", STRING, [1])
+    _text_outputs(config, plan)
+    _onnxruntime_parameters(config, plan)
+    config.parameters["max_length"].string_value = str(plan.max_length)
+    config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
+    _prompt_parameters(config, plan)
+    if plan.classifies:
+        config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def postprocess_config(plan: ServingPlan) -> Any:
+    config = mc.ModelConfig(name=plan.postprocess_name, backend="python")
+    _batching(config, plan)
+    logits = next(o for o in plan.outputs if o.name == "logits")
+    add_tensor(config.input, "logits", FP32, _output_dims(logits, plan), ragged=True)
+    per_token = logits.per_token
+    add_tensor(config.output, "label", STRING, [-1] if per_token else [1])
+    add_tensor(config.output, "score", FP32, [-1] if per_token else [1])
+    config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
+def ensemble_config(plan: ServingPlan) -> Any:
+    """Text in, task outputs out: tokenizer -> model (-> postprocess)."""
+    config = mc.ModelConfig(name=plan.name, platform="ensemble", max_batch_size=plan.max_batch_size)
+    add_tensor(config.input, "TEXT", STRING, [1])
+    steps = config.ensemble_scheduling.step
+    tokenize = steps.add(model_name=plan.tokenizer_name, model_version=-1)
+    tokenize.input_map["TEXT"] = "TEXT"
+    for name in (*plan.input_names, "truncated"):
+        tokenize.output_map[name] = name
+    run = steps.add(model_name=plan.model_name, model_version=-1)
+    for name in plan.input_names:
+        run.input_map[name] = name
+    for spec in plan.outputs:
+        run.output_map[spec.name] = spec.name
+    if plan.classifies:
+        post = steps.add(model_name=plan.postprocess_name, model_version=-1)
+        post.input_map["logits"] = "logits"
+        for name in ("label", "score"):
+            post.output_map[name] = name
+    _text_outputs(config, plan)
+    return config
+
+
+def to_pbtxt(config: Any) -> str:
+    return text_format.MessageToString(config)
+
+
+def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
+    """Parse with Triton's own ModelConfig message; a misspelled field or enum is an error with line:col."""
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except text_format.ParseError as exc:
+        raise RepositoryError(f"{where} is not a valid Triton model config: {exc}",
+                              "fix the field or enum named in the message (see model_config.proto)") from None
+
+
+def configs(plan: ServingPlan) -> dict[str, Any]:
+    if plan.flavor not in FLAVORS:
+        raise RepositoryError(f"unknown Triton flavor {plan.flavor!r}", f"use one of {', '.join(FLAVORS)}")
+    if plan.layout not in LAYOUTS:
+        raise RepositoryError(f"unknown repository layout {plan.layout!r}", f"use one of {', '.join(LAYOUTS)}")
+    if plan.layout == "fused":
+        if plan.flavor != "python-ort":
+            raise RepositoryError(f"the fused layout runs in Triton's Python backend; flavor {plan.flavor} runs in "
+                                  "a C++ backend behind the ensemble",
+                                  "use -p triton.layout=ensemble (or auto), or -p triton.flavor=python-ort")
+        return {plan.name: fused_config(plan)}
+    result = {plan.tokenizer_name: tokenizer_config(plan), plan.model_name: model_config(plan),
+              plan.name: ensemble_config(plan)}
+    if plan.classifies:
+        result[plan.postprocess_name] = postprocess_config(plan)
+    return result
+
+
+def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
+    """Every model of the plan: its config and the files of its version folder (name there -> source)."""
+    network = {{"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx"): plan.model_file}
+    data = Path(f"{plan.model_file}.data")
+    if data.is_file():
+        network[data.name] = data
+    if plan.layout == "fused":
+        files = {plan.name: {**network, "tokenizer": plan.tokenizer_dir,
+                             **{name: MODELS_SOURCE / source for name, source in (
+                                 ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
+                                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"))}}}
+        return {name: (config, files[name]) for name, config in configs(plan).items()}
+    files: dict[str, dict[str, Path]] = {
+        plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",
+                              "text_input.py": MODELS_SOURCE / "text_input.py", "tokenizer": plan.tokenizer_dir},
+        plan.model_name: network,
+        plan.name: {},
+    }
+    if plan.flavor == "python-ort":
+        files[plan.model_name]["model.py"] = MODELS_SOURCE / "onnxruntime_model.py"
+        files[plan.model_name]["ort_batches.py"] = MODELS_SOURCE / "ort_batches.py"
+    if plan.classifies:
+        files[plan.postprocess_name] = {"model.py": MODELS_SOURCE / "postprocess.py",
+                                        "labels.py": MODELS_SOURCE / "labels.py"}
+    return {name: (config, files[name]) for name, config in configs(plan).items()}
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a folder with the modes new files and folders get (the umask), not the source's (copytree copies
+    folder modes: a 0700 source would make a folder the server's user may not read)."""
+    target.mkdir()
+    for path in sorted(source.rglob("*")):  # a folder sorts before its contents
+        if path.is_dir():
+            (target / path.relative_to(source)).mkdir()
+        else:
+            shutil.copyfile(path, target / path.relative_to(source))
+
+
+def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
+    for name, (config, files) in models.items():
+        folder = root / name
+        (folder / "1").mkdir(parents=True)
+        text = to_pbtxt(config)
+        if parse_pbtxt(text, f"{name}/config.pbtxt") != config:
+            raise RepositoryError(f"{name}/config.pbtxt does not read back as written", "report this as a bug")
+        (folder / "config.pbtxt").write_text(text, encoding="utf-8")
+        for target, source in files.items():
+            if Path(source).is_dir():
+                _copy_tree(Path(source), folder / "1" / target)
+            else:
+                shutil.copyfile(source, folder / "1" / target)
+
+
+def _fingerprint(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != MARKER and "__pycache__" not in p.parts}
+
+
+def ours_and_untouched(root: Path) -> bool:
+    """True when `root` was generated by the workbench and nothing in it changed since."""
+    marker = root / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text())["files"] == _fingerprint(root)
+    except (ValueError, KeyError):
+        return False
+
+
+def check_replaceable(root: Path, overwrite: bool = False) -> None:
+    """Refuse to replace a folder the workbench did not write (or that was edited since) unless `overwrite`."""
+    if root.exists() and not overwrite and not ours_and_untouched(root):
+        raise RepositoryError(f"{root} already exists and was not generated by this workbench (or was edited)",
+                              "move it away, choose another -p triton.name=..., or pass -p triton.overwrite=true")
+
+
+def verify_model_file(plan: ServingPlan) -> None:
+    """Refuse a truncated or corrupt network before it is published (the server would fail minutes later, with the
+    cause deep in its log): ONNX files through onnx.checker and an ONNX Runtime session. A TensorRT engine needs
+    its GPU to be deserialized, so here it is only checked to exist and not be empty."""
+    if plan.flavor != "tensorrt_plan":
+        onnxfiles.verify(plan.model_file)
+    elif not plan.model_file.is_file() or plan.model_file.stat().st_size == 0:
+        raise RepositoryError(f"TensorRT engine {plan.model_file} is missing or empty",
+                              "re-run the tensorrt step on a GPU host; an empty engine is a failed build")
+
+
+def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
+    """Verify the plan's model file, then write its repository into `root` (see write_models)."""
+    verify_model_file(plan)
+    return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor})
+
+
+def write_models(models: dict[str, tuple[Any, dict[str, Path]]], root: Path, overwrite: bool = False,
+                 about: dict[str, Any] | None = None) -> Path:
+    """Write a repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
+    changed it since, or `overwrite` says so."""
+    root = Path(root)
+    check_replaceable(root, overwrite)
+    with atomic_dir(root) as tmp:
+        _fill(models, tmp)
+        write_text(tmp / MARKER, json.dumps({"generated_by": "transformer-workbench", **(about or {}),
+                                             "files": _fingerprint(tmp)}, indent=2))
+    return root
+
+
+def read_repository(root: Path) -> dict[str, Any]:
+    """Parse every config.pbtxt under `root` and check that the ensemble's steps name models that exist."""
+    parsed = {p.parent.name: parse_pbtxt(p.read_text(encoding="utf-8"), str(p))
+              for p in sorted(Path(root).glob("*/config.pbtxt"))}
+    for name, config in parsed.items():
+        for step in config.ensemble_scheduling.step:
+            if step.model_name not in parsed:
+                raise RepositoryError(f"ensemble {name} uses {step.model_name}, which is not in {root}",
+                                      "regenerate the repository with the triton step")
+    return parsed

@@ -1,0 +1,28 @@
+"""A served Triton ensemble behind the runner interface: text in, the task's outputs back."""
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.core.batches import Batch
+from workbench.runners import Runner
+from workbench.serving.client import TritonClient
+
+
+class ServedRunner(Runner):
+    """The served ensemble behind the runner interface: sends each batch's texts (with request `parameters`, e.g. a
+    prompt_name), trims per-token outputs to the batch's local width (servers may pad further, to a length bucket).
+    The caller owns and closes `client`."""
+
+    def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
+                 outputs: list[str], parameters: dict[str, str] | None = None) -> None:
+        self.client, self.model, self.texts, self.parameters = client, model, texts, parameters
+        self.input_names, self.output_names = input_names, tuple(outputs)
+        self.name = f"served-{client.protocol}"
+        self.providers = [f"triton-{client.protocol}"]
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
+        # postprocess) makes the ensemble report a deadlock.
+        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids], parameters=self.parameters)
+        width = batch.shape[1]
+        return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.output_names}

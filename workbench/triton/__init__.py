@@ -1,1 +1,0 @@
-"""Triton: model repositories built from ModelConfig protobufs, a local server manager, and clients."""
