@@ -30,8 +30,8 @@ test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev
 	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
 
-gpu-check: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev: tests/gpu, then the bench on CUDA
-	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
+gpu-check: env  ## on an NVIDIA host, EXTRAS=gpu,serve,generation,dev: tests/gpu (refused without a GPU), the bench on CUDA
+	WORKBENCH_REQUIRE_GPU=1 $(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
 	$(BIN)/python benchmarks/bench.py --device cuda --in-process $(ARGS)
 
 lab: env  ## JupyterLab on the notebooks; interactive runs go to this checkout's outputs/ (ARGS="--no-browser" etc.)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -29,6 +31,7 @@ from pathlib import Path
 from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
+from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.measure.latency import run_latency_benchmark
@@ -42,6 +45,7 @@ from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
 
 CELLS = ("b1_s16", "b1_s128", "b8_s128")
+COLUMN = 28  # characters per cell column
 TARGETS = {"b1_s16": 3.5, "b1_s128": 2.0, "b8_s128": 1.5}  # speedup over PyTorch, on hosts with VNNI or AMX
 PEAK_SHARE_TARGETS = {"b1_s16": 0.75, "b1_s128": 0.9, "b8_s128": 0.9}  # best passing variant, any host
 SERVED_OVERHEAD, BATCHING_GAIN, EFFICIENCY = 1.5, 3.0, 0.8
@@ -74,9 +78,10 @@ def _share(latency: dict, cell: str, name: str) -> float:
 def _row(latency: dict, cell: str, name: str) -> str:
     stats = latency["cells"][cell].get(name)
     if stats is None:
-        return f"{'':>28s}"
-    speedup = f"{stats['speedup']:>9.2f}x" if stats["speedup"] is not None else f"{'n/a':>10s}"
-    return f"{speedup} {_share(latency, cell, name):>5.0%} ({stats['p50']:7.1f})"
+        return " " * COLUMN
+    speedup = f"{stats['speedup']:.2f}x" if stats["speedup"] is not None else "n/a"
+    text = f"{speedup} {_share(latency, cell, name):.0%} ({stats['p50']:.1f})"
+    return f"{text:>{COLUMN}s}"
 
 
 def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) -> list[tuple[str, float]]:
@@ -124,7 +129,17 @@ def print_served(latency: dict, served_result: dict) -> None:
               f"off {off / best_rate:.2f} (target >= {EFFICIENCY}) {'PASS' if efficiency >= EFFICIENCY else 'MISS'}")
 
 
-def main() -> None:
+def main() -> int:
+    """Run the benchmark; a WorkbenchError prints its message and fix (exit 2), as the CLI does."""
+    try:
+        measure_and_print()
+    except WorkbenchError as exc:
+        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def measure_and_print() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="an existing run with export, optimize and parity done")
     parser.add_argument("--rounds", type=int, default=30)
@@ -136,8 +151,12 @@ def main() -> None:
         args.run = Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(RunConfig(steps=["export", "optimize", "parity"], device=args.device), args.run)
     record = RunRecord.load(args.run)
-    config = record.config.model_copy(update={"device": args.device, "bench": record.config.bench.model_copy(update={
-        "batches": [1, 8], "sequences": [16, 128], "rounds": args.rounds, "seconds_per_cell": 120.0})})
+    run = record.config  # cells beyond the shapes the run's parity checked are left out
+    batches, sequences = [b for b in (1, 8) if b <= run.batch.max], [s for s in (16, 128) if s <= run.sequence.max]
+    cells = [c for c in CELLS if cell_shape(c)[0] in batches and cell_shape(c)[1] in sequences]
+    config = run.model_copy(update={"device": args.device, "bench": run.bench.model_copy(update={
+        "batches": batches, "sequences": sequences, "rounds": args.rounds, "seconds_per_cell": 120.0})})
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
     start = time.perf_counter()
     latency = run_latency_benchmark(config, record)
     tokenizer = record.tokenizer()
@@ -151,16 +170,23 @@ def main() -> None:
     peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency["peaks"].items())
     print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; device: "
           f"{latency['device']}; matmul peaks (GFLOP/s): {peaks}\n")
+    if load > cores / 2:
+        print(f"BUSY HOST: load average {load:.1f} on {cores} cores when measuring began: absolute times do not "
+              "hold, and ratios only where the other work slowed every row alike; re-run on a quiet host")
     for disturbance in latency["disturbed"]:
         print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
+    left_out = [c for c in CELLS if c not in cells]
+    if left_out:
+        print(f"left out: {', '.join(left_out)}, beyond the run's batch.max {run.batch.max} / sequence.max "
+              f"{run.sequence.max} (parity checked no further)")
     print("1. speedup over PyTorch eager fp32 on the same device and I/O / share of its precision's matmul peak "
           "(median ms in brackets); * = fails parity")
-    runners = list(dict.fromkeys(name for cell in CELLS for name in latency["cells"][cell]))
+    runners = list(dict.fromkeys(name for cell in cells for name in latency["cells"][cell]))
     labels = {name: figures.row_label(latency, name) for name in runners}
     width = max(len(label) for label in labels.values()) + 3
-    print(f"   {'row':{width}s}" + "".join(f"{c:>28s}" for c in CELLS))
+    print(f"   {'row':{width}s}" + "".join(f"{c + ': x, peak, (ms)':>{COLUMN}s}" for c in cells))
     for name in runners:
-        row = "".join(_row(latency, c, name) for c in CELLS)
+        row = "".join(_row(latency, c, name) for c in cells)
         print(f"   {labels[name] + ('' if latency['passed'][name] else ' *'):{width}s}{row}")
     for name, row in latency["runners"].items():
         if "peak_memory_mb" in row:
@@ -168,7 +194,7 @@ def main() -> None:
     for cell, outcome in latency.get("cuda_graph", {}).items():
         print(f"   CUDA graphs at {cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items()))
     verdicts = record.verdicts()
-    for cell in CELLS:
+    for cell in cells:
         best = latency["best"].get(cell)
         if best is None:
             print(f"   best passing at {cell}: no variant passes parity")
@@ -198,7 +224,7 @@ def main() -> None:
               f"kept in fp32; qdq_loss_debug vs measured sensitivity: Spearman "
               f"{repair['node_error']['spearman_vs_sensitivity']}")
     print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
-    for cell in CELLS:
+    for cell in cells:
         choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
     for name, verdict in verdicts.items():
@@ -219,4 +245,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

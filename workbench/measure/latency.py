@@ -318,6 +318,7 @@ def check_rows(config: Any, runners: dict[str, Runner]) -> dict[str, dict[str, A
     """The rows no other step checked (torch.compile, PyTorch in fp16), each on the parity step's lab and gate for
     its precision, so they are judged like the variants."""
     from workbench.core.data import load_corpus
+    from workbench.core.progress import track
     from workbench.models.loading import load_model
     from workbench.precision.lab import ParityLab
 
@@ -325,7 +326,9 @@ def check_rows(config: Any, runners: dict[str, Runner]) -> dict[str, dict[str, A
     if not names:
         return {}
     lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
-    return {name: lab.compare(runners[name], runners[name].precision) for name in names}
+    return {name: lab.compare(runners[name], runners[name].precision)
+            for name in track(names, "bench: parity of rows only the bench step checks (torch.compile compiles "
+                              "here)", "rows", note=lambda name: name)}
 
 
 def cuda_graph_runners(record: Any, runners: dict[str, Runner], batch: Batch, tuned: dict[str, dict[str, Any]],

@@ -59,6 +59,6 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(f"{STEP}.latency", latency)
         if latency["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
             record.unverified(disturbance_note(latency["disturbed"]))
-        if config.bench.served:
-            record.set_metric(f"{STEP}.served", served_benchmark(config, record))
+        record.set_metric(f"{STEP}.served", served_benchmark(config, record) if config.bench.served else {
+            "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
     return record.step_entry(STEP)
