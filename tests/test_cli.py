@@ -10,8 +10,8 @@ import pytest
 from workbench.cli import main
 from workbench.core.machine import gpu_name, package_version
 from workbench.core.pins import PROJECT
-from workbench.core.steplist import STEP_NAMES
-from workbench.doctor import GPU, STEP_NEEDS, Finding, run_checks, step_support
+from workbench.doctor import GPU, Finding, run_checks, step_support
+from workbench.steps import specs, step_names
 
 needs_no_gpu = pytest.mark.skipif(gpu_name() is not None, reason="checks what doctor says on machines without a GPU")
 
@@ -29,7 +29,7 @@ def test_run_help_lists_every_step_and_two_examples(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     listed = re.findall(r"^  (\w+) +\S", out.split("steps, in run order")[1].split("examples:")[0], re.MULTILINE)
-    assert tuple(listed) == STEP_NAMES
+    assert tuple(listed) == step_names()
     assert "workbench run --steps export,optimize" in out
     assert "workbench run --resume --output-dir outputs/<run> --steps tensorrt" in out
 
@@ -41,7 +41,7 @@ def test_doctor_reports_what_this_machine_lacks_and_has(capsys):
     assert re.search(r"^  tensorrt +skipped here: needs an NVIDIA GPU$", out, re.MULTILINE)
     assert re.search(r"^  report +runs here$", out, re.MULTILINE)
     found = {finding.name: finding for finding in run_checks()}
-    assert {name for needs in STEP_NEEDS.values() for name in needs} <= set(found)
+    assert {name for step in specs() for name in step.machine} <= set(found)
     assert len(re.findall(r"^  \S.* (found|missing) ", out, re.MULTILINE)) == len(found)
     assert not found[GPU].available and found[GPU].fix.startswith("needs an NVIDIA GPU")
     cuda = found["onnxruntime CUDA EP"]
@@ -57,8 +57,7 @@ def test_doctor_reports_what_this_machine_lacks_and_has(capsys):
 
 
 def test_steps_need_known_checks_and_a_missing_gpu_is_named_first():
-    assert tuple(STEP_NEEDS) == STEP_NAMES
-    findings = [Finding(name, True, "1") for name in {n for needs in STEP_NEEDS.values() for n in needs}]
+    findings = [Finding(name, True, "1") for name in {n for step in specs() for n in step.machine}]
     lacking = {"tritonserver", GPU, "tensorrt"}
     support = {s.step: s for s in step_support([f for f in findings if f.name not in lacking] +
                                                [Finding(name, False, reason="absent", fix="x") for name in lacking])}

@@ -20,7 +20,7 @@ from workbench.report.page import build_report
 from workbench.runners.library import library_runner
 from workbench.runners.onnxruntime import CPU, CUDA, OrtRunner, SessionSettings
 from workbench.runners.torch import TorchRunner
-from workbench.steps import export, optimize
+from workbench.steps import export, optimize, specs
 
 SMALL = {"batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 32},
          "precisions": ["fp32"], "threads": 1}
@@ -109,7 +109,7 @@ def test_torch_compile_is_a_peer_row_checked_like_a_variant(exported, tmp_path):
     assert all(b["variant"] != "torch_compile" for b in latency["best"].values()), "a peer, not a variant to deploy"
     with record.step("bench"):
         record.set_metric("bench.latency", latency)
-    page = build_report(record, tmp_path / "report.html").read_text()
+    page = build_report(record, tmp_path / "report.html", specs()).read_text()
     for label in ("PyTorch eager fp32 · cpu", "torch.compile fp32 · cpu", "ONNX Runtime fp32 · cpu"):
         assert json.dumps(label)[1:-1] in page, label  # as the figures' JSON spells it
     assert "What each row ran on" in page

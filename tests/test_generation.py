@@ -26,7 +26,7 @@ from workbench.serving.generation import (
 from workbench.serving.generation_repository import GenerationPlan, generation_models
 from workbench.serving.repository import read_repository, write_models
 from workbench.serving.server import TritonServer
-from workbench.steps import generation
+from workbench.steps import generation, specs
 
 pytestmark = pytest.mark.slow
 CASES = {"translation": ("tiny:marian", ">>fra<<"), "text-generation": ("tiny:gpt2", None)}
@@ -172,5 +172,5 @@ def test_generation_step_and_its_report_section(tmp_path):
             assert set(levels) == {"1", "4"}
             assert all(v["tokens_per_s"] > 0 and v["errors"] == 0 and v["requests"] == 12 for v in levels.values())
         assert (tmp_path / "repos" / result["name"] / f"{result['name']}_hf_text" / "config.pbtxt").is_file()
-    html = build_report(record, tmp_path / "report.html").read_text()
+    html = build_report(record, tmp_path / "report.html", specs()).read_text()
     assert "Translation and text generation" in html and "transformers vs CTranslate2" in html

@@ -19,7 +19,6 @@ from papermill.exceptions import PapermillExecutionError
 
 from workbench.core.config import OUTPUTS_VARIABLE, RunConfig
 from workbench.core.errors import ConfigError
-from workbench.core.steplist import STEPS
 from workbench.report.notebook import (
     NOTEBOOKS_DIR,
     PARAMETERS,
@@ -29,22 +28,24 @@ from workbench.report.notebook import (
     refuse_unknown_injected,
 )
 from workbench.serving.server import free_port
+from workbench.steps import specs
 
 DEFAULT_SLUG = RunConfig().model_slug
 
 
 def test_every_notebook_has_the_generated_parameters_cell():
-    for step in STEPS:
+    for step in specs():
         notebook = nbformat.read(NOTEBOOKS_DIR / step.notebook, as_version=4)
         cells = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
         assert [c.source for c in cells] == [parameters_cell()], \
             f"{step.notebook}: run python -m workbench.report.notebook"
-        assert "takeaway(" in notebook.cells[-1].source, step.notebook  # every notebook ends with its verdict line
+        assert "verdict_line(" in notebook.cells[-1].source, step.notebook  # it ends with its verdict line
 
 
 def test_papermill_lists_the_typed_parameters():
-    shown = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook",
-                            str(NOTEBOOKS_DIR / STEPS[0].notebook)], capture_output=True, text=True, check=True).stdout
+    notebook = str(NOTEBOOKS_DIR / specs()[0].notebook)
+    shown = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook", notebook], capture_output=True,
+                           text=True, check=True).stdout
     assert "precisions: list (default ['fp32', 'fp16', 'int8'])" in shown
     assert "batch_max: int (default 32)" in shown
     assert "config: dict (default {})" in shown
@@ -84,7 +85,7 @@ def test_a_copied_notebook_runs_like_jupyterlab_and_writes_under_its_folder(tmp_
     monkeypatch.delenv(OUTPUTS_VARIABLE, raising=False)
     copies = tmp_path / "my-notebooks"
     copies.mkdir()
-    for step in STEPS[:2]:
+    for step in specs()[:2]:
         shutil.copy(NOTEBOOKS_DIR / step.notebook, copies)
         notebook = nbformat.read(copies / step.notebook, as_version=4)
         NotebookClient(notebook, kernel_name="python3", timeout=600,
@@ -97,7 +98,7 @@ def test_a_copied_notebook_runs_like_jupyterlab_and_writes_under_its_folder(tmp_
     assert "Attention fused in 6 of 6 layers" in notebook.cells[-1].outputs[0]["text"]
 
     monkeypatch.setenv(OUTPUTS_VARIABLE, str(tmp_path / "elsewhere"))
-    notebook = nbformat.read(copies / STEPS[0].notebook, as_version=4)
+    notebook = nbformat.read(copies / specs()[0].notebook, as_version=4)
     NotebookClient(notebook, kernel_name="python3", timeout=600,
                    resources={"metadata": {"path": str(copies)}}).execute()
     assert (tmp_path / "elsewhere" / f"interactive-{DEFAULT_SLUG}" / "run.json").is_file()
@@ -105,7 +106,7 @@ def test_a_copied_notebook_runs_like_jupyterlab_and_writes_under_its_folder(tmp_
 
 @pytest.mark.slow
 def test_papermill_typed_parameters_run_and_an_unknown_one_is_refused(tiny_bert, tmp_path):
-    notebook = str(NOTEBOOKS_DIR / STEPS[0].notebook)
+    notebook = str(NOTEBOOKS_DIR / specs()[0].notebook)
     run_dir = tmp_path / "run"
     papermill.execute_notebook(notebook, str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
                                parameters={"model": str(tiny_bert), "precisions": "[fp32]", "batch_opt": 2,
@@ -133,7 +134,7 @@ def test_make_lab_opens_jupyterlab_on_the_notebooks(tmp_path):
     try:
         url = f"http://127.0.0.1:{port}/api/contents?token={token}"
         listing = poll_json(url, lab, tmp_path / "lab.log")
-        assert {step.notebook for step in STEPS} <= {item["name"] for item in listing["content"]}
+        assert {step.notebook for step in specs()} <= {item["name"] for item in listing["content"]}
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)

@@ -116,10 +116,10 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     chosen_base = next(b for b in bases if b["chosen"])
     assert chosen_base["violation"] == min(b["violation"] for b in bases if b["passed"] == chosen_base["passed"])
     assert repair["base"] == chosen_base["recipe"] == record.data["artifacts"]["onnx.int8_repaired"]["recipe"]
-    from workbench.report.takeaways import takeaway
+    from workbench.steps import verdict_line
 
     assert (f"int8_repaired keeps {len(repair['chosen']['blocked'])} of {repair['units']} units in fp32, quantized as "
-            f"{repair['base']} (") in takeaway("parity", record)
+            f"{repair['base']} (") in verdict_line("parity", record)
     assert bases[0]["min_cosine"] == pytest.approx(repair["before"]["min_cosine"], abs=1e-6)  # same build twice
     builds = sum(c["build_seconds"] for c in repair["candidates"] + bases + repair["recipes"])
     assert builds < repair["seconds"] < record.data["steps"]["parity"]["seconds"]  # the whole repair's time

@@ -9,7 +9,7 @@ import pytest
 from workbench.cli import main
 from workbench.core.atomic import sha256_file
 from workbench.core.machine import gpu_name
-from workbench.core.steplist import STEP_NAMES
+from workbench.steps import step_names
 
 TRT_STATUS = "skipped" if gpu_name() is None else "ok"  # TensorRT builds only where a GPU is
 
@@ -83,7 +83,7 @@ def test_failed_step_is_recorded_and_later_steps_skipped(tiny_bert, tmp_path, ca
     record = json.loads((run_dir / "run.json").read_text())
     assert record["steps"]["export"]["status"] == "failed"
     assert "model.safetensors" in record["steps"]["export"]["error"]
-    for later in STEP_NAMES[1:]:
+    for later in step_names()[1:]:
         assert record["steps"][later] == {"status": "skipped", "reason": "not run: step 'export' failed"}
     assert not (run_dir / "onnx").exists()
     assert (run_dir / "notebooks" / "01_export.ipynb").is_file()

@@ -12,8 +12,8 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepFailedError
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
-from workbench.core.steplist import step_info
 from workbench.pipeline import run_pipeline
+from workbench.steps import spec
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stand-in for a step's kernel: another process, which reports progress through the environment it inherited.
@@ -109,11 +109,11 @@ def test_run_prints_the_kernel_lines_unless_quiet(progress, fails, tmp_path, mon
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.delenv(PROGRESS_FILE_VAR, raising=False)
 
-    def kernel_stand_in(step: str, config: RunConfig, run_dir: Path, progress: bool) -> Path:
+    def kernel_stand_in(step: str, config: RunConfig, run_dir: Path, progress: bool, notebooks: Path) -> Path:
         subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, check=True, capture_output=True, timeout=120)
         if fails:
             raise RuntimeError("the step failed")
-        dest = run_dir / "notebooks" / step_info(step).notebook
+        dest = run_dir / "notebooks" / spec(step).notebook
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text("{}")
         return dest

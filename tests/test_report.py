@@ -392,7 +392,7 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
 def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
     from workbench.measure.latency import disturbances
     from workbench.report.page import disturbed_warning
-    from workbench.report.takeaways import takeaway
+    from workbench.steps import verdict_line
 
     flops = {"b1_s16": 1.0, "b1_s128": 8.0, "b8_s16": 8.5, "b8_s128": 70.0}
     quiet = {"b1_s16": _cell({"pytorch": 7.8, "int8_repaired": 2.2}), "b1_s128": _cell({"pytorch": 22.5,
@@ -411,7 +411,7 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
     latency = record.metric("bench.latency")
     with record.step("bench"):
         record.set_metric("bench.latency", {**latency, "disturbed": found})
-    assert takeaway("bench", record).splitlines()[0] == (
+    assert verdict_line("bench", record).splitlines()[0] == (
         f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host before "
         "trusting the speeds below")
     report.run(config, record)

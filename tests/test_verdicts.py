@@ -20,7 +20,7 @@ from workbench.core.errors import (
 from workbench.core.record import RunRecord
 from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.report.page import build_report
-from workbench.steps import export, optimize, parity, triton
+from workbench.steps import export, optimize, parity, specs, triton
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -282,6 +282,6 @@ def test_the_report_shows_stale_and_unverified_steps(tmp_path):
     _produce(record, "second")
     with record.step("triton"):
         record.unverified("int8 did not pass parity")
-    page = build_report(record, tmp_path / "report.html").read_text()
+    page = build_report(record, tmp_path / "report.html", specs()).read_text()
     assert '<td class="stale">stale</td>' in page and "onnx.original (export ran again)" in page
     assert '<td class="ok">ok, verified: false</td>' in page and "int8 did not pass parity" in page

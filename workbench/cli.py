@@ -12,8 +12,8 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.core.pins import project_version
 from workbench.core.record import RunRecord
-from workbench.core.steplist import STEPS
 from workbench.serving.server import HOST
+from workbench.steps import specs
 
 SERVE_PORTS = (8000, 8001, 8002)  # tritonserver's own defaults, as in the triton step's deployment files
 
@@ -60,7 +60,7 @@ def _show_config(args: argparse.Namespace) -> int:
 
 
 def _list_steps(args: argparse.Namespace) -> int:
-    for step in STEPS:
+    for step in specs():
         print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}")
     return 0
 
@@ -80,7 +80,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _run_epilog() -> str:
     """`run --help`'s closing text: the steps (from the step list) and two typical commands."""
-    steps = "\n".join(f"  {step.name:12s} {step.summary}" for step in STEPS)
+    steps = "\n".join(f"  {step.name:12s} {step.summary}" for step in specs())
     return (f"steps, in run order (--steps takes any of them, comma-separated):\n{steps}\n\n"
             "examples:\n"
             "  workbench run --steps export,optimize\n"

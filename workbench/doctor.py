@@ -11,29 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.core.errors import TritonNotFoundError
-from workbench.core.machine import gpu_name, package_version
+from workbench.core.machine import GPU_FINDING, gpu_name, package_version
 from workbench.core.pins import pin
-from workbench.core.steplist import STEP_NAMES
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT
 from workbench.serving.server import find_tritonserver
+from workbench.steps import specs
 
-GPU = "NVIDIA GPU"
+GPU = GPU_FINDING
 NEEDS_GPU = "needs an NVIDIA GPU"
 GPU_EXTRA = "pip install -e '.[gpu]'"
 GENERATION_EXTRA = "pip install -e '.[generation]'"
 TOOL_TIMEOUT_S = 10
-# What each step needs from the checks below (by check name); anything else it uses is a core dependency.
-STEP_NEEDS: dict[str, tuple[str, ...]] = {
-    "export": ("torch", "transformers", "onnx"),
-    "optimize": ("onnx", "onnxruntime"),
-    "parity": ("torch", "onnxruntime"),
-    "tensorrt": (GPU, "tensorrt"),
-    "triton": ("onnxruntime", "tritonserver"),
-    "generation": ("tritonserver", "ctranslate2"),
-    "bench": ("torch", "onnxruntime"),
-    "report": (),
-}
 
 
 @dataclass(frozen=True)
@@ -237,8 +226,8 @@ def step_support(findings: list[Finding]) -> list[StepSupport]:
     """Each step in run order: runs here, or skipped for what it lacks (a missing GPU outranks the rest)."""
     missing = {finding.name for finding in findings if not finding.available}
     support = []
-    for step in STEP_NAMES:
-        lacking = [name for name in STEP_NEEDS[step] if name in missing]
+    for step in specs():
+        lacking = [name for name in step.machine if name in missing]
         reason = NEEDS_GPU if GPU in lacking else f"needs {' and '.join(lacking)}" if lacking else ""
-        support.append(StepSupport(step, not lacking, reason))
+        support.append(StepSupport(step.name, not lacking, reason))
     return support

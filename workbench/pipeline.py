@@ -13,12 +13,9 @@ from workbench.core.errors import OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, remove_inside
-from workbench.core.steplist import STEP_NAMES, step_info
 from workbench.preflight import preflight
+from workbench.steps import spec, specs
 
-# Folders every run writes into (steps and their scratch space).
-OWNED_FOLDERS = ("notebooks", "model", "onnx", "parity", "repair", "engines", "triton", "model_repository",
-                 "generation", "served-bench", "bench")
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -50,7 +47,8 @@ def remove_earlier_run(run_dir: Path) -> None:
             listed = RunRecord.load(run_dir).artifact_paths()
         except OutputDirError:
             pass  # an unreadable record: its folders still go
-    for path in [*listed, *(run_dir / name for name in OWNED_FOLDERS), run_dir / RECORD_NAME]:
+    owned = ("notebooks", *(folder for step in specs() for folder in step.owns))  # and each step's own folders
+    for path in [*listed, *(run_dir / name for name in owned), run_dir / RECORD_NAME]:
         remove_inside(run_dir, path)
     remove_partials(run_dir)
 
@@ -79,7 +77,7 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
     """Execute one step notebook into `run_dir/notebooks/`; the copy lands even when it fails."""
     import papermill
 
-    source = notebooks_dir / step_info(step).notebook
+    source = notebooks_dir / spec(step).notebook
     if not source.is_file():
         raise OutputDirError(f"notebook {source} is missing", "run from a full checkout of the workbench")
     dest = run_dir / "notebooks" / source.name
@@ -98,21 +96,22 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
 
 
 def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool = False,
-                 progress: bool = True, resume: bool = False) -> RunRecord:
-    """Run `config.steps` in pipeline order; stop at the first failed step and mark the rest skipped.
+                 progress: bool = True, resume: bool = False, notebooks_dir: Path = NOTEBOOKS_DIR) -> RunRecord:
+    """Run `config.steps` in pipeline order (the step notebooks in `notebooks_dir`); stop at the first failed step
+    and mark the rest skipped.
 
     `resume` continues a run folder that already has a run.json (same model and export settings), keeping what
     earlier steps produced, e.g. to build TensorRT engines on a GPU host after a CPU run.
     """
     run_dir = Path(run_dir or config.output_dir or default_run_dir(config))
     config = config.model_copy(update={"output_dir": str(run_dir)})
-    preflight(config)
+    preflight(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True)
         record.refresh_environment()  # the resumed steps may run on another machine
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config)
-    steps = [s for s in STEP_NAMES if s in config.steps]
+    steps = [s.name for s in specs() if s.name in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):
             command = [sys.executable, "-m", "workbench", "run", "--resume", "--output-dir", str(run_dir),
@@ -120,18 +119,18 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
             again = f"re-run the steps that did not finish, keeping the others: {shlex.join(command)}"
             guard.check(f"the run, before step {step!r}", again)
             if progress:
-                print(f"[{index + 1}/{len(steps)}] {step}: {step_info(step).summary}", flush=True)
+                print(f"[{index + 1}/{len(steps)}] {step}: {spec(step).summary}", flush=True)
             try:
                 with ProgressTail() if progress else nullcontext():  # the step's progress lines, printed here
-                    run_notebook(step, config, run_dir, progress)
+                    run_notebook(step, config, run_dir, progress, notebooks_dir)
             except Exception as exc:
                 record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
                 guard.check(f"step {step!r}", again)
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
-                                      f"read {run_dir / 'notebooks' / step_info(step).notebook} and {record.path}"
+                                      f"read {run_dir / 'notebooks' / spec(step).notebook} and {record.path}"
                                       ) from None
             record = RunRecord.load(run_dir)
-            record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / step_info(step).notebook, kind="notebook")
+            record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
     return record
 
 
@@ -150,7 +149,7 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunReco
         record.mark(step, "failed", reason)
     for name in later:
         record.mark(name, "skipped", f"not run: step {step!r} failed")
-    notebook = run_dir / "notebooks" / step_info(step).notebook
+    notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
     return record

@@ -2,36 +2,58 @@
 minutes of export and optimization."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from workbench.core.batches import check_sequence_limit
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.record import ensure_writable
+from workbench.core.errors import MissingArtifactError
+from workbench.core.record import RunRecord, ensure_writable
+from workbench.steps import NEEDS, StepSpec, specs
 
-MODEL_STEPS = ("export", "optimize", "parity", "tensorrt", "triton", "bench")
-SERVING_STEPS = ("triton", "generation", "bench")
 
-
-def preflight(config: RunConfig) -> None:
-    """device: cuda, opset, corpus, the model's sequence limit, ports and the repository folder, for the steps that
-    use them."""
-    from workbench.serving.plan import repository_root
-    from workbench.serving.server import Ports
-    from workbench.steps.export import check_opset
-
-    steps = set(config.steps)
+def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
+    """What the selected steps declare they need, checked before anything runs: device cuda, the corpus, each step's
+    own check (e.g. the export opset), the model's limits, free ports, a writable repository folder, and the
+    earlier steps whose outputs each reads (in this run, or ok in the `resumed` record)."""
+    selected = [step for step in specs() if step.name in config.steps]
     if config.device == "cuda":  # asked for, not available: refused now, not found out mid-run
         from workbench.runners.onnxruntime import providers_for
 
         providers_for("cuda")
-    if "export" in steps:
-        check_opset(config.exporter, config.opset)
     load_corpus(config.corpus)
-    if steps & set(MODEL_STEPS):
-        check_model_limits(config)
-    if steps & set(SERVING_STEPS):
-        Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
-    if steps & {"triton", "generation"}:
-        ensure_writable(repository_root(config), "triton.repository_dir")
+    for step in selected:
+        if step.check is not None:
+            step.check(config)
+    needs = {need for step in selected for need in step.needs}
+    for need in NEEDS:  # in this order: the model first, it is what most runs get wrong
+        if need in needs:
+            CHECKS[need](config)
+    check_reads(selected, config, resumed)
+
+
+def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:
+    """Each selected step's `reads`: in this run, or ok (or stale) in the resumed record."""
+    for step in selected:
+        for earlier in step.reads:
+            if earlier in config.steps or (resumed and resumed.status(earlier) in ("ok", "stale")):
+                continue
+            raise MissingArtifactError(
+                f"the {step.name} step reads what the {earlier} step writes, and {earlier} is neither in --steps "
+                f"nor done in {'the run being resumed' if resumed else 'this new run'}",
+                f"add {earlier} to --steps, or --resume a run folder where {earlier} is ok")
+
+
+def check_ports(config: RunConfig) -> None:
+    from workbench.serving.server import Ports
+
+    Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
+
+
+def check_repository(config: RunConfig) -> None:
+    from workbench.serving.plan import repository_root
+
+    ensure_writable(repository_root(config), "triton.repository_dir")
 
 
 def check_model_limits(config: RunConfig) -> None:
@@ -49,3 +71,7 @@ def check_model_limits(config: RunConfig) -> None:
         graph_pooling(pipeline, config.pooling, config.pooling_override)
     tokenizer = load_tokenizer(source, config.trust_remote_code)
     check_sequence_limit(config.sequence, sequence_limit(hf_config, tokenizer, pipeline))
+
+
+CHECKS: dict[str, Callable[[RunConfig], None]] = {
+    "model": check_model_limits, "ports": check_ports, "repository": check_repository}

@@ -11,7 +11,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench.core.errors import ConfigError
-from workbench.core.steplist import STEP_NAMES
 from workbench.core.tasks import TASKS, OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -22,6 +21,14 @@ REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench 
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "int8"]
 OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
+
+
+def _step_names() -> tuple[str, ...]:
+    """The steps in run order, as they declare themselves (the one import of a room above: the declarations are
+    the steps' own, and it happens only when a configuration is validated)."""
+    from workbench.steps import step_names
+
+    return step_names()
 
 
 def outputs_root() -> Path:
@@ -164,7 +171,7 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None
-    steps: list[str] = list(STEP_NAMES)
+    steps: list[str] = Field(default_factory=lambda: list(_step_names()))
     seed: int = 0
 
     @field_validator("task")
@@ -177,12 +184,13 @@ class RunConfig(_Strict):
     @field_validator("steps")
     @classmethod
     def _known_steps(cls, steps: list[str]) -> list[str]:
-        unknown = [s for s in steps if s not in STEP_NAMES]
+        names = _step_names()
+        unknown = [s for s in steps if s not in names]
         if unknown:
-            close = {s: difflib.get_close_matches(s, STEP_NAMES, n=1) for s in unknown}
+            close = {s: difflib.get_close_matches(s, names, n=1) for s in unknown}
             hints = "".join(f" ({s!r}: did you mean {c[0]!r}?)" for s, c in close.items() if c)
-            raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(STEP_NAMES)}")
-        return [s for s in STEP_NAMES if s in steps]
+            raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(names)}")
+        return [s for s in names if s in steps]
 
     @model_validator(mode="after")
     def _known_outputs(self) -> RunConfig:

@@ -53,6 +53,9 @@ def cpu_features(flags: set[str] | None = None) -> dict[str, Any]:
     return {"flags": [f for f in SPEED_FLAGS if f in flags], "int8_dot_product": int8}
 
 
+GPU_FINDING = "NVIDIA GPU"  # what `workbench doctor` calls the GPU among its findings
+
+
 @lru_cache(maxsize=1)
 def gpu_name() -> str | None:
     """Name of the first NVIDIA GPU that nvidia-smi reports, or None when there is none."""

@@ -17,12 +17,19 @@ from typing import Any
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
-from workbench.core.steplist import STEP_NAMES as STEP_ORDER
 
 RECORD_NAME = "run.json"
 SCHEMA_VERSION = 1
 _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
                  "attn_implementation")
+
+
+def _step_order() -> tuple[str, ...]:
+    """The steps in run order, as they declare themselves (imported when first needed: the declarations live in the
+    steps room above)."""
+    from workbench.steps import step_names
+
+    return step_names()
 
 
 @dataclass(frozen=True)
@@ -190,7 +197,7 @@ class RunRecord:
 
     def step_entries(self) -> list[StepEntry]:
         """Every step the record has, in pipeline order."""
-        return [self.step_entry(name) for name in STEP_ORDER if name in self.data["steps"]]
+        return [self.step_entry(name) for name in _step_order() if name in self.data["steps"]]
 
     def _drop_outputs(self, name: str) -> None:
         """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
@@ -218,7 +225,7 @@ class RunRecord:
     def _refresh_stale(self) -> None:
         """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
         changed) reads `stale`, naming those inputs; then save."""
-        for name in STEP_ORDER:
+        for name in _step_order():
             step = self.data["steps"].get(name)
             if not step or step.get("status") not in ("ok", "stale") or name == self._current:
                 continue

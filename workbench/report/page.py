@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 
@@ -19,13 +19,22 @@ Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
 
 @dataclass(frozen=True)
 class Section:
-    """Part of the page: the step whose metrics fill it, and how they render (none: the step left nothing);
-    a served section names what Triton serves."""
+    """Part of the page, declared by the step whose metrics fill it (`StepSpec.sections`): its title and how the
+    metrics render (none: the step left nothing); a served section names what Triton serves."""
 
     title: str
-    step: str
     render: Callable[[dict[str, Any]], Parts]
     served: bool = False
+
+
+class Declared(Protocol):
+    """A step declaration as far as the page goes (workbench.steps.StepSpec)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sections(self) -> tuple[Section, ...]: ...
 
 
 def pipeline_text(pipeline: dict[str, Any]) -> str:
@@ -39,7 +48,7 @@ def pipeline_text(pipeline: dict[str, Any]) -> str:
             f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
 
 
-def _pipeline(export: dict[str, Any]) -> Parts:
+def pipeline_section(export: dict[str, Any]) -> Parts:
     if "sentence_pipeline" not in export:
         return []
     return [("The model as its users run it", pipeline_text(export["sentence_pipeline"]), [])]
@@ -56,14 +65,14 @@ def reference_text(check: dict[str, Any]) -> str:
             f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
 
 
-def _fusions(optimize: dict[str, Any]) -> Parts:
+def fusions_section(optimize: dict[str, Any]) -> Parts:
     if "variants" not in optimize:
         return []
     return [("ONNX Runtime fusions", "Fused operators and node counts per variant.",
              [figures.fusion_figure(optimize["variants"])])]
 
 
-def _parity(parity: dict[str, Any]) -> Parts:
+def parity_section(parity: dict[str, Any]) -> Parts:
     parts: Parts = []
     checked = f"{reference_text(parity['reference'])} " if "reference" in parity else ""
     if parity.get("variants"):
@@ -87,7 +96,7 @@ def _parity(parity: dict[str, Any]) -> Parts:
     return parts
 
 
-def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
+def tensorrt_section(tensorrt: dict[str, Any]) -> Parts:
     if "profiles" not in tensorrt:
         return []
     parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
@@ -98,7 +107,7 @@ def _tensorrt(tensorrt: dict[str, Any]) -> Parts:
     return parts
 
 
-def _triton(triton: dict[str, Any]) -> Parts:
+def triton_section(triton: dict[str, Any]) -> Parts:
     if "served_parity" not in triton:
         return []
     against = triton.get("served_reference", "PyTorch")
@@ -108,7 +117,7 @@ def _triton(triton: dict[str, Any]) -> Parts:
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
 
 
-def _generation(generation: dict[str, Any]) -> Parts:
+def generation_section(generation: dict[str, Any]) -> Parts:
     if not generation:
         return []
     return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
@@ -116,7 +125,7 @@ def _generation(generation: dict[str, Any]) -> Parts:
              figures.generation_figures(generation))]
 
 
-def _latency(bench: dict[str, Any]) -> Parts:
+def latency_section(bench: dict[str, Any]) -> Parts:
     latency = bench.get("latency")
     if not latency:
         return []
@@ -148,7 +157,7 @@ def latency_text(latency: dict[str, Any]) -> str:
             f"{graphs or 'none measured'}.")
 
 
-def _served(bench: dict[str, Any]) -> Parts:
+def served_section(bench: dict[str, Any]) -> Parts:
     served = bench.get("served", {})
     if "skipped" in served:
         return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
@@ -172,31 +181,19 @@ def _served(bench: dict[str, Any]) -> Parts:
          "network model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
 
 
-SECTIONS = (
-    Section("The model as its users run it", "export", _pipeline),
-    Section("ONNX Runtime fusions", "optimize", _fusions),
-    Section("Parity against PyTorch", "parity", _parity),
-    Section("TensorRT shape profiles", "tensorrt", _tensorrt),
-    Section("Served parity", "triton", _triton, served=True),
-    Section("Translation and text generation", "generation", _generation),
-    Section("In-process latency", "bench", _latency),
-    Section("Served throughput and latency", "bench", _served, served=True),
-)
-
-
 def _fill(record: RunRecord, step: str) -> str:
     return f"`workbench run --resume --output-dir {record.run_dir} --steps {step}`"
 
 
-def _missing(record: RunRecord, section: Section, step: StepEntry) -> str:
-    """Why a section is empty, and which step fills it."""
-    fill = f"run {_fill(record, section.step)} to fill it"
+def _missing(record: RunRecord, step: StepEntry) -> str:
+    """Why a section of `step` is empty, and how to fill it."""
+    fill = f"run {_fill(record, step.name)} to fill it"
     if step.status is None:
-        return f"Not in this run: the {section.step} step did not run; {fill}."
+        return f"Not in this run: the {step.name} step did not run; {fill}."
     if step.status == "ok":
-        return f"The {section.step} step ran but recorded nothing for this section; {fill}."
+        return f"The {step.name} step ran but recorded nothing for this section; {fill}."
     state = {"failed": "failed", "running": "is still running"}.get(step.status, f"was {step.status}")
-    return f"The {section.step} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
+    return f"The {step.name} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
 def served_note(record: RunRecord) -> str:
@@ -209,28 +206,29 @@ def served_note(record: RunRecord) -> str:
     return f"Served: {deployment['variant']} via the {deployment.get('layout', 'ensemble')} layout{unverified}."
 
 
-def sections(record: RunRecord) -> Parts:
-    """Every section, in pipeline order: its figures, or why it is empty. A skipped step shows what it measured
-    before it stopped (the tensorrt step's profiles on a host without a GPU); a stale one says so first."""
+def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
+    """Every section the `steps` declare, in their order: its figures, or why it is empty. A skipped step shows
+    what it measured before it stopped (the tensorrt step's profiles on a host without a GPU); a stale one says so
+    first."""
     parts: Parts = []
     served = served_note(record)
-    for section in SECTIONS:
-        step = record.step_entry(section.step)
+    for section, step in ((section, record.step_entry(declared.name)) for declared in steps
+                          for section in declared.sections):
         try:
             rendered = section.render(step.metrics) if step.status in ("ok", "stale", "skipped") else []
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
-                                        f"{exc}); run {_fill(record, section.step)} to measure again.", [])]
+                                        f"{exc}); run {_fill(record, step.name)} to measure again.", [])]
         else:
             if rendered and section.served:
                 title, text, made = rendered[0]
                 rendered[0] = (title, f"{served} {text}", made)
         if rendered and step.status in ("stale", "skipped"):
             title, text, made = rendered[0]
-            note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, section.step)} to "
+            note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, step.name)} to "
                     "refresh them." if step.status == "stale" else f"Skipped: {step.detail}.")
             rendered[0] = (title, f"{note} {text}", made)
-        parts += rendered or [(section.title, _missing(record, section, step), [])]
+        parts += rendered or [(section.title, _missing(record, step), [])]
     return parts
 
 
@@ -310,11 +308,12 @@ def _served_differs(record: RunRecord, variant: str | None) -> str:
             f"serve {variant}: {_fill(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
 
 
-def build_report(record: RunRecord, dest: Path) -> Path:
-    """Render the record; the step writing the report leaves itself out of the summary."""
+def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> Path:
+    """Render the record's sections as the `steps` declare them; the step writing the report leaves itself out of
+    the summary."""
     rendered = []
     first = True
-    for title, text, made in sections(record):
+    for title, text, made in sections(record, steps):
         html_parts = []
         for figure in made:
             html_parts.append(figure.to_html(full_html=False, include_plotlyjs=first, config={"responsive": True}))

@@ -1,8 +1,9 @@
-"""The verdict line each step notebook ends with, computed from what the run recorded (one function per step)."""
+"""The verdict line each step notebook ends with, computed from what the run recorded: one function per step, which
+the step's declaration names (`StepSpec.takeaway`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.core.record import RunRecord
 from workbench.measure.latency import disturbance_note
@@ -10,16 +11,27 @@ from workbench.precision.retrieval import verdict_retrieval
 from workbench.report.recommend import gate, recommend
 
 
-def takeaway(step: str, record: RunRecord) -> str:
-    """One or a few lines: what the step found, or why it did not run."""
-    entry = record.step_entry(step)
+class Declared(Protocol):
+    """A step declaration as far as its verdict line goes (workbench.steps.StepSpec)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def takeaway(self) -> Callable[[RunRecord], list[str]]: ...
+
+
+def takeaway(step: Declared, record: RunRecord) -> str:
+    """One or a few lines: what the step found (its declared `takeaway`), or why it did not run."""
+    entry = record.step_entry(step.name)
     if entry.status == "ok":
-        return "\n".join(TAKEAWAYS[step](record))
-    found = TAKEAWAYS[step](record) if entry.status == "skipped" and entry.metrics else []  # e.g. TensorRT's profiles
-    return "\n".join([f"{step}: {entry.label} - {entry.detail.splitlines()[0] if entry.detail else ''}", *found])
+        return "\n".join(step.takeaway(record))
+    found = step.takeaway(record) if entry.status == "skipped" and entry.metrics else []  # e.g. TensorRT's profiles
+    return "\n".join([f"{step.name}: {entry.label} - {entry.detail.splitlines()[0] if entry.detail else ''}",
+                      *found])
 
 
-def _export(record: RunRecord) -> list[str]:
+def export_lines(record: RunRecord) -> list[str]:
     info = record.metric("export")
     dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
     lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
@@ -34,7 +46,7 @@ def _export(record: RunRecord) -> list[str]:
     return lines
 
 
-def _optimize(record: RunRecord) -> list[str]:
+def optimize_lines(record: RunRecord) -> list[str]:
     variants = record.metric("optimize.variants")
     layers = record.metric("export.num_layers")
     fp32 = variants.get("fp32", {})
@@ -47,7 +59,7 @@ def _optimize(record: RunRecord) -> list[str]:
             f"variants built: {sizes}"]
 
 
-def _parity(record: RunRecord) -> list[str]:
+def parity_lines(record: RunRecord) -> list[str]:
     verdicts = record.metric("parity.variants") or {}
     passed = [name for name, v in verdicts.items() if v["passed"]]
     lines = [*_reference(record.metric("parity.reference")),
@@ -82,7 +94,7 @@ def _neighbours(verdict: dict[str, Any]) -> str:
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
-def _tensorrt(record: RunRecord) -> list[str]:
+def tensorrt_lines(record: RunRecord) -> list[str]:
     profiles = record.metric("tensorrt.profiles") or []
     shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})" for p in profiles)
     engines = record.metric("tensorrt.parity") or {}
@@ -90,7 +102,7 @@ def _tensorrt(record: RunRecord) -> list[str]:
     return [f"{len(profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
 
 
-def _triton(record: RunRecord) -> list[str]:
+def triton_lines(record: RunRecord) -> list[str]:
     deployment = record.metric("triton")
     served = deployment.get("served_parity") or {}
     parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r['passed'] else 'FAIL'}"
@@ -105,7 +117,7 @@ def _triton(record: RunRecord) -> list[str]:
               if prompts else [])]
 
 
-def _generation(record: RunRecord) -> list[str]:
+def generation_lines(record: RunRecord) -> list[str]:
     lines = []
     for task, outcome in (record.metric("generation") or {}).items():
         same = outcome["in_process"]
@@ -119,7 +131,7 @@ def _disturbed(record: RunRecord) -> list[str]:
     return [f"{disturbance_note(found)} below"] if found else []
 
 
-def _bench(record: RunRecord) -> list[str]:
+def bench_lines(record: RunRecord) -> list[str]:
     lines = [*_disturbed(record), *(r.line() for r in recommend(record))]
     served = record.metric("bench.served") or {}
     if "skipped" in served:
@@ -127,7 +139,7 @@ def _bench(record: RunRecord) -> list[str]:
     return lines
 
 
-def _report(record: RunRecord) -> list[str]:
+def report_lines(record: RunRecord) -> list[str]:
     return [*_disturbed(record), *(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
 
 
@@ -136,9 +148,3 @@ PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
 
 def _number(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4g}"
-
-
-TAKEAWAYS: dict[str, Callable[[RunRecord], list[str]]] = {
-    "export": _export, "optimize": _optimize, "parity": _parity, "tensorrt": _tensorrt, "triton": _triton,
-    "generation": _generation, "bench": _bench, "report": _report,
-}

@@ -12,10 +12,13 @@ from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.record import RunRecord, StepEntry
 from workbench.measure.latency import corpus_rates, disturbance_note, run_latency_benchmark
 from workbench.measure.sweeps import run_served_benchmark, serving_efficiency
+from workbench.report.page import Section, latency_section, served_section
+from workbench.report.takeaways import bench_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.serving.plan import serving_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
+from workbench.steps import StepSpec
 
 STEP = "bench"
 
@@ -62,3 +65,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(f"{STEP}.served", served_benchmark(config, record) if config.bench.served else {
             "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 7, "in-process latency grid and served load sweeps, batching search, tokenization placement", run,
+    bench_lines, sections=(Section("In-process latency", latency_section),
+                           Section("Served throughput and latency", served_section, served=True)),
+    needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"))

@@ -18,7 +18,10 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
+from workbench.report.page import Section, pipeline_section
+from workbench.report.takeaways import export_lines
 from workbench.runners.torch import GraphModule
+from workbench.steps import StepSpec
 
 STEP = "export"
 # Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).
@@ -131,3 +134,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.add_artifact("onnx.original", dest, kind="onnx", variant="original", precision="fp32")
         record.set_metric(STEP, metrics)
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 1, "PyTorch -> ONNX with dynamic batch and sequence axes", run, export_lines,
+    sections=(Section("The model as its users run it", pipeline_section),),
+    needs=("model",), check=lambda config: check_opset(config.exporter, config.opset),
+    machine=("torch", "transformers", "onnx"), owns=("model", "onnx"))

@@ -13,6 +13,8 @@ from workbench.core.errors import StepSkipped
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.measure.load import asyncio_level
+from workbench.report.page import Section, generation_section
+from workbench.report.takeaways import generation_lines
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import TritonClient, text_array
 from workbench.serving.generation import (
@@ -30,6 +32,7 @@ from workbench.serving.generation_repository import ENGINES, GenerationPlan, gen
 from workbench.serving.plan import repository_root
 from workbench.serving.repository import model_name_for, write_models
 from workbench.serving.server import TritonServer
+from workbench.steps import StepSpec
 
 STEP = "generation"
 REQUEST_TEXTS = 4  # texts per request when checking served answers
@@ -132,3 +135,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
                               "and/or -p generation.text_generation_model=<id>")
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, generation_lines,
+    sections=(Section("Translation and text generation", generation_section),),
+    needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",))

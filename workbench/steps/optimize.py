@@ -13,7 +13,10 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 from workbench.models.loading import FUSION_MODEL_TYPES
+from workbench.report.page import Section, fusions_section
+from workbench.report.takeaways import optimize_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.steps import StepSpec
 
 STEP = "optimize"
 FUSED_OPS = (
@@ -105,3 +108,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             record.set_metric(f"{STEP}.variants.{variant}", stats)
         record.set_metric(f"{STEP}.variants.original", fusions["original"])
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, optimize_lines,
+    sections=(Section("ONNX Runtime fusions", fusions_section),),
+    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"))

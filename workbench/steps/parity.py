@@ -29,7 +29,10 @@ from workbench.precision.repair import (
     run_search,
     sensitivity_order,
 )
+from workbench.report.page import Section, parity_section
+from workbench.report.takeaways import parity_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.steps import StepSpec
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
@@ -280,3 +283,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             if name in results:
                 raise_if_failed(name, results[name])
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, parity_lines,
+    sections=(Section("Parity against PyTorch", parity_section),),
+    needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"))

@@ -13,7 +13,7 @@ from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.machine import gpu_name
+from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
@@ -26,6 +26,9 @@ from workbench.graphs.engines import (
     trtexec_command,
 )
 from workbench.graphs.profiles import Profile, design_profiles, padding_waste
+from workbench.report.page import Section, tensorrt_section
+from workbench.report.takeaways import tensorrt_lines
+from workbench.steps import StepSpec
 
 STEP = "tensorrt"
 
@@ -148,3 +151,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             record.set_metric(STEP, metrics)
         check_engines(config, record, built, metrics)
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, tensorrt_lines,
+    sections=(Section("TensorRT shape profiles", tensorrt_section),),
+    needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",))

@@ -11,6 +11,8 @@ from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, library_reference
+from workbench.report.page import Section, triton_section
+from workbench.report.takeaways import triton_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
@@ -19,6 +21,7 @@ from workbench.serving.plan import candidate_variants, choose_flavor, preference
 from workbench.serving.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
+from workbench.steps import StepSpec
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -159,3 +162,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             record.unverified(f"served parity failed over {', '.join(failed)}")
         publish()
     return record.step_entry(STEP)
+
+
+SPEC = StepSpec(
+    STEP, 5, "Triton model repository; a real server; served parity and batching", run, triton_lines,
+    sections=(Section("Served parity", triton_section, served=True),),
+    needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
+    owns=("triton", "model_repository"))

@@ -1,0 +1,90 @@
+"""A step declares itself once: a throwaway step, one module and one notebook added in a folder of their own, runs
+in order, is preflighted, gets its notebook name, verdict line and report section, and no other module changes."""
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import nbformat
+import pytest
+
+import workbench.steps
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
+from workbench.preflight import preflight
+from workbench.report.page import build_report
+from workbench.steps import STEPS_PATH, spec, specs, step_names, verdict_line
+
+PROBE = '''
+    """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
+    from workbench.core.errors import ConfigError
+    from workbench.report.page import Section
+    from workbench.steps import StepSpec
+
+    STEP = "probe"
+
+
+    def check(config):
+        if config.seed == 13:
+            raise ConfigError("the probe step refuses seed 13", "use another seed")
+
+
+    def run(config, record):
+        with record.step(STEP):
+            record.set_metric(STEP, {"export_nodes": record.metric("export.nodes")})
+        return record.step_entry(STEP)
+
+
+    def lines(record):
+        return [f"probe: export wrote {record.metric('probe.export_nodes')} nodes"]
+
+
+    def section(metrics):
+        return [("Probe", f"The probe read {metrics['export_nodes']} export nodes.", [])]
+
+
+    SPEC = StepSpec(STEP, 9, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
+                    reads=("export",), owns=("probe",))
+'''
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """The probe module in a folder of its own on the steps package's path; its notebook beside copies of the
+    others. Both go when the test ends."""
+    folder = tmp_path / "more_steps"
+    folder.mkdir()
+    (folder / "probe.py").write_text(textwrap.dedent(PROBE), encoding="utf-8")
+    notebooks = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS_DIR, notebooks)
+    book = nbformat.read(NOTEBOOKS_DIR / "01_export.ipynb", as_version=4)
+    parameters = next(c for c in book.cells if "parameters" in c.metadata.get("tags", []))
+    book.cells = [nbformat.v4.new_markdown_cell("# 09 · Probe"), parameters, nbformat.v4.new_code_cell(
+        "from workbench.report.notebook import start\nfrom workbench.steps import spec, verdict_line\n"
+        "cfg, record = start(globals())\nspec('probe').run(cfg, record)\nprint(verdict_line('probe', record))")]
+    nbformat.write(book, notebooks / "09_probe.ipynb")
+    monkeypatch.setenv(STEPS_PATH, str(folder))  # the kernels of the run inherit it
+    specs.cache_clear()
+    yield notebooks
+    monkeypatch.delenv(STEPS_PATH)
+    workbench.steps.__path__.remove(str(folder))
+    specs.cache_clear()
+
+
+def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
+    assert step_names()[-1] == "probe" and spec("probe").notebook == "09_probe.ipynb"
+    config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
+                                       "sequence": {"min": 1, "opt": 32, "max": 64}})
+    assert config.steps == ["export", "probe"], "in the order the declarations give"
+    with pytest.raises(ConfigError, match="the probe step refuses seed 13"):
+        preflight(config.model_copy(update={"seed": 13}))
+    with pytest.raises(MissingArtifactError, match="the probe step reads what the export step writes"):
+        preflight(config.model_copy(update={"steps": ["probe"]}))
+    record = run_pipeline(config, tmp_path / "run", progress=False, notebooks_dir=probe)
+    assert [(s.name, s.status) for s in record.step_entries()] == [("export", "ok"), ("probe", "ok")]
+    nodes = record.metric("export.nodes")
+    assert verdict_line("probe", record) == f"probe: export wrote {nodes} nodes"
+    assert (tmp_path / "run" / "notebooks" / "09_probe.ipynb").is_file()
+    page = build_report(record, tmp_path / "report.html", specs()).read_text()
+    assert f"<h2>Probe</h2>\n<p>The probe read {nodes} export nodes.</p>" in page
