@@ -40,9 +40,9 @@ from workbench.pipeline import run_pipeline
 from workbench.precision.retrieval import verdict_retrieval
 from workbench.report import figures
 from workbench.report.recommend import candidates, cell_shape, pick
-from workbench.serving.plan import serving_plan
 from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
+from workbench.steps.triton import serving_plan
 
 CELLS = ("b1_s16", "b1_s128", "b8_s128")
 COLUMN = 28  # characters per cell column

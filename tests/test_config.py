@@ -36,9 +36,9 @@ def test_round_trip_through_papermill_parameters():
 
 def test_each_model_instance_gets_its_share_of_the_cores(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert threads_per_instance(RunConfig.load(None, ["triton.instances=2"])) == 4
-    assert threads_per_instance(RunConfig.load(None, ["triton.instances=16"])) == 1
-    assert threads_per_instance(RunConfig.load(None, ["triton.instances=2", "threads=3"])) == 3
+    assert threads_per_instance(None, 2) == 4
+    assert threads_per_instance(None, 16) == 1
+    assert threads_per_instance(3, 2) == 3
 
 
 def test_misspelled_key_names_the_closest_setting():

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from workbench.serving.deploy import deployment_files
-from workbench.serving.plan import serving_plan
+from workbench.steps.triton import serving_plan
 
 from .test_triton import prepared
 

@@ -12,12 +12,13 @@ from dataclasses import replace
 import psutil
 import pytest
 
+from workbench.core.config import Flavor
 from workbench.core.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
 from workbench.measure.load import asyncio_level
 from workbench.serving.client import AsyncTritonClient, TritonClient
-from workbench.serving.plan import serving_plan
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port
+from workbench.steps.triton import serving_plan
 
 from .test_triton import prepared
 
@@ -64,7 +65,8 @@ def test_an_empty_engine_is_refused(plan, tmp_path):
     engine = tmp_path / "model.plan"
     engine.touch()
     with pytest.raises(RepositoryError, match=f"TensorRT engine {engine} is missing or empty"):
-        write_repository(replace(plan, flavor="tensorrt_plan", gpu=True, model_file=engine), tmp_path / "repository")
+        write_repository(replace(plan, flavor=Flavor.TENSORRT_PLAN, gpu=True, model_file=engine),
+                         tmp_path / "repository")
     assert published(tmp_path) == ["model.plan"]
 
 

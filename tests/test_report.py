@@ -7,14 +7,15 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.measure.latency import interleaved, matmul_flops, summarize
+from workbench.core.timing import interleaved
+from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
 from workbench.report import figures
 from workbench.report.recommend import recommend
-from workbench.serving.plan import serving_plan
-from workbench.steps import bench, export, optimize, parity, report, tensorrt
+from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
+from workbench.steps.triton import serving_plan
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
          "requests_per_level": 24, "seconds_per_level": 10, "search_queue_delays_us": [0, 4000],
@@ -23,11 +24,13 @@ BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "con
 
 @pytest.fixture(scope="module")
 def reported(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
     config = RunConfig.model_validate({
         "model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"], "threads": 1, "bench": BENCH,
-        "batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}})
-    record = RunRecord.create(tmp_path_factory.mktemp("report"), config)
-    for step in (export, optimize, parity, tensorrt, bench, report):
+        "batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
+        "triton": {"repository_dir": str(root / "repos")}})
+    record = RunRecord.create(root / "run", config)
+    for step in (export, optimize, parity, tensorrt, triton, bench, report):  # bench serves what triton deployed
         step.run(config, record)
     return config, record
 

@@ -29,9 +29,9 @@ from workbench.runners.torch import TorchRunner
 from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_ports, run_repository
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import curl_command, text_endpoints
-from workbench.serving.plan import serving_plan
 from workbench.serving.repository import write_models, write_repository
 from workbench.steps import export, optimize
+from workbench.steps.triton import serving_plan
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
          "precisions": ["fp32"], "threads": 1}

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from workbench.core.batches import Batch
-from workbench.core.config import RunConfig
+from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import (
     PortInUseError,
@@ -31,10 +31,10 @@ from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
-from workbench.serving.plan import serving_plan
 from workbench.serving.repository import parse_pbtxt, read_repository, write_repository
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import export, optimize, triton
+from workbench.steps.triton import serving_plan
 
 pytestmark = pytest.mark.slow
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
@@ -304,8 +304,9 @@ def test_gpu_flavors_generate_valid_configs(served, tmp_path):
     _, plan, _ = served
     from dataclasses import replace
 
-    onnx_gpu = replace(plan, flavor="onnxruntime", gpu=True, gpu_accelerator="tensorrt", fp16=True, pad_to=[32, 64])
-    trt = replace(plan, flavor="tensorrt_plan", gpu=True, profiles=2, pad_to=[32, 64], model_file=plan.model_file)
+    onnx_gpu = replace(plan, flavor=Flavor.ONNXRUNTIME, gpu=True, gpu_accelerator="tensorrt", fp16=True,
+                       pad_to=[32, 64])
+    trt = replace(plan, flavor=Flavor.TENSORRT_PLAN, gpu=True, profiles=2, pad_to=[32, 64], model_file=plan.model_file)
     parsed = read_repository(write_repository(onnx_gpu, tmp_path / "ort"))
     model = parsed[plan.model_name]
     assert model.platform == "onnxruntime_onnx" and model.instance_group[0].kind == model.instance_group[0].KIND_GPU
@@ -366,7 +367,7 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
 def test_the_cpu_serving_order_puts_int8_first_only_where_the_cpu_has_int8_instructions():
     from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 
-    order, why = preference("python-ort", {"int8_dot_product": None})
+    order, why = preference(Flavor.PYTHON_ORT, {"int8_dot_product": None})
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
-    order, why = preference("python-ort", {"int8_dot_product": "AMX"})
+    order, why = preference(Flavor.PYTHON_ORT, {"int8_dot_product": "AMX"})
     assert order == CPU_INT8_FIRST and why == "int8 first: this CPU has AMX"

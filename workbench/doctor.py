@@ -152,7 +152,7 @@ def check_cuda_provider() -> Finding:
     listed = _provider("CUDA", CUDA)
     if not listed.available:
         return listed
-    from workbench.runners.onnxruntime import cuda_problem
+    from workbench.core.machine import cuda_problem
 
     problem = cuda_problem()
     if problem is None:

@@ -53,7 +53,7 @@ def check_ports(config: RunConfig) -> None:
 def check_repository(config: RunConfig) -> None:
     from workbench.serving.plan import repository_root
 
-    ensure_writable(repository_root(config), "triton.repository_dir")
+    ensure_writable(repository_root(config.triton.repository_dir), "triton.repository_dir")
 
 
 def check_model_limits(config: RunConfig) -> None:

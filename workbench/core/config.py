@@ -4,12 +4,14 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workbench.core import dotted
 from workbench.core.errors import ConfigError
 from workbench.core.tasks import TASKS, OutputSpec
 
@@ -69,11 +71,25 @@ class Tolerance(_Strict):
         "embeddings: rank correlation of all pairwise similarities with PyTorch's"))
 
 
+class Flavor(str, Enum):
+    """How Triton runs the network: the one place these names are spelled."""
+
+    ONNXRUNTIME = "onnxruntime"  # Triton's ONNX Runtime backend (C++), on the CPU or a GPU
+    TENSORRT_PLAN = "tensorrt_plan"  # a TensorRT engine (GPU)
+    PYTHON_ORT = "python-ort"  # a Python-backend model running onnxruntime: what CPU-only Triton builds serve
+
+    @property
+    def artifact_kind(self) -> str:
+        """The kind of run artifact it serves: an engine, or an ONNX file."""
+        return "engine" if self is Flavor.TENSORRT_PLAN else "onnx"
+
+
 class TritonSettings(_Strict):
     """How the deployment is generated and served."""
 
     name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
-    flavor: Literal["auto", "onnxruntime", "tensorrt_plan", "python-ort"] = "auto"
+    flavor: Flavor | Literal["auto"] = Field(default="auto", description=(
+        "onnxruntime, tensorrt_plan or python-ort; auto: onnxruntime where ONNX Runtime runs on CUDA, else python-ort"))
     layout: Literal["auto", "ensemble", "fused"] = Field(default="auto", description=(
         "ensemble: tokenizer -> model models behind an ensemble (any flavor); fused: one Python model tokenizes and "
         "runs ONNX Runtime in one hop (python-ort); auto: fused for python-ort, else ensemble"))
@@ -94,6 +110,16 @@ class TritonSettings(_Strict):
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
                                                                  "the project's model_repository/")
     container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+    @field_validator("flavor", mode="before")
+    @classmethod
+    def _known_flavor(cls, value: object) -> object:
+        names = ["auto", *(f.value for f in Flavor)]
+        if value not in names:
+            close = difflib.get_close_matches(str(value), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"flavor must be one of {', '.join(names)}{hint}")
+        return value
 
 
 class BenchSettings(_Strict):
@@ -238,7 +264,7 @@ class RunConfig(_Strict):
             _merge(data, _read_yaml(Path(path)))
         for item in overrides or []:
             key, value = _parse_override(item)
-            _set_dotted(data, key, value)
+            dotted.put(data, key, value)
         return cls.from_dict(data)
 
 
@@ -272,16 +298,6 @@ def _parse_override(item: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    node = data
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {key!r} descends into a non-mapping", f"check the key {key!r}")
-    node[leaf] = value
 
 
 def _fields_at(path: tuple[Any, ...]) -> list[str]:
@@ -321,6 +337,6 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             lines.append(f"unknown setting {loc!r}{hint}")
             fixes.append(REMOVED.get(loc, "remove or rename it; `workbench config` prints every setting"))
         else:
-            lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
             fixes.append(f"set {loc} to a valid value")
     return ConfigError(f"invalid value in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
@@ -202,7 +203,7 @@ class RunRecord:
     def _drop_outputs(self, name: str) -> None:
         """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
         for dotted in self.data["steps"].get(name, {}).get("metrics", []):
-            _pop_dotted(self.data["metrics"], dotted.split("."))
+            dotted_keys.pop(self.data["metrics"], dotted)
         self._drop_artifacts(name)
         self.data["steps"].get(name, {}).pop("metrics", None)
 
@@ -341,11 +342,7 @@ class RunRecord:
         """Write `metrics.<dotted>`; a running step writes only under its own name."""
         if self._current is not None and dotted.split(".")[0] != self._current:
             raise ValueError(f"step {self._current!r} may write metrics.{self._current}.* only, not {dotted!r}")
-        node = self.data["metrics"]
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        dotted_keys.put(self.data["metrics"], dotted, value)
         if self._current is not None:
             written = self.data["steps"][self._current].setdefault("metrics", [])
             if dotted not in written:
@@ -359,12 +356,7 @@ class RunRecord:
         if writer is not None and writer != self._current and self.status(writer) == "failed":
             return default
         self._consume(f"metrics:{dotted}", writer)
-        node: Any = self.data["metrics"]
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return dotted_keys.get(self.data["metrics"], dotted, default)
 
     def verdict(self, variant: str) -> dict[str, Any] | None:
         """The parity result of `variant` (an ONNX variant checked by the parity step, or an engine checked by the
@@ -454,17 +446,6 @@ class RunRecord:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _pop_dotted(node: dict[str, Any], keys: list[str]) -> None:
-    """Remove the value at `keys`, and the mappings it leaves empty."""
-    head, *rest = keys
-    if rest and isinstance(node.get(head), dict):
-        _pop_dotted(node[head], rest)
-        if not node[head]:
-            del node[head]
-    elif not rest:
-        node.pop(head, None)
 
 
 def _sha256_tree(root: Path, files: list[Path]) -> str:

@@ -1,17 +1,49 @@
-"""Wall-clock timing helpers: warm up, repeat, report the median (robust on a shared CPU)."""
+"""Wall-clock timing, one module for every measurement: a stopwatch, interleaved rounds that rotate their order (so a
+slow spell of a shared machine hits every candidate alike), and the median of repeated calls."""
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """`fn`'s result and the seconds it took."""
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def elapsed(fn: Callable[[], object]) -> float:
+    """The seconds one call of `fn` takes."""
+    return timed(fn)[1]
+
+
+def interleaved(calls: dict[K, Callable[[], object]], rounds: int, warmup: int = 0, block: int = 1,
+                budget_s: float | None = None, min_rounds: int = 5) -> dict[K, list[float]]:
+    """Seconds per call for each callable, after `warmup` calls each, in rounds whose order rotates every round.
+    With `block` > 1 each callable runs that many times in a row per round and the first is not counted (its
+    caches are the previous callable's). Stops after `budget_s` seconds of rounds (at least `min_rounds`)."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    samples: dict[K, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    for index in range(rounds):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            if block > 1:
+                calls[name]()
+            samples[name] += [elapsed(calls[name]) for _ in range(max(1, block - 1))]
+        if budget_s is not None and index + 1 >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+    return samples
 
 
 def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    """The median of `repeats` calls, in milliseconds, after `warmup` calls."""
+    return statistics.median(interleaved({0: fn}, repeats, warmup)[0]) * 1e3

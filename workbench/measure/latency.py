@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.errors import DeviceMismatchError
+from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
 
 if TYPE_CHECKING:
@@ -22,26 +22,6 @@ PERCENTILES = (50, 90, 95, 99)
 def percentiles_ms(samples: list[float]) -> dict[str, float]:
     values = np.asarray(samples) * 1e3
     return {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES} | {"mean": float(values.mean())}
-
-
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int,
-                budget_s: float = 120.0, min_rounds: int = 5) -> dict[str, list[float]]:
-    """Seconds per call for each named callable, measured in interleaved rounds (the order rotates every round),
-    so a slow spell of the machine hits every runner alike. Stops early after `budget_s` (at least `min_rounds`)."""
-    names = list(calls)
-    for name in names:
-        for _ in range(warmup):
-            calls[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    start = time.perf_counter()
-    for index in range(rounds):
-        for name in names[index % len(names):] + names[:index % len(names)]:
-            begin = time.perf_counter()
-            calls[name]()
-            samples[name].append(time.perf_counter() - begin)
-        if index + 1 >= min_rounds and time.perf_counter() - start > budget_s:
-            break
-    return samples
 
 
 DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
@@ -99,7 +79,7 @@ def matmul_peak_gflops(threads: int, repeats: int = 5) -> float:
 
 def _best_gflops(call: Callable[[], object], size: int, repeats: int) -> float:
     call()
-    return 2 * size**3 / min(_timed(call) for _ in range(repeats)) / 1e9
+    return 2 * size**3 / min(elapsed(call) for _ in range(repeats)) / 1e9
 
 
 def _torch_matmul(size: int) -> Callable[[], object]:
@@ -123,12 +103,6 @@ def _ort_matmul(size: int, threads: int) -> Callable[[], object]:
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {n: np.random.default_rng(0).random(square, dtype=np.float32) for n in "ab"}
     return lambda: session.run(None, feed)
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def baseline_for(name: str, rows: dict[str, dict[str, Any]]) -> str | None:
@@ -291,7 +265,7 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
                     described[name] = {**runner.describe(), "reference": False, "variant": row_variant(name)}
                     passed[name] = passed[row_variant(name)]
             samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, bench.rounds,
-                                  bench.warmup, bench.seconds_per_cell)
+                                  bench.warmup, budget_s=bench.seconds_per_cell)
         cells[cell] = summarize(samples, rows, length, described)
         flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
                                    rows, length)
@@ -419,12 +393,9 @@ def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 
         calls: list[float] = []
         best = float("inf")
         for _ in range(passes):
-            start = time.perf_counter()
-            for batch in sized:
-                begin = time.perf_counter()
-                runner.infer(batch)
-                calls.append(time.perf_counter() - begin)
-            best = min(best, time.perf_counter() - start)
+            times = [elapsed(lambda batch=batch: runner.infer(batch)) for batch in sized]
+            calls += times
+            best = min(best, sum(times))
         rates["sequences_per_s"][str(size)] = texts / best
         if size == 1:
             rates["p50_ms"] = float(np.median(calls)) * 1e3

@@ -15,12 +15,12 @@ so it would distort every side-by-side measurement and starve a served tokenizer
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from workbench.core.timing import interleaved
 from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings
 
 # CUDA provider options screened on CUDA sessions, ONNX Runtime's default first.
@@ -69,23 +69,6 @@ def call_for(session: Any, feed: dict[str, np.ndarray], device: str) -> Callable
     return call
 
 
-def measure(calls: dict[SessionSettings, Callable[[], object]], rounds: int, block: int) -> dict[SessionSettings,
-                                                                                                  list[float]]:
-    """Seconds per call for each candidate, in `rounds` rounds of `block` calls per candidate (the order rotates
-    every round). The first call of each block is not counted: its caches are the previous candidate's."""
-    order = list(calls)
-    samples: dict[SessionSettings, list[float]] = {s: [] for s in order}
-    for index in range(rounds):
-        for settings in order[index % len(order):] + order[:index % len(order)]:
-            call = calls[settings]
-            call()
-            for _ in range(block - 1):
-                start = time.perf_counter()
-                call()
-                samples[settings].append(time.perf_counter() - start)
-    return samples
-
-
 def choose(default: SessionSettings, challenger: SessionSettings | None, small_ms: dict[SessionSettings, float],
            large_ms: dict[SessionSettings, float]) -> tuple[SessionSettings, str]:
     """The screen's fastest `challenger` when, head to head with `default`, it is `MIN_GAIN` faster at the smallest
@@ -121,7 +104,7 @@ def _alone(make_session: Callable[[SessionSettings], Any], settings: SessionSett
            calls: int) -> float:
     """Median ms of `calls` calls of a session of its own, released on return (its threads with it)."""
     session = make_session(settings)
-    return _medians_ms(measure({settings: lambda: session.run(None, feed)}, 1, calls))[settings]
+    return _medians_ms(interleaved({settings: lambda: session.run(None, feed)}, 1, block=calls))[settings]
 
 
 def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.ndarray], large: dict[str, np.ndarray],
@@ -134,16 +117,17 @@ def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.nda
     default = options[0]
     sessions = {s: make_session(s) for s in options}
     small_calls = {s: call_for(r, small, device) for s, r in sessions.items()}
-    screen = _medians_ms(measure(small_calls, rounds, block))
+    screen = _medians_ms(interleaved(small_calls, rounds, block=block))
     fastest = min(options, key=lambda s: (screen[s], s != default))
     challenger = None if fastest == default else fastest
     pair = [default] + ([challenger] if challenger else [])
-    small_ms = _medians_ms(measure({s: small_calls[s] for s in pair}, 2 * rounds, block))
-    large_ms = _medians_ms(measure({s: call_for(sessions[s], large, device) for s in pair}, rounds, 3))
+    small_ms = _medians_ms(interleaved({s: small_calls[s] for s in pair}, 2 * rounds, block=block))
+    large_ms = _medians_ms(interleaved({s: call_for(sessions[s], large, device) for s in pair}, rounds, block=3))
     if device == "cpu":
         extra = {"spinning_gain": round(spinning_gain(make_session, small, default), 3)}  # measured, never applied
     else:
-        host = _medians_ms(measure({default: call_for(sessions[default], small, "cpu")}, rounds, block))[default]
+        host_calls = {default: call_for(sessions[default], small, "cpu")}
+        host = _medians_ms(interleaved(host_calls, rounds, block=block))[default]
         extra = {"io_binding_gain": round(host / small_ms[default], 3)}
     del sessions, small_calls
     chosen, reason = choose(default, challenger, small_ms, large_ms)

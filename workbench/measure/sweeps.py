@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from workbench.core.config import BenchSettings, RunConfig
+from workbench.core.config import BenchSettings, Flavor, RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.progress import track
@@ -153,7 +153,7 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
     result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "protocol": "grpc", "levels": levels,
-                              "variant_plan": {"flavor": plan.flavor, "layout": plan.layout,
+                              "variant_plan": {"flavor": plan.flavor.value, "layout": plan.layout,
                                                "max_batch_size": plan.max_batch_size}}
 
     def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
         return out
 
     result.update(on_each_batching(plan, workdir, sweep))
-    if plan.flavor == "python-ort":  # the other layout, batching on, same load
+    if plan.flavor is Flavor.PYTHON_ORT:  # the other layout, batching on, same load
         other = replace(plan, dynamic_batching=True, layout="ensemble" if plan.layout == "fused" else "fused")
         measured = _with_server(other, workdir / f"layout_{other.layout}",
                                 lambda server: sweep(server, other, "batching_on"))

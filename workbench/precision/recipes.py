@@ -4,12 +4,12 @@ checked on the search's batches (then on the full lab when it passes there) and 
 base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones too."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import quantize_int8, smooth_activations
 
@@ -51,9 +51,7 @@ def measure_recipe(name: str, build: Callable[[], object], path: Path, check: An
                    summarize: Any) -> dict[str, Any]:
     """A recipe's record: `build` it to `path` (timed), `check` it (parity result, latency ms) and, when it passes
     there, `confirm` it on the full lab."""
-    start = time.perf_counter()
-    build()
-    seconds = time.perf_counter() - start
+    seconds = elapsed(build)
     result, latency_ms = check(path)
     checked_on = "the search's batches"
     if result["passed"]:

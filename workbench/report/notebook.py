@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from workbench.core import dotted
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.errors import ConfigError
 from workbench.core.progress import use_text_bars
@@ -39,10 +40,7 @@ class Parameter:
 
     @property
     def default(self) -> Any:
-        value: Any = RunConfig().to_params()
-        for part in self.setting.split("."):
-            value = value[part]
-        return value
+        return dotted.get(RunConfig().to_params(), self.setting)
 
     def line(self) -> str:
         return f"{self.name}: {self.type_name} = {self.default!r}  # {self.help}"
@@ -104,11 +102,7 @@ def config_from(namespace: dict[str, Any]) -> RunConfig:
             continue
         value = _typed(parameter, namespace[parameter.name])
         if value != parameter.default:
-            node = data
-            *parents, leaf = parameter.setting.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+            dotted.put(data, parameter.setting, value)
     return RunConfig.load(base=data)
 
 

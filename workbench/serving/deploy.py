@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from workbench.core.atomic import write_text
-from workbench.core.config import RunConfig
+from workbench.core.config import Flavor, RunConfig
 from workbench.core.pins import pin
 from workbench.serving.repository import ServingPlan
 
@@ -24,7 +24,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 def deployment_files(config: RunConfig, plan: ServingPlan, folder: Path) -> dict[str, Path]:
     """A `docker run` script for NVIDIA's Triton container and a Kubernetes Deployment + Service."""
-    packages = [*CONTAINER_PACKAGES, *(["onnxruntime-gpu"] if plan.flavor == "python-ort" else [])]
+    packages = [*CONTAINER_PACKAGES, *(["onnxruntime-gpu"] if plan.flavor is Flavor.PYTHON_ORT else [])]
     requirements = " ".join(shlex.quote(pin(name)) for name in packages)
     serve = f"pip install --quiet {requirements} && tritonserver --model-repository=/models"
     docker = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=1g", "-p", "8000:8000", "-p", "8001:8001",

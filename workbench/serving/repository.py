@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +14,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.core.atomic import atomic_dir, sha256_file, write_text
+from workbench.core.config import Flavor
 from workbench.core.errors import RepositoryError
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
 
 MODELS_SOURCE = Path(__file__).parent / "backend"
 MARKER = ".workbench.json"
-FLAVORS = ("onnxruntime", "tensorrt_plan", "python-ort")
 LAYOUTS = ("ensemble", "fused")
 INT64, FP32, STRING, BOOL = mc.TYPE_INT64, mc.TYPE_FP32, mc.TYPE_STRING, mc.TYPE_BOOL
 
@@ -30,7 +30,7 @@ class ServingPlan:
     """Everything the repository needs to know, resolved from the run configuration and record."""
 
     name: str
-    flavor: str
+    flavor: Flavor
     input_names: tuple[str, ...]
     outputs: tuple[OutputSpec, ...]
     output_dims: dict[str, list[int]]  # per output, its dims after the batch axis as the graph declares them
@@ -53,6 +53,18 @@ class ServingPlan:
     layout: str = "ensemble"
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     default_prompt_name: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("model_file", "tokenizer_dir")}
+        return {**data, "flavor": self.flavor.value, "outputs": [asdict(o) for o in self.outputs]}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any], model_file: Path, tokenizer_dir: Path) -> ServingPlan:
+        """The plan `record()` wrote, with the run's files."""
+        outputs = tuple(OutputSpec(o["name"], tuple(o["axes"]), o["kind"]) for o in data["outputs"])
+        return cls(**{**data, "flavor": Flavor(data["flavor"]), "outputs": outputs, "input_names": tuple(
+            data["input_names"]), "model_file": model_file, "tokenizer_dir": tokenizer_dir})
 
     @property
     def classifies(self) -> bool:
@@ -135,12 +147,12 @@ def tokenizer_config(plan: ServingPlan) -> Any:
 
 def model_config(plan: ServingPlan) -> Any:
     """The network itself, in the chosen flavor."""
-    ragged = plan.flavor == "python-ort"
+    ragged = plan.flavor is Flavor.PYTHON_ORT
     config = mc.ModelConfig(name=plan.model_name)
-    if plan.flavor == "onnxruntime":
+    if plan.flavor is Flavor.ONNXRUNTIME:
         config.platform, config.default_model_filename = "onnxruntime_onnx", "model.onnx"
-    elif plan.flavor == "tensorrt_plan":
-        config.platform, config.default_model_filename = "tensorrt_plan", "model.plan"
+    elif plan.flavor is Flavor.TENSORRT_PLAN:
+        config.platform, config.default_model_filename = Flavor.TENSORRT_PLAN.value, "model.plan"
     else:
         config.backend = "python"
         _onnxruntime_parameters(config, plan)
@@ -150,16 +162,16 @@ def model_config(plan: ServingPlan) -> Any:
     for spec in plan.outputs:
         add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     kind = mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU
-    if plan.flavor == "tensorrt_plan" and plan.profiles > 1:
+    if plan.flavor is Flavor.TENSORRT_PLAN and plan.profiles > 1:
         for profile in range(plan.profiles):  # one instance group per profile: each serves one length bucket
             config.instance_group.add(count=plan.instances, kind=kind, profile=[str(profile)])
     else:
         _instances(config, plan, kind)
-    if plan.flavor == "onnxruntime" and plan.gpu and plan.gpu_accelerator == "tensorrt":
+    if plan.flavor is Flavor.ONNXRUNTIME and plan.gpu and plan.gpu_accelerator == "tensorrt":
         accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
         accelerator.parameters["precision_mode"] = "FP16" if plan.fp16 else "FP32"
         accelerator.parameters["max_workspace_size_bytes"] = str(1 << 30)
-    if not (plan.flavor == "tensorrt_plan" and plan.profiles > 1):
+    if not (plan.flavor is Flavor.TENSORRT_PLAN and plan.profiles > 1):
         warmup = config.model_warmup.add(name="zeros", batch_size=1)
         for name in plan.input_names:
             warmup.inputs[name].data_type = INT64
@@ -253,14 +265,12 @@ def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
 
 
 def configs(plan: ServingPlan) -> dict[str, Any]:
-    if plan.flavor not in FLAVORS:
-        raise RepositoryError(f"unknown Triton flavor {plan.flavor!r}", f"use one of {', '.join(FLAVORS)}")
     if plan.layout not in LAYOUTS:
         raise RepositoryError(f"unknown repository layout {plan.layout!r}", f"use one of {', '.join(LAYOUTS)}")
     if plan.layout == "fused":
-        if plan.flavor != "python-ort":
-            raise RepositoryError(f"the fused layout runs in Triton's Python backend; flavor {plan.flavor} runs in "
-                                  "a C++ backend behind the ensemble",
+        if plan.flavor is not Flavor.PYTHON_ORT:
+            raise RepositoryError(f"the fused layout runs in Triton's Python backend; flavor {plan.flavor.value} runs "
+                                  "in a C++ backend behind the ensemble",
                                   "use -p triton.layout=ensemble (or auto), or -p triton.flavor=python-ort")
         return {plan.name: fused_config(plan)}
     result = {plan.tokenizer_name: tokenizer_config(plan), plan.model_name: model_config(plan),
@@ -272,7 +282,7 @@ def configs(plan: ServingPlan) -> dict[str, Any]:
 
 def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
     """Every model of the plan: its config and the files of its version folder (name there -> source)."""
-    network = {{"tensorrt_plan": "model.plan"}.get(plan.flavor, "model.onnx"): plan.model_file}
+    network = {"model.plan" if plan.flavor is Flavor.TENSORRT_PLAN else "model.onnx": plan.model_file}
     data = Path(f"{plan.model_file}.data")
     if data.is_file():
         network[data.name] = data
@@ -288,7 +298,7 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
         plan.model_name: network,
         plan.name: {},
     }
-    if plan.flavor == "python-ort":
+    if plan.flavor is Flavor.PYTHON_ORT:
         files[plan.model_name]["model.py"] = MODELS_SOURCE / "onnxruntime_model.py"
         files[plan.model_name]["ort_batches.py"] = MODELS_SOURCE / "ort_batches.py"
     if plan.classifies:
@@ -350,7 +360,7 @@ def verify_model_file(plan: ServingPlan) -> None:
     """Refuse a truncated or corrupt network before it is published (the server would fail minutes later, with the
     cause deep in its log): ONNX files through onnx.checker and an ONNX Runtime session. A TensorRT engine needs
     its GPU to be deserialized, so here it is only checked to exist and not be empty."""
-    if plan.flavor != "tensorrt_plan":
+    if plan.flavor is not Flavor.TENSORRT_PLAN:
         onnxfiles.verify(plan.model_file)
     elif not plan.model_file.is_file() or plan.model_file.stat().st_size == 0:
         raise RepositoryError(f"TensorRT engine {plan.model_file} is missing or empty",
@@ -360,7 +370,7 @@ def verify_model_file(plan: ServingPlan) -> None:
 def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
     """Verify the plan's model file, then write its repository into `root` (see write_models)."""
     verify_model_file(plan)
-    return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor})
+    return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor.value})
 
 
 def write_models(models: dict[str, tuple[Any, dict[str, Path]]], root: Path, overwrite: bool = False,

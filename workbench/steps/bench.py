@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from workbench.core.batches import corpus_batches
-from workbench.core.config import RunConfig
+from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.record import RunRecord, StepEntry
@@ -15,7 +15,6 @@ from workbench.measure.sweeps import run_served_benchmark, serving_efficiency
 from workbench.report.page import Section, latency_section, served_section
 from workbench.report.takeaways import bench_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
-from workbench.serving.plan import serving_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 from workbench.steps import StepSpec
@@ -23,23 +22,36 @@ from workbench.steps import StepSpec
 STEP = "bench"
 
 
-def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
-    """The served measurements, or why they were not taken (no server, or a flavor this server cannot run)."""
+def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
+    """The plan the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
+    that is current (the served benchmark measures what was deployed, nothing else)."""
     deployment = record.deployment()
-    plan, variant = serving_plan(config, record, deployment and deployment["variant"])  # else the best candidate
+    if deployment is None or "plan" not in deployment:
+        return None
+    flavor = Flavor(deployment["flavor"])
+    path, _ = record.variant(deployment["variant"], flavor.artifact_kind)
+    return ServingPlan.from_record(deployment["plan"], path, record.artifact("tokenizer")), deployment["variant"]
+
+
+def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """The served measurements of what the triton step deployed, or why they were not taken (nothing deployed, no
+    server, or a flavor this server cannot run)."""
+    deployed = deployed_plan(record)
+    if deployed is None:
+        return {"skipped": f"nothing deployed in this run (triton: {record.step_entry('triton').label}); run "
+                           "--steps triton,bench to measure serving"}
+    plan, variant = deployed
     try:
         binary = find_tritonserver()
     except TritonNotFoundError as missing:
         return {"skipped": str(missing)}
-    if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
-        return {"skipped": f"the {plan.flavor} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
+    if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
+        return {"skipped": f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
     texts, tokenizer = list(load_corpus(config.corpus)), record.tokenizer()
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
-    if plan.flavor != "tensorrt_plan":
+    if plan.flavor is not Flavor.TENSORRT_PLAN:
         result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
-    verdict = record.verdict(variant) or {}
-    verified = bool(deployment and deployment["verified"]) or bool(verdict.get("passed"))
-    return {**result, "variant": variant, "verified": verified}
+    return {**result, "variant": variant, "verified": bool((record.deployment() or {}).get("verified"))}
 
 
 def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str,

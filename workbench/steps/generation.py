@@ -102,7 +102,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
                           compute_type=gen.ct2_compute_type, threads=config.threads or 0)
     models = generation_models(plan)
     repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
-    shared = repository_root(config)
+    shared = repository_root(config.triton.repository_dir)
     write_models(models, shared / plan.name, overwrite=config.triton.overwrite, about={"name": plan.name})
     record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
     result: dict[str, Any] = {"model": name, "kind": task.kind, "target_language": language, "name": plan.name,

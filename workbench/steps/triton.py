@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.core.config import RunConfig
+from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.progress import track
@@ -17,7 +17,15 @@ from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
 from workbench.serving.deploy import deployment_files
-from workbench.serving.plan import candidate_variants, choose_flavor, preference, repository_root, serving_plan
+from workbench.serving.plan import (
+    build_plan,
+    candidates,
+    choose_flavor,
+    preference,
+    repository_root,
+    served_outputs,
+    threads_per_instance,
+)
 from workbench.serving.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
@@ -30,8 +38,8 @@ PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
 def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,
                     repository: Path, loaded: LoadedModel) -> dict[str, Any]:
     binary = find_tritonserver()
-    if plan.flavor != "python-ort" and binary.origin == "nvidia-pytriton":
-        raise DependencyMissingError(f"the {plan.flavor} flavor needs Triton's {plan.flavor} backend; the "
+    if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
+        raise DependencyMissingError(f"the {plan.flavor.value} flavor needs Triton's {plan.flavor.value} backend; the "
                                      "tritonserver bundled in nvidia-pytriton has only the Python backend",
                                      "serve it from NVIDIA's container (triton/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
@@ -82,7 +90,30 @@ def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
     return {variant: result["failures"] for variant, result in checks.items() if not result["passed"]}
 
 
-def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: LoadedModel
+def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
+    """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
+    return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant)
+
+
+def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
+    """How to serve `variant` of this run (default: the first candidate) with the configured Triton settings."""
+    from transformers import AutoConfig
+
+    flavor = choose_flavor(config.triton.flavor, config.device)
+    variant = variant or candidate_variants(config, record, flavor)[0]
+    path, precision = record.variant(variant, flavor.artifact_kind)
+    outputs = served_outputs(config.output_specs, config.triton.outputs, config.task)
+    folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
+    classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
+    id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
+    plan = build_plan(config.triton.name or config.model_slug, flavor, path, precision, record.export_info(), folder,
+                      record.tokenizer().pad_token_id or 0, id2label, outputs, record.shape_profiles(),
+                      config.triton, config.batch, config.sequence.max,
+                      threads_per_instance(config.threads, config.triton.instances))
+    return plan, variant
+
+
+def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel
                      ) -> tuple[str, dict[str, Any]]:
     """The first candidate that passed parity in this run; a candidate no step has checked is checked here, on
     the parity step's lab and tolerances. Without one, UnverifiedError (unless triton.allow_unverified)."""
@@ -92,7 +123,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: str, loaded: 
     lab: ParityLab | None = None
     for variant in candidates:
         verdict = record.verdict(variant)
-        if verdict is None and flavor != "tensorrt_plan":
+        if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             path, precision = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
             with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
@@ -117,20 +148,22 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
         loaded = load_model(config)
-        variant, verification = verified_variant(config, record, choose_flavor(config), loaded)
+        flavor = choose_flavor(config.triton.flavor, config.device)
+        variant, verification = verified_variant(config, record, flavor, loaded)
         plan, variant = serving_plan(config, record, variant)
-        destination = repository_root(config) / plan.name
+        destination = repository_root(config.triton.repository_dir) / plan.name
         check_replaceable(destination, config.triton.overwrite)
         run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
-        record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor,
+        record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
                             variant=variant)
         for name, path in deployment_files(config, plan, record.run_dir / "triton").items():
             record.add_artifact(f"triton.{name}", path, kind="deployment")
-        _, precision = record.variant(variant, "engine" if plan.flavor == "tensorrt_plan" else "onnx")
-        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor, "layout": plan.layout, "variant": variant,
-                                   "precision": precision, "models": sorted(read_repository(run_copy)),
+        _, precision = record.variant(variant, plan.flavor.artifact_kind)
+        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
+                                   "variant": variant, "precision": precision,
+                                   "models": sorted(read_repository(run_copy)),
                                    "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
-                                   "repository": str(destination), "published": False,
+                                   "repository": str(destination), "published": False, "plan": plan.record(),
                                    "verification": verification, "verified": verification["by"] is not None}
         record.set_metric(STEP, metrics)
 
@@ -152,10 +185,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(STEP, metrics)
         if failed and not config.triton.allow_unverified:
             record.remove_artifact("triton.repository")
+            checked = {**metrics["served_parity"], **{f"http, prompt_name={name!r}": result for name, result in
+                                                       metrics.get("prompt_parity", {}).items()}}
             raise UnverifiedError(
                 f"{variant} served by Triton fails parity over {', '.join(failed)}: "
-                f"{'; '.join(metrics['served_parity'][failed[0]]['failures'])}; nothing was published to "
-                f"{destination}",
+                f"{'; '.join(checked[failed[0]]['failures'])}; nothing was published to {destination}",
                 "read metrics.triton.served_parity in run.json; serve another variant (-p triton.variant=...) or "
                 "publish it anyway with -p triton.allow_unverified=true")
         if failed:
