@@ -34,14 +34,13 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
-from workbench.measure.latency import run_latency_benchmark
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
-from workbench.precision.retrieval import verdict_retrieval
 from workbench.report import figures
 from workbench.report.recommend import candidates, cell_shape, pick
 from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
+from workbench.steps.bench import latency as measure_latency
 from workbench.steps.triton import serving_plan
 
 CELLS = ("b1_s16", "b1_s128", "b8_s128")
@@ -158,7 +157,7 @@ def measure_and_print() -> None:
         "batches": batches, "sequences": sequences, "rounds": args.rounds, "seconds_per_cell": 120.0})})
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     start = time.perf_counter()
-    latency = run_latency_benchmark(config, record)
+    latency = measure_latency(config, record)
     tokenizer = record.tokenizer()
     texts = list(load_corpus())
     short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
@@ -228,10 +227,10 @@ def measure_and_print() -> None:
         choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
     for name, verdict in verdicts.items():
-        r = verdict_retrieval(verdict)
-        if verdict.get("precision") == "int8" and r:
+        r = verdict.retrieval
+        if verdict.precision == "int8" and r:
             print(f"   {name}: agreement@1 {r['agreement_at_1']:.3f}, recall@10 {r['recall_at_10']:.3f}, Spearman "
-                  f"{r['spearman']:.4f} over {r['texts']} texts ({'passes' if verdict['passed'] else 'fails'} parity)")
+                  f"{r['spearman']:.4f} over {r['texts']} texts ({'passes' if verdict.passed else 'fails'} parity)")
     if served_result is not None:
         print_served(latency, served_result)
     if args.profile:

@@ -42,7 +42,7 @@ def deployed(run: Path) -> tuple[Path, str, list[str]]:
         raise MissingArtifactError(f"the triton step of {run} is {record.status('triton') or 'not run'}, not ok",
                                    f"run it: workbench run --resume --output-dir {run} --steps triton, or leave "
                                    "out --run")
-    return record.artifact("triton.repository"), deployment["name"], list(load_corpus(record.config.corpus))
+    return record.artifact("triton.repository"), deployment.name, list(load_corpus(record.config.corpus))
 
 
 def probe(server: TritonServer, model: str) -> dict[str, np.ndarray]:

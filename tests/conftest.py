@@ -36,3 +36,10 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def tiny_bert(tiny_models) -> Path:
     return tiny_models["bert"]
+
+
+def export_metrics(**changes: object) -> dict[str, object]:
+    """The least metrics.export its model (ExportMetrics) takes: a two-layer BERT's sizes and graph I/O."""
+    io = {"inputs": {"input_ids": ["batch", "sequence"]}, "outputs": {"sentence_embedding": ["batch", 32]}}
+    return {"architecture": "BertModel", "optimizer_model_type": "bert", "num_heads": 2, "num_layers": 2,
+            "hidden_size": 32, "intermediate_size": 64, "max_sequence": 64, "nodes": 3, "io": io, **changes}

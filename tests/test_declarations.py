@@ -1,5 +1,6 @@
 """A step declares itself once: a throwaway step, one module and one notebook added in a folder of their own, runs
-in order, is preflighted, gets its notebook name, verdict line and report section, and no other module changes."""
+in order, is preflighted, gets its notebook name, verdict line, typed metrics and report section, and no other module
+changes."""
 from __future__ import annotations
 
 import shutil
@@ -19,10 +20,15 @@ from workbench.steps import STEPS_PATH, spec, specs, step_names, verdict_line
 PROBE = '''
     """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
     from workbench.core.errors import ConfigError
+    from workbench.core.results import Metrics
     from workbench.report.page import Section
     from workbench.steps import StepSpec
 
     STEP = "probe"
+
+
+    class ProbeMetrics(Metrics):
+        export_nodes: int
 
 
     def check(config):
@@ -40,12 +46,12 @@ PROBE = '''
         return [f"probe: export wrote {record.metric('probe.export_nodes')} nodes"]
 
 
-    def section(metrics):
-        return [("Probe", f"The probe read {metrics['export_nodes']} export nodes.", [])]
+    def section(metrics: ProbeMetrics):
+        return [("Probe", f"The probe read {metrics.export_nodes} export nodes.", [])]
 
 
     SPEC = StepSpec(STEP, 9, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
-                    reads=("export",), owns=("probe",))
+                    reads=("export",), owns=("probe",), metrics=ProbeMetrics)
 '''
 
 

@@ -13,7 +13,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.record import RunRecord
-from workbench.measure.latency import baseline_for, run_latency_benchmark, speedup, summarize
+from workbench.measure.latency import baseline_for, speedup, summarize
 from workbench.measure.sessions import cuda_candidates
 from workbench.models.loading import load_model
 from workbench.report.page import build_report
@@ -21,6 +21,7 @@ from workbench.runners.library import library_runner
 from workbench.runners.onnxruntime import CPU, CUDA, OrtRunner, SessionSettings
 from workbench.runners.torch import TorchRunner
 from workbench.steps import export, optimize, specs
+from workbench.steps.bench import latency as run_latency_benchmark
 
 SMALL = {"batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 32},
          "precisions": ["fp32"], "threads": 1}

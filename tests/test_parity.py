@@ -19,7 +19,7 @@ from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab
-from workbench.precision.repair import RANKED_BY
+from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize, parity
 

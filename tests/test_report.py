@@ -7,6 +7,7 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
+from workbench.core.results import BenchMetrics, Verdict
 from workbench.core.timing import interleaved
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
@@ -16,6 +17,8 @@ from workbench.report import figures
 from workbench.report.recommend import recommend
 from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
 from workbench.steps.triton import serving_plan
+
+from .conftest import export_metrics
 
 BENCH = {"rounds": 4, "warmup": 1, "batches": [1, 2], "sequences": [8, 16], "concurrency": [1, 4],
          "requests_per_level": 24, "seconds_per_level": 10, "search_queue_delays_us": [0, 4000],
@@ -52,7 +55,7 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
             assert runner["rounds"] >= 3 and runner["gflops"] > 0
             rows, length = (int(x) for x in re.findall(r"\d+", cell))
             assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
-    assert latency["peak_gflops"] > 1
+    assert latency["peaks"]["fp32"] > 1
     assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
     assert latency["disturbed"] == disturbances(latency["cells"], latency["flops"])  # recorded, read from the grid
     # Session settings screened per ONNX variant, the fastest re-measured head to head; the chosen one never spins
@@ -146,13 +149,14 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
     config = RunConfig()
     record = RunRecord.create(tmp_path, config)
     with record.step("export"):
-        record.set_metric("export", {"nodes": 3})
+        record.set_metric("export", export_metrics())
     with record.step("parity"):
         pass  # ok, but wrote no metric
     with pytest.raises(RuntimeError), record.step("optimize"):
         raise RuntimeError("the disk is full")
-    with record.step("triton"):  # written by an older workbench: no layout, no served_parity protocols
-        record.set_metric("triton", {"variant": "fp32", "served_parity": {"http": {}}})
+    with record.step("triton"):
+        record.set_metric("triton", {"variant": "fp32"})
+    record.data["metrics"]["triton"]["served_parity"] = {"http": {}}  # damaged: a protocol without its verdict
     result = report.run(config, record)
     html = record.artifact("report").read_text()
     assert result.status == "ok" and "Plotly.newPlot" not in html
@@ -161,10 +165,11 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
         assert f"the {step} step did not run; run `workbench run --resume --output-dir {tmp_path} " \
                f"--steps {step}` to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
-    assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (KeyError" in html
+    assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (ValidationError" in html
     assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run `workbench run "
                       f"--resume --output-dir {tmp_path} --steps parity,bench`") == 2  # latency and throughput
-    assert "Served: fp32 via the ensemble layout." in html
+    assert "Served: unknown, the triton step&#39;s record is unreadable (ValidationError: 1 validation error for " \
+           "TritonMetrics); run" in html
 
 
 def test_interleaving_rotates_and_respects_the_budget():
@@ -243,8 +248,8 @@ def _benched(run_dir, cosines: dict[str, float]) -> tuple[RunConfig, RunRecord]:
              "b8_s16": _cell({"pytorch": 50.0, "fp32": 20.0, "int8": 10.0, "int8_repaired": 25.0}),
              "b8_s128": _cell({"pytorch": 400.0, "fp32": 100.0, "int8": 50.0, "int8_repaired": 125.0})}
     with record.step("bench"):
-        passed = {name: bool(v["passed"]) for name, v in record.verdicts().items()}  # what the bench step reads
-        record.set_metric("bench.latency", {"threads": 2, "peak_gflops": 50.0, "cells": cells,
+        passed = {name: v.passed for name, v in record.verdicts().items()}  # what the bench step reads
+        record.set_metric("bench.latency", {"threads": 2, "peaks": {"fp32": 50.0}, "cells": cells,
                                             "passed": {"pytorch": True, **passed}})
     return config, record
 
@@ -363,7 +368,7 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
     verdict["outputs"]["sentence_embedding"]["retrieval"] = {"texts": 320, "agreement_at_1": 0.95,
                                                              "recall_at_10": 0.97, "spearman": 0.998}
     cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
-    choice = pick("latency", 1, 16, candidates(cell, {"int8_repaired": verdict}), "AMX")
+    choice = pick("latency", 1, 16, candidates(cell, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
     assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
 
 
@@ -385,11 +390,11 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
     output = verdict["outputs"]["sentence_embedding"]
     output["tolerance"]["min_recall_at_10"] = 0.999
     output["retrieval"] = {"texts": 320, "agreement_at_1": 0.97, "recall_at_10": 0.9859, "spearman": 0.99999}
-    judged = gate(verdict)
+    judged = gate(Verdict.model_validate(verdict))
     assert (judged.metric, judged.value, judged.threshold) == ("recall@10", 0.9859, 0.999)
     assert str(judged) == "recall@10 0.98590 vs 0.999 (margin -0.01310)"
     output["tolerance"] = {"min_cosine": 0.99999998}
-    assert str(gate(verdict)) == "min cosine 0.9999800000 vs 0.99999998 (margin -0.0000199800)"
+    assert str(gate(Verdict.model_validate(verdict))) == "min cosine 0.9999800000 vs 0.99999998 (margin -0.0000199800)"
 
 
 def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
@@ -408,8 +413,9 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
             "b8_s128": _cell({"pytorch": 1007.0, "int8_repaired": 135.4})}
     found = disturbances(busy, flops)
     assert found == ["pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
-    assert disturbed_warning({"latency": {"disturbed": found}}).startswith(f"DISTURBED TIMINGS: {found[0]}. Other")
-    assert disturbed_warning({"latency": {"disturbed": []}}) == ""
+    assert disturbed_warning(BenchMetrics(latency={"disturbed": found})).startswith(
+        f"DISTURBED TIMINGS: {found[0]}. Other")
+    assert disturbed_warning(BenchMetrics(latency={"disturbed": []})) == ""
     config, record = _benched(tmp_path, PASSING)
     latency = record.metric("bench.latency")
     with record.step("bench"):

@@ -12,7 +12,6 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import OnnxModelError
 from workbench.core.machine import gpu_name
 from workbench.core.record import RunRecord
-from workbench.measure import latency
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.runners import Runner, RunnerClosedError
@@ -20,6 +19,7 @@ from workbench.runners.onnxruntime import CPU, OrtRunner
 from workbench.runners.torch import TorchRunner
 from workbench.serving.runner import ServedRunner
 from workbench.steps import export
+from workbench.steps.bench import grid_rows
 
 TEXTS = list(load_corpus()[:24])
 OUTPUTS = {"bert": ("token_embeddings", "sentence_embedding"), "bert-seqcls": ("logits",)}
@@ -129,7 +129,7 @@ def test_benchmark_runners_are_all_closed_even_when_one_fails_to_load(exported, 
         monkeypatch.setattr(cls, "__enter__", lambda self: opened.append(self) or self)
     try:
         with pytest.raises(OnnxModelError), ExitStack() as stack:
-            latency.benchmark_runners(config, record, stack)
+            grid_rows(config, record).open(stack)
     finally:
         del record.data["artifacts"]["onnx.broken"]
         broken.unlink()

@@ -22,6 +22,8 @@ from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.report.page import build_report
 from workbench.steps import export, optimize, parity, specs, triton
 
+from .conftest import export_metrics
+
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
 
@@ -31,7 +33,7 @@ def _produce(record: RunRecord, content: str, fail: bool = False) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(content)
         record.add_artifact("onnx.original", path, kind="onnx", variant="original", precision="fp32")
-        record.set_metric("export.nodes", len(content))
+        record.set_metric("export", export_metrics(nodes=len(content)))
         if fail:
             raise RuntimeError("export broke half-way")
 

@@ -5,8 +5,9 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.measure.latency import REFERENCES, run_latency_benchmark
+from workbench.measure.latency import REFERENCES
 from workbench.steps import export, optimize, parity
+from workbench.steps.bench import latency as run_latency_benchmark
 
 SETTINGS = {"precisions": ["fp32", "fp16"], "device": "cuda", "repair": False,
             "bench": {"batches": [1, 8], "sequences": [16, 128], "rounds": 30, "warmup": 5}}

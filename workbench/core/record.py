@@ -18,9 +18,17 @@ from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
+from workbench.core.results import (
+    SCHEMA_VERSION,
+    ExportMetrics,
+    Metrics,
+    ParityMetrics,
+    TritonMetrics,
+    Verdict,
+    migrate,
+)
 
 RECORD_NAME = "run.json"
-SCHEMA_VERSION = 1
 _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
                  "attn_implementation")
 
@@ -31,6 +39,13 @@ def _step_order() -> tuple[str, ...]:
     from workbench.steps import step_names
 
     return step_names()
+
+
+def _metrics_model(name: str) -> type[Metrics]:
+    """The model step `name` declares for its metrics (`StepSpec.metrics`)."""
+    from workbench.steps import spec
+
+    return spec(name).metrics
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,10 @@ class RunRecord:
         if not isinstance(data, dict) or not {"config", "steps", "artifacts", "metrics"} <= set(data):
             raise OutputDirError(f"{path} is not a workbench run record (keys missing)",
                                  "start a new run in another folder, or with --overwrite in this one")
-        return cls(Path(run_dir), data)
+        if data.get("schema", 1) > SCHEMA_VERSION:
+            raise OutputDirError(f"{path} was written by a newer workbench (schema {data['schema']}, this one reads "
+                                 f"up to {SCHEMA_VERSION})", "upgrade the workbench to read this run")
+        return cls(Path(run_dir), migrate(data))
 
     @classmethod
     def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False) -> RunRecord:
@@ -149,6 +167,7 @@ class RunRecord:
         entry: dict[str, Any]
         try:
             yield self
+            self._type_metrics(name)
         except StepSkipped as skip:
             entry = {"status": "skipped", "reason": str(skip)}
         except BaseException as exc:
@@ -159,6 +178,19 @@ class RunRecord:
         else:
             entry = {"status": "ok"}
         self._finish(name, start, entry)
+
+    def _type_metrics(self, name: str) -> None:
+        """Write step `name`'s metrics as its declared model has them (a step that recorded something its model
+        refuses fails here, naming the field)."""
+        section = self.data["metrics"].get(name)
+        if section is not None:
+            typed = _metrics_model(name).model_validate(section)
+            self.data["metrics"][name] = typed.recorded()
+
+    def results(self, name: str) -> Metrics | None:
+        """Step `name`'s metrics as its declared model (None when it recorded none)."""
+        section = self.metric(name)
+        return None if section is None else _metrics_model(name).model_validate(section)
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None
@@ -358,16 +390,17 @@ class RunRecord:
         self._consume(f"metrics:{dotted}", writer)
         return dotted_keys.get(self.data["metrics"], dotted, default)
 
-    def verdict(self, variant: str) -> dict[str, Any] | None:
+    def verdict(self, variant: str) -> Verdict | None:
         """The parity result of `variant` (an ONNX variant checked by the parity step, or an engine checked by the
         tensorrt step) if the step that wrote it is ok now (not stale, failed or missing)."""
         for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
             writer = self._metric_writer(dotted)
             if writer is not None:
-                return self.metric(dotted) if self.status(writer) == "ok" else None
+                found = self.metric(dotted) if self.status(writer) == "ok" else None
+                return None if found is None else Verdict.model_validate(found)
         return None
 
-    def verdicts(self) -> dict[str, dict[str, Any]]:
+    def verdicts(self) -> dict[str, Verdict]:
         """Every variant's and engine's current parity result (see `verdict`)."""
         names = [*self.data["metrics"].get("parity", {}).get("variants", {}),
                  *self.data["metrics"].get("tensorrt", {}).get("parity", {})]
@@ -375,13 +408,13 @@ class RunRecord:
         return {name: result for name, result in found.items() if result is not None}
 
     # ---- what steps read from each other -------------------------------------------------
-    def export_info(self) -> dict[str, Any]:
+    def export_info(self) -> ExportMetrics:
         """What the export step measured about the model and its graph (metrics.export)."""
         info = self.metric("export")
         if info is None:
             raise MissingArtifactError(f"the run in {self.run_dir} has no export metrics",
                                        "run the export step first: --steps export")
-        return info
+        return ExportMetrics.model_validate(info)
 
     def tokenizer(self) -> Any:
         """The tokenizer the export step saved with the model."""
@@ -391,15 +424,17 @@ class RunRecord:
 
     def fp16_repair_pins(self) -> list[str]:
         """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""
-        return list(self.metric("parity.repair.fp16.chosen.blocked") or [])
+        fp16 = ParityMetrics.model_validate(self.metric("parity") or {}).repair.get("fp16")
+        return list(fp16.chosen.blocked) if fp16 and fp16.chosen else []
 
     def shape_profiles(self) -> list[dict[str, Any]]:
         """The TensorRT shape profiles the tensorrt step designed (none when it did not run)."""
         return list(self.metric("tensorrt.profiles") or [])
 
-    def deployment(self) -> dict[str, Any] | None:
+    def deployment(self) -> TritonMetrics | None:
         """What the triton step deployed, if it is ok now."""
-        return self.metric("triton") if self.status("triton") == "ok" else None
+        found = self.metric("triton") if self.status("triton") == "ok" else None
+        return None if found is None else TritonMetrics.model_validate(found)
 
     def unverified(self, reason: str) -> None:
         """Mark the running step `verified: false` (it finished only because the user allowed it)."""

@@ -6,18 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 
 BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
 
 
-def optimize_fp32(original: Path, dest: Path, export: dict[str, Any]) -> Any:
+def optimize_fp32(original: Path, dest: Path, export: ExportMetrics) -> Any:
     """The transformer optimizer's fusions for the families it knows; ONNX Runtime's basic level for the others."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = export["optimizer_model_type"]
-    optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export["num_heads"],
-                               hidden_size=export["hidden_size"], opt_level=None if model_type else BASIC_LEVEL,
+    model_type = export.optimizer_model_type
+    optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export.num_heads,
+                               hidden_size=export.hidden_size, opt_level=None if model_type else BASIC_LEVEL,
                                only_onnxruntime=not model_type)
     onnxfiles.save(optimized.model, dest)
     return optimized.model

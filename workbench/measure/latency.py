@@ -1,19 +1,27 @@
 """In-process latency: every runner on the same real-text batches, interleaved rounds, fixed threads."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from workbench.core.batches import Batch
+    from workbench.core.tasks import OutputSpec
+    from workbench.graphs.profiles import Profile
+    from workbench.models.loading import LoadedModel
+    from workbench.precision.lab import ParityLab
     from workbench.runners import Runner
 
 PERCENTILES = (50, 90, 95, 99)
@@ -136,16 +144,16 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int,
     return result
 
 
-def tune_sessions(config: Any, record: Any, small: Batch, large: Batch, threads: int) -> dict[str, dict[str, Any]]:
+def tune_sessions(variants: dict[str, tuple[Path, str]], device: Device, small: Batch, large: Batch,
+                  threads: int) -> dict[str, dict[str, Any]]:
     """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
     overhead dominates) and no slower at `large` (its largest), with every median (`measure.sessions.tune`): CPU
     threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
     from workbench.core.progress import track
     from workbench.measure.sessions import tune
-    from workbench.runners.onnxruntime import device_for, providers_for, session
+    from workbench.runners.onnxruntime import providers_for, session
 
-    providers, device = providers_for(config.device), device_for(config.device)
-    variants = record.variants("onnx")
+    providers = providers_for(device)
     return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
                        small.feed, large.feed, threads, device)
             for name in track(list(variants), "bench: session settings", "variants")}
@@ -153,7 +161,7 @@ def tune_sessions(config: Any, record: Any, small: Batch, large: Batch, threads:
 
 ON_DEVICE = "@device"  # the suffix of a row that keeps its inputs and outputs on the device
 REFERENCES = ("pytorch", f"pytorch{ON_DEVICE}")  # PyTorch eager fp32: the baselines, one per I/O
-CHECKED_HERE = ("torch_compile", f"pytorch_fp16{ON_DEVICE}")  # rows no other step checks: the bench step does
+CHECKED_HERE = ("torch_compile", f"pytorch_fp16{ON_DEVICE}")  # rows no other step checks: the grid does
 
 
 def is_variant_row(name: str) -> bool:
@@ -166,79 +174,111 @@ def row_variant(name: str) -> str:
     return name.split("@")[0]
 
 
-def runner_factories(config: Any, record: Any, tuned: dict[str, dict[str, Any]] | None = None
-                     ) -> dict[str, Callable[[], Runner]]:
-    """Every row of the grid, by name, as a function that opens its runner. On the CPU: PyTorch eager (the
-    reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with bench.torch_compile,
-    torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
-    (`<variant>@device`); TensorRT engines where built."""
-    from workbench.models.loading import load_model
-    from workbench.runners.onnxruntime import OrtRunner, SessionSettings, device_for, providers_for
-    from workbench.runners.torch import TorchRunner, torch_device
+@dataclass(frozen=True)
+class GridRows:
+    """What the grid's rows are made from: the PyTorch model (the reference), the ONNX variants and TensorRT
+    engines (name -> path, precision; engines with their shape profiles), the device and the threads."""
 
-    threads = config.threads or os.cpu_count() or 1
-    device = device_for(config.device)
-    on = torch_device(device)
-    loaded, specs, providers = load_model(config), config.output_specs, providers_for(config.device)
-    rows: dict[str, Callable[[], Runner]] = {"pytorch": lambda: TorchRunner(loaded, specs, device=on)}
-    if on == "cuda":
-        rows[f"pytorch{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch{ON_DEVICE}", on, io="device")
-        rows[f"pytorch_fp16{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch_fp16{ON_DEVICE}", on,
-                                                               half=True, io="device")
-    if config.bench.torch_compile:
-        rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
-    for name, (path, precision) in record.variants("onnx").items():
-        settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
-        rows[name] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(n, p, providers, threads, s, q)
-        if device == "cuda":
-            rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
-                f"{n}{ON_DEVICE}", p, providers, threads, s, q, io="device")
-    engines = record.variants("engine")
-    if engines:
-        from workbench.graphs.profiles import engine_profiles
+    model: LoadedModel
+    specs: tuple[OutputSpec, ...]
+    device: Device
+    threads: int
+    variants: dict[str, tuple[Path, str]]
+    engines: dict[str, tuple[Path, str, list[Profile]]] = field(default_factory=dict)
+    torch_compile: bool = False
+
+    def factories(self, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Callable[[], Runner]]:
+        """Every row of the grid, by name, as a function that opens its runner. On the CPU: PyTorch eager (the
+        reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with `torch_compile`,
+        torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
+        (`<variant>@device`); TensorRT engines where built."""
+        from workbench.runners.onnxruntime import OrtRunner, SessionSettings, providers_for
         from workbench.runners.tensorrt import TrtEngineRunner
+        from workbench.runners.torch import TorchRunner, torch_device
 
-        for name, (path, precision) in engines.items():
-            rows[name] = lambda n=name, p=path, q=precision: TrtEngineRunner(n, p, engine_profiles(record, n), q)
-    return rows
+        on, loaded, specs = torch_device(self.device), self.model, self.specs
+        providers, threads = providers_for(self.device), self.threads
+        rows: dict[str, Callable[[], Runner]] = {"pytorch": lambda: TorchRunner(loaded, specs, device=on)}
+        if on == "cuda":
+            rows[f"pytorch{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch{ON_DEVICE}", on, io="device")
+            rows[f"pytorch_fp16{ON_DEVICE}"] = lambda: TorchRunner(loaded, specs, f"pytorch_fp16{ON_DEVICE}", on,
+                                                                   half=True, io="device")
+        if self.torch_compile:
+            rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
+        for name, (path, precision) in self.variants.items():
+            settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
+            rows[name] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(n, p, providers, threads, s, q)
+            if self.device == "cuda":
+                rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
+                    f"{n}{ON_DEVICE}", p, providers, threads, s, q, io="device")
+        for name, (path, precision, profiles) in self.engines.items():
+            rows[name] = lambda n=name, p=path, q=precision, f=profiles: TrtEngineRunner(n, p, f, q)
+        return rows
+
+    def open(self, stack: ExitStack, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:
+        """Every row's runner, each closed when `stack` closes (also those opened before one that fails to open)."""
+        return {name: stack.enter_context(make()) for name, make in self.factories(tuned).items()}
 
 
-def benchmark_runners(config: Any, record: Any, stack: ExitStack,
-                      tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:
-    """Every row's runner (`runner_factories`), each closed when `stack` closes (also those opened before one that
-    fails to open)."""
-    return {name: stack.enter_context(make()) for name, make in runner_factories(config, record, tuned).items()}
+@dataclass(frozen=True)
+class GridShape:
+    """The grid's cells (batch sizes x sequence lengths) and how each is timed."""
+
+    batches: list[int]
+    sequences: list[int]
+    rounds: int
+    warmup: int
+    seconds_per_cell: float
+    tune_sessions: bool = True
 
 
-def run_latency_benchmark(config: Any, record: Any) -> dict[str, Any]:
-    """The batch x sequence grid of `config.bench` on real text; per cell and row: percentiles, throughput, speedup
-    over the PyTorch row of its device; GFLOP/s against matmul peaks measured in the same run (per precision on
-    CUDA); on CUDA, CUDA-graph rows per cell and each row's peak device memory."""
+@dataclass(frozen=True)
+class GridText:
+    """The real text the grid's batches are cut from, with the tokenizer and the graph's input names."""
+
+    tokenizer: PreTrainedTokenizerBase
+    texts: list[str]
+    input_names: tuple[str, ...]
+    lengths: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", token_lengths(self.tokenizer, self.texts))
+
+    def batch(self, rows: int, length: int) -> Batch:
+        """Exactly `rows` x `length` tokens of real text."""
+        return shaped_batch(self.tokenizer, self.input_names, self.texts, self.lengths, rows, length)
+
+
+@dataclass(frozen=True)
+class Dimensions:
+    """The encoder's sizes its matmul FLOPs follow from (`matmul_flops`)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+
+
+def measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimensions, verdicts: dict[str, bool],
+                 lab: ParityLab | None = None) -> dict[str, Any]:
+    """The batch x sequence grid on real text; per cell and row: percentiles, throughput, speedup over the PyTorch
+    row of its device; GFLOP/s against matmul peaks measured in the same run (per precision on CUDA); on CUDA,
+    CUDA-graph rows per cell and each row's peak device memory. `verdicts`: which variants passed parity; `lab`
+    checks the rows no other step checked (torch.compile, PyTorch fp16), needed where there are any."""
     with ExitStack() as stack:  # every runner is closed, even when the benchmark fails
-        return _latency_benchmark(config, record, stack)
+        return _measure_grid(rows, shape, text, dims, verdicts, lab, stack)
 
 
-def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, Any]:
+def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimensions, verdicts: dict[str, bool],
+                  lab: ParityLab | None, stack: ExitStack) -> dict[str, Any]:
     import torch
 
-    from workbench.core.batches import shaped_batch, token_lengths
-    from workbench.core.data import load_corpus
     from workbench.core.progress import track
-    from workbench.runners.onnxruntime import device_for
 
-    bench, export = config.bench, record.export_info()
-    threads = config.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    device = device_for(config.device)
-    tokenizer = record.tokenizer()
-    texts = list(load_corpus(config.corpus))
-    lengths = token_lengths(tokenizer, texts)
-    sequences = [s for s in bench.sequences if s <= export["max_sequence"]]
-    names = tuple(export["io"]["inputs"])
-    small, large = (shaped_batch(tokenizer, names, texts, lengths, pick(bench.batches), pick(sequences))
-                    for pick in (min, max))
-    tuned = tune_sessions(config, record, small, large, threads) if bench.tune_sessions else {}
-    factories = runner_factories(config, record, tuned)
+    torch.set_num_threads(rows.threads)
+    device = rows.device
+    small, large = (text.batch(pick(shape.batches), pick(shape.sequences)) for pick in (min, max))
+    tuned = tune_sessions(rows.variants, device, small, large, rows.threads) if shape.tune_sessions else {}
+    factories = rows.factories(tuned)
     memory = ({name: device_memory(make, large) for name, make in track(
         list(factories.items()), "bench: device memory", "rows", note=lambda item: item[0])}
         if device == "cuda" else {})
@@ -246,74 +286,75 @@ def _latency_benchmark(config: Any, record: Any, stack: ExitStack) -> dict[str, 
     described = {name: {**runner.describe(), "reference": name in REFERENCES, "variant": row_variant(name),
                         **({"peak_memory_mb": memory[name]} if name in memory else {})}
                  for name, runner in runners.items()}
-    verdicts = {**record.verdicts(), **check_rows(config, runners)}
-    passed = {name: name in REFERENCES or bool(verdicts.get(row_variant(name), {}).get("passed"))
-              for name in runners}
+    checked = check_rows(lab, runners)
+    judged = {**verdicts, **{name: bool(verdict["passed"]) for name, verdict in checked.items()}}
+    passed = {name: name in REFERENCES or judged.get(row_variant(name), False) for name in runners}
     cells: dict[str, Any] = {}
     flops: dict[str, float] = {}
     graphs: dict[str, dict[str, str]] = {}
-    shapes = [(rows, length) for rows in bench.batches for length in sequences]
-    for rows, length in track(shapes, "bench: latency grid", "cells", note=lambda shape: f"b{shape[0]}_s{shape[1]}"):
-        batch = shaped_batch(tokenizer, names, texts, lengths, rows, length)
-        cell = f"b{rows}_s{length}"
+    shapes = [(size, length) for size in shape.batches for length in shape.sequences]
+    for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: f"b{s[0]}_s{s[1]}"):
+        batch = text.batch(size, length)
+        cell = f"b{size}_s{length}"
         with ExitStack() as per_cell:
             timed: dict[str, Runner] = dict(runners)
             if device == "cuda":
-                captured, graphs[cell] = cuda_graph_runners(record, runners, batch, tuned, per_cell)
+                captured, graphs[cell] = cuda_graph_runners(rows.variants, runners, batch, tuned, per_cell)
                 timed.update(captured)
                 for name, runner in captured.items():
                     described[name] = {**runner.describe(), "reference": False, "variant": row_variant(name)}
                     passed[name] = passed[row_variant(name)]
-            samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, bench.rounds,
-                                  bench.warmup, budget_s=bench.seconds_per_cell)
-        cells[cell] = summarize(samples, rows, length, described)
-        flops[cell] = matmul_flops(export["num_layers"], export["hidden_size"], export["intermediate_size"],
-                                   rows, length)
+            samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, shape.rounds,
+                                  shape.warmup, budget_s=shape.seconds_per_cell)
+        cells[cell] = summarize(samples, size, length, described)
+        flops[cell] = matmul_flops(dims.layers, dims.hidden, dims.intermediate, size, length)
         for stats in cells[cell].values():
             stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
-    peaks = matmul_peaks(device, threads)
+    peaks = matmul_peaks(device, rows.threads)
     for cell_stats in cells.values():
         for name, stats in cell_stats.items():
             stats["peak_share"] = stats["gflops"] / peaks[peak_precision(described[name]["precision"], peaks)]
     best = {cell: max((n for n in stats if passed[n] and stats[n]["speedup"] is not None and is_variant_row(n)),
                       key=lambda n: stats[n]["speedup"], default=None)
             for cell, stats in cells.items()}
-    for name, verdict in verdicts.items():
-        if name in described and name not in record.verdicts():
-            described[name]["parity"] = verdict
-    return {"threads": threads, "device": device, "cells": cells, "flops": flops, "passed": passed,
+    for name, verdict in checked.items():
+        described[name]["parity"] = verdict
+    return {"threads": rows.threads, "device": device, "cells": cells, "flops": flops, "passed": passed,
             "runners": described, "sessions": tuned, "cuda_graph": graphs, "disturbed": disturbances(cells, flops),
             "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]}
                      for cell, name in best.items() if name is not None},
-            "peaks": peaks, "peak_gflops": peaks["fp32"]}
+            "peaks": peaks}
 
 
-def check_rows(config: Any, runners: dict[str, Runner]) -> dict[str, dict[str, Any]]:
-    """The rows no other step checked (torch.compile, PyTorch in fp16), each on the parity step's lab and gate for
-    its precision, so they are judged like the variants."""
-    from workbench.core.data import load_corpus
+def check_rows(lab: ParityLab | None, runners: dict[str, Runner]) -> dict[str, dict[str, Any]]:
+    """The rows no other step checked (torch.compile, PyTorch in fp16), each on `lab` with the gate for its
+    precision, so they are judged like the variants."""
     from workbench.core.progress import track
-    from workbench.models.loading import load_model
-    from workbench.precision.lab import ParityLab
 
     names = [name for name in CHECKED_HERE if name in runners]
     if not names:
         return {}
-    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
+    if lab is None:
+        raise ValueError(f"rows {names} need a parity lab to be judged")
     return {name: lab.compare(runners[name], runners[name].precision)
             for name in track(names, "bench: parity of rows only the bench step checks (torch.compile compiles "
                               "here)", "rows", note=lambda name: name)}
 
 
-def cuda_graph_runners(record: Any, runners: dict[str, Runner], batch: Batch, tuned: dict[str, dict[str, Any]],
-                       stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
+def needs_lab(rows: GridRows) -> bool:
+    """Whether the grid has rows only it checks (`check_rows`)."""
+    return rows.torch_compile or rows.device == "cuda"
+
+
+def cuda_graph_runners(variants: dict[str, tuple[Path, str]], runners: dict[str, Runner], batch: Batch,
+                       tuned: dict[str, dict[str, Any]], stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
     """Per ONNX variant, a CUDA-graph session captured at `batch` (its own row, `<variant>@cuda_graph`), opened on
     `stack`; and, per variant, "captured" or ONNX Runtime's reason for refusing the graph."""
     from workbench.runners.onnxruntime import CudaGraphRunner, SessionSettings
 
     opened: dict[str, Runner] = {}
     outcome: dict[str, str] = {}
-    for name, (path, precision) in record.variants("onnx").items():
+    for name, (path, precision) in variants.items():
         shapes = {k: tuple(v.shape) for k, v in runners[name].infer(batch).items()}
         settings = SessionSettings.from_record(tuned[name]["chosen"]) if name in tuned else None
         try:

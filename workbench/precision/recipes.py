@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import quantize_int8, smooth_activations
+
+if TYPE_CHECKING:
+    from workbench.precision.checker import Checker
 
 SMOOTHING_ALPHAS = (0.5, 0.7, 0.85)  # how much of an outlier channel's range moves from activation to weight
 
@@ -47,17 +50,16 @@ def base_recipes(per_channel: bool) -> list[BaseRecipe]:
             *(BaseRecipe(per_channel, alpha) for alpha in SMOOTHING_ALPHAS)]
 
 
-def measure_recipe(name: str, build: Callable[[], object], path: Path, check: Any, confirm: Any,
-                   summarize: Any) -> dict[str, Any]:
-    """A recipe's record: `build` it to `path` (timed), `check` it (parity result, latency ms) and, when it passes
-    there, `confirm` it on the full lab."""
+def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: Checker) -> dict[str, Any]:
+    """A recipe's record: `build` it to `path` (timed), check it on the search's batches (parity result, latency
+    ms) and, when it passes there, on the full lab."""
     seconds = elapsed(build)
-    result, latency_ms = check(path)
+    result, latency_ms = checker.assess(path)
     checked_on = "the search's batches"
     if result["passed"]:
-        result, checked_on = confirm(path), "full lab"
+        result, checked_on = checker.confirm(path), "full lab"
     return {"recipe": name, "passed": result["passed"], "violation": result["violation"], "checked_on": checked_on,
-            "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **summarize(result)}
+            "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **checker.summarize(result)}
 
 
 @dataclass
@@ -68,12 +70,11 @@ class ChosenBase:
 
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
-                excluded: list[str], check: Any, confirm: Any, summarize: Any,
-                note: Callable[[str], None]) -> ChosenBase:
-    """Build every recipe with nothing but `excluded` kept in fp32, `check` it (parity result, latency ms) and
-    `confirm` on the full lab the ones that pass there. The base is the first recipe that passes the full lab, else
-    the one closest to the gate (smallest violation, then loss): accuracy decides, never a timing. `note` hears
-    which recipe is being built."""
+                excluded: list[str], checker: Checker, note: Callable[[str], None]) -> ChosenBase:
+    """Build every recipe with nothing but `excluded` kept in fp32, check it on the search's batches (parity
+    result, latency ms) and on the full lab the ones that pass there (`checker`). The base is the first recipe that
+    passes the full lab, else the one closest to the gate (smallest violation, then loss): accuracy decides, never
+    a timing. `note` hears which recipe is being built."""
     records, sources = [], []
     for index, recipe in enumerate(recipes):
         note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
@@ -83,7 +84,7 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
             sources.append(recipe.source(fp32, workdir, feeds))
             recipe.build(sources[-1], path, excluded)
 
-        records.append({**measure_recipe(recipe.name, build, path, check, confirm, summarize),
+        records.append({**measure_recipe(recipe.name, build, path, checker),
                         "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha})
         onnxfiles.remove(path)
     best = min(range(len(recipes)), key=lambda i: (not records[i]["passed"], records[i]["violation"],

@@ -1,243 +1,173 @@
-"""Precision repair: find a small set of nodes to keep in fp32 so a reduced-precision variant passes parity.
-
-The search is the same for fp16 and int8; what differs is how a candidate is built (the fp16 converter's node
-block list, or the quantizer's nodes to exclude) and how units are ordered (most likely culprit first):
-1. order the units; 2. bisect the shortest prefix of that order that passes; 3. drop, one at a time from the least
-likely end, every unit the set still passes without. Every build is evaluated and timed; the passing candidate that
-keeps the least compute in fp32 wins (a cost read from the graph, never a timing: the choice must not follow the
-machine's load). A candidate that keeps every unit in fp32 is no repair.
-"""
+"""Precision repair of a failing fp16 or int8 variant: for int8 the whole-graph recipe first (`recipes`), then the
+search for nodes to keep in fp32 (`search`), each candidate judged by a `Checker`; for int8 also the kept MatMuls as
+8-bit block-quantized weights. Rounds: a winner that fails the full lab adds its failing texts to the search's
+batches and the search goes on."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from workbench.core.progress import Progress
 from workbench.graphs import onnxfiles
+from workbench.graphs.variants import convert_fp16, quantize_int8_blockwise
+from workbench.precision.checker import Checker
+from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
+from workbench.precision.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
+from workbench.precision.search import (
+    RepairProblem,
+    RepairSearch,
+    activation_order,
+    matmul_costs,
+    remove_candidates,
+    run_search,
+    sensitivity_order,
+)
 
-RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
-# The primary output's metric a progress note shows, by preference: key, words, format.
-NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
-# Check one built file: its parity result ({"passed", "violation", "failures", "outputs"}) and latency in ms.
-Assess = Callable[[Path], tuple[dict[str, Any], float]]
+REPAIR_ROUNDS = 3
+# Recipes tried on an int8 repair's MatMuls instead of fp32: 8-bit block-quantized weights (MatMulNBits) with these
+# block sizes, accuracy level 4 (int8 compute). Smaller blocks follow the weights more closely.
+BLOCKWISE_RECIPES = ((16, 4), (32, 4), (128, 4))
+SMOOTHING_CALIBRATION_STRIDE = 4  # every 4th corpus batch measures the activation ranges smoothing balances
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    """What the user fixed for the conversions (nodes and op types never converted) and the build budget."""
+
+    max_builds: int
+    fp16_op_block_list: list[str] = field(default_factory=list)
+    fp16_node_block_list: list[str] = field(default_factory=list)
+    int8_nodes_to_exclude: list[str] = field(default_factory=list)
+    int8_per_channel: bool = True
 
 
 @dataclass
-class Candidate:
-    blocked: tuple[str, ...]
-    passed: bool
-    violation: float
-    latency_ms: float
-    build_seconds: float
-    summary: dict[str, Any]
+class Repaired:
+    """A repair's record (run.json metrics.parity.repair.<precision>) and, when one passed, the nodes the file
+    written to the destination keeps in fp32 and the int8 recipe it was built with."""
 
-    def record(self) -> dict[str, Any]:
-        return {"blocked": list(self.blocked), "passed": self.passed, "violation": self.violation,
-                "latency_ms": round(self.latency_ms, 3), "build_seconds": round(self.build_seconds, 3),
-                **self.summary}
+    result: dict[str, Any]
+    blocked: list[str] | None = None
+    recipe: str | None = None
 
 
-@dataclass
-class RepairProblem:
-    """What to repair: `build(blocked, dest)` writes the variant keeping `blocked` nodes in fp32."""
+def repair_problem(precision: str, settings: RepairSettings, fp32: Path, checker: Checker,
+                   base: ChosenBase | None = None) -> RepairProblem:
+    """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude from `base`'s recipe
+    (its fp32 graph, smoothed or not), by sensitivity.
 
-    precision: str
-    units: list[str]
-    build: Callable[[list[str], Path], None]
-    ordering: str = ""
-    costs: dict[str, float] = field(default_factory=dict)  # compute each unit moves back to fp32 when blocked
-    sensitivity: dict[str, float] = field(default_factory=dict)
-
-
-class RepairSearch:
-    """Builds, checks and times candidates, caching by blocked set; keeps only the best file on disk. Each build
-    is counted on `progress`, with the best repair so far as its note."""
-
-    def __init__(self, problem: RepairProblem, assess: Assess, workdir: Path, max_builds: int,
-                 summarize: Callable[[dict[str, Any]], dict[str, Any]], progress: Progress | None = None) -> None:
-        self.problem = problem
-        self.assess = assess
-        self.workdir = workdir
-        self.max_builds = max_builds
-        self.summarize = summarize
-        self.progress = progress
-        self.candidates: dict[frozenset[str], Candidate] = {}
-        self.best: tuple[Candidate, Path] | None = None
-        self.history: list[dict[str, Any]] = []
-        self.round = 0
-        self.phase = ""  # what the builds are for, while no repair has been found
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    def try_blocked(self, blocked: list[str]) -> Candidate:
-        key = frozenset(blocked)
-        if key in self.candidates:
-            return self.candidates[key]
-        if len(self.history) >= self.max_builds:
-            raise _BudgetSpent
-        path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
-        start = time.perf_counter()
-        self.problem.build(list(blocked), path)
-        seconds = time.perf_counter() - start
-        result, latency_ms = self.assess(path)
-        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], latency_ms,
-                              seconds, self.summarize(result))
-        self.candidates[key] = candidate
-        self.history.append({**self.describe(candidate), "round": self.round})
-        self._keep_if_best(candidate, path)
-        if self.progress:
-            self.progress.update(1, note=self.best_so_far())
-        return candidate
-
-    def best_so_far(self) -> str:
-        """The best repair yet: the units it keeps in fp32, their share of the compute, its primary metric."""
-        if self.best is None:
-            return self.phase or "no repair yet"
-        blocked, summary = self.best[0].blocked, self.best[0].summary
-        total = sum(self.problem.costs.values())
-        share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
-        metric = next((f"; {words} {summary[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in summary), "")
-        return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}"
-
-    def reset_results(self) -> None:
-        """Forget verdicts (the check set changed); the build budget and history carry on."""
-        self.discard()
-        self.candidates.clear()
-        self.best = None
-        self.round += 1
-
-    def cost(self, blocked: tuple[str, ...]) -> float:
-        """Compute kept in fp32 (weight elements multiplied per token), from the graph alone."""
-        return sum(self.problem.costs.get(unit, 0.0) for unit in blocked)
-
-    def _rank(self, candidate: Candidate) -> tuple[float, int, tuple[str, ...]]:
-        return self.cost(candidate.blocked), len(candidate.blocked), candidate.blocked
-
-    def describe(self, candidate: Candidate) -> dict[str, Any]:
-        return {**candidate.record(), "fp32_cost": self.cost(candidate.blocked)}
-
-    def is_repair(self, candidate: Candidate) -> bool:
-        """Passes while keeping at least one unit in reduced precision."""
-        return candidate.passed and len(candidate.blocked) < len(set(self.problem.units))
-
-    def _keep_if_best(self, candidate: Candidate, path: Path) -> None:
-        best = self.best[0] if self.best else None
-        better = self.is_repair(candidate) and (best is None or self._rank(candidate) < self._rank(best))
-        if better:
-            if self.best:
-                onnxfiles.remove(self.best[1])
-            self.best = (candidate, path)
-        else:
-            onnxfiles.remove(path)
-
-    def discard(self) -> None:
-        """Remove every candidate file still on disk (the best one too)."""
-        self.best = None
-        remove_candidates(self.workdir)
-
-    def passes(self, blocked: list[str]) -> bool:
-        return self.try_blocked(blocked).passed
-
-
-def remove_candidates(workdir: Path) -> None:
-    """Remove every candidate file in `workdir`, then the folder and its parent (repair/) once empty."""
-    for path in workdir.glob("candidate-*.onnx*"):
-        path.unlink(missing_ok=True)
-    for folder in (workdir, workdir.parent):
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-
-
-class _BudgetSpent(Exception):
-    pass
-
-
-def run_search(search: RepairSearch) -> dict[str, Any]:
-    """Bisect the shortest passing prefix of the unit order, then prune it; returns what was found."""
-    units = search.problem.units
-    start = time.perf_counter()
-    outcome = "repaired"
-    try:
-        search.try_blocked([])
-        if not search.passes(units):
-            outcome = "unrepairable: fails even with every candidate node in fp32"
-        else:
-            low, high = 0, len(units)  # units[:low] fails, units[:high] passes
-            while high - low > 1:
-                mid = (low + high) // 2
-                if search.passes(units[:mid]):
-                    high = mid
-                else:
-                    low = mid
-            kept = list(units[:high])
-            for unit in reversed(units[:high]):
-                trial = [u for u in kept if u != unit]
-                if search.passes(trial):
-                    kept = trial
-    except _BudgetSpent:
-        outcome = f"stopped after {search.max_builds} builds (raise repair_max_builds)"
-    chosen = search.best[0] if search.best else None
-    if chosen is None and outcome == "repaired":
-        outcome = "unrepairable: passes only with every candidate node in fp32"
-    return {
-        "precision": search.problem.precision,
-        "ordering": search.problem.ordering,
-        "ranked_by": RANKED_BY,
-        "units": len(units),
-        "outcome": outcome,
-        "chosen": search.describe(chosen) if chosen else None,
-        "candidates": search.history,
-        "sensitivity": search.problem.sensitivity,
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-
-
-def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:
-    """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
-    (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
-    search.phase = f"measuring each of {len(search.problem.units)} units alone in fp32"
-    baseline = search.try_blocked([]).summary["loss"]
-    for unit in search.problem.units:
-        search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
-    search.phase = ""
-    floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
-    return sorted(search.problem.units,
-                  key=lambda u: -search.problem.sensitivity[u] / max(costs.get(u, 0.0), floor))
-
-
-def matmul_costs(model: Any, units: list[str]) -> dict[str, float]:
-    """Weight elements a node multiplies by (FLOPs per token up to a factor); 0 for nodes with no 2-D weight
-    (an embedding lookup costs nothing next to a matmul)."""
-    import numpy as np
-
-    weights = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) == 2}
-    wanted = set(units)
-    costs = {}
-    for node in model.graph.node:
-        if node.name in wanted:
-            matrices = [weights[t] for t in node.input if t in weights]
-            costs[node.name] = float(max(matrices)) if matrices and node.op_type != "EmbedLayerNormalization" else 0.0
-    return costs
-
-
-def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candidates: set[str]) -> list[str]:
-    """Nodes with float activations, ordered by the largest magnitude their inputs or outputs reach in fp32.
-
-    fp16 overflows past 65504, so the nodes that touch the largest values are the first suspects.
+    Both rank passing candidates by the matmul work they keep in fp32 (`matmul_costs`), never by a timing.
     """
-    from polygraphy import constants
+    graph = onnxfiles.load(fp32, load_external_data=False)
+    if precision == "fp16":
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
-    model = onnxfiles.load(model_path)
-    peak: dict[str, float] = {}
-    for values in onnxfiles.tensor_values(model, constants.MARK_ALL, feeds):
-        for name, value in values.items():
-            if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
-                peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
-    node_peak = {node.name: max(peak[t] for t in [*node.input, *node.output] if t in peak)
-                 for node in model.graph.node
-                 if node.name in candidates and any(t in peak for t in [*node.input, *node.output])}
-    return sorted(node_peak, key=lambda n: -node_peak[n])
+        blocked_ops = set(DEFAULT_OP_BLOCK_LIST) | set(settings.fp16_op_block_list) | {"Cast"}
+        units = ({n.name for n in graph.graph.node if n.op_type not in blocked_ops}
+                 - set(settings.fp16_node_block_list))
+        feeds = [b.feed for b in checker.lab.sweep[:4]] + [checker.lab.corners[-1].feed]
+        ordered = activation_order(fp32, feeds, units)
+        return RepairProblem("fp16", ordered, lambda blocked, dest: convert_fp16(
+            fp32, dest, settings.fp16_op_block_list, settings.fp16_node_block_list + blocked),
+            ordering="largest fp32 activation first", costs=matmul_costs(graph, ordered))
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    assert base is not None, "an int8 repair starts from a chosen base recipe"
+    units = [n.name for n in graph.graph.node
+             if n.op_type in IntegerOpsRegistry and n.name not in settings.int8_nodes_to_exclude]
+    return RepairProblem("int8", units, lambda blocked, dest: base.recipe.build(
+        base.source, dest, settings.int8_nodes_to_exclude + blocked),
+        ordering="largest parity gain per weight element when kept in fp32 alone first",
+        costs=matmul_costs(graph, units))
+
+
+def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path, dest: Path,
+           bar: Progress) -> Repaired:
+    """Search for nodes to keep in fp32 on the hardest batches, confirm on the full lab, write the repaired file to
+    `dest` (candidates are built in `workdir`, none outlives the call, even when it is interrupted).
+
+    The search checks candidates on the corner batches and the corpus batches the unrepaired variant gets most
+    wrong; when its winner then fails on the full set, the batches where it fails join and the search goes on
+    (verdicts are re-taken, builds are budgeted). Each build is counted on `bar`.
+    """
+    started = time.perf_counter()
+    precision, lab = checker.precision, checker.lab
+    workdir.mkdir(parents=True, exist_ok=True)
+    repaired = Repaired({})
+    try:
+        base = None
+        if precision == "int8":
+            feeds = [b.feed for b in lab.sweep[::SMOOTHING_CALIBRATION_STRIDE]]
+            base = choose_base(base_recipes(settings.int8_per_channel), fp32, workdir, feeds,
+                               settings.int8_nodes_to_exclude, checker, note=lambda text: bar.update(0, note=text))
+        problem = repair_problem(precision, settings, fp32, checker, base)
+        search = RepairSearch(problem, checker, workdir, settings.max_builds, bar)
+        errors: dict[str, Any] = {}
+        if base is not None:
+            problem.units = sensitivity_order(search, problem.costs)
+            bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
+            errors = node_errors(base.source, workdir, feeds, problem.units)
+        for _ in range(REPAIR_ROUNDS):
+            result = run_search(search)
+            if search.best is None or not checker.add_failing(checker.collect(search.best[1])):
+                break
+            search.reset_results()
+        else:
+            result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
+        result["checked_batches"] = len(checker.checks.batches)
+        if base is not None:
+            result["base"], result["bases"] = base.recipe.name, base.records
+            agreement = agreement_with_sensitivity(errors, result["sensitivity"])
+            result["node_error"] = {"tool": "onnxruntime.quantization.qdq_loss_debug", "per_node": errors,
+                                    "spearman_vs_sensitivity": agreement}
+        repaired.result = result
+        if search.best is not None:
+            candidate, path = search.best
+            blocked = list(candidate.blocked)
+            if base is not None:
+                result["recipes"] = blockwise_recipes(settings, base, search, checker)
+                winner = next((r for r in result["recipes"] if r["passed"]), None)
+                if winner is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
+                    result["chosen"], path, blocked = winner, Path(winner.pop("path")), winner["blocked"]
+            onnxfiles.save(onnxfiles.load(path), dest)
+            onnxfiles.remove(path)
+            repaired.blocked, repaired.recipe = blocked, base.recipe.name if base is not None else None
+    finally:
+        remove_candidates(workdir)  # no candidate file outlives the step, even when it is interrupted
+    baseline = search.candidates.get(frozenset())
+    result["before"] = baseline.record() if baseline else None
+    result["latency_feed"] = list(checker.batch.shape)
+    result["seconds"] = round(time.perf_counter() - started, 2)  # the whole repair: recipes, rounds, diagnostics
+    return repaired
+
+
+def blockwise_recipes(settings: RepairSettings, base: ChosenBase, search: RepairSearch,
+                      checker: Checker) -> list[dict[str, Any]]:
+    """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
+    on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;
+    passing ones come first, fewest fp32 weight elements first (from the graph), and only the first one's file is
+    kept (its "path"). None when the repair kept no MatMul in fp32."""
+    assert search.best is not None, "block-quantized recipes replace a repair's fp32 MatMuls"
+    chosen = search.best[0]
+    graph = onnxfiles.load(base.source, load_external_data=False)
+    matmuls = [n.name for n in graph.graph.node if n.name in chosen.blocked and n.op_type == "MatMul"]
+    if not matmuls:
+        return []
+    still_fp32 = tuple(u for u in chosen.blocked if u not in matmuls)
+    recipes = []
+    excluded = settings.int8_nodes_to_exclude + list(chosen.blocked)
+    for block, level in BLOCKWISE_RECIPES:
+        path = search.workdir / f"candidate-blockwise-{block}.onnx"  # removed with the candidates if interrupted
+        name = f"{len(matmuls)} MatMul{'s' * (len(matmuls) > 1)} as 8-bit block-{block} weights (MatMulNBits, " \
+               f"accuracy level {level})"
+        recipes.append({**measure_recipe(name, lambda path=path, block=block, level=level: quantize_int8_blockwise(
+            base.source, path, base.recipe.per_channel, excluded, matmuls, block, level), path, checker),
+            "blocked": list(still_fp32), "blockwise": matmuls, "fp32_cost": search.cost(still_fp32),
+            "path": str(path)})
+    recipes.sort(key=lambda r: (not r["passed"], r["fp32_cost"], r["violation"]))
+    for index, recipe in enumerate(recipes):
+        if index > 0 or not recipe["passed"]:
+            onnxfiles.remove(Path(recipe.pop("path")))
+    return recipes

@@ -6,11 +6,6 @@ import numpy as np
 TOP_K = 10
 
 
-def verdict_retrieval(verdict: dict) -> dict[str, float] | None:
-    """The neighbour agreement a parity verdict recorded (its embedding output's), if any."""
-    return next((o["retrieval"] for o in verdict["outputs"].values() if "retrieval" in o), None)
-
-
 def _unit(vectors: np.ndarray) -> np.ndarray:
     vectors = np.nan_to_num(vectors.astype(np.float64))
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)

@@ -10,6 +10,15 @@ import jinja2
 
 from workbench.core.atomic import write_text
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import (
+    BenchMetrics,
+    ExportMetrics,
+    Metrics,
+    OptimizeMetrics,
+    ParityMetrics,
+    TensorrtMetrics,
+    TritonMetrics,
+)
 from workbench.report import figures
 from workbench.report.recommend import recommend
 
@@ -23,7 +32,7 @@ class Section:
     metrics render (none: the step left nothing); a served section names what Triton serves."""
 
     title: str
-    render: Callable[[dict[str, Any]], Parts]
+    render: Callable[[Any], Parts]  # the step's metrics model (StepSpec.metrics) in, parts out
     served: bool = False
 
 
@@ -48,10 +57,10 @@ def pipeline_text(pipeline: dict[str, Any]) -> str:
             f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
 
 
-def pipeline_section(export: dict[str, Any]) -> Parts:
-    if "sentence_pipeline" not in export:
+def pipeline_section(export: ExportMetrics) -> Parts:
+    if not export.sentence_pipeline:
         return []
-    return [("The model as its users run it", pipeline_text(export["sentence_pipeline"]), [])]
+    return [("The model as its users run it", pipeline_text(export.sentence_pipeline), [])]
 
 
 def reference_text(check: dict[str, Any]) -> str:
@@ -65,68 +74,71 @@ def reference_text(check: dict[str, Any]) -> str:
             f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
 
 
-def fusions_section(optimize: dict[str, Any]) -> Parts:
-    if "variants" not in optimize:
+def fusions_section(optimize: OptimizeMetrics) -> Parts:
+    if not optimize.variants:
         return []
     return [("ONNX Runtime fusions", "Fused operators and node counts per variant.",
-             [figures.fusion_figure(optimize["variants"])])]
+             [figures.fusion_figure(optimize.variants)])]
 
 
-def parity_section(parity: dict[str, Any]) -> Parts:
+def parity_section(parity: ParityMetrics) -> Parts:
     parts: Parts = []
-    checked = f"{reference_text(parity['reference'])} " if "reference" in parity else ""
-    if parity.get("variants"):
+    checked = f"{reference_text(parity.reference)} " if parity.reference else ""
+    if parity.variants:
+        variants = {name: verdict.recorded() for name, verdict in parity.variants.items()}
         parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
-                      "padding excluded.", [figures.parity_table(parity["variants"]),
-                                            figures.error_distribution(parity["variants"])]))
+                      "padding excluded.", [figures.parity_table(variants), figures.error_distribution(variants)]))
     elif checked:
         parts.append(("Parity against PyTorch", checked, []))
-    for precision, outcome in parity.get("repair", {}).items():
-        chosen = outcome.get("chosen")
-        kept = (f"{len(chosen['blocked'])} of {outcome['units']} ({', '.join(chosen['blocked']) or 'none'})"
-                if chosen else f"none of {outcome['units']}")
-        base = f" Quantized as: {outcome['base']}." if outcome.get("base") else ""
-        charts = [figures.repair_tradeoff(outcome)]
-        if outcome.get("bases") or outcome.get("recipes"):
-            charts.append(figures.recipes_table(outcome))
-        if outcome.get("node_error", {}).get("per_node"):
-            charts.append(figures.node_error_figure(outcome))
-        parts.append((f"{precision} precision repair", f"Outcome: {outcome['outcome']}; units kept in fp32: "
+    for precision, outcome in parity.repair.items():
+        chosen = outcome.chosen
+        kept = (f"{len(chosen.blocked)} of {outcome.units} ({', '.join(chosen.blocked) or 'none'})"
+                if chosen else f"none of {outcome.units}")
+        base = f" Quantized as: {outcome.base}." if outcome.base else ""
+        recorded = outcome.recorded()
+        charts = [figures.repair_tradeoff(recorded)]
+        if outcome.bases or outcome.recipes:
+            charts.append(figures.recipes_table(recorded))
+        if outcome.node_error.get("per_node"):
+            charts.append(figures.node_error_figure(recorded))
+        parts.append((f"{precision} precision repair", f"Outcome: {outcome.outcome}; units kept in fp32: "
                       f"{kept}.{base}", charts))
     return parts
 
 
-def tensorrt_section(tensorrt: dict[str, Any]) -> Parts:
-    if "profiles" not in tensorrt:
+def tensorrt_section(tensorrt: TensorrtMetrics) -> Parts:
+    if not tensorrt.profiles:
         return []
+    recorded = tensorrt.recorded()
     parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
-                     [figures.length_histogram(tensorrt), figures.padding_figure(tensorrt)])]
-    if tensorrt.get("parity"):
+                     [figures.length_histogram(recorded), figures.padding_figure(recorded)])]
+    if tensorrt.parity:
         parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
-                      [figures.parity_table(tensorrt["parity"])]))
+                      [figures.parity_table({name: v.recorded() for name, v in tensorrt.parity.items()})]))
     return parts
 
 
-def triton_section(triton: dict[str, Any]) -> Parts:
-    if "served_parity" not in triton:
+def triton_section(triton: TritonMetrics) -> Parts:
+    if triton.served_parity is None:
         return []
-    against = triton.get("served_reference", "PyTorch")
-    served = {f"served {p}": r for p, r in triton["served_parity"].items()}
-    served.update({f"served, prompt_name={name!r}": r for name, r in triton.get("prompt_parity", {}).items()})
+    against = triton.served_reference or "PyTorch"
+    served = {f"served {p}": r.recorded() for p, r in triton.served_parity.items()}
+    served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
     return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
 
 
-def generation_section(generation: dict[str, Any]) -> Parts:
-    if not generation:
+def generation_section(generation: Metrics) -> Parts:
+    tasks = generation.recorded()
+    if not tasks:
         return []
     return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
              "Triton's Python backend; greedy decoding, one text per request.",
-             figures.generation_figures(generation))]
+             figures.generation_figures(tasks))]
 
 
-def latency_section(bench: dict[str, Any]) -> Parts:
-    latency = bench.get("latency")
+def latency_section(bench: BenchMetrics) -> Parts:
+    latency = bench.latency
     if not latency:
         return []
     warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
@@ -145,7 +157,7 @@ def latency_text(latency: dict[str, Any]) -> str:
         return (f"Interleaved rounds, {threads} for PyTorch (ONNX Runtime: the settings in the "
                 "table below), median per call; speedup over PyTorch eager fp32 on the CPU. fp32 matmul peak "
                 "measured in the same run (the faster of PyTorch and ONNX Runtime): "
-                f"{latency['peak_gflops']:.0f} GFLOP/s.")
+                f"{latency['peaks']['fp32']:.0f} GFLOP/s.")
     peaks = latency["peaks"]
     graphs = "; ".join(f"{cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items())
                        for cell, outcome in latency.get("cuda_graph", {}).items())
@@ -157,8 +169,8 @@ def latency_text(latency: dict[str, Any]) -> str:
             f"{graphs or 'none measured'}.")
 
 
-def served_section(bench: dict[str, Any]) -> Parts:
-    served = bench.get("served", {})
+def served_section(bench: BenchMetrics) -> Parts:
+    served = bench.served or {}
     if "skipped" in served:
         return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
     if "batching_on" not in served:
@@ -196,14 +208,26 @@ def _missing(record: RunRecord, step: StepEntry) -> str:
     return f"The {step.name} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
+def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
+    """The triton step's deployment when that step is ok now, or why its record cannot be read (damaged, or
+    written by a workbench this one cannot read)."""
+    try:
+        return record.deployment()
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
 def served_note(record: RunRecord) -> str:
     """What Triton serves from this run (the triton step's deployment, when that step is ok now)."""
-    deployment = record.deployment()
+    deployment = readable_deployment(record)
+    if isinstance(deployment, str):
+        return f"Served: unknown, the triton step's record is unreadable ({deployment}); run " \
+               f"{_fill(record, 'triton')} to deploy again."
     if deployment is None:
         return (f"Served: nothing current (triton: {record.step_entry('triton').label}); run "
                 f"{_fill(record, 'triton')} to deploy.")
-    unverified = "" if deployment.get("verified", True) else " (unverified)"
-    return f"Served: {deployment['variant']} via the {deployment.get('layout', 'ensemble')} layout{unverified}."
+    unverified = "" if deployment.verified else " (unverified)"
+    return f"Served: {deployment.variant} via the {deployment.layout} layout{unverified}."
 
 
 def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
@@ -215,7 +239,8 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
     for section, step in ((section, record.step_entry(declared.name)) for declared in steps
                           for section in declared.sections):
         try:
-            rendered = section.render(step.metrics) if step.status in ("ok", "stale", "skipped") else []
+            typed = record.results(step.name) if step.status in ("ok", "stale", "skipped") else None
+            rendered = section.render(typed) if typed is not None else []
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
                                         f"{exc}); run {_fill(record, step.name)} to measure again.", [])]
@@ -241,9 +266,9 @@ def _search_text(search: dict[str, Any]) -> str:
             f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
 
 
-def disturbed_warning(bench: dict[str, Any]) -> str:
+def disturbed_warning(bench: BenchMetrics) -> str:
     """The warning the report opens with when the in-process grid's own medians show other work distorted it."""
-    disturbed = bench.get("latency", {}).get("disturbed")
+    disturbed = (bench.latency or {}).get("disturbed")
     if not disturbed:
         return ""
     more = f" (and {len(disturbed) - 1} more)" if disturbed[1:] else ""
@@ -251,16 +276,16 @@ def disturbed_warning(bench: dict[str, Any]) -> str:
             "included: do not compare or deploy by the speedups below; re-run the bench step on a quiet host.")
 
 
-def headline(bench: dict[str, Any]) -> list[str]:
+def headline(bench: BenchMetrics) -> list[str]:
     """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
     the recommendation)."""
     lines = []
-    host = bench.get("host")
+    host = bench.host
     if host and host["load_before"] > host["cpu_count"] / 2:
         lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
                      f"{host['cpu_count']} cores): absolute times do not hold; ratios hold only where the other "
                      "work slowed every runner alike.")
-    served = bench.get("served", {})
+    served = bench.served or {}
     if "batching_on" in served and "batching_off" in served:
         top = str(max(served["levels"]))
         on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
@@ -301,10 +326,10 @@ def _features(env: dict[str, Any]) -> str:
 
 def _served_differs(record: RunRecord, variant: str | None) -> str:
     """A note when Triton serves another variant than the one recommended (the triton step chose before bench)."""
-    deployment = record.deployment()
-    if variant is None or deployment is None or deployment["variant"] == variant:
+    deployment = readable_deployment(record)
+    if variant is None or not isinstance(deployment, TritonMetrics) or deployment.variant == variant:
         return ""
-    return (f". Triton serves {deployment['variant']} (the triton step's order, chosen before bench measured); to "
+    return (f". Triton serves {deployment.variant} (the triton step's order, chosen before bench measured); to "
             f"serve {variant}: {_fill(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
 
 
@@ -323,11 +348,12 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
     config = record.config
     steps = [step for step in record.step_entries() if step.status != "running"]
     bench = record.step_entry("bench")
+    measured = BenchMetrics.model_validate(bench.metrics) if bench.status in ("ok", "stale") else None
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
-        steps=steps, headline=headline(bench.metrics) if bench.status in ("ok", "stale") else [], sections=rendered,
-        warning=disturbed_warning(bench.metrics) if bench.status in ("ok", "stale") else "",
+        steps=steps, headline=headline(measured) if measured else [], sections=rendered,
+        warning=disturbed_warning(measured) if measured else "",
         recommendations=recommendation_rows(record), served=served_note(record))
     return write_text(dest, page)

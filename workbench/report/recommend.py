@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.core.record import RunRecord
+from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
-from workbench.precision.retrieval import verdict_retrieval
 
 GOALS = ("latency", "throughput")
 # A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
@@ -107,23 +107,23 @@ class Recommendation:
         return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.cell}, {gate}{neighbours}"
 
 
-def gate(verdict: dict[str, Any]) -> Gate | None:
+def gate(verdict: Verdict) -> Gate | None:
     """The criterion with the least relative margin over every output: min cosine or label agreement where the
     tolerance sets one, else max abs error against atol."""
     gates = []
-    for output, result in verdict["outputs"].items():
-        tolerance = result["tolerance"]
-        found = [Gate(name, output, result[value], tolerance[key], True)
-                 for key, value, name in _AT_LEAST if key in tolerance and value in result]
-        found += [Gate(name, output, result["retrieval"][value], tolerance[key], True)
-                  for key, value, name in _NEIGHBOURS if key in tolerance and value in result.get("retrieval", {})]
-        if not found and "atol" in tolerance:
-            found = [Gate("max abs error", output, result["max_abs"], tolerance["atol"], False)]
+    for output, result in verdict.outputs.items():
+        tolerance, retrieval = result.tolerance, result.retrieval or {}
+        found = [Gate(name, output, measured, tolerance[key], True) for key, value, name in _AT_LEAST
+                 if key in tolerance and (measured := getattr(result, value)) is not None]
+        found += [Gate(name, output, retrieval[value], tolerance[key], True)
+                  for key, value, name in _NEIGHBOURS if key in tolerance and value in retrieval]
+        if not found and "atol" in tolerance and result.max_abs is not None:
+            found = [Gate("max abs error", output, result.max_abs, tolerance["atol"], False)]
         gates += found
     return min(gates, key=lambda g: g.relative_margin, default=None)
 
 
-def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> list[Candidate]:
+def candidates(cell: dict[str, Any], verdicts: dict[str, Verdict]) -> list[Candidate]:
     """Every variant measured in `cell` end to end (PyTorch, torch.compile and the on-device rows left out: the
     deployment pays numpy in and out) with its current parity verdict."""
     measured = []
@@ -134,9 +134,8 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> lis
         if verdict is None:
             measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
         else:
-            measured.append(Candidate(name, stats["speedup"], bool(verdict["passed"]), gate(verdict),
-                                      tuple(verdict["failures"]), verdict.get("precision"),
-                                      verdict_retrieval(verdict)))
+            measured.append(Candidate(name, stats["speedup"], verdict.passed, gate(verdict),
+                                      tuple(verdict.failures), verdict.precision, verdict.retrieval))
     return measured
 
 
@@ -186,7 +185,7 @@ def recommend(record: RunRecord) -> list[Recommendation]:
     verdicts = record.verdicts()
     if not shapes:
         state = bench.label + (f": {bench.detail}" if bench.detail else "")
-        steps = ("bench",) if any(v["passed"] for v in verdicts.values()) else ("parity", "bench")
+        steps = ("bench",) if any(v.passed for v in verdicts.values()) else ("parity", "bench")
         return [Recommendation(goal, None, None, reason=f"nothing was benchmarked in process in this run (bench: "
                                f"{state})", steps=steps) for goal in GOALS]
     recommendations = []

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from workbench.core.record import RunRecord
+from workbench.core.results import ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.measure.latency import disturbance_note
-from workbench.precision.retrieval import verdict_retrieval
 from workbench.report.recommend import gate, recommend
 
 
@@ -60,20 +60,20 @@ def optimize_lines(record: RunRecord) -> list[str]:
 
 
 def parity_lines(record: RunRecord) -> list[str]:
-    verdicts = record.metric("parity.variants") or {}
-    passed = [name for name, v in verdicts.items() if v["passed"]]
-    lines = [*_reference(record.metric("parity.reference")),
-             f"parity: {len(passed)} of {len(verdicts)} variants pass ({', '.join(passed) or 'none'})"]
-    lines += [f"  {name}: {'pass' if v['passed'] else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
-              for name, v in verdicts.items()]
-    for precision, outcome in (record.metric("parity.repair") or {}).items():
-        chosen = outcome.get("chosen")
-        if outcome["outcome"] == "repaired" and chosen:
-            base = f", quantized as {outcome['base']}" if outcome.get("base") else ""
-            lines.append(f"{precision}_repaired keeps {len(chosen['blocked'])} of {outcome['units']} units in fp32"
-                         f"{base} ({len(outcome['candidates'])} candidates built)")
+    parity = ParityMetrics.model_validate(record.metric("parity") or {})
+    passed = [name for name, v in parity.variants.items() if v.passed]
+    lines = [*_reference(parity.reference),
+             f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
+    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
+              for name, v in parity.variants.items()]
+    for precision, outcome in parity.repair.items():
+        chosen = outcome.chosen
+        if outcome.outcome == "repaired" and chosen:
+            base = f", quantized as {outcome.base}" if outcome.base else ""
+            lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
+                         f"{base} ({len(outcome.candidates)} candidates built)")
         else:
-            lines.append(f"{precision} repair: {outcome['outcome']}")
+            lines.append(f"{precision} repair: {outcome.outcome}")
     return lines
 
 
@@ -89,30 +89,30 @@ def _reference(check: dict[str, Any] | None) -> list[str]:
             f"{primary['max_abs']:.2g}{cosine}"]
 
 
-def _neighbours(verdict: dict[str, Any]) -> str:
-    retrieval = verdict_retrieval(verdict)
+def _neighbours(verdict: Verdict) -> str:
+    retrieval = verdict.retrieval
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
 def tensorrt_lines(record: RunRecord) -> list[str]:
-    profiles = record.metric("tensorrt.profiles") or []
-    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})" for p in profiles)
-    engines = record.metric("tensorrt.parity") or {}
-    checked = ", ".join(f"{name} {'pass' if v['passed'] else 'FAIL'}" for name, v in engines.items())
-    return [f"{len(profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
+    tensorrt = TensorrtMetrics.model_validate(record.metric("tensorrt") or {})
+    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})"
+                       for p in tensorrt.profiles)
+    checked = ", ".join(f"{name} {'pass' if v.passed else 'FAIL'}" for name, v in tensorrt.parity.items())
+    return [f"{len(tensorrt.profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
 
 
 def triton_lines(record: RunRecord) -> list[str]:
-    deployment = record.metric("triton")
-    served = deployment.get("served_parity") or {}
-    parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r['passed'] else 'FAIL'}"
-                          for protocol, r in served.items())
-    verified = "verified" if deployment.get("verified") else "NOT verified (allow_unverified)"
-    against = f" against {deployment['served_library']}" if "served_library" in deployment else ""
-    prompts = ", ".join(f"{name or '(empty)'} {'pass' if r['passed'] else 'FAIL'}"
-                        for name, r in deployment.get("prompt_parity", {}).items())
-    return [f"served {deployment['variant']} ({verified}) as {deployment['name']!r} via the {deployment['layout']} "
-            f"layout ({deployment['flavor']})", f"served parity{against}: {parity or 'not checked'}",
+    deployment = TritonMetrics.model_validate(record.metric("triton"))
+    parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r.passed else 'FAIL'}"
+                          for protocol, r in (deployment.served_parity or {}).items())
+    verified = "verified" if deployment.verified else "NOT verified (allow_unverified)"
+    against = f" against {deployment.served_library}" if deployment.served_library else ""
+    prompts = ", ".join(f"{name or '(empty)'} {'pass' if r.passed else 'FAIL'}"
+                        for name, r in deployment.prompt_parity.items())
+    flavor = deployment.flavor.value if deployment.flavor else "?"
+    return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
+            f"layout ({flavor})", f"served parity{against}: {parity or 'not checked'}",
             *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
               if prompts else [])]
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from workbench.core.config import Flavor, ShapeRange, TritonSettings
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
+from workbench.core.results import ExportMetrics, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
@@ -62,7 +63,7 @@ def threads_per_instance(threads: int | None, instances: int) -> int:
     return threads or max(1, (os.cpu_count() or 1) // instances)
 
 
-def candidates(available: set[str], verdict: Callable[[str], dict[str, Any] | None], flavor: Flavor,
+def candidates(available: set[str], verdict: Callable[[str], Verdict | None], flavor: Flavor,
                configured: str | None) -> list[str]:
     """Variants that could be served, best first: the `configured` one, else those of the flavor's preference
     among the `available` ones, the ones whose `verdict` passed ahead of the unchecked (failed ones are left out)."""
@@ -76,7 +77,7 @@ def candidates(available: set[str], verdict: Callable[[str], dict[str, Any] | No
     order, _ = preference(flavor)
     preferred = [v for v in order if v in available]
     verdicts = {v: verdict(v) for v in preferred}
-    passed = [v for v in preferred if (found := verdicts[v]) and found["passed"]]
+    passed = [v for v in preferred if (found := verdicts[v]) and found.passed]
     unchecked = [v for v in preferred if verdicts[v] is None]
     if not passed + unchecked:
         raise MissingArtifactError(
@@ -100,18 +101,18 @@ def served_outputs(outputs: tuple[OutputSpec, ...], chosen: list[str] | None, ta
     return tuple(o for o in outputs if o.name in chosen)
 
 
-def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, export: dict[str, Any],
+def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, export: ExportMetrics,
                tokenizer_dir: Path, pad_token_id: int, id2label: dict[str, str], outputs: tuple[OutputSpec, ...],
                profiles: list[dict[str, Any]], triton: TritonSettings, batch: ShapeRange, sequence_max: int,
                threads: int) -> ServingPlan:
     """The plan for serving `model_file` in `flavor`: `export` is what the export step recorded about the graph
     (inputs, outputs, sequence limit, the sentence-transformers pipeline), `profiles` the TensorRT shape profiles."""
-    pipeline = export.get("sentence_pipeline") or {}
+    pipeline = export.sentence_pipeline or {}
     python = flavor is Flavor.PYTHON_ORT
     return ServingPlan(
-        name=model_name_for(name), flavor=flavor, input_names=tuple(export["io"]["inputs"]), outputs=outputs,
-        output_dims=graph_output_dims(export["io"]["outputs"]), model_file=model_file, tokenizer_dir=tokenizer_dir,
-        max_length=min(sequence_max, export["max_sequence"]), max_batch_size=batch.max,
+        name=model_name_for(name), flavor=flavor, input_names=tuple(export.io.inputs), outputs=outputs,
+        output_dims=graph_output_dims(export.io.outputs), model_file=model_file, tokenizer_dir=tokenizer_dir,
+        max_length=min(sequence_max, export.max_sequence), max_batch_size=batch.max,
         preferred_batch_sizes=triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
         max_queue_delay_us=triton.max_queue_delay_us, dynamic_batching=triton.dynamic_batching,
         instances=triton.instances, gpu=not python and gpu_name() is not None,

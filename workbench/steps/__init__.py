@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from workbench.core.results import Metrics
+
 if TYPE_CHECKING:
     from workbench.core.config import RunConfig
     from workbench.core.record import RunRecord, StepEntry
@@ -36,7 +38,8 @@ class StepSpec:
     also before anything runs; `reads`: earlier steps whose outputs it reads (each must be in the run, or ok in the
     resumed record); `machine`: what `workbench doctor` must find for it (its check names, e.g. "tritonserver");
     `owns`: the run folders it writes (removed when a run folder is overwritten); `takeaway`: its verdict line
-    from the record; `sections`: its parts of report.html."""
+    from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
+    them."""
 
     name: str
     number: int
@@ -49,6 +52,7 @@ class StepSpec:
     reads: tuple[str, ...] = ()
     machine: tuple[str, ...] = ()
     owns: tuple[str, ...] = ()
+    metrics: type[Metrics] = Metrics
 
     @property
     def notebook(self) -> str:

@@ -10,11 +10,24 @@ from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.record import RunRecord, StepEntry
-from workbench.measure.latency import corpus_rates, disturbance_note, run_latency_benchmark
+from workbench.core.results import BenchMetrics
+from workbench.graphs.profiles import engine_profiles
+from workbench.measure.latency import (
+    Dimensions,
+    GridRows,
+    GridShape,
+    GridText,
+    corpus_rates,
+    disturbance_note,
+    measure_grid,
+    needs_lab,
+)
 from workbench.measure.sweeps import run_served_benchmark, serving_efficiency
+from workbench.models.loading import load_model
+from workbench.precision.lab import ParityLab
 from workbench.report.page import Section, latency_section, served_section
 from workbench.report.takeaways import bench_lines
-from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 from workbench.steps import StepSpec
@@ -22,15 +35,37 @@ from workbench.steps import StepSpec
 STEP = "bench"
 
 
+def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
+    """The grid's rows for this run: PyTorch on the run's device, its ONNX variants and TensorRT engines."""
+    engines = {name: (path, precision, engine_profiles(record, name))
+               for name, (path, precision) in record.variants("engine").items()}
+    return GridRows(load_model(config), config.output_specs, device_for(config.device),
+                    config.threads or os.cpu_count() or 1, record.variants("onnx"), engines,
+                    config.bench.torch_compile)
+
+
+def latency(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+    """The in-process grid of `config.bench` on the run's corpus, cells up to the exported sequence length, the
+    variants judged by their parity verdicts (metrics.bench.latency)."""
+    bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
+    shape = GridShape(list(bench.batches), [s for s in bench.sequences if s <= export.max_sequence],
+                      bench.rounds, bench.warmup, bench.seconds_per_cell, bench.tune_sessions)
+    texts = list(load_corpus(config.corpus))
+    text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
+    dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
+    lab = ParityLab.build(config, rows.model, tuple(texts)) if needs_lab(rows) else None
+    passed = {name: verdict.passed for name, verdict in record.verdicts().items()}
+    return measure_grid(rows, shape, text, dims, passed, lab)
+
+
 def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
     """The plan the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
     that is current (the served benchmark measures what was deployed, nothing else)."""
     deployment = record.deployment()
-    if deployment is None or "plan" not in deployment:
+    if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
         return None
-    flavor = Flavor(deployment["flavor"])
-    path, _ = record.variant(deployment["variant"], flavor.artifact_kind)
-    return ServingPlan.from_record(deployment["plan"], path, record.artifact("tokenizer")), deployment["variant"]
+    path, _ = record.variant(deployment.variant, deployment.flavor.artifact_kind)
+    return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
 
 
 def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
@@ -51,7 +86,8 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
-    return {**result, "variant": variant, "verified": bool((record.deployment() or {}).get("verified"))}
+    deployment = record.deployment()
+    return {**result, "variant": variant, "verified": bool(deployment and deployment.verified)}
 
 
 def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str,
@@ -59,7 +95,7 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
     """The served variant in process on the served texts, with the threads one served instance has, at batch size
     1 and the served preferred sizes."""
     path, _ = record.variant(variant)
-    tokenizer, limit = record.tokenizer(), record.export_info()["max_sequence"]
+    tokenizer, limit = record.tokenizer(), record.export_info().max_sequence
     with OrtRunner(variant, path, providers_for(config.device), plan.threads) as runner:
         batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, config.sequence, limit)
                    for size in sorted({1, *plan.preferred_batch_sizes})}
@@ -70,10 +106,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
         record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]})
-        latency = run_latency_benchmark(config, record)
-        record.set_metric(f"{STEP}.latency", latency)
-        if latency["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
-            record.unverified(disturbance_note(latency["disturbed"]))
+        grid = latency(config, record)
+        record.set_metric(f"{STEP}.latency", grid)
+        if grid["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
+            record.unverified(disturbance_note(grid["disturbed"]))
         record.set_metric(f"{STEP}.served", served_benchmark(config, record) if config.bench.served else {
             "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
     return record.step_entry(STEP)
@@ -83,4 +119,5 @@ SPEC = StepSpec(
     STEP, 7, "in-process latency grid and served load sweeps, batching search, tokenization placement", run,
     bench_lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
-    needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"))
+    needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
+    metrics=BenchMetrics)

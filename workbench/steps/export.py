@@ -15,6 +15,7 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
 from workbench.core.quiet import quiet_tracer
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import ExportMetrics
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
@@ -140,4 +141,5 @@ SPEC = StepSpec(
     STEP, 1, "PyTorch -> ONNX with dynamic batch and sequence axes", run, export_lines,
     sections=(Section("The model as its users run it", pipeline_section),),
     needs=("model",), check=lambda config: check_opset(config.exporter, config.opset),
-    machine=("torch", "transformers", "onnx"), owns=("model", "onnx"))
+    machine=("torch", "transformers", "onnx"), owns=("model", "onnx"),
+    metrics=ExportMetrics)

@@ -10,6 +10,7 @@ from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 from workbench.models.loading import FUSION_MODEL_TYPES
@@ -52,11 +53,11 @@ def fusion_stats(model: Any, num_layers: int | None = None,
     return stats
 
 
-def unavailable_fusions(export: dict[str, Any]) -> dict[str, Any] | None:
+def unavailable_fusions(export: ExportMetrics) -> dict[str, Any] | None:
     """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why."""
-    if export["optimizer_model_type"]:
+    if export.optimizer_model_type:
         return None
-    reason = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export['architecture']!r} "
+    reason = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export.architecture!r} "
               f"(it has them for {', '.join(FUSION_MODEL_TYPES)}): the graph got ONNX Runtime's basic "
               "optimizations only (constant folding, redundant nodes removed), with standard ONNX operators")
     return {"fusions": list(TRANSFORMER_FUSIONS), "reason": reason}
@@ -77,7 +78,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         export = record.export_info()
         original = record.artifact("onnx.original")
-        layers = export["num_layers"]
+        layers = export.num_layers
         unavailable = unavailable_fusions(export)
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
@@ -113,4 +114,4 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, optimize_lines,
     sections=(Section("ONNX Runtime fusions", fusions_section),),
-    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"))
+    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), metrics=OptimizeMetrics)

@@ -15,6 +15,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import TensorrtMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -116,7 +117,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(load_corpus(config.corpus)))
-        limit = export["max_sequence"]
+        limit = export.max_sequence
         profiles = design_profiles(lengths, config.trt_profiles, config.batch, config.sequence, limit)
         single = design_profiles(lengths, 1, config.batch, config.sequence, limit)
         metrics: dict[str, Any] = {
@@ -128,7 +129,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(STEP, metrics)
         pins = fp16_pins(config, record)
         specs = engine_specs(config, profiles, pins)
-        input_names = tuple(export["io"]["inputs"])
+        input_names = tuple(export.io.inputs)
         engines_dir = record.run_dir / "engines"
         cache_dir = Path(config.engine_cache_dir) if config.engine_cache_dir else default_cache_dir()
         commands = {spec.name: trtexec_command(source.relative_to(record.run_dir), Path(f"engines/{spec.name}.plan"),
@@ -156,4 +157,5 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, tensorrt_lines,
     sections=(Section("TensorRT shape profiles", tensorrt_section),),
-    needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",))
+    needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",),
+    metrics=TensorrtMetrics)

@@ -9,6 +9,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, library_reference
 from workbench.report.page import Section, triton_section
@@ -127,12 +128,13 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
             path, precision = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
             with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
-                verdict = checks[variant] = lab.compare(runner, precision)
-        if verdict is not None and verdict["passed"]:
+                checks[variant] = lab.compare(runner, precision)
+            verdict = Verdict.model_validate(checks[variant])
+        if verdict is not None and verdict.passed:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
                              "order": order, "checked_here": checks, "passed_over": _failures(checks)}
-    failures = {v: (checks.get(v) or record.verdict(v) or {}).get("failures", ["not checked (needs a GPU)"])
-                for v in candidates}
+    found = {v: Verdict.model_validate(checks[v]) if v in checks else record.verdict(v) for v in candidates}
+    failures = {v: verdict.failures if verdict else ["not checked (needs a GPU)"] for v, verdict in found.items()}
     if not config.triton.allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
                               "run --steps parity (its repair may fix the variant), serve another with "
@@ -202,4 +204,4 @@ SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, triton_lines,
     sections=(Section("Served parity", triton_section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
-    owns=("triton", "model_repository"))
+    owns=("triton", "model_repository"), metrics=TritonMetrics)

@@ -1,0 +1,147 @@
+"""The results contract: each step's metrics (run.json `metrics.<step>`) as a pydantic model, and the migration of
+records an older workbench wrote. The fields other modules read are typed; what else a step records (tables of
+measurements, diagnostics) is kept as recorded. A step writes its section as it goes and the record validates the
+whole section through the step's model when the step finishes (`StepSpec.metrics`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workbench.core.config import Flavor
+
+SCHEMA_VERSION = 2
+Json = dict[str, Any]  # a nested table as recorded (measurement cells, per-text diagnostics)
+
+
+class Metrics(BaseModel):
+    """A step's metrics; fields not declared are kept as recorded."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def recorded(self) -> Json:
+        """The metrics as run.json holds them (no defaults filled in; non-finite errors stay non-finite)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class OutputResult(Metrics):
+    """One output's parity: its verdict and headline errors (the full statistics are kept as recorded)."""
+
+    passed: bool
+    max_abs: float | None = None
+    min_cosine: float | None = None
+    agreement: float | None = None
+    failures: list[str] = Field(default_factory=list)
+    tolerance: dict[str, float | int] = Field(default_factory=dict)
+    retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
+
+
+class Verdict(Metrics):
+    """A variant's or engine's parity against the reference: pass/fail, how far past the gate, per output."""
+
+    passed: bool
+    violation: float = 0.0
+    failures: list[str] = Field(default_factory=list)
+    precision: str | None = None
+    outputs: dict[str, OutputResult] = Field(default_factory=dict)
+
+    @property
+    def retrieval(self) -> dict[str, float | int] | None:
+        """The neighbour agreement of its embedding output, if one recorded it."""
+        return next((o.retrieval for o in self.outputs.values() if o.retrieval), None)
+
+
+class RepairCandidate(Metrics):
+    """A candidate (or recipe) of a repair: the nodes it keeps in fp32 and its verdict on the checked batches."""
+
+    blocked: list[str] = Field(default_factory=list)
+    passed: bool
+    violation: float = 0.0
+    latency_ms: float | None = None
+    min_cosine: float | None = None
+    max_abs: float | None = None
+
+
+class RepairOutcome(Metrics):
+    """A precision repair: what it found (`chosen`), from what (`before`, `base`) and every candidate tried."""
+
+    precision: str
+    outcome: str
+    units: int
+    chosen: RepairCandidate | None = None
+    before: RepairCandidate | None = None
+    base: str | None = None
+    candidates: list[Json] = Field(default_factory=list)
+    bases: list[Json] = Field(default_factory=list)
+    recipes: list[Json] = Field(default_factory=list)
+    node_error: Json = Field(default_factory=dict)
+
+
+class GraphIO(Metrics):
+    """The exported graph's inputs and outputs with their axes (names for dynamic ones, sizes for fixed ones)."""
+
+    inputs: dict[str, list[str | int]]
+    outputs: dict[str, list[str | int]]
+
+
+class ExportMetrics(Metrics):
+    architecture: str
+    optimizer_model_type: str | None = None
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    max_sequence: int
+    nodes: int | None = None
+    io: GraphIO
+    sentence_pipeline: Json | None = None
+
+
+class OptimizeMetrics(Metrics):
+    variants: dict[str, Json] = Field(default_factory=dict)
+
+
+class ParityMetrics(Metrics):
+    reference: Json | None = None
+    inputs: Json | None = None
+    variants: dict[str, Verdict] = Field(default_factory=dict)
+    repair: dict[str, RepairOutcome] = Field(default_factory=dict)
+
+
+class TensorrtMetrics(Metrics):
+    profiles: list[Json] = Field(default_factory=list)
+    parity: dict[str, Verdict] = Field(default_factory=dict)
+
+
+class TritonMetrics(Metrics):
+    """What the triton step deployed and how it checked it (`plan`: the serving plan, `ServingPlan.record()`)."""
+
+    name: str | None = None
+    flavor: Flavor | None = None
+    layout: str = "ensemble"
+    variant: str | None = None
+    verified: bool = False
+    plan: Json | None = None
+    served_parity: dict[str, Verdict] | None = None  # None: not checked (the step stopped before serving)
+    prompt_parity: dict[str, Verdict] = Field(default_factory=dict)
+    served_library: str | None = None
+    served_reference: str | None = None
+
+
+class BenchMetrics(Metrics):
+    host: Json | None = None
+    latency: Json | None = None  # the grid: cells, runners, peaks per precision (`measure.latency.measure_grid`)
+    served: Json | None = None
+
+
+def migrate(data: Json) -> Json:
+    """A run record as this schema has it, from any earlier one (in place; returns it). Version 1 (before typed
+    results): the bench grid's fp32 peak was `peak_gflops` beside (or, before per-precision peaks, without)
+    `peaks`; it is `peaks.fp32` now."""
+    if data.get("schema", 1) < 2:
+        latency = data.get("metrics", {}).get("bench", {}).get("latency")
+        if isinstance(latency, dict) and "peak_gflops" in latency:
+            latency.setdefault("peaks", {"fp32": latency["peak_gflops"]})
+            del latency["peak_gflops"]
+        data["schema"] = 2
+    return data

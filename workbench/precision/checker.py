@@ -1,0 +1,58 @@
+"""How the repair judges a candidate file: on the search's batches (the corner batches and the texts the unrepaired
+variant gets most wrong, with a latency), on the full parity lab, and in a short summary of the primary output."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.core.timing import median_ms
+from workbench.precision.compare import OutputParity
+from workbench.precision.lab import ParityLab
+from workbench.runners.onnxruntime import OrtRunner
+
+HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
+SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")
+
+
+class Checker:
+    """Checks one precision's candidate files against `lab` with ONNX Runtime (`providers`, `threads`). The search's
+    batches start as those of the texts `unrepaired` gets most wrong and grow with `add_failing`."""
+
+    def __init__(self, lab: ParityLab, precision: str, providers: list[str], threads: int | None,
+                 unrepaired: Path) -> None:
+        self.lab, self.precision, self.providers, self.threads = lab, precision, providers, threads
+        self.hard: list[int] = []
+        self.batch = lab.latency_batch()
+        self.add_failing(self.collect(unrepaired), only_failing=False)
+
+    def runner(self, path: Path) -> OrtRunner:
+        return OrtRunner(self.precision, path, self.providers, self.threads)
+
+    def collect(self, path: Path) -> dict[str, OutputParity]:
+        """Per output, every text's parity on the full lab."""
+        with self.runner(path) as runner:
+            return self.lab.collect(runner, self.precision)
+
+    def add_failing(self, collected: dict[str, OutputParity], only_failing: bool = True) -> list[int]:
+        """Add the hardest texts of the (failing) outputs to the search's batches; returns the texts found."""
+        found = [i for output in collected.values() if not only_failing or not output.summary()["passed"]
+                 for i in output.hardest(HARD_TEXTS)]
+        self.hard += [i for i in found if i not in self.hard]
+        self.checks = self.lab.subset(self.hard)
+        return found
+
+    def assess(self, path: Path) -> tuple[dict[str, Any], float]:
+        """The parity result on the search's batches and the median latency (ms) of the lab's latency batch."""
+        with self.runner(path) as runner:
+            return (self.checks.compare(runner, self.precision),
+                    median_ms(lambda: runner.infer(self.batch), repeats=5, warmup=1))
+
+    def confirm(self, path: Path) -> dict[str, Any]:
+        """The parity result on the full lab."""
+        with self.runner(path) as runner:
+            return self.lab.compare(runner, self.precision)
+
+    def summarize(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The failures and the primary output's headline metrics of a parity result."""
+        primary = result["outputs"][self.lab.primary.name]
+        return {"failures": result["failures"], **{k: primary[k] for k in SUMMARY_KEYS if k in primary}}

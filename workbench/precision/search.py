@@ -1,0 +1,243 @@
+"""The repair search: find a small set of nodes to keep in fp32 so a reduced-precision variant passes parity.
+
+The search is the same for fp16 and int8; what differs is how a candidate is built (the fp16 converter's node
+block list, or the quantizer's nodes to exclude) and how units are ordered (most likely culprit first):
+1. order the units; 2. bisect the shortest prefix of that order that passes; 3. drop, one at a time from the least
+likely end, every unit the set still passes without. Every build is evaluated and timed; the passing candidate that
+keeps the least compute in fp32 wins (a cost read from the graph, never a timing: the choice must not follow the
+machine's load). A candidate that keeps every unit in fp32 is no repair.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from workbench.core.progress import Progress
+from workbench.graphs import onnxfiles
+
+if TYPE_CHECKING:
+    from workbench.precision.checker import Checker
+
+RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
+# The primary output's metric a progress note shows, by preference: key, words, format.
+NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
+
+
+@dataclass
+class Candidate:
+    blocked: tuple[str, ...]
+    passed: bool
+    violation: float
+    latency_ms: float
+    build_seconds: float
+    summary: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        return {"blocked": list(self.blocked), "passed": self.passed, "violation": self.violation,
+                "latency_ms": round(self.latency_ms, 3), "build_seconds": round(self.build_seconds, 3),
+                **self.summary}
+
+
+@dataclass
+class RepairProblem:
+    """What to repair: `build(blocked, dest)` writes the variant keeping `blocked` nodes in fp32."""
+
+    precision: str
+    units: list[str]
+    build: Callable[[list[str], Path], None]
+    ordering: str = ""
+    costs: dict[str, float] = field(default_factory=dict)  # compute each unit moves back to fp32 when blocked
+    sensitivity: dict[str, float] = field(default_factory=dict)
+
+
+class RepairSearch:
+    """Builds, checks (with `checker`) and times candidates, caching by blocked set; keeps only the best file on
+    disk. Each build is counted on `progress`, with the best repair so far as its note."""
+
+    def __init__(self, problem: RepairProblem, checker: Checker, workdir: Path, max_builds: int,
+                 progress: Progress | None = None) -> None:
+        self.problem = problem
+        self.checker = checker
+        self.workdir = workdir
+        self.max_builds = max_builds
+        self.progress = progress
+        self.candidates: dict[frozenset[str], Candidate] = {}
+        self.best: tuple[Candidate, Path] | None = None
+        self.history: list[dict[str, Any]] = []
+        self.round = 0
+        self.phase = ""  # what the builds are for, while no repair has been found
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def try_blocked(self, blocked: list[str]) -> Candidate:
+        key = frozenset(blocked)
+        if key in self.candidates:
+            return self.candidates[key]
+        if len(self.history) >= self.max_builds:
+            raise _BudgetSpent
+        path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
+        start = time.perf_counter()
+        self.problem.build(list(blocked), path)
+        seconds = time.perf_counter() - start
+        result, latency_ms = self.checker.assess(path)
+        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], latency_ms,
+                              seconds, self.checker.summarize(result))
+        self.candidates[key] = candidate
+        self.history.append({**self.describe(candidate), "round": self.round})
+        self._keep_if_best(candidate, path)
+        if self.progress:
+            self.progress.update(1, note=self.best_so_far())
+        return candidate
+
+    def best_so_far(self) -> str:
+        """The best repair yet: the units it keeps in fp32, their share of the compute, its primary metric."""
+        if self.best is None:
+            return self.phase or "no repair yet"
+        blocked, summary = self.best[0].blocked, self.best[0].summary
+        total = sum(self.problem.costs.values())
+        share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
+        metric = next((f"; {words} {summary[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in summary), "")
+        return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}"
+
+    def reset_results(self) -> None:
+        """Forget verdicts (the check set changed); the build budget and history carry on."""
+        self.discard()
+        self.candidates.clear()
+        self.best = None
+        self.round += 1
+
+    def cost(self, blocked: tuple[str, ...]) -> float:
+        """Compute kept in fp32 (weight elements multiplied per token), from the graph alone."""
+        return sum(self.problem.costs.get(unit, 0.0) for unit in blocked)
+
+    def _rank(self, candidate: Candidate) -> tuple[float, int, tuple[str, ...]]:
+        return self.cost(candidate.blocked), len(candidate.blocked), candidate.blocked
+
+    def describe(self, candidate: Candidate) -> dict[str, Any]:
+        return {**candidate.record(), "fp32_cost": self.cost(candidate.blocked)}
+
+    def is_repair(self, candidate: Candidate) -> bool:
+        """Passes while keeping at least one unit in reduced precision."""
+        return candidate.passed and len(candidate.blocked) < len(set(self.problem.units))
+
+    def _keep_if_best(self, candidate: Candidate, path: Path) -> None:
+        best = self.best[0] if self.best else None
+        better = self.is_repair(candidate) and (best is None or self._rank(candidate) < self._rank(best))
+        if better:
+            if self.best:
+                onnxfiles.remove(self.best[1])
+            self.best = (candidate, path)
+        else:
+            onnxfiles.remove(path)
+
+    def discard(self) -> None:
+        """Remove every candidate file still on disk (the best one too)."""
+        self.best = None
+        remove_candidates(self.workdir)
+
+    def passes(self, blocked: list[str]) -> bool:
+        return self.try_blocked(blocked).passed
+
+
+def remove_candidates(workdir: Path) -> None:
+    """Remove every candidate file in `workdir`, then the folder and its parent (repair/) once empty."""
+    for path in workdir.glob("candidate-*.onnx*"):
+        path.unlink(missing_ok=True)
+    for folder in (workdir, workdir.parent):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+class _BudgetSpent(Exception):
+    pass
+
+
+def run_search(search: RepairSearch) -> dict[str, Any]:
+    """Bisect the shortest passing prefix of the unit order, then prune it; returns what was found."""
+    units = search.problem.units
+    start = time.perf_counter()
+    outcome = "repaired"
+    try:
+        search.try_blocked([])
+        if not search.passes(units):
+            outcome = "unrepairable: fails even with every candidate node in fp32"
+        else:
+            low, high = 0, len(units)  # units[:low] fails, units[:high] passes
+            while high - low > 1:
+                mid = (low + high) // 2
+                if search.passes(units[:mid]):
+                    high = mid
+                else:
+                    low = mid
+            kept = list(units[:high])
+            for unit in reversed(units[:high]):
+                trial = [u for u in kept if u != unit]
+                if search.passes(trial):
+                    kept = trial
+    except _BudgetSpent:
+        outcome = f"stopped after {search.max_builds} builds (raise repair_max_builds)"
+    chosen = search.best[0] if search.best else None
+    if chosen is None and outcome == "repaired":
+        outcome = "unrepairable: passes only with every candidate node in fp32"
+    return {
+        "precision": search.problem.precision,
+        "ordering": search.problem.ordering,
+        "ranked_by": RANKED_BY,
+        "units": len(units),
+        "outcome": outcome,
+        "chosen": search.describe(chosen) if chosen else None,
+        "candidates": search.history,
+        "sensitivity": search.problem.sensitivity,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:
+    """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
+    (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
+    search.phase = f"measuring each of {len(search.problem.units)} units alone in fp32"
+    baseline = search.try_blocked([]).summary["loss"]
+    for unit in search.problem.units:
+        search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
+    search.phase = ""
+    floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
+    return sorted(search.problem.units,
+                  key=lambda u: -search.problem.sensitivity[u] / max(costs.get(u, 0.0), floor))
+
+
+def matmul_costs(model: Any, units: list[str]) -> dict[str, float]:
+    """Weight elements a node multiplies by (FLOPs per token up to a factor); 0 for nodes with no 2-D weight
+    (an embedding lookup costs nothing next to a matmul)."""
+    import numpy as np
+
+    weights = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) == 2}
+    wanted = set(units)
+    costs = {}
+    for node in model.graph.node:
+        if node.name in wanted:
+            matrices = [weights[t] for t in node.input if t in weights]
+            costs[node.name] = float(max(matrices)) if matrices and node.op_type != "EmbedLayerNormalization" else 0.0
+    return costs
+
+
+def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candidates: set[str]) -> list[str]:
+    """Nodes with float activations, ordered by the largest magnitude their inputs or outputs reach in fp32.
+
+    fp16 overflows past 65504, so the nodes that touch the largest values are the first suspects.
+    """
+    from polygraphy import constants
+
+    model = onnxfiles.load(model_path)
+    peak: dict[str, float] = {}
+    for values in onnxfiles.tensor_values(model, constants.MARK_ALL, feeds):
+        for name, value in values.items():
+            if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
+                peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
+    node_peak = {node.name: max(peak[t] for t in [*node.input, *node.output] if t in peak)
+                 for node in model.graph.node
+                 if node.name in candidates and any(t in peak for t in [*node.input, *node.output])}
+    return sorted(node_peak, key=lambda n: -node_peak[n])
