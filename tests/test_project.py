@@ -111,3 +111,19 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_tests():
     head = readme[:600]
     assert "make demo" in head and "make test" in head
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_and_docs_pages_link_only_to_what_exists():
+    """Every relative link of README.md and docs/*.md, and every repository path they name in backticks, exists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) > 5 and len((ROOT / "README.md").read_text()) < 12_000, "the README is the front door"
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
+                broken.append(f"{page.name}: link {target}")
+        for path in re.findall(r"`((?:workbench|tests|benchmarks|notebooks|docs)/[\w./-]*)`", text):
+            if not (ROOT / path).exists():
+                broken.append(f"{page.name}: path {path}")
+    assert not broken
