@@ -51,7 +51,7 @@ def test_cuda_graph_rows_or_their_reason(gpu_bench):
 
 def test_peak_device_memory_and_per_precision_peaks(gpu_bench):
     _, latency = gpu_bench
-    assert latency["peaks"]["fp16"] > 0 and latency["peaks"]["fp32"] > 0, "both peaks measured (their ratio: make bench)"
+    assert latency["peaks"]["fp16"] > 0 and latency["peaks"]["fp32"] > 0, "both measured (their ratio: make bench)"
     for name, row in latency["runners"].items():
         if "@cuda_graph" not in name:
             assert row["peak_memory_mb"] > 0, name
