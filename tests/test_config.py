@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.core.config import RunConfig
+from workbench.core.config import Flavor, RunConfig
 from workbench.core.errors import ConfigError
-from workbench.serving.plan import threads_per_instance
+from workbench.serving.plan import instances_for
 
 
 def test_defaults_describe_the_embedded_model():
@@ -34,11 +34,17 @@ def test_round_trip_through_papermill_parameters():
     assert again.tolerances["sentence_embedding"].min_cosine == 0.995
 
 
-def test_each_model_instance_gets_its_share_of_the_cores(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert threads_per_instance(None, 2) == 4
-    assert threads_per_instance(None, 16) == 1
-    assert threads_per_instance(3, 2) == 3
+def test_each_model_instance_gets_its_share_of_the_cores():
+    assert instances_for(2, None, Flavor.PYTHON_ORT, False, cores=8).threads == 4
+    assert instances_for(16, None, Flavor.PYTHON_ORT, False, cores=8).threads == 1
+    assert instances_for(2, 3, Flavor.PYTHON_ORT, False, cores=8).threads == 3
+
+
+def test_auto_instances_overlap_tokenizing_with_inference_on_a_cpu_only():
+    cpu = instances_for("auto", None, Flavor.PYTHON_ORT, False, cores=2)
+    assert (cpu.count, cpu.threads) == (2, 1) and "tokenizes" in cpu.reason
+    assert (instances_for("auto", None, Flavor.PYTHON_ORT, False, cores=1).count,
+            instances_for("auto", None, Flavor.ONNXRUNTIME, True, cores=8).count) == (1, 1)
 
 
 def test_misspelled_key_names_the_closest_setting():

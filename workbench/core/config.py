@@ -96,7 +96,9 @@ class TritonSettings(_Strict):
     variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
     outputs: list[str] | None = Field(default=None, description="outputs to serve; default: the sentence embedding "
                                                                 "alone when there is one, else every task output")
-    instances: int = Field(default=1, ge=1)
+    instances: int | Literal["auto"] = Field(default="auto", description=(
+        "model instances; auto: two sharing the cores for python-ort on a CPU with two or more (one tokenizes and "
+        "answers while the other infers), else one"))
     dynamic_batching: bool = True
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")

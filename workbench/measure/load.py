@@ -6,18 +6,27 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import re
 import subprocess
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
 from workbench.serving.client import AsyncTritonClient, run_async, text_array
+
+
+class Closable(Protocol):
+    """A client a load level opens once and closes at its end."""
+
+    async def close(self) -> None: ...
+
 
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -42,14 +51,14 @@ class LevelResult:
 
 
 # ---- asyncio closed loop ---------------------------------------------------------------------------------------
-Send = Callable[[AsyncTritonClient, int], Awaitable[object]]
+Client = TypeVar("Client", bound=Closable)
 
 
-async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, requests: int,
-                       seconds: float) -> LevelResult:
+async def _closed_loop(open_client: Callable[[], Client], send: Callable[[Client, int], Awaitable[object]],
+                       concurrency: int, requests: int, seconds: float, where: str) -> LevelResult:
     """A server that gives no answer stops the level with its ServerUnreachableError; other failed requests are
     counted as errors, and a level where every request failed is a ServedError, not a measurement."""
-    client = AsyncTritonClient(url, protocol)
+    client = open_client()
     latencies: list[float] = []
     failures: list[Exception] = []
     issued = 0
@@ -81,22 +90,32 @@ async def _closed_loop(url: str, protocol: str, send: Send, concurrency: int, re
     elapsed = time.perf_counter() - start
     if not latencies:
         first = getattr(failures[0], "problem", repr(failures[0])) if failures else "none was sent"
-        raise ServedError(f"all {len(failures)} requests at concurrency {concurrency} to {url} failed; the first: "
+        raise ServedError(f"all {len(failures)} requests at concurrency {concurrency} to {where} failed; the first: "
                           f"{first}", "fix what the first error names; a level without one answer measures nothing")
     values = np.asarray(latencies) * 1e3
     return LevelResult(concurrency, len(latencies), len(failures), elapsed, len(latencies) / elapsed,
                        *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
 
 
-def asyncio_level(url: str, protocol: str, send: Send, concurrency: int, requests: int, seconds: float,
-                  after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> LevelResult:
+def closed_loop_level(open_client: Callable[[], Client], send: Callable[[Client, int], Awaitable[object]],
+                      concurrency: int, requests: int, seconds: float, where: str,
+                      after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> LevelResult:
     """A warm-up of `warmup` requests (default: `concurrency`), then up to `requests` requests (or `seconds`) with
-    `concurrency` in flight, each sent as soon as the previous one of its worker returned. `after_warmup` runs in
-    between (to reset whatever `send` counts). A server that stops answering raises ServerUnreachableError."""
-    run_async(_closed_loop(url, protocol, send, concurrency, warmup or concurrency, seconds))
+    `concurrency` in flight on one client from `open_client`, each sent as soon as the previous one of its worker
+    returned (`send(client, index)`). `after_warmup` runs in between (to reset whatever `send` counts)."""
+    run_async(_closed_loop(open_client, send, concurrency, warmup or concurrency, seconds, where))
     if after_warmup:
         after_warmup()
-    return run_async(_closed_loop(url, protocol, send, concurrency, requests, seconds))
+    return run_async(_closed_loop(open_client, send, concurrency, requests, seconds, where))
+
+
+def asyncio_level(url: str, protocol: str, send: Callable[[AsyncTritonClient, int], Awaitable[object]],
+                  concurrency: int, requests: int, seconds: float, after_warmup: Callable[[], None] | None = None,
+                  warmup: int | None = None) -> LevelResult:
+    """`closed_loop_level` on a tritonclient asyncio client of `url` over `protocol`. A server that stops
+    answering raises ServerUnreachableError."""
+    return closed_loop_level(lambda: AsyncTritonClient(url, protocol), send, concurrency, requests, seconds, url,
+                             after_warmup, warmup)
 
 
 # ---- perf_analyzer (found and installed by workbench.measure.perf_analyzer) ----------------------------------------
@@ -169,3 +188,18 @@ def breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]
     result = {stage: (after[stage] - before[stage]) / requests / 1e6 for stage in STAGES}
     result["requests"] = after["requests"] - before["requests"]
     return result
+
+
+def model_stages(metrics_url: str, model: str) -> dict[str, float]:
+    """The Python model's own cumulative seconds per stage of `execute` and its timed executions (`executions`),
+    from the server's metrics port (serving/backend/stages.py); empty where the model times nothing."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("workbench_stage_seconds_total{", "workbench_executions_total{")) and \
+                f'model="{model}"' in line:
+            labels, value = line.rsplit(" ", 1)
+            stage = re.search(r'stage="([^"]+)"', labels)
+            totals[stage.group(1) if stage else "executions"] = float(value)
+    return totals

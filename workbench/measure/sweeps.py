@@ -154,7 +154,8 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
     levels = sorted(set(bench.concurrency))
     result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "protocol": "grpc", "levels": levels,
                               "variant_plan": {"flavor": plan.flavor.value, "layout": plan.layout,
-                                               "max_batch_size": plan.max_batch_size}}
+                                               "max_batch_size": plan.max_batch_size, "instances": plan.instances,
+                                               "threads": plan.threads, "why": plan.instances_reason}}
 
     def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
         """Client-side tokenization against the text path, both through the asyncio generator (like with like)."""
@@ -184,7 +185,8 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
     settings = list(itertools.product(bench.search_queue_delays_us, bench.search_instances))
     for delay, instances in track(settings, f"batching search at concurrency {top}", "settings",
                                   note=lambda setting: f"queue delay {setting[0]} us, instances {setting[1]}"):
-        candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances)
+        candidate = replace(plan, dynamic_batching=True, max_queue_delay_us=delay, instances=instances,
+                            threads=max(1, plan.threads * plan.instances // instances))  # the same cores in all
         label = f"search_d{delay}_i{instances}"
         measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
                                 ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))

@@ -42,6 +42,7 @@ class ServingPlan:
     max_queue_delay_us: int
     dynamic_batching: bool = True
     instances: int = 1
+    instances_reason: str = ""
     gpu: bool = False
     gpu_accelerator: str = "none"
     fp16: bool = False
@@ -290,7 +291,8 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
         files = {plan.name: {**network, "tokenizer": plan.tokenizer_dir,
                              **{name: MODELS_SOURCE / source for name, source in (
                                  ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
-                                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"))}}}
+                                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"),
+                                 ("stages.py", "stages.py"))}}}
         return {name: (config, files[name]) for name, config in configs(plan).items()}
     files: dict[str, dict[str, Path]] = {
         plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",

@@ -92,11 +92,12 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
 
 def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str,
                      texts: list[str]) -> dict[str, Any]:
-    """The served variant in process on the served texts, with the threads one served instance has, at batch size
-    1 and the served preferred sizes."""
+    """The served variant in process on the served texts, with the cores the deployment has (its instances' threads
+    together: one in-process session is the fastest way to use them for one caller), at batch size 1 and the served
+    preferred sizes."""
     path, _ = record.variant(variant)
     tokenizer, limit = record.tokenizer(), record.export_info().max_sequence
-    with OrtRunner(variant, path, providers_for(config.device), plan.threads) as runner:
+    with OrtRunner(variant, path, providers_for(config.device), plan.threads * plan.instances) as runner:
         batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, config.sequence, limit)
                    for size in sorted({1, *plan.preferred_batch_sizes})}
         return corpus_rates(runner, batches)

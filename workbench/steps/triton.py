@@ -25,7 +25,6 @@ from workbench.serving.plan import (
     preference,
     repository_root,
     served_outputs,
-    threads_per_instance,
 )
 from workbench.serving.repository import ServingPlan, check_replaceable, read_repository, write_repository
 from workbench.serving.runner import ServedRunner
@@ -109,8 +108,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
     plan = build_plan(config.triton.name or config.model_slug, flavor, path, precision, record.export_info(), folder,
                       record.tokenizer().pad_token_id or 0, id2label, outputs, record.shape_profiles(),
-                      config.triton, config.batch, config.sequence.max,
-                      threads_per_instance(config.threads, config.triton.instances))
+                      config.triton, config.batch, config.sequence.max, config.threads)
     return plan, variant
 
 

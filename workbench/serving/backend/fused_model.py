@@ -1,18 +1,21 @@
 """Triton Python model serving text in one hop: the texts of the whole dynamic batch are tokenized in one
 fast-tokenizer call, run through ONNX Runtime in length groups (ort_batches.py), and, for classifiers, labelled,
-all in one `execute`: no tensors cross between models, no second Python stub."""
+all in one `execute`: no tensors cross between models, no second Python stub. The time of each stage (decode,
+tokenize, infer, respond) is on the metrics port (stages.py)."""
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
 from ort_batches import PaddedRunner, model_args, session  # noqa: E402
-from text_input import Prompts, decode  # noqa: E402
+from stages import StageClock  # noqa: E402
+from text_input import Prompts, TextEncoder, decode  # noqa: E402
+
+STAGES = ("decode", "tokenize", "infer", "respond")
 
 
 def stack(rows):
@@ -26,10 +29,9 @@ def stack(rows):
 class TritonPythonModel:
     def initialize(self, args):
         config, params, folder = model_args(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "tokenizer"))
         self.max_length = int(params["max_length"])
         model = session(folder / "model.onnx", params)
-        self.inputs = [i.name for i in model.get_inputs()]
+        self.tokenizer = TextEncoder(folder / "tokenizer", self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
         per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
@@ -37,16 +39,24 @@ class TritonPythonModel:
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
+        self.clock = StageClock(config["name"], STAGES)
 
-    def respond(self, outputs, truncated):
-        tensors = {name: stack([o[name][0] for o in outputs]) for name in self.outputs}
-        if self.labels is not None:
+    def finalize(self):
+        self.clock.flush()
+
+    def respond(self, outputs, truncated, wanted):
+        """The `wanted` outputs (those the request asked for: Triton sends no others) of one request's texts."""
+        tensors = {name: stack([o[name][0] for o in outputs]) for name in self.outputs
+                   if name in wanted or (self.labels is not None and name == "logits")}
+        if self.labels is not None and wanted & {"label", "score"}:
             tensors["label"], tensors["score"] = label_and_score(tensors["logits"], self.labels)
-        tensors["truncated"] = np.array([[flag] for flag in truncated])
+        if "truncated" in wanted:
+            tensors["truncated"] = np.array([[flag] for flag in truncated])
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value))
-                                                          for name, value in tensors.items()])
+                                                          for name, value in tensors.items() if name in wanted])
 
     def execute(self, requests):
+        self.clock.start()
         responses, texts, owners = [None] * len(requests), [], []
         for index, request in enumerate(requests):
             try:
@@ -55,17 +65,18 @@ class TritonPythonModel:
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
                 continue
-            owners.append((index, len(texts), len(mine)))
+            owners.append((index, len(texts), len(mine), set(request.requested_output_names())))
             texts += mine
-        if not texts:
-            return responses
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length)
-        parts = [{name: np.asarray([encoded[name][i]], dtype=np.int64) for name in self.inputs}
-                 for i in range(len(texts))]
-        outputs = self.runner.run(parts)
-        truncated = [bool(e.overflowing) for e in encoded.encodings]
-        if any(truncated):
-            pb_utils.Logger.log_warn(f"truncated {sum(truncated)} text(s) to {self.max_length} tokens")
-        for index, start, count in owners:
-            responses[index] = self.respond(outputs[start:start + count], truncated[start:start + count])
+        self.clock.lap("decode")
+        if texts:
+            parts, truncated = self.tokenizer.encode(texts)
+            if any(truncated):
+                pb_utils.Logger.log_warn(f"truncated {sum(truncated)} text(s) to {self.max_length} tokens")
+            self.clock.lap("tokenize")
+            outputs = self.runner.run(parts)
+            self.clock.lap("infer")
+            for index, start, count, wanted in owners:
+                responses[index] = self.respond(outputs[start:start + count], truncated[start:start + count], wanted)
+            self.clock.lap("respond")
+        self.clock.done()
         return responses

@@ -1,6 +1,13 @@
 """Decode a Triton BYTES tensor of texts, refusing invalid UTF-8 and empty texts with messages that name the text;
-put the model's sentence-transformers prompt before them. Copied beside the Python models that take text."""
+put the model's sentence-transformers prompt before them; tokenize them. Copied beside the Python models that take
+text."""
 import json
+
+import numpy as np
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 
 
 def decode(values):
@@ -38,3 +45,30 @@ class Prompts:
             raise ValueError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
         prefix = self.prompts.get(name, "") if name else ""
         return [prefix + text for text in texts]
+
+
+class TextEncoder:
+    """The model's tokenizer, truncating to `max_length`: its `tokenizers` backend called directly where it has one
+    (a fast tokenizer; the transformers wrapper costs about 50 us a call on top), else the wrapper itself."""
+
+    def __init__(self, folder, max_length, names):
+        self.wrapper = AutoTokenizer.from_pretrained(str(folder))
+        self.max_length, self.names = max_length, list(names)
+        backend = getattr(self.wrapper, "backend_tokenizer", None)
+        self.backend = Tokenizer.from_str(backend.to_str()) if backend is not None else None  # our own copy
+        if self.backend is not None:
+            self.backend.no_padding()
+            self.backend.enable_truncation(max_length, direction=self.wrapper.truncation_side)
+
+    def encode(self, texts):
+        """Per text, {input name: int64 [1, length]}; and per text, whether it was truncated."""
+        if self.backend is None:
+            encoded = self.wrapper(texts, truncation=True, max_length=self.max_length)
+            rows = [{name: encoded[name][i] for name in self.names} for i in range(len(texts))]
+            flags = [bool(e.overflowing) for e in encoded.encodings] if encoded.encodings else [
+                len(self.wrapper(text)["input_ids"]) > self.max_length for text in texts]
+        else:
+            encodings = self.backend.encode_batch(texts)
+            rows = [{name: getattr(e, FIELDS[name]) for name in self.names} for e in encodings]
+            flags = [bool(e.overflowing) for e in encodings]
+        return [{name: np.asarray([row[name]], dtype=np.int64) for name in self.names} for row in rows], flags

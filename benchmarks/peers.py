@@ -1,0 +1,238 @@
+"""The workbench's deployment beside what its users run instead, measured side by side in one run.
+
+    python benchmarks/peers.py --install           # once: infinity-emb in its own environment (.peers/infinity)
+    python benchmarks/peers.py [--run outputs/<run>] [--levels 1,4,16,64] [--requests 1000] [--repeats 3]
+
+Without --run it first runs export, optimize, parity and triton on the embedded all-MiniLM-L6-v2. Then, on this
+host, with the load client on the same cores as the servers:
+  - servers: the workbench's Triton serving its deployed variant and its fp32, and infinity-emb (Optimum engine)
+    serving Optimum's own O2 fp32 file and its int8 preset for this CPU (per channel);
+  - one client code path for all of them: one-text requests over HTTP JSON at each concurrency, the levels
+    interleaved across servers and repeated (the req/s range over repeats shows the noise); Triton also over gRPC,
+    its best case;
+  - accuracy of every server against `SentenceTransformer(folder).encode()` on the corpus (min / mean cosine, texts
+    whose nearest neighbour stays encode()'s), resident memory of each server's process tree after its load;
+  - in process: encode() at its best batch size (the baseline everyone knows) and the deployed variant in ONNX
+    Runtime with the served threads (tokenized beforehand: the bench step's `efficiency` reference);
+  - at concurrency 1, where the served request's time goes: Triton's stages and the Python model's own.
+Prints the table and the checks of issue #25 (PASS/MISS, never an assertion), and writes <run>/peers/peers.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import MissingArtifactError, WorkbenchError
+from workbench.core.machine import cpu_features
+from workbench.core.record import RunRecord
+from workbench.measure.load import LevelResult, asyncio_level, breakdown, model_stages, stage_totals
+from workbench.measure.peers import (
+    Embedder,
+    InfinityServer,
+    PeerRow,
+    accuracy,
+    embed_all,
+    encode_rates,
+    find_infinity,
+    http_level,
+    infinity_embedder,
+    install_infinity,
+    lead,
+    table,
+    triton_embedder,
+)
+from workbench.models.loading import resolve_source
+from workbench.pipeline import run_pipeline
+from workbench.serving.client import AsyncTritonClient, TritonClient
+from workbench.serving.repository import ServingPlan, write_repository
+from workbench.serving.server import TritonServer
+from workbench.steps.bench import deployed_plan, in_process_rates
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = ROOT / ".peers" / "infinity"
+C1_TARGET, THROUGHPUT_TARGET = 1.2, 0.95  # served p50 at c=1 over in process; served throughput over in process
+
+
+def main() -> int:
+    """Run the comparison; a WorkbenchError prints its message and fix (exit 2), as the CLI does."""
+    try:
+        compare(arguments())
+    except WorkbenchError as exc:
+        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="a run whose triton step deployed a variant")
+    parser.add_argument("--peer-venv", type=Path, default=DEFAULT_VENV, help="infinity-emb's own environment")
+    parser.add_argument("--install", action="store_true", help="create --peer-venv, then exit")
+    parser.add_argument("--levels", default="1,4,16,64", help="concurrency levels, comma-separated")
+    parser.add_argument("--requests", type=int, default=1000, help="requests per level")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every level")
+    parser.add_argument("--seconds", type=float, default=60.0, help="upper bound on one level")
+    return parser.parse_args()
+
+
+def compare(args: argparse.Namespace) -> None:
+    if args.install:
+        print(f"installed: {install_infinity(args.peer_venv)}")
+        return
+    infinity = find_infinity(args.peer_venv)  # refused before anything is built or measured
+    if args.run is None:
+        args.run = ROOT / "outputs" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(RunConfig(steps=["export", "optimize", "parity", "triton"]), args.run)
+    record = RunRecord.load(args.run)
+    deployed = deployed_plan(record)
+    if deployed is None:
+        raise MissingArtifactError(f"{args.run} has no current deployment (triton: "
+                                   f"{record.step_entry('triton').label})",
+                                   f"run `workbench run --output-dir {args.run} --resume --steps triton` first")
+    plan, variant = deployed
+    levels = sorted({int(c) for c in args.levels.split(",")})
+    texts = list(load_corpus(record.config.corpus))
+    work = args.run / "peers"
+    features = cpu_features()
+    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    model_dir = resolve_source(record.config.model).location
+    optimum = work / "optimum"
+    if not (optimum / "int8" / "model_quantized.onnx").is_file():
+        subprocess.run([str(args.peer_venv / "bin" / "python"), str(ROOT / "benchmarks" / "peer_optimum.py"),
+                        model_dir, str(optimum), preset], check=True)
+    from sentence_transformers import SentenceTransformer
+
+    library = SentenceTransformer(model_dir, device="cpu")
+    reference = library.encode(texts, batch_size=32)
+    plans = {f"workbench Triton {variant}": (plan, variant)}
+    if variant != "fp32":
+        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
+    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d")}, "run": str(args.run),
+                              "deployed": variant, "levels": levels, "requests": args.requests,
+                              "repeats": args.repeats}
+    with ExitStack() as stack:
+        embedders: list[Embedder] = []
+        servers: dict[str, TritonServer] = {}
+        for name, (served, precision) in plans.items():
+            folder = work / name.split()[-1]
+            server = stack.enter_context(TritonServer(write_repository(served, folder / "repository",
+                                                                       overwrite=True), folder / "server"))
+            servers[name] = server
+            embedders.append(triton_embedder(name, precision, server, served.name, "sentence_embedding"))
+        for precision, quantized in (("fp32", False), (f"int8 ({preset}, per channel)", True)):
+            peer = stack.enter_context(InfinityServer(infinity, optimum / precision.split()[0], quantized,
+                                                      work / f"infinity-{precision.split()[0]}.log"))
+            embedders.append(infinity_embedder(f"infinity-emb {precision.split()[0]}", precision, peer))
+        rows = {e.name: PeerRow(e.name, e.precision, accuracy=accuracy(embed_all(e, texts), reference))
+                for e in embedders}
+        grpc_name = f"workbench Triton {variant}, gRPC"
+        rows[grpc_name] = PeerRow(grpc_name, variant, accuracy=rows[embedders[0].name].accuracy)
+        deployed_server = servers[embedders[0].name]
+        stages: dict[str, Any] = {}
+        for repeat in range(args.repeats):
+            for concurrency in levels:
+                print(f"repeat {repeat + 1}/{args.repeats}, concurrency {concurrency}", flush=True)
+                for embedder in embedders:
+                    level = measured_stages(deployed_server, plan, stages, f"http c{concurrency}",
+                                            lambda e=embedder, c=concurrency: http_level(
+                                                e, texts, c, args.requests, args.seconds)) \
+                        if embedder.name == embedders[0].name else http_level(embedder, texts, concurrency,
+                                                                              args.requests, args.seconds)
+                    rows[embedder.name].levels.setdefault(concurrency, []).append(level)
+                rows[grpc_name].levels.setdefault(concurrency, []).append(measured_stages(
+                    deployed_server, plan, stages, f"grpc c{concurrency}",
+                    lambda c=concurrency: grpc_level(deployed_server, plan, texts, c, args)))
+        for embedder in embedders:
+            rows[embedder.name].rss_bytes = embedder.rss()
+    result["stages"] = stages
+    result["rows"] = [row.record() for row in rows.values()]
+    result["in_process"] = {
+        "encode": encode_rates(library, texts),
+        variant: in_process_rates(record.config, record, plan, variant, texts),
+    }
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "peers.json").write_text(json.dumps(result, indent=2))
+    report(result, list(rows.values()), levels, variant, plan)
+
+
+def grpc_level(server: TritonServer, plan: ServingPlan, texts: list[str], concurrency: int,
+               args: argparse.Namespace) -> LevelResult:
+    async def send(client: AsyncTritonClient, index: int) -> object:
+        return await client.infer_texts(plan.name, [texts[index % len(texts)]], ["sentence_embedding"])
+    return asyncio_level(server.grpc_url, "grpc", send, concurrency, args.requests, args.seconds)
+
+
+def measured_stages(server: TritonServer, plan: ServingPlan, stages: dict[str, Any], label: str,
+                    measure: Any) -> LevelResult:
+    """`measure()`, with where the server's time went meanwhile (Triton's stages, the Python model's own) kept
+    in `stages[label]` (one entry per repeat)."""
+    with TritonClient(server.grpc_url) as client:
+        before, own_before = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
+        level = measure()
+        after, own_after = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
+    own = {stage: (own_after[stage] - own_before[stage]) * 1e3 / max(own_after["executions"] - own_before[
+        "executions"], 1) for stage in own_after if stage != "executions"}
+    stages.setdefault(label, []).append({"triton_ms": breakdown(before, after), "model_ms": own,
+                                         "client_p50_ms": level.p50, "client_mean_ms": level.mean})
+    return level
+
+
+def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], variant: str, plan: ServingPlan) -> None:
+    host = result["host"]
+    print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
+          f"{host['int8_dot_product'] or 'none'}; {result['repeats']} interleaved repeats of {result['requests']} "
+          f"one-text requests per level; req/s (range over repeats) / p50 ms / p99 ms\n")
+    print(table(rows, levels))
+    encode = result["in_process"]["encode"]
+    ours = result["in_process"][variant]
+    best = ours["sequences_per_s"][str(ours["best_batch"])]
+    print(f"\nin process: SentenceTransformer.encode() {encode['texts_per_s'][str(encode['best_batch'])]:.0f} "
+          f"texts/s at batch {encode['best_batch']}, one text {encode['p50_ms']:.2f} ms; {variant} in ONNX Runtime "
+          f"({plan.threads * plan.instances} threads, tokenized beforehand) {best:.0f} texts/s at batch "
+          f"{ours['best_batch']}, one text "
+          f"{ours['p50_ms']:.2f} ms")
+    by_name = {row.name: row for row in rows}
+    served = by_name[f"workbench Triton {variant}"]
+    pairs = [("workbench Triton fp32", "infinity-emb fp32")]
+    if variant.startswith("int8"):
+        pairs.append((f"workbench Triton {variant}", "infinity-emb int8"))
+    for ours_name, peer in pairs:  # equal precision
+        mine = by_name[ours_name]
+        ratios = lead(mine, by_name[peer], levels)
+        verdict = "PASS" if all(r > 1 for r in ratios.values()) else "MISS"
+        print(f"{mine.name} over {peer}, req/s: " + ", ".join(f"c{c} {r:.2f}x" for c, r in ratios.items())
+              + f" (target > 1 at every level) {verdict}")
+    for row in (served, by_name[f"workbench Triton {variant}, gRPC"]):
+        if 1 in row.levels:
+            ratio = row.median(1, "p50") / ours["p50_ms"]
+            print(f"{row.name}: p50 at c1 {row.median(1, 'p50'):.2f} ms = {ratio:.2f}x in process (target <= "
+                  f"{C1_TARGET}x) {'PASS' if ratio <= C1_TARGET else 'MISS'}")
+        shares = {c: row.median(c, "throughput") / best for c in levels if c >= 4}
+        verdict = "PASS" if all(share >= THROUGHPUT_TARGET for share in shares.values()) else "MISS"
+        print(f"{row.name}: throughput over in process " + ", ".join(f"c{c} {s:.2f}" for c, s in shares.items())
+              + f" (target >= {THROUGHPUT_TARGET}) {verdict}")
+    for label, runs in result["stages"].items():
+        if label.endswith(" c1"):
+            mean = {key: statistics.median(run["model_ms"].get(key, 0.0) for run in runs)
+                    for key in runs[0]["model_ms"]}
+            triton = {key: statistics.median(run["triton_ms"][key] for run in runs)
+                      for key in ("queue", "compute_input", "compute_infer", "compute_output")}
+            client = statistics.median(run["client_mean_ms"] for run in runs)
+            print(f"where a request's time goes at c1 over {label.split()[0]} (mean ms): client {client:.2f}; Triton "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in triton.items()) + "; in the model "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in mean.items()))
+    print(f"\nwritten: {result['run']}/peers/peers.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

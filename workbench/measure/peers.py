@@ -1,0 +1,271 @@
+"""The deployment beside what its users run instead, measured by one client in one run: infinity-emb (an embedding
+server, in a virtual environment of its own), SentenceTransformer.encode() in process, and the workbench's Triton.
+Every server is loaded through one HTTP JSON path (`http_level`, the asyncio closed loop of measure/load), judged
+against encode() on the same texts, and weighed by the resident memory of its process tree (benchmarks/peers.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+import psutil
+
+from workbench.core.errors import DependencyMissingError, ServerStartError
+from workbench.measure.load import LevelResult, closed_loop_level
+from workbench.precision.retrieval import retrieval_agreement
+from workbench.serving.server import HOST, TritonServer, free_port
+
+# infinity-emb and the torch it runs on, pinned: a plain `torch` (or a range) pulls a CUDA build of several GB here.
+TORCH_PIN = "torch==2.13.0"
+INFINITY_PIN = "infinity-emb[server,optimum]==0.0.78"
+INSTALL_HINT = "python benchmarks/peers.py --install  (a virtual environment of about 2 GB, 3-5 minutes)"
+
+
+class PeerNotInstalledError(DependencyMissingError):
+    """A peer server to compare with is not installed where the benchmark looks for it."""
+
+
+def find_infinity(venv: Path) -> Path:
+    """The infinity_emb command of the peer environment `venv`, or a PeerNotInstalledError saying how to get it."""
+    command = venv / "bin" / "infinity_emb"
+    if not command.is_file():
+        raise PeerNotInstalledError(f"infinity-emb is not installed in {venv}", INSTALL_HINT)
+    return command
+
+
+def install_infinity(venv: Path) -> Path:
+    """Create the peer environment `venv`: the CPU torch first (else pip picks a CUDA one), then infinity-emb with
+    its Optimum engine (which brings optimum-onnx, used to build the peer's ONNX files)."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, TORCH_PIN], check=True)
+    subprocess.run([*pip, INFINITY_PIN], check=True)
+    return find_infinity(venv)
+
+
+class InfinityServer:
+    """`infinity_emb v2` serving the ONNX file in `folder` on 127.0.0.1, stopped by PID (its process group)."""
+
+    def __init__(self, command: Path, folder: Path, quantized: bool, log: Path) -> None:
+        self.command, self.folder, self.quantized, self.log = command, folder, quantized, log
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> InfinityServer:
+        # `--model-id .` from inside the folder: an absolute path fails with optimum 2.x ("Could not find any ONNX
+        # files with target file name /abs/.../model.onnx"). `--pooling-method mean` because its `auto` picks CLS
+        # pooling for all-MiniLM-L6-v2 (mean cosine 0.47 against encode()). On a CPU it prefers a file whose name
+        # says "quantized": the fp32 folder holds none, and --onnx-do-not-prefer-quantized says so too.
+        argv = [str(self.command), "v2", "--model-id", ".", "--engine", "optimum", "--device", "cpu",
+                "--host", HOST, "--port", str(self.port), "--pooling-method", "mean"]
+        if not self.quantized:
+            argv.append("--onnx-do-not-prefer-quantized")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(argv, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"infinity_emb exited with code {self.process.returncode} while starting",
+                                       f"read {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(f"infinity_emb did not answer /health within {timeout:.0f} s", f"read {self.log}")
+
+    def rss_bytes(self) -> int:
+        return tree_rss(self.process.pid) if self.process else 0
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def __enter__(self) -> InfinityServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and all its descendants."""
+    try:
+        root = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in (root, *root.children(recursive=True)))
+    except psutil.NoSuchProcess:
+        return 0
+
+
+@dataclass
+class Embedder:
+    """One server as an HTTP JSON client sees it: where to POST texts, the body, how to read the vectors back."""
+
+    name: str
+    precision: str
+    url: str
+    body: Callable[[list[str]], dict[str, Any]]
+    vectors: Callable[[dict[str, Any]], np.ndarray]
+    rss: Callable[[], int]
+
+
+def triton_embedder(name: str, precision: str, server: TritonServer, model: str, output: str) -> Embedder:
+    """Triton's KServe v2 JSON: texts as a BYTES tensor [n, 1], one output asked for, answered as JSON numbers."""
+    def body(texts: list[str]) -> dict[str, Any]:
+        return {"inputs": [{"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}],
+                "outputs": [{"name": output}]}
+
+    def vectors(answer: dict[str, Any]) -> np.ndarray:
+        out = next(o for o in answer["outputs"] if o["name"] == output)
+        return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    return Embedder(name, precision, f"http://{server.http_url}/v2/models/{model}/infer", body, vectors,
+                    server.rss_bytes)
+
+
+def infinity_embedder(name: str, precision: str, server: InfinityServer) -> Embedder:
+    """infinity's OpenAI-style /embeddings."""
+    def vectors(answer: dict[str, Any]) -> np.ndarray:
+        return np.asarray([item["embedding"] for item in answer["data"]], dtype=np.float32)
+    return Embedder(name, precision, f"{server.url}/embeddings", lambda texts: {"model": ".", "input": texts},
+                    vectors, server.rss_bytes)
+
+
+def http_level(embedder: Embedder, texts: Sequence[str], concurrency: int, requests: int,
+               seconds: float) -> LevelResult:
+    """One closed-loop level of one-text requests over HTTP JSON (each answer read and parsed, as a client would)."""
+    async def send(session: aiohttp.ClientSession, index: int) -> object:
+        async with session.post(embedder.url, json=embedder.body([texts[index % len(texts)]])) as response:
+            response.raise_for_status()
+            return await response.json()
+    return closed_loop_level(aiohttp.ClientSession, send, concurrency, requests, seconds, embedder.url)
+
+
+def embed_all(embedder: Embedder, texts: Sequence[str], batch: int = 16) -> np.ndarray:
+    """Every text's vector from the server, `batch` texts a request."""
+    rows = []
+    for start in range(0, len(texts), batch):
+        data = json.dumps(embedder.body(list(texts[start:start + batch]))).encode()
+        request = urllib.request.Request(embedder.url, data, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            rows.append(embedder.vectors(json.loads(response.read())))
+    return np.concatenate(rows)
+
+
+def accuracy(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+    """Against encode(): cosine per text (min, mean), and how many texts keep encode()'s nearest neighbour."""
+    unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)  # noqa: E731
+    cosines = np.sum(unit(got.astype(np.float64)) * unit(want.astype(np.float64)), axis=1)
+    agreement = retrieval_agreement(got, want)
+    same = round(agreement["agreement_at_1"] * len(want)) if agreement else len(want)
+    return {"min_cosine": float(cosines.min()), "mean_cosine": float(cosines.mean()), "same_neighbour": same,
+            "texts": len(want)}
+
+
+class Encoder(Protocol):
+    def encode(self, sentences: list[str], batch_size: int) -> np.ndarray: ...
+
+
+def encode_rates(model: Encoder, texts: Sequence[str], sizes: Sequence[int] = (1, 8, 32, 64),
+                 passes: int = 2) -> dict[str, Any]:
+    """`SentenceTransformer.encode()` in process, the baseline everyone knows: texts/s over all `texts` per batch
+    size (the best of `passes`), the best size, and the median one-text call in ms."""
+    rates: dict[str, float] = {}
+    calls: list[float] = []
+    model.encode(list(texts[:8]), batch_size=8)  # warm-up
+    for size in sizes:
+        best = float("inf")
+        for _ in range(passes):
+            start = time.perf_counter()
+            if size == 1:
+                for text in texts:
+                    begin = time.perf_counter()
+                    model.encode([text], batch_size=1)
+                    calls.append(time.perf_counter() - begin)
+            else:
+                model.encode(list(texts), batch_size=size)
+            best = min(best, time.perf_counter() - start)
+        rates[str(size)] = len(texts) / best
+    top = max(rates, key=lambda size: rates[size])
+    return {"texts_per_s": rates, "best_batch": int(top), "p50_ms": float(np.median(calls)) * 1e3}
+
+
+@dataclass
+class PeerRow:
+    """One server's measurements: levels per concurrency (one per interleaved repeat), accuracy, memory."""
+
+    name: str
+    precision: str
+    levels: dict[int, list[LevelResult]] = field(default_factory=dict)
+    accuracy: dict[str, float] = field(default_factory=dict)
+    rss_bytes: int = 0
+
+    def median(self, concurrency: int, what: str) -> float:
+        return statistics.median(getattr(level, what) for level in self.levels[concurrency])
+
+    def spread(self, concurrency: int, what: str) -> tuple[float, float]:
+        values = [getattr(level, what) for level in self.levels[concurrency]]
+        return min(values), max(values)
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "precision": self.precision, "accuracy": self.accuracy,
+                "rss_bytes": self.rss_bytes,
+                "levels": {str(c): [level.record() for level in runs] for c, runs in self.levels.items()}}
+
+
+def cell(row: PeerRow, concurrency: int) -> str:
+    """'req/s / p50 ms / p99 ms' (medians over repeats), with the req/s range over repeats when there are several."""
+    if concurrency not in row.levels:
+        return "-"
+    rate = f"{row.median(concurrency, 'throughput'):.0f}"
+    if len(row.levels[concurrency]) > 1:
+        low, high = row.spread(concurrency, "throughput")
+        rate += f" ({low:.0f}-{high:.0f})"
+    return f"{rate} / {row.median(concurrency, 'p50'):.1f} / {row.median(concurrency, 'p99'):.0f}"
+
+
+def table(rows: Sequence[PeerRow], levels: Sequence[int]) -> str:
+    """The side-by-side table, markdown: req/s (range over repeats) / p50 ms / p99 ms per concurrency, accuracy
+    against encode(), resident memory of the server's process tree."""
+    head = ["server", "precision", *(f"c={c}" for c in levels), "min / mean cosine", "same neighbour", "RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        acc = row.accuracy
+        quality = f"{acc['min_cosine']:.4f} / {acc['mean_cosine']:.4f}" if acc else "-"
+        same = f"{acc['same_neighbour']} of {acc['texts']}" if acc else "-"
+        rss = f"{row.rss_bytes / 2**20:.0f}" if row.rss_bytes else "-"
+        lines.append("| " + " | ".join([row.name, row.precision, *(cell(row, c) for c in levels), quality, same,
+                                        rss]) + " |")
+    return "\n".join(lines)
+
+
+def lead(ours: PeerRow, theirs: PeerRow, levels: Sequence[int]) -> dict[int, float]:
+    """Our median throughput over theirs per concurrency (both measured in the same repeats)."""
+    return {c: ours.median(c, "throughput") / theirs.median(c, "throughput") for c in levels
+            if c in ours.levels and c in theirs.levels}
