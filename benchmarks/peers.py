@@ -35,7 +35,14 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, WorkbenchError
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
-from workbench.measure.load import LevelResult, asyncio_level, breakdown, model_stages, stage_totals
+from workbench.measure.load import (
+    LevelResult,
+    asyncio_level,
+    breakdown,
+    model_stages,
+    own_breakdown,
+    stage_totals,
+)
 from workbench.measure.peers import (
     Embedder,
     InfinityServer,
@@ -180,9 +187,8 @@ def measured_stages(server: TritonServer, plan: ServingPlan, stages: dict[str, A
         before, own_before = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
         level = measure()
         after, own_after = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
-    own = {stage: (own_after[stage] - own_before[stage]) * 1e3 / max(own_after["executions"] - own_before[
-        "executions"], 1) for stage in own_after if stage != "executions"}
-    stages.setdefault(label, []).append({"triton_ms": breakdown(before, after), "model_ms": own,
+    stages.setdefault(label, []).append({"triton_ms": breakdown(before, after),
+                                         "model_ms": own_breakdown(own_before, own_after),
                                          "client_p50_ms": level.p50, "client_mean_ms": level.mean})
     return level
 

@@ -5,6 +5,7 @@ import asyncio
 import os
 import socket
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -25,7 +26,8 @@ from workbench.core.errors import (
 )
 from workbench.core.pins import pin
 from workbench.core.record import RunRecord
-from workbench.measure.load import perf_analyzer_level, text_level
+from workbench.measure.load import model_stages, perf_analyzer_level, text_level
+from workbench.measure.peers import accuracy, embed_all, http_level, triton_embedder
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
@@ -102,7 +104,8 @@ def test_configs_read_back_through_the_protobuf(served, fused):
     assert [i.name for i in model.input] == ["TEXT"]
     assert [o.name for o in model.output] == [o.name for o in parsed_outputs(served)]
     assert sorted(p.name for p in (server.repository / one.name / "1").iterdir() if p.name != "__pycache__") == [
-        "labels.py", "model.onnx", "model.py", "ort_batches.py", "text_input.py", "tokenizer"]
+        "labels.py", "model.onnx", "model.py", "ort_batches.py", "stages.py", "text_input.py", "tokenizer"]
+    assert model.instance_group[0].count == 2 and model.parameters["intra_op_threads"].string_value == "1"
 
 
 def parsed_outputs(served):
@@ -125,6 +128,27 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(either, tiny_models)
         assert got["token_embeddings"].shape == want["token_embeddings"].shape
         long = [len(ids) > 64 for ids in loaded.tokenizer(texts, verbose=False)["input_ids"]]
         assert got["truncated"].ravel().tolist() == long and any(long) and not all(long)
+
+
+def test_one_http_json_client_for_every_server_and_the_model_stage_times(fused):
+    """The peers benchmark's client path on a real server, and the fused model's own timing on its metrics port."""
+    _, plan, server = fused
+    texts = list(load_corpus()[:12])
+    embedder = triton_embedder("ours", "fp32", server, plan.name, "sentence_embedding")
+    level = http_level(embedder, texts, 2, 20, 60)
+    assert (level.requests, level.errors) == (20, 0) and level.p50 > 0
+    with TritonClient(server.grpc_url) as client:
+        want = client.infer_texts(plan.name, texts)["sentence_embedding"]
+    got = embed_all(embedder, texts, batch=5)
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
+    assert accuracy(got, want)["min_cosine"] > 0.99999
+    time.sleep(0.6)  # the model sends its sums at most every 0.5 s: the next request flushes them
+    embed_all(embedder, texts[:1])
+    stages = model_stages(server.metrics_url, plan.name)
+    assert set(stages) == {"decode", "tokenize", "infer", "respond", "executions"}
+    assert stages["executions"] >= 20 and all(value > 0 for value in stages.values())
+    assert stages["infer"] > stages["decode"]
+    assert embedder.rss() > 0
 
 
 def test_asyncio_clients_and_dynamic_batching(either):

@@ -203,3 +203,10 @@ def model_stages(metrics_url: str, model: str) -> dict[str, float]:
             stage = re.search(r'stage="([^"]+)"', labels)
             totals[stage.group(1) if stage else "executions"] = float(value)
     return totals
+
+
+def own_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean milliseconds per execution in each of the model's own stages between two `model_stages` snapshots."""
+    executions = max(after.get("executions", 0) - before.get("executions", 0), 1)
+    return {stage: (after[stage] - before.get(stage, 0.0)) * 1e3 / executions for stage in after
+            if stage != "executions"}

@@ -16,7 +16,14 @@ from workbench.core.config import BenchSettings, Flavor, RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.progress import track
-from workbench.measure.load import asyncio_level, breakdown, stage_totals, text_level
+from workbench.measure.load import (
+    asyncio_level,
+    breakdown,
+    model_stages,
+    own_breakdown,
+    stage_totals,
+    text_level,
+)
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer
 from workbench.serving.client import TritonClient
 from workbench.serving.repository import ServingPlan, write_repository
@@ -40,6 +47,10 @@ class ServedBench:
         with TritonClient(self.server.grpc_url) as client:
             return {name: stage_totals(client.statistics(name)) for name in self.plan.working_models}
 
+    def _own(self) -> dict[str, dict[str, float]]:
+        """The Python models' own stage sums (the fused model times decode, tokenize, infer, respond)."""
+        return {name: model_stages(self.server.metrics_url, name) for name in self.plan.working_models}
+
     def _ids(self, index: int) -> dict[str, np.ndarray]:
         text = self.texts[index % len(self.texts)]
         return encode(self.tokenizer, [text], self.plan.input_names, max_length=self.plan.max_length)
@@ -47,7 +58,7 @@ class ServedBench:
     def level(self, concurrency: int, client_tokenization: bool = False) -> dict[str, Any]:
         """One concurrency level; perf_analyzer (text path) when available, else the asyncio generator."""
         bench = self.config.bench
-        before = self._stages()
+        before, own_before = self._stages(), self._own()
         if client_tokenization:
             async def send(client: Any, index: int) -> object:
                 return await client.infer(self.plan.model_name, self._ids(index))
@@ -57,8 +68,10 @@ class ServedBench:
             result = text_level(self.tool, self.url, self.plan.name, self.texts, concurrency,
                                 bench.requests_per_level, bench.seconds_per_level,
                                 self.workdir / f"perf_analyzer_{self.protocol}", self.protocol)
-        after = self._stages()
-        return {**result, "server": {name: breakdown(before[name], after[name]) for name in before}}
+        after, own_after = self._stages(), self._own()
+        own = {name: own_breakdown(own_before[name], own_after[name]) for name in own_after if own_after[name]}
+        return {**result, "server": {name: breakdown(before[name], after[name]) for name in before},
+                **({"model_stages": own} if own else {})}
 
     def sweep(self, levels: list[int], client_tokenization: bool = False) -> dict[str, dict[str, Any]]:
         """`level` at each concurrency in turn, with progress: {"<concurrency>": level}."""
