@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,13 +41,15 @@ from workbench.measure.load import (
     LevelResult,
     asyncio_level,
     breakdown,
-    model_stages,
     own_breakdown,
+    settled_stages,
     stage_totals,
 )
 from workbench.measure.peers import (
+    INSTALL_HINT,
     Embedder,
     InfinityServer,
+    PeerNotInstalledError,
     PeerRow,
     accuracy,
     embed_all,
@@ -71,12 +75,22 @@ C1_TARGET, THROUGHPUT_TARGET = 1.2, 0.95  # served p50 at c=1 over in process; s
 
 
 def main() -> int:
-    """Run the comparison; a WorkbenchError prints its message and fix (exit 2), as the CLI does."""
+    """Run the comparison; a WorkbenchError prints its message and fix (exit 2), as the CLI does. SIGINT, SIGTERM
+    and SIGHUP end it as Ctrl-C does (SIGINT too where a background launch ignored it): the servers it started are
+    stopped on the way out (exit 130)."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
     try:
         compare(arguments())
     except WorkbenchError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        print(f"interrupted ({stop or 'SIGINT'}): every server it started is stopped; peers.json not written",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -111,12 +125,20 @@ def compare(args: argparse.Namespace) -> None:
     texts = list(load_corpus(record.config.corpus))
     work = args.run / "peers"
     features = cpu_features()
+    load = os.getloadavg()[0]
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum"
     if not (optimum / "int8" / "model_quantized.onnx").is_file():
-        subprocess.run([str(args.peer_venv / "bin" / "python"), str(ROOT / "benchmarks" / "peer_optimum.py"),
-                        model_dir, str(optimum), preset], check=True)
+        log = work / "optimum.log"
+        print(f"building Optimum's ONNX files for infinity-emb (log: {log})", flush=True)
+        work.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            built = subprocess.run([str(args.peer_venv / "bin" / "python"), str(ROOT / "benchmarks" /
+                                    "peer_optimum.py"), model_dir, str(optimum), preset], stdout=out, stderr=out)
+        if built.returncode != 0:
+            raise PeerNotInstalledError(f"Optimum could not build the peer's ONNX files (exit {built.returncode})",
+                                        f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
     from sentence_transformers import SentenceTransformer
 
     library = SentenceTransformer(model_dir, device="cpu")
@@ -124,7 +146,8 @@ def compare(args: argparse.Namespace) -> None:
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
         plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
-    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d")}, "run": str(args.run),
+    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "load_before": load,
+                                       "cores": os.cpu_count()}, "run": str(args.run),
                               "deployed": variant, "levels": levels, "requests": args.requests,
                               "repeats": args.repeats}
     with ExitStack() as stack:
@@ -184,9 +207,13 @@ def measured_stages(server: TritonServer, plan: ServingPlan, stages: dict[str, A
     """`measure()`, with where the server's time went meanwhile (Triton's stages, the Python model's own) kept
     in `stages[label]` (one entry per repeat)."""
     with TritonClient(server.grpc_url) as client:
-        before, own_before = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
+        def nudge() -> object:
+            return client.infer_texts(plan.name, ["a nudge"])
+        own_before = settled_stages(server.metrics_url, plan.name, nudge)
+        before = stage_totals(client.statistics(plan.name))
         level = measure()
-        after, own_after = stage_totals(client.statistics(plan.name)), model_stages(server.metrics_url, plan.name)
+        after = stage_totals(client.statistics(plan.name))
+        own_after = settled_stages(server.metrics_url, plan.name, nudge)
     stages.setdefault(label, []).append({"triton_ms": breakdown(before, after),
                                          "model_ms": own_breakdown(own_before, own_after),
                                          "client_p50_ms": level.p50, "client_mean_ms": level.mean})
@@ -198,6 +225,10 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
     print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
           f"{host['int8_dot_product'] or 'none'}; {result['repeats']} interleaved repeats of {result['requests']} "
           f"one-text requests per level; req/s (range over repeats) / p50 ms / p99 ms\n")
+    if host["load_before"] > (host["cores"] or 1) / 2:
+        print(f"BUSY HOST: load average {host['load_before']:.1f} on {host['cores']} cores when measuring began: "
+              "absolute times do not hold, ratios only where the other work slowed every row alike; re-run on a "
+              "quiet host\n")
     print(table(rows, levels))
     encode = result["in_process"]["encode"]
     ours = result["in_process"][variant]

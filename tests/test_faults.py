@@ -114,7 +114,8 @@ def test_every_client_names_a_killed_server(plan, tmp_path):
     server = TritonServer(repository, tmp_path / "server")
     with server:
         urls, pid = {"http": server.http_url, "grpc": server.grpc_url}, server.process.pid
-        assert len(running(repository)) == 1 + len(plan.working_models), "the server and a stub per Python model"
+        assert len(running(repository)) == 1 + len(plan.working_models) * plan.instances, \
+            "the server and a stub per Python model instance"
 
         async def send(client: AsyncTritonClient, index: int) -> object:
             return await client.infer_texts("no_such_model", [f"text {index}"])

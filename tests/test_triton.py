@@ -133,20 +133,21 @@ def test_served_embeddings_match_pytorch_over_http_and_grpc(either, tiny_models)
 def test_one_http_json_client_for_every_server_and_the_model_stage_times(fused):
     """The peers benchmark's client path on a real server, and the fused model's own timing on its metrics port."""
     _, plan, server = fused
-    texts = list(load_corpus()[:12])
+    texts = list(load_corpus()[:8])  # the tiny deployment's max_batch_size
     embedder = triton_embedder("ours", "fp32", server, plan.name, "sentence_embedding")
     level = http_level(embedder, texts, 2, 20, 60)
     assert (level.requests, level.errors) == (20, 0) and level.p50 > 0
     with TritonClient(server.grpc_url) as client:
         want = client.infer_texts(plan.name, texts)["sentence_embedding"]
-    got = embed_all(embedder, texts, batch=5)
+    got = embed_all(embedder, texts, batch=3)
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
     assert accuracy(got, want)["min_cosine"] > 0.99999
     time.sleep(0.6)  # the model sends its sums at most every 0.5 s: the next request flushes them
     embed_all(embedder, texts[:1])
     stages = model_stages(server.metrics_url, plan.name)
     assert set(stages) == {"decode", "tokenize", "infer", "respond", "executions"}
-    assert stages["executions"] >= 20 and all(value > 0 for value in stages.values())
+    sent = 2 + 20 + 3 + 1  # warm-up, the level, embed_all's requests, the nudge (dynamic batching joins some)
+    assert 1 <= stages["executions"] <= sent and all(value > 0 for value in stages.values())
     assert stages["infer"] > stages["decode"]
     assert embedder.rss() > 0
 

@@ -192,9 +192,13 @@ def breakdown(before: dict[str, int], after: dict[str, int]) -> dict[str, float]
 
 def model_stages(metrics_url: str, model: str) -> dict[str, float]:
     """The Python model's own cumulative seconds per stage of `execute` and its timed executions (`executions`),
-    from the server's metrics port (serving/backend/stages.py); empty where the model times nothing."""
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    from the server's metrics port (serving/backend/stages.py); empty where the model times nothing or the metrics
+    port does not answer (the timing is extra information, never a reason to stop a measurement)."""
+    try:
+        with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:  # urllib's URLError included
+        return {}
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith(("workbench_stage_seconds_total{", "workbench_executions_total{")) and \
@@ -210,3 +214,17 @@ def own_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str
     executions = max(after.get("executions", 0) - before.get("executions", 0), 1)
     return {stage: (after[stage] - before.get(stage, 0.0)) * 1e3 / executions for stage in after
             if stage != "executions"}
+
+
+FLUSH_SECONDS = 0.5  # how often at most serving/backend/stages.py sends its sums
+
+
+def settled_stages(metrics_url: str, model: str, nudge: Callable[[], object]) -> dict[str, float]:
+    """`model_stages` once the model has sent all it timed so far (after FLUSH_SECONDS of quiet, the `nudge`
+    request makes it send), so that a window between two readings holds its own executions; empty, and no wait,
+    for a model that times nothing."""
+    if not model_stages(metrics_url, model):
+        return {}
+    time.sleep(FLUSH_SECONDS + 0.1)
+    nudge()
+    return model_stages(metrics_url, model)

@@ -23,18 +23,22 @@ import numpy as np
 import psutil
 
 from workbench.core.errors import DependencyMissingError, ServerStartError
+from workbench.core.pins import pin
 from workbench.measure.load import LevelResult, closed_loop_level
 from workbench.precision.retrieval import retrieval_agreement
 from workbench.serving.server import HOST, TritonServer, free_port
 
-# infinity-emb and the torch it runs on, pinned: a plain `torch` (or a range) pulls a CUDA build of several GB here.
-TORCH_PIN = "torch==2.13.0"
+# infinity-emb pinned, and first the torch it runs on, pinned as ours is: a plain `torch` (or a range) pulls a CUDA
+# build of several GB here.
 INFINITY_PIN = "infinity-emb[server,optimum]==0.0.78"
-INSTALL_HINT = "python benchmarks/peers.py --install  (a virtual environment of about 2 GB, 3-5 minutes)"
+INSTALL_HINT = "python benchmarks/peers.py --install  (a virtual environment of about 1.5 GB, about a minute)"
 
 
 class PeerNotInstalledError(DependencyMissingError):
     """A peer server to compare with is not installed where the benchmark looks for it."""
+
+    def headline(self) -> str:
+        return self.problem  # `workbench doctor` knows nothing of peers: no pointer to it
 
 
 def find_infinity(venv: Path) -> Path:
@@ -51,7 +55,7 @@ def install_infinity(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, TORCH_PIN], check=True)
+    subprocess.run([*pip, pin("torch")], check=True)
     subprocess.run([*pip, INFINITY_PIN], check=True)
     return find_infinity(venv)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from workbench.serving.client import AsyncTritonClient, TritonClient, run_async
@@ -24,13 +25,23 @@ def batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
 
 
 def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
-                     concurrency: int) -> dict[str, Any]:
-    """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them."""
+                     concurrency: int, settle_seconds: float = 5.0) -> dict[str, Any]:
+    """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them. Triton
+    counts an execution once its responses are sent, so the counts are read until every request shows (or
+    `settle_seconds` passed: then what showed)."""
     models = plan.working_models
+
+    def executed(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+        return {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
+                       if count > before[name].get(size, 0)} for name in models}
+
     with TritonClient(server.grpc_url) as client:
         before = {name: batch_sizes(client.statistics(name)) for name in models}
         run_async(burst(server.grpc_url, plan.name, texts, concurrency))
-        after = {name: batch_sizes(client.statistics(name)) for name in models}
-    executed = {name: {size: count - before[name].get(size, 0) for size, count in after[name].items()
-                       if count > before[name].get(size, 0)} for name in models}
-    return {"requests": concurrency, "batch_sizes": executed}
+        deadline = time.monotonic() + settle_seconds
+        while True:
+            found = executed(before, {name: batch_sizes(client.statistics(name)) for name in models})
+            counted = min(sum(size * count for size, count in sizes.items()) for sizes in found.values())
+            if counted >= concurrency or time.monotonic() > deadline:
+                return {"requests": concurrency, "batch_sizes": found}
+            time.sleep(0.05)
