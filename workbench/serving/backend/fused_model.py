@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
-from ort_batches import PaddedRunner, model_args, session  # noqa: E402
+from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402
 from stages import StageClock  # noqa: E402
 from text_input import Prompts, TextEncoder, decode  # noqa: E402
 
@@ -30,12 +30,12 @@ class TritonPythonModel:
     def initialize(self, args):
         config, params, folder = model_args(args)
         self.max_length = int(params["max_length"])
-        model = session(folder / "model.onnx", params)
+        model, wide, self.neighbours = sessions(folder / "model.onnx", params, args)
         self.tokenizer = TextEncoder(folder / "tokenizer", self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
         per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", "0.25")))
+                                   float(params.get("max_padding", "0.25")), wide, self.neighbours)
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
@@ -43,6 +43,8 @@ class TritonPythonModel:
 
     def finalize(self):
         self.clock.flush()
+        if self.neighbours is not None:
+            self.neighbours.close()
 
     def respond(self, outputs, truncated, wanted):
         """The `wanted` outputs (those the request asked for: Triton sends no others) of one request's texts."""
@@ -56,6 +58,10 @@ class TritonPythonModel:
                                                           for name, value in tensors.items() if name in wanted])
 
     def execute(self, requests):
+        with self.runner.executing():
+            return self.answer(requests)
+
+    def answer(self, requests):
         self.clock.start()
         responses, texts, owners = [None] * len(requests), [], []
         for index, request in enumerate(requests):

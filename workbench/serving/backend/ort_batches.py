@@ -1,9 +1,14 @@
 """ONNX Runtime over parts of different lengths (requests, or single texts) without padding them all to the longest:
 sorted by length and cut into groups whose padding stays under `max_padding` of the group's token slots, each group
 run as one padded batch and split back, per-token outputs trimmed to each part's own length (padding most of a
-batch of short texts up to one long text wastes most of a CPU's work). Copied beside the Python models that run
-ONNX Runtime."""
+batch of short texts up to one long text wastes most of a CPU's work). Where the model's instances share the
+CPU's cores, an instance whose neighbours are idle runs a second session with all of their threads (`Neighbours`).
+Copied beside the Python models that run ONNX Runtime."""
+import fcntl
+import hashlib
 import json
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +22,74 @@ def model_args(args):
     return config, params, Path(args["model_repository"]) / args["model_version"]
 
 
-def session(path, params):
-    """A session on the model's providers; `intra_op_threads` (0: ONNX Runtime's default) threads that sleep when
-    idle, leaving the CPU to the tokenizer and the other instances."""
+def session(path, params, threads=None):
+    """A session on the model's providers; `threads` (else `intra_op_threads`; 0: ONNX Runtime's default)
+    intra-op threads that sleep when idle, leaving the CPU to the tokenizer and the other instances."""
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if int(params.get("intra_op_threads", "0")):
-        options.intra_op_num_threads = int(params["intra_op_threads"])
+    threads = threads or int(params.get("intra_op_threads", "0"))
+    if threads:
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     providers = params.get("providers", "CPUExecutionProvider").split(",")
     return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+
+
+class Neighbours:
+    """Whether the model's other instances are executing now. Each instance holds an exclusive lock (flock) on a
+    file of its own while it executes, in a folder the instances of one model version share (under the temporary
+    folder, never in the repository); another instance tries those locks without waiting. Both take their own
+    lock before they look, so two instances never both find the other idle."""
+
+    def __init__(self, version_folder, instance, count):
+        key = hashlib.sha1(str(Path(version_folder).resolve()).encode()).hexdigest()[:16]
+        self.folder = Path(tempfile.gettempdir()) / f"workbench-instances-{key}"
+        self.folder.mkdir(exist_ok=True)
+        self.path = self.folder / f"{instance}.lock"
+        self.mine = open(self.path, "w")
+        self.count, self.others = count, {}
+
+    @contextmanager
+    def executing(self):
+        fcntl.flock(self.mine, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.mine, fcntl.LOCK_UN)
+
+    def busy(self):
+        if len(self.others) < self.count - 1:  # instances start one after another: look again until all are here
+            for path in self.folder.glob("*.lock"):
+                if path != self.path and path not in self.others:
+                    self.others[path] = open(path, "a")
+        for handle in self.others.values():
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+    def close(self):
+        for handle in (self.mine, *self.others.values()):
+            handle.close()
+        self.path.unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()  # the last instance to go takes the folder with it
+        except OSError:
+            pass
+
+
+def sessions(path, params, args):
+    """The instance's session and, where `wide_threads` says the instances share more cores than it has, a second
+    one with all of them and the Neighbours that tell when to use it: (session, wide session or None, Neighbours
+    or None)."""
+    narrow = session(path, params)
+    wide_threads = int(params.get("wide_threads", "0"))
+    if wide_threads <= int(params.get("intra_op_threads", "0")):
+        return narrow, None, None
+    neighbours = Neighbours(Path(path).parent, args["model_instance_name"], int(params["instances"]))
+    return narrow, session(path, params, wide_threads), neighbours
 
 
 def length_groups(shapes, max_padding):
@@ -47,8 +110,8 @@ def length_groups(shapes, max_padding):
 class PaddedRunner:
     """Runs `outputs` of a session over parts {input name: int64 [rows, length]}, one padded batch per group."""
 
-    def __init__(self, session, outputs, per_token, pad_token_id, max_padding):
-        self.session = session
+    def __init__(self, session, outputs, per_token, pad_token_id, max_padding, wide=None, neighbours=None):
+        self.session, self.narrow, self.wide, self.neighbours = session, session, wide, neighbours
         self.inputs = [i.name for i in session.get_inputs()]
         self.outputs, self.per_token = list(outputs), set(per_token)
         self.fill = {"input_ids": pad_token_id}
@@ -67,6 +130,17 @@ class PaddedRunner:
                           else value[start:start + rows] for name, value in results.items()})
             start += rows
         return split
+
+    @contextmanager
+    def executing(self):
+        """Around an `execute`: it counts as busy for the other instances, and runs on the wide session when none of
+        them is busy."""
+        if self.neighbours is None:
+            yield
+            return
+        with self.neighbours.executing():
+            self.session = self.narrow if self.neighbours.busy() else self.wide
+            yield
 
     def run(self, parts):
         """Each part's outputs, in the parts' order."""
