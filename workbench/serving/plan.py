@@ -78,8 +78,9 @@ def instances_for(setting: int | Literal["auto"], threads: int | None, flavor: F
     elif flavor is Flavor.PYTHON_ORT and not gpu and cores >= 2:
         count = 2
         reason = (f"two instances sharing {cores} cores: while one runs ONNX Runtime the other decodes, tokenizes "
-                  "and answers (measured 1.3-1.5x the throughput of one instance with every core at concurrency "
-                  ">= 4, about 1 ms more p50 at concurrency 1: docs/triton.md); -p triton.instances=1 for latency")
+                  "and answers; one alone at work takes the idle one's threads too (measured 1.3-1.5x the "
+                  "throughput of one instance with every core at concurrency >= 4, p50 about 15% higher at "
+                  "concurrency 1: docs/triton.md); -p triton.instances=1 when one caller at a time is the load")
     else:
         count, reason = 1, ("one instance with every core" if not gpu else "one instance on the GPU")
     return Instances(count, threads or max(1, cores // count), reason)

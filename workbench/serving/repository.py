@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -285,20 +286,41 @@ def configs(plan: ServingPlan) -> dict[str, Any]:
     return result
 
 
-def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
-    """Every model of the plan: its config and the files of its version folder (name there -> source)."""
+def encoder_json(tokenizer_dir: Path, max_length: int) -> bytes | None:
+    """The transformers tokenizer's own `tokenizers` backend as the fused model runs it (padding off, truncation to
+    `max_length` on the tokenizer's side), serialized; None for a tokenizer without one (the model then loads the
+    transformers tokenizer itself)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    wrapper = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    backend = getattr(wrapper, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    encoder = Tokenizer.from_str(backend.to_str())
+    encoder.no_padding()
+    encoder.enable_truncation(max_length, direction=wrapper.truncation_side)
+    return encoder.to_str().encode("utf-8")
+
+
+def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path | bytes]]]:
+    """Every model of the plan: its config and the files of its version folder (name there -> source file or
+    folder, or the bytes to write)."""
     network = {"model.plan" if plan.flavor is Flavor.TENSORRT_PLAN else "model.onnx": plan.model_file}
     data = Path(f"{plan.model_file}.data")
     if data.is_file():
         network[data.name] = data
     if plan.layout == "fused":
-        files = {plan.name: {**network, "tokenizer": plan.tokenizer_dir,
-                             **{name: MODELS_SOURCE / source for name, source in (
-                                 ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
-                                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"),
-                                 ("stages.py", "stages.py"))}}}
-        return {name: (config, files[name]) for name, config in configs(plan).items()}
-    files: dict[str, dict[str, Path]] = {
+        config = configs(plan)[plan.name]
+        fused: dict[str, Path | bytes] = {**network, "tokenizer": plan.tokenizer_dir, **{
+            name: MODELS_SOURCE / source for name, source in (
+                ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
+                ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"), ("stages.py", "stages.py"))}}
+        encoder = encoder_json(plan.tokenizer_dir, plan.max_length)
+        if encoder is not None:
+            fused["encoder.json"] = encoder
+        return {plan.name: (config, fused)}
+    files: dict[str, dict[str, Path | bytes]] = {
         plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",
                               "text_input.py": MODELS_SOURCE / "text_input.py", "tokenizer": plan.tokenizer_dir},
         plan.model_name: network,
@@ -324,7 +346,7 @@ def _copy_tree(source: Path, target: Path) -> None:
             shutil.copyfile(path, target / path.relative_to(source))
 
 
-def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
+def _fill(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], root: Path) -> None:
     for name, (config, files) in models.items():
         folder = root / name
         (folder / "1").mkdir(parents=True)
@@ -333,7 +355,9 @@ def _fill(models: dict[str, tuple[Any, dict[str, Path]]], root: Path) -> None:
             raise RepositoryError(f"{name}/config.pbtxt does not read back as written", "report this as a bug")
         (folder / "config.pbtxt").write_text(text, encoding="utf-8")
         for target, source in files.items():
-            if Path(source).is_dir():
+            if isinstance(source, bytes):
+                (folder / "1" / target).write_bytes(source)
+            elif Path(source).is_dir():
                 _copy_tree(Path(source), folder / "1" / target)
             else:
                 shutil.copyfile(source, folder / "1" / target)
@@ -379,7 +403,7 @@ def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> 
     return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor.value})
 
 
-def write_models(models: dict[str, tuple[Any, dict[str, Path]]], root: Path, overwrite: bool = False,
+def write_models(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], root: Path, overwrite: bool = False,
                  about: dict[str, Any] | None = None) -> Path:
     """Write a repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
     changed it since, or `overwrite` says so."""

@@ -31,7 +31,7 @@ class TritonPythonModel:
         config, params, folder = model_args(args)
         self.max_length = int(params["max_length"])
         model, wide, self.neighbours = sessions(folder / "model.onnx", params, args)
-        self.tokenizer = TextEncoder(folder / "tokenizer", self.max_length, [i.name for i in model.get_inputs()])
+        self.tokenizer = TextEncoder(folder, self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
         per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
