@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import statistics
@@ -88,6 +89,7 @@ def main() -> int:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the level's abandoned requests say nothing more
         print(f"interrupted ({stop or 'SIGINT'}): every server it started is stopped; peers.json not written",
               file=sys.stderr)
         return 130
