@@ -1,7 +1,7 @@
 """The workbench's deployment beside what its users run instead, measured side by side in one run.
 
-    python benchmarks/peers.py --install           # once: infinity-emb in its own environment (.peers/infinity)
-    python benchmarks/peers.py [--run outputs/<run>] [--levels 1,4,16,64] [--requests 1000] [--repeats 3]
+    .venv/bin/python benchmarks/peers.py --install    # once: infinity-emb in its own environment (.peers/infinity)
+    .venv/bin/python benchmarks/peers.py [--run outputs/<run>] [--levels 1,4,16,64] [--requests 1000] [--repeats 3]
 
 Without --run it first runs export, optimize, parity and triton on the embedded all-MiniLM-L6-v2. Then, on this
 host, with the load client on the same cores as the servers:
@@ -35,7 +35,7 @@ from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import MissingArtifactError, WorkbenchError
+from workbench.core.errors import ConfigError, MissingArtifactError, WorkbenchError
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.measure.load import (
@@ -105,7 +105,17 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1000, help="requests per level")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every level")
     parser.add_argument("--seconds", type=float, default=60.0, help="upper bound on one level")
-    return parser.parse_args()
+    args = parser.parse_args()
+    try:
+        args.levels = sorted({int(c) for c in args.levels.split(",")})
+    except ValueError:
+        raise ConfigError(f"--levels {args.levels!r} is not a list of whole numbers",
+                          "give concurrency levels like --levels 1,4,16,64") from None
+    for name, value in (("--levels", min(args.levels)), ("--requests", args.requests),
+                        ("--repeats", args.repeats), ("--seconds", args.seconds)):
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
+    return args
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -123,7 +133,7 @@ def compare(args: argparse.Namespace) -> None:
                                    f"{record.step_entry('triton').label})",
                                    f"run `workbench run --output-dir {args.run} --resume --steps triton` first")
     plan, variant = deployed
-    levels = sorted({int(c) for c in args.levels.split(",")})
+    levels = args.levels
     texts = list(load_corpus(record.config.corpus))
     work = args.run / "peers"
     features = cpu_features()
@@ -142,7 +152,9 @@ def compare(args: argparse.Namespace) -> None:
             raise PeerNotInstalledError(f"Optimum could not build the peer's ONNX files (exit {built.returncode})",
                                         f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()
     library = SentenceTransformer(model_dir, device="cpu")
     reference = library.encode(texts, batch_size=32)
     plans = {f"workbench Triton {variant}": (plan, variant)}
@@ -257,6 +269,8 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
             print(f"{row.name}: p50 at c1 {row.median(1, 'p50'):.2f} ms = {ratio:.2f}x in process (target <= "
                   f"{C1_TARGET}x) {'PASS' if ratio <= C1_TARGET else 'MISS'}")
         shares = {c: row.median(c, "throughput") / best for c in levels if c >= 4}
+        if not shares:
+            continue  # no level of 4 or more was asked for
         verdict = "PASS" if all(share >= THROUGHPUT_TARGET for share in shares.values()) else "MISS"
         print(f"{row.name}: throughput over in process " + ", ".join(f"c{c} {s:.2f}" for c, s in shares.items())
               + f" (target >= {THROUGHPUT_TARGET}) {verdict}")

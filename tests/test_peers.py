@@ -53,3 +53,12 @@ def test_a_missing_peer_is_refused_before_anything_runs(tmp_path):
     assert done.returncode == 2
     assert "PeerNotInstalledError" in done.stderr and "python benchmarks/peers.py --install" in done.stderr
     assert not run.exists() and not (ROOT / "outputs" / "peers").exists()
+
+
+@pytest.mark.parametrize(("arguments", "message"), [(["--levels", "a"], "is not a list of whole numbers"),
+                                                    (["--repeats", "0"], "--repeats must be positive")])
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path, arguments, message):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--run", str(tmp_path / "run"),
+                           *arguments], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and "ConfigError" in done.stderr and message in done.stderr
+    assert list(tmp_path.iterdir()) == []

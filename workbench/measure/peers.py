@@ -31,7 +31,7 @@ from workbench.serving.server import HOST, TritonServer, free_port
 # infinity-emb pinned, and first the torch it runs on, pinned as ours is: a plain `torch` (or a range) pulls a CUDA
 # build of several GB here.
 INFINITY_PIN = "infinity-emb[server,optimum]==0.0.78"
-INSTALL_HINT = "python benchmarks/peers.py --install  (a virtual environment of about 1.5 GB, about a minute)"
+INSTALL_HINT = ".venv/bin/python benchmarks/peers.py --install  (a virtual environment of about 1.5 GB, about a minute)"
 
 
 class PeerNotInstalledError(DependencyMissingError):
@@ -86,17 +86,24 @@ class InfinityServer:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
+        try:
+            self._wait_ready(self.process, timeout)
+        except BaseException:  # an interrupt while it starts too: never leave it running
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, process: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"infinity_emb exited with code {self.process.returncode} while starting",
+            if process.poll() is not None:
+                raise ServerStartError(f"infinity_emb exited with code {process.returncode} while starting",
                                        f"read {self.log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return self
+                    return
             except (urllib.error.URLError, OSError):
                 time.sleep(0.5)
-        self.stop()
         raise ServerStartError(f"infinity_emb did not answer /health within {timeout:.0f} s", f"read {self.log}")
 
     def rss_bytes(self) -> int:
