@@ -187,11 +187,11 @@ def compare(args: argparse.Namespace) -> None:
             for concurrency in levels:
                 print(f"repeat {repeat + 1}/{args.repeats}, concurrency {concurrency}", flush=True)
                 for embedder in embedders:
-                    level = measured_stages(deployed_server, plan, stages, f"http c{concurrency}",
-                                            lambda e=embedder, c=concurrency: http_level(
-                                                e, texts, c, args.requests, args.seconds)) \
-                        if embedder.name == embedders[0].name else http_level(embedder, texts, concurrency,
-                                                                              args.requests, args.seconds)
+                    def load(e: Embedder = embedder, c: int = concurrency) -> LevelResult:
+                        return http_level(e, texts, c, args.requests, args.seconds)
+                    deployed = embedder is embedders[0]  # where its time goes is read on the deployment only
+                    level = measured_stages(deployed_server, plan, stages, f"http c{concurrency}", load) \
+                        if deployed else load()
                     rows[embedder.name].levels.setdefault(concurrency, []).append(level)
                 rows[grpc_name].levels.setdefault(concurrency, []).append(measured_stages(
                     deployed_server, plan, stages, f"grpc c{concurrency}",
@@ -221,13 +221,11 @@ def measured_stages(server: TritonServer, plan: ServingPlan, stages: dict[str, A
     """`measure()`, with where the server's time went meanwhile (Triton's stages, the Python model's own) kept
     in `stages[label]` (one entry per repeat)."""
     with TritonClient(server.grpc_url) as client:
-        def nudge() -> object:
-            return client.infer_texts(plan.name, ["a nudge"])
-        own_before = settled_stages(server.metrics_url, plan.name, nudge)
+        own_before = settled_stages(server.metrics_url, plan.name)
         before = stage_totals(client.statistics(plan.name))
         level = measure()
         after = stage_totals(client.statistics(plan.name))
-        own_after = settled_stages(server.metrics_url, plan.name, nudge)
+        own_after = settled_stages(server.metrics_url, plan.name)
     stages.setdefault(label, []).append({"triton_ms": breakdown(before, after),
                                          "model_ms": own_breakdown(own_before, own_after),
                                          "client_p50_ms": level.p50, "client_mean_ms": level.mean})

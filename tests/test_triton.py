@@ -5,7 +5,6 @@ import asyncio
 import os
 import socket
 import sys
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -26,7 +25,7 @@ from workbench.core.errors import (
 )
 from workbench.core.pins import pin
 from workbench.core.record import RunRecord
-from workbench.measure.load import model_stages, perf_analyzer_level, text_level
+from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.peers import accuracy, embed_all, http_level, triton_embedder
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
@@ -143,11 +142,9 @@ def test_one_http_json_client_for_every_server_and_the_model_stage_times(fused):
     got = embed_all(embedder, texts, batch=3)
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
     assert accuracy(got, want)["min_cosine"] > 0.99999
-    time.sleep(0.6)  # the model sends its sums at most every 0.5 s: the next request flushes them
-    embed_all(embedder, texts[:1])
-    stages = model_stages(server.metrics_url, plan.name)
+    stages = settled_stages(server.metrics_url, plan.name)  # every instance has sent its sums
     assert set(stages) == {"decode", "tokenize", "infer", "respond", "executions"}
-    sent = 2 + 20 + 3 + 1  # warm-up, the level, embed_all's requests, the nudge (dynamic batching joins some)
+    sent = 2 + 20 + 3  # warm-up, the level, embed_all's requests (dynamic batching joins some)
     assert 1 <= stages["executions"] <= sent and all(value > 0 for value in stages.values())
     assert stages["infer"] > stages["decode"]
     assert embedder.rss() > 0

@@ -216,15 +216,14 @@ def own_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str
             if stage != "executions"}
 
 
-FLUSH_SECONDS = 0.5  # how often at most serving/backend/stages.py sends its sums
+FLUSH_SECONDS = 0.5  # how often every instance of a timed model sends its sums (serving/backend/stages.py)
 
 
-def settled_stages(metrics_url: str, model: str, nudge: Callable[[], object]) -> dict[str, float]:
-    """`model_stages` once the model has sent all it timed so far (after FLUSH_SECONDS of quiet, the `nudge`
-    request makes it send), so that a window between two readings holds its own executions; empty, and no wait,
-    for a model that times nothing."""
+def settled_stages(metrics_url: str, model: str) -> dict[str, float]:
+    """`model_stages` once every instance of the model has sent all it timed so far (FLUSH_SECONDS and a margin
+    later), so that the window between two readings holds its own executions; empty, and no wait, for a model
+    that times nothing."""
     if not model_stages(metrics_url, model):
         return {}
-    time.sleep(FLUSH_SECONDS + 0.1)
-    nudge()
+    time.sleep(FLUSH_SECONDS + 0.2)
     return model_stages(metrics_url, model)

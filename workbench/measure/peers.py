@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
-import psutil
 
 from workbench.core.errors import DependencyMissingError, ServerStartError
 from workbench.core.pins import pin
 from workbench.measure.load import LevelResult, closed_loop_level
+from workbench.precision.compare import cosine
 from workbench.precision.retrieval import retrieval_agreement
-from workbench.serving.server import HOST, TritonServer, free_port
+from workbench.serving.server import HOST, TritonServer, free_port, tree_rss
 
 # infinity-emb pinned, and first the torch it runs on, pinned as ours is: a plain `torch` (or a range) pulls a CUDA
 # build of several GB here.
@@ -126,15 +126,6 @@ class InfinityServer:
         self.stop()
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of process `pid` and all its descendants."""
-    try:
-        root = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in (root, *root.children(recursive=True)))
-    except psutil.NoSuchProcess:
-        return 0
-
-
 @dataclass
 class Embedder:
     """One server as an HTTP JSON client sees it: where to POST texts, the body, how to read the vectors back."""
@@ -191,8 +182,7 @@ def embed_all(embedder: Embedder, texts: Sequence[str], batch: int = 16) -> np.n
 
 def accuracy(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
     """Against encode(): cosine per text (min, mean), and how many texts keep encode()'s nearest neighbour."""
-    unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)  # noqa: E731
-    cosines = np.sum(unit(got.astype(np.float64)) * unit(want.astype(np.float64)), axis=1)
+    cosines = cosine(got.astype(np.float64), want.astype(np.float64))
     agreement = retrieval_agreement(got, want)
     same = round(agreement["agreement_at_1"] * len(want)) if agreement else len(want)
     return {"min_cosine": float(cosines.min()), "mean_cosine": float(cosines.mean()), "same_neighbour": same,

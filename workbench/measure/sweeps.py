@@ -49,10 +49,7 @@ class ServedBench:
 
     def _own(self) -> dict[str, dict[str, float]]:
         """The Python models' own stage sums (the fused model times decode, tokenize, infer, respond)."""
-        def nudge() -> object:
-            with TritonClient(self.server.grpc_url) as client:
-                return client.infer_texts(self.plan.name, self.texts[:1])
-        return {name: settled_stages(self.server.metrics_url, name, nudge) for name in self.plan.working_models}
+        return {name: settled_stages(self.server.metrics_url, name) for name in self.plan.working_models}
 
     def _ids(self, index: int) -> dict[str, np.ndarray]:
         text = self.texts[index % len(self.texts)]

@@ -58,7 +58,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity along the last axis (0 where a vector is zero)."""
     norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
     return np.sum(a * b, axis=-1) / np.maximum(norms, 1e-12)
 
@@ -101,7 +102,7 @@ class OutputParity:
         row_err = masked.reshape(masked.shape[0], -1).max(axis=1)
         row_cos = np.full(len(text_ids), np.nan)
         if self.spec.kind in ("hidden", "embedding"):
-            cos = _cosine(np.nan_to_num(got64), want64)
+            cos = cosine(np.nan_to_num(got64), want64)
             self.cosines.append(cos[mask.astype(bool)] if self.spec.per_token else cos)
             row_cos = np.where(mask.astype(bool), cos, np.inf).min(axis=1) if self.spec.per_token else cos
             if self.spec.kind == "embedding":  # a text's last batch wins: the corpus sweep holds it whole

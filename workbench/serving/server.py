@@ -62,6 +62,18 @@ def find_tritonserver() -> TritonBinary:
     return TritonBinary(executable, root / "backends", "nvidia-pytriton", root / "python_backend_stubs")
 
 
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and all its descendants (0 once it is gone)."""
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        for process in (root, *root.children(recursive=True)):
+            total += process.memory_info().rss
+    except psutil.NoSuchProcess:
+        pass  # gone, or a child that exited between the listing and the reading
+    return total
+
+
 def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -238,16 +250,7 @@ class TritonServer:
 
     def rss_bytes(self) -> int:
         """Resident memory of the server process and its children (the Python-backend stubs), in bytes."""
-        if self.process is None:
-            return 0
-        total = 0
-        try:
-            server = psutil.Process(self.process.pid)
-            for process in (server, *server.children(recursive=True)):
-                total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass  # gone, or a child that exited between the listing and the reading
-        return total
+        return tree_rss(self.process.pid) if self.process is not None else 0
 
     @contextmanager
     def watch(self) -> Iterator[None]:

@@ -42,7 +42,7 @@ class TritonPythonModel:
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
-        self.clock.flush()
+        self.clock.close()
         if self.neighbours is not None:
             self.neighbours.close()
 
