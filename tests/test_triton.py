@@ -135,6 +135,7 @@ def test_one_http_json_client_for_every_server_and_the_model_stage_times(fused):
     _, plan, server = fused
     texts = list(load_corpus()[:8])  # the tiny deployment's max_batch_size
     embedder = triton_embedder("ours", "fp32", server, plan.name, "sentence_embedding")
+    before = settled_stages(server.metrics_url, plan.name)  # the module's server has answered other tests
     level = http_level(embedder, texts, 2, 20, 60)
     assert (level.requests, level.errors) == (20, 0) and level.p50 > 0
     with TritonClient(server.grpc_url) as client:
@@ -142,9 +143,10 @@ def test_one_http_json_client_for_every_server_and_the_model_stage_times(fused):
     got = embed_all(embedder, texts, batch=3)
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
     assert accuracy(got, want)["min_cosine"] > 0.99999
-    stages = settled_stages(server.metrics_url, plan.name)  # every instance has sent its sums
+    after = settled_stages(server.metrics_url, plan.name)  # every instance has sent its sums
+    stages = {name: after[name] - before.get(name, 0.0) for name in after}
     assert set(stages) == {"decode", "tokenize", "infer", "respond", "executions"}
-    sent = 2 + 20 + 3  # warm-up, the level, embed_all's requests (dynamic batching joins some)
+    sent = 2 + 20 + 1 + 3  # warm-up, the level, the gRPC reference, embed_all's (dynamic batching joins some)
     assert 1 <= stages["executions"] <= sent and all(value > 0 for value in stages.values())
     assert stages["infer"] > stages["decode"]
     assert embedder.rss() > 0
