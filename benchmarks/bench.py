@@ -34,6 +34,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
 from workbench.report import figures
@@ -92,7 +93,8 @@ def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) ->
     dest.mkdir(parents=True, exist_ok=True)
     options.profile_file_prefix = str(dest / "onnxruntime_profile")
     options.intra_op_num_threads = threads
-    profiled = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    profiled = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=onnxfiles.disabled_optimizers(path))
     for _ in range(runs):
         profiled.run(None, feed)
     events = json.loads(Path(profiled.end_profiling()).read_text())

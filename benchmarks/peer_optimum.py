@@ -1,12 +1,16 @@
-"""Optimum's own ONNX files for the infinity-emb peer; run by the peer environment's Python (benchmarks/peers.py
-calls it), not the workbench's:
+"""Optimum's own ONNX files of a model; run by the peer environment's Python (benchmarks/peers.py and
+benchmarks/graphs.py call it), not the workbench's:
 
-    <peer venv>/bin/python benchmarks/peer_optimum.py MODEL_DIR OUT_DIR avx512_vnni|avx2
+    <peer venv>/bin/python benchmarks/peer_optimum.py MODEL_DIR OUT_DIR avx512_vnni|avx2 [VARIANT ...]
 
-OUT_DIR/fp32 gets `optimum-cli export onnx --optimize O2` (model.onnx, the tokenizer, the config); OUT_DIR/int8 the
-same graph after Optimum's dynamic int8 preset for the host, per channel (model_quantized.onnx). Optimum's quantizer
-cannot type the O2 graph's fused weights by itself ("Unable to find data type for weight_name"), so ONNX Runtime's
-quantizer is handed `DefaultTensorType=FLOAT`, as the workbench's own int8 is.
+Each VARIANT is a folder of OUT_DIR holding the graph, the tokenizer and the config (default: fp32 int8):
+  plain             `optimum-cli export onnx` without --optimize (model.onnx)
+  fp32 / O3         the same with `--optimize O2` / `--optimize O3` (O3: O2 with the GELU approximation)
+  int8 / int8_per_tensor
+                    the O2 graph after Optimum's dynamic int8 preset for the host, per channel / per tensor
+                    (model_quantized.onnx)
+Optimum's quantizer cannot type the O2 graph's fused weights by itself ("Unable to find data type for
+weight_name"), so ONNX Runtime's quantizer is handed `DefaultTensorType=FLOAT`, as the workbench's own int8 is.
 """
 import shutil
 import subprocess
@@ -18,6 +22,9 @@ import optimum.onnxruntime.quantization as quantization
 from optimum.onnxruntime import ORTQuantizer
 from optimum.onnxruntime.configuration import AutoQuantizationConfig
 
+EXPORTS = {"plain": [], "fp32": ["--optimize", "O2"], "O3": ["--optimize", "O3"]}
+QUANTIZED = {"int8": True, "int8_per_tensor": False}  # per channel or not
+
 
 class FloatDefaultQuantizer(quantization.ONNXQuantizer):
     def __init__(self, *args, extra_options=None, **kwargs):
@@ -25,16 +32,33 @@ class FloatDefaultQuantizer(quantization.ONNXQuantizer):
         super().__init__(*args, extra_options=extra, **kwargs)
 
 
-def main(model_dir: str, out_dir: str, preset: str) -> None:
-    fp32, int8 = Path(out_dir) / "fp32", Path(out_dir) / "int8"
+def export(model_dir: str, dest: Path, options: list[str]) -> None:
     subprocess.run([str(Path(sys.executable).parent / "optimum-cli"), "export", "onnx", "--model", model_dir,
-                    "--task", "feature-extraction", "--optimize", "O2", str(fp32)], check=True)
+                    "--task", "feature-extraction", *options, str(dest)], check=True)
+
+
+def quantize(fp32: Path, dest: Path, preset: str, per_channel: bool) -> None:
     quantization.ONNXQuantizer = FloatDefaultQuantizer
-    config = getattr(AutoQuantizationConfig, preset)(is_static=False, per_channel=True)
-    ORTQuantizer.from_pretrained(fp32, file_name="model.onnx").quantize(config, int8)
+    config = getattr(AutoQuantizationConfig, preset)(is_static=False, per_channel=per_channel)
+    ORTQuantizer.from_pretrained(fp32, file_name="model.onnx").quantize(config, dest)
     for path in fp32.iterdir():  # the tokenizer and config beside the quantized file
-        if path.suffix != ".onnx" and not (int8 / path.name).exists():
-            shutil.copy(path, int8 / path.name)
+        if path.is_file() and path.suffix != ".onnx" and not (dest / path.name).exists():
+            shutil.copy(path, dest / path.name)
+
+
+def main(model_dir: str, out_dir: str, preset: str, *variants: str) -> None:
+    out = Path(out_dir)
+    wanted = variants or ("fp32", "int8")
+    unknown = set(wanted) - set(EXPORTS) - set(QUANTIZED)
+    if unknown:
+        sys.exit(f"unknown variants {sorted(unknown)}: choose from {sorted({*EXPORTS, *QUANTIZED})}")
+    needed = {*(v for v in wanted if v in EXPORTS), *(["fp32"] if set(wanted) & set(QUANTIZED) else [])}
+    for name in sorted(needed):
+        if not (out / name / "model.onnx").is_file():
+            export(model_dir, out / name, EXPORTS[name])
+    for name in (v for v in wanted if v in QUANTIZED):
+        if not (out / name / "model_quantized.onnx").is_file():
+            quantize(out / "fp32", out / name, preset, QUANTIZED[name])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import OnnxModelError
 from workbench.core.record import RunRecord
-from workbench.graphs import onnxfiles
+from workbench.graphs import forms, onnxfiles
+from workbench.graphs.variants import SEPARATE_FORM_DISABLED
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize
 
@@ -26,14 +27,68 @@ def optimized_bert(tiny_models, tmp_path_factory):
 def test_bert_fuses_every_layer(optimized_bert):
     record, fusions = optimized_bert
     layers = 2
-    assert fusions["fp32"]["fused"] == {"EmbedLayerNormalization": 1, "Attention": layers, "BiasGelu": layers,
-                                        "SkipLayerNormalization": 2 * layers}
+    assert fusions["fp32"]["fused"] == fused_ops(fusions["fp32"]["form"]["chosen"], layers)
     assert fusions["fp32"]["attention_fused"] and not {"warning", "unavailable"} & set(fusions["fp32"])
     assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] / 3
     assert fusions["int8"]["fused"]["QAttention"] == layers
     assert fusions["int8"]["fused"]["MatMulInteger"] > 0
     assert record.metric("optimize.variants") == fusions
     assert record.data["environment"]["onnxruntime"]["providers_used"] == ["CPUExecutionProvider"]
+
+
+def fused_ops(form: str, layers: int) -> dict[str, int]:
+    """The contrib operators a BERT encoder of `layers` layers fuses into, by layer-norm form."""
+    if form == "fused":
+        return {"EmbedLayerNormalization": 1, "Attention": layers, "BiasGelu": layers,
+                "SkipLayerNormalization": 2 * layers}
+    return {"Attention": layers, "BiasGelu": layers, "LayerNormalization": 2 * layers + 1}
+
+
+def test_the_layer_norm_form_is_measured_and_recorded(optimized_bert):
+    """Both forms timed at the bench's smallest and largest cell; the file is the chosen form, and a separate-form
+    file names the fusions its sessions leave out."""
+    record, fusions = optimized_bert
+    form = fusions["fp32"]["form"]
+    assert set(form["ms"]) == {"fused", "separate"}
+    assert all(set(cells) == {"b1 s16", "b8 s128"} and min(cells.values()) > 0 for cells in form["ms"].values())
+    assert form["chosen"] == forms.decide(form["ms"])[0] and form["reason"]
+    disabled = onnxfiles.disabled_optimizers(record.artifact("onnx.fp32"))
+    assert disabled == (list(SEPARATE_FORM_DISABLED) if form["chosen"] == "separate" else [])
+    assert onnxfiles.disabled_optimizers(record.artifact("onnx.int8")) == disabled  # int8 is built from fp32
+
+
+def test_form_decision():
+    fused = {"b1 s16": 3.0, "b8 s128": 80.0}
+    assert forms.decide({"fused": fused, "separate": {"b1 s16": 2.5, "b8 s128": 79.0}})[0] == "separate"
+    assert forms.decide({"fused": fused, "separate": {"b1 s16": 2.95, "b8 s128": 79.5}})[0] == "fused"  # in noise
+    assert forms.decide({"fused": fused, "separate": {"b1 s16": 2.5, "b8 s128": 84.0}})[0] == "fused"  # slower
+
+
+@pytest.mark.parametrize("form", ["fused", "separate"])
+def test_a_pinned_form_is_built_and_kept_by_its_sessions(tiny_models, tmp_path, form):
+    """graph_form pins the form; a separate-form int8 file stays separate in the session the workbench creates
+    (ONNX Runtime would fuse Add + LayerNormalization into SkipLayerNormalization again at load)."""
+    import onnx
+    import onnxruntime
+
+    config = RunConfig(model=str(tiny_models["bert"]), graph_form=form, precisions=["fp32", "int8"])
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+    fusions = optimize.run(config, record).metrics["variants"]
+    assert fusions["fp32"]["form"] == {"chosen": form, "reason": f"set by graph_form={form}", "ms": {}}
+    assert fusions["fp32"]["fused"] == fused_ops(form, 2)
+    int8 = record.artifact("onnx.int8")
+
+    def loaded_ops(disabled: list[str]) -> set[str]:
+        options = onnxruntime.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"loaded-{len(disabled)}.onnx")
+        onnxruntime.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"],
+                                     disabled_optimizers=disabled)
+        return {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+
+    assert ("SkipLayerNormalization" in loaded_ops(onnxfiles.disabled_optimizers(int8))) == (form == "fused")
+    if form == "separate":
+        assert "SkipLayerNormalization" in loaded_ops([])  # what the metadata entry prevents
 
 
 def test_variants_are_recorded_with_hashes(optimized_bert):

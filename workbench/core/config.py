@@ -182,6 +182,9 @@ class RunConfig(_Strict):
     batch: ShapeRange = ShapeRange(min=1, opt=8, max=32)
     sequence: ShapeRange = ShapeRange(min=1, opt=128, max=256)
     precisions: list[Precision] = ["fp32", "fp16", "int8"]
+    graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
+        "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
+        "whichever runs faster here (auto)"))
     fp16_op_block_list: list[str] = []
     fp16_node_block_list: list[str] = []
     int8_per_channel: bool = True

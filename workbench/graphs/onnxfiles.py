@@ -14,6 +14,8 @@ from workbench.core.errors import OnnxModelError
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 REEXPORT = "re-export, or report the exporter bug"
+# Metadata entry: the ONNX Runtime graph optimizers every session of the file leaves out, comma-separated.
+DISABLED_OPTIMIZERS_KEY = "workbench.disabled_optimizers"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
 
 
@@ -122,6 +124,14 @@ def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
                 changed = True
     if changed:
         onnx.save_model(model, str(path))
+
+
+def disabled_optimizers(path: Path | str) -> list[str]:
+    """The ONNX Runtime graph optimizers a session of this file must leave out, from its metadata (a graph in the
+    separate layer-norm form, see `variants.GRAPH_FORMS`); none for other files."""
+    model = load(path, load_external_data=False)
+    value = next((p.value for p in model.metadata_props if p.key == DISABLED_OPTIMIZERS_KEY), "")
+    return [name for name in value.split(",") if name]
 
 
 def remove(path: Path) -> None:

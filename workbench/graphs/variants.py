@@ -10,16 +10,34 @@ from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 
 BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
+# The layer norms of a fused encoder, as ONNX Runtime's transformer optimizer writes them ("fused": the residual Add
+# and the embeddings' Gathers inside SkipLayerNormalization / EmbedLayerNormalization) or left as Add +
+# LayerNormalization ("separate"). They compute the same; which runs faster depends on the host's kernels (on the CPU
+# of ONNX Runtime 1.31 the separate form was up to 25% faster in int8), so the optimize step measures both.
+GRAPH_FORMS = ("fused", "separate")
+# ONNX Runtime fuses Add + LayerNormalization again when it loads a graph: a separate-form file names the fusions its
+# sessions leave out (onnxfiles.DISABLED_OPTIMIZERS_KEY).
+SEPARATE_FORM_DISABLED = ("SkipLayerNormFusion", "EmbedLayerNormFusion")
 
 
-def optimize_fp32(original: Path, dest: Path, export: ExportMetrics) -> Any:
-    """The transformer optimizer's fusions for the families it knows; ONNX Runtime's basic level for the others."""
+def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str = "fused") -> Any:
+    """The transformer optimizer's fusions for the families it knows (layer norms in `form`, one of GRAPH_FORMS);
+    ONNX Runtime's basic level for the others."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     model_type = export.optimizer_model_type
+    options = FusionOptions(model_type or "bert")
+    separate = form == "separate" and model_type is not None
+    if separate:
+        options.enable_skip_layer_norm = options.enable_embed_layer_norm = False
     optimized = optimize_model(str(original), model_type=model_type or "bert", num_heads=export.num_heads,
                                hidden_size=export.hidden_size, opt_level=None if model_type else BASIC_LEVEL,
-                               only_onnxruntime=not model_type)
+                               only_onnxruntime=not model_type, optimization_options=options)
+    if separate:
+        from onnx import helper
+
+        helper.set_model_props(optimized.model, {onnxfiles.DISABLED_OPTIMIZERS_KEY: ",".join(SEPARATE_FORM_DISABLED)})
     onnxfiles.save(optimized.model, dest)
     return optimized.model
 

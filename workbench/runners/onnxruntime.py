@@ -11,6 +11,7 @@ import numpy as np
 from workbench.core.batches import Batch
 from workbench.core.errors import CudaFallbackError, GpuRequiredError, OnnxModelError, ShapeError
 from workbench.core.machine import CPU, CUDA, cuda_problem, cuda_usable
+from workbench.graphs import onnxfiles
 from workbench.runners import IO, Device, Runner, RunnerClosedError
 
 OPTIMIZATION_LEVELS = ("all", "extended", "basic")
@@ -118,7 +119,8 @@ def session(path: Path | str, providers: list[Any], threads: int | None = None,
     settings.apply(options)
     providers = settings.providers(providers)
     try:
-        created = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+        created = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers,
+                                               disabled_optimizers=onnxfiles.disabled_optimizers(path))
     except (onnxruntime.capi.onnxruntime_pybind11_state.Fail,
             onnxruntime.capi.onnxruntime_pybind11_state.InvalidGraph,
             onnxruntime.capi.onnxruntime_pybind11_state.InvalidProtobuf,

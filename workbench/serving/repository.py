@@ -184,11 +184,14 @@ def model_config(plan: ServingPlan) -> Any:
 
 def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
     """What a Python model running ONNX Runtime needs: providers, threads per instance (and all the instances'
-    threads, for an instance whose neighbours are idle), the pad token."""
+    threads, for an instance whose neighbours are idle), the pad token, the graph optimizers its file leaves out."""
     config.parameters["providers"].string_value = (
         "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
     config.parameters["intra_op_threads"].string_value = str(plan.threads)
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+    disabled = onnxfiles.disabled_optimizers(plan.model_file)
+    if disabled:  # the graph's layer-norm form, kept as measured (variants.GRAPH_FORMS)
+        config.parameters["disabled_optimizers"].string_value = ",".join(disabled)
     if plan.instances > 1 and not plan.gpu:  # an instance alone at work takes the cores of the idle ones too
         config.parameters["instances"].string_value = str(plan.instances)
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)

@@ -1,22 +1,27 @@
 """The optimize step: ONNX Runtime fusions, fp16 and int8 variants, and symbolic shapes for TensorRT."""
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench.core.batches import Batch
+import numpy as np
+
+from workbench.core.atomic import temporary_dir
+from workbench.core.batches import Batch, shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.variants import convert_fp16, infer_shapes, optimize_fp32, quantize_int8
+from workbench.graphs.forms import FormChoice, choose_form
+from workbench.graphs.variants import GRAPH_FORMS, convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
-from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.steps import StepSpec
 
 STEP = "optimize"
@@ -73,6 +78,39 @@ def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> d
     return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
 
 
+def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
+    """Real text at the bench's smallest and largest cell (sequences capped at the model's limit)."""
+    tokenizer = record.tokenizer()
+    texts = list(load_corpus(config.corpus))
+    lengths = token_lengths(tokenizer, texts)
+    names = tuple(export.io.inputs)
+    cells = sorted({(min(config.bench.batches), min(min(config.bench.sequences), export.max_sequence)),
+                    (max(config.bench.batches), min(max(config.bench.sequences), export.max_sequence))})
+    return {f"b{rows} s{length}": shaped_batch(tokenizer, names, texts, lengths, rows, length).feed
+            for rows, length in cells}
+
+
+def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
+               record: RunRecord) -> tuple[Any, FormChoice | None]:
+    """The fused fp32 graph in the layer-norm form `graph_form` sets, or (auto) the one that runs faster here
+    (`forms`); a family without fusion rules has one form only (None)."""
+    if not export.optimizer_model_type:
+        return optimize_fp32(original, dest, export), None
+    if config.graph_form != "auto":
+        return optimize_fp32(original, dest, export, config.graph_form), FormChoice(
+            config.graph_form, f"set by graph_form={config.graph_form}", {})
+    workdir = temporary_dir(dest)  # both forms; removed however the step ends
+    try:
+        files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
+        models = {form: optimize_fp32(original, path, export, form) for form, path in files.items()}
+        choice = choose_form(files, form_feeds(config, record, export), providers_for(config.device),
+                             config.threads, device_for(config.device))
+        onnxfiles.save(models[choice.chosen], dest)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return models[choice.chosen], choice
+
+
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Write the optimized variants the configuration asks for; their fusion counts in metrics.optimize.variants."""
     with record.step(STEP):
@@ -82,8 +120,16 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         unavailable = unavailable_fusions(export)
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
+        forms: dict[str, FormChoice] = {}
+
+        def fp32(dest: Path) -> Any:
+            model, choice = build_fp32(original, dest, export, config, record)
+            if choice is not None:
+                forms["fp32"] = choice
+            return model
+
         builders = {
-            "fp32": lambda dest: optimize_fp32(original, dest, export),
+            "fp32": fp32,
             "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, config.fp16_op_block_list,
                                               config.fp16_node_block_list),
             "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, config.int8_per_channel,
@@ -99,6 +145,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
             stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
+            if variant in forms:
+                stats["form"] = forms[variant].record()
             if fused:
                 stats["smoke_test"] = smoke_test(record, config, variant, dest)
             if "warning" in stats:

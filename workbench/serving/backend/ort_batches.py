@@ -24,7 +24,8 @@ def model_args(args):
 
 def session(path, params, threads=None):
     """A session on the model's providers; `threads` (else `intra_op_threads`; 0: ONNX Runtime's default)
-    intra-op threads that sleep when idle, leaving the CPU to the tokenizer and the other instances."""
+    intra-op threads that sleep when idle, leaving the CPU to the tokenizer and the other instances; without the
+    graph optimizers the file's form leaves out (`disabled_optimizers`)."""
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     threads = threads or int(params.get("intra_op_threads", "0"))
@@ -32,7 +33,9 @@ def session(path, params, threads=None):
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     providers = params.get("providers", "CPUExecutionProvider").split(",")
-    return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+    disabled = [name for name in params.get("disabled_optimizers", "").split(",") if name]
+    return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers,
+                                        disabled_optimizers=disabled)
 
 
 class Neighbours:
