@@ -8,8 +8,9 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import OnnxModelError
 from workbench.core.record import RunRecord
-from workbench.graphs import forms, onnxfiles
+from workbench.graphs import onnxfiles
 from workbench.graphs.variants import SEPARATE_FORM_DISABLED
+from workbench.measure import forms
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize
 

@@ -16,8 +16,8 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.forms import FormChoice, choose_form
 from workbench.graphs.variants import GRAPH_FORMS, convert_fp16, infer_shapes, optimize_fp32, quantize_int8
+from workbench.measure.forms import FormChoice, choose_form
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines

@@ -1,0 +1,186 @@
+"""The workbench's ONNX graphs beside Optimum's of the same model, in one process, measured side by side.
+
+    .venv/bin/python benchmarks/graphs.py --install    # once: Optimum's environment (.peers/infinity, shared with
+                                                       # benchmarks/peers.py: infinity-emb brings optimum-onnx)
+    .venv/bin/python benchmarks/graphs.py [--run outputs/<run>] [--rounds 40] [--threads N]
+
+Without --run it first runs export, optimize and parity (fp32 and int8) on the embedded all-MiniLM-L6-v2. Optimum's
+graphs are built from the same model folder in their own environment (benchmarks/peer_optimum.py): the plain
+export, `--optimize O2` and `O3`, and O2 after the dynamic int8 preset for this CPU, per channel and per tensor.
+Then, with every graph in this process's ONNX Runtime and the same session settings (N threads that sleep when
+idle, every graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, all
+graphs interleaved; PyTorch eager in a phase of its own as the speedup's reference; every graph's sentence embedding
+on the corpus against `SentenceTransformer.encode()` (Optimum's `last_hidden_state` mean-pooled and normalized as
+its users do, outside the timed call). Prints the table and issue #26's checks (PASS/MISS, never an assertion),
+writes <run>/graphs/graphs.json, exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import ConfigError, MissingArtifactError, WorkbenchError
+from workbench.core.machine import cpu_features
+from workbench.core.record import RunRecord
+from workbench.core.timing import interleaved
+from workbench.measure.graphs import GraphRow, accuracy, cell_feeds, embeddings, sessions, table, time_graphs, verdicts
+from workbench.measure.peers import INSTALL_HINT, PeerNotInstalledError, install_infinity
+from workbench.models.loading import resolve_source
+from workbench.pipeline import run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = ROOT / ".peers" / "infinity"
+CELLS = ((1, 16), (1, 128), (8, 128))
+OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32", "int8": "workbench int8",
+        "int8_repaired": "workbench int8_repaired"}
+THEIRS = {"plain": ("Optimum plain export", "fp32", "model.onnx"), "fp32": ("Optimum O2", "fp32", "model.onnx"),
+          "O3": ("Optimum O3", "fp32", "model.onnx"),
+          "int8": ("Optimum O2 int8, per channel", "int8", "model_quantized.onnx"),
+          "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8", "model_quantized.onnx")}
+PAIRS = [("workbench original (unfused export)", "Optimum plain export"), ("workbench fp32", "Optimum O2"),
+         ("workbench fp32", "Optimum O3"), ("workbench int8", "Optimum O2 int8, per channel"),
+         ("workbench int8", "Optimum O2 int8, per tensor")]
+
+
+def main() -> int:
+    """Run the comparison; a WorkbenchError prints its message and fix (exit 2); SIGINT, SIGTERM and SIGHUP end it
+    with one line (exit 130), graphs.json not written."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    try:
+        compare(arguments())
+    except WorkbenchError as exc:
+        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:
+        print(f"interrupted ({stop or 'SIGINT'}): graphs.json not written", file=sys.stderr)
+        return 130
+    return 0
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="a run whose optimize and parity steps are done")
+    parser.add_argument("--peer-venv", type=Path, default=DEFAULT_VENV, help="Optimum's own environment")
+    parser.add_argument("--install", action="store_true", help="create --peer-venv, then exit")
+    parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per cell")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of every graph")
+    args = parser.parse_args()
+    for name, value in (("--rounds", args.rounds), ("--threads", args.threads)):
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
+    return args
+
+
+def optimum_graphs(python: Path, model_dir: str, work: Path, preset: str) -> None:
+    """Optimum's files under `work`, built by its own environment (once: kept for later runs)."""
+    if all((work / name / file).is_file() for name, (_, _, file) in THEIRS.items()):
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    print(f"building Optimum's graphs (log: {log})", flush=True)
+    with open(log, "wb") as out:
+        built = subprocess.run([str(python), str(ROOT / "benchmarks" / "peer_optimum.py"), model_dir, str(work),
+                                preset, *THEIRS], stdout=out, stderr=out)
+    if built.returncode != 0:
+        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {built.returncode})",
+                                    f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
+
+
+def compare(args: argparse.Namespace) -> None:
+    if args.install:
+        print(f"installed: {install_infinity(args.peer_venv)}")
+        return
+    python = args.peer_venv / "bin" / "python"
+    if not (args.peer_venv / "bin" / "optimum-cli").is_file():
+        raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}", INSTALL_HINT)
+    if args.run is None:
+        args.run = ROOT / "outputs" / f"graphs-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(RunConfig(steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]), args.run)
+    record = RunRecord.load(args.run)
+    missing = [variant for variant in OURS if f"onnx.{variant}" not in record.data["artifacts"]]
+    if missing:
+        raise MissingArtifactError(f"{args.run} has no {', '.join(missing)} graph",
+                                   f"run `workbench run --output-dir {args.run} --resume --steps optimize,parity` "
+                                   "with int8 among the precisions (int8_repaired exists once int8 failed parity "
+                                   "and was repaired)")
+    features = cpu_features()
+    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    model_dir = resolve_source(record.config.model).location
+    work = args.run / "graphs"
+    optimum_graphs(python, model_dir, work / "optimum", preset)
+    rows = [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
+                     record.artifact(f"onnx.{variant}"), "sentence_embedding") for variant, label in OURS.items()]
+    rows += [GraphRow(label, "optimum", precision, work / "optimum" / folder / file, "last_hidden_state")
+             for folder, (label, precision, file) in THEIRS.items()]
+    tokenizer = record.tokenizer()
+    texts = list(load_corpus(record.config.corpus))
+    feeds = cell_feeds(tokenizer, texts, CELLS)
+    load = os.getloadavg()[0]
+    torch_ms = pytorch_ms(model_dir, feeds, args.threads, args.rounds)
+    opened = sessions(rows, args.threads)
+    print(f"timing {len(rows)} graphs, {args.rounds} interleaved rounds per cell", flush=True)
+    time_graphs(rows, opened, feeds, args.rounds)
+    from sentence_transformers import SentenceTransformer
+
+    library = SentenceTransformer(model_dir, device="cpu")
+    reference = library.encode(texts, batch_size=32)
+    for row in rows:
+        row.accuracy = accuracy(embeddings(row, opened[row.name], tokenizer, texts, library.max_seq_length),
+                                reference)
+    lines = verdicts(rows, PAIRS, OURS["int8_repaired"])
+    result = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "load_before": load},
+              "run": str(args.run), "threads": args.threads, "rounds": args.rounds, "pytorch_ms": torch_ms,
+              "rows": [row.record() for row in rows], "checks": lines}
+    (work / "graphs.json").write_text(json.dumps(result, indent=2))
+    report(result, rows, torch_ms, lines)
+
+
+def pytorch_ms(model_dir: str, feeds: dict[str, dict[str, np.ndarray]], threads: int, rounds: int) -> dict[str, float]:
+    """PyTorch eager: the SentenceTransformer's forward on each cell's tokens, median ms, in a phase of its own (its
+    threads do not wait beside the ONNX Runtime sessions)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(model_dir, device="cpu").eval()
+    found = {}
+    for cell, feed in feeds.items():
+        features = {name: torch.from_numpy(array) for name, array in feed.items()}
+
+        def call(features: dict[str, torch.Tensor] = features) -> object:
+            with torch.inference_mode():
+                return model(dict(features))
+        found[cell] = round(float(np.median(interleaved({cell: call}, max(5, rounds // 4), warmup=2)[cell])) * 1e3, 4)
+    return found
+
+
+def report(result: dict, rows: list[GraphRow], torch_ms: dict[str, float], lines: list[str]) -> None:
+    host = result["host"]
+    print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
+          f"{host['int8_dot_product'] or 'none'}; one process, {result['threads']} threads, {result['rounds']} "
+          "interleaved rounds per cell, medians in ms (speedup over PyTorch eager)\n")
+    if host["load_before"] > (host["cores"] or 1) / 2:
+        print(f"BUSY HOST: load average {host['load_before']:.1f} on {host['cores']} cores when measuring began: "
+              "ratios only, and re-run on a quiet host\n")
+    print(table(rows, torch_ms))
+    print()
+    for line in lines:
+        print(line)
+    print(f"\nwritten: {result['run']}/graphs/graphs.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
