@@ -55,8 +55,11 @@ def optimize_lines(record: RunRecord) -> list[str]:
     if fp32.get("unavailable"):
         fused = f"no attention fusion for this family ({fp32['unavailable']})"
     sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
-    return [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
-            f"variants built: {sizes}"]
+    lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
+             f"variants built: {sizes}"]
+    if fp32.get("form"):
+        lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
+    return lines
 
 
 def parity_lines(record: RunRecord) -> list[str]:
