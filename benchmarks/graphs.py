@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,8 @@ import numpy as np
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError, WorkbenchError
+from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.core.timing import interleaved
@@ -53,21 +55,8 @@ PAIRS = [("workbench original (unfused export)", "Optimum plain export"), ("work
 
 
 def main() -> int:
-    """Run the comparison; a WorkbenchError prints its message and fix (exit 2); SIGINT, SIGTERM and SIGHUP end it
-    with one line (exit 130), graphs.json not written."""
-    def interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
-    try:
-        compare(arguments())
-    except WorkbenchError as exc:
-        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as stop:
-        print(f"interrupted ({stop or 'SIGINT'}): graphs.json not written", file=sys.stderr)
-        return 130
-    return 0
+    """Run the comparison (exit 0); errors and signals end it as `script_exit` says, graphs.json not written."""
+    return script_exit(lambda: compare(arguments()), "graphs.json not written")
 
 
 def arguments() -> argparse.Namespace:
@@ -91,12 +80,27 @@ def optimum_graphs(python: Path, model_dir: str, work: Path, preset: str) -> Non
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
     print(f"building Optimum's graphs (log: {log})", flush=True)
-    with open(log, "wb") as out:
-        built = subprocess.run([str(python), str(ROOT / "benchmarks" / "peer_optimum.py"), model_dir, str(work),
-                                preset, *THEIRS], stdout=out, stderr=out)
-    if built.returncode != 0:
-        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {built.returncode})",
+    with open(log, "wb") as out:  # its own process group: an interrupt stops optimum-cli's children too
+        builder = subprocess.Popen([str(python), str(ROOT / "benchmarks" / "peer_optimum.py"), model_dir, str(work),
+                                    preset, *THEIRS], stdout=out, stderr=out, start_new_session=True)
+        try:
+            code = builder.wait()
+        except KeyboardInterrupt:
+            os.killpg(builder.pid, signal.SIGKILL)
+            builder.wait()
+            remove_folders(work)
+            raise
+    if code != 0:
+        remove_folders(work)
+        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
                                     f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
+
+
+def remove_folders(work: Path) -> None:
+    """Every graph folder under `work`: none half-built is taken as complete next time (the build log stays)."""
+    for folder in work.iterdir():
+        if folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -105,7 +109,13 @@ def compare(args: argparse.Namespace) -> None:
         return
     python = args.peer_venv / "bin" / "python"
     if not (args.peer_venv / "bin" / "optimum-cli").is_file():
-        raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}", INSTALL_HINT)
+        raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
+                                    f"{sys.executable} benchmarks/graphs.py --install --peer-venv {args.peer_venv} "
+                                    "(a virtual environment of about 1.5 GB, about a minute)")
+    if args.run is not None and not (args.run / "run.json").is_file():
+        raise MissingArtifactError(f"{args.run} is not a run folder (no run.json)",
+                                   "leave out --run (export, optimize and parity run first, 5-10 minutes), or give a "
+                                   "run whose optimize and parity steps are done")
     if args.run is None:
         args.run = ROOT / "outputs" / f"graphs-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(RunConfig(steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]), args.run)
@@ -163,7 +173,8 @@ def pytorch_ms(model_dir: str, feeds: dict[str, dict[str, np.ndarray]], threads:
         def call(features: dict[str, torch.Tensor] = features) -> object:
             with torch.inference_mode():
                 return model(dict(features))
-        found[cell] = round(float(np.median(interleaved({cell: call}, max(5, rounds // 4), warmup=2)[cell])) * 1e3, 4)
+        found[cell] = round(float(np.median(interleaved({cell: call}, max(10, rounds // 2), warmup=2)[cell])) * 1e3,
+                            4)
     return found
 
 

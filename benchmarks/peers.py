@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,8 @@ from typing import Any
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError, WorkbenchError
+from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.measure.load import (
@@ -76,24 +75,9 @@ C1_TARGET, THROUGHPUT_TARGET = 1.2, 0.95  # served p50 at c=1 over in process; s
 
 
 def main() -> int:
-    """Run the comparison; a WorkbenchError prints its message and fix (exit 2), as the CLI does. SIGINT, SIGTERM
-    and SIGHUP end it as Ctrl-C does (SIGINT too where a background launch ignored it): the servers it started are
-    stopped on the way out (exit 130)."""
-    def interrupt(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
-    try:
-        compare(arguments())
-    except WorkbenchError as exc:
-        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as stop:
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the level's abandoned requests say nothing more
-        print(f"interrupted ({stop or 'SIGINT'}): every server it started is stopped; peers.json not written",
-              file=sys.stderr)
-        return 130
-    return 0
+    """Run the comparison (exit 0); errors and signals end it as `script_exit` says: the servers it started are
+    stopped on the way out."""
+    return script_exit(lambda: compare(arguments()), "every server it started is stopped; peers.json not written")
 
 
 def arguments() -> argparse.Namespace:

@@ -49,9 +49,10 @@ def test_the_checks_compare_each_cell_and_the_repaired_int8_with_the_fastest_pee
     lines = verdicts(rows, [("ours fp32", "O2")], "ours int8_repaired")
     assert lines[0] == "ours fp32 / O2 time: b1 s16 0.97, b1 s128 1.04, b8 s128 0.94 (target <= 1.03) MISS"
     assert lines[1] == ("ours int8_repaired / Optimum's fastest int8 per cell, time: b1 s16 1.01, b1 s128 0.94, "
-                        "b8 s128 0.89; min cosine 0.9910, 0 texts below 0.99 PASS")
+                        "b8 s128 0.89 (target <= 1.03) PASS; min cosine 0.9910, 0 texts below 0.99 (target: none) "
+                        "PASS")
     rows[2].accuracy["below"] = 1
-    assert verdicts(rows, [], "ours int8_repaired")[0].endswith("1 texts below 0.99 MISS")
+    assert verdicts(rows, [], "ours int8_repaired")[0].endswith("1 text below 0.99 (target: none) MISS")
     text = table(rows[:2], {"b1 s16": 6.0, "b1 s128": 22.0, "b8 s128": 150.0}).splitlines()
     assert text[2] == "| PyTorch eager fp32 (SentenceTransformer forward) | 6.00 | 22.00 | 150.00 | 1 |"
     assert text[3] == "| ours fp32 | 3.00 (2.00x) | 11.00 (2.00x) | 75.00 (2.00x) | 1.000 / 0.9990, 0 |"

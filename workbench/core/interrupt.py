@@ -1,14 +1,17 @@
 """Stop a run cleanly on SIGINT, SIGTERM or SIGHUP: interrupt the step's kernel, then end every process it started."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.core.errors import RunInterruptedError
+from workbench.core.errors import RunInterruptedError, WorkbenchError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_SECONDS = 5.0  # the kernel's own cleanup (servers stopped, temp files removed) gets this long
@@ -106,3 +109,23 @@ def _quietly(action: Any, *args: Any) -> None:
         action(*args)
     except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
         pass
+
+
+def script_exit(body: Callable[[], None], interrupted: str) -> int:
+    """How a benchmark script ends: 0 once `body` returns; a WorkbenchError as its message and fix, 2; SIGINT,
+    SIGTERM or SIGHUP (SIGINT too where a background launch ignored it) as Ctrl-C, one line `interrupted (<signal>):
+    <interrupted>`, 130 (what `body` started is stopped on the way out by its own `finally` and `with`)."""
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    for sig in SIGNALS:
+        signal.signal(sig, interrupt)
+    try:
+        body()
+    except WorkbenchError as exc:
+        print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # abandoned requests of a load say nothing more
+        print(f"interrupted ({stop or 'SIGINT'}): {interrupted}", file=sys.stderr)
+        return 130
+    return 0
