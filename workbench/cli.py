@@ -45,11 +45,15 @@ def _load_config(args: argparse.Namespace) -> RunConfig:
 
 def _run(args: argparse.Namespace) -> int:
     from workbench.pipeline import run_pipeline
+    from workbench.steps import verdict_line
 
     config = _load_config(args)
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     for step in record.step_entries():
         print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {step.detail}")
+        if step.status == "ok":  # what it found: its notebook's last cell
+            for line in verdict_line(step.name, record).splitlines():
+                print(f"{'':12s} {line}")
     print(f"run.json: {record.path}")
     return 0
 
