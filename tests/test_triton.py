@@ -25,6 +25,7 @@ from workbench.core.errors import (
 )
 from workbench.core.pins import pin
 from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.peers import accuracy, embed_all, http_level, triton_embedder
 from workbench.measure.perf_analyzer import PerfAnalyzer
@@ -87,7 +88,8 @@ def test_configs_read_back_through_the_protobuf(served, fused):
     _, plan, server = served
     parsed = read_repository(server.repository)
     assert sorted(parsed) == [plan.name, plan.model_name, plan.tokenizer_name]
-    model = parsed[plan.model_name]
+    model = parsed_model = parsed[plan.model_name]
+    model_file = server.repository / plan.model_name / "1" / "model.onnx"
     assert model.backend == "python" and model.max_batch_size == 8
     assert list(model.dynamic_batching.preferred_batch_size) == [4, 8]
     assert all(i.allow_ragged_batch for i in model.input)
@@ -106,6 +108,10 @@ def test_configs_read_back_through_the_protobuf(served, fused):
         "encoder.json", "labels.py", "model.onnx", "model.py", "ort_batches.py", "stages.py", "text_input.py",
         "tokenizer"]
     assert model.instance_group[0].count == 2 and model.parameters["intra_op_threads"].string_value == "1"
+    for config, graph in ((parsed_model, model_file), (model, server.repository / one.name / "1" / "model.onnx")):
+        given = config.parameters["disabled_optimizers"].string_value if "disabled_optimizers" in config.parameters \
+            else ""  # the layer-norm form's: what the Python model's session leaves out
+        assert given == ",".join(onnxfiles.disabled_optimizers(graph))
 
 
 def parsed_outputs(served):

@@ -75,8 +75,10 @@ def repair_problem(precision: str, settings: RepairSettings, fp32: Path, checker
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     assert base is not None, "an int8 repair starts from a chosen base recipe"
-    units = [n.name for n in graph.graph.node
-             if n.op_type in IntegerOpsRegistry and n.name not in settings.int8_nodes_to_exclude]
+    weights = {i.name for i in graph.graph.initializer}
+    units = [n.name for n in graph.graph.node  # a Gather is quantized only where it reads a table (embeddings)
+             if n.op_type in IntegerOpsRegistry and n.name not in settings.int8_nodes_to_exclude
+             and (n.op_type != "Gather" or n.input[0] in weights)]
     return RepairProblem("int8", units, lambda blocked, dest: base.recipe.build(
         base.source, dest, settings.int8_nodes_to_exclude + blocked),
         ordering="largest parity gain per weight element when kept in fp32 alone first",
