@@ -106,13 +106,10 @@ def infer_shapes(original: Path, dest: Path) -> Any:
 
 
 def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float) -> list[str]:
-    """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, the activation's
-    channels are divided by s and the weight's rows are multiplied by s (the product is unchanged), with
+    """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
+    the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
     s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` measured in fp32 on `feeds`. Outlier channels
-    then no longer set the per-tensor activation scale alone. The division is a Mul before the node, except after an
-    Attention whose output feeds that node alone: there it is folded into the value columns of the Attention's
-    weight and bias (its output channels are the values' channels), one operator fewer. Returns the smoothed nodes'
-    names.
+    then no longer set the per-tensor activation scale alone. Returns the smoothed nodes' names.
 
     Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
     neural-compressor 2.x and applies to static quantization only."""
@@ -121,22 +118,10 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
 
     model = onnxfiles.load(fp32)
     weights = {i.name: i for i in model.graph.initializer}
-    producers = {output: n for n in model.graph.node for output in n.output}
-    readers: dict[str, int] = {}
-    for n in model.graph.node:
-        for name in n.input:
-            readers[name] = readers.get(name, 0) + 1
     targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
                and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
     channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
     nodes, smoothed = list(model.graph.node), []
-
-    def add(array: Any, name: str) -> str:
-        tensor = numpy_helper.from_array(array, name)
-        model.graph.initializer.append(tensor)
-        weights[name] = tensor
-        return name
-
     for node in targets:
         weight = numpy_helper.to_array(weights[node.input[1]])
         x_max = channel_max.get(node.input[0])
@@ -147,22 +132,14 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
         scale = np.where((x_max > 0) & (w_max > 0),
                          np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha),
                          1.0).astype(np.float32)
-        smoothed_weight = add((weight * scale[:, None]).astype(weight.dtype), f"{node.input[1]}_smoothed_{len(nodes)}")
-        attention = producers.get(node.input[0])
-        if _folds_into_values(attention, readers, weights, scale.shape[0]):
-            qkv = numpy_helper.to_array(weights[attention.input[1]]).copy()
-            bias = numpy_helper.to_array(weights[attention.input[2]]).copy()
-            qkv[:, -scale.shape[0]:] /= scale
-            bias[-scale.shape[0]:] /= scale
-            attention.input[1] = add(qkv, f"{attention.input[1]}_values_for_{node.name}")
-            attention.input[2] = add(bias, f"{attention.input[2]}_values_for_{node.name}")
-            node.input[1] = smoothed_weight
-            continue
-        inverse = add((1.0 / scale).astype(np.float32), f"{smoothed_weight}_inverse")
+        smoothed_weight = numpy_helper.from_array((weight * scale[:, None]).astype(weight.dtype),
+                                                  f"{node.input[1]}_smoothed_{len(nodes)}")
+        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"{smoothed_weight.name}_inverse")
+        model.graph.initializer.extend([smoothed_weight, inverse])
         smoothed_input = f"{node.input[0]}_smoothed_for_{node.name}"
-        nodes.insert(nodes.index(node), helper.make_node("Mul", [node.input[0], inverse], [smoothed_input],
+        nodes.insert(nodes.index(node), helper.make_node("Mul", [node.input[0], inverse.name], [smoothed_input],
                                                          name=f"{node.name}_smooth"))
-        node.input[0], node.input[1] = smoothed_input, smoothed_weight
+        node.input[0], node.input[1] = smoothed_input, smoothed_weight.name
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     used = {t for n in model.graph.node for t in n.input}
@@ -171,17 +148,6 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
     model.graph.initializer.extend(kept)
     onnxfiles.save(model, dest)
     return smoothed
-
-
-def _folds_into_values(attention: Any, readers: dict[str, int], weights: dict[str, Any], width: int) -> bool:
-    """Whether a channel scaling of `attention`'s output can move into its weight and bias instead: an ONNX Runtime
-    Attention (equal Q, K, V widths) with both as initializers, whose output one node reads."""
-    if attention is None or attention.op_type != "Attention" or len(attention.input) < 3:
-        return False
-    if readers.get(attention.output[0], 0) != 1 or any(a.name == "qkv_hidden_sizes" for a in attention.attribute):
-        return False
-    qkv, bias = weights.get(attention.input[1]), weights.get(attention.input[2])
-    return qkv is not None and bias is not None and list(qkv.dims)[1:] == [3 * width] and list(bias.dims) == [3 * width]
 
 
 def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
