@@ -19,36 +19,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
-from workbench.core.timing import interleaved
-from workbench.measure.graphs import GraphRow, accuracy, cell_feeds, embeddings, sessions, table, time_graphs, verdicts
-from workbench.measure.peers import INSTALL_HINT, PeerNotInstalledError, install_infinity
+from workbench.core.timing import median_ms
+from workbench.measure.graphs import GraphRow, accuracy, embeddings, sessions, table, time_graphs, verdicts
+from workbench.measure.peers import OPTIMUM_FILES, PeerNotInstalledError, build_optimum, install_infinity
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = ROOT / ".peers" / "infinity"
 CELLS = ((1, 16), (1, 128), (8, 128))
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32", "int8": "workbench int8",
         "int8_repaired": "workbench int8_repaired"}
-THEIRS = {"plain": ("Optimum plain export", "fp32", "model.onnx"), "fp32": ("Optimum O2", "fp32", "model.onnx"),
-          "O3": ("Optimum O3", "fp32", "model.onnx"),
-          "int8": ("Optimum O2 int8, per channel", "int8", "model_quantized.onnx"),
-          "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8", "model_quantized.onnx")}
+THEIRS = {"plain": ("Optimum plain export", "fp32"), "fp32": ("Optimum O2", "fp32"), "O3": ("Optimum O3", "fp32"),
+          "int8": ("Optimum O2 int8, per channel", "int8"), "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8")}
 PAIRS = [("workbench original (unfused export)", "Optimum plain export"), ("workbench fp32", "Optimum O2"),
          ("workbench fp32", "Optimum O3"), ("workbench int8", "Optimum O2 int8, per channel"),
          ("workbench int8", "Optimum O2 int8, per tensor")]
@@ -71,36 +68,6 @@ def arguments() -> argparse.Namespace:
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
     return args
-
-
-def optimum_graphs(python: Path, model_dir: str, work: Path, preset: str) -> None:
-    """Optimum's files under `work`, built by its own environment (once: kept for later runs)."""
-    if all((work / name / file).is_file() for name, (_, _, file) in THEIRS.items()):
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    log = work / "build.log"
-    print(f"building Optimum's graphs (log: {log})", flush=True)
-    with open(log, "wb") as out:  # its own process group: an interrupt stops optimum-cli's children too
-        builder = subprocess.Popen([str(python), str(ROOT / "benchmarks" / "peer_optimum.py"), model_dir, str(work),
-                                    preset, *THEIRS], stdout=out, stderr=out, start_new_session=True)
-        try:
-            code = builder.wait()
-        except KeyboardInterrupt:
-            os.killpg(builder.pid, signal.SIGKILL)
-            builder.wait()
-            remove_folders(work)
-            raise
-    if code != 0:
-        remove_folders(work)
-        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
-                                    f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
-
-
-def remove_folders(work: Path) -> None:
-    """Every graph folder under `work`: none half-built is taken as complete next time (the build log stays)."""
-    for folder in work.iterdir():
-        if folder.is_dir():
-            shutil.rmtree(folder)
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -131,14 +98,14 @@ def compare(args: argparse.Namespace) -> None:
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     work = args.run / "graphs"
-    optimum_graphs(python, model_dir, work / "optimum", preset)
+    build_optimum(python, ROOT / "benchmarks" / "peer_optimum.py", model_dir, work / "optimum", preset, list(THEIRS))
     rows = [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
                      record.artifact(f"onnx.{variant}"), "sentence_embedding") for variant, label in OURS.items()]
-    rows += [GraphRow(label, "optimum", precision, work / "optimum" / folder / file, "last_hidden_state")
-             for folder, (label, precision, file) in THEIRS.items()]
+    rows += [GraphRow(label, "optimum", precision, work / "optimum" / folder / OPTIMUM_FILES[folder],
+                      "last_hidden_state") for folder, (label, precision) in THEIRS.items()]
     tokenizer = record.tokenizer()
     texts = list(load_corpus(record.config.corpus))
-    feeds = cell_feeds(tokenizer, texts, CELLS)
+    feeds = cell_feeds(tokenizer, INPUTS, texts, CELLS)
     load = os.getloadavg()[0]
     before = pytorch_ms(model_dir, feeds, args.threads, args.rounds)
     opened = sessions(rows, args.threads)
@@ -176,8 +143,7 @@ def pytorch_ms(model_dir: str, feeds: dict[str, dict[str, np.ndarray]], threads:
         def call(features: dict[str, torch.Tensor] = features) -> object:
             with torch.inference_mode():
                 return model(dict(features))
-        found[cell] = round(float(np.median(interleaved({cell: call}, max(10, rounds // 2), warmup=2)[cell])) * 1e3,
-                            4)
+        found[cell] = round(median_ms(call, max(10, rounds // 2), warmup=2), 4)
     return found
 
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -46,12 +45,11 @@ from workbench.measure.load import (
     stage_totals,
 )
 from workbench.measure.peers import (
-    INSTALL_HINT,
     Embedder,
     InfinityServer,
-    PeerNotInstalledError,
     PeerRow,
     accuracy,
+    build_optimum,
     embed_all,
     encode_rates,
     find_infinity,
@@ -125,16 +123,8 @@ def compare(args: argparse.Namespace) -> None:
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum"
-    if not (optimum / "int8" / "model_quantized.onnx").is_file():
-        log = work / "optimum.log"
-        print(f"building Optimum's ONNX files for infinity-emb (log: {log})", flush=True)
-        work.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as out:
-            built = subprocess.run([str(args.peer_venv / "bin" / "python"), str(ROOT / "benchmarks" /
-                                    "peer_optimum.py"), model_dir, str(optimum), preset], stdout=out, stderr=out)
-        if built.returncode != 0:
-            raise PeerNotInstalledError(f"Optimum could not build the peer's ONNX files (exit {built.returncode})",
-                                        f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
+    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir, optimum,
+                  preset, ["fp32", "int8"])
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging
 

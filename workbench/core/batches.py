@@ -1,6 +1,7 @@
 """Real-text batches: at the shape corners of the run configuration, and the whole corpus in mixed batches."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,14 @@ def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
     order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
     ids = [int(i) for i in np.resize(order, rows)]
     return Batch(f"b{rows}_s{length}", ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length))
+
+
+def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
+               cells: Sequence[tuple[int, int]]) -> dict[str, dict[str, np.ndarray]]:
+    """Real text filling each (rows, length) cell exactly (`shaped_batch`), by cell name `b1 s16`."""
+    lengths = token_lengths(tokenizer, texts)
+    return {f"b{rows} s{length}": shaped_batch(tokenizer, input_names, texts, lengths, rows, length).feed
+            for rows, length in cells}
 
 
 def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch_size: int,

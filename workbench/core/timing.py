@@ -44,6 +44,17 @@ def interleaved(calls: dict[K, Callable[[], object]], rounds: int, warmup: int =
     return samples
 
 
+def cell_medians_ms(calls_for: Callable[[str], dict[K, Callable[[], object]]], cells: list[str], rounds: int,
+                    warmup: int = 1, block: int = 4) -> dict[K, dict[str, float]]:
+    """Median ms of one call per key and cell: for each cell, the callables `calls_for(cell)` gives, interleaved
+    (`interleaved`); rounded to 0.1 us."""
+    found: dict[K, dict[str, float]] = {}
+    for cell in cells:
+        for key, samples in interleaved(calls_for(cell), rounds, warmup=warmup, block=block).items():
+            found.setdefault(key, {})[cell] = round(statistics.median(samples) * 1e3, 4)
+    return found
+
+
 def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     """The median of `repeats` calls, in milliseconds, after `warmup` calls."""
     return statistics.median(interleaved({0: fn}, repeats, warmup)[0]) * 1e3

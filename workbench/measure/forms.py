@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.timing import interleaved
+from workbench.core.timing import cell_medians_ms
 from workbench.measure.sessions import call_for
 from workbench.runners.onnxruntime import session
 
@@ -45,11 +45,10 @@ def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]],
                 threads: int | None, device: str, rounds: int = 5) -> FormChoice:
     """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved, and decide."""
     sessions = {form: session(path, providers, threads) for form, path in files.items()}
-    ms: dict[str, dict[str, float]] = {form: {} for form in files}
-    for cell, feed in feeds.items():
-        calls: dict[str, Callable[[], object]] = {
-            form: call_for(s, {i.name: feed[i.name] for i in s.get_inputs()}, device) for form, s in sessions.items()}
-        for form, samples in interleaved(calls, rounds, warmup=1, block=4).items():
-            ms[form][cell] = round(float(np.median(samples)) * 1e3, 4)
+
+    def calls(cell: str) -> dict[str, Callable[[], object]]:
+        return {form: call_for(s, {i.name: feeds[cell][i.name] for i in s.get_inputs()}, device)
+                for form, s in sessions.items()}
+    ms = cell_medians_ms(calls, list(feeds), rounds)
     chosen, reason = decide(ms)
     return FormChoice(chosen, reason, ms)

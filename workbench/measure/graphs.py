@@ -1,5 +1,5 @@
 """The workbench's ONNX graphs beside Optimum's of the same model, in one process: the same ONNX Runtime, the same
-session settings, the same real-text cells, interleaved rounds; PyTorch eager (what users run today) in a phase
+session settings, the same real-text cells, interleaved rounds; PyTorch eager (what users run today) in phases
 of its own, as the speedup's reference. Accuracy of every graph against `SentenceTransformer.encode()`.
 benchmarks/graphs.py runs it."""
 from __future__ import annotations
@@ -11,14 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.data import encode
-from workbench.core.timing import interleaved
+from workbench.core.timing import cell_medians_ms
 from workbench.precision.compare import cosine
 from workbench.runners.onnxruntime import SessionSettings, session
 
 CPU = ["CPUExecutionProvider"]
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MIN_COSINE = 0.99
 SAME_SPEED = 1.03  # "at least as fast": within 3%
 
@@ -41,13 +39,6 @@ class GraphRow:
                 "output": self.output, "ms": self.ms, "accuracy": self.accuracy}
 
 
-def cell_feeds(tokenizer: Any, texts: Sequence[str], cells: Sequence[tuple[int, int]]) -> dict[str, dict[str, Any]]:
-    """Real text filling each (batch, sequence) cell exactly, by cell name `b1 s16`."""
-    lengths = token_lengths(tokenizer, list(texts))
-    return {f"b{rows} s{length}": shaped_batch(tokenizer, INPUTS, list(texts), lengths, rows, length).feed
-            for rows, length in cells}
-
-
 def sessions(rows: Sequence[GraphRow], threads: int) -> dict[str, Any]:
     """One CPU session per graph with the same settings (threads that sleep when idle, every graph optimization;
     a workbench file's own disabled optimizers)."""
@@ -57,14 +48,16 @@ def sessions(rows: Sequence[GraphRow], threads: int) -> dict[str, Any]:
 def time_graphs(rows: Sequence[GraphRow], opened: dict[str, Any], feeds: dict[str, dict[str, Any]], rounds: int,
                 block: int = 3) -> None:
     """Median ms of one call of each graph per cell into `row.ms`: all graphs interleaved, rotating, per cell."""
-    for cell, feed in feeds.items():
-        calls: dict[str, Callable[[], object]] = {}
+    def calls(cell: str) -> dict[str, Callable[[], object]]:
+        found: dict[str, Callable[[], object]] = {}
         for row in rows:
             names = {i.name for i in opened[row.name].get_inputs()}
-            calls[row.name] = (lambda s=opened[row.name], f={k: v for k, v in feed.items() if k in names},
+            found[row.name] = (lambda s=opened[row.name], f={k: v for k, v in feeds[cell].items() if k in names},
                                o=[row.output]: s.run(o, f))
-        for name, samples in interleaved(calls, rounds, warmup=2, block=block).items():
-            next(r for r in rows if r.name == name).ms[cell] = round(float(np.median(samples)) * 1e3, 4)
+        return found
+    medians = cell_medians_ms(calls, list(feeds), rounds, warmup=2, block=block)
+    for row in rows:
+        row.ms = medians[row.name]
 
 
 def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:

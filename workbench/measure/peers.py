@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -39,6 +40,42 @@ class PeerNotInstalledError(DependencyMissingError):
 
     def headline(self) -> str:
         return self.problem  # `workbench doctor` knows nothing of peers: no pointer to it
+
+
+# Optimum's graphs `benchmarks/peer_optimum.py` builds, by variant: the file each folder holds.
+OPTIMUM_FILES = {"plain": "model.onnx", "fp32": "model.onnx", "O3": "model.onnx", "int8": "model_quantized.onnx",
+                 "int8_per_tensor": "model_quantized.onnx"}
+
+
+def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str]) -> None:
+    """Optimum's `variants` of the model in `model_dir`, one folder each under `work`, built by `script` run with the
+    peer environment's `python` (in a process group of its own: an interrupt stops optimum-cli's children too). Built
+    once, kept for later runs; a failed or interrupted build leaves no folder to be taken as complete."""
+    if all((work / name / OPTIMUM_FILES[name]).is_file() for name in variants):
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "build.log"
+    print(f"building Optimum's graphs (log: {log})", flush=True)
+    with open(log, "wb") as out:
+        builder = subprocess.Popen([str(python), str(script), model_dir, str(work), preset, *variants], stdout=out,
+                                   stderr=out, start_new_session=True)
+        try:
+            code = builder.wait()
+        except KeyboardInterrupt:
+            os.killpg(builder.pid, signal.SIGKILL)
+            builder.wait()
+            _remove_folders(work)
+            raise
+    if code != 0:
+        _remove_folders(work)
+        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
+                                    f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
+
+
+def _remove_folders(work: Path) -> None:
+    for folder in work.iterdir():
+        if folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def find_infinity(venv: Path) -> Path:

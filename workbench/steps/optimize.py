@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.batches import Batch, shaped_batch, token_lengths
+from workbench.core.batches import Batch, cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord, StepEntry
@@ -80,14 +80,9 @@ def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> d
 
 def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
     """Real text at the bench's smallest and largest cell (sequences capped at the model's limit)."""
-    tokenizer = record.tokenizer()
-    texts = list(load_corpus(config.corpus))
-    lengths = token_lengths(tokenizer, texts)
-    names = tuple(export.io.inputs)
     cells = sorted({(min(config.bench.batches), min(min(config.bench.sequences), export.max_sequence)),
                     (max(config.bench.batches), min(max(config.bench.sequences), export.max_sequence))})
-    return {f"b{rows} s{length}": shaped_batch(tokenizer, names, texts, lengths, rows, length).feed
-            for rows, length in cells}
+    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), list(load_corpus(config.corpus)), cells)
 
 
 def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
@@ -120,12 +115,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         unavailable = unavailable_fusions(export)
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
-        forms: dict[str, FormChoice] = {}
+        form: FormChoice | None = None
 
         def fp32(dest: Path) -> Any:
-            model, choice = build_fp32(original, dest, export, config, record)
-            if choice is not None:
-                forms["fp32"] = choice
+            nonlocal form
+            model, form = build_fp32(original, dest, export, config, record)
             return model
 
         builders = {
@@ -145,8 +139,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
             stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
-            if variant in forms:
-                stats["form"] = forms[variant].record()
+            if variant == "fp32" and form is not None:
+                stats["form"] = form.record()
             if fused:
                 stats["smoke_test"] = smoke_test(record, config, variant, dest)
             if "warning" in stats:
