@@ -28,13 +28,19 @@ import numpy as np
 from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.errors import MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.core.timing import median_ms
 from workbench.measure.graphs import GraphRow, accuracy, embeddings, sessions, table, time_graphs, verdicts
-from workbench.measure.peers import OPTIMUM_FILES, PeerNotInstalledError, build_optimum, install_infinity
+from workbench.measure.peers import (
+    OPTIMUM_FILES,
+    PeerNotInstalledError,
+    build_optimum,
+    install_infinity,
+    require_positive,
+)
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 
@@ -64,9 +70,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per cell")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of every graph")
     args = parser.parse_args()
-    for name, value in (("--rounds", args.rounds), ("--threads", args.threads)):
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
+    require_positive([("--rounds", args.rounds), ("--threads", args.threads)])
     return args
 
 

@@ -57,6 +57,7 @@ from workbench.measure.peers import (
     infinity_embedder,
     install_infinity,
     lead,
+    require_positive,
     table,
     triton_embedder,
 )
@@ -93,10 +94,8 @@ def arguments() -> argparse.Namespace:
     except ValueError:
         raise ConfigError(f"--levels {args.levels!r} is not a list of whole numbers",
                           "give concurrency levels like --levels 1,4,16,64") from None
-    for name, value in (("--levels", min(args.levels)), ("--requests", args.requests),
-                        ("--repeats", args.repeats), ("--seconds", args.seconds)):
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
+    require_positive([("--levels", min(args.levels)), ("--requests", args.requests), ("--repeats", args.repeats),
+                      ("--seconds", args.seconds)])
     return args
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
-from workbench.core.errors import DependencyMissingError, ServerStartError
+from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError
 from workbench.core.pins import pin
 from workbench.measure.load import LevelResult, closed_loop_level
 from workbench.precision.compare import cosine
@@ -45,6 +45,13 @@ class PeerNotInstalledError(DependencyMissingError):
 # Optimum's graphs `benchmarks/peer_optimum.py` builds, by variant: the file each folder holds.
 OPTIMUM_FILES = {"plain": "model.onnx", "fp32": "model.onnx", "O3": "model.onnx", "int8": "model_quantized.onnx",
                  "int8_per_tensor": "model_quantized.onnx"}
+
+
+def require_positive(values: Sequence[tuple[str, float]]) -> None:
+    """A peer benchmark's numeric arguments, (flag, value): a value of 0 or less is a ConfigError naming its flag."""
+    for name, value in values:
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
 
 
 def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str]) -> None:
