@@ -139,8 +139,9 @@ def _edit_config(source, dest, **changes):
     return dest
 
 
-def test_custom_code_needs_trust_remote_code(tiny_bert, tmp_path):
-    folder = _edit_config(tiny_bert, tmp_path / "custom", model_type="my-encoder",
+@pytest.mark.parametrize("model_type", ["my-encoder", "bert"])  # bert: the stock class would load, not the user's
+def test_custom_code_needs_trust_remote_code(tiny_bert, tmp_path, model_type):
+    folder = _edit_config(tiny_bert, tmp_path / "custom", model_type=model_type,
                           auto_map={"AutoConfig": "my_encoder.MyConfig", "AutoModel": "my_encoder.MyModel"})
     with pytest.raises(UnsupportedModelError, match=r"loads custom code \(my_encoder.py through auto_map\) and "
                                                     "trust_remote_code is off") as info:

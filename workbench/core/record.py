@@ -288,14 +288,22 @@ class RunRecord:
         return None
 
     def _modified(self, entry: dict[str, Any]) -> bool:
-        """A recorded file that is gone, or whose size or modification time differ from when it was recorded."""
+        """A recorded file that is gone or whose content changed: size first, then (when only the modification
+        time differs, as after `cp -r`) its sha256; a file found unchanged gets its new time recorded."""
         if "mtime_ns" not in entry:
             return False
+        path = self.run_dir / entry["path"]
         try:
-            stat = (self.run_dir / entry["path"]).stat()
+            stat = path.stat()
         except OSError:
             return True
-        return (stat.st_size, stat.st_mtime_ns) != (entry["bytes"], entry["mtime_ns"])
+        if stat.st_size != entry["bytes"]:
+            return True
+        if stat.st_mtime_ns != entry["mtime_ns"]:
+            if sha256_file(path) != entry["sha256"]:
+                return True
+            entry["mtime_ns"] = stat.st_mtime_ns
+        return False
 
     # ---- artifacts -----------------------------------------------------------------------
     def add_artifact(self, name: str, path: Path | str, kind: str, **extra: Any) -> Path:

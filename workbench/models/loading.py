@@ -226,12 +226,7 @@ def _config_refusal(source: ModelSource, exc: ValueError) -> WorkbenchError | No
         return None
     where = f"{source.location}/config.json"
     if raw.get("auto_map") and "trust_remote_code" in str(exc):
-        files = sorted({f"{ref.split('--')[-1].split('.')[0]}.py" for ref in _references(raw["auto_map"])})
-        return UnsupportedModelError(
-            f"{where} loads custom code ({', '.join(files)} through auto_map) and trust_remote_code is off",
-            "only if you trust its author: -p trust_remote_code=true (that Python code then runs with your "
-            f"permissions; read {', '.join(files)} first), or use a model transformers supports natively",
-        )
+        return _custom_code_refusal(where, raw["auto_map"])
     model_type = raw.get("model_type")
     if model_type not in CONFIG_MAPPING:
         return UnsupportedModelError(
@@ -240,6 +235,16 @@ def _config_refusal(source: ModelSource, exc: ValueError) -> WorkbenchError | No
             "ships its own code (auto_map), -p trust_remote_code=true",
         )
     return None
+
+
+def _custom_code_refusal(where: str, auto_map: dict[str, Any]) -> UnsupportedModelError:
+    """The typed error for a config whose auto_map names custom code while trust_remote_code is off."""
+    files = sorted({f"{ref.split('--')[-1].split('.')[0]}.py" for ref in _references(auto_map)})
+    return UnsupportedModelError(
+        f"{where} loads custom code ({', '.join(files)} through auto_map) and trust_remote_code is off",
+        "only if you trust its author: -p trust_remote_code=true (that Python code then runs with your "
+        f"permissions; read {', '.join(files)} first), or use a model transformers supports natively",
+    )
 
 
 def _references(auto_map: dict[str, Any]) -> list[str]:
@@ -265,7 +270,11 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Any:
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
 
-    return _from_pretrained(AutoConfig, source, "config", trust_remote_code=trust_remote_code)
+    hf_config = _from_pretrained(AutoConfig, source, "config", trust_remote_code=trust_remote_code)
+    auto_map = getattr(hf_config, "auto_map", None)
+    if auto_map and not trust_remote_code:  # a known model_type loads the stock class: the user's code would not run
+        raise _custom_code_refusal(f"{source.location}/config.json", auto_map)
+    return hf_config
 
 
 def check_supported(hf_config: Any, task: Task) -> None:
