@@ -206,9 +206,21 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
     ([b"\xff\xfe not utf-8"], "TEXT\\[0\\] is not valid UTF-8"),
 ])
 def test_bad_text_is_refused_and_the_server_stays_healthy(either, texts, message):
+    """The client's fault: HTTP 400 and gRPC INVALID_ARGUMENT, with the message naming the text."""
+    import tritonclient.grpc
+    import tritonclient.http
+    from tritonclient.utils import InferenceServerException
+
     _, plan, server = either
     with TritonClient(server.http_url, "http") as client, pytest.raises(ServedError, match=message):
         client.infer_texts(plan.name, texts)
+    for module, url, status in ((tritonclient.http, server.http_url, "400"),
+                                (tritonclient.grpc, server.grpc_url, "StatusCode.INVALID_ARGUMENT")):
+        tensor = module.InferInput("TEXT", [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(text_array(texts))
+        with pytest.raises(InferenceServerException, match=message) as info:
+            module.InferenceServerClient(url.split("://")[-1]).infer(plan.name, [tensor])
+        assert str(info.value.status()) == status
     assert server.is_ready()
 
 

@@ -69,7 +69,8 @@ class TritonPythonModel:
                 mine = self.prompts.apply(decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()),
                                           request.parameters())
             except ValueError as exc:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                responses[index] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
             owners.append((index, len(texts), len(mine), set(request.requested_output_names())))
             texts += mine

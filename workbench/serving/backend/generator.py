@@ -62,7 +62,8 @@ class TritonPythonModel:
                 core.check_language(self.style, self.codes, language)
                 by_language.setdefault(language, []).append((index, core.unpack(ids, lengths), max_new))
             except ValueError as exc:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+                responses[index] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
         for language, items in by_language.items():
             sequences = [seq for _, seqs, _ in items for seq in seqs]
             outputs = self.generate(sequences, max(m for _, _, m in items), language)

@@ -45,5 +45,6 @@ class TritonPythonModel:
                                            request.parameters())
                 responses.append(self.tokenize(texts))
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)))
         return responses
