@@ -1,16 +1,20 @@
 """Run the step notebooks in order through papermill; run.json tells what finished."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
+import tempfile
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 
 from workbench.core.config import RunConfig, outputs_root
-from workbench.core.errors import OutputDirError, StepFailedError
+from workbench.core.disk import FIX, as_disk_full, disk_full_typed
+from workbench.core.errors import DiskFullError, OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
+from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, remove_inside
 from workbench.preflight import preflight
@@ -29,7 +33,7 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> Path:
     earlier run wrote (the files its run.json lists and the folders the workbench owns) and nothing else."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputDirError(f"output path {run_dir} is a file", "pass a folder path with --output-dir")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
         if not overwrite:
             raise OutputDirError(
                 f"output directory {run_dir} already holds files",
@@ -53,10 +57,11 @@ def remove_earlier_run(run_dir: Path) -> None:
     remove_partials(run_dir)
 
 
-def _kernel_manager_class() -> type:
-    """Kernels reached over Unix sockets in Jupyter's runtime folder rather than unencrypted localhost TCP, and shut
-    down without the SIGINT jupyter_client sends first (a kernel busy with a last message logs it as an ERROR; a
-    user's Ctrl-C reaches the kernel through InterruptGuard, not through this)."""
+def _kernel_manager_class(private: Path) -> type:
+    """Kernels reached over Unix sockets rather than unencrypted localhost TCP, their sockets and connection file in
+    `private` (a folder of this run's own: runs at once never share a socket name, the source tree gets none), and
+    shut down without the SIGINT jupyter_client sends first (a kernel busy with a last message logs it as an ERROR;
+    a user's Ctrl-C reaches the kernel through InterruptGuard, not through this)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -64,6 +69,14 @@ def _kernel_manager_class() -> type:
         @default("transport")
         def _ipc(self) -> str:
             return "ipc"
+
+        @default("ip")
+        def _sockets(self) -> str:
+            return str(private / "kernel-ipc")
+
+        @default("connection_file")
+        def _connection(self) -> str:
+            return str(private / "kernel.json")
 
         async def _async_interrupt_kernel(self) -> None:
             if not self.shutting_down:
@@ -84,15 +97,29 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.stem}.partial.ipynb")
     try:
-        papermill.execute_notebook(
-            str(source), str(partial), parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
-            kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
-            kernel_manager_class=_kernel_manager_class(),
-        )
+        with tempfile.TemporaryDirectory(prefix="workbench-kernel-") as private:
+            papermill.execute_notebook(
+                str(source), str(partial),
+                parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
+                kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
+                kernel_manager_class=_kernel_manager_class(Path(private)),
+            )
     finally:
-        if partial.exists():
-            os.replace(partial, dest)
+        _land(partial, dest)
     return dest
+
+
+def _land(partial: Path, dest: Path) -> None:
+    """Move the executed copy into place when it is a whole notebook; one cut short (a full disk) is removed and
+    never replaces a complete one."""
+    if not partial.exists():
+        return
+    try:
+        json.loads(partial.read_bytes())
+    except ValueError:
+        partial.unlink()
+        return
+    os.replace(partial, dest)
 
 
 def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool = False,
@@ -105,6 +132,14 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
     """
     run_dir = Path(run_dir or config.output_dir or default_run_dir(config))
     config = config.model_copy(update={"output_dir": str(run_dir)})
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputDirError(f"output path {run_dir} is a file", "pass a folder path with --output-dir")
+    with run_lock(run_dir), disk_full_typed(run_dir):  # one run per folder; any number into different folders
+        return _run_steps(config, run_dir, overwrite, progress, resume, notebooks_dir)
+
+
+def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool, resume: bool,
+               notebooks_dir: Path) -> RunRecord:
     preflight(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True)
@@ -126,12 +161,22 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
             except Exception as exc:
                 record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
                 guard.check(f"step {step!r}", again)
+                full = _disk_full(exc, run_dir)
+                if full is not None:
+                    raise full from None
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
                                       f"read {run_dir / 'notebooks' / spec(step).notebook} and {record.path}"
                                       ) from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
     return record
+
+
+def _disk_full(exc: Exception, run_dir: Path) -> DiskFullError | None:
+    """A full disk found by the step's kernel or by this process writing the executed notebook, typed."""
+    if getattr(exc, "ename", None) == DiskFullError.__name__:
+        return DiskFullError(getattr(exc, "evalue", "").split("\n  fix: ")[0], FIX)
+    return as_disk_full(exc, run_dir / "notebooks")
 
 
 def _describe(exc: Exception) -> str:

@@ -3,10 +3,12 @@ minutes of export and optimization."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from workbench.core.batches import check_sequence_limit
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
+from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError
 from workbench.core.record import RunRecord, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
@@ -30,6 +32,19 @@ def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
         if need in needs:
             CHECKS[need](config)
     check_reads(selected, config, resumed)
+    check_disk(config, selected)
+
+
+def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
+    """The run's folder has room for what the selected steps leave (their declared multiples of the model's weight
+    bytes) and, while a step writes graphs, one candidate graph more; unknown for a hub id, so not checked."""
+    from workbench.models.loading import resolve_source, weight_bytes
+
+    weights = weight_bytes(resolve_source(config.model))
+    writes = [step.writes for step in selected]
+    if weights and config.output_dir and any(writes):
+        needed = int(weights * (sum(writes) + (1.0 if max(writes) >= 1.0 else 0.0)))
+        require_free(Path(config.output_dir), needed, f"this run ({', '.join(s.name for s in selected)})")
 
 
 def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:

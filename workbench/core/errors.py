@@ -49,6 +49,14 @@ class OutputDirError(WorkbenchError):
     """The output directory cannot be used."""
 
 
+class RunLockedError(OutputDirError):
+    """Another workbench run holds the output directory."""
+
+
+class DiskFullError(WorkbenchError):
+    """The filesystem of a file being written has no room left."""
+
+
 class MissingArtifactError(WorkbenchError):
     """A step needs an artifact that an earlier step did not produce."""
 

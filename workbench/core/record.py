@@ -17,6 +17,7 @@ from typing import Any
 from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
+from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.results import (
     SCHEMA_VERSION,
@@ -171,9 +172,13 @@ class RunRecord:
         except StepSkipped as skip:
             entry = {"status": "skipped", "reason": str(skip)}
         except BaseException as exc:
-            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+            typed = as_disk_full(exc, self.run_dir) or exc
+            entry = {"status": "failed", "error": f"{type(typed).__name__}: {typed}",
                      "traceback": traceback.format_exc(limit=8)}
-            self._finish(name, start, entry)
+            with disk_full_typed(self.run_dir):  # the record itself may find no room
+                self._finish(name, start, entry)
+            if typed is not exc:
+                raise typed from None
             raise
         else:
             entry = {"status": "ok"}

@@ -67,6 +67,15 @@ def resolve_source(model: str) -> ModelSource:
     return ModelSource("hub", model)
 
 
+def weight_bytes(source: ModelSource) -> int | None:
+    """Bytes of a local model's weights (its top-level safetensors files, else its .bin files); None for a hub id."""
+    if source.kind == "hub":
+        return None
+    folder = Path(source.location)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    return sum(path.stat().st_size for path in files)
+
+
 def not_a_model_folder(path: Path) -> ModelNotFoundError:
     """Why `path` (no config.json) is not a model folder, and what to pass instead: the extracted zip for a zipped
     model (some pip packages ship one), the folder one level down, or a save_pretrained() folder."""

@@ -37,7 +37,8 @@ class StepSpec:
     `needs`: what preflight checks before anything runs (see NEEDS); `check`: a check of the step's own settings,
     also before anything runs; `reads`: earlier steps whose outputs it reads (each must be in the run, or ok in the
     resumed record); `machine`: what `workbench doctor` must find for it (its check names, e.g. "tritonserver");
-    `owns`: the run folders it writes (removed when a run folder is overwritten); `takeaway`: its verdict line
+    `owns`: the run folders it writes (removed when a run folder is overwritten); `writes`: about how much it
+    leaves on disk, in multiples of the model's weight bytes (preflight's size estimate); `takeaway`: its verdict line
     from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
     them."""
 
@@ -52,6 +53,7 @@ class StepSpec:
     reads: tuple[str, ...] = ()
     machine: tuple[str, ...] = ()
     owns: tuple[str, ...] = ()
+    writes: float = 0.0
     metrics: type[Metrics] = Metrics
 
     @property

@@ -141,5 +141,5 @@ SPEC = StepSpec(
     STEP, 1, "PyTorch -> ONNX with dynamic batch and sequence axes", run, export_lines,
     sections=(Section("The model as its users run it", pipeline_section),),
     needs=("model",), check=lambda config: check_opset(config.exporter, config.opset),
-    machine=("torch", "transformers", "onnx"), owns=("model", "onnx"),
+    machine=("torch", "transformers", "onnx"), owns=("model", "onnx"), writes=1.0,
     metrics=ExportMetrics)

@@ -140,4 +140,4 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, generation_lines,
     sections=(Section("Translation and text generation", generation_section),),
-    needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",))
+    needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15)

@@ -156,4 +156,5 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, optimize_lines,
     sections=(Section("ONNX Runtime fusions", fusions_section),),
-    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), metrics=OptimizeMetrics)
+    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8,
+    metrics=OptimizeMetrics)

@@ -144,5 +144,5 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, parity_lines,
     sections=(Section("Parity against PyTorch", parity_section),),
-    needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"),
+    needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"), writes=1.2,
     metrics=ParityMetrics)

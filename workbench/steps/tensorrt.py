@@ -157,5 +157,5 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, tensorrt_lines,
     sections=(Section("TensorRT shape profiles", tensorrt_section),),
-    needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",),
+    needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
     metrics=TensorrtMetrics)

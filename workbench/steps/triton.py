@@ -202,4 +202,4 @@ SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, triton_lines,
     sections=(Section("Served parity", triton_section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
-    owns=("triton", "model_repository"), metrics=TritonMetrics)
+    owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics)

@@ -1,0 +1,52 @@
+"""One run per output folder: an exclusive lock on `<run>/.workbench.lock` holding the holder's PID. The operating
+system releases it when the holder dies, however it dies, so a stale lock is taken over without asking."""
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from workbench.core.errors import RunLockedError
+
+LOCK_NAME = ".workbench.lock"
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir` for this process (creating the folder; removing it again if it is left empty) or raise
+    RunLockedError naming the holder's PID."""
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_NAME
+    descriptor = _acquire(path, run_dir)
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(descriptor)
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+
+
+def _acquire(path: Path, run_dir: Path) -> int:
+    """A descriptor of the lock file, locked; retried when the holder removed the file between open and lock."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by kernels or servers
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise RunLockedError(f"output directory {run_dir} is in use by another workbench run (PID {holder})",
+                                 f"wait for it to finish or stop it (kill {holder}), or choose another --output-dir"
+                                 ) from None
+        try:
+            if os.fstat(descriptor).st_ino == path.stat().st_ino:
+                return descriptor
+        except FileNotFoundError:
+            pass
+        os.close(descriptor)
