@@ -8,14 +8,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from workbench.core import disk
+from workbench.core import data, disk
 from workbench.core.config import DEFAULT_MODEL, RunConfig
 from workbench.core.errors import DiskFullError, RunLockedError
 from workbench.core.lock import LOCK_NAME, run_lock
+from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 
@@ -167,3 +169,34 @@ def test_a_full_disk_is_a_typed_error_and_cuts_nothing_into_place(tiny_bert, tmp
                                                                     ).exists()
     notebook = tmp_path / "run" / "notebooks" / "01_export.ipynb"
     assert not notebook.exists() or json.loads(notebook.read_text())["cells"], "never a notebook cut short"
+
+
+# ---- a corpus of any size ----------------------------------------------------------------------------------------
+def test_a_large_corpus_is_streamed_into_a_bounded_sample_with_progress(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    with corpus.open("w", encoding="utf-8") as file:
+        for number in range(200_000):
+            file.write(f"text number {number} " + "word " * (number % 40) + "\n\n")  # blank lines are not texts
+        file.write("x" * (3 * data.CORPUS_LINE_BYTES) + "\n")  # one line longer than any model reads
+    lines = tmp_path / "progress.txt"
+    lines.touch()  # the pipeline creates it for its kernels
+    monkeypatch.setenv(PROGRESS_FILE_VAR, str(lines))
+    monkeypatch.setattr(data, "PROGRESS_BYTES", 1 << 20)
+    tracemalloc.start()
+    sample = data.corpus_sample(corpus, 500)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert corpus.stat().st_size > 20 * 2**20 and peak < 4 * 2**20, f"{peak} bytes for a {corpus.stat().st_size} file"
+    assert len(sample.texts) == 500 and sample.found == 200_001
+    numbers = [int(t.split()[2]) for t in sample.texts if t.startswith("text")]
+    assert numbers == sorted(numbers) and numbers[-1] > 150_000, "uniform over the file, in file order"
+    assert data.corpus_sample(corpus, 500).texts == sample.texts, "the same sample every time"
+    assert sample.record()["sampling"] == "500 of 200001 texts: a uniform reservoir sample (seed 0), in file order"
+    shown = lines.read_text().splitlines()
+    assert shown[0].startswith("reading corpus: 0/") and shown[-1].endswith(" MB") and len(shown) >= 2
+
+    record = RunRecord.create(tmp_path / "run", RunConfig(corpus=str(corpus), corpus_max_texts=500))
+    assert RunRecord.load(tmp_path / "run").data["corpus"] == {
+        "path": str(corpus), "bytes": corpus.stat().st_size, "texts_found": 200_001, "texts_used": 500,
+        "sampling": sample.sampling}
+    assert record.data["corpus"]["texts_used"] == 500

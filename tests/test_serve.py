@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -29,7 +30,7 @@ from workbench.runners.torch import TorchRunner
 from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_ports, run_repository
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import curl_command, text_endpoints
-from workbench.serving.repository import write_models, write_repository
+from workbench.serving.repository import ServingPlan, write_models, write_repository
 from workbench.steps import export, optimize
 from workbench.steps.triton import serving_plan
 
@@ -174,31 +175,62 @@ def _printed(lines: list[str], label: str) -> str:
     return lines[next(i for i, line in enumerate(lines) if line.startswith(label)) + 1].strip()
 
 
-@pytest.mark.slow
-def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(tiny_bert, tmp_path):
-    config = RunConfig.model_validate({"model": str(tiny_bert), **SMALL,
-                                       "triton": {"repository_dir": str(tmp_path / "repos")}})
-    record = RunRecord.create(tmp_path / "run", config)
+@pytest.fixture(scope="module")
+def published(tiny_models, tmp_path_factory) -> tuple[RunConfig, ServingPlan, Path]:
+    """Tiny BERT exported, optimized and written as a repository."""
+    root = tmp_path_factory.mktemp("serve")
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL,
+                                       "triton": {"repository_dir": str(root / "repos")}})
+    record = RunRecord.create(root / "run", config)
     export.run(config, record)
     optimize.run(config, record)
     plan, _ = serving_plan(config, record)
-    repository = write_repository(plan, tmp_path / "repository")
+    return config, plan, write_repository(plan, root / "repository")
+
+
+def _serve(repository: Path) -> tuple[subprocess.Popen, list[str], int]:
+    """`workbench serve` in a session of its own, its lines up to "Ctrl-C ...", and its server's PID."""
     command = [sys.executable, "-m", "workbench", "serve", "--repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
+    lines = []
+    for line in serve.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith("Ctrl-C"):
+            break
+    assert lines and lines[-1].startswith("Ctrl-C"), (lines, serve.stderr.read() if serve.poll() else "")
+    return serve, lines, int(re.match(r"tritonserver \(pid (\d+)\) serves ", lines[0]).group(1))
+
+
+@pytest.mark.slow
+def test_serve_killed_with_sigkill_takes_its_server_and_folder_along(published):
+    serve, lines, server_pid = _serve(published[2])
+    try:
+        server = psutil.Process(server_pid)
+        folder = Path(next(a for a in server.cmdline() if a.startswith("--backend-directory=")).split("=", 1)[1]
+                      ).parent
+        stubs = {p.pid for p in server.children(recursive=True)}
+        assert folder.name.startswith("workbench-serve-") and folder.is_dir() and stubs
+        http = int(re.search(r"HTTP:\s+http://127.0.0.1:(\d+)", "\n".join(lines)).group(1))
+        serve.send_signal(signal.SIGKILL)
+        serve.wait()
+        _wait_for(lambda: not _alive({server_pid, *stubs}, {server_pid}), "the server and its stubs gone", 60)
+        _wait_for(lambda: not folder.exists(), f"{folder} removed", 10)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", http), timeout=2).close()
+    finally:
+        _kill_leftovers(serve, {server_pid})
+
+
+@pytest.mark.slow
+def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(published):
+    config, plan, repository = published
+    serve, lines, server_pid = _serve(repository)
     watchdog = threading.Timer(600, serve.kill)  # a hung serve fails the test instead of hanging it
     watchdog.start()
-    groups = {serve.pid}
+    groups = {serve.pid, server_pid}
     try:
-        lines = []
-        for line in serve.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C"):
-                break
-        assert lines and lines[-1].startswith("Ctrl-C"), (lines, serve.stderr.read() if serve.poll() else "")
-        server_pid = int(re.match(r"tritonserver \(pid (\d+)\) serves ", lines[0]).group(1))
-        groups.add(server_pid)
         urls = dict(re.match(r"\s+(\w+):\s+(\S+)", line).groups() for line in lines[1:5])
         assert urls["HTTP"].startswith("http://127.0.0.1:") and urls["gRPC"].startswith("127.0.0.1:")
 

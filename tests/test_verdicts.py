@@ -240,7 +240,8 @@ def test_settings_are_checked_before_the_first_kernel(tiny_bert, tmp_path):
     _refused(RunConfig.model_validate({**base, "sequence": {"min": 1, "opt": 64, "max": 256}}), run_dir,
              ShapeError, "sequence.max=256 exceeds the model's limit of 128")
     _refused(RunConfig.model_validate({**base, "opset": 5}), run_dir, OpsetError, "opset 5 is outside")
-    for content, match in ((None, "cannot read corpus"), (b"\n \n", "holds no text"), (b"\xff\xfe\xfa", "cannot read")):
+    for content, match in ((None, "cannot read corpus"), (b"\n \n", "holds no text"),
+                           (b"\xff\xfe\xfa", "line 1 is not UTF-8")):
         corpus = tmp_path / "corpus.txt"
         corpus.unlink(missing_ok=True)
         if content is not None:

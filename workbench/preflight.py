@@ -23,7 +23,7 @@ def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
         from workbench.runners.onnxruntime import providers_for
 
         providers_for("cuda")
-    load_corpus(config.corpus)
+    load_corpus(config.corpus, config.corpus_max_texts)
     for step in selected:
         if step.check is not None:
             step.check(config)

@@ -131,7 +131,7 @@ def serve(repository: Path, host: str, ports: tuple[int, int, int]) -> int:
             with tempfile.TemporaryDirectory(prefix="workbench-serve-") as workdir:
                 input_data = write_input_data(Path(workdir) / "texts.json",
                                               [{"TEXT": text_array([t])} for t in load_corpus()[:LOAD_TEXTS]])
-                server = TritonServer(repository, Path(workdir), chosen, host=host)
+                server = TritonServer(repository, Path(workdir), chosen, host=host, cleanup=(Path(workdir),))
                 with server:
                     print("\n".join(usage_lines(server, endpoints, find_perf_analyzer(), input_data)), flush=True)
                     code = server.process.wait() if server.process else None

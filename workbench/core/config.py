@@ -191,6 +191,8 @@ class RunConfig(_Strict):
     int8_nodes_to_exclude: list[str] = []
     tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
     corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
+    corpus_max_texts: int = Field(default=2000, ge=1, description=(
+        "texts kept from the corpus (a seeded uniform sample when it holds more; recorded in run.json `corpus`)"))
     trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
     trt_workspace_mb: int = Field(default=4096, ge=64)
     engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")

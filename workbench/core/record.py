@@ -17,6 +17,7 @@ from typing import Any
 from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
+from workbench.core.data import corpus_sample
 from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.results import (
@@ -89,6 +90,7 @@ class RunRecord:
             "run_dir": str(run_dir.resolve()),
             "config": config.to_params(),
             "environment": collect_environment(),
+            "corpus": corpus_sample(config.corpus, config.corpus_max_texts).record(),
             "steps": {},
             "artifacts": {},
             "metrics": {},

@@ -12,7 +12,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +124,7 @@ class TritonServer:
     always stopped."""
 
     def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, binary: TritonBinary | None = None,
-                 ready_timeout: float = 90.0, host: str = HOST) -> None:
+                 ready_timeout: float = 90.0, host: str = HOST, cleanup: Sequence[Path] = ()) -> None:
         self.repository = Path(repository).resolve()
         self.workdir = Path(workdir).resolve()
         self.host = host
@@ -136,6 +136,8 @@ class TritonServer:
         self.stopped_with: int | None = None  # the exit status once stop() has reaped it
         self.log_path = self.workdir / "tritonserver.log"
         self.timings: dict[str, float] = {}
+        self.cleanup = tuple(Path(folder) for folder in cleanup)  # removed by the watchdog if this process dies
+        self._watchdog: subprocess.Popen[bytes] | None = None
 
     @property
     def client_host(self) -> str:
@@ -196,6 +198,9 @@ class TritonServer:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                             env=self._environment(), start_new_session=True)
         self.pid, self.stopped_with = self.process.pid, None
+        self._watchdog = subprocess.Popen(  # in a session of its own: it outlives this process to stop the server
+            [sys.executable, "-m", "workbench.serving.watchdog", str(os.getpid()), str(self.pid),
+             *map(str, self.cleanup)], stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -296,6 +301,10 @@ class TritonServer:
             time.sleep(0.05)
         self.timings["stop_seconds"] = round(time.perf_counter() - start, 3)
         self.process = None
+        if self._watchdog is not None:  # the group is gone: its watchdog has nothing left to do
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
         return self.stopped_with
 
     def __enter__(self) -> TritonServer:

@@ -50,7 +50,7 @@ def latency(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
     shape = GridShape(list(bench.batches), [s for s in bench.sequences if s <= export.max_sequence],
                       bench.rounds, bench.warmup, bench.seconds_per_cell, bench.tune_sessions)
-    texts = list(load_corpus(config.corpus))
+    texts = list(load_corpus(config.corpus, config.corpus_max_texts))
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
     lab = ParityLab.build(config, rows.model, tuple(texts)) if needs_lab(rows) else None
@@ -82,7 +82,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
         return {"skipped": str(missing)}
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
         return {"skipped": f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
-    texts, tokenizer = list(load_corpus(config.corpus)), record.tokenizer()
+    texts, tokenizer = list(load_corpus(config.corpus, config.corpus_max_texts)), record.tokenizer()
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))

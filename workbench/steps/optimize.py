@@ -82,7 +82,8 @@ def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> d
     """Real text at the bench's smallest and largest cell (sequences capped at the model's limit)."""
     cells = sorted({(min(config.bench.batches), min(min(config.bench.sequences), export.max_sequence)),
                     (max(config.bench.batches), min(max(config.bench.sequences), export.max_sequence))})
-    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), list(load_corpus(config.corpus)), cells)
+    texts = list(load_corpus(config.corpus, config.corpus_max_texts))
+    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), texts, cells)
 
 
 def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,

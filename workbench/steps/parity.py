@@ -118,7 +118,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
                                        "run the export and optimize steps first: --steps export,optimize,parity")
         loaded = load_model(config)
-        texts = load_corpus(config.corpus)
+        texts = load_corpus(config.corpus, config.corpus_max_texts)
         check_module(config, record, loaded, texts)
         lab = ParityLab.build(config, loaded, texts)
         record.set_metric(f"{STEP}.inputs", {

@@ -103,7 +103,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
     from workbench.precision.lab import ParityLab
     from workbench.runners.tensorrt import TrtEngineRunner
 
-    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus))
+    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus, config.corpus_max_texts))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
             metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
@@ -116,7 +116,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         export = record.export_info()
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
-        lengths = token_lengths(tokenizer, list(load_corpus(config.corpus)))
+        lengths = token_lengths(tokenizer, list(load_corpus(config.corpus, config.corpus_max_texts)))
         limit = export.max_sequence
         profiles = design_profiles(lengths, config.trt_profiles, config.batch, config.sequence, limit)
         single = design_profiles(lengths, 1, config.batch, config.sequence, limit)

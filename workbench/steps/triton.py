@@ -43,7 +43,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                                      "tritonserver bundled in nvidia-pytriton has only the Python backend",
                                      "serve it from NVIDIA's container (triton/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
-    texts = load_corpus(config.corpus)
+    texts = load_corpus(config.corpus, config.corpus_max_texts)
     reference = library_reference(config, loaded, texts)
     served_reference = reference.call if reference else "the workbench's PyTorch module"
     served_library = reference.library if reference else "PyTorch"
@@ -124,7 +124,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             path, precision = record.variant(variant)
-            lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus))
+            lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus, config.corpus_max_texts))
             with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
                 checks[variant] = lab.compare(runner, precision)
             verdict = Verdict.model_validate(checks[variant])
