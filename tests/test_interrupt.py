@@ -97,3 +97,24 @@ def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert,
     assert _step_status(run_dir, "export") == "ok"
     assert f"{sys.executable} -m workbench run --resume --output-dir {run_dir} --steps parity" in output, \
         "the fix is a command that runs as printed, naming the steps left"
+
+
+def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, tmp_path):
+    """Nothing can run in a SIGKILLed process: the kernel leaves when its parent is gone, and the server's watchdog
+    stops the server and its stubs when the kernel is gone."""
+    run_dir = tmp_path / "run"
+    run = _start(tiny_bert, run_dir, "export,optimize,triton", "-p", "precisions=[fp32]",
+                 "-p", f"triton.repository_dir={tmp_path / 'repos'}")
+    try:
+        _wait_for(lambda: any("tritonserver" in " ".join(p.info["cmdline"] or []) for p in _processes_of(run_dir)),
+                  "the step's tritonserver")
+        started = psutil.Process(run.pid).children(recursive=True)
+        servers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+        started += [child for server in servers for child in server.children(recursive=True)]  # other sessions
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        _wait_for(lambda: not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+                  "the kernel, the server and its stubs gone", seconds=60)
+    finally:
+        run.kill()
+    assert not _processes_of(run_dir)
