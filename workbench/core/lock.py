@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workbench.core.errors import RunLockedError
+from workbench.core.record import ensure_writable
 
 LOCK_NAME = ".workbench.lock"
 
@@ -18,7 +19,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold `run_dir` for this process (creating the folder; removing it again if it is left empty) or raise
     RunLockedError naming the holder's PID."""
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable(run_dir)
     path = run_dir / LOCK_NAME
     descriptor = _acquire(path, run_dir)
     try:
