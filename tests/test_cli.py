@@ -63,4 +63,5 @@ def test_steps_need_known_checks_and_a_missing_gpu_is_named_first():
                                                [Finding(name, False, reason="absent", fix="x") for name in lacking])}
     assert support["tensorrt"].reason == "needs an NVIDIA GPU" and not support["tensorrt"].runs
     assert support["triton"].reason == "needs tritonserver" and support["generation"].reason == "needs tritonserver"
-    assert [s for s, entry in support.items() if entry.runs] == ["export", "optimize", "parity", "bench", "report"]
+    assert [s for s, entry in support.items() if entry.runs] == ["export", "optimize", "parity", "bench", "deploy",
+                                                                 "report"]

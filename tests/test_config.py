@@ -63,7 +63,7 @@ def test_misspelled_key_names_the_closest_setting():
 
 @pytest.mark.parametrize("override, message", [
     ("task=summarization", "unknown task 'summarization'"),
-    ("steps=[export, deploy]", "unknown steps \\['deploy'\\]"),
+    ("steps=[export, ship]", "unknown steps \\['ship'\\]"),
     ("batch.opt=64", "min <= opt <= max"),
     ("exporter=jit", "exporter"),
     ("precisions=[fp8]", "precisions"),

@@ -50,7 +50,7 @@ PROBE = '''
         return [("Probe", f"The probe read {metrics.export_nodes} export nodes.", [])]
 
 
-    SPEC = StepSpec(STEP, 9, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
+    SPEC = StepSpec(STEP, 10, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
                     reads=("export",), owns=("probe",), metrics=ProbeMetrics)
 '''
 
@@ -66,10 +66,10 @@ def probe(tmp_path, monkeypatch):
     shutil.copytree(NOTEBOOKS_DIR, notebooks)
     book = nbformat.read(NOTEBOOKS_DIR / "01_export.ipynb", as_version=4)
     parameters = next(c for c in book.cells if "parameters" in c.metadata.get("tags", []))
-    book.cells = [nbformat.v4.new_markdown_cell("# 09 · Probe"), parameters, nbformat.v4.new_code_cell(
+    book.cells = [nbformat.v4.new_markdown_cell("# 10 · Probe"), parameters, nbformat.v4.new_code_cell(
         "from workbench.report.notebook import start\nfrom workbench.steps import spec, verdict_line\n"
         "cfg, record = start(globals())\nspec('probe').run(cfg, record)\nprint(verdict_line('probe', record))")]
-    nbformat.write(book, notebooks / "09_probe.ipynb")
+    nbformat.write(book, notebooks / "10_probe.ipynb")
     monkeypatch.setenv(STEPS_PATH, str(folder))  # the kernels of the run inherit it
     specs.cache_clear()
     yield notebooks
@@ -79,7 +79,7 @@ def probe(tmp_path, monkeypatch):
 
 
 def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
-    assert step_names()[-1] == "probe" and spec("probe").notebook == "09_probe.ipynb"
+    assert step_names()[-1] == "probe" and spec("probe").notebook == "10_probe.ipynb"
     config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
                                        "sequence": {"min": 1, "opt": 32, "max": 64}})
     assert config.steps == ["export", "probe"], "in the order the declarations give"
@@ -91,6 +91,6 @@ def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
     assert [(s.name, s.status) for s in record.step_entries()] == [("export", "ok"), ("probe", "ok")]
     nodes = record.metric("export.nodes")
     assert verdict_line("probe", record) == f"probe: export wrote {nodes} nodes"
-    assert (tmp_path / "run" / "notebooks" / "09_probe.ipynb").is_file()
+    assert (tmp_path / "run" / "notebooks" / "10_probe.ipynb").is_file()
     page = build_report(record, tmp_path / "report.html", specs()).read_text()
     assert f"<h2>Probe</h2>\n<p>The probe read {nodes} export nodes.</p>" in page

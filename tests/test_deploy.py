@@ -1,27 +1,179 @@
-"""The files the triton step writes for GPU hosts: the Kubernetes manifest passes the Kubernetes schema, strictly."""
+"""The deploy step's files, checked as far as this machine can: the Kubernetes documents against the Kubernetes
+schema, the ServiceMonitor and the InferenceService against their CRDs' published schemas (vendored in tests/data/crds
+with their versions), strictly (a misspelled key or a wrong apiVersion fails); the Dockerfile parsed and its pins
+compared with pyproject.toml; the autoscaler's metric and the adapter rule's counters against what a real
+tritonserver exposes; the capacity against the bench numbers it was computed from."""
 from __future__ import annotations
 
+import copy
+import gzip
+import json
+import math
+import re
+import shlex
+import urllib.request
+from pathlib import Path
+
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from dockerfile_parse import DockerfileParser
 
-from workbench.serving.deploy import deployment_files
-from workbench.steps.triton import serving_plan
+from workbench.core.record import RunRecord
+from workbench.report.page import build_report
+from workbench.serving.client import TritonClient
+from workbench.serving.deploy import QUEUE_COUNTER, QUEUE_METRIC, SUCCESS_COUNTER, network_model
+from workbench.serving.plan import deployed_plan
+from workbench.serving.server import TritonServer
+from workbench.steps import deploy, specs, triton
 
 from .test_triton import prepared
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES = "1.37.0"  # the newest schemas kubernetes-validate (pinned in pyproject.toml) ships
+CRDS = {  # kind -> the CRD schema file, from the projects' own CRD manifests at these versions
+    "InferenceService": "kserve-0.20.0-inferenceservice-v1beta1.json.gz",
+    "ServiceMonitor": "prometheus-operator-0.93.0-servicemonitor-v1.json.gz",
+}
+LEVELS = {  # a served sweep as the bench step records it (metrics.bench.served.batching_on.text)
+    "1": {"throughput": 40.0, "p99": 30.0, "errors": 0},
+    "4": {"throughput": 90.0, "p99": 120.0, "errors": 0},
+    "8": {"throughput": 120.0, "p99": 900.0, "errors": 0},  # over the 500 ms p99 limit
+}
 
 
-def test_every_kubernetes_document_passes_the_schema(tiny_models, tmp_path):
-    """Strict: an unknown or misspelled field fails too, not only a missing or mistyped one."""
-    config, record = prepared(tiny_models["bert"], tmp_path / "run", tmp_path / "repos")
-    plan, _ = serving_plan(config, record)
-    manifest = deployment_files(config, plan, tmp_path / "triton")["kubernetes"]
-    text = manifest.read_text()
+def _strict(schema: object) -> object:
+    """The schema as the API server's strict field validation applies it: no field the schema does not list, where
+    it lists its fields and keeps no unknown ones."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    found = {key: _strict(value) for key, value in schema.items()}
+    if schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        found["additionalProperties"] = False
+    return found
+
+
+def validate(document: dict) -> str:
+    """What the API server would say first: the Kubernetes schema for built-in kinds, the CRD's for the others."""
+    if document["kind"] not in CRDS:
+        return kubernetes_validate.validate(document, KUBERNETES, strict=True)
+    crd = json.loads(gzip.decompress((ROOT / "tests" / "data" / "crds" / CRDS[document["kind"]]).read_bytes()))
+    expected = f"{crd['group']}/{crd['version']}"
+    if document["apiVersion"] != expected:
+        raise jsonschema.ValidationError(f"apiVersion {document['apiVersion']!r}: the CRD serves {expected!r}")
+    jsonschema.validate(document, _strict(crd["openAPIV3Schema"]))
+    return expected
+
+
+@pytest.fixture(scope="module")
+def deployed(tiny_models, tmp_path_factory) -> tuple[RunRecord, Path]:
+    """Tiny BERT through the triton step (a real server checked it), a recorded served sweep, then the deploy step."""
+    root = tmp_path_factory.mktemp("deploy")
+    config, record = prepared(tiny_models["bert"], root / "run", root / "repos",
+                              triton_settings={"target_rps": 500, "burst_factor": 3})
+    assert triton.run(config, record).status == "ok"
+    plan, _ = deployed_plan(record)
+    served = {"batching_on": {"text": {c: {**level, "server": {network_model(plan): {"queue": 2.5}}}
+                                       for c, level in LEVELS.items()}}}
+    with record.step("bench"):
+        record.set_metric("bench.served", served)
+    assert deploy.run(config, record).status == "ok"
+    return record, root
+
+
+def _documents(record: RunRecord, name: str) -> list[dict]:
+    return list(yaml.safe_load_all(record.artifact(f"deploy.{name}").read_text()))
+
+
+def test_every_manifest_passes_its_schema_strictly(deployed):
+    record, _ = deployed
+    documents = _documents(record, "kubernetes") + _documents(record, "kserve")
+    assert [d["kind"] for d in documents] == ["Deployment", "Service", "HorizontalPodAutoscaler", "ServiceMonitor",
+                                              "InferenceService"]
+    assert [validate(d) for d in documents] == ["1.37", "1.37", "1.37", "monitoring.coreos.com/v1",
+                                                "serving.kserve.io/v1beta1"]
+    text = record.artifact("deploy.kubernetes").read_text()
     assert "&id" not in text and "*id" not in text, "written out in full, as people write manifests"
-    documents = list(yaml.safe_load_all(text))
-    assert [d["kind"] for d in documents] == ["Deployment", "Service"]
-    for document in documents:
-        assert kubernetes_validate.validate(document, KUBERNETES, strict=True) == "1.37", document["kind"]
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "HorizontalPodAutoscaler", "ServiceMonitor", "InferenceService"])
+def test_a_misspelled_key_or_a_wrong_api_version_fails(deployed, kind):
+    record, _ = deployed
+    document = next(d for d in _documents(record, "kubernetes") + _documents(record, "kserve") if d["kind"] == kind)
+    misspelled = copy.deepcopy(document)
+    misspelled["spec"]["minReplica" if "minReplicas" in document["spec"] else "replica"] = 2
+    if kind == "InferenceService":
+        misspelled = copy.deepcopy(document)
+        misspelled["spec"]["predictor"]["model"]["storageURI"] = "s3://x"
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+        validate(misspelled)
+    wrong = {**document, "apiVersion": document["apiVersion"].replace("v1", "v1alpha9").replace("v2", "v9")}
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError,
+                        kubernetes_validate.SchemaNotFoundError)):
+        validate(wrong)
+
+
+def test_the_image_is_the_verified_repository_with_the_project_pins(deployed):
+    record, _ = deployed
+    config = record.config
+    dockerfile = DockerfileParser(fileobj=record.artifact("deploy.dockerfile").open("rb"))
+    assert dockerfile.baseimage == config.triton.container_image
+    steps = [(s["instruction"], s["value"]) for s in dockerfile.structure]
+    assert ("COPY", ". /models") in steps and steps[-1][0] == "CMD"
+    installed = shlex.split(next(v for i, v in steps if i == "RUN" and "pip install" in v))
+    pinned = [word for word in installed if "==" in word]
+    declared = re.findall(r'"((?:transformers|tokenizers|onnxruntime-gpu)\b[^"]*==[^"]+)"',
+                          (ROOT / "pyproject.toml").read_text())
+    assert pinned == declared, "the same pins, one place"
+    assert len(pinned) == 3 and all(re.fullmatch(r"[\w\-\[\],]+==[\d.]+", p) for p in pinned)
+
+    image = record.metric("deploy.image")
+    digest = record.artifact_sha256("triton.repository")
+    assert re.fullmatch(r"localhost:5000/bert:[0-9a-f]{12}", image) and digest
+    assert image in record.artifact("deploy.docker").read_text()
+    assert all(c["image"] == image for c in _documents(record, "kubernetes")[0]["spec"]["template"]["spec"]
+               ["containers"])
+    assert _documents(record, "kserve")[0]["spec"]["predictor"]["model"]["image"] == image
+    readme = record.artifact("deploy.readme").read_text()
+    assert f"docker build -t {image} -f deploy/Dockerfile model_repository/bert" in readme
+
+
+def test_replicas_and_targets_follow_the_recorded_bench(deployed):
+    record, _ = deployed
+    capacity, scaling = record.metric("deploy.capacity"), record.metric("deploy.scaling")
+    best = LEVELS["4"]  # the highest throughput with p99 under the limit
+    assert capacity["per_replica_rps"] == best["throughput"] and capacity["concurrency"] == 4
+    assert scaling["min_replicas"] == math.ceil(500 / 90.0) == 6 and scaling["max_replicas"] == 18
+    assert scaling["queue_target_us"] == 2500 and scaling["concurrency"] == 4
+    deployment, _, autoscaler, _ = _documents(record, "kubernetes")
+    assert deployment["spec"]["replicas"] == 6
+    assert (autoscaler["spec"]["minReplicas"], autoscaler["spec"]["maxReplicas"]) == (6, 18)
+    assert autoscaler["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "2500"
+    predictor = _documents(record, "kserve")[0]["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"], predictor["scaleTarget"]) == (6, 18, 4)
+    page = build_report(record, record.run_dir / "report.html", specs()).read_text()
+    assert "Triton at scale: capacity and autoscaling" in page and "Capacity on paper (one GPU per pod)" in page
+    assert "500 req/s / 90.0 req/s per replica (concurrency 4, p99 120.0 ms <= 500 ms" in capacity["replicas_reason"]
+
+
+def test_the_autoscaler_reads_counters_the_real_server_exposes(deployed):
+    record, root = deployed
+    plan, _ = deployed_plan(record)
+    rule = yaml.safe_load(record.artifact("deploy.adapter").read_text())["rules"]["custom"][0]
+    autoscaler = _documents(record, "kubernetes")[2]
+    assert autoscaler["spec"]["metrics"][0]["pods"]["metric"]["name"] == rule["name"]["as"] == QUEUE_METRIC
+    model = network_model(plan)
+    assert re.findall(r"(nv_\w+)\{", rule["metricsQuery"]) == [QUEUE_COUNTER, SUCCESS_COUNTER]
+    assert f'model="{model}"' in rule["seriesQuery"] and rule["seriesQuery"].startswith(QUEUE_COUNTER)
+    with TritonServer(record.artifact("triton.repository"), root / "scrape") as server:
+        with TritonClient(server.http_url, "http") as client:
+            client.infer_texts(plan.name, ["a text to count"])
+        with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as response:
+            exposed = response.read().decode()
+    for counter, value in ((QUEUE_COUNTER, "[0-9]"), (SUCCESS_COUNTER, "[1-9]")):
+        assert re.search(rf'^{counter}\{{[^}}]*model="{model}"[^}}]*\}} {value}', exposed, re.M), counter

@@ -111,7 +111,18 @@ class TritonSettings(_Strict):
                                                                 "process and served); the record says verified: false")
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
                                                                  "the project's model_repository/")
-    container_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
+        "the Triton container the deployment image starts FROM"))
+    image_registry: str = Field(default="localhost:5000", description=(
+        "where the deployment image is pushed: its tag is <registry>/<name>:<content hash>"))
+    target_rps: float = Field(default=100.0, gt=0, description=(
+        "requests per second the deployment must sustain: sets the autoscaler's minimum replicas"))
+    burst_factor: float = Field(default=2.0, ge=1, description="the autoscaler's maximum over its minimum replicas")
+    queue_target_ms: float | None = Field(default=None, gt=0, description=(
+        "average queue time per request the autoscaler keeps; default: what the bench measured at the best "
+        "throughput within bench.p99_limit_ms"))
+    storage_uri: str | None = Field(default=None, description=(
+        "KServe storageUri of the repository; default: pvc://<name>-models/ (copy the repository there)"))
 
     @field_validator("flavor", mode="before")
     @classmethod

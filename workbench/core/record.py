@@ -374,6 +374,11 @@ class RunRecord:
         self.artifact(name)
         return {k: v for k, v in self.data["artifacts"][name].items() if k not in ("path", "bytes", "sha256")}
 
+    def artifact_sha256(self, name: str) -> str:
+        """The content hash recorded with an artifact (a folder's: over its files); the file must exist."""
+        self.artifact(name)
+        return self.data["artifacts"][name]["sha256"]
+
     def artifact_paths(self) -> list[Path]:
         """Every recorded artifact's path."""
         return [self.run_dir / a["path"] for a in self.data["artifacts"].values()]

@@ -134,6 +134,15 @@ class BenchMetrics(Metrics):
     served: Json | None = None
 
 
+class DeployMetrics(Metrics):
+    """What the deploy step wrote: the image tag, the capacity on paper and the autoscalers' settings."""
+
+    image: str | None = None
+    capacity: Json | None = None  # `measure.capacity.Capacity.record()`
+    scaling: Json | None = None  # `serving.deploy.Scaling`
+    verified: bool = False
+
+
 def migrate(data: Json) -> Json:
     """A run record as this schema has it, from any earlier one (in place; returns it). Version 1 (before typed
     results): the bench grid's fp32 peak was `peak_gflops` beside (or, before per-precision peaks, without)

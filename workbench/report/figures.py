@@ -406,3 +406,17 @@ def efficiency_table(efficiency: dict[str, Any]) -> go.Figure:
         rows.append(["p50 at concurrency 1", f"in process at batch 1: {rates['p50_ms']:.2f} ms",
                      f"{efficiency['p50_ratio_c1']:.2f}"])
     return _table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)
+
+
+def capacity_table(capacity: dict[str, Any], scaling: dict[str, Any]) -> go.Figure:
+    """The capacity on paper and what each autoscaler keeps, with the reasons."""
+    per = capacity["per_replica_rps"]
+    rows = [["target load", f"{capacity['target_rps']:g} req/s", "triton.target_rps"],
+            ["one replica sustains", "not measured" if per is None else f"{per:.1f} req/s",
+             capacity["replicas_reason"]],
+            ["replicas (HPA / KServe)", f"{scaling['min_replicas']} to {scaling['max_replicas']}",
+             "minimum for the target load; maximum = minimum x triton.burst_factor"],
+            ["HPA: queue time per request", f"{scaling['queue_target_us']} us", capacity["queue_reason"]],
+            ["KServe: requests in flight per replica", str(scaling["concurrency"]),
+             "the load level that throughput was measured at"]]
+    return _table("Capacity on paper (one GPU per pod)", ["", "value", "why"], rows)

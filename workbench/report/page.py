@@ -12,6 +12,7 @@ from workbench.core.atomic import write_text
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import (
     BenchMetrics,
+    DeployMetrics,
     ExportMetrics,
     Metrics,
     OptimizeMetrics,
@@ -126,6 +127,16 @@ def triton_section(triton: TritonMetrics) -> Parts:
     served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
     return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
+
+
+def deploy_section(deploy: DeployMetrics) -> Parts:
+    if deploy.capacity is None or deploy.scaling is None:
+        return []
+    return [("Triton at scale: capacity and autoscaling",
+             f"The image {deploy.image} (deploy/Dockerfile), Kubernetes with a HorizontalPodAutoscaler on Triton's "
+             "queue time per request and a KServe InferenceService (deploy/README.md). Replicas for the target load "
+             f"from what one replica sustained in the served bench, measured on {deploy.capacity['measured_on']}.",
+             [figures.capacity_table(deploy.capacity, deploy.scaling)])]
 
 
 def generation_section(generation: Metrics) -> Parts:

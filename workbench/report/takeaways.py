@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from workbench.core.record import RunRecord
-from workbench.core.results import ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
+from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.measure.latency import disturbance_note
 from workbench.report.recommend import gate, recommend
 
@@ -140,6 +140,19 @@ def bench_lines(record: RunRecord) -> list[str]:
     if "skipped" in served:
         lines.append(f"served benchmark skipped: {served['skipped']}")
     return lines
+
+
+def deploy_lines(record: RunRecord) -> list[str]:
+    deploy = DeployMetrics.model_validate(record.metric("deploy"))
+    if deploy.capacity is None or deploy.scaling is None:
+        return ["nothing written"]
+    capacity, scaling = deploy.capacity, deploy.scaling
+    per = capacity["per_replica_rps"]
+    sized = "one replica (not measured)" if per is None else \
+        f"{scaling['min_replicas']} replica(s) of {per:.1f} req/s for {capacity['target_rps']:g} req/s"
+    return [f"image {deploy.image}: {sized}, autoscaled to {scaling['max_replicas']} on queue time "
+            f"{scaling['queue_target_us']} us per request (HPA) or {scaling['concurrency']} in flight (KServe)",
+            f"files: {record.run_dir / 'deploy'} (README.md: build, push, apply, watch it scale)"]
 
 
 def report_lines(record: RunRecord) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from workbench.core.config import Flavor, ShapeRange, TritonSettings
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
+from workbench.core.record import RunRecord
 from workbench.core.results import ExportMetrics, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
@@ -148,3 +149,13 @@ def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, expo
         pad_token_id=pad_token_id, threads=instances.threads, id2label=id2label,
         layout=choose_layout(triton.layout, flavor),
         prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"))
+
+
+def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
+    """The plan the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
+    that is current (the served benchmark measures what was deployed, nothing else)."""
+    deployment = record.deployment()
+    if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
+        return None
+    path, _ = record.variant(deployment.variant, deployment.flavor.artifact_kind)
+    return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant

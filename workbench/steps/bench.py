@@ -28,6 +28,7 @@ from workbench.precision.lab import ParityLab
 from workbench.report.page import Section, latency_section, served_section
 from workbench.report.takeaways import bench_lines
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
+from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 from workbench.steps import StepSpec
@@ -56,16 +57,6 @@ def latency(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     lab = ParityLab.build(config, rows.model, tuple(texts)) if needs_lab(rows) else None
     passed = {name: verdict.passed for name, verdict in record.verdicts().items()}
     return measure_grid(rows, shape, text, dims, passed, lab)
-
-
-def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
-    """The plan the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
-    that is current (the served benchmark measures what was deployed, nothing else)."""
-    deployment = record.deployment()
-    if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
-        return None
-    path, _ = record.variant(deployment.variant, deployment.flavor.artifact_kind)
-    return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
 
 
 def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:

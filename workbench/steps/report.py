@@ -19,4 +19,4 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
-SPEC = StepSpec(STEP, 8, "render run.json into one self-contained report.html", run, report_lines, writes=0.1)
+SPEC = StepSpec(STEP, 9, "render run.json into one self-contained report.html", run, report_lines, writes=0.1)

@@ -17,7 +17,6 @@ from workbench.report.takeaways import triton_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
-from workbench.serving.deploy import deployment_files
 from workbench.serving.plan import (
     build_plan,
     candidates,
@@ -41,7 +40,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
         raise DependencyMissingError(f"the {plan.flavor.value} flavor needs Triton's {plan.flavor.value} backend; the "
                                      "tritonserver bundled in nvidia-pytriton has only the Python backend",
-                                     "serve it from NVIDIA's container (triton/docker_run.sh), or use "
+                                     "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
     texts = load_corpus(config.corpus, config.corpus_max_texts)
     reference = library_reference(config, loaded, texts)
@@ -156,8 +155,6 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
         record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
                             variant=variant)
-        for name, path in deployment_files(config, plan, record.run_dir / "triton").items():
-            record.add_artifact(f"triton.{name}", path, kind="deployment")
         _, precision = record.variant(variant, plan.flavor.artifact_kind)
         metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
                                    "variant": variant, "precision": precision,
