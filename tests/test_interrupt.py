@@ -5,11 +5,14 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from workbench.pipeline import KERNEL_FOLDER_PREFIX, kernel_folder
 
 pytestmark = pytest.mark.slow
 SMALL = ["-p", "batch.opt=4", "-p", "batch.max=8", "-p", "sequence.opt=32", "-p", "sequence.max=64", "--quiet"]
@@ -118,3 +121,7 @@ def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, t
     finally:
         run.kill()
     assert not _processes_of(run_dir)
+    left = list(Path(tempfile.gettempdir()).glob(f"{KERNEL_FOLDER_PREFIX}{run.pid}-*"))
+    assert left, "a SIGKILLed run cannot remove its kernel's socket folder itself"
+    with kernel_folder():  # the next notebook's kernel folder: a dead run's are removed first
+        assert not any(folder.exists() for folder in left)

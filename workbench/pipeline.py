@@ -4,11 +4,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
+
+import psutil
 
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
@@ -57,6 +61,22 @@ def remove_earlier_run(run_dir: Path) -> None:
     remove_partials(run_dir)
 
 
+KERNEL_FOLDER_PREFIX = "workbench-kernel-"
+
+
+@contextmanager
+def kernel_folder() -> Iterator[str]:
+    """A private temporary folder for one kernel's sockets, named with this process's PID; folders a killed run
+    left (their PID gone) are removed first."""
+    root = Path(tempfile.gettempdir())
+    for left in root.glob(f"{KERNEL_FOLDER_PREFIX}*-*"):
+        owner = left.name[len(KERNEL_FOLDER_PREFIX):].split("-")[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(left, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{KERNEL_FOLDER_PREFIX}{os.getpid()}-") as private:
+        yield private
+
+
 def _kernel_manager_class(private: Path) -> type:
     """Kernels reached over Unix sockets rather than unencrypted localhost TCP, their sockets and connection file in
     `private` (a folder of this run's own: runs at once never share a socket name, the source tree gets none), and
@@ -97,7 +117,7 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.stem}.partial.ipynb")
     try:
-        with tempfile.TemporaryDirectory(prefix="workbench-kernel-") as private:
+        with kernel_folder() as private:
             papermill.execute_notebook(
                 str(source), str(partial),
                 parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
