@@ -1,5 +1,5 @@
 """`workbench` command line: run the pipeline, show the configuration, list the steps, check what this machine can
-run, serve a deployment."""
+run, serve a deployment, sweep many runs and compare them."""
 from __future__ import annotations
 
 import argparse
@@ -108,6 +108,32 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(repository, args.host, (args.http_port, args.grpc_port, args.metrics_port))
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from workbench.core.atomic import write_text
+    from workbench.sweep import job_manifest, load_sweep, run_sweep
+
+    sweep = load_sweep(Path(args.file), Path(args.output_root) if args.output_root else None)
+    if args.kubernetes:
+        print(f"Indexed Job of {len(sweep.runs)} runs: {write_text(Path(args.kubernetes), job_manifest(sweep))}")
+        return 0
+    return run_sweep(sweep, args.index, progress=not args.quiet)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from workbench.report.compare import compare, find_runs, write_compare
+
+    runs = find_runs([Path(p) for p in args.runs])
+    groups = compare(runs, args.min_cosine)
+    written = write_compare(groups, Path(args.output), args.overwrite)
+    for found in groups:
+        print(found.host)
+        for pick in found.picks:
+            chosen = f"{pick.run}: {pick.variant} ({pick.value})" if pick.variant else f"none: {pick.reason}"
+            print(f"  {pick.goal:10s} {chosen}  [{pick.rule}]")
+    print(f"{len(runs)} runs compared: {', '.join(str(p) for p in written.values())}")
+    return 0
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -146,6 +172,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "tritonserver, perf_analyzer, libraries, with versions").set_defaults(func=_doctor)
     sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/, and a "
                    "perf_analyzer wrapper in bin/)").set_defaults(func=_install_perf_analyzer)
+    sweep = sub.add_parser("sweep", help="many runs from one YAML file, one after another (resumable), or the "
+                           "same file as a Kubernetes Indexed Job")
+    sweep.add_argument("file", help="the sweep file (docs/compare.md)")
+    sweep.add_argument("--output-root", help="where the run folders go (default: the file's output_root)")
+    sweep.add_argument("--index", type=int, help="run only this run (0-based; an Indexed Job's pods pass theirs)")
+    sweep.add_argument("--kubernetes", metavar="FILE", help="write the Indexed Job manifest to FILE, run nothing")
+    sweep.add_argument("--quiet", action="store_true", help="only the line per run")
+    sweep.set_defaults(func=_sweep)
+    compared = sub.add_parser("compare", help="runs side by side: one HTML page, a CSV and a JSON table, and the "
+                              "(model, variant) to deploy per goal and host")
+    compared.add_argument("runs", nargs="+", help="run folders, or folders of runs (a sweep's output root)")
+    compared.add_argument("--output", default=".", help="folder for compare.html/.csv/.json (default: here)")
+    compared.add_argument("--overwrite", action="store_true", help="replace compare files already there")
+    compared.add_argument("--min-cosine", type=float, default=0.999,
+                          help="the accuracy goal's floor: min cosine (or label agreement) at least this")
+    compared.set_defaults(func=_compare)
     serve = sub.add_parser("serve", help="serve a run's model repository on tritonserver until Ctrl-C, SIGTERM or "
                            "SIGHUP; prints its URLs, a curl request and a perf_analyzer command")
     _serve_args(serve)

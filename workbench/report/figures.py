@@ -11,7 +11,7 @@ from workbench.runners.onnxruntime import SessionSettings
 _ROW_PX = 28
 
 
-def _table(title: str, header: list[str], rows: list[list[Any]]) -> go.Figure:
+def table(title: str, header: list[str], rows: list[list[Any]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(row[i]) for row in texts]) + 2 for i, h in enumerate(header)]
@@ -26,7 +26,7 @@ def io_table(export: dict[str, Any]) -> go.Figure:
     """Graph inputs and outputs with their symbolic shapes."""
     rows = [(kind[:-1], name, " x ".join(map(str, shape)))
             for kind in ("inputs", "outputs") for name, shape in export["io"][kind].items()]
-    return _table(f"{export['architecture']} exported with {export['exporter']} "
+    return table(f"{export['architecture']} exported with {export['exporter']} "
                   f"(opset {export['opset']}): {export['nodes']} nodes", ["", "name", "shape"], rows)
 
 
@@ -66,7 +66,7 @@ def parity_table(results: dict[str, Any]) -> go.Figure:
                          "; ".join(out["failures"])])
     header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement",
               "neighbours (agreement@1 / recall@10 / Spearman)", "why"]
-    return _table("Parity against PyTorch fp32 (padded positions excluded)", header, rows)
+    return table("Parity against PyTorch fp32 (padded positions excluded)", header, rows)
 
 
 def _retrieval_cell(out: dict[str, Any]) -> str:
@@ -157,7 +157,7 @@ def recipes_table(repair: dict[str, Any]) -> go.Figure:
               _cosine_cell(r), _recall_cell(r), f"{r['latency_ms']:.2f}", r["checked_on"]]
              for r in repair.get("recipes", [])]
     header = ["recipe", "applied to", "verdict", "min cosine", "recall@10", "latency (ms)", "checked on"]
-    return _table(f"{repair['precision']} recipes measured by the repair", header, rows)
+    return table(f"{repair['precision']} recipes measured by the repair", header, rows)
 
 
 def _cosine_cell(entry: dict[str, Any]) -> str:
@@ -183,7 +183,7 @@ def runners_table(latency: dict[str, Any]) -> go.Figure:
         memory = f"{row['peak_memory_mb']:.0f} MiB" if "peak_memory_mb" in row else "n/a (CPU)"
         rows.append([name, row["label"], row["precision"], ", ".join(row["providers"]), row["io"], memory, verdict])
     header = ["row", "runner", "precision", "providers", "I/O", "peak device memory", "parity"]
-    return _table("What each row ran on", header, rows)
+    return table("What each row ran on", header, rows)
 
 
 def sessions_table(latency: dict[str, Any]) -> go.Figure:
@@ -193,7 +193,7 @@ def sessions_table(latency: dict[str, Any]) -> go.Figure:
              f"I/O binding {tuned['io_binding_gain']:.2f}x numpy in and out"]
             for name, tuned in latency.get("sessions", {}).items()]
     header = ["variant", "settings the grid ran", "why", "measured beside"]
-    return _table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
+    return table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
 
 
 def node_error_figure(repair: dict[str, Any]) -> go.Figure:
@@ -368,7 +368,7 @@ def generation_table(generation: dict[str, Any]) -> go.Figure:
                              f"{served['identical_to_hf_in_process']}/{served['sequences']} served, "
                              f"{identical[0]}/{identical[1]} in process"])
     header = ["task", "engine", "concurrency", "tokens/s", "words/s", "p50 ms", "p99 ms", "greedy ids = HF"]
-    return _table("Generation served through Triton: transformers vs CTranslate2", header, rows)
+    return table("Generation served through Triton: transformers vs CTranslate2", header, rows)
 
 
 def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
@@ -405,7 +405,7 @@ def efficiency_table(efficiency: dict[str, Any]) -> go.Figure:
     if "p50_ratio_c1" in efficiency:
         rows.append(["p50 at concurrency 1", f"in process at batch 1: {rates['p50_ms']:.2f} ms",
                      f"{efficiency['p50_ratio_c1']:.2f}"])
-    return _table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)
+    return table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)
 
 
 def capacity_table(capacity: dict[str, Any], scaling: dict[str, Any]) -> go.Figure:
@@ -419,4 +419,4 @@ def capacity_table(capacity: dict[str, Any], scaling: dict[str, Any]) -> go.Figu
             ["HPA: queue time per request", f"{scaling['queue_target_us']} us", capacity["queue_reason"]],
             ["KServe: requests in flight per replica", str(scaling["concurrency"]),
              "the load level that throughput was measured at"]]
-    return _table("Capacity on paper (one GPU per pod)", ["", "value", "why"], rows)
+    return table("Capacity on paper (one GPU per pod)", ["", "value", "why"], rows)

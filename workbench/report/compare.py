@@ -1,0 +1,230 @@
+"""Many runs side by side (`workbench compare`): per run and variant, the parity verdict and its margin, size on
+disk, in-process latency and throughput at cells every run of its host measured, served throughput and p99 where
+measured; per host group and goal, the (model, variant) to deploy with the rule that chose it. Runs from different
+hosts or devices are grouped apart and never compared."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import plotly.graph_objects as go
+
+from workbench.core.atomic import write_text
+from workbench.core.errors import ConfigError, OutputDirError
+from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.measure.capacity import best_level
+from workbench.measure.latency import is_variant_row
+from workbench.report import figures
+from workbench.report.recommend import cell_shape, gate
+
+TEMPLATE = Path(__file__).parent / "templates" / "compare.html.j2"
+ACCURACY_FLOOR = 0.999  # the accuracy goal: min cosine (or label agreement) at least this against the reference
+FILES = ("compare.html", "compare.csv", "compare.json")
+
+
+@dataclass
+class Row:
+    """One variant of one run, as compared."""
+
+    run: str
+    model: str
+    host: str
+    variant: str
+    precision: str | None
+    passed: bool
+    gate: str | None  # the criterion with the least margin, e.g. "min cosine"
+    value: float | None
+    margin: float | None
+    agreement_at_1: float | None
+    size_mb: float | None
+    latency_ms: float | None = None  # median ms at the group's latency cell
+    latency_speedup: float | None = None
+    throughput: float | None = None  # sequences/s at the group's throughput cell
+    throughput_speedup: float | None = None
+    served_rps: float | None = None
+    served_p99_ms: float | None = None
+    cells: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Pick:
+    goal: str
+    rule: str
+    run: str | None = None
+    model: str | None = None
+    variant: str | None = None
+    value: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Group:
+    host: str
+    rows: list[Row]
+    latency_cell: str | None
+    throughput_cell: str | None
+    picks: list[Pick]
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders: each path that holds a run.json, or the run folders one level inside it (a sweep root)."""
+    found: list[Path] = []
+    for path in paths:
+        inside = [path] if (path / RECORD_NAME).is_file() else sorted(p.parent for p in path.glob(f"*/{RECORD_NAME}"))
+        if not inside:
+            raise ConfigError(f"{path} is neither a run folder nor a folder of runs (no run.json in or under it)",
+                              "pass run folders (each holds a run.json) or a sweep's output root")
+        found += [p for p in inside if p not in found]
+    return found
+
+
+def host_of(record: RunRecord) -> str:
+    """The machine and device a run measured on: runs are compared only with runs on the same one."""
+    env = record.environment
+    int8 = env.get("cpu_features", {}).get("int8_dot_product") or "no int8 dot product"
+    return (f"{env.get('cpu')} ({env.get('cpu_count')} cores, {int8}), GPU {env.get('gpu') or 'none'}, "
+            f"device {record.config.device}")
+
+
+def rows_of(record: RunRecord, name: str) -> list[Row]:
+    """Every variant with a parity verdict in the run, with what was measured of it."""
+    bench = record.metric("bench") if record.status("bench") == "ok" else None
+    cells = (bench or {}).get("latency", {}).get("cells", {}) if bench else {}
+    served = (bench or {}).get("served") or {}
+    deployed = record.metric("triton.variant") if record.status("triton") == "ok" else None
+    level = best_level(served, record.config.bench.p99_limit_ms) if "skipped" not in served else None
+    rows = []
+    for variant, verdict in record.verdicts().items():
+        least = gate(verdict)
+        artifact = record.data["artifacts"].get(f"onnx.{variant}") or record.data["artifacts"].get(
+            f"engine.{variant}")
+        rows.append(Row(
+            name, record.config.model, host_of(record), variant, verdict.precision, verdict.passed,
+            least.metric if least else None, least.value if least else None, least.margin if least else None,
+            (verdict.retrieval or {}).get("agreement_at_1"),
+            round(artifact["bytes"] / 1e6, 2) if artifact else None,
+            served_rps=level[1]["throughput"] if level and variant == deployed else None,
+            served_p99_ms=level[1]["p99"] if level and variant == deployed else None,
+            cells={cell: stats[variant] for cell, stats in cells.items()
+                   if variant in stats and is_variant_row(variant)}))
+    return rows
+
+
+def _common_cells(rows: list[Row]) -> tuple[str | None, str | None]:
+    """The latency cell (batch 1, shortest sequence) and throughput cell (largest batch, longest sequence) among
+    the cells every run of the group measured."""
+    by_run: dict[str, set[str]] = {}
+    for row in rows:
+        by_run.setdefault(row.run, set()).update(row.cells)
+    common = set.intersection(*by_run.values()) if by_run else set()
+    shapes = {shape: cell for cell in common if (shape := cell_shape(cell))}
+    if not shapes:
+        return None, None
+    ones = [s for s in shapes if s[0] == 1]
+    latency = shapes[min(ones)] if ones else None
+    return latency, shapes[max(shapes)]
+
+
+def _pick(goal: str, rule: str, rows: list[Row], key: str, best: str) -> Pick:
+    """The row with the lowest (best="min") or highest value of `key` among `rows`; none when no row has it."""
+    measured = [r for r in rows if getattr(r, key) is not None]
+    if not measured:
+        return Pick(goal, rule, reason="no variant that qualifies was measured there")
+    choose = min if best == "min" else max
+    winner = choose(measured, key=lambda r: getattr(r, key))
+    unit = "ms" if key == "latency_ms" else "sequences/s"
+    return Pick(goal, rule, winner.run, winner.model, winner.variant, f"{getattr(winner, key):.4g} {unit}",
+                f"best of {len(measured)}")
+
+
+def group(rows: list[Row], floor: float) -> Group:
+    """One host's rows at the cells all its runs measured, and a pick per goal."""
+    latency, throughput = _common_cells(rows)
+    for row in rows:
+        at = row.cells.get(latency or "", {})
+        row.latency_ms, row.latency_speedup = at.get("p50"), at.get("speedup")
+        at = row.cells.get(throughput or "", {})
+        row.throughput, row.throughput_speedup = at.get("sequences_per_s"), at.get("speedup")
+    passing = [r for r in rows if r.passed]
+    accurate = [r for r in passing if r.gate in ("min cosine", "label agreement") and (r.value or 0) >= floor]
+    cell = latency.replace("_", " ") if latency else None
+    picks = [
+        _pick("latency", f"lowest median ms at {cell}, among variants that pass parity in their run", passing,
+              "latency_ms", "min") if latency else Pick("latency", "batch 1 at a sequence every run measured",
+                                                        reason="no batch-1 cell common to these runs"),
+        _pick("throughput", f"most sequences/s at {throughput.replace('_', ' ')}, among variants that pass parity",
+              passing, "throughput", "max") if throughput else Pick(
+                  "throughput", "the largest cell every run measured", reason="no cell common to these runs"),
+        _pick("accuracy", f"lowest median ms at {cell} among variants whose min cosine (or label agreement) is at "
+              f"least {floor}", accurate, "latency_ms", "min") if latency else Pick(
+                  "accuracy", f"min cosine at least {floor}", reason="no batch-1 cell common to these runs"),
+    ]
+    return Group(rows[0].host, rows, latency, throughput, picks)
+
+
+def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> list[Group]:
+    rows: dict[str, list[Row]] = {}
+    for run_dir in run_dirs:
+        record = RunRecord.load(run_dir)
+        for row in rows_of(record, run_dir.name):
+            rows.setdefault(row.host, []).append(row)
+    return [group(found, floor) for found in rows.values()]
+
+
+COLUMNS = ("run", "model", "variant", "precision", "passed", "gate", "value", "margin", "agreement_at_1", "size_mb",
+           "latency_ms", "latency_speedup", "throughput", "throughput_speedup", "served_rps", "served_p99_ms", "host")
+
+
+def table(groups: list[Group]) -> list[dict[str, Any]]:
+    return [{key: getattr(row, key) for key in COLUMNS} for g in groups for row in g.rows]
+
+
+def _figures(found: Group) -> list[go.Figure]:
+    rows = [[getattr(r, k) if not isinstance(getattr(r, k), float) else f"{getattr(r, k):.4g}"
+             for k in COLUMNS[:-1]] for r in found.rows]
+    picks = [[p.goal, p.run or "none", p.model or "", p.variant or "", p.value, p.rule, p.reason]
+             for p in found.picks]
+    made = [figures.table("What to deploy", ["goal", "run", "model", "variant", "value", "rule", "why"], picks),
+            figures.table(f"Every variant (latency at {found.latency_cell}, throughput at {found.throughput_cell})",
+                          list(COLUMNS[:-1]), rows)]
+    measured = [r for r in found.rows if r.latency_ms is not None and r.value is not None]
+    if measured:
+        scatter = go.Figure(go.Scatter(
+            x=[r.latency_ms for r in measured], y=[r.value for r in measured], mode="markers+text",
+            text=[f"{r.run}/{r.variant}" for r in measured], textposition="top center",
+            marker={"color": ["#2a7" if r.passed else "#c33" for r in measured], "size": 10}))
+        scatter.update_layout(title="Latency against accuracy (green: passes parity)",
+                              xaxis_title=f"median ms at {found.latency_cell}", yaxis_title="gate value "
+                              "(min cosine, agreement or max abs error)", height=420)
+        made.append(scatter)
+    return made
+
+
+def write_compare(groups: list[Group], folder: Path, overwrite: bool = False) -> dict[str, Path]:
+    """compare.html (self-contained), compare.csv and compare.json in `folder`; files there are replaced only with
+    `overwrite`."""
+    existing = [folder / name for name in FILES if (folder / name).exists()]
+    if existing and not overwrite:
+        raise OutputDirError(f"{existing[0]} exists", "pass another --output folder, or --overwrite to replace it")
+    data = [{"host": g.host, "latency_cell": g.latency_cell, "throughput_cell": g.throughput_cell,
+             "picks": [asdict(p) for p in g.picks], "rows": table([g])} for g in groups]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(table(groups))
+    sections, first = [], True
+    for found in groups:
+        parts = []
+        for figure in _figures(found):
+            parts.append(figure.to_html(full_html=False, include_plotlyjs=first, config={"responsive": True}))
+            first = False
+        sections.append({"host": found.host, "figures": parts})
+    page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
+        runs=sorted({r.run for g in groups for r in g.rows}), groups=sections)
+    return {"html": write_text(folder / FILES[0], page), "csv": write_text(folder / FILES[1], buffer.getvalue()),
+            "json": write_text(folder / FILES[2], json.dumps(data, indent=1))}

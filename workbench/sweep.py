@@ -1,0 +1,224 @@
+"""`workbench sweep SWEEP.yaml`: many runs from one file (a list, a grid, or both), one after another, resumable;
+or, for a sweep that outgrows one machine, the same file as a Kubernetes Indexed Job (one pod per run)."""
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
+from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.pipeline import run_pipeline
+
+DONE = ("ok", "skipped")  # a step in one of these states is not run again (skipped: this host cannot run it)
+INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SweepRun(_Strict):
+    name: str | None = Field(default=None, description="its folder under output_root; default: from the model")
+    model: str
+    settings: dict[str, Any] = Field(default_factory=dict, description="this run's settings, over `settings`")
+
+
+class KubernetesSettings(_Strict):
+    image: str = Field(description="an image with the workbench installed (and the models, if not hub ids)")
+    claim: str = Field(description="a ReadWriteMany PersistentVolumeClaim for the run folders")
+    parallelism: int = Field(default=2, ge=1)
+    cpu: str = "2"
+    memory: str = "8Gi"
+    gpu: int = Field(default=0, ge=0, description="NVIDIA GPUs per pod")
+
+
+class SweepFile(_Strict):
+    output_root: str = Field(description="run folders go to <output_root>/<run name> (relative: to the file)")
+    settings: dict[str, Any] = Field(default_factory=dict, description="every run's settings")
+    runs: list[SweepRun] = Field(default_factory=list)
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="every combination of these values")
+    kubernetes: KubernetesSettings | None = None
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str
+    config: RunConfig
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class Sweep:
+    path: Path
+    text: str
+    spec: SweepFile
+    runs: tuple[PlannedRun, ...]
+
+    @property
+    def name(self) -> str:
+        return _slug(self.path.stem)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:63] or "run"
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def _dotted(settings: dict[str, Any]) -> dict[str, Any]:
+    """`{"bench.served": false}` as `{"bench": {"served": false}}` (grid keys may be dotted, like -p)."""
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return nested
+
+
+def expand(spec: SweepFile) -> list[SweepRun]:
+    """The listed runs, then one per combination of the grid (named from its values)."""
+    runs = list(spec.runs)
+    keys = list(spec.grid)
+    for values in itertools.product(*(spec.grid[k] for k in keys)) if keys else ():
+        combination = dict(zip(keys, values))
+        model = combination.pop("model", spec.settings.get("model"))
+        if model is None:
+            raise ConfigError("a grid without a `model` key needs `model` in `settings`", "add model to the grid")
+        label = "-".join([Path(str(model)).name, *(f"{k.split('.')[-1]}{v}" for k, v in combination.items())])
+        runs.append(SweepRun(name=label, model=str(model), settings=_dotted(combination)))
+    if not runs:
+        raise ConfigError("the sweep has no runs", "list `runs:` (each a model and its settings) or a `grid:`")
+    return runs
+
+
+def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
+    """The sweep file, validated; each run's configuration checked now, not when its turn comes."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        spec = SweepFile.model_validate(yaml.safe_load(text) or {})
+    except OSError as exc:
+        raise ConfigError(f"cannot read sweep file {path}: {exc.strerror}", "pass a YAML sweep file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"sweep file {path} is not YAML: {exc}", "fix the YAML (docs/compare.md has an example)"
+                          ) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"sweep file {path}: {where}: {first['msg']}",
+                          "the keys are output_root, settings, runs (name, model, settings), grid, kubernetes "
+                          "(docs/compare.md)") from None
+    root = output_root or (path.parent / spec.output_root)
+    planned, names = [], set()
+    for index, run in enumerate(expand(spec)):
+        name = _slug(run.name or Path(run.model).name)
+        if name in names:
+            raise ConfigError(f"sweep file {path}: two runs are named {name!r}", "give each run its own `name`")
+        names.add(name)
+        try:
+            config = RunConfig.from_dict(_merge(_merge(spec.settings, {"model": run.model}), run.settings))
+        except WorkbenchError as exc:
+            raise ConfigError(f"sweep file {path}, run {index} ({name}): {exc.problem}", exc.fix) from None
+        planned.append(PlannedRun(name, config.model_copy(update={"output_dir": str(root / name)}), root / name))
+    return Sweep(path, text, spec, tuple(planned))
+
+
+def pending_steps(run: PlannedRun) -> list[str] | None:
+    """The steps this run still has to do: all of them for a new run folder, none (None) for a finished one."""
+    if not (run.run_dir / RECORD_NAME).is_file():
+        return list(run.config.steps)
+    record = RunRecord.load(run.run_dir)
+    left = [step for step in run.config.steps if record.status(step) not in DONE]
+    return left or None
+
+
+def run_sweep(sweep: Sweep, index: int | None = None, progress: bool = True) -> int:
+    """Every run (or run `index` alone) in order; a finished run is not run again, an interrupted or failed one
+    continues with the steps it has left. One line per run; 0 when every run finished, 1 when one failed."""
+    chosen = list(enumerate(sweep.runs)) if index is None else [(index, _run_at(sweep, index))]
+    failed = []
+    for number, run in chosen:
+        head = f"[{number + 1}/{len(sweep.runs)}] {run.name}"
+        left = pending_steps(run)
+        if left is None:
+            print(f"{head}: done ({run.run_dir})", flush=True)
+            continue
+        resume = (run.run_dir / RECORD_NAME).is_file()
+        print(f"{head}: {'resuming' if resume else 'running'} {','.join(left)} -> {run.run_dir}", flush=True)
+        started = time.perf_counter()
+        try:
+            record = run_pipeline(run.config.model_copy(update={"steps": left}), run.run_dir, progress=False,
+                                  resume=resume)
+        except RunInterruptedError as stopped:
+            raise RunInterruptedError(f"{stopped.problem} (sweep run {run.name})",
+                                      f"workbench sweep {sweep.path} resumes it: finished runs are kept",
+                                      stopped.signum) from None
+        except WorkbenchError as error:
+            failed.append(run.name)
+            print(f"{head}: failed in {time.perf_counter() - started:.0f} s: {error.headline()}", flush=True)
+            continue
+        states = ", ".join(f"{e.name} {e.label}" for e in record.step_entries() if e.name in left)
+        print(f"{head}: finished in {time.perf_counter() - started:.0f} s: {states}", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}; `workbench sweep {sweep.path}` retries what they have left",
+              file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def _run_at(sweep: Sweep, index: int) -> PlannedRun:
+    if not 0 <= index < len(sweep.runs):
+        raise ConfigError(f"--index {index} is outside the sweep's {len(sweep.runs)} runs",
+                          f"pass 0 to {len(sweep.runs) - 1}")
+    return sweep.runs[index]
+
+
+def indexed_job(sweep: Sweep) -> list[dict[str, Any]]:
+    """A ConfigMap holding the sweep file and an Indexed Job running one run per pod (`workbench sweep --index`),
+    the run folders on the shared claim."""
+    settings = sweep.spec.kubernetes
+    if settings is None:
+        raise ConfigError(f"sweep file {sweep.path} has no `kubernetes:` section",
+                          "add kubernetes: {image: <an image with the workbench>, claim: <a ReadWriteMany PVC>}")
+    name = sweep.name
+    limits: dict[str, Any] = {"memory": settings.memory, **({"nvidia.com/gpu": settings.gpu} if settings.gpu else {})}
+    container = {
+        "name": "workbench", "image": settings.image,
+        "command": ["workbench", "sweep", "/sweep/sweep.yaml", "--output-root", "/runs",
+                    "--index", f"$({INDEX_VARIABLE})"],
+        "env": [{"name": INDEX_VARIABLE, "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}],
+        "resources": {"requests": {"cpu": settings.cpu, "memory": settings.memory}, "limits": limits},
+        "volumeMounts": [{"name": "sweep", "mountPath": "/sweep", "readOnly": True},
+                         {"name": "runs", "mountPath": "/runs"}]}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                  "data": {"sweep.yaml": sweep.text}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+           "spec": {"completionMode": "Indexed", "completions": len(sweep.runs),
+                    "parallelism": min(settings.parallelism, len(sweep.runs)), "backoffLimitPerIndex": 1,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": [container], "volumes": [
+                        {"name": "sweep", "configMap": {"name": name}},
+                        {"name": "runs", "persistentVolumeClaim": {"claimName": settings.claim}}]}}}}
+    return [config_map, job]
+
+
+def job_manifest(sweep: Sweep) -> str:
+    return (f"# {len(sweep.runs)} runs of {sweep.path.name}, one pod each: kubectl apply -f this file; "
+            f"the run folders land on the claim; then `workbench compare` them.\n"
+            + yaml.safe_dump_all(indexed_job(sweep), sort_keys=False))
