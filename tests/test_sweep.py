@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 
 import kubernetes_validate
+import nbformat
 import pytest
 import yaml
 
 from workbench.core.config import DEFAULT_MODEL
 from workbench.core.errors import ConfigError
 from workbench.core.record import RunRecord
+from workbench.pipeline import NOTEBOOKS_DIR
 from workbench.sweep import job_manifest, load_sweep
 
 KUBERNETES = "1.37.0"
@@ -40,8 +42,10 @@ def _workbench(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "workbench"), *args]
 
 
-@pytest.mark.slow
-def test_a_sweep_is_interrupted_resumed_and_compared(tiny_models, tmp_path):
+@pytest.fixture(scope="module")
+def swept(tiny_models, tmp_path_factory) -> Path:
+    """The sweep, interrupted in its second run and run again: its folder."""
+    tmp_path = tmp_path_factory.mktemp("sweep")
     sweep = _sweep_file(tmp_path, tiny_models)
     first = subprocess.Popen(_workbench("sweep", str(sweep)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -62,7 +66,12 @@ def test_a_sweep_is_interrupted_resumed_and_compared(tiny_models, tmp_path):
     assert lines[0] == f"[1/3] minilm: done ({tmp_path / 'runs' / 'minilm'})", "a finished run is not run again"
     assert lines[1].startswith("[2/3] tiny-bert: resuming ") or lines[1].startswith("[2/3] tiny-bert: running")
     assert lines[-1].startswith("[3/3] tiny-roberta: finished in ") and "bench ok" in lines[-1]
+    return tmp_path
 
+
+@pytest.mark.slow
+def test_compare_picks_the_recorded_best_per_goal(swept):
+    tmp_path = swept
     shown = subprocess.run(_workbench("compare", str(tmp_path / "runs"), "--output", str(tmp_path / "page")),
                            capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -118,3 +127,17 @@ def test_a_bad_sweep_file_is_a_typed_error_naming_the_run(tiny_models, tmp_path)
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError, match="two runs are named 'minilm'"):
         load_sweep(path)
+
+
+@pytest.mark.slow
+def test_the_compare_notebook_shows_the_same_picks(swept, tmp_path):
+    import papermill
+
+    out = tmp_path / "compare.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS_DIR / "tools" / "compare.ipynb"), str(out), kernel_name="python3",
+                               parameters={"runs": [str(swept / "runs")], "output": str(tmp_path / "page")},
+                               progress_bar=False)
+    (group,) = json.loads((tmp_path / "page" / "compare.json").read_text())
+    printed = nbformat.read(out, as_version=4).cells[-1].outputs[0]["text"]
+    for pick in group["picks"]:
+        assert f"{pick['goal']}: {pick['run']}/{pick['variant']} ({pick['value']})" in printed

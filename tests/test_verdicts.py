@@ -20,6 +20,7 @@ from workbench.core.errors import (
 from workbench.core.record import RunRecord
 from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.report.page import build_report
+from workbench.serving import plan as plan_module
 from workbench.steps import export, optimize, parity, specs, triton
 
 from .conftest import export_metrics
@@ -226,6 +227,20 @@ def test_a_served_parity_failure_publishes_nothing_and_keeps_the_earlier_deploym
     assert not (tmp_path / "run" / "model_repository" / first["name"]).exists()
     assert "triton.repository" not in record.data["artifacts"]
     assert record.status("triton") == "failed" and record.data["metrics"]["triton"]["published"] is False
+
+
+@pytest.mark.slow
+def test_a_variant_failing_served_parity_gives_way_to_the_next(tiny_models, tmp_path, monkeypatch):
+    """Dynamic int8 answers depend on the batch a text lands in: served batches are not the lab's, so a variant may
+    pass in process and fail served. The next candidate is served instead, and the record says why."""
+    monkeypatch.setattr(plan_module, "cpu_features", lambda: {"int8_dot_product": "AVX-512 VNNI"})  # int8 first
+    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False)
+    assert parity.run(lax, record).metrics["variants"]["int8"]["passed"]
+    strict = lax.model_copy(update={"tolerances": RunConfig.model_validate(STRICT).tolerances})
+    metrics = triton.run(strict, record).metrics
+    assert metrics["variant"] == "fp32" and metrics["verified"] and metrics["published"]
+    assert metrics["verification"]["passed_over"]["int8"][0].startswith("served over http, grpc: ")
+    assert record.status("triton") == "ok"
 
 
 def _refused(config: RunConfig, run_dir: Path, error: type, match: str) -> None:

@@ -184,7 +184,7 @@ def table(groups: list[Group]) -> list[dict[str, Any]]:
     return [{key: getattr(row, key) for key in COLUMNS} for g in groups for row in g.rows]
 
 
-def _figures(found: Group) -> list[go.Figure]:
+def group_figures(found: Group) -> list[go.Figure]:
     rows = [[getattr(r, k) if not isinstance(getattr(r, k), float) else f"{getattr(r, k):.4g}"
              for k in COLUMNS[:-1]] for r in found.rows]
     picks = [[p.goal, p.run or "none", p.model or "", p.variant or "", p.value, p.rule, p.reason]
@@ -220,7 +220,7 @@ def write_compare(groups: list[Group], folder: Path, overwrite: bool = False) ->
     sections, first = [], True
     for found in groups:
         parts = []
-        for figure in _figures(found):
+        for figure in group_figures(found):
             parts.append(figure.to_html(full_html=False, include_plotlyjs=first, config={"responsive": True}))
             first = False
         sections.append({"host": found.host, "figures": parts})

@@ -111,11 +111,17 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     return plan, variant
 
 
-def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel
-                     ) -> tuple[str, dict[str, Any]]:
-    """The first candidate that passed parity in this run; a candidate no step has checked is checked here, on
-    the parity step's lab and tolerances. Without one, UnverifiedError (unless triton.allow_unverified)."""
-    candidates = candidate_variants(config, record, flavor)
+def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
+                     served_failures: dict[str, list[str]] | None = None) -> tuple[str, dict[str, Any]]:
+    """The first candidate that passed parity in this run and did not fail it served (`served_failures`); a
+    candidate no step has checked is checked here, on the parity step's lab and tolerances. Without one,
+    UnverifiedError (unless triton.allow_unverified)."""
+    served_failures = served_failures or {}
+    candidates = [c for c in candidate_variants(config, record, flavor) if c not in served_failures]
+    if not candidates:
+        raise UnverifiedError(f"every variant that passed parity in process fails it served: {served_failures}",
+                              "read metrics.triton.served_parity in run.json; serve another variant "
+                              "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     order = "configured: triton.variant" if config.triton.variant else preference(flavor)[1]
     checks: dict[str, Any] = {}
     lab: ParityLab | None = None
@@ -129,16 +135,18 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
             verdict = Verdict.model_validate(checks[variant])
         if verdict is not None and verdict.passed:
             return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
-                             "order": order, "checked_here": checks, "passed_over": _failures(checks)}
+                             "order": order, "checked_here": checks,
+                             "passed_over": {**served_failures, **_failures(checks)}}
     found = {v: Verdict.model_validate(checks[v]) if v in checks else record.verdict(v) for v in candidates}
-    failures = {v: verdict.failures if verdict else ["not checked (needs a GPU)"] for v, verdict in found.items()}
+    failures = {**served_failures, **{v: verdict.failures if verdict else ["not checked (needs a GPU)"]
+                                      for v, verdict in found.items()}}
     if not config.triton.allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
                               "run --steps parity (its repair may fix the variant), serve another with "
                               "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
     return candidates[0], {"variant": candidates[0], "by": None, "order": order, "checked_here": checks,
-                           "passed_over": failures}
+                           "passed_over": {**served_failures, **failures}}
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -148,51 +156,66 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         loaded = load_model(config)
         flavor = choose_flavor(config.triton.flavor, config.device)
-        variant, verification = verified_variant(config, record, flavor, loaded)
-        plan, variant = serving_plan(config, record, variant)
-        destination = repository_root(config.triton.repository_dir) / plan.name
-        check_replaceable(destination, config.triton.overwrite)
-        run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
-        record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
-                            variant=variant)
-        _, precision = record.variant(variant, plan.flavor.artifact_kind)
-        metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
-                                   "variant": variant, "precision": precision,
-                                   "models": sorted(read_repository(run_copy)),
-                                   "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
-                                   "repository": str(destination), "published": False, "plan": plan.record(),
-                                   "verification": verification, "verified": verification["by"] is not None}
-        record.set_metric(STEP, metrics)
-
-        def publish() -> None:
-            write_repository(plan, destination, overwrite=config.triton.overwrite)
-            metrics["published"] = True
-            record.set_metric(STEP, metrics)
-
-        try:
-            metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy, loaded))
-        except StepSkipped:
-            publish()  # verified in process; this host cannot run the flavor's backend, the host it is for can
-            raise
-        except BaseException:
-            record.remove_artifact("triton.repository")  # its check did not finish: nothing is left to serve
-            raise
-        failed = [protocol for protocol, ok in metrics["served_passed"].items() if not ok]
-        metrics["verified"] = metrics["verified"] and not failed
-        record.set_metric(STEP, metrics)
-        if failed and not config.triton.allow_unverified:
-            record.remove_artifact("triton.repository")
-            checked = {**metrics["served_parity"], **{f"http, prompt_name={name!r}": result for name, result in
-                                                       metrics.get("prompt_parity", {}).items()}}
-            raise UnverifiedError(
-                f"{variant} served by Triton fails parity over {', '.join(failed)}: "
-                f"{'; '.join(checked[failed[0]]['failures'])}; nothing was published to {destination}",
-                "read metrics.triton.served_parity in run.json; serve another variant (-p triton.variant=...) or "
-                "publish it anyway with -p triton.allow_unverified=true")
-        if failed:
-            record.unverified(f"served parity failed over {', '.join(failed)}")
-        publish()
+        served_failures: dict[str, list[str]] = {}
+        while not deploy_first_passing(config, record, flavor, loaded, served_failures):
+            pass  # a variant that passed in process but failed served is passed over for the next
     return record.step_entry(STEP)
+
+
+def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
+                         served_failures: dict[str, list[str]]) -> bool:
+    """Write, serve and check the first candidate not in `served_failures`; publish it when its served answers
+    pass. False (and its failure added to `served_failures`) when they fail and another candidate may be tried;
+    UnverifiedError when none is left (a variant the user chose is not replaced)."""
+    variant, verification = verified_variant(config, record, flavor, loaded, served_failures)
+    plan, variant = serving_plan(config, record, variant)
+    destination = repository_root(config.triton.repository_dir) / plan.name
+    check_replaceable(destination, config.triton.overwrite)
+    run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
+    record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
+                        variant=variant)
+    _, precision = record.variant(variant, plan.flavor.artifact_kind)
+    metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
+                               "variant": variant, "precision": precision,
+                               "models": sorted(read_repository(run_copy)),
+                               "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
+                               "repository": str(destination), "published": False, "plan": plan.record(),
+                               "verification": verification, "verified": verification["by"] is not None}
+    record.set_metric(STEP, metrics)
+
+    def publish() -> None:
+        write_repository(plan, destination, overwrite=config.triton.overwrite)
+        metrics["published"] = True
+        record.set_metric(STEP, metrics)
+
+    try:
+        metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy, loaded))
+    except StepSkipped:
+        publish()  # verified in process; this host cannot run the flavor's backend, the host it is for can
+        raise
+    except BaseException:
+        record.remove_artifact("triton.repository")  # its check did not finish: nothing is left to serve
+        raise
+    failed = [protocol for protocol, ok in metrics["served_passed"].items() if not ok]
+    metrics["verified"] = metrics["verified"] and not failed
+    record.set_metric(STEP, metrics)
+    if failed and not config.triton.allow_unverified:
+        record.remove_artifact("triton.repository")
+        checked = {**metrics["served_parity"], **{f"http, prompt_name={name!r}": result for name, result in
+                                                   metrics.get("prompt_parity", {}).items()}}
+        served_failures[variant] = [f"served over {', '.join(failed)}: {checked[failed[0]]['failures'][0]}"]
+        if config.triton.variant is None and len(candidate_variants(config, record, flavor)) > \
+                len(served_failures):
+            return False
+        raise UnverifiedError(
+            f"{variant} served by Triton fails parity over {', '.join(failed)}: "
+            f"{'; '.join(checked[failed[0]]['failures'])}; nothing was published to {destination}",
+            "read metrics.triton.served_parity in run.json; serve another variant (-p triton.variant=...) or "
+            "publish it anyway with -p triton.allow_unverified=true")
+    if failed:
+        record.unverified(f"served parity failed over {', '.join(failed)}")
+    publish()
+    return True
 
 
 SPEC = StepSpec(
