@@ -1,10 +1,11 @@
 """Screenshots for the README, from a finished run: JupyterLab showing an executed step notebook, and the top of the
-run's report (the recommendation).
+run's report (the recommendation); or the top of a `workbench compare` page.
 
     python docs/screenshots.py outputs/<run> [--notebook 03_parity.ipynb]
+    python docs/screenshots.py --compare <folder>/compare.html
 
 Needs Debian's Chromium (`apt-get install chromium`) and the `docs` extra (Playwright drives it); writes
-docs/jupyterlab-notebook.png and docs/report-recommendation.png.
+docs/jupyterlab-notebook.png and docs/report-recommendation.png, or docs/compare-page.png.
 """
 from __future__ import annotations
 
@@ -53,10 +54,25 @@ def start_lab(root: Path, port: int, token: str, state: Path) -> subprocess.Pope
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a run folder with notebooks/ and report.html")
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder with notebooks/ and report.html")
     parser.add_argument("--notebook", default="03_parity.ipynb", help="executed notebook to show in JupyterLab")
+    parser.add_argument("--compare", type=Path, help="a compare.html to show instead of a run")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
+
+    if args.compare:
+        with sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(args.compare.resolve().as_uri())
+            page.wait_for_selector(".plotly", timeout=60_000)
+            page.wait_for_timeout(2_000)
+            page.screenshot(path=str(DOCS / "compare-page.png"))
+            browser.close()
+        print(f"wrote {DOCS / 'compare-page.png'}")
+        return
+    if args.run is None:
+        parser.error("pass a run folder, or --compare <compare.html>")
 
     run = args.run.resolve()
     port, token = free_port(), secrets.token_hex(16)
