@@ -66,6 +66,9 @@ def swept(tiny_models, tmp_path_factory) -> Path:
     assert lines[0] == f"[1/3] minilm: done ({tmp_path / 'runs' / 'minilm'})", "a finished run is not run again"
     assert lines[1].startswith("[2/3] tiny-bert: resuming ") or lines[1].startswith("[2/3] tiny-bert: running")
     assert lines[-1].startswith("[3/3] tiny-roberta: finished in ") and "bench ok" in lines[-1]
+    for run in ("minilm", "tiny-bert", "tiny-roberta"):
+        statuses = {e.name: e.status for e in RunRecord.load(tmp_path / "runs" / run).step_entries()}
+        assert statuses == dict.fromkeys(QUICK["steps"], "ok"), (run, statuses)
     return tmp_path
 
 

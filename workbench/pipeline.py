@@ -25,6 +25,7 @@ from workbench.preflight import preflight
 from workbench.steps import spec, specs
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOT_RUN = "not run: "  # the reason of a step skipped because an earlier one failed (it still has to run)
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -213,7 +214,7 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunReco
     if record.status(step) != "failed" or reason.startswith("interrupted"):
         record.mark(step, "failed", reason)
     for name in later:
-        record.mark(name, "skipped", f"not run: step {step!r} failed")
+        record.mark(name, "skipped", f"{NOT_RUN}step {step!r} failed")
     notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")

@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord
-from workbench.pipeline import run_pipeline
+from workbench.pipeline import NOT_RUN, run_pipeline
 
-DONE = ("ok", "skipped")  # a step in one of these states is not run again (skipped: this host cannot run it)
 INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -145,8 +144,14 @@ def pending_steps(run: PlannedRun) -> list[str] | None:
     if not (run.run_dir / RECORD_NAME).is_file():
         return list(run.config.steps)
     record = RunRecord.load(run.run_dir)
-    left = [step for step in run.config.steps if record.status(step) not in DONE]
+    left = [step for step in run.config.steps if not finished(record, step)]
     return left or None
+
+
+def finished(record: RunRecord, step: str) -> bool:
+    """Ok, or skipped for a reason of its own (this host cannot run it), not because an earlier step failed."""
+    entry = record.step_entry(step)
+    return entry.status == "ok" or (entry.status == "skipped" and not entry.detail.startswith(NOT_RUN))
 
 
 def run_sweep(sweep: Sweep, index: int | None = None, progress: bool = True) -> int:

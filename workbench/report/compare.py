@@ -87,8 +87,8 @@ def host_of(record: RunRecord) -> str:
     """The machine and device a run measured on: runs are compared only with runs on the same one."""
     env = record.environment
     int8 = env.get("cpu_features", {}).get("int8_dot_product") or "no int8 dot product"
-    return (f"{env.get('cpu')} ({env.get('cpu_count')} cores, {int8}), GPU {env.get('gpu') or 'none'}, "
-            f"device {record.config.device}")
+    device = record.config.device if record.config.device != "auto" else ("cuda" if env.get("gpu") else "cpu")
+    return f"{env.get('cpu')} ({env.get('cpu_count')} cores, {int8}), GPU {env.get('gpu') or 'none'}, {device}"
 
 
 def rows_of(record: RunRecord, name: str) -> list[Row]:
@@ -184,14 +184,28 @@ def table(groups: list[Group]) -> list[dict[str, Any]]:
     return [{key: getattr(row, key) for key in COLUMNS} for g in groups for row in g.rows]
 
 
+def _number(value: float | None, unit: str = "", ratio: float | None = None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}{unit}" + (f" ({ratio:.3g}x)" if ratio is not None else "")
+
+
 def group_figures(found: Group) -> list[go.Figure]:
-    rows = [[getattr(r, k) if not isinstance(getattr(r, k), float) else f"{getattr(r, k):.4g}"
-             for k in COLUMNS[:-1]] for r in found.rows]
-    picks = [[p.goal, p.run or "none", p.model or "", p.variant or "", p.value, p.rule, p.reason]
+    """The picks with their rules, every variant's numbers, and latency against accuracy."""
+    rows = [[r.run, Path(r.model).name, r.variant, r.precision or "", "pass" if r.passed else "FAIL",
+             f"{r.gate} {_number(r.value)} ({r.margin:+.2g})" if r.gate and r.margin is not None else "",
+             _number(r.agreement_at_1), _number(r.size_mb), _number(r.latency_ms, " ms", r.latency_speedup),
+             _number(r.throughput, "/s", r.throughput_speedup),
+             f"{r.served_rps:.4g}/s, p99 {r.served_p99_ms:.4g} ms" if r.served_rps is not None else ""]
+            for r in found.rows]
+    header = ["run", "model", "variant", "precision", "parity", "gate (margin)", "agreement@1", "MB",
+              f"{found.latency_cell} (speedup)", f"{found.throughput_cell} (speedup)", "served"]
+    picks = [[p.goal, p.run or "none", p.variant or "", p.value, p.rule if p.variant else f"{p.rule}: {p.reason}"]
              for p in found.picks]
-    made = [figures.table("What to deploy", ["goal", "run", "model", "variant", "value", "rule", "why"], picks),
-            figures.table(f"Every variant (latency at {found.latency_cell}, throughput at {found.throughput_cell})",
-                          list(COLUMNS[:-1]), rows)]
+    decided = figures.table("What to deploy, per goal, and the rule", ["goal", "run", "variant", "value", "rule"],
+                            picks)
+    decided.update_layout(height=70 + 48 * (len(picks) + 1))
+    made = [decided, figures.table("Every variant", header, rows)]
     measured = [r for r in found.rows if r.latency_ms is not None and r.value is not None]
     if measured:
         scatter = go.Figure(go.Scatter(
@@ -200,7 +214,7 @@ def group_figures(found: Group) -> list[go.Figure]:
             marker={"color": ["#2a7" if r.passed else "#c33" for r in measured], "size": 10}))
         scatter.update_layout(title="Latency against accuracy (green: passes parity)",
                               xaxis_title=f"median ms at {found.latency_cell}", yaxis_title="gate value "
-                              "(min cosine, agreement or max abs error)", height=420)
+                              "(min cosine, agreement or max abs error)", yaxis_tickformat=".6f", height=420)
         made.append(scatter)
     return made
 
