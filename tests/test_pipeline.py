@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -28,7 +29,7 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     record = json.loads((run_dir / "run.json").read_text())
     assert [(n, s["status"]) for n, s in record["steps"].items()] == [
         ("export", "ok"), ("optimize", "ok"), ("parity", "ok"), ("tensorrt", TRT_STATUS), ("triton", "ok"),
-        ("generation", "ok"), ("bench", "ok"), ("report", "ok")]
+        ("generation", "ok"), ("bench", "ok"), ("deploy", "ok"), ("report", "ok")]
     # One word per step: each step's metrics live under metrics.<step>, and only there.
     assert set(record["metrics"]) <= set(record["steps"])
     for name, step in record["steps"].items():
@@ -56,6 +57,17 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     served = "served parity against SentenceTransformer.encode(): HTTP pass and gRPC pass"
     assert served in verdict_lines["05_triton.ipynb"]
     assert verdict_lines["07_bench.ipynb"].startswith("latency: ")
+    # The deploy step sized the deployment from the bench's real served sweep (one level: concurrency 2).
+    level = record["metrics"]["bench"]["served"]["batching_on"]["text"]["2"]
+    capacity = record["metrics"]["deploy"]["capacity"]
+    within = level["p99"] <= 500 and not level["errors"]
+    assert capacity["per_replica_rps"] == (level["throughput"] if within else None)
+    assert record["metrics"]["deploy"]["scaling"]["min_replicas"] == (math.ceil(100 / level["throughput"])
+                                                                     if within else 1)
+    assert {f"deploy.{k}" for k in ("dockerfile", "docker", "kubernetes", "adapter", "kserve", "readme")} <= \
+        set(record["artifacts"])
+    assert verdict_lines["08_deploy.ipynb"].startswith(f"image {record['metrics']['deploy']['image']}: ")
+    assert "Triton at scale: capacity and autoscaling" in (run_dir / "report.html").read_text()
 
     # Resume the same run with the TensorRT step only: the stored configuration is reused, nothing is lost.
     assert main(["run", "--resume", "--output-dir", str(run_dir), "--steps", "tensorrt", "--quiet"]) == 0

@@ -379,6 +379,11 @@ class RunRecord:
         self.artifact(name)
         return self.data["artifacts"][name]["sha256"]
 
+    def artifact_bytes(self, name: str) -> int | None:
+        """The recorded size of an artifact (a folder's: its files together); None when the run has none."""
+        entry = self.data["artifacts"].get(name)
+        return None if entry is None else entry["bytes"]
+
     def artifact_paths(self) -> list[Path]:
         """Every recorded artifact's path."""
         return [self.run_dir / a["path"] for a in self.data["artifacts"].values()]

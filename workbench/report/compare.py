@@ -101,13 +101,12 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
     rows = []
     for variant, verdict in record.verdicts().items():
         least = gate(verdict)
-        artifact = record.data["artifacts"].get(f"onnx.{variant}") or record.data["artifacts"].get(
-            f"engine.{variant}")
+        size = record.artifact_bytes(f"onnx.{variant}") or record.artifact_bytes(f"engine.{variant}")
         rows.append(Row(
             name, record.config.model, host_of(record), variant, verdict.precision, verdict.passed,
             least.metric if least else None, least.value if least else None, least.margin if least else None,
             (verdict.retrieval or {}).get("agreement_at_1"),
-            round(artifact["bytes"] / 1e6, 2) if artifact else None,
+            round(size / 1e6, 2) if size else None,
             served_rps=level[1]["throughput"] if level and variant == deployed else None,
             served_p99_ms=level[1]["p99"] if level and variant == deployed else None,
             cells={cell: stats[variant] for cell, stats in cells.items()
