@@ -275,6 +275,20 @@ def test_the_recommendation_is_the_fastest_variant_that_passes_parity(benched):
     assert throughput.steps == () and latency.steps == ()
 
 
+def test_a_variant_that_failed_served_parity_is_not_recommended(benched):
+    """The triton step passed int8_repaired over (it failed parity served): a deployment would answer as the
+    server did, so the recommendation counts it as failing."""
+    _, record = benched
+    failure = "served over http, grpc: sentence_embedding: min cosine 0.989409 < 0.99"
+    with record.step("triton"):
+        verification = {"by": "parity step", "passed_over": {"int8_repaired": [failure]}}
+        record.set_metric("triton", {"name": "m", "flavor": "python-ort", "variant": "fp32", "verified": True,
+                                     "verification": verification})
+    latency, _ = recommend(record)
+    assert latency.variant == "fp32"
+    assert f"int8_repaired (2.5x, {failure})" in latency.reason
+
+
 def test_no_recommendation_without_a_variant_that_passes(tmp_path):
     _, record = _benched(tmp_path, {"fp32": 0.99, "int8": 0.95, "int8_repaired": 0.985})
     for choice in recommend(record):

@@ -176,13 +176,25 @@ def _rank(candidate: Candidate) -> int:
     return PRECISION_RANK.get(candidate.precision or "fp32", 0)
 
 
+def served_failures(record: RunRecord) -> dict[str, Verdict]:
+    """Variants that passed parity in process but failed it served (the triton step passed them over), as failing
+    verdicts: a deployment would answer as the server did."""
+    verification = (record.metric("triton.verification") or {}) if record.status("triton") == "ok" else {}
+    found = {}
+    for variant, failures in verification.get("passed_over", {}).items():
+        verdict = record.verdict(variant)
+        if verdict is not None and verdict.passed and failures and failures[0].startswith("served over"):
+            found[variant] = verdict.model_copy(update={"passed": False, "failures": list(failures)})
+    return found
+
+
 def recommend(record: RunRecord) -> list[Recommendation]:
     """One recommendation per goal from the bench step's in-process latency (when the step is ok) and the
     parity verdicts of this run."""
     bench = record.step_entry("bench")
     cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == "ok" else {}
     shapes = {shape: name for name in cells if (shape := cell_shape(name))}
-    verdicts = record.verdicts()
+    verdicts = {**record.verdicts(), **served_failures(record)}
     if not shapes:
         state = bench.label + (f": {bench.detail}" if bench.detail else "")
         steps = ("bench",) if any(v.passed for v in verdicts.values()) else ("parity", "bench")
