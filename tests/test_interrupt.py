@@ -61,13 +61,17 @@ def _stop(run: subprocess.Popen, signum: int) -> tuple[int, str]:
     return run.returncode, output
 
 
+def _wait_for_server(run_dir: Path) -> None:
+    _wait_for(lambda: any("tritonserver" in " ".join(p.info["cmdline"] or []) for p in _processes_of(run_dir)),
+              "the step's tritonserver")
+
+
 def test_sigterm_during_the_triton_step_stops_the_server_and_records_it(tiny_bert, tmp_path):
     run_dir = tmp_path / "run"
     run = _start(tiny_bert, run_dir, "export,optimize,triton", "-p", "precisions=[fp32]",
                  "-p", f"triton.repository_dir={tmp_path / 'repos'}")
     try:
-        _wait_for(lambda: any("tritonserver" in " ".join(p.info["cmdline"] or []) for p in _processes_of(run_dir)),
-                  "the step's tritonserver")
+        _wait_for_server(run_dir)
         code, output = _stop(run, signal.SIGTERM)
     finally:
         run.kill()
@@ -109,8 +113,7 @@ def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, t
     run = _start(tiny_bert, run_dir, "export,optimize,triton", "-p", "precisions=[fp32]",
                  "-p", f"triton.repository_dir={tmp_path / 'repos'}")
     try:
-        _wait_for(lambda: any("tritonserver" in " ".join(p.info["cmdline"] or []) for p in _processes_of(run_dir)),
-                  "the step's tritonserver")
+        _wait_for_server(run_dir)
         started = psutil.Process(run.pid).children(recursive=True)
         servers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
         started += [child for server in servers for child in server.children(recursive=True)]  # other sessions
