@@ -165,3 +165,25 @@ def test_large_models_are_saved_with_external_data(optimized_bert, tmp_path, mon
         batch = Batch("ones", [0], {name: np.ones((1, 4), dtype=np.int64) for name in runner.input_names})
         assert np.array_equal(runner.infer(batch)["sentence_embedding"], fp32.infer(batch)["sentence_embedding"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
+
+
+def test_symbolic_shapes_fall_back_to_onnx_where_onnxruntime_cannot(tmp_path):
+    """ONNX Runtime 1.31's symbolic inference fails on ReduceL2 with axes as an input (opset 18, the Normalize of a
+    sentence-transformers model); ONNX's own inference keeps the named dims."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from workbench.graphs.variants import infer_shapes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [helper.make_node("ReduceL2", ["x", "axes"], ["norm"], keepdims=1),
+             helper.make_node("Div", ["x", "norm"], ["y"])]
+    graph = helper.make_graph(nodes, "normalize", [x], [y], initializer=[axes])
+    source = tmp_path / "normalize.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), source)
+    model, method = infer_shapes(source, tmp_path / "shaped.onnx")
+    assert method.startswith("onnx shape inference (onnxruntime's symbolic inference failed: TypeError"), method
+    norm = next(v for v in model.graph.value_info if v.name == "norm")
+    assert [d.dim_param or d.dim_value for d in norm.type.tensor_type.shape.dim] == ["batch", 1]

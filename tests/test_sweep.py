@@ -130,6 +130,22 @@ def test_a_bad_sweep_file_is_a_typed_error_naming_the_run(tiny_models, tmp_path)
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError, match="two runs are named 'minilm'"):
         load_sweep(path)
+    path.write_text(yaml.safe_dump({**spec, "runs": [], "settings": {"reapir": False}, "grid": {"opset": [17]}}))
+    with pytest.raises(ConfigError, match="sweep.yaml, settings: .*unknown setting 'reapir'"):
+        load_sweep(path)
+
+
+def test_dotted_and_partial_settings_keep_the_other_defaults(tiny_models, tmp_path):
+    path = _sweep_file(tmp_path, tiny_models, grid={"model": ["/m/e5-small"], "sequence.max": [128, 256]})
+    spec = yaml.safe_load(path.read_text())
+    spec["runs"][1]["settings"] = {"sequence": {"max": 32}, "bench.rounds": 5}
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(path)
+    assert [r.name for r in sweep.runs] == ["minilm", "tiny-bert", "tiny-roberta", "e5-small-max128",
+                                            "e5-small-max256"]
+    bert = sweep.runs[1].config
+    assert (bert.sequence.max, bert.sequence.min, bert.bench.rounds, bert.bench.served) == (32, 1, 5, False)
+    assert [r.config.sequence.max for r in sweep.runs[3:]] == [128, 256] and sweep.runs[3].config.opset == 17
 
 
 @pytest.mark.slow

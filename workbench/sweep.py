@@ -2,6 +2,7 @@
 or, for a sweep that outgrows one machine, the same file as a Kubernetes Indexed Job (one pod per run)."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workbench.core import dotted
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord
@@ -65,31 +67,32 @@ class Sweep:
 
     @property
     def name(self) -> str:
-        return _slug(self.path.stem)
+        """The Kubernetes name of its Job and ConfigMap: the file's name and a hash of its content (two sweeps, or
+        two versions of one, never share them)."""
+        return f"{_slug(self.path.stem)[:50]}-{hashlib.sha256(self.text.encode()).hexdigest()[:8]}"
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:63] or "run"
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
-            else value
-    return merged
-
-
-def _dotted(settings: dict[str, Any]) -> dict[str, Any]:
-    """`{"bench.served": false}` as `{"bench": {"served": false}}` (grid keys may be dotted, like -p)."""
-    nested: dict[str, Any] = {}
+def _leaves(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every setting as a dotted key and its value: `{bench: {served: false}}` and `{bench.served: false}` alike."""
+    found: list[tuple[str, Any]] = []
     for key, value in settings.items():
-        *parents, leaf = key.split(".")
-        node = nested
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return nested
+        name = f"{prefix}{key}"
+        found += _leaves(value, f"{name}.") if isinstance(value, dict) and value else [(name, value)]
+    return found
+
+
+def configure(*layers: dict[str, Any]) -> RunConfig:
+    """The defaults with each layer's settings put over them in turn, as `-p` puts them (a partial `sequence`
+    keeps the other defaults)."""
+    data = RunConfig().to_params()
+    for layer in layers:
+        for key, value in _leaves(layer):
+            dotted.put(data, key, value)
+    return RunConfig.from_dict(data)
 
 
 def expand(spec: SweepFile) -> list[SweepRun]:
@@ -102,7 +105,7 @@ def expand(spec: SweepFile) -> list[SweepRun]:
         if model is None:
             raise ConfigError("a grid without a `model` key needs `model` in `settings`", "add model to the grid")
         label = "-".join([Path(str(model)).name, *(f"{k.split('.')[-1]}{v}" for k, v in combination.items())])
-        runs.append(SweepRun(name=label, model=str(model), settings=_dotted(combination)))
+        runs.append(SweepRun(name=label, model=str(model), settings=combination))
     if not runs:
         raise ConfigError("the sweep has no runs", "list `runs:` (each a model and its settings) or a `grid:`")
     return runs
@@ -119,12 +122,15 @@ def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
         raise ConfigError(f"sweep file {path} is not YAML: {exc}", "fix the YAML (docs/compare.md has an example)"
                           ) from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"sweep file {path}: {where}: {first['msg']}",
+        found = "; ".join(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
+        raise ConfigError(f"sweep file {path}: {found}",
                           "the keys are output_root, settings, runs (name, model, settings), grid, kubernetes "
                           "(docs/compare.md)") from None
     root = output_root or (path.parent / spec.output_root)
+    try:
+        configure(spec.settings)
+    except WorkbenchError as exc:
+        raise ConfigError(f"sweep file {path}, settings: {exc.problem}", exc.fix) from None
     planned, names = [], set()
     for index, run in enumerate(expand(spec)):
         name = _slug(run.name or Path(run.model).name)
@@ -132,7 +138,7 @@ def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
             raise ConfigError(f"sweep file {path}: two runs are named {name!r}", "give each run its own `name`")
         names.add(name)
         try:
-            config = RunConfig.from_dict(_merge(_merge(spec.settings, {"model": run.model}), run.settings))
+            config = configure(spec.settings, {"model": run.model}, run.settings)
         except WorkbenchError as exc:
             raise ConfigError(f"sweep file {path}, run {index} ({name}): {exc.problem}", exc.fix) from None
         planned.append(PlannedRun(name, config.model_copy(update={"output_dir": str(root / name)}), root / name))

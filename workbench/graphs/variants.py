@@ -96,13 +96,21 @@ def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_
     return quantizer.model.model
 
 
-def infer_shapes(original: Path, dest: Path) -> Any:
-    """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best)."""
+def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
+    """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best), and how they
+    were inferred: ONNX Runtime's symbolic shape inference, or, where it fails on an operator version it does not
+    know (e.g. ReduceL2 with axes as an input, opset 18), ONNX's own shape inference, which keeps named dims too."""
+    import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
+    try:
+        model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
+        method = "onnxruntime symbolic shape inference"
+    except (TypeError, KeyError, AssertionError) as exc:
+        model = onnx.shape_inference.infer_shapes(onnxfiles.load(original), data_prop=True)
+        method = f"onnx shape inference (onnxruntime's symbolic inference failed: {type(exc).__name__}: {exc})"
     onnxfiles.save(model, dest)
-    return model
+    return model, method
 
 
 def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float) -> list[str]:

@@ -211,21 +211,25 @@ replicas cannot keep up, before latency does, and falls when they can. The autos
 ```bash
 # Prometheus Operator (kube-prometheus-stack) scrapes the metrics port through the ServiceMonitor;
 # prometheus-adapter turns the counters into the per-pod metric {QUEUE_METRIC}:
+helm repo add prometheus-community https://prometheus-community.github.io/helm-charts
 helm install prometheus-adapter prometheus-community/prometheus-adapter -f deploy/{FILES['adapter']} \\
   --set prometheus.url=http://<your-prometheus>.monitoring.svc
 kubectl apply -f deploy/{FILES['kubernetes']}
 kubectl get --raw "/apis/custom.metrics.k8s.io/v1beta1/namespaces/default/pods/*/{QUEUE_METRIC}"
 kubectl get hpa {name} --watch        # replicas follow the queue time under load, e.g. perf_analyzer:
-perf_analyzer -m {plan.name} -u <service>:8001 -i grpc --concurrency-range 1:64:8
+perf_analyzer -m {plan.name} -u <service>:8001 -i grpc --concurrency-range 1:64:8 --input-data texts.json
+# texts.json: {{"data": [{{"TEXT": {{"content": ["a text"], "shape": [1]}}}}]}} (`workbench serve` writes one)
 ```
 
 ## KServe
 
 `{FILES['kserve']}` serves the same repository with KServe's Triton runtime (`{KSERVE_RUNTIME}`, protocol v2),
 in this image (for its pinned packages), scaled by requests in flight ({scaling.concurrency} per replica).
-KServe reads the repository from its `storageUri`; copy `{repository}` there first (the default,
-`pvc://{name}-models/`, is a PersistentVolumeClaim: `kubectl cp` it into a pod that mounts the claim), or set
-`-p triton.storage_uri=s3://bucket/{plan.name}` when you run the workbench.
+KServe reads the repository from its `storageUri`: the folder there must hold what `{repository}` holds (its
+model folders at the top, not `{repository}` itself). The default, `pvc://{name}-models/`, is a
+PersistentVolumeClaim: copy the contents in with `kubectl cp {repository}/. <pod mounting the claim>:<mount>/`;
+or `-p triton.storage_uri=s3://bucket/{plan.name}` when you run the workbench, and `aws s3 sync {repository}/
+s3://bucket/{plan.name}/`.
 
 ```bash
 kubectl apply -f deploy/{FILES['kserve']}

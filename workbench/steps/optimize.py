@@ -123,13 +123,20 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             model, form = build_fp32(original, dest, export, config, record)
             return model
 
+        shapes_by = None
+
+        def tensorrt(dest: Path) -> Any:
+            nonlocal shapes_by
+            model, shapes_by = infer_shapes(original, dest)
+            return model
+
         builders = {
             "fp32": fp32,
             "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, config.fp16_op_block_list,
                                               config.fp16_node_block_list),
             "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, config.int8_per_channel,
                                                config.int8_nodes_to_exclude),
-            "tensorrt": lambda dest: infer_shapes(original, dest),
+            "tensorrt": tensorrt,
         }
         wanted = ["fp32", *[p for p in ("fp16", "int8") if p in config.precisions], "tensorrt"]
         for variant in wanted:
@@ -142,6 +149,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
             if variant == "fp32" and form is not None:
                 stats["form"] = form.record()
+            if variant == "tensorrt":
+                stats["shapes"] = shapes_by
             if fused:
                 stats["smoke_test"] = smoke_test(record, config, variant, dest)
             if "warning" in stats:
