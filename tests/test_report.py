@@ -141,7 +141,8 @@ def test_report_is_self_contained(reported):
     optimize.run(config, record)
     report.run(config, record)
     stale = record.artifact("report").read_text()
-    assert stale.count("STALE: inputs changed since it ran") >= 3  # parity, latency, served
+    # parity, served parity, latency, served; a bench whose timings were disturbed says that instead of its inputs
+    assert stale.count("STALE: ") >= 3 and stale.count("STALE: inputs changed since it ran") >= 2
     assert f"run `workbench run --resume --output-dir {record.run_dir} --steps bench` to refresh them" in stale
 
 
