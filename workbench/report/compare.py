@@ -20,7 +20,7 @@ from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
-from workbench.report.recommend import cell_shape, gate
+from workbench.report.recommend import cell_shape, gate, goal_shapes
 
 TEMPLATE = Path(__file__).parent / "templates" / "compare.html.j2"
 ACCURACY_FLOOR = 0.999  # the accuracy goal: min cosine (or label agreement) at least this against the reference
@@ -124,9 +124,9 @@ def _common_cells(rows: list[Row]) -> tuple[str | None, str | None]:
     shapes = {shape: cell for cell in common if (shape := cell_shape(cell))}
     if not shapes:
         return None, None
-    ones = [s for s in shapes if s[0] == 1]
-    latency = shapes[min(ones)] if ones else None
-    return latency, shapes[max(shapes)]
+    goals = goal_shapes(list(shapes))  # the per-run report's goal cells, among the common ones
+    latency = goals["latency"]
+    return (shapes[latency] if latency else None), shapes[goals["throughput"]]
 
 
 def _pick(goal: str, rule: str, rows: list[Row], key: str, best: str) -> Pick:

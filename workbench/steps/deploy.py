@@ -9,6 +9,7 @@ from workbench.core.errors import StepSkipped
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import DeployMetrics
 from workbench.measure.capacity import Capacity, plan_capacity
+from workbench.report.compare import host_of
 from workbench.report.page import Section, deploy_section
 from workbench.report.takeaways import deploy_lines
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
@@ -16,13 +17,6 @@ from workbench.serving.plan import deployed_plan
 from workbench.steps import StepSpec
 
 STEP = "deploy"
-
-
-def host(record: RunRecord, flavor: str) -> str:
-    """Where the served bench ran, in words: the GPU, else the CPU and its cores; the flavor served."""
-    environment = record.environment
-    device = environment.get("gpu") or f"{environment.get('cpu') or 'a CPU'} ({environment.get('cpu_count')} cores)"
-    return f"{device}, {flavor} flavor"
 
 
 def capacity_lines(capacity: Capacity) -> list[str]:
@@ -41,7 +35,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         plan, _ = deployed
         served = record.metric("bench.served") if record.status("bench") == "ok" else None
         capacity = plan_capacity(config.triton, config.bench, None if not served or "skipped" in served else served,
-                                 network_model(plan), plan.max_queue_delay_us, host(record, plan.flavor.value))
+                                 network_model(plan), plan.max_queue_delay_us,
+                                 f"{host_of(record)}, {plan.flavor.value} flavor")
         scaling = Scaling(capacity.min_replicas, capacity.max_replicas, round(capacity.queue_target_ms * 1000),
                           capacity.concurrency or 1)
         repository = record.artifact("triton.repository")
