@@ -3,6 +3,7 @@ graph with symbolic shapes for TensorRT. The optimize step builds them; the pari
 with nodes kept in fp32."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +114,13 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
     return model, method
 
 
-def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float) -> list[str]:
+def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float,
+                       exclude: Collection[str] = ()) -> list[str]:
     """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
     the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
     s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` measured in fp32 on `feeds`. Outlier channels
-    then no longer set the per-tensor activation scale alone. Returns the smoothed nodes' names.
+    then no longer set the per-tensor activation scale alone. Nodes named in `exclude` are left as they are.
+    Returns the smoothed nodes' names.
 
     Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
     neural-compressor 2.x and applies to static quantization only."""
@@ -127,7 +130,8 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
     model = onnxfiles.load(fp32)
     weights = {i.name: i for i in model.graph.initializer}
     targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
-               and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
+               and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights
+               and n.name not in exclude]
     channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
     nodes, smoothed = list(model.graph.node), []
     for node in targets:
@@ -156,6 +160,51 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
     model.graph.initializer.extend(kept)
     onnxfiles.save(model, dest)
     return smoothed
+
+
+def down_projections(model: Any) -> list[Any]:
+    """The MatMuls with a 2-D weight of more input than output channels (a transformer's feed-forward output)."""
+    weights = {i.name: i for i in model.graph.initializer}
+    return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+            and n.input[0] not in weights and len(weights[n.input[1]].dims) == 2
+            and weights[n.input[1]].dims[0] > weights[n.input[1]].dims[1]]
+
+
+def per_token_scales(fp32: Path, dest: Path) -> list[str]:
+    """Per-token activation scales for dynamic int8 on the down projections. Before each, every token's vector is
+    divided by its own max |x| (Abs, ReduceMax, Max with a tiny floor, Div); after it, the output is multiplied back
+    (Mul): exact in fp32. Dynamic int8's one activation scale per tensor then no longer lets a few tokens' large
+    values after the activation function coarsen every other token's, which decides short texts. Returns the
+    rescaled nodes' names.
+
+    Hand-written because ONNX Runtime's CPU DynamicQuantizeMatMul has one activation scale per tensor."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    model = onnxfiles.load(fp32)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    floor = numpy_helper.from_array(np.array(1e-12, np.float32), "per_token_scale_floor")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "per_token_scale_axes")
+    model.graph.initializer.extend([floor, axes] if opset >= 18 else [floor])  # ReduceMax takes axes as an input
+    targets, nodes = down_projections(model), list(model.graph.node)
+    for node in targets:
+        x, name, out = node.input[0], node.name, node.output[0]
+        reduce = (helper.make_node("ReduceMax", [f"{name}_abs", axes.name], [f"{name}_token_max"], keepdims=1,
+                                   name=f"{name}_token_max") if opset >= 18 else
+                  helper.make_node("ReduceMax", [f"{name}_abs"], [f"{name}_token_max"], keepdims=1, axes=[-1],
+                                   name=f"{name}_token_max"))
+        before = [helper.make_node("Abs", [x], [f"{name}_abs"], name=f"{name}_token_abs"), reduce,
+                  helper.make_node("Max", [f"{name}_token_max", floor.name], [f"{name}_token_scale"],
+                                   name=f"{name}_token_floor"),
+                  helper.make_node("Div", [x, f"{name}_token_scale"], [f"{name}_per_token"], name=f"{name}_token_div")]
+        after = helper.make_node("Mul", [f"{out}_per_token", f"{name}_token_scale"], [out], name=f"{name}_token_mul")
+        node.input[0], node.output[0] = f"{name}_per_token", f"{out}_per_token"
+        index = nodes.index(node)
+        nodes[index:index + 1] = [*before, node, after]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnxfiles.save(model, dest)
+    return [n.name for n in targets]
 
 
 def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:

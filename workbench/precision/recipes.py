@@ -1,5 +1,6 @@
-"""Whole-graph int8 recipes the repair measures before its node search: weights per channel or per tensor, and
-activations smoothed first (SmoothQuant-style, at several strengths) or not. Each is built from the fp32 graph,
+"""Whole-graph int8 recipes the repair measures before its node search: weights per channel or per tensor,
+activations smoothed first (SmoothQuant-style, at several strengths) or not, and smoothed except for the down
+projections, whose activations get per-token scales instead. Each is built from the fp32 graph,
 checked on the search's batches (then on the full lab when it passes there) and timed; the most accurate one is the
 base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones too."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
-from workbench.graphs.variants import quantize_int8, smooth_activations
+from workbench.graphs.variants import down_projections, per_token_scales, quantize_int8, smooth_activations
 
 if TYPE_CHECKING:
     from workbench.precision.checker import Checker
@@ -21,23 +22,34 @@ SMOOTHING_ALPHAS = (0.5, 0.7, 0.85)  # how much of an outlier channel's range mo
 
 @dataclass(frozen=True)
 class BaseRecipe:
-    """How the whole graph is quantized: per-channel or per-tensor weights; activations smoothed with `alpha`."""
+    """How the whole graph is quantized: per-channel or per-tensor weights; activations smoothed with `alpha`;
+    with `per_token`, the down projections are not smoothed but get per-token activation scales
+    (graphs.variants.per_token_scales)."""
 
     per_channel: bool
     alpha: float | None = None
+    per_token: bool = False
 
     @property
     def name(self) -> str:
         weights = "per-channel" if self.per_channel else "per-tensor"
-        return f"{weights} weights" + (f", smoothed (alpha {self.alpha})" if self.alpha is not None else "")
+        return (f"{weights} weights" + (f", smoothed (alpha {self.alpha})" if self.alpha is not None else "")
+                + (", down projections scaled per token instead" if self.per_token else ""))
 
     def source(self, fp32: Path, workdir: Path, feeds: list[dict[str, Any]]) -> Path:
-        """The fp32 graph to quantize: `fp32` itself, or a smoothed copy in `workdir` (a candidate file, removed
-        with the search's candidates)."""
+        """The fp32 graph to quantize: `fp32` itself, or a smoothed (and per-token-scaled) copy in `workdir` (a
+        candidate file, removed with the search's candidates)."""
         if self.alpha is None:
             return fp32
-        dest = workdir / f"candidate-smoothed-{self.alpha}.onnx"
-        smooth_activations(fp32, dest, feeds, self.alpha)
+        dest = workdir / f"candidate-smoothed-{self.alpha}{'-per-token' * self.per_token}.onnx"
+        if not self.per_token:
+            smooth_activations(fp32, dest, feeds, self.alpha)
+            return dest
+        smoothed = dest.with_name(f"{dest.stem}-smoothed.onnx")
+        down = {n.name for n in down_projections(onnxfiles.load(fp32, load_external_data=False))}
+        smooth_activations(fp32, smoothed, feeds, self.alpha, exclude=down)
+        per_token_scales(smoothed, dest)
+        onnxfiles.remove(smoothed)
         return dest
 
     def build(self, source: Path, dest: Path, nodes_to_exclude: list[str]) -> None:
@@ -45,9 +57,11 @@ class BaseRecipe:
 
 
 def base_recipes(per_channel: bool) -> list[BaseRecipe]:
-    """The configured weight granularity first (it wins ties), the other one, then smoothing at each strength."""
+    """The configured weight granularity first (it wins ties), the other one, smoothing at each strength, then the
+    same with per-token scales on the down projections (a few more operators each) at each strength."""
     return [BaseRecipe(per_channel), BaseRecipe(not per_channel),
-            *(BaseRecipe(per_channel, alpha) for alpha in SMOOTHING_ALPHAS)]
+            *(BaseRecipe(per_channel, alpha) for alpha in SMOOTHING_ALPHAS),
+            *(BaseRecipe(per_channel, alpha, per_token=True) for alpha in SMOOTHING_ALPHAS)]
 
 
 def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: Checker) -> dict[str, Any]:
@@ -85,7 +99,8 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
             recipe.build(sources[-1], path, excluded)
 
         records.append({**measure_recipe(recipe.name, build, path, checker),
-                        "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha})
+                        "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha,
+                        "per_token": recipe.per_token})
         onnxfiles.remove(path)
     best = min(range(len(recipes)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
                                                     records[i].get("loss", 0.0), i))
