@@ -32,7 +32,7 @@ from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
-from workbench.core.machine import cpu_features
+from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
@@ -157,7 +157,7 @@ def measure_and_print() -> None:
     cells = [c for c in CELLS if cell_shape(c)[0] in batches and cell_shape(c)[1] in sequences]
     config = run.model_copy(update={"device": args.device, "bench": run.bench.model_copy(update={
         "batches": batches, "sequences": sequences, "rounds": args.rounds, "seconds_per_cell": 120.0})})
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    busy, cores = others_busy(), os.cpu_count() or 1
     start = time.perf_counter()
     latency = measure_latency(config, record)
     tokenizer = record.tokenizer()
@@ -171,9 +171,9 @@ def measure_and_print() -> None:
     peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency["peaks"].items())
     print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; device: "
           f"{latency['device']}; matmul peaks (GFLOP/s): {peaks}\n")
-    if load > cores / 2:
-        print(f"BUSY HOST: load average {load:.1f} on {cores} cores when measuring began: absolute times do not "
-              "hold, and ratios only where the other work slowed every row alike; re-run on a quiet host")
+    if busy > cores / 2:
+        print(f"BUSY HOST: other processes kept {busy:.1f} of {cores} cores busy when measuring began: absolute "
+              "times do not hold, and ratios only where the other work slowed every row alike; re-run on a quiet host")
     for disturbance in latency["disturbed"]:
         print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
     left_out = [c for c in CELLS if c not in cells]

@@ -30,7 +30,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError
 from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features
+from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
 from workbench.core.timing import median_ms
 from workbench.measure.graphs import GraphRow, accuracy, embeddings, sessions, table, time_graphs, verdicts
@@ -110,7 +110,7 @@ def compare(args: argparse.Namespace) -> None:
     tokenizer = record.tokenizer()
     texts = list(load_corpus(record.config.corpus))
     feeds = cell_feeds(tokenizer, INPUTS, texts, CELLS)
-    load = os.getloadavg()[0]
+    busy = others_busy()
     before = pytorch_ms(model_dir, feeds, args.threads, args.rounds)
     opened = sessions(rows, args.threads)
     print(f"timing {len(rows)} graphs, {args.rounds} interleaved rounds per cell", flush=True)
@@ -125,7 +125,7 @@ def compare(args: argparse.Namespace) -> None:
         row.accuracy = accuracy(embeddings(row, opened[row.name], tokenizer, texts, library.max_seq_length),
                                 reference)
     lines = verdicts(rows, PAIRS, OURS["int8_repaired"])
-    result = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "load_before": load},
+    result = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "busy_before": busy},
               "run": str(args.run), "threads": args.threads, "rounds": args.rounds, "pytorch_ms": torch_ms,
               "rows": [row.record() for row in rows], "checks": lines}
     (work / "graphs.json").write_text(json.dumps(result, indent=2))
@@ -156,8 +156,9 @@ def report(result: dict, rows: list[GraphRow], torch_ms: dict[str, float], lines
     print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
           f"{host['int8_dot_product'] or 'none'}; one process, {result['threads']} threads, {result['rounds']} "
           "interleaved rounds per cell, medians in ms (speedup over PyTorch eager)\n")
-    if host["load_before"] > (host["cores"] or 1) / 2:
-        print(f"BUSY HOST: load average {host['load_before']:.1f} on {host['cores']} cores when measuring began: "
+    if host["busy_before"] > (host["cores"] or 1) / 2:
+        print(f"BUSY HOST: other processes kept {host['busy_before']:.1f} of {host['cores']} cores busy when measuring "
+              "began: "
               "the graphs' ratios to each other hold (interleaved), the speedups over PyTorch (timed in phases of "
               "its own) may not; re-run on a quiet host\n")
     print(table(rows, torch_ms))

@@ -34,7 +34,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features
+from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
 from workbench.measure.load import (
     LevelResult,
@@ -118,7 +118,7 @@ def compare(args: argparse.Namespace) -> None:
     texts = list(load_corpus(record.config.corpus))
     work = args.run / "peers"
     features = cpu_features()
-    load = os.getloadavg()[0]
+    busy = others_busy()
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum"
@@ -133,7 +133,7 @@ def compare(args: argparse.Namespace) -> None:
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
         plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
-    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "load_before": load,
+    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
                                        "cores": os.cpu_count()}, "run": str(args.run),
                               "deployed": variant, "levels": levels, "requests": args.requests,
                               "repeats": args.repeats}
@@ -210,8 +210,9 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
     print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
           f"{host['int8_dot_product'] or 'none'}; {result['repeats']} interleaved repeats of {result['requests']} "
           f"one-text requests per level; req/s (range over repeats) / p50 ms / p99 ms\n")
-    if host["load_before"] > (host["cores"] or 1) / 2:
-        print(f"BUSY HOST: load average {host['load_before']:.1f} on {host['cores']} cores when measuring began: "
+    if host["busy_before"] > (host["cores"] or 1) / 2:
+        print(f"BUSY HOST: other processes kept {host['busy_before']:.1f} of {host['cores']} cores busy when measuring "
+              "began: "
               "absolute times do not hold, ratios only where the other work slowed every row alike; re-run on a "
               "quiet host\n")
     print(table(rows, levels))

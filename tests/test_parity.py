@@ -109,11 +109,13 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
     assert all(c["latency_ms"] > 0 for c in repair["candidates"])
-    # Whole-graph recipes first: per-channel (configured), per-tensor, smoothed at three strengths; the base is the
-    # one closest to the gate, and the repaired file records it.
+    # Whole-graph recipes first: per-channel (configured), per-tensor, smoothed at three strengths, then smoothed with
+    # per-token scales on the down projections; the base is the one closest to the gate, and the repaired file
+    # records it.
     bases = repair["bases"]
-    assert [(b["per_channel"], b["smoothing_alpha"]) for b in bases] == [
-        (True, None), (False, None), (True, 0.5), (True, 0.7), (True, 0.85)]
+    assert [(b["per_channel"], b["smoothing_alpha"], b["per_token"]) for b in bases] == [
+        (True, None, False), (False, None, False), (True, 0.5, False), (True, 0.7, False), (True, 0.85, False),
+        (True, 0.5, True), (True, 0.7, True), (True, 0.85, True)]
     assert [b["chosen"] for b in bases].count(True) == 1
     chosen_base = next(b for b in bases if b["chosen"])
     assert chosen_base["violation"] == min(b["violation"] for b in bases if b["passed"] == chosen_base["passed"])
@@ -135,8 +137,8 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     traces = {t.name: t for t in figures.repair_tradeoff(repair).data}
     assert list(traces["whole-graph recipes (weights, smoothing)"].y) == [b["min_cosine"] for b in bases]
     table = figures.recipes_table(repair).data[0].cells.values
-    assert list(table[0][:5]) == [("base: " if b["chosen"] else "") + b["recipe"] for b in bases]
-    assert list(table[3][:5]) == [f"{b['min_cosine']:.4f}" for b in bases]
+    assert list(table[0][:len(bases)]) == [("base: " if b["chosen"] else "") + b["recipe"] for b in bases]
+    assert list(table[3][:len(bases)]) == [f"{b['min_cosine']:.4f}" for b in bases]
     noise = {t.name: t for t in figures.node_error_figure(repair).data}
     assert sorted(noise["input activation"].x) == sorted(e["input_sqnr_db"] for e in errors.values())
     # The kept MatMuls tried as 8-bit block-quantized weights instead of fp32: every recipe recorded, won or lost.
@@ -202,6 +204,36 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
     spread = [float(b.max() / b.min()) for b in before.values()]
     flattened = [float(a.max() / a.min()) for a in after.values()]
     assert max(flattened) < max(spread)  # the outlier channels no longer set the range alone
+
+
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMax's axes: an attribute before opset 18, an input from it
+def test_per_token_scales_keep_the_fp32_output_of_the_down_projections(tiny_models, tmp_path, opset):
+    import onnxruntime
+
+    from workbench.core.data import encode, load_corpus
+    from workbench.graphs import onnxfiles
+    from workbench.graphs.variants import per_token_scales, quantize_int8
+
+    record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"], opset=opset)
+    fp32 = record.artifact("onnx.fp32")
+    names = [i.name for i in onnxruntime.InferenceSession(str(fp32)).get_inputs()]
+    feed = encode(record.tokenizer(), list(load_corpus()[:16]), names, max_length=64)
+    dest = tmp_path / "per_token.onnx"
+    scaled = per_token_scales(fp32, dest)
+    graph = onnxfiles.load(dest)
+    dims = {i.name: list(i.dims) for i in graph.graph.initializer}
+    assert scaled == [n.name for n in graph.graph.node if n.op_type == "MatMul" and dims.get(n.input[1]) == [64, 32]]
+    assert len(scaled) == 2  # the tiny bert's two feed-forward outputs (intermediate 64 -> hidden 32)
+    reduce = [n for n in graph.graph.node if n.name.endswith("_token_max")]
+    assert len(reduce) == 2 and all(len(n.input) == (2 if opset >= 18 else 1) for n in reduce)
+    want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
+    got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
+    np.testing.assert_allclose(got, want, atol=2e-5)  # x/s times W, times s, is x*W
+    quantize_int8(dest, tmp_path / "int8.onnx", True, [])
+    ops = onnxfiles.op_counts(onnxfiles.load(tmp_path / "int8.onnx"))
+    assert ops["MatMulInteger"] >= len(scaled) and ops["ReduceMax"] == len(scaled)  # int8 between the scales
+    got = onnxruntime.InferenceSession(str(tmp_path / "int8.onnx")).run(["sentence_embedding"], feed)[0]
+    assert np.isfinite(got).all()
 
 
 def test_per_channel_weights_quantize_every_matmul_at_least_as_well_as_per_tensor(tiny_models, tmp_path):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -366,6 +368,17 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
     assert "no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay" in choice.reason
     faster = [Candidate("fp32", 2.0, True, None, (), "fp32"), Candidate("int8", 5.0, True, None, (), "int8")]
     assert pick("latency", 1, 16, faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays
+
+
+def test_busy_cores_count_another_process():
+    from workbench.core.machine import others_busy
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert others_busy(2.0) > 0.3  # a spinning process gets a good share of a core even beside a busy loop
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_cpu_features_name_the_int8_instructions():

@@ -5,6 +5,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -152,3 +153,27 @@ def _probe_model() -> bytes:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as handle:
+            fields = handle.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def others_busy(seconds: float = 1.0) -> float:
+    """How many cores other processes kept busy over the next `seconds`, this process idle meanwhile: unlike the
+    load average, it does not count the work this process itself has just done. The 1-minute load average where
+    /proc/stat is missing."""
+    start, own = _busy_seconds(), os.times()
+    if start is None:
+        return os.getloadavg()[0]
+    time.sleep(seconds)
+    end, now = _busy_seconds(), os.times()
+    own_seconds = (now.user + now.system) - (own.user + own.system)
+    return max(0.0, ((end or start) - start - own_seconds) / seconds)

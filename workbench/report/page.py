@@ -292,10 +292,13 @@ def headline(bench: BenchMetrics) -> list[str]:
     the recommendation)."""
     lines = []
     host = bench.host
-    if host and host["load_before"] > host["cpu_count"] / 2:
-        lines.append(f"The host was busy when measuring began (load average {host['load_before']:.1f} on "
-                     f"{host['cpu_count']} cores): absolute times do not hold; ratios hold only where the other "
-                     "work slowed every runner alike.")
+    if host:  # runs before busy_before recorded only the load average, which counts the run's own earlier steps
+        busy, measure = ((host["busy_before"], "other work kept {:.1f} of {} cores busy") if "busy_before" in host
+                         else (host["load_before"], "load average {:.1f} on {} cores"))
+        if busy > host["cpu_count"] / 2:
+            lines.append(f"The host was busy when measuring began ({measure.format(busy, host['cpu_count'])}): "
+                         "absolute times do not hold; ratios hold only where the other "
+                         "work slowed every runner alike.")
     served = bench.served or {}
     if "batching_on" in served and "batching_off" in served:
         top = str(max(served["levels"]))

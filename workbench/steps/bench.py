@@ -9,6 +9,7 @@ from workbench.core.batches import corpus_batches
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
+from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BenchMetrics
 from workbench.graphs.profiles import engine_profiles
@@ -97,7 +98,8 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
-        record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]})
+        record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0],
+                                           "busy_before": others_busy()})
         grid = latency(config, record)
         record.set_metric(f"{STEP}.latency", grid)
         if grid["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
