@@ -78,16 +78,16 @@ def compare(args: argparse.Namespace) -> None:
     if args.install:
         print(f"installed: {install_infinity(args.peer_venv)}")
         return
+    if args.run is not None and not (args.run / "run.json").is_file():
+        raise MissingArtifactError(f"{args.run} is not a run folder (no run.json)",
+                                   "leave out --run (export, optimize and parity run first, about 6 minutes on a "
+                                   "quiet 2-core host), or give a run whose optimize and parity steps are done")
     python = args.peer_venv / "bin" / "python"
     if not (args.peer_venv / "bin" / "optimum-cli").is_file():
         raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
                                     f"{sys.executable} {Path(__file__).resolve()} --install --peer-venv "
                                     f"{args.peer_venv.resolve()} "
                                     "(a virtual environment of about 1.5 GB, about a minute)")
-    if args.run is not None and not (args.run / "run.json").is_file():
-        raise MissingArtifactError(f"{args.run} is not a run folder (no run.json)",
-                                   "leave out --run (export, optimize and parity run first, 5-10 minutes), or give a "
-                                   "run whose optimize and parity steps are done")
     if args.run is None:
         args.run = ROOT / "outputs" / f"graphs-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(RunConfig(steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]), args.run)

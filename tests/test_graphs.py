@@ -61,8 +61,12 @@ def test_the_checks_compare_each_cell_and_the_repaired_int8_with_the_fastest_pee
 def test_a_missing_optimum_and_bad_arguments_are_refused_before_anything_runs(tmp_path):
     script = str(ROOT / "benchmarks" / "graphs.py")
     run = tmp_path / "run"
-    missing = subprocess.run([sys.executable, script, "--peer-venv", str(tmp_path / "none"), "--run", str(run)],
-                             capture_output=True, text=True, cwd=tmp_path)
+    no_run = subprocess.run([sys.executable, script, "--peer-venv", str(tmp_path / "none"), "--run", str(run)],
+                            capture_output=True, text=True, cwd=tmp_path)  # the run is named first: both are wrong
+    assert no_run.returncode == 2
+    assert "MissingArtifactError" in no_run.stderr and "is not a run folder (no run.json)" in no_run.stderr
+    missing = subprocess.run([sys.executable, script, "--peer-venv", str(tmp_path / "none")], capture_output=True,
+                             text=True, cwd=tmp_path)
     assert missing.returncode == 2
     assert "PeerNotInstalledError" in missing.stderr and "--install" in missing.stderr
     bad = subprocess.run([sys.executable, script, "--rounds", "0", "--run", str(run)], capture_output=True,

@@ -330,3 +330,6 @@ def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path):
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
     assert len(repair["chosen"]["blocked"]) < repair["units"]
     assert results["int8_repaired"]["passed"]
+    if any(b["chosen"] and b["passed"] for b in repair["bases"]):  # on the AVX-512 VNNI / AMX host: per-token, 0.9914
+        # a base that passes the full lab alone is the repair: one candidate, no sensitivity pass, no bisection
+        assert repair["chosen"]["blocked"] == [] and len(repair["candidates"]) == 1 and not repair["sensitivity"]

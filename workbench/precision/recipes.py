@@ -82,6 +82,11 @@ class ChosenBase:
     source: Path  # the fp32 graph (smoothed or not) the repair quantizes
     records: list[dict[str, Any]]
 
+    @property
+    def passed(self) -> bool:
+        """The base passed the full lab with nothing kept in fp32."""
+        return any(r["chosen"] and r["passed"] for r in self.records)
+
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
                 excluded: list[str], checker: Checker, note: Callable[[str], None]) -> ChosenBase:

@@ -107,7 +107,7 @@ def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path
         problem = repair_problem(precision, settings, fp32, checker, base)
         search = RepairSearch(problem, checker, workdir, settings.max_builds, bar)
         errors: dict[str, Any] = {}
-        if base is not None:
+        if base is not None and not base.passed:  # what each unit costs in int8: only a failing base needs it
             problem.units = sensitivity_order(search, problem.costs)
             bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
             errors = node_errors(base.source, workdir, feeds, problem.units)
@@ -121,6 +121,7 @@ def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path
         result["checked_batches"] = len(checker.checks.batches)
         if base is not None:
             result["base"], result["bases"] = base.recipe.name, base.records
+        if errors:
             agreement = agreement_with_sensitivity(errors, result["sensitivity"])
             result["node_error"] = {"tool": "onnxruntime.quantization.qdq_loss_debug", "per_node": errors,
                                     "spearman_vs_sensitivity": agreement}

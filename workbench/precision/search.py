@@ -162,8 +162,9 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
     start = time.perf_counter()
     outcome = "repaired"
     try:
-        search.try_blocked([])
-        if not search.passes(units):
+        if search.passes([]):
+            pass  # the base alone passes: nothing to keep in fp32
+        elif not search.passes(units):
             outcome = "unrepairable: fails even with every candidate node in fp32"
         else:
             low, high = 0, len(units)  # units[:low] fails, units[:high] passes
