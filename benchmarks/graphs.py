@@ -158,9 +158,8 @@ def report(result: dict, rows: list[GraphRow], torch_ms: dict[str, float], lines
           "interleaved rounds per cell, medians in ms (speedup over PyTorch eager)\n")
     if host["busy_before"] > (host["cores"] or 1) / 2:
         print(f"BUSY HOST: other processes kept {host['busy_before']:.1f} of {host['cores']} cores busy when measuring "
-              "began: "
-              "the graphs' ratios to each other hold (interleaved), the speedups over PyTorch (timed in phases of "
-              "its own) may not; re-run on a quiet host\n")
+              "began: the graphs' ratios to each other hold (interleaved), the speedups over PyTorch (timed in "
+              "phases of its own) may not; re-run on a quiet host\n")
     print(table(rows, torch_ms))
     print()
     for line in lines:

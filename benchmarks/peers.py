@@ -212,8 +212,7 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
           f"one-text requests per level; req/s (range over repeats) / p50 ms / p99 ms\n")
     if host["busy_before"] > (host["cores"] or 1) / 2:
         print(f"BUSY HOST: other processes kept {host['busy_before']:.1f} of {host['cores']} cores busy when measuring "
-              "began: "
-              "absolute times do not hold, ratios only where the other work slowed every row alike; re-run on a "
+              "began: absolute times do not hold, ratios only where the other work slowed every row alike; re-run on a "
               "quiet host\n")
     print(table(rows, levels))
     encode = result["in_process"]["encode"]

@@ -174,6 +174,6 @@ def others_busy(seconds: float = 1.0) -> float:
     if start is None:
         return os.getloadavg()[0]
     time.sleep(seconds)
-    end, now = _busy_seconds(), os.times()
+    end, now = _busy_seconds() or start, os.times()
     own_seconds = (now.user + now.system) - (own.user + own.system)
-    return max(0.0, ((end or start) - start - own_seconds) / seconds)
+    return max(0.0, (end - start - own_seconds) / seconds)

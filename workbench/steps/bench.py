@@ -98,8 +98,7 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
-        record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0],
-                                           "busy_before": others_busy()})
+        record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "busy_before": others_busy()})
         grid = latency(config, record)
         record.set_metric(f"{STEP}.latency", grid)
         if grid["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
