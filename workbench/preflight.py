@@ -5,34 +5,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from workbench.core.batches import check_sequence_limit
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
-from workbench.core.errors import MissingArtifactError
+from workbench.core.errors import MissingArtifactError, Problems
 from workbench.core.record import RunRecord, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
 
 def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
-    """What the selected steps declare they need, checked before anything runs: device cuda, the corpus, each step's
-    own check (e.g. the export opset), the model's limits, free ports, a writable repository folder, and the
-    earlier steps whose outputs each reads (in this run, or ok in the `resumed` record)."""
+    """What the selected steps declare they need, checked before anything runs, every problem listed in one refusal:
+    device cuda, the corpus, each step's own check (e.g. the export opset), the model (its task, pipeline, pooling
+    and limits), free ports, a writable repository folder, and the earlier steps whose outputs each reads (in this
+    run, or ok in the `resumed` record); then, when nothing else is wrong, room on the disk."""
     selected = [step for step in specs() if step.name in config.steps]
+    problems = Problems()
     if config.device == "cuda":  # asked for, not available: refused now, not found out mid-run
         from workbench.runners.onnxruntime import providers_for
 
-        providers_for("cuda")
-    load_corpus(config.corpus, config.corpus_max_texts)
+        problems.check(providers_for, "cuda")
+    problems.check(load_corpus, config.corpus, config.corpus_max_texts)
     for step in selected:
         if step.check is not None:
-            step.check(config)
+            problems.check(step.check, config)
     needs = {need for step in selected for need in step.needs}
     for need in NEEDS:  # in this order: the model first, it is what most runs get wrong
         if need in needs:
-            CHECKS[need](config)
-    check_reads(selected, config, resumed)
-    check_disk(config, selected)
+            problems.check(CHECKS[need], config)
+    problems.check(check_reads, selected, config, resumed)
+    if not problems.found:
+        problems.check(check_disk, config, selected)
+    problems.raise_all()
 
 
 def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
@@ -72,20 +75,34 @@ def check_repository(config: RunConfig) -> None:
 
 
 def check_model_limits(config: RunConfig) -> None:
-    """The model resolves, its architecture suits the task, its sentence-transformers pipeline (feature extraction)
-    can be exported and agrees with `pooling`, and sequence.max fits its limits."""
+    """The model resolves, its architecture suits the task (and its weights hold the task's head), its
+    sentence-transformers pipeline (feature extraction) can be exported and agrees with `pooling`, and `sequence`
+    fits its limits: every problem found, in one refusal."""
     from workbench.core.tasks import TASKS
-    from workbench.models.loading import check_supported, load_config, load_tokenizer, resolve_source, sequence_limit
+    from workbench.models.loading import (
+        check_supported,
+        check_task_head,
+        load_config,
+        load_tokenizer,
+        resolve_source,
+        sequence_limit,
+    )
     from workbench.models.sentence import graph_pooling, read_pipeline
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
-    check_supported(hf_config, TASKS[config.task])
-    pipeline = read_pipeline(source.location) if config.task == "feature-extraction" else None
+    task, problems = TASKS[config.task], Problems()
+    problems.check(check_supported, hf_config, task)
+    if not problems.found:  # a task's head is looked for in an architecture that has the task
+        problems.check(check_task_head, source, hf_config, task)
+    pipeline = problems.check(read_pipeline, source.location) if config.task == "feature-extraction" else None
     if pipeline is not None:
-        graph_pooling(pipeline, config.pooling, config.pooling_override)
-    tokenizer = load_tokenizer(source, config.trust_remote_code)
-    check_sequence_limit(config.sequence, sequence_limit(hf_config, tokenizer, pipeline))
+        problems.check(graph_pooling, pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size))
+    tokenizer = problems.check(load_tokenizer, source, config.trust_remote_code)
+    if tokenizer is not None:
+        limit = sequence_limit(hf_config, tokenizer, pipeline)
+        problems.check(config.sequence.resolve, limit.tokens, limit.source)
+    problems.raise_all()
 
 
 CHECKS: dict[str, Callable[[RunConfig], None]] = {

@@ -9,7 +9,6 @@ import numpy as np
 
 from workbench.core.config import ShapeRange
 from workbench.core.data import encode
-from workbench.core.errors import ShapeError
 
 
 @dataclass
@@ -35,37 +34,30 @@ def token_lengths(tokenizer: Any, texts: list[str]) -> np.ndarray:
     return np.array([len(ids) for ids in tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]])
 
 
-def check_sequence_limit(sequence: ShapeRange, max_sequence: int) -> None:
-    if sequence.max > max_sequence:
-        raise ShapeError(
-            f"sequence.max={sequence.max} exceeds the model's limit of {max_sequence} tokens",
-            f"set -p sequence.max={max_sequence} (or lower) and sequence.opt <= that",
-        )
-
-
 def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch: ShapeRange,
-                   sequence: ShapeRange, max_sequence: int, seed: int = 0) -> list[Batch]:
+                   sequence: ShapeRange, seed: int = 0, prompt_tokens: int = 0) -> list[Batch]:
     """Every (batch, sequence) corner filled with the texts nearest that length, plus mixed-length batches."""
-    check_sequence_limit(sequence, max_sequence)
     lengths = token_lengths(tokenizer, texts)
     shortest = int(lengths.min())
-    batches = [shaped_batch(tokenizer, input_names, texts, lengths, rows, length)
+    batches = [shaped_batch(tokenizer, input_names, texts, lengths, rows, length, prompt_tokens)
                for rows in sorted({batch.min, batch.opt, batch.max})
-               for length in sorted({max(sequence.min, shortest), sequence.opt, sequence.max})]
+               for length in sorted({max(sequence.min, min(shortest, sequence.max)), sequence.opt, sequence.max})]
     rng = np.random.default_rng(seed)
     for rows in sorted({batch.opt, batch.max}):
         ids = [int(i) for i in rng.choice(len(texts), size=rows, replace=rows > len(texts))]
-        feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=sequence.max)
+        feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=sequence.max,
+                      prompt_tokens=prompt_tokens)
         batches.append(Batch(f"mixed_b{rows}", ids, feed))
     return batches
 
 
 def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], lengths: np.ndarray, rows: int,
-                 length: int) -> Batch:
+                 length: int, prompt_tokens: int = 0) -> Batch:
     """Exactly `rows` x `length`, filled with the texts nearest that length (at least that long first)."""
     order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
     ids = [int(i) for i in np.resize(order, rows)]
-    return Batch(f"b{rows}_s{length}", ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length))
+    return Batch(f"b{rows}_s{length}", ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length,
+                                                   prompt_tokens=prompt_tokens))
 
 
 def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
@@ -76,13 +68,31 @@ def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
             for rows, length in cells}
 
 
-def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch_size: int,
-                   sequence: ShapeRange, max_sequence: int) -> list[Batch]:
-    """Every text once, in corpus order (mixed lengths), right-padded to the longest in each batch; longer texts
-    are cut at `sequence.max` (the configured range), never past the model's `max_sequence`."""
+def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[str], batch_size: int, cut: int,
+                   prompt_tokens: int = 0, ids: Sequence[int] | None = None) -> list[Batch]:
+    """Every text once (or those of `ids`), in corpus order (mixed lengths), right-padded to the longest in each
+    batch; longer texts are cut at `cut` tokens."""
+    chosen = list(range(len(texts)) if ids is None else ids)
     batches = []
-    for start in range(0, len(texts), batch_size):
-        ids = list(range(start, min(start + batch_size, len(texts))))
-        feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=min(sequence.max, max_sequence))
-        batches.append(Batch(f"corpus_{start // batch_size:03d}", ids, feed))
+    for start in range(0, len(chosen), batch_size):
+        part = chosen[start:start + batch_size]
+        feed = encode(tokenizer, [texts[i] for i in part], input_names, max_length=cut, prompt_tokens=prompt_tokens)
+        batches.append(Batch(f"corpus_{part[0]:04d}", part, feed))
     return batches
+
+
+def long_texts(tokenizer: Any, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:
+    """One text per target token count: consecutive corpus texts joined by spaces until the joined text holds at
+    least that many tokens (the corpus read round again if needed), for checks past a length cut."""
+    found = []
+    lengths = token_lengths(tokenizer, list(texts))
+    for number, target in enumerate(targets):
+        parts, total, index = [], 0, number * 7 % len(texts)
+        while total < target:
+            parts.append(texts[index])
+            total += int(lengths[index])
+            index = (index + 1) % len(texts)
+            if total >= target:  # the joined text has fewer special tokens than its parts together
+                total = int(token_lengths(tokenizer, [" ".join(parts)])[0])
+        found.append(" ".join(parts))
+    return tuple(found)

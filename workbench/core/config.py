@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench.core import dotted
-from workbench.core.errors import ConfigError
+from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.tasks import TASKS, OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -54,6 +54,45 @@ class ShapeRange(_Strict):
         if not self.min <= self.opt <= self.max:
             raise ValueError(f"need min <= opt <= max, got {self.min}, {self.opt}, {self.max}")
         return self
+
+
+AUTO_OPT = 128  # sequence.opt when auto: the corpus's common lengths lie below it, and max caps it
+
+
+class SequenceSetting(_Strict):
+    """Tokens per text: `auto` follows the model (max: its own limit as its library applies it; opt: the smaller of
+    AUTO_OPT and max). Checked against the model by `resolve`, which lists every problem at once."""
+
+    min: int = 1
+    opt: int | Literal["auto"] = "auto"
+    max: int | Literal["auto"] = "auto"
+
+    def resolve(self, limit: int, limit_source: str = "the model's limit") -> ShapeRange:
+        """The range this run uses for a model that takes at most `limit` tokens; ShapeError listing every problem
+        (a setting below 1, out of order, or past the limit) with the values that fix them."""
+        top = limit if self.max == "auto" else self.max
+        opt = min(AUTO_OPT, top) if self.opt == "auto" else self.opt
+        problems = [f"sequence.{name}={value} is below 1" for name, value in
+                    (("min", self.min), ("opt", opt), ("max", top)) if value < 1]
+        if top > limit:
+            problems.append(f"sequence.max={top} exceeds the model's limit of {limit} tokens ({limit_source})")
+        if not self.min <= opt <= top:
+            auto_opt, auto_max = (" (auto)" if value == "auto" else "" for value in (self.opt, self.max))
+            problems.append(f"need sequence.min <= opt <= max, got {self.min}, {opt}{auto_opt}, {top}{auto_max}")
+        if problems:
+            best = min(max(top, 1), limit)
+            raise ShapeError("; ".join(problems), (
+                "leave sequence.max and sequence.opt at auto (the model's own limit, then the smaller of "
+                f"{AUTO_OPT} and max), or set values with 1 <= sequence.min <= sequence.opt <= sequence.max <= "
+                f"{limit}, e.g. -p sequence.max={best} -p sequence.opt={min(max(opt, 1), best)}"))
+        return ShapeRange(min=self.min, opt=opt, max=top)
+
+    def sources(self, limit_source: str) -> dict[str, str]:
+        """Where each resolved value comes from (run.json `metrics.export.sequence.sources`)."""
+        return {"min": "configured (sequence.min)",
+                "opt": f"auto: the smaller of {AUTO_OPT} and max" if self.opt == "auto" else
+                "configured (sequence.opt)",
+                "max": f"auto: {limit_source}" if self.max == "auto" else "configured (sequence.max)"}
 
 
 class Tolerance(_Strict):
@@ -191,7 +230,9 @@ class RunConfig(_Strict):
     opset: int = 17
     attn_implementation: Literal["eager", "sdpa"] = "eager"
     batch: ShapeRange = ShapeRange(min=1, opt=8, max=32)
-    sequence: ShapeRange = ShapeRange(min=1, opt=128, max=256)
+    sequence: SequenceSetting = Field(default_factory=SequenceSetting, description=(
+        "tokens per text; auto: max is the model's own limit (what its library cuts at), opt the smaller of 128 "
+        "and max"))
     precisions: list[Precision] = ["fp32", "fp16", "int8"]
     graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
         "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
@@ -235,6 +276,15 @@ class RunConfig(_Strict):
             hints = "".join(f" ({s!r}: did you mean {c[0]!r}?)" for s, c in close.items() if c)
             raise ValueError(f"unknown steps {unknown}{hints}; steps are: {', '.join(names)}")
         return [s for s in names if s in steps]
+
+    @model_validator(mode="after")
+    def _pooling_for_embeddings(self) -> RunConfig:
+        """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it."""
+        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override):
+            chosen = "pooling_override=true" if self.pooling == "auto" else f"pooling={self.pooling}"
+            raise ValueError(f"{chosen} applies to task feature-extraction only; task {self.task} returns its "
+                             "classifier's logits; drop pooling (and pooling_override) for it")
+        return self
 
     @model_validator(mode="after")
     def _known_outputs(self) -> RunConfig:

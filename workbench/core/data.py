@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from workbench.core.errors import ConfigError
+from workbench.core.tasks import POOLING_MASK
 
 CORPUS_PATH = Path(__file__).parents[1] / "data" / "corpus.txt"
 
@@ -104,9 +105,30 @@ def load_corpus(path: Path | str | None = None, max_texts: int | None = None) ->
 
 
 def encode(tokenizer: Any, texts: list[str], input_names: tuple[str, ...], max_length: int | None = None,
-           pad_to: int | None = None) -> dict[str, np.ndarray]:
-    """Right-padded int64 arrays for `input_names`; `pad_to` pads every row to that length."""
+           pad_to: int | None = None, prompt_tokens: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded int64 arrays for `input_names`; `pad_to` pads every row to that length. A pooling mask (graph
+    input of models pooling without the prompt) is the attention mask less each row's first `prompt_tokens`."""
     limit = pad_to or max_length
     enc = tokenizer(list(texts), padding="max_length" if pad_to else True, truncation=limit is not None,
                     max_length=limit, return_tensors="np")
-    return {name: np.ascontiguousarray(enc[name], dtype=np.int64) for name in input_names}
+    feed = {name: np.ascontiguousarray(enc[name], dtype=np.int64) for name in input_names if name != POOLING_MASK}
+    if POOLING_MASK in input_names:
+        feed[POOLING_MASK] = feed["attention_mask"].copy()
+        feed[POOLING_MASK][:, :prompt_tokens] = 0
+    return {name: feed[name] for name in input_names}
+
+
+def lowercase_inputs(tokenizer: Any) -> None:
+    """Lowercase before tokenizing, as sentence-transformers does for `do_lower_case` (a Lowercase normalizer first
+    in the fast tokenizer's pipeline, which its `tokenizers` backend, served as encoder.json, keeps)."""
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as Steps
+
+    if not tokenizer.is_fast:
+        tokenizer.do_lower_case = True
+        return
+    backend = tokenizer.backend_tokenizer
+    normalizer = backend.normalizer
+    steps = list(normalizer) if isinstance(normalizer, Steps) else [normalizer] if normalizer else []
+    if not any(isinstance(step, Lowercase) for step in steps):
+        backend.normalizer = Steps([Lowercase(), *steps])

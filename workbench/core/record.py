@@ -17,7 +17,7 @@ from typing import Any
 from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
-from workbench.core.data import corpus_sample
+from workbench.core.data import corpus_sample, lowercase_inputs
 from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.results import (
@@ -442,10 +442,14 @@ class RunRecord:
         return ExportMetrics.model_validate(info)
 
     def tokenizer(self) -> Any:
-        """The tokenizer the export step saved with the model."""
+        """The tokenizer the export step saved with the model, lowercasing where the model's sentence-transformers
+        files say so (transformers rebuilds some tokenizers' normalizers on loading, so it is applied again)."""
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
+        tokenizer = AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
+        if (self.export_info().sentence_pipeline or {}).get("do_lower_case"):
+            lowercase_inputs(tokenizer)
+        return tokenizer
 
     def fp16_repair_pins(self) -> list[str]:
         """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""

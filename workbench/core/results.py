@@ -92,6 +92,8 @@ class ExportMetrics(Metrics):
     hidden_size: int
     intermediate_size: int
     max_sequence: int
+    max_sequence_source: str | None = None  # where the model's limit comes from (older records: not recorded)
+    sequence: Json | None = None  # the run's tokens per text, resolved (min, opt, max) with their `sources`
     nodes: int | None = None
     io: GraphIO
     sentence_pipeline: Json | None = None

@@ -10,6 +10,9 @@ if TYPE_CHECKING:
 
 BATCH, SEQUENCE = "batch", "sequence"
 INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+# The attention mask less each text's prompt tokens: what pooling averages over when the model's sentence-transformers
+# pipeline pools without the prompt (include_prompt: false); a graph input only for such models.
+POOLING_MASK = "pooling_mask"
 TOKEN_EMBEDDINGS, SENTENCE_EMBEDDING = "token_embeddings", "sentence_embedding"
 
 
@@ -65,10 +68,11 @@ class FeatureExtraction(Task):
         return specs + ((OutputSpec(SENTENCE_EMBEDDING, (BATCH, "embedding"), "embedding"),) if pooled else ())
 
     def forward(self, model, inputs, head):
-        hidden = model(**inputs).last_hidden_state
+        pooled_over = inputs.get(POOLING_MASK, inputs["attention_mask"])
+        hidden = model(**{name: value for name, value in inputs.items() if name != POOLING_MASK}).last_hidden_state
         outputs = {TOKEN_EMBEDDINGS: hidden}
         if head is not None:
-            features = head({TOKEN_EMBEDDINGS: hidden, "attention_mask": inputs["attention_mask"]})
+            features = head({TOKEN_EMBEDDINGS: hidden, "attention_mask": pooled_over})
             outputs[SENTENCE_EMBEDDING] = features[SENTENCE_EMBEDDING]
         return outputs
 

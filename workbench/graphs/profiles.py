@@ -71,14 +71,13 @@ def padded_batches(lengths: np.ndarray, rows: int) -> np.ndarray:
     return np.array([lengths[i:i + rows].max() for i in range(0, len(lengths), rows)])
 
 
-def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequence: ShapeRange,
-                    max_sequence: int) -> list[Profile]:
+def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequence: ShapeRange) -> list[Profile]:
     """Profiles covering sequence.min..sequence.max whose inner edges follow the data.
 
     Lengths are clipped to the served range first (longer texts are truncated). Each bucket's opt is the median padded
     length of batches of `batch.opt` texts from that bucket, rounded up to a multiple of 8.
     """
-    top = min(sequence.max, max_sequence)
+    top = sequence.max
     clipped = np.clip(np.asarray(lengths), sequence.min, top)
     edges = bucket_edges(clipped, buckets)
     edges = [min(_round_up(e), top) for e in edges[:-1]] + [top]

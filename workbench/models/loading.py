@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import shlex
 import zipfile
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, ShapeRange
+from workbench.core.data import lowercase_inputs
 from workbench.core.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -19,8 +21,14 @@ from workbench.core.errors import (
     WorkbenchError,
     ZippedModelError,
 )
-from workbench.core.tasks import INPUT_NAMES, TASKS, Task
-from workbench.models.sentence import SentencePipeline, graph_pooling, load_head, read_pipeline
+from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
+from workbench.models.sentence import (
+    SentencePipeline,
+    graph_pooling,
+    load_head,
+    prompt_tokens,
+    read_pipeline,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -124,6 +132,7 @@ class LoadedModel:
     model: torch.nn.Module
     task: Task
     input_names: tuple[str, ...]
+    sequence: ShapeRange  # the run's tokens per text: its `sequence` setting resolved against `limit`
     pipeline: SentencePipeline | None = None
     pooling: str = "none"
     head: torch.nn.Module | None = None
@@ -151,29 +160,57 @@ class LoadedModel:
         return int(value) if value else None
 
     @property
-    def max_sequence(self) -> int:
+    def limit(self) -> Limit:
         return sequence_limit(self.hf_config, self.tokenizer, self.pipeline)
+
+    @property
+    def max_sequence(self) -> int:
+        return self.limit.tokens
 
     def prompted(self, texts: tuple[str, ...], prompt_name: str | None = None) -> tuple[str, ...]:
         """`texts` as the model's users encode them: after the named prompt, else its default prompt (if any)."""
         return self.pipeline.prompted(texts, prompt_name) if self.pipeline else texts
+
+    def prompt_tokens(self, prompt_name: str | None = None) -> int:
+        """How many first tokens of a text after the named prompt (None: the default one) pooling leaves out: the
+        prompt's, for a model that pools without it (a pooling-mask input), else none."""
+        if POOLING_MASK not in self.input_names or self.pipeline is None:
+            return 0
+        return prompt_tokens(self.tokenizer, self.pipeline.prompt(prompt_name), self.max_sequence)
 
     @property
     def pooling_overridden(self) -> bool:
         return bool(self.pipeline and self.pipeline.declared and self.pooling not in ("none", self.pipeline.pooling))
 
 
-def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | None = None) -> int:
-    """Longest input the model takes: position table (less RoBERTa's padding offset), tokenizer limit and the
-    sentence-transformers max_seq_length (what encode() truncates at)."""
-    limits = [int(tokenizer.model_max_length)] if tokenizer.model_max_length < 1_000_000 else []
+@dataclass(frozen=True)
+class Limit:
+    """The most tokens the model takes as its users run it, and where that number comes from."""
+
+    tokens: int
+    source: str
+
+
+def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | None = None) -> Limit:
+    """Longest input the model takes as its library runs it: the sentence-transformers max_seq_length (what encode()
+    cuts at), the tokenizer's model_max_length and the position table (less RoBERTa's padding offset), whichever is
+    smallest (the first named of equal ones)."""
+    found: list[tuple[int, str]] = []
     if pipeline is not None and pipeline.max_seq_length:
-        limits.append(int(pipeline.max_seq_length))
+        found.append((int(pipeline.max_seq_length), f"max_seq_length {pipeline.max_seq_length} of its "
+                                                     "sentence-transformers files, where encode() cuts"))
+    if tokenizer.model_max_length < 1_000_000:
+        found.append((int(tokenizer.model_max_length),
+                      f"its tokenizer's model_max_length {tokenizer.model_max_length}"))
     positions = getattr(hf_config, "max_position_embeddings", None)
-    if positions:
+    if positions and positions > 0:
         offset = hf_config.pad_token_id + 1 if hf_config.model_type in POSITION_OFFSET_ARCHITECTURES else 0
-        limits.append(int(positions) - offset)
-    return min(limits) if limits else 512
+        less = f" less the padding offset {offset}" if offset else ""
+        found.append((int(positions) - offset, f"its {positions} position embeddings{less}"))
+    if not found:
+        return Limit(512, "no limit in its files: 512")
+    tokens = min(value for value, _ in found)
+    return Limit(tokens, next(source for value, source in found if value == tokens))
 
 
 def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:
@@ -319,8 +356,56 @@ def generative_kind(hf_config: Any) -> str | None:
     return "decoder-only" if getattr(hf_config, "is_decoder", False) or causal_only else None
 
 
+def checkpoint_keys(folder: Path) -> set[str] | None:
+    """The parameter names a local folder's weights hold (safetensors headers, a sharded index, or .bin files);
+    None when it has none readable here."""
+    from safetensors import SafetensorError, safe_open
+
+    index = next(iter(sorted(folder.glob("*.safetensors.index.json"))), None)
+    if index is not None:
+        return set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+    keys: set[str] = set()
+    try:
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as handle:
+                keys.update(handle.keys())
+    except SafetensorError:
+        return None
+    if not keys:
+        import torch
+
+        for path in sorted(folder.glob("*.bin")):
+            keys.update(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    return keys or None
+
+
+def check_task_head(source: ModelSource, hf_config: Any, task: Task) -> None:
+    """A classifier's head must be in the weights: a folder saved from a base model (an embedding model) has none,
+    and transformers would give the task's head random weights."""
+    if task.name == "feature-extraction" or source.kind == "hub" or getattr(hf_config, "auto_map", None):
+        return
+    keys = checkpoint_keys(Path(source.location))
+    if keys is None:
+        return  # nothing readable: loading the weights says what is wrong
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = getattr(transformers, task.auto_class).from_config(hf_config)
+    prefix = f"{model.base_model_prefix}."
+    missing = [key for key in model.state_dict() if not key.startswith(prefix) and key not in keys]
+    if missing:
+        raise UnsupportedModelError(
+            f"task={task.name} needs {type(model).__name__}'s head ({', '.join(missing)}), and the weights in "
+            f"{source.location} have none: transformers would start it from random values",
+            "pass a folder saved from a model fine-tuned for that task, or leave task at feature-extraction for "
+            "this model's embeddings")
+
+
 def load_model(config: RunConfig) -> LoadedModel:
-    """Load tokenizer and torch model for `config.task`, in eval mode with the configured attention."""
+    """Load tokenizer and torch model for `config.task`, in eval mode with the configured attention; the model's
+    sentence-transformers pipeline (feature extraction) and the run's sequence range are settled before the weights
+    load."""
     import torch
     import transformers
 
@@ -331,7 +416,15 @@ def load_model(config: RunConfig) -> LoadedModel:
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     check_supported(hf_config, task)
+    check_task_head(source, hf_config, task)
     tokenizer = load_tokenizer(source, config.trust_remote_code)
+    pipeline = read_pipeline(source.location) if task.name == "feature-extraction" else None
+    pooling = graph_pooling(pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size)) \
+        if pipeline else "none"
+    if pipeline is not None and pipeline.do_lower_case:
+        lowercase_inputs(tokenizer)
+    limit = sequence_limit(hf_config, tokenizer, pipeline)
+    sequence = config.sequence.resolve(limit.tokens, limit.source)
     auto = getattr(transformers, task.auto_class)
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
@@ -346,9 +439,9 @@ def load_model(config: RunConfig) -> LoadedModel:
             "not input_ids and attention_mask",
             "use a tokenizer that returns input_ids and attention_mask",
         )
-    loaded = LoadedModel(source, hf_config, tokenizer, model, task, names)
-    if task.name == "feature-extraction":
-        loaded.pipeline = read_pipeline(source.location)
-        loaded.pooling = graph_pooling(loaded.pipeline, config.pooling, config.pooling_override)
-        loaded.head = load_head(loaded.pipeline, loaded.pooling, loaded.hidden_size, config.trust_remote_code)
+    if pipeline is not None and not pipeline.include_prompt and pooling != "none":
+        names += (POOLING_MASK,)
+    loaded = LoadedModel(source, hf_config, tokenizer, model, task, names, sequence, pipeline, pooling)
+    if pipeline is not None:
+        loaded.head = load_head(pipeline, pooling, loaded.hidden_size, config.trust_remote_code)
     return loaded

@@ -38,6 +38,7 @@ class SentencePipeline:
     modules: tuple[ModuleRef, ...] = ()
     pooling: str = DEFAULT_POOLING
     include_prompt: bool = True
+    do_lower_case: bool = False
     max_seq_length: int | None = None
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
@@ -78,7 +79,8 @@ class SentencePipeline:
         result: dict[str, Any] = {
             "declared": self.declared, "source": where, "steps": self.steps(mode), "pooling": mode,
             "declared_pooling": self.pooling, "normalize": self.normalized, "dense_layers": self.dense_layers,
-            "max_seq_length": self.max_seq_length, "prompts": self.prompts,
+            "max_seq_length": self.max_seq_length, "prompts": self.prompts, "include_prompt": self.include_prompt,
+            "do_lower_case": self.do_lower_case,
             "default_prompt_name": self.default_prompt_name, "similarity": self.similarity}
         if overridden:
             result["override"] = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
@@ -103,9 +105,12 @@ def read_pipeline(location: str) -> SentencePipeline:
     from sentence_transformers.sentence_transformer.modules import Pooling
     from sentence_transformers.util import import_from_string
 
+    # The library's default prompt names (query, document: no text), under any saved ones; an empty prompt is still a
+    # name encode(prompt_name=...) takes, for a folder without sentence-transformers files too.
+    defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
     listed = _json(location, "modules.json")
     if not isinstance(listed, list) or not listed:
-        return SentencePipeline(location, declared=False)
+        return SentencePipeline(location, declared=False, prompts=defaults)
     first = import_from_string(listed[0]["type"])
     if not (isinstance(first, type) and issubclass(first, Transformer)):
         raise UnsupportedModelError(
@@ -136,18 +141,13 @@ def read_pipeline(location: str) -> SentencePipeline:
     # is still a name encode(prompt_name=...) takes.
     defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
     prompts = {**defaults, **{name: text or "" for name, text in (settings.get("prompts") or {}).items()}}
-    pipeline = SentencePipeline(
+    return SentencePipeline(
         location, declared=True, modules=modules, pooling=pooling, include_prompt=include_prompt,
+        do_lower_case=bool(transformer.get("do_lower_case", False)),
         max_seq_length=transformer.get("max_seq_length") or _limit(tokenizer.get("model_max_length")),
         prompts=prompts,
         default_prompt_name=settings.get("default_prompt_name") or None,
         similarity=settings.get("similarity_fn_name") or "cosine")
-    if any(prompts.values()) and not include_prompt:
-        raise UnsupportedModelError(
-            f"{location}/{next(m.path for m in modules if m.name == 'Pooling')}/config.json pools without the "
-            "prompt tokens (include_prompt: false), which depends on each request's prompt length",
-            "export the token embeddings alone with -p pooling=none and pool outside the graph")
-    return pipeline
 
 
 def _limit(value: object) -> int | None:
@@ -155,19 +155,50 @@ def _limit(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
 
 
-def graph_pooling(pipeline: SentencePipeline, pooling: str, override: bool) -> str:
+def graph_pooling(pipeline: SentencePipeline, pooling: str, override: bool, hidden_size: int) -> str:
     """The pooling mode the graph uses: the declared one for `auto`; a mode the model's files contradict is refused
-    unless `override`."""
+    unless `override`, and an override whose width the next Dense layer cannot take is refused."""
     if pooling == "auto":
         return pipeline.pooling
-    if pooling in ("none", pipeline.pooling) or not pipeline.declared or override:
+    if pooling in ("none", pipeline.pooling) or not pipeline.declared:
         return pooling
     where = f"{pipeline.location}/{next(m.path for m in pipeline.modules if m.name == 'Pooling')}/config.json"
+    if override:
+        _check_dense_width(pipeline, pooling, hidden_size)
+        return pooling
     raise PoolingMismatchError(
         f"pooling={pooling} contradicts the model's own files: {where} declares {pipeline.pooling} pooling, which "
         "is what SentenceTransformer(...).encode() returns today",
         f"drop -p pooling (auto reads the model's files), or keep {pooling} with -p pooling_override=true "
         "(the record notes the override)")
+
+
+def _check_dense_width(pipeline: SentencePipeline, mode: str, hidden_size: int) -> None:
+    """The first Dense layer after pooling takes the width the declared pooling gives; `mode` must give the same."""
+    from sentence_transformers.base.modules import Dense
+
+    after = pipeline.modules[next(i for i, m in enumerate(pipeline.modules) if m.name == "Pooling") + 1:]
+    dense = next((m for m in after if m.name == "Dense"), None)
+    if dense is None:
+        return
+    takes = Dense.load_config(pipeline.location, subfolder=dense.path).get("in_features")
+    width = hidden_size * len(mode.split("+"))
+    if takes is not None and takes != width:
+        raise PoolingMismatchError(
+            f"pooling={mode} gives {width} values per text, but {pipeline.location}/{dense.path}/config.json takes "
+            f"{takes} (in_features: trained on the declared {pipeline.pooling} pooling), so the override cannot run "
+            "through the model's Dense layer",
+            f"drop -p pooling and -p pooling_override (auto: {pipeline.pooling}), or export the token embeddings alone "
+            "with -p pooling=none and pool outside the graph")
+
+
+def prompt_tokens(tokenizer: Any, prompt: str, limit: int) -> int:
+    """How many of a text's first tokens are the prompt's, as sentence-transformers counts them for pooling without
+    the prompt (include_prompt: false): the prompt tokenized alone, less a trailing special token; 0 for none."""
+    if not prompt:
+        return 0
+    ids = tokenizer(prompt, truncation=True, max_length=limit)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
 
 
 def _modules(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_remote_code: bool) -> list[Any]:

@@ -13,28 +13,29 @@ from workbench.core.data import load_corpus
 MAX_POSITIONS = 128
 
 
-def trained_wordpiece(specials: list[str], vocab_size: int = 600):
-    """A lowercasing WordPiece `tokenizers.Tokenizer` trained on the shipped corpus, `specials` first."""
+def trained_wordpiece(specials: list[str], vocab_size: int = 600, lowercase: bool = True):
+    """A WordPiece `tokenizers.Tokenizer` trained on the shipped corpus, `specials` first, lowercasing unless told."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(load_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     return tok
 
 
-def wordpiece_tokenizer(vocab_size: int = 600):
+def wordpiece_tokenizer(vocab_size: int = 600, lowercase: bool = True, positions: int = MAX_POSITIONS):
     from tokenizers import decoders, processors
     from transformers import BertTokenizerFast
 
-    tok = trained_wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size)
+    tok = trained_wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size, lowercase)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     tok.decoder = decoders.WordPiece()
     return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                             sep_token="[SEP]", mask_token="[MASK]", model_max_length=MAX_POSITIONS)
+                             sep_token="[SEP]", mask_token="[MASK]", model_max_length=positions,
+                             do_lower_case=lowercase)
 
 
 def mpnet_tokenizer(vocab_size: int = 600):
@@ -74,22 +75,23 @@ def bytelevel_tokenizer(vocab_size: int = 600):
 
 
 def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extraction", layers: int = 2,
-                  hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None) -> Path:
+                  hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None,
+                  positions: int = MAX_POSITIONS, lowercase: bool = True) -> Path:
     """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`: transformers'
     0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
-    `dest`."""
+    `dest`; BERT takes `positions` tokens and its tokenizer lowercases unless told."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    tokenizer = {"roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
-                 "deberta-v2": unigram_tokenizer}.get(family, wordpiece_tokenizer)()
+    tokenizer = {"roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer, "deberta-v2": unigram_tokenizer}.get(
+        family, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
     common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3,
               "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
     configs = {
         "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
                                                 num_attention_heads=heads, intermediate_size=hidden * 2,
-                                                max_position_embeddings=MAX_POSITIONS, **common),
+                                                max_position_embeddings=positions, **common),
         "roberta": lambda: transformers.RobertaConfig(hidden_size=hidden, num_hidden_layers=layers,
                                                       num_attention_heads=heads, intermediate_size=hidden * 2,
                                                       max_position_embeddings=MAX_POSITIONS + 2, **common),
@@ -116,13 +118,18 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     return Path(dest)
 
 
-def build_sentence_encoder(dest: Path, pooling: str = "cls", dense: int | None = 16, normalize: bool = False,
-                           prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-                           similarity: str = "dot", seed: int = 0) -> Path:
-    """A tiny BERT saved as a sentence-transformers model by the library's own classes: Transformer -> Pooling in
-    `pooling` -> an optional Dense layer (tanh, `dense` outputs) -> optional Normalize, with prompts and a
-    similarity function in config_sentence_transformers.json. Wide random weights (std 0.2): with transformers'
-    0.02 every text, prompted or not, gets nearly the same embedding."""
+def build_sentence_encoder(dest: Path, pooling: str | tuple[str, ...] = "cls", dense: int | None = 16,
+                           normalize: bool = False, prompts: dict[str, str] | None = None,
+                           default_prompt_name: str | None = None,
+                           similarity: str = "dot", seed: int = 0, positions: int = MAX_POSITIONS,
+                           max_seq_length: int | None = None, include_prompt: bool = True,
+                           do_lower_case: bool = False) -> Path:
+    """A tiny BERT (`positions` positions) saved as a sentence-transformers model by the library's own classes:
+    Transformer (cutting at `max_seq_length`) -> Pooling in `pooling` (without the prompt's tokens unless
+    `include_prompt`) -> an optional Dense layer (tanh, `dense` outputs) -> optional Normalize, with prompts and a
+    similarity function in config_sentence_transformers.json. `do_lower_case`: the folder as older releases of the
+    library wrote it, the lowercasing in sentence_bert_config.json over a tokenizer that keeps case. Wide random
+    weights (std 0.2): with transformers' 0.02 every text, prompted or not, gets nearly the same embedding."""
     import tempfile
 
     import torch
@@ -131,18 +138,22 @@ def build_sentence_encoder(dest: Path, pooling: str = "cls", dense: int | None =
     from sentence_transformers.sentence_transformer.modules import Pooling
 
     with tempfile.TemporaryDirectory() as tmp:
-        base = build_encoder(Path(tmp) / "encoder", seed=seed, initializer_range=0.2)
+        base = build_encoder(Path(tmp) / "encoder", seed=seed, initializer_range=0.2, positions=positions,
+                             lowercase=not do_lower_case)
         torch.manual_seed(seed)
-        transformer = Transformer(str(base))
+        transformer = Transformer(str(base), max_seq_length=max_seq_length)
         width = transformer.get_embedding_dimension()
-        modules = [transformer, Pooling(width, pooling)]
+        modules = [transformer, Pooling(width, pooling, include_prompt=include_prompt)]
         if dense:
-            modules.append(Dense(width, dense))
+            modules.append(Dense(modules[1].get_embedding_dimension(), dense))
         if normalize:
             modules.append(Normalize())
         model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts,
                                     default_prompt_name=default_prompt_name, similarity_fn_name=similarity)
         model.save(str(dest))
+        if do_lower_case:
+            settings = {"max_seq_length": transformer.max_seq_length, "do_lower_case": True}
+            (Path(dest) / "sentence_bert_config.json").write_text(json.dumps(settings), encoding="utf-8")
     return Path(dest)
 
 

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workbench.core.atomic import atomic_path
-from workbench.core.batches import Batch, corner_batches, corpus_batches
+from workbench.core.batches import Batch, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import RunConfig, Tolerance
+from workbench.core.data import encode, load_corpus
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
@@ -20,19 +22,24 @@ from workbench.runners.onnxruntime import device_for
 from workbench.runners.torch import TorchRunner, torch_device
 
 WORST_TEXTS = 10
+LONGEST = 4096  # tokens: models taking more get no text past their limit (one would cost minutes)
 
 
 class ParityLab:
     """The reference outputs on a fixed set of real-text batches, and comparisons of any runner against them.
 
-    `texts` are tokenized as the model's users get them (after its default prompt, if it declares one); the
-    reference is the workbench's PyTorch module unless another runner is given (the model's own library)."""
+    `texts` are tokenized as the model's users get them (after its default prompt, if it declares one, whose first
+    `prompt_tokens` tokens pooling leaves out where the model says so); the reference is the workbench's PyTorch
+    module unless another runner is given (the model's own library). `beyond`: the texts longer than the run's
+    sequence.max, in batches of their own."""
 
     def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...], batches: list[Batch],
-                 corners: int, reference: Runner | None = None) -> None:
+                 corners: int, reference: Runner | None = None, beyond: tuple[int, ...] = (),
+                 prompt_tokens: int = 0) -> None:
         self.config = config
         self.loaded = loaded
         self.texts = texts
+        self.beyond, self.prompt_tokens = beyond, prompt_tokens
         self.specs: tuple[OutputSpec, ...] = config.output_specs
         self.batches = batches
         self.corners = batches[:corners]
@@ -44,24 +51,29 @@ class ParityLab:
 
     @classmethod
     def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
-        """The shape corners of the configuration, then every text once in mixed-length batches."""
-        names, prompted = loaded.input_names, list(loaded.prompted(texts))
-        corners = corner_batches(loaded.tokenizer, names, prompted, config.batch, config.sequence,
-                                 loaded.max_sequence, config.seed)
-        sweep = corpus_batches(loaded.tokenizer, names, prompted, config.batch.opt, config.sequence,
-                               loaded.max_sequence)
+        """The shape corners of the run's ranges, then every text once in mixed-length batches cut at the run's
+        sequence.max."""
+        names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
+        corners = corner_batches(loaded.tokenizer, names, prompted, config.batch, loaded.sequence, config.seed, prompt)
+        sweep = corpus_batches(loaded.tokenizer, names, prompted, config.batch.opt, loaded.sequence.max, prompt)
         return cls(config, loaded, tuple(prompted), corners + sweep, len(corners))
 
     @classmethod
     def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
-                    reference: Runner | None = None, prompt_name: str | None = None) -> ParityLab:
-        """Every text once, whole (not cut to a corner's length): what a served model, or the model's own library
-        (`reference`, given the texts without the prompt it adds itself), sees; after the named prompt (None: the
-        model's default)."""
+                    reference: Runner | None = None, prompt_name: str | None = None,
+                    cut: int | None = None) -> ParityLab:
+        """Every text once, whole up to `cut` tokens (default: the run's sequence.max): what a served model, or the
+        model's own library (`reference`, given the texts without the prompt it adds itself), sees; after the named
+        prompt (None: the model's default). Texts longer than the run's sequence.max are batched apart (`beyond`)."""
         prompted = list(loaded.prompted(texts, prompt_name))
-        sweep = corpus_batches(loaded.tokenizer, loaded.input_names, prompted, config.batch.opt, config.sequence,
-                               loaded.max_sequence)
-        return cls(config, loaded, tuple(prompted), sweep, 0, reference)
+        lengths = token_lengths(loaded.tokenizer, prompted)
+        beyond = [i for i, length in enumerate(lengths) if length > loaded.sequence.max]
+        within = [i for i, length in enumerate(lengths) if length <= loaded.sequence.max]
+        prompt = loaded.prompt_tokens(prompt_name)
+        batch = partial(corpus_batches, loaded.tokenizer, loaded.input_names, prompted, config.batch.opt,
+                        cut or loaded.sequence.max, prompt)
+        return cls(config, loaded, tuple(prompted), batch(ids=within) + batch(ids=beyond), 0, reference,
+                   tuple(beyond), prompt)
 
     def subset(self, text_ids: list[int]) -> ParityLab:
         """The corner batches plus the corpus batches holding `text_ids`, with the reference outputs reused.
@@ -74,6 +86,22 @@ class ParityLab:
         view = copy.copy(self)
         view.batches = [self.batches[i] for i in keep]
         view.expected = [self.expected[i] for i in keep]
+        return view
+
+    def within(self) -> ParityLab:
+        """The texts the run's sequence.max holds whole."""
+        beyond = set(self.beyond)
+        return self.subset([i for i in range(len(self.texts)) if i not in beyond])
+
+    def past_cut(self) -> ParityLab:
+        """The texts longer than the run's sequence.max, given to the runner cut there while the reference outputs
+        stay as computed (cut at the model's own limit): what a shorter cut changes in the pooled outputs (per-token
+        outputs are left out)."""
+        view = self.subset(list(self.beyond))
+        view.batches = [Batch(b.name, b.text_ids, encode(
+            self.loaded.tokenizer, [self.texts[i] for i in b.text_ids], self.loaded.input_names,
+            max_length=self.loaded.sequence.max, prompt_tokens=self.prompt_tokens)) for b in view.batches]
+        view.specs = tuple(s for s in self.specs if not s.per_token)
         return view
 
     @property
@@ -115,7 +143,7 @@ class ParityLab:
 
     def latency_batch(self) -> Batch:
         """The corner batch at the configuration's optimal batch size and sequence length."""
-        name = f"b{self.config.batch.opt}_s{self.config.sequence.opt}"
+        name = f"b{self.config.batch.opt}_s{self.loaded.sequence.opt}"
         return next(b for b in self.corners if b.name == name)
 
     def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:
@@ -135,20 +163,30 @@ class ParityLab:
         return inputs, reference
 
 
+def lab_texts(config: RunConfig, loaded: LoadedModel) -> tuple[str, ...]:
+    """The run's corpus texts and, past them, texts joined from them to lengths the corpus may lack: between the
+    run's sequence.max and the model's own limit (when the run cuts shorter) and past that limit, so every check
+    sees texts both cuts apply to."""
+    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    cut, limit = loaded.sequence.max, loaded.max_sequence
+    targets = ([(cut + limit) // 2 + 1] if cut < limit else []) + ([limit + limit // 4] if limit <= LONGEST else [])
+    return texts + long_texts(loaded.tokenizer, texts, targets)
+
+
 def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
                       prompt_name: str | None = None) -> LibraryRunner | None:
     """What the model's users run today on `texts` (raw: the library adds the prompt itself, `prompt_name` or the
-    model's default), cut at the deployment's sequence limit; None where no library call returns the task's
+    model's default), as the model ships (cut at its own limit); None where no library call returns the task's
     outputs."""
     names = tuple(spec.name for spec in config.output_specs)
-    return library_runner(loaded, texts, names, min(config.sequence.max, loaded.max_sequence),
-                          config.trust_remote_code, prompt_name)
+    return library_runner(loaded, texts, names, loaded.max_sequence, config.trust_remote_code, prompt_name)
 
 
 def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> dict[str, Any]:
-    """The workbench's PyTorch module against the model's own library on every text, whole, at the default fp32
-    gate (the run's `tolerances` are for its variants): the module the graph is exported from must return what the
-    model's users get today."""
+    """The workbench's PyTorch module against the model's own library as it ships, on every text whole up to the
+    model's limit, at the default fp32 gate (the run's `tolerances` are for its variants): the module the graph is
+    exported from must return what the model's users get today. Where the run cuts texts shorter than the model
+    does, `cut` says what that changes on the texts longer than the run's cut (not gated: the verdict names it)."""
     reference = library_reference(config, loaded, texts)
     if reference is None:
         return {"checked": False, "library": f"transformers {loaded.task.auto_class}",
@@ -156,11 +194,23 @@ def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]
                 "reason": f"{loaded.task.name}: the transformers pipeline returns each token's best label, not "
                           "logits; the module is transformers' own model"}
     call, library = reference.call, reference.library
-    lab = ParityLab.corpus_only(config, loaded, texts, reference)
+    lab = ParityLab.corpus_only(config, loaded, texts, reference, cut=loaded.max_sequence)
     with TorchRunner(loaded, lab.specs) as module:
         result = lab.compare(module, "fp32", tolerances={})
-    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result}
+        cut = cut_row(loaded, lab, module)
+    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result, "cut": cut}
     if any(spec.name == SENTENCE_EMBEDDING for spec in lab.specs):
         norms = np.concatenate([np.linalg.norm(e[SENTENCE_EMBEDDING], axis=-1) for e in lab.expected])
         check["norms"] = [float(norms.min()), float(norms.max())]
     return check
+
+
+def cut_row(loaded: LoadedModel, lab: ParityLab, runner: Runner) -> dict[str, Any]:
+    """The run's cut against the model's own (run.json `cut`): both lengths, how many of the lab's texts are longer
+    than the run's, and, where the run cuts shorter, `runner` on those texts cut at the run's length against the
+    reference at the model's (what the shorter cut changes; never gated)."""
+    row: dict[str, Any] = {"deployment": loaded.sequence.max, "library": loaded.max_sequence,
+                           "texts_beyond": len(lab.beyond)}
+    if lab.beyond and loaded.sequence.max < loaded.max_sequence:
+        row["beyond"] = lab.past_cut().compare(runner, "fp32", tolerances={})
+    return row

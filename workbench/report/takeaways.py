@@ -37,6 +37,10 @@ def export_lines(record: RunRecord) -> list[str]:
     lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
              f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
              f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+    sequence = info.get("sequence")
+    if sequence:
+        lines.append(f"tokens per text: {sequence['min']}-{sequence['max']} (opt {sequence['opt']}); max "
+                     f"{sequence['sources']['max']}; the model takes {info['max_sequence']}")
     pipeline = info.get("sentence_pipeline")
     if pipeline:
         override = f"; {pipeline['override']}" if pipeline.get("override") else ""
@@ -53,7 +57,7 @@ def optimize_lines(record: RunRecord) -> list[str]:
     attention = fp32.get("fused", {}).get("Attention", 0)
     fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
     if fp32.get("unavailable"):
-        fused = f"no attention fusion for this family ({fp32['unavailable']})"
+        fused = f"no attention fusion for this family: {fp32['unavailable']['reason']}"
     sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
     lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
              f"variants built: {sizes}"]
@@ -88,8 +92,31 @@ def _reference(check: dict[str, Any] | None) -> list[str]:
         return [f"reference: {check['library']} (not checked against a library call: {check['reason']})"]
     primary = list(check["outputs"].values())[-1]
     cosine = f", min cosine {primary['min_cosine']:.6f}" if "min_cosine" in primary else ""
-    return [f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs "
-            f"{primary['max_abs']:.2g}{cosine}"]
+    line = f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs " \
+        f"{primary['max_abs']:.2g}{cosine}"
+    cut = check.get("cut")
+    return [line, cut_line(cut, check["library"], cut.get("beyond") or {})] if cut else [line]
+
+
+def cut_line(cut: dict[str, Any], library: str, beyond: dict[str, Any]) -> str:
+    """Where the run cuts texts against where the model's library does, in words: equal up to the run's cut, and
+    what the texts past it get (`beyond`: their comparison, when the run cuts shorter)."""
+    deployment, own, count = cut["deployment"], cut["library"], cut["texts_beyond"]
+    if deployment >= own:
+        return (f"texts are cut at {deployment} tokens, where {library} cuts them ({_texts(count)} longer, inside the "
+                "gate)")
+    worst = ""
+    if beyond:
+        primary = list(beyond["outputs"].values())[-1]
+        worst = f": min cosine {primary['min_cosine']:.4f}" if "min_cosine" in primary else \
+            f": max abs {primary['max_abs']:.3g}"
+    return (f"equal to {library} up to {deployment} tokens; longer texts are cut at {deployment} where {library} "
+            f"cuts at {own} ({_texts(count)} longer{worst}; leave sequence.max at auto to cut where the library "
+            "does)")
+
+
+def _texts(count: int) -> str:
+    return f"{count} checked text{'' if count == 1 else 's'}"
 
 
 def _neighbours(verdict: Verdict) -> str:
@@ -114,8 +141,11 @@ def triton_lines(record: RunRecord) -> list[str]:
     prompts = ", ".join(f"{name or '(empty)'} {'pass' if r.passed else 'FAIL'}"
                         for name, r in deployment.prompt_parity.items())
     flavor = deployment.flavor.value if deployment.flavor else "?"
+    cut = record.metric("triton.cut")
+    beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
             f"layout ({flavor})", f"served parity{against}: {parity or 'not checked'}",
+            *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),
             *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
               if prompts else [])]
 

@@ -89,9 +89,10 @@ class ClassificationPipelineRunner(LibraryRunner):
 
 def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tuple[str, ...], max_length: int,
                    trust_remote_code: bool = False, prompt_name: str | None = None) -> LibraryRunner | None:
-    """The library runner for the loaded model's task, truncating at `max_length` tokens like the deployment, with
-    the named sentence-transformers prompt (None: the model's default); None for token classification: its
-    pipeline returns each token's best label, not logits, so transformers' own model is the reference there."""
+    """The library runner for the loaded model's task as the model ships, truncating at `max_length` tokens (the
+    model's own limit: a statement in the call where the library would take more than the model can), with the
+    named sentence-transformers prompt (None: the model's default); None for token classification: its pipeline
+    returns each token's best label, not logits, so transformers' own model is the reference there."""
     if loaded.pipeline is not None:
         model, statements = library_model(loaded.pipeline, loaded.pooling, loaded.hidden_size, trust_remote_code)
         if model.max_seq_length != max_length:

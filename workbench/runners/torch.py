@@ -27,14 +27,12 @@ class GraphModule(torch.nn.Module):
         self.model = loaded.model
         self.head = loaded.head
         self.task = loaded.task
+        self.input_names = loaded.input_names
         self.output_names = tuple(o.name for o in outputs)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            inputs["token_type_ids"] = token_type_ids
-        results = self.task.forward(self.model, inputs, self.head)
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The graph inputs in `input_names` order (input_ids, attention_mask, then those the model takes)."""
+        results = self.task.forward(self.model, dict(zip(self.input_names, inputs)), self.head)
         return tuple(results[name] for name in self.output_names)
 
 

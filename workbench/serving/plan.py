@@ -138,7 +138,7 @@ def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, expo
     return ServingPlan(
         name=model_name_for(name), flavor=flavor, input_names=tuple(export.io.inputs), outputs=outputs,
         output_dims=graph_output_dims(export.io.outputs), model_file=model_file, tokenizer_dir=tokenizer_dir,
-        max_length=min(sequence_max, export.max_sequence), max_batch_size=batch.max,
+        max_length=sequence_max, max_batch_size=batch.max,
         preferred_batch_sizes=triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
         max_queue_delay_us=triton.max_queue_delay_us, dynamic_batching=triton.dynamic_batching,
         instances=instances.count, instances_reason=instances.reason, gpu=gpu,
@@ -148,7 +148,8 @@ def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, expo
         profiles=len(profiles) if flavor is Flavor.TENSORRT_PLAN else 1,
         pad_token_id=pad_token_id, threads=instances.threads, id2label=id2label,
         layout=choose_layout(triton.layout, flavor),
-        prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"))
+        prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"),
+        lowercase=bool(pipeline.get("do_lower_case")))
 
 
 def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.core.atomic import atomic_dir, sha256_file, write_text
 from workbench.core.config import Flavor
+from workbench.core.data import lowercase_inputs
 from workbench.core.errors import RepositoryError
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
@@ -55,6 +56,7 @@ class ServingPlan:
     layout: str = "ensemble"
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     default_prompt_name: str | None = None
+    lowercase: bool = False  # the model's sentence-transformers files lowercase its input (do_lower_case)
 
     def record(self) -> dict[str, Any]:
         """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
@@ -142,6 +144,7 @@ def tokenizer_config(plan: ServingPlan) -> Any:
     add_tensor(config.output, "truncated", BOOL, [1])
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
+    config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
     _prompt_parameters(config, plan)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config
@@ -289,14 +292,16 @@ def configs(plan: ServingPlan) -> dict[str, Any]:
     return result
 
 
-def encoder_json(tokenizer_dir: Path, max_length: int) -> bytes | None:
-    """The transformers tokenizer's own `tokenizers` backend as the fused model runs it (padding off, truncation to
-    `max_length` on the tokenizer's side), serialized; None for a tokenizer without one (the model then loads the
-    transformers tokenizer itself)."""
+def encoder_json(tokenizer_dir: Path, max_length: int, lowercase: bool = False) -> bytes | None:
+    """The transformers tokenizer's own `tokenizers` backend as the served models run it (padding off, truncation
+    to `max_length` on the tokenizer's side, lowercasing first where the model's sentence-transformers files say
+    so), serialized; None for a tokenizer without one (the model then loads the transformers tokenizer itself)."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
     wrapper = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    if lowercase:
+        lowercase_inputs(wrapper)
     backend = getattr(wrapper, "backend_tokenizer", None)
     if backend is None:
         return None
@@ -319,13 +324,18 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path | byte
             name: MODELS_SOURCE / source for name, source in (
                 ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"), ("stages.py", "stages.py"))}}
-        encoder = encoder_json(plan.tokenizer_dir, plan.max_length)
+        encoder = encoder_json(plan.tokenizer_dir, plan.max_length, plan.lowercase)
         if encoder is not None:
             fused["encoder.json"] = encoder
         return {plan.name: (config, fused)}
+    tokenizer: dict[str, Path | bytes] = {"model.py": MODELS_SOURCE / "tokenizer.py",
+                                          "text_input.py": MODELS_SOURCE / "text_input.py",
+                                          "tokenizer": plan.tokenizer_dir}
+    encoder = encoder_json(plan.tokenizer_dir, plan.max_length, plan.lowercase)
+    if encoder is not None:
+        tokenizer["encoder.json"] = encoder
     files: dict[str, dict[str, Path | bytes]] = {
-        plan.tokenizer_name: {"model.py": MODELS_SOURCE / "tokenizer.py",
-                              "text_input.py": MODELS_SOURCE / "text_input.py", "tokenizer": plan.tokenizer_dir},
+        plan.tokenizer_name: tokenizer,
         plan.model_name: network,
         plan.name: {},
     }

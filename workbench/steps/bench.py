@@ -88,9 +88,9 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
     together: one in-process session is the fastest way to use them for one caller), at batch size 1 and the served
     preferred sizes."""
     path, _ = record.variant(variant)
-    tokenizer, limit = record.tokenizer(), record.export_info().max_sequence
+    tokenizer = record.tokenizer()
     with OrtRunner(variant, path, providers_for(config.device), plan.threads * plan.instances) as runner:
-        batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, config.sequence, limit)
+        batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, plan.max_length)
                    for size in sorted({1, *plan.preferred_batch_sizes})}
         return corpus_rates(runner, batches)
 

@@ -61,7 +61,7 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
             batch, sequence = Dim(BATCH), Dim(SEQUENCE, max=loaded.max_positions or 4096)
             torch.onnx.export(module, args, str(tmp), dynamo=True, opset_version=config.opset,
                               input_names=list(loaded.input_names), output_names=output_names,
-                              dynamic_shapes={n: {0: batch, 1: sequence} for n in loaded.input_names},
+                              dynamic_shapes={"inputs": tuple({0: batch, 1: sequence} for _ in loaded.input_names)},
                               external_data=large, optimize=True)
         else:
             axes = {n: {0: BATCH, 1: SEQUENCE} for n in loaded.input_names}
@@ -122,6 +122,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                      or getattr(loaded.hf_config, "hidden_dim", 4 * loaded.hidden_size)),
             "max_positions": loaded.max_positions,
             "max_sequence": loaded.max_sequence,
+            "max_sequence_source": loaded.limit.source,
+            "sequence": {**loaded.sequence.model_dump(), "sources": config.sequence.sources(loaded.limit.source)},
             **({"sentence_pipeline": loaded.pipeline.describe(loaded.pooling, loaded.pooling_overridden)}
                if loaded.pipeline else {}),
             "parameters": sum(p.numel() for p in loaded.model.parameters()),

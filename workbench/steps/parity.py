@@ -15,7 +15,7 @@ from workbench.core.results import ParityMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
 from workbench.precision.compare import raise_if_failed
-from workbench.precision.lab import ParityLab, library_check
+from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.repair import RepairSettings
 from workbench.precision.repair import repair as repair_variant
 from workbench.report.page import Section, parity_section
@@ -118,11 +118,12 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
                                        "run the export and optimize steps first: --steps export,optimize,parity")
         loaded = load_model(config)
-        texts = load_corpus(config.corpus, config.corpus_max_texts)
+        texts = lab_texts(config, loaded)
         check_module(config, record, loaded, texts)
         lab = ParityLab.build(config, loaded, texts)
         record.set_metric(f"{STEP}.inputs", {
-            "texts": len(lab.texts), "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
+            "texts": len(lab.texts), "corpus_texts": len(load_corpus(config.corpus, config.corpus_max_texts)),
+            "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
         for precision in ("fp16", "int8"):

@@ -100,10 +100,11 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
                   metrics: dict[str, Any]) -> None:
     """Compare each engine with PyTorch on the parity lab; results in metrics.tensorrt.parity.<engine>."""
     from workbench.models.loading import load_model
-    from workbench.precision.lab import ParityLab
+    from workbench.precision.lab import ParityLab, lab_texts
     from workbench.runners.tensorrt import TrtEngineRunner
 
-    lab = ParityLab.build(config, load_model(config), load_corpus(config.corpus, config.corpus_max_texts))
+    loaded = load_model(config)
+    lab = ParityLab.build(config, loaded, lab_texts(config, loaded))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
             metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
@@ -117,9 +118,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(load_corpus(config.corpus, config.corpus_max_texts)))
-        limit = export.max_sequence
-        profiles = design_profiles(lengths, config.trt_profiles, config.batch, config.sequence, limit)
-        single = design_profiles(lengths, 1, config.batch, config.sequence, limit)
+        sequence = config.sequence.resolve(export.max_sequence)
+        profiles = design_profiles(lengths, config.trt_profiles, config.batch, sequence)
+        single = design_profiles(lengths, 1, config.batch, sequence)
         metrics: dict[str, Any] = {
             "lengths": length_stats(lengths),
             "profiles": [p.record() for p in profiles],

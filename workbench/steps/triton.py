@@ -5,13 +5,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.config import Flavor, RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
-from workbench.precision.lab import ParityLab, library_reference
+from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report.page import Section, triton_section
 from workbench.report.takeaways import triton_lines
 from workbench.runners.onnxruntime import OrtRunner, providers_for
@@ -42,7 +41,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                                      "tritonserver bundled in nvidia-pytriton has only the Python backend",
                                      "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
-    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    texts = lab_texts(config, loaded)
     reference = library_reference(config, loaded, texts)
     served_reference = reference.call if reference else "the workbench's PyTorch module"
     served_library = reference.library if reference else "PyTorch"
@@ -53,19 +52,27 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
                               "served_reference": served_reference, "served_library": served_library}
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
         result["ready_seconds"] = server.timings["ready_seconds"]
-        parity = {}
+        parity, beyond = {}, {}
         endpoints = (("http", server.http_url), ("grpc", server.grpc_url))
         for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
             with (TritonClient(url, protocol) as client,
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
-                parity[protocol] = lab.compare(runner, precision)
+                parity[protocol] = lab.within().compare(runner, precision)
+                if lab.beyond:
+                    beyond[protocol] = lab.subset(list(lab.beyond)).compare(runner, precision)
         result["served_parity"] = parity
+        result["cut"] = {"deployment": loaded.sequence.max, "library": loaded.max_sequence,
+                         "texts_within": len(texts) - len(lab.beyond), "texts_beyond": len(lab.beyond),
+                         "gated": loaded.sequence.max == loaded.max_sequence, "beyond": beyond}
         if plan.prompts:
             result["prompt_parity"] = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
                                                     precision)
         result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
     result["stop_seconds"] = server.timings["stop_seconds"]
     result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
+    if result["cut"]["gated"]:  # both cut where the model does: the longer texts must match too
+        result["served_passed"].update({f"{protocol}, texts past {loaded.sequence.max} tokens": r["passed"]
+                                        for protocol, r in beyond.items()})
     result["served_passed"].update({f"http, prompt_name={name!r}": r["passed"]
                                     for name, r in result.get("prompt_parity", {}).items()})
     return result
@@ -81,7 +88,7 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
         lab = ParityLab.corpus_only(config, loaded, texts, library_reference(config, loaded, texts, name), name)
         with (TritonClient(url, "http") as client,
               ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
-            results[name] = lab.compare(runner, precision)
+            results[name] = lab.within().compare(runner, precision)
     return results
 
 
@@ -105,9 +112,10 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
     id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
-    plan = build_plan(config.triton.name or config.model_slug, flavor, path, precision, record.export_info(), folder,
+    export = record.export_info()
+    plan = build_plan(config.triton.name or config.model_slug, flavor, path, precision, export, folder,
                       record.tokenizer().pad_token_id or 0, id2label, outputs, record.shape_profiles(),
-                      config.triton, config.batch, config.sequence.max, config.threads)
+                      config.triton, config.batch, config.sequence.resolve(export.max_sequence).max, config.threads)
     return plan, variant
 
 
@@ -129,7 +137,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             path, precision = record.variant(variant)
-            lab = lab or ParityLab.build(config, loaded, load_corpus(config.corpus, config.corpus_max_texts))
+            lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
             with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
                 checks[variant] = lab.compare(runner, precision)
             verdict = Verdict.model_validate(checks[variant])
@@ -201,8 +209,11 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
     record.set_metric(STEP, metrics)
     if failed and not config.triton.allow_unverified:
         record.remove_artifact("triton.repository")
-        checked = {**metrics["served_parity"], **{f"http, prompt_name={name!r}": result for name, result in
-                                                   metrics.get("prompt_parity", {}).items()}}
+        checked = {**metrics["served_parity"],
+                   **{f"{protocol}, texts past {metrics['cut']['deployment']} tokens": result
+                      for protocol, result in metrics["cut"]["beyond"].items()},
+                   **{f"http, prompt_name={name!r}": result for name, result in
+                      metrics.get("prompt_parity", {}).items()}}
         served_failures[variant] = [f"served over {', '.join(failed)}: {checked[failed[0]]['failures'][0]}"]
         if config.triton.variant is None and len(candidate_variants(config, record, flavor)) > \
                 len(served_failures):

@@ -63,20 +63,21 @@ class TritonPythonModel:
 
     def answer(self, requests):
         self.clock.start()
-        responses, texts, owners = [None] * len(requests), [], []
+        responses, texts, prompts, owners = [None] * len(requests), [], [], []
         for index, request in enumerate(requests):
             try:
-                mine = self.prompts.apply(decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()),
-                                          request.parameters())
+                mine, prompt = self.prompts.apply(
+                    decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()), request.parameters())
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
                 continue
             owners.append((index, len(texts), len(mine), set(request.requested_output_names())))
             texts += mine
+            prompts += [prompt] * len(mine)
         self.clock.lap("decode")
         if texts:
-            parts, truncated = self.tokenizer.encode(texts)
+            parts, truncated = self.tokenizer.encode(texts, prompts)
             if any(truncated):
                 pb_utils.Logger.log_warn(f"truncated {sum(truncated)} text(s) to {self.max_length} tokens")
             self.clock.lap("tokenize")

@@ -1,6 +1,6 @@
 """Decode a Triton BYTES tensor of texts, refusing invalid UTF-8 and empty texts with messages that name the text;
-put the model's sentence-transformers prompt before them; tokenize them. Copied beside the Python models that take
-text."""
+put the model's sentence-transformers prompt before them; tokenize them (with the pooling mask of models that pool
+without the prompt). Copied beside the Python models that take text."""
 import json
 from pathlib import Path
 
@@ -8,6 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
 
 
 def decode(values):
@@ -35,16 +36,26 @@ class Prompts:
         self.default = params.get("default_prompt_name", "")
 
     def apply(self, texts, parameters):
-        """`texts` after the prompt the request's parameters (JSON text, as Triton passes them) ask for."""
+        """`texts` after the prompt the request's parameters (JSON text, as Triton passes them) ask for, and that
+        prompt."""
         asked = json.loads(parameters or "{}")
         if "prompt" in asked:
-            return [str(asked["prompt"]) + text for text in texts]
-        name = asked.get("prompt_name", self.default)
-        if name and name not in self.prompts:
-            known = ", ".join(sorted(self.prompts)) or "none"
-            raise ValueError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
-        prefix = self.prompts.get(name, "") if name else ""
-        return [prefix + text for text in texts]
+            prefix = str(asked["prompt"])
+        else:
+            name = asked.get("prompt_name", self.default)
+            if name and name not in self.prompts:
+                known = ", ".join(sorted(self.prompts)) or "none"
+                raise ValueError(f"unknown prompt_name {name!r}: this model's prompts are {known}")
+            prefix = self.prompts.get(name, "") if name else ""
+        return [prefix + text for text in texts], prefix
+
+
+def pooling_mask(attention_mask, prompt_tokens):
+    """The attention mask (int64 [1, length]) less its first `prompt_tokens` positions: what a model pooling
+    without the prompt (include_prompt: false) pools over."""
+    mask = attention_mask.copy()
+    mask[:, :prompt_tokens] = 0
+    return mask
 
 
 class TextEncoder:
@@ -56,21 +67,39 @@ class TextEncoder:
 
     def __init__(self, folder, max_length, names):
         self.max_length, self.names = max_length, list(names)
+        self.fields = [name for name in self.names if name != POOLING_MASK]
         encoder = Path(folder) / "encoder.json"
         self.backend = Tokenizer.from_file(str(encoder)) if encoder.is_file() else None
         if self.backend is None:
             from transformers import AutoTokenizer
 
             self.wrapper = AutoTokenizer.from_pretrained(str(Path(folder) / "tokenizer"))
+            self.special = set(self.wrapper.all_special_ids)
+        else:
+            self.special = {i for i, token in self.backend.get_added_tokens_decoder().items() if token.special}
+        self.prompt_lengths = {"": 0}
 
-    def encode(self, texts):
-        """Per text, {input name: int64 [1, length]}; and per text, whether it was truncated."""
+    def prompt_tokens(self, prompt):
+        """The prompt's tokens as sentence-transformers counts them: tokenized alone, less a trailing special one."""
+        if prompt not in self.prompt_lengths:
+            ids = (self.backend.encode(prompt).ids if self.backend is not None else
+                   self.wrapper(prompt, truncation=True, max_length=self.max_length)["input_ids"])
+            self.prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in self.special else 0)
+        return self.prompt_lengths[prompt]
+
+    def encode(self, texts, prompts=None):
+        """Per text, {input name: int64 [1, length]} (a pooling mask without the first tokens of the text's prompt
+        in `prompts`, where the model takes one); and per text, whether it was truncated."""
         if self.backend is None:
             encoded = self.wrapper(texts, truncation=True, max_length=self.max_length)
-            rows = [{name: encoded[name][i] for name in self.names} for i in range(len(texts))]
+            rows = [{name: encoded[name][i] for name in self.fields} for i in range(len(texts))]
             flags = [len(self.wrapper(text)["input_ids"]) > self.max_length for text in texts]
         else:
             encodings = self.backend.encode_batch(texts)
-            rows = [{name: getattr(e, FIELDS[name]) for name in self.names} for e in encodings]
+            rows = [{name: getattr(e, FIELDS[name]) for name in self.fields} for e in encodings]
             flags = [bool(e.overflowing) for e in encodings]
-        return [{name: np.asarray([row[name]], dtype=np.int64) for name in self.names} for row in rows], flags
+        parts = [{name: np.asarray([row[name]], dtype=np.int64) for name in self.fields} for row in rows]
+        if POOLING_MASK in self.names:
+            for part, prompt in zip(parts, prompts or [""] * len(parts)):
+                part[POOLING_MASK] = pooling_mask(part["attention_mask"], self.prompt_tokens(prompt))
+        return parts, flags
