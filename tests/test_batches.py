@@ -22,7 +22,7 @@ def tokenizer(tiny_models):
 def test_corners_have_exact_shapes_and_real_text(tokenizer):
     texts = list(load_corpus())
     batches = corner_batches(tokenizer, NAMES, texts, ShapeRange(min=1, opt=4, max=8),
-                             ShapeRange(min=1, opt=32, max=64), max_sequence=128)
+                             ShapeRange(min=1, opt=32, max=64))
     shortest = int(token_lengths(tokenizer, texts).min())
     shapes = {b.name: b.shape for b in batches}
     for rows in (1, 4, 8):
@@ -38,15 +38,16 @@ def test_corners_have_exact_shapes_and_real_text(tokenizer):
     assert long_corner.mask.all(), "long corners are filled with texts at least that long"
 
 
-def test_sequence_beyond_the_model_limit_is_a_shape_error(tokenizer):
-    with pytest.raises(ShapeError, match="sequence.max=200 exceeds the model's limit of 128"):
-        corner_batches(tokenizer, NAMES, list(load_corpus()), ShapeRange(min=1, opt=1, max=1),
-                       ShapeRange(min=1, opt=64, max=200), max_sequence=128)
+def test_sequence_beyond_the_model_limit_is_a_shape_error(tiny_models):
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "sequence": {"max": 200}})
+    with pytest.raises(ShapeError, match=r"sequence.max=200 exceeds the model's limit of 128 tokens \(its "
+                                         "tokenizer's model_max_length 128\)"):
+        load_model(config)
 
 
 def test_corpus_batches_cover_every_text_once(tokenizer):
     texts = list(load_corpus())
-    batches = corpus_batches(tokenizer, NAMES, texts, 16, ShapeRange(min=1, opt=64, max=256), max_sequence=128)
+    batches = corpus_batches(tokenizer, NAMES, texts, 16, 128)
     assert sorted(i for b in batches for i in b.text_ids) == list(range(len(texts)))
     assert len(texts) >= 300
     assert max(b.shape[1] for b in batches) == 128

@@ -47,7 +47,8 @@ def test_fp32_variants_match_pytorch_everywhere(bert_parity):
     assert results["fp16"]["passed"] and 1e-5 < results["fp16"]["outputs"]["token_embeddings"]["max_abs"] < 0.05
     stored = record.data["metrics"]["parity"]
     assert set(stored["variants"]) == set(results)
-    assert stored["inputs"]["texts"] == len(load_corpus())
+    assert stored["inputs"]["corpus_texts"] == len(load_corpus())
+    assert stored["inputs"]["texts"] == len(load_corpus()) + 2, "and two joined: past the run's cut, past the model's"
 
 
 def test_inputs_cover_the_shape_corners(bert_parity):
@@ -300,10 +301,9 @@ def test_sequence_beyond_the_model_is_refused(tiny_models, tmp_path):
     config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "sequence": {"min": 1, "opt": 64,
                                                                                         "max": 200}})
     record = RunRecord.create(tmp_path, config)
-    export.run(config, record)
     with pytest.raises(ShapeError, match="sequence.max=200 exceeds the model's limit of 128"):
-        parity.run(config, record)
-    assert record.data["steps"]["parity"]["status"] == "failed"
+        export.run(config, record)
+    assert record.data["steps"]["export"]["status"] == "failed"
 
 
 def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_path):

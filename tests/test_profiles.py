@@ -15,7 +15,7 @@ lengths = st.lists(st.integers(min_value=2, max_value=400), min_size=1, max_size
 @settings(max_examples=150, deadline=None)
 @given(lengths, st.integers(min_value=1, max_value=6))
 def test_every_length_fits_and_ranges_are_ordered(values, buckets):
-    profiles = design_profiles(values, buckets, BATCH, SEQUENCE, max_sequence=512)
+    profiles = design_profiles(values, buckets, BATCH, SEQUENCE)
     assert 1 <= len(profiles) <= buckets
     for profile in profiles:
         assert profile.batch == (1, 8, 32)
@@ -58,6 +58,6 @@ def test_padding_waste_numbers():
     assert padding_waste(mixed, two, 2)["dynamic"] == 0.0
 
 
-def test_sequence_beyond_the_model_limit_is_clipped_to_it():
-    profiles = design_profiles(np.array([5, 600]), 2, BATCH, ShapeRange(min=1, opt=128, max=1024), max_sequence=512)
+def test_texts_beyond_the_range_are_clipped_to_it():
+    profiles = design_profiles(np.array([5, 600]), 2, BATCH, ShapeRange(min=1, opt=128, max=512))
     assert profiles[-1].sequence[2] == 512

@@ -99,8 +99,7 @@ class FakeClient:
                     ) -> dict[str, np.ndarray]:
         from workbench.core.data import encode
 
-        limit = min(self.config.sequence.max, self.loaded.max_sequence)
-        feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=limit)
+        feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=self.loaded.sequence.max)
         with TorchRunner(self.loaded, self.config.output_specs) as reference:
             got = reference.infer(Batch(model, list(range(len(texts))), feed))
         padded = {k: np.pad(v, ((0, 0), (0, 7), (0, 0))) if v.ndim == 3 else v for k, v in got.items()}

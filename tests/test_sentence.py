@@ -163,7 +163,7 @@ def test_an_override_is_noted_and_checked_against_the_library_pooling_that_way(c
     check = library_check(config, loaded, load_corpus()[:24])
     assert check["passed"] and check["reference"] == (
         f"model = SentenceTransformer({str(cls_dense)!r}); model[1] = Pooling(32, pooling_mode='mean'); "
-        "model.max_seq_length = 64; model.encode(texts)")
+        "model.encode(texts)"), "the model as it ships: cut where it cuts, not at the run's sequence.max"
     assert check["library"] == "SentenceTransformer.encode() with mean pooling (pooling_override)"
 
 
@@ -185,7 +185,7 @@ def test_models_without_sentence_transformers_files_keep_working(tiny_models):
     check = library_check(embedding, loaded, load_corpus()[:24])
     assert check["passed"] and check["reference"] == (
         f"model = SentenceTransformer(modules=[Transformer({str(tiny_models['bert'])!r}), Pooling(32, "
-        "pooling_mode='mean')]); model.max_seq_length = 64; model.encode(texts)")
+        "pooling_mode='mean')]); model.encode(texts)")
     classifier = RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), **SMALL,
                                            "task": "sequence-classification"})
     check = library_check(classifier, load_model(classifier), load_corpus()[:24])

@@ -56,8 +56,9 @@ PARAMETERS = (
     Parameter("batch_opt", "batch.opt", "int", "most frequent"),
     Parameter("batch_max", "batch.max", "int", "largest"),
     Parameter("sequence_min", "sequence.min", "int", "tokens per text: fewest"),
-    Parameter("sequence_opt", "sequence.opt", "int", "most frequent"),
-    Parameter("sequence_max", "sequence.max", "int", "most (at most the model's limit)"),
+    Parameter("sequence_opt", "sequence.opt", "int | str", "most frequent; auto: the smaller of 128 and max"),
+    Parameter("sequence_max", "sequence.max", "int | str", "most; auto: the model's own limit (where its library "
+              "cuts texts)"),
     Parameter("corpus", "corpus", "str", "UTF-8 text file, one text per line; None: the shipped corpus"),
     Parameter("device", "device", "str", "auto, cpu or cuda"),
     Parameter("threads", "threads", "int", "intra-op threads for PyTorch and ONNX Runtime; None: all cores"),
