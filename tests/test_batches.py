@@ -41,7 +41,7 @@ def test_corners_have_exact_shapes_and_real_text(tokenizer):
 def test_sequence_beyond_the_model_limit_is_a_shape_error(tiny_models):
     config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "sequence": {"max": 200}})
     with pytest.raises(ShapeError, match=r"sequence.max=200 exceeds the model's limit of 128 tokens \(its "
-                                         "tokenizer's model_max_length 128\)"):
+                                         r"tokenizer's model_max_length 128\)"):
         load_model(config)
 
 
