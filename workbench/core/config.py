@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -19,6 +20,8 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Settings that existed once, and what replaces them.
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
+# Settings that moved: the old key, the new one (old keys keep working, with a FutureWarning).
+RENAMED_SETTINGS = {"repair_max_builds": "repair.max_builds"}
 # Graph outputs that were renamed: the old name, the new one.
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "int8"]
@@ -174,6 +177,27 @@ class TritonSettings(_Strict):
         return value
 
 
+TargetCpu = Literal["host", "avx2", "avx512", "avx512_vnni", "avx_vnni", "amx"]
+
+
+class TargetSettings(_Strict):
+    """The machine the deployment is for: what `precisions: auto` builds follows it."""
+
+    cpu: TargetCpu = Field(default="host", description=(
+        "host: this machine, where reduced precisions are built only when measured faster than fp32; or the "
+        "instruction set of another CPU the deployment is for (avx2, avx512, avx512_vnni, avx_vnni, amx)"))
+
+
+class RepairSettings(_Strict):
+    """Precision repair of a failing fp16/int8 variant, and its bounds."""
+
+    enabled: bool = True
+    budget_s: float = Field(default=180.0, gt=0, description=(
+        "seconds the repair of one precision may take: it ends with the best passing candidate found by then, or "
+        "says it found none (the best candidate's numbers and how to give it more time)"))
+    max_builds: int = Field(default=80, ge=2, description="candidate files one repair may build")
+
+
 class BenchSettings(_Strict):
     """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
 
@@ -233,7 +257,11 @@ class RunConfig(_Strict):
     sequence: SequenceSetting = Field(default_factory=SequenceSetting, description=(
         "tokens per text; auto: max is the model's own limit (what its library cuts at), opt the smaller of 128 "
         "and max"))
-    precisions: list[Precision] = ["fp32", "fp16", "int8"]
+    precisions: list[Precision] | Literal["auto"] = Field(default="auto", description=(
+        "variants to build and check; auto: fp32, fp16 where the deployment serves it (a GPU, a CPU with "
+        "AVX512-FP16 or AMX-FP16, measured), int8 where it pays (measured against fp32 on this host, or a target "
+        "CPU with int8 dot-product instructions)"))
+    target: TargetSettings = TargetSettings()
     graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
         "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
         "whichever runs faster here (auto)"))
@@ -251,13 +279,29 @@ class RunConfig(_Strict):
     triton: TritonSettings = TritonSettings()
     bench: BenchSettings = BenchSettings()
     generation: GenerationSettings = GenerationSettings()
-    repair: bool = True
-    repair_max_builds: int = Field(default=80, ge=2)
+    repair: RepairSettings = Field(default_factory=RepairSettings, description=(
+        "precision repair; -p repair=false turns it off"))
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None
     steps: list[str] = Field(default_factory=lambda: list(_step_names()))
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Settings that moved, read at their old key (a deprecation warning names the new one); `repair` as a
+        bool turns the repair on or off."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_SETTINGS.items():
+            if old in data:
+                warnings.warn(f"setting {old!r} is now {new!r}", FutureWarning, stacklevel=2)
+                dotted.put(data, new, data.pop(old))
+        if isinstance(data.get("repair"), bool):
+            data["repair"] = {"enabled": data["repair"]}
+        return data
 
     @field_validator("task")
     @classmethod

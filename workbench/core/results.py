@@ -68,6 +68,8 @@ class RepairOutcome(Metrics):
     precision: str
     outcome: str
     units: int
+    budget_s: float | None = None  # the repair's seconds (older records: not bounded)
+    stopped: str | None = None  # the bound that ended the search early, when its best still passed
     chosen: RepairCandidate | None = None
     before: RepairCandidate | None = None
     base: str | None = None

@@ -58,3 +58,21 @@ def cell_medians_ms(calls_for: Callable[[str], dict[K, Callable[[], object]]], c
 def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     """The median of `repeats` calls, in milliseconds, after `warmup` calls."""
     return statistics.median(interleaved({0: fn}, repeats, warmup)[0]) * 1e3
+
+
+class Budget:
+    """Seconds a piece of work may take, from its creation: what is left, and whether it is spent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.perf_counter()
+
+    def used(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return max(0.0, self.seconds - self.used())
+
+    @property
+    def spent(self) -> bool:
+        return self.used() >= self.seconds

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.core.timing import elapsed
+from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import down_projections, per_token_scales, quantize_int8, smooth_activations
 
@@ -89,13 +89,15 @@ class ChosenBase:
 
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
-                excluded: list[str], checker: Checker, note: Callable[[str], None]) -> ChosenBase:
+                excluded: list[str], checker: Checker, budget: Budget, note: Callable[[str], None]) -> ChosenBase:
     """Build every recipe with nothing but `excluded` kept in fp32, check it on the search's batches (parity
-    result, latency ms) and on the full lab the ones that pass there (`checker`). The base is the first recipe that
-    passes the full lab, else the one closest to the gate (smallest violation, then loss): accuracy decides, never
-    a timing. `note` hears which recipe is being built."""
+    result, latency ms) and on the full lab the ones that pass there (`checker`), until one passes the full lab or
+    `budget` is spent (one recipe at least). The base is the recipe that passed, else the one closest to the gate
+    (smallest violation, then loss): accuracy decides, never a timing. `note` hears which recipe is being built."""
     records, sources = [], []
     for index, recipe in enumerate(recipes):
+        if records and (records[-1]["passed"] or budget.spent):
+            break
         note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
         path = workdir / f"candidate-base-{index}.onnx"
 
@@ -107,7 +109,7 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
                         "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha,
                         "per_token": recipe.per_token})
         onnxfiles.remove(path)
-    best = min(range(len(recipes)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
+    best = min(range(len(records)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
                                                     records[i].get("loss", 0.0), i))
     for index, record in enumerate(records):
         record["chosen"] = index == best

@@ -4,18 +4,21 @@ search for nodes to keep in fp32 (`search`), each candidate judged by a `Checker
 batches and the search goes on."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.core.progress import Progress
+from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import convert_fp16, quantize_int8_blockwise
 from workbench.precision.checker import Checker
 from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.precision.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
 from workbench.precision.search import (
+    NOTED_METRICS,
+    RANKED_BY,
+    BudgetSpent,
     RepairProblem,
     RepairSearch,
     activation_order,
@@ -33,10 +36,12 @@ SMOOTHING_CALIBRATION_STRIDE = 4  # every 4th corpus batch measures the activati
 
 
 @dataclass(frozen=True)
-class RepairSettings:
-    """What the user fixed for the conversions (nodes and op types never converted) and the build budget."""
+class RepairPlan:
+    """What the user fixed for the conversions (nodes and op types never converted) and the repair's bounds: builds
+    and seconds."""
 
     max_builds: int
+    budget_s: float
     fp16_op_block_list: list[str] = field(default_factory=list)
     fp16_node_block_list: list[str] = field(default_factory=list)
     int8_nodes_to_exclude: list[str] = field(default_factory=list)
@@ -53,7 +58,7 @@ class Repaired:
     recipe: str | None = None
 
 
-def repair_problem(precision: str, settings: RepairSettings, fp32: Path, checker: Checker,
+def repair_problem(precision: str, settings: RepairPlan, fp32: Path, checker: Checker,
                    base: ChosenBase | None = None) -> RepairProblem:
     """fp16: node block list, nodes ordered by activation magnitude; int8: nodes to exclude from `base`'s recipe
     (its fp32 graph, smoothed or not), by sensitivity.
@@ -85,39 +90,37 @@ def repair_problem(precision: str, settings: RepairSettings, fp32: Path, checker
         costs=matmul_costs(graph, units))
 
 
-def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path, dest: Path,
+def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, dest: Path,
            bar: Progress) -> Repaired:
     """Search for nodes to keep in fp32 on the hardest batches, confirm on the full lab, write the repaired file to
     `dest` (candidates are built in `workdir`, none outlives the call, even when it is interrupted).
 
     The search checks candidates on the corner batches and the corpus batches the unrepaired variant gets most
     wrong; when its winner then fails on the full set, the batches where it fails join and the search goes on
-    (verdicts are re-taken, builds are budgeted). Each build is counted on `bar`.
+    (verdicts are re-taken). Builds are bounded by `settings.max_builds` and the whole repair by
+    `settings.budget_s`: when either is spent the best candidate found is confirmed on the full lab and written
+    only if it passes there; otherwise the outcome names the bound and the closest candidate. Each build is
+    counted on `bar`.
     """
-    started = time.perf_counter()
+    budget = Budget(settings.budget_s)
     precision, lab = checker.precision, checker.lab
     workdir.mkdir(parents=True, exist_ok=True)
     repaired = Repaired({})
+    search: RepairSearch | None = None
     try:
         base = None
         if precision == "int8":
             feeds = [b.feed for b in lab.sweep[::SMOOTHING_CALIBRATION_STRIDE]]
             base = choose_base(base_recipes(settings.int8_per_channel), fp32, workdir, feeds,
-                               settings.int8_nodes_to_exclude, checker, note=lambda text: bar.update(0, note=text))
+                               settings.int8_nodes_to_exclude, checker, budget,
+                               note=lambda text: bar.update(0, note=f"{text}; {budget.left():.0f} s left"))
         problem = repair_problem(precision, settings, fp32, checker, base)
-        search = RepairSearch(problem, checker, workdir, settings.max_builds, bar)
-        errors: dict[str, Any] = {}
-        if base is not None and not base.passed:  # what each unit costs in int8: only a failing base needs it
-            problem.units = sensitivity_order(search, problem.costs)
+        search = RepairSearch(problem, checker, workdir, settings.max_builds, budget, bar)
+        result, confirmed = search_rounds(search, checker, base)
+        errors = {}
+        if base is not None and not base.passed and problem.sensitivity and not budget.spent:
             bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
             errors = node_errors(base.source, workdir, feeds, problem.units)
-        for _ in range(REPAIR_ROUNDS):
-            result = run_search(search)
-            if search.best is None or not checker.add_failing(checker.collect(search.best[1])):
-                break
-            search.reset_results()
-        else:
-            result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
         result["checked_batches"] = len(checker.checks.batches)
         if base is not None:
             result["base"], result["bases"] = base.recipe.name, base.records
@@ -126,10 +129,10 @@ def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path
             result["node_error"] = {"tool": "onnxruntime.quantization.qdq_loss_debug", "per_node": errors,
                                     "spearman_vs_sensitivity": agreement}
         repaired.result = result
-        if search.best is not None:
+        if search.best is not None and confirmed:
             candidate, path = search.best
             blocked = list(candidate.blocked)
-            if base is not None:
+            if base is not None and not budget.spent:
                 result["recipes"] = blockwise_recipes(settings, base, search, checker)
                 winner = next((r for r in result["recipes"] if r["passed"]), None)
                 if winner is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
@@ -139,14 +142,60 @@ def repair(checker: Checker, settings: RepairSettings, fp32: Path, workdir: Path
             repaired.blocked, repaired.recipe = blocked, base.recipe.name if base is not None else None
     finally:
         remove_candidates(workdir)  # no candidate file outlives the step, even when it is interrupted
-    baseline = search.candidates.get(frozenset())
-    result["before"] = baseline.record() if baseline else None
-    result["latency_feed"] = list(checker.batch.shape)
-    result["seconds"] = round(time.perf_counter() - started, 2)  # the whole repair: recipes, rounds, diagnostics
+    baseline = search.candidates.get(frozenset()) if search else None
+    repaired.result["before"] = baseline.record() if baseline else None
+    repaired.result["latency_feed"] = list(checker.batch.shape)
+    repaired.result["seconds"] = round(budget.used(), 2)  # the whole repair: recipes, rounds, diagnostics
+    repaired.result["budget_s"] = settings.budget_s
     return repaired
 
 
-def blockwise_recipes(settings: RepairSettings, base: ChosenBase, search: RepairSearch,
+def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | None) -> tuple[dict[str, Any], bool]:
+    """The search's rounds (a winner failing the full lab adds the texts it fails on), then the outcome: whether the
+    best candidate passed the full lab (`confirmed`), else why not and how close the closest candidate came."""
+    confirmed = False
+    if base is not None and not base.passed:  # what each unit costs in int8: only a failing base needs it
+        try:
+            search.problem.units = sensitivity_order(search, search.problem.costs)
+        except BudgetSpent as spent:
+            return unrepaired(search, str(spent)), False
+    for _ in range(REPAIR_ROUNDS):
+        result = run_search(search)
+        if search.best is None:
+            break
+        confirmed = not checker.add_failing(checker.collect(search.best[1]))
+        if confirmed or result["outcome"] != "repaired":
+            break
+        search.reset_results()
+    else:
+        result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
+    if search.best is not None and not confirmed:
+        search.discard()
+        return unrepaired(search, result["outcome"], result), False
+    if confirmed and result["outcome"] != "repaired":  # a bound ended the search: its best passed the full lab
+        result["stopped"], result["outcome"] = result["outcome"], "repaired"
+    return result, confirmed
+
+
+def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of a repair that wrote nothing: why (a bound spent, or no candidate passing the full lab) and the
+    closest candidate's numbers."""
+    result = dict(result or {"precision": search.problem.precision, "ordering": search.problem.ordering,
+                             "ranked_by": RANKED_BY, "units": len(search.problem.units), "chosen": None,
+                             "candidates": search.history, "sensitivity": search.problem.sensitivity})
+    result["chosen"] = None
+    closest = search.closest()
+    reached = ""
+    if closest is not None:
+        metric = next((f"{words} {closest.summary[key]:{spec}}" for key, words, spec in NOTED_METRICS
+                       if key in closest.summary), f"violation {closest.violation:.3g}")
+        reached = f": the closest candidate ({len(closest.blocked)} units in fp32) reached {metric}"
+    result["outcome"] = f"not repaired: {why}{reached}"
+    result["closest"] = search.describe(closest) if closest else None
+    return result
+
+
+def blockwise_recipes(settings: RepairPlan, base: ChosenBase, search: RepairSearch,
                       checker: Checker) -> list[dict[str, Any]]:
     """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
     on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;

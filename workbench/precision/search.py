@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.progress import Progress
+from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 
 if TYPE_CHECKING:
@@ -57,14 +58,16 @@ class RepairProblem:
 
 class RepairSearch:
     """Builds, checks (with `checker`) and times candidates, caching by blocked set; keeps only the best file on
-    disk. Each build is counted on `progress`, with the best repair so far as its note."""
+    disk. Builds stop at `max_builds` or when `budget` is spent. Each build is counted on `progress`, with the best
+    repair so far and the time left as its note."""
 
-    def __init__(self, problem: RepairProblem, checker: Checker, workdir: Path, max_builds: int,
+    def __init__(self, problem: RepairProblem, checker: Checker, workdir: Path, max_builds: int, budget: Budget,
                  progress: Progress | None = None) -> None:
         self.problem = problem
         self.checker = checker
         self.workdir = workdir
         self.max_builds = max_builds
+        self.budget = budget
         self.progress = progress
         self.candidates: dict[frozenset[str], Candidate] = {}
         self.best: tuple[Candidate, Path] | None = None
@@ -78,7 +81,9 @@ class RepairSearch:
         if key in self.candidates:
             return self.candidates[key]
         if len(self.history) >= self.max_builds:
-            raise _BudgetSpent
+            raise BudgetSpent(f"stopped after {self.max_builds} builds (raise repair.max_builds)")
+        if self.budget.spent:
+            raise BudgetSpent(f"not repaired within {self.budget.seconds:g} s (repair.budget_s)")
         path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
         start = time.perf_counter()
         self.problem.build(list(blocked), path)
@@ -94,14 +99,20 @@ class RepairSearch:
         return candidate
 
     def best_so_far(self) -> str:
-        """The best repair yet: the units it keeps in fp32, their share of the compute, its primary metric."""
+        """The best repair yet (the units it keeps in fp32, their share of the compute, its primary metric) and the
+        time left."""
+        left = f"; {self.budget.left():.0f} s left"
         if self.best is None:
-            return self.phase or "no repair yet"
+            return (self.phase or "no repair yet") + left
         blocked, summary = self.best[0].blocked, self.best[0].summary
         total = sum(self.problem.costs.values())
         share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
         metric = next((f"; {words} {summary[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in summary), "")
-        return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}"
+        return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}{left}"
+
+    def closest(self) -> Candidate | None:
+        """The candidate nearest the gate among all built (the smallest violation), passing or not."""
+        return min(self.candidates.values(), key=lambda c: (c.violation, self.cost(c.blocked)), default=None)
 
     def reset_results(self) -> None:
         """Forget verdicts (the check set changed); the build budget and history carry on."""
@@ -152,8 +163,8 @@ def remove_candidates(workdir: Path) -> None:
             folder.rmdir()
 
 
-class _BudgetSpent(Exception):
-    pass
+class BudgetSpent(Exception):
+    """The repair may build no more: its builds or its seconds are spent (the message says which)."""
 
 
 def run_search(search: RepairSearch) -> dict[str, Any]:
@@ -179,8 +190,8 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
                 trial = [u for u in kept if u != unit]
                 if search.passes(trial):
                     kept = trial
-    except _BudgetSpent:
-        outcome = f"stopped after {search.max_builds} builds (raise repair_max_builds)"
+    except BudgetSpent as spent:
+        outcome = str(spent)
     chosen = search.best[0] if search.best else None
     if chosen is None and outcome == "repaired":
         outcome = "unrepairable: passes only with every candidate node in fp32"

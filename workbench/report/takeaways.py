@@ -61,6 +61,9 @@ def optimize_lines(record: RunRecord) -> list[str]:
     sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
     lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
              f"variants built: {sizes}"]
+    decisions = record.metric("optimize.precisions.decisions") or {}
+    lines += [f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}"
+              for precision, d in decisions.items()]
     if fp32.get("form"):
         lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
     return lines
@@ -77,10 +80,13 @@ def parity_lines(record: RunRecord) -> list[str]:
         chosen = outcome.chosen
         if outcome.outcome == "repaired" and chosen:
             base = f", quantized as {outcome.base}" if outcome.base else ""
+            stopped = f"; the search stopped early: {outcome.stopped}" if outcome.stopped else ""
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
-                         f"{base} ({len(outcome.candidates)} candidates built)")
+                         f"{base} ({len(outcome.candidates)} candidates built{stopped})")
         else:
-            lines.append(f"{precision} repair: {outcome.outcome}")
+            more = (f" (more time: --resume --output-dir {record.run_dir} --steps parity -p repair.budget_s="
+                    f"{2 * outcome.budget_s:g})" if "repair.budget_s" in outcome.outcome and outcome.budget_s else "")
+            lines.append(f"{precision} repair: {outcome.outcome}{more}")
     return lines
 
 

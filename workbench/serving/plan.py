@@ -19,18 +19,25 @@ from workbench.serving.repository import ServingPlan, graph_output_dims, model_n
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
 # Variants to serve, best first, when the configuration names none (the first that passed parity wins). On a CPU,
-# int8 comes first only where the CPU has int8 dot-product instructions (VNNI, AMX): without them ONNX Runtime's int8
-# matmuls run about as fast as fp32 ("Precision on this host" in docs/benchmarks.md), so fp32 serves the same speed.
+# int8 comes first only where it pays: measured against fp32 at the goal cells by the optimize step
+# (metrics.optimize.precisions.decisions.int8), else, for a record without that measurement, where the CPU has int8
+# dot-product instructions (VNNI, AMX).
 CPU_INT8_FIRST = ("int8_repaired", "int8", "fp32", "original")
 CPU_FP32_FIRST = ("fp32", "int8_repaired", "int8", "original")
 GPU_PREFERENCE = {Flavor.ONNXRUNTIME: ("fp16_repaired", "fp16", "fp32", "original"),
                   Flavor.TENSORRT_PLAN: ("trt_fp16", "trt_fp32")}
 
 
-def preference(flavor: Flavor, features: dict[str, Any] | None = None) -> tuple[tuple[str, ...], str]:
-    """The variants `flavor` serves, best first, on this host, and why in that order."""
+def preference(flavor: Flavor, int8: dict[str, Any] | None = None,
+               features: dict[str, Any] | None = None) -> tuple[tuple[str, ...], str]:
+    """The variants `flavor` serves, best first, and why in that order: on a CPU, int8 first where it pays, as the
+    optimize step decided (`int8`: its decision), else where the CPU (`features`, default this host's) has int8
+    dot-product instructions."""
     if flavor in GPU_PREFERENCE and (flavor is Flavor.TENSORRT_PLAN or gpu_name()):
         return GPU_PREFERENCE[flavor], f"{flavor.value} on a GPU"
+    if int8 is not None and int8.get("pays") is not None:
+        first = CPU_INT8_FIRST if int8["pays"] else CPU_FP32_FIRST
+        return first, f"{'int8' if int8['pays'] else 'fp32'} first: int8 {int8['reason']}"
     int8 = (features or cpu_features())["int8_dot_product"]
     if int8 is None:
         return CPU_FP32_FIRST, ("fp32 first: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
@@ -88,9 +95,10 @@ def instances_for(setting: int | Literal["auto"], threads: int | None, flavor: F
 
 
 def candidates(available: set[str], verdict: Callable[[str], Verdict | None], flavor: Flavor,
-               configured: str | None) -> list[str]:
+               configured: str | None, int8: dict[str, Any] | None = None) -> list[str]:
     """Variants that could be served, best first: the `configured` one, else those of the flavor's preference
-    among the `available` ones, the ones whose `verdict` passed ahead of the unchecked (failed ones are left out)."""
+    (`preference`, with the optimize step's `int8` decision) among the `available` ones, the ones whose `verdict`
+    passed ahead of the unchecked (failed ones are left out)."""
     kind = flavor.artifact_kind
     if configured:
         if configured not in available:
@@ -98,7 +106,7 @@ def candidates(available: set[str], verdict: Callable[[str], Verdict | None], fl
                 f"triton.variant={configured!r} has no {kind} file in this run (have {sorted(available)})",
                 "run the step that builds it (optimize, parity or tensorrt), or choose one of those")
         return [configured]
-    order, _ = preference(flavor)
+    order, _ = preference(flavor, int8)
     preferred = [v for v in order if v in available]
     verdicts = {v: verdict(v) for v in preferred}
     passed = [v for v in preferred if (found := verdicts[v]) and found.passed]

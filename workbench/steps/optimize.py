@@ -18,6 +18,8 @@ from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import GRAPH_FORMS, convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 from workbench.measure.forms import FormChoice, choose_form
+from workbench.measure.precisions import Decision, Target, plan, settle, target_for
+from workbench.measure.sessions import file_medians_ms
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
@@ -107,8 +109,28 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
     return models[choice.chosen], choice
 
 
+def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
+    """The deployment's target and, per reduced precision, whether it is built and why (`measure.precisions.plan`),
+    before any is built."""
+    gpu = device_for(config.device) == "cuda"
+    target = target_for(config.target.cpu, gpu)
+    record.set_metric(f"{STEP}.precisions", {"setting": config.precisions, "target": target.record()})
+    return target, plan(config.precisions, target, tensorrt="tensorrt" in config.steps and gpu)
+
+
+def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMetrics, decision: Decision,
+                         path: Path) -> Decision:
+    """The plain `decision.precision` variant at `path` timed against fp32 at the goal cells on this host."""
+    ms = file_medians_ms({"fp32": record.run_dir / "onnx" / "fp32.onnx", decision.precision: path},
+                         form_feeds(config, record, export), providers_for(config.device), config.threads,
+                         device_for(config.device))
+    return settle(decision, ms, auto=config.precisions == "auto")
+
+
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
-    """Write the optimized variants the configuration asks for; their fusion counts in metrics.optimize.variants."""
+    """Write the optimized variants the configuration (or, for `precisions: auto`, the deployment's target and a
+    measurement here) asks for; their fusion counts in metrics.optimize.variants, the decisions in
+    metrics.optimize.precisions."""
     with record.step(STEP):
         export = record.export_info()
         original = record.artifact("onnx.original")
@@ -117,6 +139,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
         form: FormChoice | None = None
+        target, decisions = decide_precisions(config, record)
 
         def fp32(dest: Path) -> Any:
             nonlocal form
@@ -138,11 +161,16 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                                config.int8_nodes_to_exclude),
             "tensorrt": tensorrt,
         }
-        wanted = ["fp32", *[p for p in ("fp16", "int8") if p in config.precisions], "tensorrt"]
+        wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
         for variant in wanted:
             start = time.perf_counter()
             dest = onnx_dir / f"{variant}.onnx"
             model = builders[variant](dest)
+            if variant in decisions and target.measured:
+                decision = measure_against_fp32(config, record, export, decisions[variant], dest)
+                if not decision.build:
+                    onnxfiles.remove(dest)
+                    continue
             fused = variant != "tensorrt"
             stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
@@ -159,6 +187,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
             fusions[variant] = stats
             record.set_metric(f"{STEP}.variants.{variant}", stats)
+        record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
         record.set_metric(f"{STEP}.variants.original", fusions["original"])
     return record.step_entry(STEP)
 

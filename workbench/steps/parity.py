@@ -16,7 +16,7 @@ from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
-from workbench.precision.repair import RepairSettings
+from workbench.precision.repair import RepairPlan
 from workbench.precision.repair import repair as repair_variant
 from workbench.report.page import Section, parity_section
 from workbench.report.takeaways import parity_lines
@@ -27,9 +27,9 @@ STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
 
 
-def repair_settings(config: RunConfig) -> RepairSettings:
-    return RepairSettings(config.repair_max_builds, config.fp16_op_block_list, config.fp16_node_block_list,
-                          config.int8_nodes_to_exclude, config.int8_per_channel)
+def repair_plan(config: RunConfig) -> RepairPlan:
+    return RepairPlan(config.repair.max_builds, config.repair.budget_s, config.fp16_op_block_list,
+                      config.fp16_node_block_list, config.int8_nodes_to_exclude, config.int8_per_channel)
 
 
 def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> str | None:
@@ -37,10 +37,10 @@ def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab)
     when one passed, its file recorded."""
     repaired = f"{precision}_repaired"
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
-    with Progress(f"repair {precision}", config.repair_max_builds, "candidates") as bar:
+    with Progress(f"repair {precision}", config.repair.max_builds, "candidates") as bar:
         checker = Checker(lab, precision, providers_for(config.device), config.threads,
                           record.artifact(f"onnx.{precision}"))
-        outcome = repair_variant(checker, repair_settings(config), record.artifact("onnx.fp32"),
+        outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / precision, dest, bar)
     record.set_metric(f"{STEP}.repair.{precision}", outcome.result)
     if outcome.blocked is not None:
@@ -127,7 +127,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
         for precision in ("fp16", "int8"):
-            if config.repair and precision in results and not results[precision]["passed"]:
+            if config.repair.enabled and precision in results and not results[precision]["passed"]:
                 repaired = repair(precision, config, record, lab)
                 if repaired is not None:
                     results[repaired] = compare(repaired, config, record, lab)

@@ -58,9 +58,12 @@ def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
 
 
 def engine_specs(config: RunConfig, profiles: list[Profile], pins: dict[str, list[str]]) -> list[EngineSpec]:
+    """An fp32 and an fp16 engine (those of a configured precisions list): a TensorRT engine is for a GPU, where fp16
+    serves."""
     pinned = list(dict.fromkeys(n for nodes in pins.values() for n in nodes))
+    wanted = ("fp32", "fp16") if config.precisions == "auto" else config.precisions
     return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], config.trt_workspace_mb)
-            for p in ("fp32", "fp16") if p in config.precisions]
+            for p in ("fp32", "fp16") if p in wanted]
 
 
 def write_build_script(record: RunRecord, commands: dict[str, list[str]]) -> Path:

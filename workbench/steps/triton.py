@@ -98,7 +98,8 @@ def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
 
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
-    return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant)
+    return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant,
+                      record.metric("optimize.precisions.decisions.int8"))
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
@@ -130,7 +131,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         raise UnverifiedError(f"every variant that passed parity in process fails it served: {served_failures}",
                               "read metrics.triton.served_parity in run.json; serve another variant "
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
-    order = "configured: triton.variant" if config.triton.variant else preference(flavor)[1]
+    order = "configured: triton.variant" if config.triton.variant else \
+        preference(flavor, record.metric("optimize.precisions.decisions.int8"))[1]
     checks: dict[str, Any] = {}
     lab: ParityLab | None = None
     for variant in candidates:

@@ -1,0 +1,221 @@
+"""Where a run's time goes, step by step, on the embedded model and on a base-size model built here.
+
+    .venv/bin/python benchmarks/timeline.py [--models minilm,base] [--out DIR] [-p KEY=VALUE ...]
+
+Runs `workbench run` as users do (papermill, one kernel per step) on each model: the embedded all-MiniLM-L6-v2 with
+the demo's steps, and a base-size sentence-transformers model built here (BERT, 12 layers, hidden 768, intermediate
+3072, random weights, all-MiniLM-L6-v2's real WordPiece tokenizer, mean pooling and Normalize, max_seq_length 384)
+through export, optimize, parity and triton. A sampler watches the run's process tree (the CLI, its kernels, the
+Triton server and its stubs) every half second. Printed per model and step: wall seconds, CPU seconds, peak RSS of
+the tree, and what the step spent them on (from run.json: the reference, each variant's check, the repair and its
+candidates, server start), then the run's wall time, with the host's CPU flags. `-p` settings go to every run.
+Writes DIR/timeline.json; exits 0 (the targets of issue 38 are printed as PASS/MISS, never asserted).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from workbench.core.interrupt import script_exit
+from workbench.core.machine import cpu_features, cpu_model, others_busy
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_STEPS = "export,optimize,parity,triton"
+TARGETS = {"minilm": 10 * 60, "base": 20 * 60}  # seconds of wall time (issue 38)
+BASE_RSS_MB = 4096
+SAMPLE_S = 0.5
+
+
+@dataclass
+class Sample:
+    at: float
+    cpu_s: float
+    rss_mb: float
+
+
+@dataclass
+class TreeSampler:
+    """CPU seconds (the tree's processes, each counted to its last sample) and RSS of a process and all its
+    descendants, every SAMPLE_S, on a thread of its own."""
+
+    root: int
+    samples: list[Sample] = field(default_factory=list)
+    last_cpu: dict[int, float] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            try:
+                parent = psutil.Process(self.root)
+                tree = [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            rss = 0.0
+            for process in tree:
+                try:
+                    times = process.cpu_times()
+                    self.last_cpu[process.pid] = times.user + times.system
+                    rss += process.memory_info().rss / 2**20
+                except psutil.NoSuchProcess:
+                    continue
+            self.samples.append(Sample(time.time(), sum(self.last_cpu.values()), rss))
+
+    def window(self, start: float, end: float) -> tuple[float, float]:
+        """CPU seconds spent and peak RSS (MB) between two times."""
+        inside = [s for s in self.samples if start <= s.at <= end + SAMPLE_S]
+        before = [s for s in self.samples if s.at < start]
+        if not inside:
+            return 0.0, 0.0
+        return inside[-1].cpu_s - (before[-1].cpu_s if before else 0.0), max(s.rss_mb for s in inside)
+
+
+def build_base(folder: Path) -> Path:
+    """A base-size sentence-transformers model (random weights) with the embedded model's real tokenizer."""
+    if (folder / "modules.json").is_file():
+        return folder
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    from workbench.core.config import RunConfig
+    from workbench.models.loading import resolve_source
+
+    torch.manual_seed(0)
+    minilm = resolve_source(RunConfig().model).location
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12,
+                                     num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
+    with tempfile.TemporaryDirectory() as tmp:
+        transformers.BertModel(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        transformer = Transformer(tmp, max_seq_length=384)
+        modules = [transformer, Pooling(transformer.get_embedding_dimension(), "mean"), Normalize()]
+        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder
+
+
+def spent_on(step: str, metrics: dict[str, Any]) -> str:
+    """What run.json says the step spent its time on, in a few words."""
+    found = metrics.get(step) or {}
+    if step == "export":
+        return f"load {found.get('load_seconds', 0):.0f} s, export {found.get('export_seconds', 0):.0f} s"
+    if step == "optimize":
+        built = ", ".join(f"{name} {v['seconds']:.0f} s" for name, v in found.get("variants", {}).items()
+                          if "seconds" in v)
+        decided = found.get("precisions", {}).get("decisions", {})
+        skipped = [p for p, d in decided.items() if not d.get("built")]
+        return built + (f"; not built: {', '.join(skipped)}" if skipped else "")
+    if step == "parity":
+        parts = [f"reference {found.get('inputs', {}).get('reference_seconds', 0):.0f} s"
+                 + (" (cached)" if found.get("inputs", {}).get("reference_cached") else "")]
+        reference = found.get("reference") or {}
+        if "seconds" in reference:
+            parts.append(f"module vs library {reference['seconds']:.0f} s")
+        parts += [f"{name} {v['seconds']:.0f} s" for name, v in found.get("variants", {}).items() if "seconds" in v]
+        for precision, repair in found.get("repair", {}).items():
+            parts.append(f"{precision} repair {repair.get('seconds', 0):.0f} s ({len(repair.get('candidates', []))} "
+                         f"candidates, {len(repair.get('bases', []))} recipes; {repair.get('outcome')})")
+        return ", ".join(parts)
+    if step == "triton":
+        served = found.get("served_parity") or {}
+        return (f"{found.get('variant')} served; server ready in {found.get('ready_seconds', 0):.1f} s; served parity "
+                + ", ".join(f"{p} {v.get('seconds', 0):.0f} s" for p, v in served.items()))
+    if step == "bench":
+        return "latency grid and served sweeps"
+    return ""
+
+
+def run_model(name: str, model: str, steps: str | None, out: Path, overrides: list[str]) -> dict[str, Any]:
+    run_dir = out / f"run-{name}"
+    command = [str(ROOT / ".venv" / "bin" / "workbench"), "run", "--model", model, "--output-dir", str(run_dir),
+               "--overwrite", *(["--steps", steps] if steps else []), *[f"-p={o}" for o in overrides]]
+    started = time.time()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sampler = TreeSampler(process.pid)
+    sampler.start()
+    _, stderr = process.communicate()
+    sampler.stop.set()
+    wall = time.time() - started
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    rows = []
+    for step, entry in record["steps"].items():
+        if "started" not in entry or entry.get("seconds") is None:
+            rows.append({"step": step, "status": entry["status"]})
+            continue
+        begin = datetime.fromisoformat(entry["started"]).timestamp()
+        cpu_s, rss_mb = sampler.window(begin, begin + entry["seconds"])
+        rows.append({"step": step, "status": entry["status"], "seconds": entry["seconds"], "cpu_seconds": cpu_s,
+                     "peak_rss_mb": rss_mb, "spent_on": spent_on(step, record.get("metrics", {}))})
+    return {"model": name, "wall_seconds": wall, "exit": process.returncode, "steps": rows,
+            "peak_rss_mb": max((s.rss_mb for s in sampler.samples), default=0.0),
+            "error": stderr.strip().splitlines()[-1] if process.returncode else None}
+
+
+def measure(models: list[str], out_dir: str | None, overrides: list[str]) -> None:
+    with tempfile.TemporaryDirectory(prefix="timeline-") as scratch:
+        out = Path(out_dir or scratch)
+        out.mkdir(parents=True, exist_ok=True)
+        features, busy = cpu_features(), others_busy()
+        print(f"host: {cpu_model()}, {os.cpu_count()} vCPUs, flags {' '.join(features['flags'])}; int8 dot "
+              f"product: {features['int8_dot_product'] or 'none'}; other processes busy: {busy:.1f} cores")
+        results = []
+        for name in models:
+            model = "sentence-transformers/all-MiniLM-L6-v2" if name == "minilm" else str(build_base(out / "base"))
+            result = run_model(name, model, None if name == "minilm" else BASE_STEPS, out, overrides)
+            results.append(result)
+            print(f"\n{name}: exit {result['exit']}, {result['wall_seconds']:.0f} s wall, peak RSS "
+                  f"{result['peak_rss_mb']:.0f} MB" + (f"; {result['error']}" if result["error"] else ""))
+            print("| step | status | seconds | CPU seconds | peak RSS MB | spent on |\n|---|---|---|---|---|---|")
+            for row in result["steps"]:
+                if "seconds" in row:
+                    print(f"| {row['step']} | {row['status']} | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} | "
+                          f"{row['peak_rss_mb']:.0f} | {row['spent_on']} |")
+                else:
+                    print(f"| {row['step']} | {row['status']} | | | | |")
+        print()
+        for result in results:
+            target = TARGETS[result["model"]]
+            ok = result["exit"] == 0 and result["wall_seconds"] <= target
+            if result["model"] == "base":
+                ok = ok and result["peak_rss_mb"] <= BASE_RSS_MB
+            print(f"{'PASS' if ok else 'MISS'}: {result['model']} in {result['wall_seconds'] / 60:.1f} min (target "
+                  f"{target / 60:.0f} min" + (f", peak RSS <= {BASE_RSS_MB} MB" if result["model"] == "base" else "")
+                  + ")")
+        (out / "timeline.json").write_text(json.dumps({"host": features, "busy": busy, "results": results},
+                                                      indent=1), encoding="utf-8")
+        print(f"written: {out / 'timeline.json'}")
+
+
+def main() -> int:
+    """Run the timeline (exit 0); errors and signals end it as `script_exit` says."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="minilm,base", help="minilm, base, or both (default)")
+    parser.add_argument("--out", default=None, help="folder for the runs and timeline.json (default: temporary)")
+    parser.add_argument("-p", dest="overrides", action="append", default=[], help="a setting for every run")
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in TARGETS]
+    if unknown:
+        parser.error(f"unknown models {unknown}: choose among {', '.join(TARGETS)}")
+    return script_exit(lambda: measure(models, args.out, args.overrides), "timeline.json not written")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

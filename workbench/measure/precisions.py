@@ -1,0 +1,121 @@
+"""Which reduced precisions a run builds, checks and repairs (`precisions: auto`), from the deployment's target:
+fp16 where it can serve (a GPU, or a CPU with fp16 arithmetic), int8 where it pays. Whether a precision pays is a
+speed question, answered the way speed is answered here: the plain variant against fp32 at the goal cells (batch 1
+at the shortest sequence, the largest batch at the longest), interleaved on this host, before any repair. A target
+that is not this host cannot be measured: its instruction set decides. An explicit `precisions` list always wins,
+and is measured all the same where it can be, so the serving order follows the measurement too."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workbench.core.machine import INT8_INSTRUCTIONS, cpu_flags
+
+MIN_GAIN = 1.2  # a reduced precision pays where it is at least this much faster than fp32 in one goal cell
+FP16_FLAGS = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16"}
+# The instruction sets a named target CPU has (target.cpu), as /proc/cpuinfo names them.
+TARGET_FLAGS = {
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx2", "fma", "avx512f", "avx512bw"},
+    "avx512_vnni": {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"},
+    "avx_vnni": {"avx2", "fma", "avx_vnni"},
+    "amx": {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"},
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """The deployment's machine: a GPU, this host's CPU (`measured`: speed is measured here) or a named CPU."""
+
+    kind: Literal["gpu", "host", "cpu"]
+    flags: frozenset[str] = frozenset()
+    name: str = "this host"
+
+    @property
+    def measured(self) -> bool:
+        return self.kind == "host"
+
+    @property
+    def int8_instructions(self) -> str | None:
+        return next((name for flag, name in INT8_INSTRUCTIONS if flag in self.flags), None)
+
+    @property
+    def fp16_arithmetic(self) -> str | None:
+        return next((name for flag, name in FP16_FLAGS.items() if flag in self.flags), None)
+
+    def record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "flags": sorted(self.flags)}
+
+
+def target_for(cpu: str, gpu: bool) -> Target:
+    """The deployment target: the GPU the run's sessions use, else this host (`cpu` host) or the named CPU."""
+    if gpu:
+        return Target("gpu", name="the GPU")
+    if cpu == "host":
+        return Target("host", frozenset(cpu_flags()))
+    return Target("cpu", frozenset(TARGET_FLAGS[cpu]), f"a {cpu} CPU (target.cpu)")
+
+
+@dataclass
+class Decision:
+    """Whether a reduced precision is built, why, and (measured here) its speed against fp32 per goal cell."""
+
+    precision: str
+    build: bool
+    reason: str
+    speedups: dict[str, float] = field(default_factory=dict)  # goal cell -> fp32 ms / variant ms
+    ms: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def pays(self) -> bool | None:
+        """At least MIN_GAIN faster than fp32 in one goal cell; None where it was not measured."""
+        return max(self.speedups.values()) >= MIN_GAIN if self.speedups else None
+
+    def record(self) -> dict[str, Any]:
+        return {"built": self.build, "reason": self.reason, "pays": self.pays, "speedups": self.speedups,
+                "ms": self.ms}
+
+
+def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, Decision]:
+    """Per reduced precision, before any measurement: built (explicit list, or the target serves it), measured
+    (auto on this host: `settle` decides once timed), or skipped with the reason. `tensorrt`: the run builds
+    TensorRT engines on a GPU (its fp16 engine keeps what the fp16 repair finds)."""
+    if setting != "auto":
+        return {p: Decision(p, p in setting, "configured (precisions)" if p in setting else
+                            "not in the configured precisions") for p in ("fp16", "int8")}
+    if target.kind == "gpu":
+        why = "a TensorRT engine will be built from it" if tensorrt else "it serves on the GPU"
+        return {"fp16": Decision("fp16", True, f"fp16: {why}"),
+                "int8": Decision("int8", False, "ONNX Runtime's dynamic int8 runs on the CPU only; the GPU "
+                                                "deployment serves fp16 (list int8 in precisions to check it)")}
+    fp16 = target.fp16_arithmetic
+    decisions = {"fp16": Decision("fp16", bool(fp16), f"{target.name} has {fp16}: measured against fp32" if fp16
+                                  else f"{target.name} has no fp16 arithmetic (AVX512-FP16, AMX-FP16): fp16 would "
+                                       "run through casts, slower than fp32")}
+    int8 = target.int8_instructions
+    if target.measured:
+        decisions["int8"] = Decision("int8", True, "measured against fp32 on this host")
+    elif int8:
+        decisions["int8"] = Decision("int8", True, f"{target.name} has {int8} (not measured: not this host)")
+    else:
+        decisions["int8"] = Decision("int8", False, f"{target.name} has no int8 dot-product instructions, and "
+                                                    "whether int8 pays there depends on the model: measure on that "
+                                                    "host (target.cpu=host), or list int8 in precisions")
+    return decisions
+
+
+def settle(decision: Decision, ms: dict[str, dict[str, float]], auto: bool) -> Decision:
+    """`decision` once its plain variant was timed against fp32 (`ms`: "fp32" and the precision, per goal cell):
+    auto keeps it only where it pays; a configured one is kept either way."""
+    decision.ms = ms
+    decision.speedups = {cell: round(ms["fp32"][cell] / ms[decision.precision][cell], 3) for cell in ms["fp32"]}
+    shown = ", ".join(f"{gain:.2f}x fp32 at {cell}" for cell, gain in decision.speedups.items())
+    if not auto:
+        decision.reason = f"configured (precisions); measured {shown}"
+    elif decision.pays:
+        decision.reason = f"pays on this host: {shown} (needs {MIN_GAIN}x at one goal cell)"
+    else:
+        decision.build = False
+        decision.reason = (f"does not pay on this host: {shown} (needs {MIN_GAIN}x at one goal cell); to build it "
+                           f"anyway: -p precisions=[fp32,{decision.precision}]")
+    return decision
