@@ -14,6 +14,7 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,20 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+@lru_cache(maxsize=8)
+def _tree_checksum(folder: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for name, _, _ in stamp:
+        digest.update(name.encode("utf-8"))
+        digest.update(sha256_file(Path(folder) / name).encode())
+    return digest.hexdigest()
+
+
+def tree_checksum(folder: Path) -> str:
+    """sha256 over every file below `folder` (relative names and contents); recomputed only when a file's size or
+    time changed."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    stamp = tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _tree_checksum(str(folder), stamp)

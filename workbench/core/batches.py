@@ -70,9 +70,12 @@ def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
 
 def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[str], batch_size: int, cut: int,
                    prompt_tokens: int = 0, ids: Sequence[int] | None = None) -> list[Batch]:
-    """Every text once (or those of `ids`), in corpus order (mixed lengths), right-padded to the longest in each
-    batch; longer texts are cut at `cut` tokens."""
+    """Every text once (or those of `ids`), batched by length (shortest first, as a server groups them: little
+    padding, and each text's batch holds texts like it), right-padded to the longest in each batch; longer texts are
+    cut at `cut` tokens."""
     chosen = list(range(len(texts)) if ids is None else ids)
+    lengths = token_lengths(tokenizer, [texts[i] for i in chosen])
+    chosen = [chosen[i] for i in np.argsort(np.minimum(lengths, cut), kind="stable")]
     batches = []
     for start in range(0, len(chosen), batch_size):
         part = chosen[start:start + batch_size]

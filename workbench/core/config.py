@@ -276,6 +276,9 @@ class RunConfig(_Strict):
     trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
     trt_workspace_mb: int = Field(default=4096, ge=64)
     engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
+    reference_cache_dir: str | None = Field(default=None, description=(
+        "where the parity lab's reference outputs are kept between runs, by model files and texts; default: "
+        "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
     triton: TritonSettings = TritonSettings()
     bench: BenchSettings = BenchSettings()
     generation: GenerationSettings = GenerationSettings()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workbench.core.machine import INT8_INSTRUCTIONS, cpu_flags
+from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
 
 MIN_GAIN = 1.2  # a reduced precision pays where it is at least this much faster than fp32 in one goal cell
 FP16_FLAGS = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16"}
@@ -44,7 +44,9 @@ class Target:
         return next((name for flag, name in FP16_FLAGS.items() if flag in self.flags), None)
 
     def record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "flags": sorted(self.flags)}
+        """The target as run.json holds it: its kind, name, and the flags that decide precisions."""
+        relevant = set(SPEED_FLAGS) | set(FP16_FLAGS)
+        return {"kind": self.kind, "name": self.name, "flags": sorted(self.flags & relevant)}
 
 
 def target_for(cpu: str, gpu: bool) -> Target:
@@ -63,13 +65,14 @@ class Decision:
     precision: str
     build: bool
     reason: str
+    assumed: bool | None = None  # whether it pays where it cannot be measured (a named target's instructions)
     speedups: dict[str, float] = field(default_factory=dict)  # goal cell -> fp32 ms / variant ms
     ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def pays(self) -> bool | None:
-        """At least MIN_GAIN faster than fp32 in one goal cell; None where it was not measured."""
-        return max(self.speedups.values()) >= MIN_GAIN if self.speedups else None
+        """At least MIN_GAIN faster than fp32 in one goal cell as measured here; else as `assumed`."""
+        return max(self.speedups.values()) >= MIN_GAIN if self.speedups else self.assumed
 
     def record(self) -> dict[str, Any]:
         return {"built": self.build, "reason": self.reason, "pays": self.pays, "speedups": self.speedups,
@@ -80,14 +83,16 @@ def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, 
     """Per reduced precision, before any measurement: built (explicit list, or the target serves it), measured
     (auto on this host: `settle` decides once timed), or skipped with the reason. `tensorrt`: the run builds
     TensorRT engines on a GPU (its fp16 engine keeps what the fp16 repair finds)."""
+    assumed = {"fp16": target.kind == "gpu" or bool(target.fp16_arithmetic),
+               "int8": target.kind != "gpu" and bool(target.int8_instructions)}
     if setting != "auto":
         return {p: Decision(p, p in setting, "configured (precisions)" if p in setting else
-                            "not in the configured precisions") for p in ("fp16", "int8")}
+                            "not in the configured precisions", assumed[p]) for p in ("fp16", "int8")}
     if target.kind == "gpu":
         why = "a TensorRT engine will be built from it" if tensorrt else "it serves on the GPU"
-        return {"fp16": Decision("fp16", True, f"fp16: {why}"),
+        return {"fp16": Decision("fp16", True, f"fp16: {why}", True),
                 "int8": Decision("int8", False, "ONNX Runtime's dynamic int8 runs on the CPU only; the GPU "
-                                                "deployment serves fp16 (list int8 in precisions to check it)")}
+                                                "deployment serves fp16 (list int8 in precisions to check it)", False)}
     fp16 = target.fp16_arithmetic
     decisions = {"fp16": Decision("fp16", bool(fp16), f"{target.name} has {fp16}: measured against fp32" if fp16
                                   else f"{target.name} has no fp16 arithmetic (AVX512-FP16, AMX-FP16): fp16 would "
@@ -96,11 +101,11 @@ def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, 
     if target.measured:
         decisions["int8"] = Decision("int8", True, "measured against fp32 on this host")
     elif int8:
-        decisions["int8"] = Decision("int8", True, f"{target.name} has {int8} (not measured: not this host)")
+        decisions["int8"] = Decision("int8", True, f"{target.name} has {int8} (not measured: not this host)", True)
     else:
         decisions["int8"] = Decision("int8", False, f"{target.name} has no int8 dot-product instructions, and "
                                                     "whether int8 pays there depends on the model: measure on that "
-                                                    "host (target.cpu=host), or list int8 in precisions")
+                                                    "host (target.cpu=host), or list int8 in precisions", False)
     return decisions
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
+from workbench.core.atomic import tree_checksum
 from workbench.core.config import RunConfig, ShapeRange
 from workbench.core.data import lowercase_inputs
 from workbench.core.errors import (
@@ -158,6 +159,26 @@ class LoadedModel:
     def max_positions(self) -> int | None:
         value = getattr(self.hf_config, "max_position_embeddings", None)
         return int(value) if value else None
+
+    @property
+    def checksum(self) -> str | None:
+        """sha256 of the model's folder (weights, configs, tokenizer, sentence-transformers modules); None for a
+        hub id."""
+        return tree_checksum(Path(self.source.location)) if self.source.kind != "hub" else None
+
+    def identity(self) -> str | None:
+        """What decides this model's outputs besides its inputs: its files, the run's pooling and the libraries'
+        versions (None for a hub id)."""
+        if self.checksum is None:
+            return None
+        import torch
+        import transformers
+
+        from workbench import __version__
+
+        return (f"model {self.checksum}; task {self.task.name}; pooling {self.pooling}; inputs "
+                f"{','.join(self.input_names)}; workbench {__version__}; torch {torch.__version__}; transformers "
+                f"{transformers.__version__}")
 
     @property
     def limit(self) -> Limit:

@@ -15,6 +15,7 @@ from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import encode, load_corpus
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
+from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
@@ -45,8 +46,14 @@ class ParityLab:
         self.corners = batches[:corners]
         with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(config.device))) as runner:
             start = time.perf_counter()
-            self.expected = [runner.infer(b) for b in self.batches]
+            cache = ReferenceCache(Path(config.reference_cache_dir) if config.reference_cache_dir else default_folder())
+            key = cache_key(runner.identity, batches) if runner.identity else None
+            kept = cache.load(key, len(batches)) if key else None
+            self.expected = kept or [runner.infer(b) for b in self.batches]
+            if key and kept is None:
+                cache.save(key, self.expected)
             self.reference_seconds = time.perf_counter() - start
+            self.reference_cached = kept is not None
         self.reference = runner  # closed: its name and input names describe `expected`
 
     @classmethod
@@ -198,7 +205,8 @@ def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]
     with TorchRunner(loaded, lab.specs) as module:
         result = lab.compare(module, "fp32", tolerances={})
         cut = cut_row(loaded, lab, module)
-    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result, "cut": cut}
+    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result, "cut": cut,
+             "reference_cached": lab.reference_cached}
     if any(spec.name == SENTENCE_EMBEDDING for spec in lab.specs):
         norms = np.concatenate([np.linalg.norm(e[SENTENCE_EMBEDDING], axis=-1) for e in lab.expected])
         check["norms"] = [float(norms.min()), float(norms.max())]

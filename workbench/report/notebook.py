@@ -43,7 +43,9 @@ class Parameter:
         return dotted.get(RunConfig().to_params(), self.setting)
 
     def line(self) -> str:
-        return f"{self.name}: {self.type_name} = {self.default!r}  # {self.help}"
+        """`name: type = default  # help`; a type in words (e.g. `int or auto`) quoted, as papermill reads it."""
+        annotation = f'"{self.type_name}"' if " " in self.type_name else self.type_name
+        return f"{self.name}: {annotation} = {self.default!r}  # {self.help}"
 
 
 PARAMETERS = (
@@ -51,13 +53,14 @@ PARAMETERS = (
     Parameter("task", "task", "str", ", ".join(TASKS)),
     Parameter("pooling", "pooling", "str", "feature-extraction: auto (the model's sentence-transformers files, else "
               "mean), mean, cls, max, lasttoken, ... or none"),
-    Parameter("precisions", "precisions", "list", "ONNX variants to build and check: fp32, fp16, int8"),
+    Parameter("precisions", "precisions", "list or auto", "ONNX variants to build and check: a list of fp32, fp16, "
+              "int8; auto: fp32, and fp16/int8 where the deployment's target serves them faster"),
     Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),
     Parameter("batch_opt", "batch.opt", "int", "most frequent"),
     Parameter("batch_max", "batch.max", "int", "largest"),
     Parameter("sequence_min", "sequence.min", "int", "tokens per text: fewest"),
-    Parameter("sequence_opt", "sequence.opt", "int | str", "most frequent; auto: the smaller of 128 and max"),
-    Parameter("sequence_max", "sequence.max", "int | str", "most; auto: the model's own limit (where its library "
+    Parameter("sequence_opt", "sequence.opt", "int or auto", "most frequent; auto: the smaller of 128 and max"),
+    Parameter("sequence_max", "sequence.max", "int or auto", "most; auto: the model's own limit (where its library "
               "cuts texts)"),
     Parameter("corpus", "corpus", "str", "UTF-8 text file, one text per line; None: the shipped corpus"),
     Parameter("device", "device", "str", "auto, cpu or cuda"),

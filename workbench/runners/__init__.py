@@ -26,7 +26,8 @@ class RunnerClosedError(RuntimeError):
 class Runner(ABC):
     """What every runner has: `infer(batch)` returns exactly `output_names`; `providers` says what really runs it;
     `device`, `precision` and `io` say where it runs, in what precision and where its data lives; `engine` names the
-    software ("PyTorch eager", "ONNX Runtime <variant>", ...).
+    software ("PyTorch eager", "ONNX Runtime <variant>", ...); `identity`, for a reference, whatever decides its
+    outputs besides the inputs (None: not kept between runs).
 
     Use it in a `with` block (or call `close()`): closing releases what it holds and is safe to repeat.
     """
@@ -35,6 +36,7 @@ class Runner(ABC):
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     providers: list[str]
+    identity: str | None = None  # what fixes its outputs (model files, library, versions): a key to keep them by
     engine: str = ""
     device: Device = "cpu"
     precision: str = "fp32"

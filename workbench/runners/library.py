@@ -100,8 +100,10 @@ def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tu
             statements.append(f"model.max_seq_length = {max_length}")
         library = "SentenceTransformer.encode()" + (f" with {loaded.pooling} pooling (pooling_override)"
                                                     if loaded.pooling_overridden else "")
-        return SentenceTransformerRunner(model, statements, texts, loaded.input_names, output_names, library,
-                                         prompt_name)
+        runner = SentenceTransformerRunner(model, statements, texts, loaded.input_names, output_names, library,
+                                           prompt_name)
+        runner.identity = _identity(loaded, runner.call, "sentence_transformers", output_names)
+        return runner
     if loaded.task.name == "sequence-classification":
         from transformers import pipeline
 
@@ -109,5 +111,15 @@ def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tu
         pipe = pipeline("text-classification", model=location, top_k=None, function_to_apply="none", device="cpu",
                         trust_remote_code=trust_remote_code)
         call = f"pipeline('text-classification', model={location!r}, top_k=None, function_to_apply='none')"
-        return ClassificationPipelineRunner(pipe, call, texts, loaded.input_names, max_length)
+        runner = ClassificationPipelineRunner(pipe, call, texts, loaded.input_names, max_length)
+        runner.identity = _identity(loaded, f"{call}; max_length {max_length}", "transformers", ("logits",))
+        return runner
     return None
+
+
+def _identity(loaded: LoadedModel, call: str, library: str, outputs: tuple[str, ...]) -> str | None:
+    """The loaded model's identity, the library call and its version, and the outputs: what decides the answers."""
+    from importlib.metadata import version
+
+    model = loaded.identity()
+    return f"{model}; {call}; {library} {version(library.replace('_', '-'))}; {','.join(outputs)}" if model else None

@@ -61,6 +61,8 @@ class TorchRunner(Runner):
         self.input_names = loaded.input_names
         self.output_names = tuple(o.name for o in outputs)
         self.providers = [f"torch-{device}"]
+        model = loaded.identity()
+        self.identity = f"{model}; {self.engine} on {device}; {','.join(self.output_names)}" if model else None
 
     def _run(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if self.module is None:

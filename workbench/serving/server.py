@@ -29,6 +29,8 @@ from workbench.core.errors import (
 from workbench.core.pins import pin
 
 HOST = "127.0.0.1"
+STALL_S = 90.0  # a starting server with no log output and no CPU time for this long has stalled
+MAX_READY_S = 1800  # however much progress it makes, a server not ready after this long has failed
 ANY_ADDRESS = "0.0.0.0"  # every interface; clients on this machine still reach it on HOST
 
 
@@ -124,7 +126,7 @@ class TritonServer:
     always stopped."""
 
     def __init__(self, repository: Path, workdir: Path, ports: Ports | None = None, binary: TritonBinary | None = None,
-                 ready_timeout: float = 90.0, host: str = HOST, cleanup: Sequence[Path] = ()) -> None:
+                 ready_timeout: float = STALL_S, host: str = HOST, cleanup: Sequence[Path] = ()) -> None:
         self.repository = Path(repository).resolve()
         self.workdir = Path(workdir).resolve()
         self.host = host
@@ -217,16 +219,45 @@ class TritonServer:
             return False
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
+        """Until the server is ready: however long it takes while it makes progress (its log grows, or its processes
+        use CPU time: a busy host loads models slowly), a failure when it exits, stalls for `ready_timeout` seconds,
+        or is still not ready after MAX_READY_S."""
+        start = last_change = time.monotonic()
+        mark = self._progress()
+        while True:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerStartError(f"tritonserver exited with code {self.process.returncode} while starting:\n"
                                        f"{self.log_tail()}", "read the log above (model config or backend errors)")
             if self.is_ready():
                 return
+            now, seen = time.monotonic(), self._progress()
+            if seen != mark:
+                mark, last_change = seen, now
+            elif now - last_change > self.ready_timeout:
+                raise ServerStartError(f"tritonserver stalled while starting: no log output and no CPU time for "
+                                       f"{self.ready_timeout:.0f} s, not ready:\n{self.log_tail()}",
+                                       "read the log above; a model that loads slowly without output may need a "
+                                       "longer ready_timeout")
+            if now - start > MAX_READY_S:
+                raise ServerStartError(f"tritonserver was not ready after {MAX_READY_S} s:\n{self.log_tail()}",
+                                       "read the log above (a model that never finishes loading)")
             time.sleep(0.2)
-        raise ServerStartError(f"tritonserver was not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}",
-                               "read the log above; a slow model load may need a longer ready_timeout")
+
+    def _progress(self) -> tuple[int, float]:
+        """The log's size and the CPU seconds (to 0.1 s) of the server and its model processes."""
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            size = 0
+        cpu = 0.0
+        try:
+            server = psutil.Process(self.pid)
+            for process in (server, *server.children(recursive=True)):
+                times = process.cpu_times()
+                cpu += times.user + times.system
+        except psutil.Error:
+            pass
+        return size, round(cpu, 1)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -124,7 +124,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "corpus_texts": len(load_corpus(config.corpus, config.corpus_max_texts)),
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
-            "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3)})
+            "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
+            "reference_cached": lab.reference_cached})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
         for precision in ("fp16", "int8"):
             if config.repair.enabled and precision in results and not results[precision]["passed"]:
