@@ -51,7 +51,10 @@ def test_corpus_batches_cover_every_text_once(tokenizer):
     assert sorted(i for b in batches for i in b.text_ids) == list(range(len(texts)))
     assert len(texts) >= 300
     assert max(b.shape[1] for b in batches) == 128
-    assert all(len(set(b.mask.sum(axis=1))) > 1 for b in batches), "every batch mixes lengths"
+    widths = [b.shape[1] for b in batches]
+    assert widths == sorted(widths), "batched by length, as a server groups texts: little padding"
+    padded = sum(b.mask.size for b in batches) / sum(b.mask.sum() for b in batches)
+    assert padded < 1.1
 
 
 @pytest.mark.parametrize("limit", [64, 96])

@@ -116,8 +116,13 @@ def test_defaults_serve_what_encode_returns_as_shipped_long_texts_and_prompts_in
 
 
 @pytest.mark.slow
-def test_a_shorter_cut_is_named_in_the_verdict_and_never_a_plain_pass(long_model, tmp_path):
-    record = _run(long_model, tmp_path, sequence={"max": 256})
+def test_a_shorter_cut_is_named_in_the_verdict_and_never_a_plain_pass(long_model, long_deployed, tmp_path):
+    root, first = long_deployed
+    config = RunConfig.model_validate({"model": str(long_model), **SMALL, "sequence": {"max": 256},
+                                       "triton": {"repository_dir": str(root / "repos")}})
+    record = RunRecord.create(tmp_path / "run", config)
+    for step in (export, optimize, parity, triton):
+        assert step.run(config, record).status == "ok", record.data["steps"]
     assert record.metric("parity.reference.passed"), "the module is checked at the model's own limit"
     cut = record.metric("parity.reference.cut")
     assert (cut["deployment"], cut["library"]) == (256, 512) and cut["texts_beyond"] >= 2
@@ -127,6 +132,9 @@ def test_a_shorter_cut_is_named_in_the_verdict_and_never_a_plain_pass(long_model
     for step in ("parity", "triton"):
         assert "equal to SentenceTransformer.encode() up to 256 tokens; longer texts are cut at 256 where " \
                "SentenceTransformer.encode() cuts at 512" in verdict_line(step, record), step
+    served = verdict_line("triton", record)
+    assert "served parity against SentenceTransformer.encode() on texts up to 256 tokens: HTTP pass" in served
+    assert f"replaced the deployment 'model' that run {first.run_dir.resolve()} had published" in served
 
 
 def test_a_plain_folder_takes_the_librarys_default_prompt_names(tiny_bert):
@@ -171,13 +179,16 @@ def test_an_override_that_breaks_a_dense_layer_and_a_missing_head_are_refused_be
     assert not (tmp_path / "c").exists(), "nothing is written"
 
 
-def test_a_fine_tuned_classifier_keeps_its_head_and_pooling_is_for_embeddings_only(tiny_models, tmp_path):
+def test_a_fine_tuned_classifier_keeps_its_head_and_pooling_is_for_embeddings_only(tiny_models, tiny_bert,
+                                                                                  tmp_path):
     head = RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), "task": "sequence-classification",
                                      "steps": ["export"], "output_dir": str(tmp_path / "a")})
     preflight(head)
-    with pytest.raises(Exception, match="pooling=max applies to task feature-extraction only"):
-        RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), "task": "sequence-classification",
-                                  "pooling": "max"})
+    both = head.model_copy(update={"model": str(tiny_bert), "pooling": "max"})
+    with pytest.raises(ProblemsError) as refused:  # one refusal: the pooling and the missing head
+        preflight(both)
+    assert "pooling=max applies to task feature-extraction only" in refused.value.problem
+    assert "needs BertForSequenceClassification's head" in refused.value.problem
 
 
 def test_the_optimize_summary_says_in_words_why_a_family_is_not_fused(tmp_path):

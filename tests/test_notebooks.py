@@ -46,7 +46,8 @@ def test_papermill_lists_the_typed_parameters():
     notebook = str(NOTEBOOKS_DIR / specs()[0].notebook)
     shown = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook", notebook], capture_output=True,
                            text=True, check=True).stdout
-    assert "precisions: list or auto (default 'auto')" in shown and "sequence_max: int or auto (default 'auto')" in shown
+    assert "precisions: list or auto (default 'auto')" in shown
+    assert "sequence_max: int or auto (default 'auto')" in shown
     assert "batch_max: int (default 32)" in shown
     assert "config: dict (default {})" in shown
 

@@ -18,7 +18,7 @@ from workbench.steps import export, optimize
 @pytest.fixture(scope="module")
 def optimized_bert(tiny_models, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("opt-bert")
-    config = RunConfig(model=str(tiny_models["bert"]))
+    config = RunConfig(model=str(tiny_models["bert"]), precisions=["fp32", "fp16", "int8"])
     record = RunRecord.create(run_dir, config)
     export.run(config, record)
     fusions = optimize.run(config, record).metrics["variants"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
-from workbench.core.errors import MissingArtifactError, Problems
+from workbench.core.errors import MissingArtifactError, Problems, UnsupportedModelError
 from workbench.core.record import RunRecord, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
@@ -92,8 +92,9 @@ def check_model_limits(config: RunConfig) -> None:
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     task, problems = TASKS[config.task], Problems()
+    problems.check(config.check_pooling_task)
     problems.check(check_supported, hf_config, task)
-    if not problems.found:  # a task's head is looked for in an architecture that has the task
+    if not any(isinstance(p, UnsupportedModelError) for p in problems.found):  # an architecture that has the task
         problems.check(check_task_head, source, hf_config, task)
     pipeline = problems.check(read_pipeline, source.location) if config.task == "feature-extraction" else None
     if pipeline is not None:

@@ -74,6 +74,8 @@ def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence
     padding, and each text's batch holds texts like it), right-padded to the longest in each batch; longer texts are
     cut at `cut` tokens."""
     chosen = list(range(len(texts)) if ids is None else ids)
+    if not chosen:
+        return []
     lengths = token_lengths(tokenizer, [texts[i] for i in chosen])
     chosen = [chosen[i] for i in np.argsort(np.minimum(lengths, cut), kind="stable")]
     batches = []

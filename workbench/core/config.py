@@ -325,15 +325,6 @@ class RunConfig(_Strict):
         return [s for s in names if s in steps]
 
     @model_validator(mode="after")
-    def _pooling_for_embeddings(self) -> RunConfig:
-        """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it."""
-        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override):
-            chosen = "pooling_override=true" if self.pooling == "auto" else f"pooling={self.pooling}"
-            raise ValueError(f"{chosen} applies to task feature-extraction only; task {self.task} returns its "
-                             "classifier's logits; drop pooling (and pooling_override) for it")
-        return self
-
-    @model_validator(mode="after")
     def _known_outputs(self) -> RunConfig:
         """A tolerance for an output the task does not have would silently gate nothing."""
         outputs = [o.name for o in self.output_specs]
@@ -347,6 +338,14 @@ class RunConfig(_Strict):
             raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
         return self
+
+    def check_pooling_task(self) -> None:
+        """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
+        (ConfigError, from preflight with the model's problems, or when a step loads the model)."""
+        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override):
+            chosen = "pooling_override=true" if self.pooling == "auto" else f"pooling={self.pooling}"
+            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {self.task} returns its "
+                              "classifier's logits", "drop -p pooling (and -p pooling_override) for this task")
 
     @property
     def output_specs(self) -> tuple[OutputSpec, ...]:

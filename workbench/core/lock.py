@@ -16,9 +16,10 @@ LOCK_NAME = ".workbench.lock"
 
 @contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold `run_dir` for this process (creating the folder; removing it again if it is left empty) or raise
-    RunLockedError naming the holder's PID."""
-    created = not run_dir.exists()
+    """Hold `run_dir` for this process (creating the folder and missing parents; removing those again when they are
+    left empty) or raise RunLockedError naming the holder's PID."""
+    absolute = run_dir.absolute()
+    created = [folder for folder in (absolute, *absolute.parents) if not folder.exists()]
     ensure_writable(run_dir)
     path = run_dir / LOCK_NAME
     descriptor = _acquire(path, run_dir)
@@ -29,8 +30,9 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     finally:
         path.unlink(missing_ok=True)
         os.close(descriptor)
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        for folder in created:  # innermost first: a parent goes only once what this run made inside it went
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def _acquire(path: Path, run_dir: Path) -> int:

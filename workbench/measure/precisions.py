@@ -7,11 +7,18 @@ and is measured all the same where it can be, so the serving order follows the m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
+from workbench.core.timing import interleaved
+from workbench.measure.sessions import call_for
+from workbench.runners.onnxruntime import session
 
 MIN_GAIN = 1.2  # a reduced precision pays where it is at least this much faster than fp32 in one goal cell
+ROUNDS, BLOCK, CELL_SECONDS = 15, 4, 20.0  # rounds per cell (each file BLOCK calls, the first not counted), bounded
 FP16_FLAGS = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16"}
 # The instruction sets a named target CPU has (target.cpu), as /proc/cpuinfo names them.
 TARGET_FLAGS = {
@@ -109,11 +116,10 @@ def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, 
     return decisions
 
 
-def settle(decision: Decision, ms: dict[str, dict[str, float]], auto: bool) -> Decision:
-    """`decision` once its plain variant was timed against fp32 (`ms`: "fp32" and the precision, per goal cell):
-    auto keeps it only where it pays; a configured one is kept either way."""
-    decision.ms = ms
-    decision.speedups = {cell: round(ms["fp32"][cell] / ms[decision.precision][cell], 3) for cell in ms["fp32"]}
+def settle(decision: Decision, speedups: dict[str, float], ms: dict[str, float], auto: bool) -> Decision:
+    """`decision` once its plain variant was timed against fp32 (`speedups` and its median `ms` per goal cell): auto
+    keeps it only where it pays; a configured one is kept either way."""
+    decision.ms, decision.speedups = ms, speedups
     shown = ", ".join(f"{gain:.2f}x fp32 at {cell}" for cell, gain in decision.speedups.items())
     if not auto:
         decision.reason = f"configured (precisions); measured {shown}"
@@ -124,3 +130,25 @@ def settle(decision: Decision, ms: dict[str, dict[str, float]], auto: bool) -> D
         decision.reason = (f"does not pay on this host: {shown} (needs {MIN_GAIN}x at one goal cell); to build it "
                            f"anyway: -p precisions=[fp32,{decision.precision}]")
     return decision
+
+
+def paired_speedups(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
+                    threads: int | None, device: str, rounds: int = ROUNDS, seconds_per_cell: float = CELL_SECONDS
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per file other than "fp32" and per goal cell (`feeds`, by cell name): its speedup over "fp32" as the median,
+    over rotating rounds, of the two files' times in the same round (a slow spell of a shared host slows both of a
+    pair alike); and every file's median ms per cell. At least 5 rounds a cell, at most `rounds` or about
+    `seconds_per_cell`."""
+    sessions = {name: session(path, providers, threads) for name, path in files.items()}
+    speedups: dict[str, dict[str, float]] = {name: {} for name in files if name != "fp32"}
+    ms: dict[str, dict[str, float]] = {name: {} for name in files}
+    for cell, feed in feeds.items():
+        calls = {name: call_for(s, {i.name: feed[i.name] for i in s.get_inputs()}, device)
+                 for name, s in sessions.items()}
+        samples = interleaved(calls, rounds, warmup=1, block=BLOCK, budget_s=seconds_per_cell)
+        per_round = {name: np.asarray(values).reshape(-1, BLOCK - 1).mean(axis=1) for name, values in samples.items()}
+        for name, values in per_round.items():
+            ms[name][cell] = round(float(np.median(values)) * 1e3, 4)
+            if name != "fp32":
+                speedups[name][cell] = round(float(np.median(per_round["fp32"] / values)), 3)
+    return speedups, ms

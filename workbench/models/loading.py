@@ -22,6 +22,7 @@ from workbench.core.errors import (
     WorkbenchError,
     ZippedModelError,
 )
+from workbench.core.pins import project_version
 from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
 from workbench.models.sentence import (
     SentencePipeline,
@@ -174,11 +175,9 @@ class LoadedModel:
         import torch
         import transformers
 
-        from workbench import __version__
-
         return (f"model {self.checksum}; task {self.task.name}; pooling {self.pooling}; inputs "
-                f"{','.join(self.input_names)}; workbench {__version__}; torch {torch.__version__}; transformers "
-                f"{transformers.__version__}")
+                f"{','.join(self.input_names)}; workbench {project_version()}; torch {torch.__version__}; "
+                f"transformers {transformers.__version__}")
 
     @property
     def limit(self) -> Limit:
@@ -434,6 +433,7 @@ def load_model(config: RunConfig) -> LoadedModel:
         torch.set_num_threads(config.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     task = TASKS[config.task]
+    config.check_pooling_task()
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     check_supported(hf_config, task)

@@ -44,9 +44,13 @@ def export_lines(record: RunRecord) -> list[str]:
     pipeline = info.get("sentence_pipeline")
     if pipeline:
         override = f"; {pipeline['override']}" if pipeline.get("override") else ""
+        options = ["lowercased first (do_lower_case)"] if pipeline.get("do_lower_case") else []
+        if pipeline.get("include_prompt") is False:
+            options.append("pooled without the prompt's tokens (include_prompt: false)")
         lines.append(f"in the graph: {' -> '.join(pipeline['steps'])} "
                      f"({'from modules.json' if pipeline['declared'] else 'no sentence-transformers files'}), "
-                     f"similarity {pipeline['similarity']}{override}")
+                     f"similarity {pipeline['similarity']}{override}"
+                     + "".join(f"; {option}" for option in options))
     return lines
 
 
@@ -149,9 +153,13 @@ def triton_lines(record: RunRecord) -> list[str]:
     flavor = deployment.flavor.value if deployment.flavor else "?"
     cut = record.metric("triton.cut")
     beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
+    within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
+    replaced = record.metric("triton.replaced")
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
-            f"layout ({flavor})", f"served parity{against}: {parity or 'not checked'}",
+            f"layout ({flavor})", f"served parity{against}{within}: {parity or 'not checked'}",
             *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),
+            *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
+               "-p triton.name=... to keep both)"] if replaced else []),
             *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
               if prompts else [])]
 

@@ -410,10 +410,20 @@ def verify_model_file(plan: ServingPlan) -> None:
                               "re-run the tensorrt step on a GPU host; an empty engine is a failed build")
 
 
-def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False) -> Path:
-    """Verify the plan's model file, then write its repository into `root` (see write_models)."""
+def write_repository(plan: ServingPlan, root: Path, overwrite: bool = False, run: Path | None = None) -> Path:
+    """Verify the plan's model file, then write its repository into `root` (see write_models), its marker naming
+    the `run` it comes from."""
     verify_model_file(plan)
-    return write_models(model_files(plan), root, overwrite, {"name": plan.name, "flavor": plan.flavor.value})
+    about = {"name": plan.name, "flavor": plan.flavor.value, **({"run": str(run)} if run else {})}
+    return write_models(model_files(plan), root, overwrite, about)
+
+
+def published_by(root: Path) -> str | None:
+    """The run folder whose deployment `root` holds, as its marker names it (None: none, or not named)."""
+    try:
+        return json.loads((root / MARKER).read_text()).get("run")
+    except (OSError, ValueError):
+        return None
 
 
 def write_models(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], root: Path, overwrite: bool = False,

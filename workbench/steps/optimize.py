@@ -18,8 +18,7 @@ from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import GRAPH_FORMS, convert_fp16, infer_shapes, optimize_fp32, quantize_int8
 from workbench.measure.forms import FormChoice, choose_form
-from workbench.measure.precisions import Decision, Target, plan, settle, target_for
-from workbench.measure.sessions import file_medians_ms
+from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
@@ -118,13 +117,16 @@ def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dic
     return target, plan(config.precisions, target, tensorrt="tensorrt" in config.steps and gpu)
 
 
-def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMetrics, decision: Decision,
-                         path: Path) -> Decision:
-    """The plain `decision.precision` variant at `path` timed against fp32 at the goal cells on this host."""
-    ms = file_medians_ms({"fp32": record.run_dir / "onnx" / "fp32.onnx", decision.precision: path},
-                         form_feeds(config, record, export), providers_for(config.device), config.threads,
-                         device_for(config.device))
-    return settle(decision, ms, auto=config.precisions == "auto")
+def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMetrics,
+                         decisions: dict[str, Decision], files: dict[str, Path]) -> None:
+    """The plain reduced-precision variants (`files`, by precision) timed against fp32 at the goal cells on this
+    host, in pairs, and each decision settled (auto keeps only those that pay)."""
+    speedups, ms = paired_speedups({"fp32": record.run_dir / "onnx" / "fp32.onnx", **files},
+                                   form_feeds(config, record, export), providers_for(config.device), config.threads,
+                                   device_for(config.device))
+    for precision in files:
+        settle(decisions[precision], speedups[precision], {"fp32": ms["fp32"], precision: ms[precision]},
+               auto=config.precisions == "auto")
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -162,15 +164,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "tensorrt": tensorrt,
         }
         wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
+        built: dict[str, dict[str, Any]] = {}
         for variant in wanted:
             start = time.perf_counter()
             dest = onnx_dir / f"{variant}.onnx"
             model = builders[variant](dest)
-            if variant in decisions and target.measured:
-                decision = measure_against_fp32(config, record, export, decisions[variant], dest)
-                if not decision.build:
-                    onnxfiles.remove(dest)
-                    continue
             fused = variant != "tensorrt"
             stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
@@ -179,7 +177,16 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 stats["form"] = form.record()
             if variant == "tensorrt":
                 stats["shapes"] = shapes_by
-            if fused:
+            built[variant] = stats
+        timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
+        if timed and target.measured:
+            measure_against_fp32(config, record, export, decisions, timed)
+        for variant, stats in built.items():
+            dest = onnx_dir / f"{variant}.onnx"
+            if variant in decisions and not decisions[variant].build:
+                onnxfiles.remove(dest)  # measured here and found not to pay
+                continue
+            if variant != "tensorrt":
                 stats["smoke_test"] = smoke_test(record, config, variant, dest)
             if "warning" in stats:
                 warnings.warn(f"{variant}: {stats['warning']}", stacklevel=2)

@@ -24,7 +24,13 @@ from workbench.serving.plan import (
     repository_root,
     served_outputs,
 )
-from workbench.serving.repository import ServingPlan, check_replaceable, read_repository, write_repository
+from workbench.serving.repository import (
+    ServingPlan,
+    check_replaceable,
+    published_by,
+    read_repository,
+    write_repository,
+)
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import StepSpec
@@ -194,7 +200,10 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
     record.set_metric(STEP, metrics)
 
     def publish() -> None:
-        write_repository(plan, destination, overwrite=config.triton.overwrite)
+        earlier = published_by(destination)
+        if earlier is not None and Path(earlier) != record.run_dir.resolve():
+            metrics["replaced"] = earlier  # another run's deployment of the same name
+        write_repository(plan, destination, overwrite=config.triton.overwrite, run=record.run_dir.resolve())
         metrics["published"] = True
         record.set_metric(STEP, metrics)
 
