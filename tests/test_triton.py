@@ -398,10 +398,16 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
     assert np.allclose(got["score"].ravel(), probabilities.max(axis=1), atol=1e-4)
 
 
-def test_the_cpu_serving_order_puts_int8_first_only_where_the_cpu_has_int8_instructions():
+def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_instructions():
     from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 
-    order, why = preference(Flavor.PYTHON_ORT, {"int8_dot_product": None})
+    slow = {"pays": False, "reason": "does not pay on this host: 0.95x fp32 at b1 s16"}
+    order, why = preference(Flavor.PYTHON_ORT, slow, {"int8_dot_product": "AMX"})
+    assert order == CPU_FP32_FIRST and why == f"fp32 first: int8 {slow['reason']}", "the measurement beats the flags"
+    fast = {"pays": True, "reason": "pays on this host: 1.3x fp32 at b8 s128"}
+    order, why = preference(Flavor.PYTHON_ORT, fast, {"int8_dot_product": None})
+    assert order == CPU_INT8_FIRST and why == f"int8 first: int8 {fast['reason']}"
+    order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": None})  # a record without the decision
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
-    order, why = preference(Flavor.PYTHON_ORT, {"int8_dot_product": "AMX"})
+    order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": "AMX"})
     assert order == CPU_INT8_FIRST and why == "int8 first: this CPU has AMX"

@@ -158,7 +158,7 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         try:
             search.problem.units = sensitivity_order(search, search.problem.costs)
         except BudgetSpent as spent:
-            return unrepaired(search, str(spent)), False
+            return unrepaired(search, str(spent), base=base), False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
         if search.best is None:
@@ -171,27 +171,31 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
     if search.best is not None and not confirmed:
         search.discard()
-        return unrepaired(search, result["outcome"], result), False
+        return unrepaired(search, result["outcome"], result, base), False
     if confirmed and result["outcome"] != "repaired":  # a bound ended the search: its best passed the full lab
         result["stopped"], result["outcome"] = result["outcome"], "repaired"
     return result, confirmed
 
 
-def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
+def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = None,
+               base: ChosenBase | None = None) -> dict[str, Any]:
     """The record of a repair that wrote nothing: why (a bound spent, or no candidate passing the full lab) and the
-    closest candidate's numbers."""
+    closest candidate's numbers (the chosen whole-graph recipe's, when the search built none)."""
     result = dict(result or {"precision": search.problem.precision, "ordering": search.problem.ordering,
                              "ranked_by": RANKED_BY, "units": len(search.problem.units), "chosen": None,
                              "candidates": search.history, "sensitivity": search.problem.sensitivity})
     result["chosen"] = None
     closest = search.closest()
+    found = search.describe(closest) if closest else next((r for r in (base.records if base else []) if r["chosen"]),
+                                                          None)
     reached = ""
-    if closest is not None:
-        metric = next((f"{words} {closest.summary[key]:{spec}}" for key, words, spec in NOTED_METRICS
-                       if key in closest.summary), f"violation {closest.violation:.3g}")
-        reached = f": the closest candidate ({len(closest.blocked)} units in fp32) reached {metric}"
+    if found is not None:
+        metric = next((f"{words} {found[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in found),
+                      f"violation {found['violation']:.3g}")
+        what = f"{len(found['blocked'])} units in fp32" if "blocked" in found else f"recipe: {found['recipe']}"
+        reached = f": the closest candidate ({what}) reached {metric}"
     result["outcome"] = f"not repaired: {why}{reached}"
-    result["closest"] = search.describe(closest) if closest else None
+    result["closest"] = found
     return result
 
 

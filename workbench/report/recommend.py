@@ -14,11 +14,13 @@ from typing import Any
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
+from workbench.measure.precisions import MIN_GAIN
 
 GOALS = ("latency", "throughput")
 # A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
 # in the same cell of the same run: below it, the more precise one gives about the same speed with less accuracy loss.
-PRECISION_MIN_GAIN = 1.2
+# The same rule decides which precisions `precisions: auto` builds (measure.precisions).
+PRECISION_MIN_GAIN = MIN_GAIN
 PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
 _CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
@@ -139,11 +141,12 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, Verdict]) -> list[Candi
     return measured
 
 
-def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None
-         ) -> Recommendation:
+def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None,
+         int8_decision: str | None = None) -> Recommendation:
     """The fastest candidate that passes parity; the faster ones that fail are named in the reason. A winner of lower
     precision less than PRECISION_MIN_GAIN faster than a more precise passing one gives way to the most precise
-    within that band (`int8_dot_product`: this host's int8 instructions, for the reason)."""
+    within that band (for the reason: the optimize step's `int8_decision`, else this host's `int8_dot_product`
+    instructions)."""
     passing = [c for c in measured if c.passed]
     if not passing:
         failing = "; ".join(f"{c.variant}: {c.failures[0]}" for c in measured) or "none measured"
@@ -161,7 +164,9 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_d
     if _rank(precise) < _rank(best):
         reason = (f"{best.variant} is only {best.speedup / precise.speedup:.2f}x {precise.variant} here (under "
                   f"{PRECISION_MIN_GAIN}x): {precise.variant} serves about the same speed with less precision loss")
-        if best.precision == "int8":
+        if best.precision == "int8" and int8_decision:
+            reason += f"; the optimize step measured that plain int8 {int8_decision}"
+        elif best.precision == "int8":
             reason += (f"; this CPU has {int8_dot_product}, yet int8 gains little at this shape" if int8_dot_product
                        else "; this CPU has no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make "
                             "int8 pay")
@@ -207,7 +212,8 @@ def recommend(record: RunRecord) -> list[Recommendation]:
                                                   "bench.batches", steps=("bench",)))
         else:
             recommendations.append(pick(goal, *shape, candidates(cells[shapes[shape]], verdicts),
-                                        record.environment.get("cpu_features", {}).get("int8_dot_product")))
+                                        record.environment.get("cpu_features", {}).get("int8_dot_product"),
+                                        record.metric("optimize.precisions.decisions.int8.reason")))
     return recommendations
 
 
