@@ -210,12 +210,12 @@ class BenchSettings(_Strict):
     torch_compile: bool = Field(default=False, description=(
         "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))
     served: bool = True
-    concurrency: list[int] = [1, 2, 4, 8, 16]
+    concurrency: list[int] = [1, 4, 16]
     requests_per_level: int = Field(default=160, ge=8)
     seconds_per_level: float = Field(default=20.0, gt=0)
     load_tool: Literal["auto", "perf_analyzer", "asyncio"] = "auto"
     p99_limit_ms: float = Field(default=500.0, gt=0)
-    search_queue_delays_us: list[int] = [0, 2000, 8000]
+    search_queue_delays_us: list[int] = [0, 4000]
     search_instances: list[int] = [1, 2]
 
 
@@ -232,8 +232,8 @@ class GenerationSettings(_Strict):
     texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
     max_batch_size: int = Field(default=16, ge=1)
     concurrency: list[int] = [1, 4, 16]
-    requests_per_level: int = Field(default=64, ge=4)
-    seconds_per_level: float = Field(default=60.0, gt=0)
+    requests_per_level: int = Field(default=24, ge=4)
+    seconds_per_level: float = Field(default=10.0, gt=0)
 
 
 class RunConfig(_Strict):
