@@ -191,22 +191,22 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
 
     from workbench.core.data import encode, load_corpus
     from workbench.graphs import onnxfiles
-    from workbench.graphs.variants import _channel_max, smooth_activations
+    from workbench.graphs.variants import activation_ranges, channel_max, smooth_activations
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")
     names = [i.name for i in onnxruntime.InferenceSession(str(fp32)).get_inputs()]
     feed = encode(record.tokenizer(), list(load_corpus()[:16]), names, max_length=64)
     dest = tmp_path / "smoothed.onnx"
-    smoothed = smooth_activations(fp32, dest, [feed], alpha=0.5)
+    smoothed = smooth_activations(fp32, dest, activation_ranges(fp32, [feed]), alpha=0.5)
     graph = onnxfiles.load(dest)
     muls = {n.name: n for n in graph.graph.node if n.name.endswith("_smooth")}
     assert smoothed and set(muls) == {f"{name}_smooth" for name in smoothed}
     want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
     got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
     np.testing.assert_allclose(got, want, atol=2e-5)  # x/s times s*W is x*W
-    before = _channel_max(onnxfiles.load(fp32), [n.input[0] for n in muls.values()], [feed])
-    after = _channel_max(graph, [n.output[0] for n in muls.values()], [feed])
+    before = channel_max(onnxfiles.load(fp32), [n.input[0] for n in muls.values()], [feed])
+    after = channel_max(graph, [n.output[0] for n in muls.values()], [feed])
     spread = [float(b.max() / b.min()) for b in before.values()]
     flattened = [float(a.max() / a.min()) for a in after.values()]
     assert max(flattened) < max(spread)  # the outlier channels no longer set the range alone

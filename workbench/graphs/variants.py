@@ -114,13 +114,27 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
     return model, method
 
 
-def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alpha: float,
+def smoothing_targets(model: Any) -> list[Any]:
+    """The nodes smoothing applies to: every MatMul / Attention with a 2-D weight and an activation input."""
+    weights = {i.name: i for i in model.graph.initializer}
+    return [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
+            and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
+
+
+def activation_ranges(fp32: Path, feeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per smoothing target's input activation, the largest |value| each channel reaches in fp32 on `feeds`
+    (measured once, for any strength of smoothing)."""
+    model = onnxfiles.load(fp32)
+    return channel_max(model, sorted({n.input[0] for n in smoothing_targets(model)}), feeds)
+
+
+def smooth_activations(fp32: Path, dest: Path, ranges: dict[str, Any], alpha: float,
                        exclude: Collection[str] = ()) -> list[str]:
     """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
     the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
-    s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` measured in fp32 on `feeds`. Outlier channels
-    then no longer set the per-tensor activation scale alone. Nodes named in `exclude` are left as they are.
-    Returns the smoothed nodes' names.
+    s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` as `ranges` has it (`activation_ranges`).
+    Outlier channels then no longer set the per-tensor activation scale alone. Nodes named in `exclude` are left as
+    they are. Returns the smoothed nodes' names.
 
     Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
     neural-compressor 2.x and applies to static quantization only."""
@@ -129,14 +143,11 @@ def smooth_activations(fp32: Path, dest: Path, feeds: list[dict[str, Any]], alph
 
     model = onnxfiles.load(fp32)
     weights = {i.name: i for i in model.graph.initializer}
-    targets = [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
-               and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights
-               and n.name not in exclude]
-    channel_max = _channel_max(model, sorted({n.input[0] for n in targets}), feeds)
+    targets = [n for n in smoothing_targets(model) if n.name not in exclude]
     nodes, smoothed = list(model.graph.node), []
     for node in targets:
         weight = numpy_helper.to_array(weights[node.input[1]])
-        x_max = channel_max.get(node.input[0])
+        x_max = ranges.get(node.input[0])
         if x_max is None or x_max.shape[0] != weight.shape[0]:
             continue
         smoothed.append(node.name)
@@ -207,7 +218,7 @@ def per_token_scales(fp32: Path, dest: Path) -> list[str]:
     return [n.name for n in targets]
 
 
-def _channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
+def channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
     import numpy as np
 

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
-from workbench.graphs.variants import down_projections, per_token_scales, quantize_int8, smooth_activations
+from workbench.graphs.variants import (
+    activation_ranges,
+    down_projections,
+    per_token_scales,
+    quantize_int8,
+    smooth_activations,
+)
 
 if TYPE_CHECKING:
     from workbench.precision.checker import Checker
@@ -36,18 +42,18 @@ class BaseRecipe:
         return (f"{weights} weights" + (f", smoothed (alpha {self.alpha})" if self.alpha is not None else "")
                 + (", down projections scaled per token instead" if self.per_token else ""))
 
-    def source(self, fp32: Path, workdir: Path, feeds: list[dict[str, Any]]) -> Path:
+    def source(self, fp32: Path, workdir: Path, ranges: Callable[[], dict[str, Any]]) -> Path:
         """The fp32 graph to quantize: `fp32` itself, or a smoothed (and per-token-scaled) copy in `workdir` (a
-        candidate file, removed with the search's candidates)."""
+        candidate file, removed with the search's candidates), from the activation `ranges` (measured once)."""
         if self.alpha is None:
             return fp32
         dest = workdir / f"candidate-smoothed-{self.alpha}{'-per-token' * self.per_token}.onnx"
         if not self.per_token:
-            smooth_activations(fp32, dest, feeds, self.alpha)
+            smooth_activations(fp32, dest, ranges(), self.alpha)
             return dest
         smoothed = dest.with_name(f"{dest.stem}-smoothed.onnx")
         down = {n.name for n in down_projections(onnxfiles.load(fp32, load_external_data=False))}
-        smooth_activations(fp32, smoothed, feeds, self.alpha, exclude=down)
+        smooth_activations(fp32, smoothed, ranges(), self.alpha, exclude=down)
         per_token_scales(smoothed, dest)
         onnxfiles.remove(smoothed)
         return dest
@@ -95,6 +101,14 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
     `budget` is spent (one recipe at least). The base is the recipe that passed, else the one closest to the gate
     (smallest violation, then loss): accuracy decides, never a timing. `note` hears which recipe is being built."""
     records, sources = [], []
+    measured: list[dict[str, Any]] = []
+
+    def ranges() -> dict[str, Any]:
+        """The fp32 activation ranges smoothing balances, measured on `feeds` the first time a recipe asks."""
+        if not measured:
+            measured.append(activation_ranges(fp32, feeds))
+        return measured[0]
+
     for index, recipe in enumerate(recipes):
         if records and (records[-1]["passed"] or budget.spent):
             break
@@ -102,7 +116,7 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
         path = workdir / f"candidate-base-{index}.onnx"
 
         def build(recipe: BaseRecipe = recipe, path: Path = path) -> None:
-            sources.append(recipe.source(fp32, workdir, feeds))
+            sources.append(recipe.source(fp32, workdir, ranges))
             recipe.build(sources[-1], path, excluded)
 
         records.append({**measure_recipe(recipe.name, build, path, checker),
