@@ -45,12 +45,14 @@ def interleaved(calls: dict[K, Callable[[], object]], rounds: int, warmup: int =
 
 
 def cell_medians_ms(calls_for: Callable[[str], dict[K, Callable[[], object]]], cells: list[str], rounds: int,
-                    warmup: int = 1, block: int = 4) -> dict[K, dict[str, float]]:
+                    warmup: int = 1, block: int = 4, budget_s: float | None = None,
+                    min_rounds: int = 5) -> dict[K, dict[str, float]]:
     """Median ms of one call per key and cell: for each cell, the callables `calls_for(cell)` gives, interleaved
-    (`interleaved`); rounded to 0.1 us."""
+    (`interleaved`, each cell's rounds bounded by `budget_s`, at least `min_rounds`); rounded to 0.1 us."""
     found: dict[K, dict[str, float]] = {}
     for cell in cells:
-        for key, samples in interleaved(calls_for(cell), rounds, warmup=warmup, block=block).items():
+        for key, samples in interleaved(calls_for(cell), rounds, warmup=warmup, block=block, budget_s=budget_s,
+                                        min_rounds=min_rounds).items():
             found.setdefault(key, {})[cell] = round(statistics.median(samples) * 1e3, 4)
     return found
 

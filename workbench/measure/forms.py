@@ -5,14 +5,18 @@ int8 variants are built from the chosen file, so they inherit its form. Only spe
 forms compute the same, and the parity step checks every variant built from either."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from workbench.measure.sessions import file_medians_ms
+from workbench.core.timing import cell_medians_ms
+from workbench.measure.sessions import call_for
+from workbench.runners.onnxruntime import session
 
+CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
 MAX_LOSS = 1.02  # and no more than 2% slower at the other
 
@@ -40,7 +44,13 @@ def decide(ms: dict[str, dict[str, float]]) -> tuple[str, str]:
 
 def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
                 threads: int | None, device: str, rounds: int = 5) -> FormChoice:
-    """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved, and decide."""
-    ms = file_medians_ms(files, feeds, providers, threads, device, rounds)
+    """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved (at most
+    `rounds`, or CELL_SECONDS a cell: a base-size model's largest cell takes seconds a call), and decide."""
+    sessions = {form: session(path, providers, threads) for form, path in files.items()}
+
+    def calls(cell: str) -> dict[str, Callable[[], object]]:
+        return {form: call_for(s, {i.name: feeds[cell][i.name] for i in s.get_inputs()}, device)
+                for form, s in sessions.items()}
+    ms = cell_medians_ms(calls, list(feeds), rounds, block=3, budget_s=CELL_SECONDS, min_rounds=2)
     chosen, reason = decide(ms)
     return FormChoice(chosen, reason, ms)

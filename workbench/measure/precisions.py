@@ -18,7 +18,9 @@ from workbench.measure.sessions import call_for
 from workbench.runners.onnxruntime import session
 
 MIN_GAIN = 1.2  # a reduced precision pays where it is at least this much faster than fp32 in one goal cell
-ROUNDS, BLOCK, CELL_SECONDS = 15, 4, 20.0  # rounds per cell (each file BLOCK calls, the first not counted), bounded
+# Rounds per cell (each file BLOCK calls a round, the first not counted): at most ROUNDS, stopping after CELL_SECONDS
+# once MIN_ROUNDS are done (a base-size model's largest cell takes seconds a call).
+ROUNDS, MIN_ROUNDS, BLOCK, CELL_SECONDS = 15, 2, 3, 8.0
 FP16_FLAGS = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16"}
 # The instruction sets a named target CPU has (target.cpu), as /proc/cpuinfo names them.
 TARGET_FLAGS = {
@@ -137,7 +139,7 @@ def paired_speedups(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarra
                     ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Per file other than "fp32" and per goal cell (`feeds`, by cell name): its speedup over "fp32" as the median,
     over rotating rounds, of the two files' times in the same round (a slow spell of a shared host slows both of a
-    pair alike); and every file's median ms per cell. At least 5 rounds a cell, at most `rounds` or about
+    pair alike); and every file's median ms per cell. At least MIN_ROUNDS rounds a cell, at most `rounds` or about
     `seconds_per_cell`."""
     sessions = {name: session(path, providers, threads) for name, path in files.items()}
     speedups: dict[str, dict[str, float]] = {name: {} for name in files if name != "fp32"}
@@ -145,7 +147,7 @@ def paired_speedups(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarra
     for cell, feed in feeds.items():
         calls = {name: call_for(s, {i.name: feed[i.name] for i in s.get_inputs()}, device)
                  for name, s in sessions.items()}
-        samples = interleaved(calls, rounds, warmup=1, block=BLOCK, budget_s=seconds_per_cell)
+        samples = interleaved(calls, rounds, warmup=1, block=BLOCK, budget_s=seconds_per_cell, min_rounds=MIN_ROUNDS)
         per_round = {name: np.asarray(values).reshape(-1, BLOCK - 1).mean(axis=1) for name, values in samples.items()}
         for name, values in per_round.items():
             ms[name][cell] = round(float(np.median(values)) * 1e3, 4)

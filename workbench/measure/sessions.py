@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from workbench.core.timing import cell_medians_ms, interleaved
-from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings, session
+from workbench.core.timing import interleaved
+from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings
 
 # CUDA provider options screened on CUDA sessions, ONNX Runtime's default first.
 CUDA_OPTIONS = {"cudnn_conv_use_max_workspace": ("1", "0"),
@@ -137,13 +136,3 @@ def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.nda
                              for s in pair], **extra,
             "screen": [{**s.record(), "p50_ms": round(screen[s], 4)} for s in options]}
 
-
-def file_medians_ms(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
-                    threads: int | None, device: str, rounds: int = 5) -> dict[str, dict[str, float]]:
-    """Median ms of one call of each file's session (`files`, by name) on every feed (by cell name), interleaved."""
-    sessions = {name: session(path, providers, threads) for name, path in files.items()}
-
-    def calls(cell: str) -> dict[str, Callable[[], object]]:
-        return {name: call_for(s, {i.name: feeds[cell][i.name] for i in s.get_inputs()}, device)
-                for name, s in sessions.items()}
-    return cell_medians_ms(calls, list(feeds), rounds)
