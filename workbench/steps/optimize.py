@@ -99,13 +99,15 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
     try:
         files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
-        models = {form: optimize_fp32(original, path, export, form) for form, path in files.items()}
+        for form, path in files.items():  # one model in memory at a time: a base-size graph is 0.4 GB
+            optimize_fp32(original, path, export, form)
         choice = choose_form(files, form_feeds(config, record, export), providers_for(config.device),
                              config.threads, device_for(config.device))
-        onnxfiles.save(models[choice.chosen], dest)
+        chosen = onnxfiles.load(files[choice.chosen])
+        onnxfiles.save(chosen, dest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return models[choice.chosen], choice
+    return chosen, choice
 
 
 def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
