@@ -22,7 +22,7 @@ from workbench.cli import main
 from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
-from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError
+from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
 from workbench.core.record import RunRecord
 from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
 from workbench.models.loading import load_model
@@ -31,6 +31,7 @@ from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_port
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import curl_command, text_endpoints
 from workbench.serving.repository import ServingPlan, write_models, write_repository
+from workbench.serving.server import TritonBinary, TritonServer
 from workbench.steps import export, optimize
 from workbench.steps.triton import serving_plan
 
@@ -268,3 +269,41 @@ def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(publish
     finally:
         watchdog.cancel()
         _kill_leftovers(serve, groups - {serve.pid})
+
+
+SLOW_SERVER = """#!{python}
+import http.server, sys, time
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[1:] if "=" in a)
+for _ in range(int({loading_steps})):  # a busy host loading models: slow, and saying so
+    print("loading...", flush=True)
+    time.sleep(0.3)
+if {stall}:
+    time.sleep(60)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer((args["http-address"], int(args["http-port"])), Ready).serve_forever()
+"""
+
+
+def _slow_server(tmp_path: Path, loading_steps: int, stall: bool) -> TritonBinary:
+    script = tmp_path / "tritonserver"
+    script.write_text(SLOW_SERVER.format(python=sys.executable, loading_steps=loading_steps, stall=stall))
+    script.chmod(0o755)
+    return TritonBinary(script, tmp_path, "PATH")
+
+
+def test_a_server_that_starts_slowly_but_makes_progress_is_waited_for(tmp_path):
+    """Readiness waits while the server's log grows or its processes use CPU time: a loaded host's slow start is no
+    failure, however much longer than the stall limit it takes."""
+    binary = _slow_server(tmp_path, loading_steps=10, stall=False)  # about 3 s of progress, then ready
+    with TritonServer(tmp_path, tmp_path / "server", binary=binary, ready_timeout=1.0) as server:
+        assert server.timings["ready_seconds"] > 2.0 and server.is_ready()
+
+
+def test_a_server_that_stalls_while_starting_fails_with_its_log(tmp_path):
+    binary = _slow_server(tmp_path, loading_steps=2, stall=True)
+    with pytest.raises(ServerStartError, match=r"tritonserver stalled while starting: no log output and no CPU time "
+                                               r"for 1 s, not ready:\nloading...\nloading..."):
+        TritonServer(tmp_path, tmp_path / "server", binary=binary, ready_timeout=1.0).start()
