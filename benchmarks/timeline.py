@@ -146,8 +146,11 @@ def spent_on(step: str, metrics: dict[str, Any]) -> str:
         served = found.get("served_parity") or {}
         return (f"{found.get('variant')} served; server ready in {found.get('ready_seconds', 0):.1f} s; served parity "
                 + ", ".join(f"{p} {v.get('seconds', 0):.0f} s" for p, v in served.items()))
+    if step == "generation":
+        return ", ".join(f"{task} {result.get('seconds', 0):.0f} s" for task, result in found.items())
     if step == "bench":
-        return "latency grid and served sweeps"
+        return (f"in-process grid {found.get('latency', {}).get('seconds', 0):.0f} s, served sweeps "
+                f"{found.get('served', {}).get('seconds', 0):.0f} s")
     return ""
 
 

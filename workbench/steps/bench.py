@@ -12,6 +12,7 @@ from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BenchMetrics
+from workbench.core.timing import timed
 from workbench.graphs.profiles import engine_profiles
 from workbench.measure.latency import (
     Dimensions,
@@ -99,12 +100,13 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Measure in process (metrics.bench.latency) and, unless bench.served is false, served (metrics.bench.served)."""
     with record.step(STEP):
         record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "busy_before": others_busy()})
-        grid = latency(config, record)
-        record.set_metric(f"{STEP}.latency", grid)
+        grid, seconds = timed(lambda: latency(config, record))
+        record.set_metric(f"{STEP}.latency", {**grid, "seconds": round(seconds, 1)})
         if grid["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
             record.unverified(disturbance_note(grid["disturbed"]))
-        record.set_metric(f"{STEP}.served", served_benchmark(config, record) if config.bench.served else {
+        served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else {
             "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
+        record.set_metric(f"{STEP}.served", {**served, "seconds": round(seconds, 1)})
     return record.step_entry(STEP)
 
 

@@ -12,6 +12,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
 from workbench.report.page import Section, generation_section
 from workbench.report.takeaways import generation_lines
@@ -129,7 +130,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         for task in GEN_TASKS.values():
             name = getattr(config.generation, task.setting)
             if name:
-                results[task.name] = run_task(task, name, config, record)
+                result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record))
+                results[task.name] = {**result, "seconds": round(seconds, 1)}
                 record.set_metric(f"{STEP}.{task.name}", results[task.name])
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
