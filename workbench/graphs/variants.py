@@ -23,12 +23,25 @@ SEPARATE_FORM_DISABLED = ("SkipLayerNormFusion", "EmbedLayerNormFusion")
 
 def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str = "fused") -> Any:
     """The transformer optimizer's fusions for the families it knows (layer norms in `form`, one of GRAPH_FORMS);
-    ONNX Runtime's basic level for the others."""
+    ONNX Runtime's basic level for the others. The fusions run without the optimizer's symbolic shape inference
+    (it copies the whole graph, weights included: a base-size model's peak memory 1 GB higher), and again with it
+    only where attention then fused in fewer than every layer."""
+    model = _fused(original, export, form, shape_inference=False)
+    attention = sum(n.op_type in ("Attention", "MultiHeadAttention") for n in model.graph.node)
+    if export.optimizer_model_type and attention < export.num_layers:
+        del model
+        model = _fused(original, export, form, shape_inference=True)
+    onnxfiles.save(model, dest)
+    return model
+
+
+def _fused(original: Path, export: ExportMetrics, form: str, shape_inference: bool) -> Any:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     model_type = export.optimizer_model_type
     options = FusionOptions(model_type or "bert")
+    options.enable_shape_inference = shape_inference
     separate = form == "separate" and model_type is not None
     if separate:
         options.enable_skip_layer_norm = options.enable_embed_layer_norm = False
@@ -39,7 +52,6 @@ def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str =
         from onnx import helper
 
         helper.set_model_props(optimized.model, {onnxfiles.DISABLED_OPTIMIZERS_KEY: ",".join(SEPARATE_FORM_DISABLED)})
-    onnxfiles.save(optimized.model, dest)
     return optimized.model
 
 

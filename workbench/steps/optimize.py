@@ -13,6 +13,7 @@ from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch, cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
+from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
@@ -101,8 +102,10 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
         files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
         for form, path in files.items():  # one model in memory at a time: a base-size graph is 0.4 GB
             optimize_fp32(original, path, export, form)
+            release_memory()
         choice = choose_form(files, form_feeds(config, record, export), providers_for(config.device),
                              config.threads, device_for(config.device))
+        release_memory()
         chosen = onnxfiles.load(files[choice.chosen])
         onnxfiles.save(chosen, dest)
     finally:
@@ -121,14 +124,13 @@ def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dic
 
 def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMetrics,
                          decisions: dict[str, Decision], files: dict[str, Path]) -> None:
-    """The plain reduced-precision variants (`files`, by precision) timed against fp32 at the goal cells on this
-    host, in pairs, and each decision settled (auto keeps only those that pay)."""
-    speedups, ms = paired_speedups({"fp32": record.run_dir / "onnx" / "fp32.onnx", **files},
-                                   form_feeds(config, record, export), providers_for(config.device), config.threads,
-                                   device_for(config.device))
-    for precision in files:
-        settle(decisions[precision], speedups[precision], {"fp32": ms["fp32"], precision: ms[precision]},
-               auto=config.precisions == "auto")
+    """Each plain reduced-precision variant (`files`, by precision) timed against fp32 at the goal cells on this
+    host, in pairs (two sessions in memory at a time), and its decision settled (auto keeps only those that pay)."""
+    feeds = form_feeds(config, record, export)
+    for precision, path in files.items():
+        speedups, ms = paired_speedups({"fp32": record.run_dir / "onnx" / "fp32.onnx", precision: path}, feeds,
+                                       providers_for(config.device), config.threads, device_for(config.device))
+        settle(decisions[precision], speedups[precision], ms, auto=config.precisions == "auto")
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -180,6 +182,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             if variant == "tensorrt":
                 stats["shapes"] = shapes_by
             built[variant] = stats
+            del model
+            release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
         timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
         if timed and target.measured:
             measure_against_fp32(config, record, export, decisions, timed)

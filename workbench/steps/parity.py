@@ -9,6 +9,7 @@ from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
+from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ParityMetrics
@@ -56,6 +57,7 @@ def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> 
     with _runner(name, path, config) as runner:
         record.note_providers(runner.providers)
         result = lab.compare(runner, precision)
+    release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
     record.set_metric(f"{STEP}.variants.{name}", result)
     return result
 
@@ -99,6 +101,7 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     reference."""
     with Progress("module vs the model's own library", 1, "checks") as bar:
         check = library_check(config, loaded, texts)
+        release_memory()  # the library's own copy of the model
         bar.update(1, note="pass" if check.get("passed", True) else "FAIL")
     record.set_metric(f"{STEP}.reference", check)
     if check["checked"] and not check["passed"]:
