@@ -106,6 +106,14 @@ def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert,
         "the fix is a command that runs as printed, naming the steps left"
 
 
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    """The process's descendants now; none when it has just exited (a short-lived helper named the run folder)."""
+    try:
+        return process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
 def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, tmp_path):
     """Nothing can run in a SIGKILLed process: the kernel leaves when its parent is gone, and the server's watchdog
     stops the server and its stubs when the kernel is gone."""
@@ -116,7 +124,7 @@ def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, t
         _wait_for_server(run_dir)
         started = psutil.Process(run.pid).children(recursive=True)
         servers = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
-        started += [child for server in servers for child in server.children(recursive=True)]  # other sessions
+        started += [child for server in servers for child in _children(server)]  # other sessions
         run.send_signal(signal.SIGKILL)
         run.wait()
         _wait_for(lambda: not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],

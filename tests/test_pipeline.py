@@ -54,7 +54,7 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
                      for notebook in sorted((run_dir / "notebooks").glob("*.ipynb"))}
     assert "Attention fused in 2 of 2 layers" in verdict_lines["02_optimize.ipynb"]
     assert "fp32: pass, min cosine" in verdict_lines["03_parity.ipynb"]
-    served = "served parity against SentenceTransformer.encode(): HTTP pass and gRPC pass"
+    served = "served parity against SentenceTransformer.encode() on texts up to 64 tokens: HTTP pass and gRPC pass"
     assert served in verdict_lines["05_triton.ipynb"]
     assert verdict_lines["07_bench.ipynb"].startswith("latency: ")
     # The deploy step sized the deployment from the bench's real served sweep (one level: concurrency 2).

@@ -368,6 +368,10 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
     assert "no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay" in choice.reason
     faster = [Candidate("fp32", 2.0, True, None, (), "fp32"), Candidate("int8", 5.0, True, None, (), "int8")]
     assert pick("latency", 1, 16, faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays
+    decided = "pays on this host: 1.30x fp32 at b8 s128 (needs 1.2x at one goal cell)"
+    choice = pick("throughput", 8, 128, measured, int8_dot_product=None, int8_decision=decided)
+    assert choice.variant == "fp32", "in the bench's own cell int8 gains too little: the bench's numbers decide here"
+    assert choice.reason.endswith(f"; the optimize step measured that plain int8 {decided}"), "not the flags"
 
 
 def test_busy_cores_count_another_process():

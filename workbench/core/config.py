@@ -298,12 +298,12 @@ class RunConfig(_Strict):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        if isinstance(data.get("repair"), bool):
+            data["repair"] = {"enabled": data["repair"]}
         for old, new in RENAMED_SETTINGS.items():
             if old in data:
                 warnings.warn(f"setting {old!r} is now {new!r}", FutureWarning, stacklevel=2)
                 dotted.put(data, new, data.pop(old))
-        if isinstance(data.get("repair"), bool):
-            data["repair"] = {"enabled": data["repair"]}
         return data
 
     @field_validator("task")

@@ -28,6 +28,9 @@ def quiet_known_warnings() -> None:
     if not any(isinstance(f, _DropHarmless) for f in root.filters):
         root.addFilter(_DropHarmless())
     logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    # ONNX Runtime's transformer fusions run without their symbolic shape inference here (graphs.variants: it copies
+    # the whole graph); its layer-norm fusion says so on every call, under its module's bare name.
+    logging.getLogger("fusion_skiplayernorm").setLevel(logging.ERROR)
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # "Loading weights" bars of a fraction of a second
