@@ -103,6 +103,7 @@ class ExportMetrics(Metrics):
 
 class OptimizeMetrics(Metrics):
     variants: dict[str, Json] = Field(default_factory=dict)
+    precisions: Json | None = None  # setting, target, and per reduced precision the decision (older runs: none)
 
 
 class ParityMetrics(Metrics):

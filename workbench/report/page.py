@@ -78,8 +78,11 @@ def reference_text(check: dict[str, Any]) -> str:
 def fusions_section(optimize: OptimizeMetrics) -> Parts:
     if not optimize.variants:
         return []
-    return [("ONNX Runtime fusions", "Fused operators and node counts per variant.",
-             [figures.fusion_figure(optimize.variants)])]
+    decisions = (optimize.precisions or {}).get("decisions", {})
+    decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
+                       for precision, d in decisions.items())
+    text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
+    return [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
 
 
 def parity_section(parity: ParityMetrics) -> Parts:
