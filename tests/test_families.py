@@ -1,5 +1,6 @@
-"""Encoder families ONNX Runtime has no fusion rules for: exported, optimized at the basic level, fp16 and int8 built
-from that graph, and checked against PyTorch like the others."""
+"""Encoder families ONNX Runtime has no fusion rules for: exported, optimized at the basic level (DeBERTa-v2, borrowed
+rules not tried) or with BERT's rules borrowed and attention fused with its position bias (MPNet), fp16 and int8
+built from that graph, and checked against PyTorch like the others."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,12 +16,12 @@ from workbench.steps import export, optimize, parity, triton
 from workbench.steps.optimize import TRANSFORMER_FUSIONS
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
-# family -> (task, what its tokenizer returns, what the graph takes)
+# family -> (task, what its tokenizer returns, what the graph takes, borrowed_rules)
 FAMILIES = {
     # DeBERTa-v3 layout: no segment embeddings, so the tokenizer's token_type_ids are not a graph input
     "deberta-v2": ("sequence-classification", {"input_ids", "attention_mask", "token_type_ids"},
-                   ["input_ids", "attention_mask"]),
-    "mpnet": ("feature-extraction", {"input_ids", "attention_mask"}, ["input_ids", "attention_mask"]),
+                   ["input_ids", "attention_mask"], "never"),
+    "mpnet": ("feature-extraction", {"input_ids", "attention_mask"}, ["input_ids", "attention_mask"], "always"),
 }
 
 
@@ -30,7 +31,7 @@ def family_run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(family)
     model = build_encoder(root / "model", family, FAMILIES[family][0])
     config = RunConfig.model_validate({"model": str(model), "task": FAMILIES[family][0], **SMALL,
-                                       "precisions": ["fp32", "fp16", "int8"]})
+                                       "precisions": ["fp32", "fp16", "int8"], "borrowed_rules": FAMILIES[family][3]})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
     fusions = optimize.run(config, record).metrics["variants"]
@@ -50,28 +51,48 @@ def test_fp32_variants_match_pytorch(family_run):
 
 
 def test_record_names_the_unavailable_fusions(family_run):
-    family, _, record, fusions, _ = family_run
+    family, config, record, fusions, _ = family_run
     assert record.data["metrics"]["export"]["optimizer_model_type"] is None
+    if config.borrowed_rules != "never":
+        pytest.skip("borrowed rules: test_borrowed_rules_fuse_attention_with_its_position_bias")
     for variant in ("fp32", "fp16", "int8"):
         stats = record.metric(f"optimize.variants.{variant}")
         assert stats["unavailable"]["fusions"] == list(TRANSFORMER_FUSIONS)
         assert f"no fusion rules for model type '{family}'" in stats["unavailable"]["reason"]
+        assert "(borrowed_rules=never)" in stats["unavailable"]["reason"]
         assert not set(TRANSFORMER_FUSIONS) & set(stats["fused"])
         assert stats["attention_fused"] is False and "warning" not in stats
     assert "unavailable" not in fusions["original"] and "unavailable" not in fusions["tensorrt"]
     assert fusions["fp32"]["nodes"] < fusions["original"]["nodes"] * 0.6, "the basic level folded constants"
     assert fusions["int8"]["fused"]["MatMulInteger"] > 0
-
-
-def test_basic_graph_keeps_standard_operators(family_run):
-    _, _, record, _, _ = family_run
     graph = onnxfiles.load(record.artifact("onnx.fp32"))
     assert {node.domain for node in graph.graph.node} <= {"", "ai.onnx"}, "no contrib ops only some EPs have"
 
 
+def test_borrowed_rules_fuse_attention_with_its_position_bias(family_run):
+    family, config, record, fusions, results = family_run
+    if config.borrowed_rules == "never":
+        pytest.skip("the basic graph: test_record_names_the_unavailable_fusions")
+    borrowed = fusions["fp32"]["borrowed"]
+    assert borrowed["rules"] == "bert" and borrowed["kept"] and borrowed["matches_basic"]
+    assert borrowed["max_abs"] < 1e-5 and borrowed["reason"] == "set by borrowed_rules=always"
+    assert borrowed["attention"].startswith("fused in 2 of 2 layers, the position bias passed")
+    graph = onnxfiles.load(record.artifact("onnx.fp32"))
+    attention = [n for n in graph.graph.node if n.op_type == "Attention"]
+    assert len(attention) == 2 and all(n.domain == "com.microsoft" and n.input[5] for n in attention), \
+        "packed Attention with the position bias (plus the mask) as attention_bias"
+    for variant in ("fp32", "fp16", "int8"):
+        stats = fusions[variant]
+        assert stats["attention_fused"] and "warning" not in stats
+        assert stats["unavailable"]["fusions"] == ["EmbedLayerNormalization"], "MPNet's embeddings stay unfused"
+        assert "attention: fused in 2 of 2 layers" in stats["unavailable"]["reason"]
+    assert fusions["fp32"]["fused"]["SkipLayerNormalization"] >= 3 and fusions["fp32"]["fused"]["BiasGelu"] == 2
+    assert results["fp32"]["passed"] and results["int8"]["outputs"], family
+
+
 def test_graph_inputs_are_what_the_tokenizer_produces(family_run):
     family, config, record, fusions, _ = family_run
-    _, produced, taken = FAMILIES[family]
+    _, produced, taken, _ = FAMILIES[family]
     loaded = load_model(config)
     assert set(loaded.tokenizer(list(load_corpus()[:2]))) == produced
     assert list(record.data["metrics"]["export"]["io"]["inputs"]) == taken == list(loaded.input_names)

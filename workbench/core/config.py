@@ -265,6 +265,10 @@ class RunConfig(_Strict):
     graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
         "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
         "whichever runs faster here (auto)"))
+    borrowed_rules: Literal["auto", "always", "never"] = Field(default="auto", description=(
+        "for an encoder family ONNX Runtime's optimizer has no fusion rules for (MPNet, ALBERT, DeBERTa-v2, ...): "
+        "BERT's rules and attention with its position bias fused, kept when its outputs match the basic graph's and "
+        "it runs clearly faster here (auto), whenever they match (always), or not tried (never)"))
     fp16_op_block_list: list[str] = []
     fp16_node_block_list: list[str] = []
     int8_per_channel: bool = True

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
+from workbench.graphs.attention import fuse_biased_attention
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
 # The layer norms of a fused encoder, as ONNX Runtime's transformer optimizer writes them ("fused": the residual Add
@@ -19,6 +23,8 @@ GRAPH_FORMS = ("fused", "separate")
 # ONNX Runtime fuses Add + LayerNormalization again when it loads a graph: a separate-form file names the fusions its
 # sessions leave out (onnxfiles.DISABLED_OPTIMIZERS_KEY).
 SEPARATE_FORM_DISABLED = ("SkipLayerNormFusion", "EmbedLayerNormFusion")
+# The rules tried on an encoder family ONNX Runtime's optimizer has none for (MPNet, ALBERT, DeBERTa-v2, ...).
+BORROWED_RULES = "bert"
 
 
 def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str = "fused") -> Any:
@@ -35,11 +41,22 @@ def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str =
     return model
 
 
-def _fused(original: Path, export: ExportMetrics, form: str, shape_inference: bool) -> Any:
+def borrowed_fp32(original: Path, dest: Path, export: ExportMetrics) -> tuple[ModelProto, int]:
+    """For a family without fusion rules of its own: the rules of the nearest family ONNX Runtime has them for
+    (BORROWED_RULES, as Optimum maps such families), then attention with an additive position bias fused
+    (`attention.fuse_biased_attention`); the graph and the number of layers whose attention that fused."""
+    model = _fused(original, export, "fused", shape_inference=False, model_type=BORROWED_RULES)
+    biased = fuse_biased_attention(model, export.num_heads)
+    onnxfiles.save(model, dest)
+    return model, biased
+
+
+def _fused(original: Path, export: ExportMetrics, form: str, shape_inference: bool,
+           model_type: str | None = None) -> ModelProto:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = export.optimizer_model_type
+    model_type = model_type or export.optimizer_model_type
     options = FusionOptions(model_type or "bert")
     options.enable_shape_inference = shape_inference
     separate = form == "separate" and model_type is not None

@@ -58,10 +58,14 @@ def optimize_lines(record: RunRecord) -> list[str]:
     variants = record.metric("optimize.variants")
     layers = record.metric("export.num_layers")
     fp32 = variants.get("fp32", {})
-    attention = fp32.get("fused", {}).get("Attention", 0)
+    attention = sum(fp32.get("fused", {}).get(op, 0) for op in ("Attention", "MultiHeadAttention", "QAttention"))
     fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
-    if fp32.get("unavailable"):
-        fused = f"no attention fusion for this family: {fp32['unavailable']['reason']}"
+    unavailable = fp32.get("unavailable")
+    if unavailable and "Attention" in unavailable["fusions"]:
+        fused = f"no attention fusion for this family: {unavailable['reason']}"
+    borrowed = fp32.get("borrowed")
+    if borrowed and borrowed["kept"]:
+        fused += f" ({borrowed['rules']}'s rules borrowed, attention {borrowed['attention']}; {borrowed['reason']})"
     sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
     lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
              f"variants built: {sizes}"]

@@ -5,7 +5,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,14 +17,25 @@ from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.variants import GRAPH_FORMS, convert_fp16, infer_shapes, optimize_fp32, quantize_int8
-from workbench.measure.forms import FormChoice, choose_form
+from workbench.graphs.variants import (
+    BORROWED_RULES,
+    GRAPH_FORMS,
+    borrowed_fp32,
+    convert_fp16,
+    infer_shapes,
+    optimize_fp32,
+    quantize_int8,
+)
+from workbench.measure.forms import Borrowed, FormChoice, choose_borrowed, choose_form
 from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.steps import StepSpec
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 STEP = "optimize"
 FUSED_OPS = (
@@ -60,14 +71,36 @@ def fusion_stats(model: Any, num_layers: int | None = None,
     return stats
 
 
-def unavailable_fusions(export: ExportMetrics) -> dict[str, Any] | None:
-    """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why."""
+def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dict[str, Any] | None:
+    """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why (`borrowed`: the
+    borrowed rules' outcome, None when not tried)."""
     if export.optimizer_model_type:
         return None
-    reason = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export.architecture!r} "
-              f"(it has them for {', '.join(FUSION_MODEL_TYPES)}): the graph got ONNX Runtime's basic "
-              "optimizations only (constant folding, redundant nodes removed), with standard ONNX operators")
-    return {"fusions": list(TRANSFORMER_FUSIONS), "reason": reason}
+    none = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export.architecture!r} "
+            f"(it has them for {', '.join(FUSION_MODEL_TYPES)})")
+    basic = ("the graph got ONNX Runtime's basic optimizations only (constant folding, redundant nodes removed), "
+             "with standard ONNX operators")
+    if borrowed is None:
+        return {"fusions": list(TRANSFORMER_FUSIONS), "reason": f"{none}; {basic} (borrowed_rules=never)"}
+    if not borrowed.kept:
+        return {"fusions": list(TRANSFORMER_FUSIONS),
+                "reason": f"{none}; {borrowed.rules}'s rules were tried and not kept, {borrowed.reason}; {basic}"}
+    missing = [op for op in TRANSFORMER_FUSIONS if op not in borrowed.fused and not
+               (op == "Attention" and any(a in borrowed.fused for a in ATTENTION_OPS))]
+    if not missing:
+        return None
+    return {"fusions": missing, "reason": f"{none}; with {borrowed.rules}'s rules borrowed these did not fuse "
+                                          f"(attention: {borrowed.attention})"}
+
+
+def attention_outcome(model: ModelProto, layers: int, biased: int, rules: str) -> str:
+    """How attention fused with borrowed `rules` (`biased`: layers fused with their position bias), or why not."""
+    fused = sum(onnxfiles.op_counts(model).get(op, 0) for op in ATTENTION_OPS)
+    if fused >= layers:
+        return (f"fused in {fused} of {layers} layers, the position bias passed as the attention op's "
+                "attention_bias" if biased else f"fused in every layer by {rules}'s rules")
+    return (f"fused in {fused} of {layers} layers: the others match neither {rules}'s pattern nor "
+            "softmax(Q K^T / c + bias + mask) V with an additive bias")
 
 
 def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> dict[str, Any]:
@@ -89,14 +122,15 @@ def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> d
 
 
 def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
-               record: RunRecord) -> tuple[Any, FormChoice | None]:
+               record: RunRecord) -> tuple[ModelProto, FormChoice | None, Borrowed | None]:
     """The fused fp32 graph in the layer-norm form `graph_form` sets, or (auto) the one that runs faster here
-    (`forms`); a family without fusion rules has one form only (None)."""
+    (`forms`); a family without fusion rules has one form only (None) and tries borrowed rules (`build_borrowed`)."""
     if not export.optimizer_model_type:
-        return optimize_fp32(original, dest, export), None
+        model, borrowed = build_borrowed(original, dest, export, config, record)
+        return model, None, borrowed
     if config.graph_form != "auto":
         return optimize_fp32(original, dest, export, config.graph_form), FormChoice(
-            config.graph_form, f"set by graph_form={config.graph_form}", {})
+            config.graph_form, f"set by graph_form={config.graph_form}", {}), None
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
     try:
         files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
@@ -110,7 +144,34 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
         onnxfiles.save(chosen, dest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return chosen, choice
+    return chosen, choice, None
+
+
+def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
+                   record: RunRecord) -> tuple[ModelProto, Borrowed | None]:
+    """A family without fusion rules: the basic graph, or the one fused with borrowed rules where its outputs match
+    the basic graph's and (borrowed_rules=auto) it runs clearly faster here; None when not tried (never)."""
+    if config.borrowed_rules == "never":
+        return optimize_fp32(original, dest, export), None
+    workdir = temporary_dir(dest)  # both graphs; removed however the step ends
+    try:
+        files = {"basic": workdir / "basic.onnx", "borrowed": workdir / "borrowed.onnx"}
+        optimize_fp32(original, files["basic"], export)
+        release_memory()
+        model, biased = borrowed_fp32(original, files["borrowed"], export)
+        fused = fusion_stats(model)["fused"]
+        attention = attention_outcome(model, export.num_layers, biased, BORROWED_RULES)
+        del model
+        release_memory()
+        borrowed = choose_borrowed(files, form_feeds(config, record, export), providers_for(config.device),
+                                   config.threads, device_for(config.device), fused, attention, BORROWED_RULES,
+                                   config.borrowed_rules)
+        release_memory()
+        chosen = onnxfiles.load(files["borrowed" if borrowed.kept else "basic"])
+        onnxfiles.save(chosen, dest)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return chosen, borrowed
 
 
 def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
@@ -141,15 +202,15 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         export = record.export_info()
         original = record.artifact("onnx.original")
         layers = export.num_layers
-        unavailable = unavailable_fusions(export)
         onnx_dir = record.run_dir / "onnx"
         fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
         form: FormChoice | None = None
+        borrowed: Borrowed | None = None
         target, decisions = decide_precisions(config, record)
 
-        def fp32(dest: Path) -> Any:
-            nonlocal form
-            model, form = build_fp32(original, dest, export, config, record)
+        def fp32(dest: Path) -> ModelProto:
+            nonlocal form, borrowed
+            model, form, borrowed = build_fp32(original, dest, export, config, record)
             return model
 
         shapes_by = None
@@ -174,11 +235,14 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             dest = onnx_dir / f"{variant}.onnx"
             model = builders[variant](dest)
             fused = variant != "tensorrt"
-            stats = fusion_stats(model, layers, unavailable) if fused else fusion_stats(model)
+            stats = fusion_stats(model, layers, unavailable_fusions(export, borrowed)) if fused else \
+                fusion_stats(model)
             stats["seconds"] = round(time.perf_counter() - start, 3)
             stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
             if variant == "fp32" and form is not None:
                 stats["form"] = form.record()
+            if variant == "fp32" and borrowed is not None:
+                stats["borrowed"] = borrowed.record()
             if variant == "tensorrt":
                 stats["shapes"] = shapes_by
             built[variant] = stats
