@@ -1,0 +1,84 @@
+"""Borrowed fusion rules for a family without its own (MPNet): attention with its position bias fused, and the graph
+kept only when its outputs match the basic graph's and, with borrowed_rules=auto, it is measured faster."""
+from __future__ import annotations
+
+import pytest
+from onnx import numpy_helper
+
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+from workbench.graphs.attention import fuse_biased_attention
+from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, optimize_fp32
+from workbench.measure import forms
+from workbench.models.tiny import build_encoder
+from workbench.steps import export
+from workbench.steps.optimize import form_feeds
+
+SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
+CPU = ["CPUExecutionProvider"]
+
+
+@pytest.fixture(scope="module")
+def mpnet_graphs(tmp_path_factory):
+    """A tiny MPNet exported, then its basic graph and the one fused with borrowed rules, and real-text feeds."""
+    root = tmp_path_factory.mktemp("mpnet")
+    config = RunConfig.model_validate({"model": str(build_encoder(root / "model", "mpnet")), **SMALL})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    info = record.export_info()
+    files = {"basic": root / "basic.onnx", "borrowed": root / "borrowed.onnx"}
+    optimize_fp32(record.artifact("onnx.original"), files["basic"], info)
+    _, biased = borrowed_fp32(record.artifact("onnx.original"), files["borrowed"], info)
+    return files, biased, form_feeds(config, record, info)
+
+
+def test_attention_with_its_position_bias_fuses_in_every_layer(mpnet_graphs):
+    files, biased, feeds = mpnet_graphs
+    assert biased == 2
+    graph = onnxfiles.load(files["borrowed"]).graph
+    assert [n.op_type for n in graph.node].count("Softmax") == 0, "no unfused attention left"
+    largest, matches = forms.largest_difference(files, feeds, CPU, 1)
+    assert matches and largest < 1e-5
+
+
+def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
+    files, _, feeds = mpnet_graphs
+    model = onnxfiles.load(files["borrowed"])
+    weight = next(i for i in model.graph.initializer if i.name.endswith("qkv_weight"))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    broken = onnxfiles.save(model, tmp_path / "broken.onnx")
+    choice = forms.choose_borrowed({"basic": files["basic"], "borrowed": broken}, feeds, CPU, 1, "cpu", {}, "",
+                                   BORROWED_RULES, when="always")
+    assert not choice.kept and not choice.matches and choice.max_abs > 1e-3 and not choice.ms
+    assert "beyond the fp32 gate" in choice.reason
+
+
+def test_auto_keeps_the_borrowed_graph_only_when_measured_clearly_faster(mpnet_graphs):
+    files, _, feeds = mpnet_graphs
+    choice = forms.choose_borrowed(files, feeds, CPU, 1, "cpu", {"Attention": 2}, "fused", BORROWED_RULES)
+    assert choice.matches and set(choice.ms) == {"basic", "borrowed"} and set(choice.ms["basic"]) == set(feeds)
+    assert choice.kept == forms.clearly_faster(choice.ms, "basic", "borrowed")[0]
+    assert choice.reason.startswith("ran faster" if choice.kept else "not clearly faster")
+    assert choice.record()["matches_basic"] and choice.record()["ms"] == choice.ms
+
+
+def test_clearly_faster_needs_a_gain_at_one_cell_and_no_loss_at_the_other():
+    basic = {"b1 s16": 3.0, "b8 s128": 80.0}
+    assert forms.clearly_faster({"basic": basic, "borrowed": {"b1 s16": 2.5, "b8 s128": 80.5}}, "basic",
+                                "borrowed")[0]
+    assert not forms.clearly_faster({"basic": basic, "borrowed": {"b1 s16": 2.95, "b8 s128": 79.5}}, "basic",
+                                    "borrowed")[0]
+    assert not forms.clearly_faster({"basic": basic, "borrowed": {"b1 s16": 2.0, "b8 s128": 84.0}}, "basic",
+                                    "borrowed")[0]
+
+
+def test_attention_without_a_position_bias_is_left_alone(tiny_bert, tmp_path):
+    """BERT's attention adds only the mask: not this fusion's pattern (BERT's own rules fuse it)."""
+    config = RunConfig.model_validate({"model": str(tiny_bert), **SMALL})
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+    model = onnxfiles.load(record.artifact("onnx.original"))
+    before = [n.SerializeToString() for n in model.graph.node]
+    assert fuse_biased_attention(model, 4) == 0
+    assert [n.SerializeToString() for n in model.graph.node] == before
