@@ -104,6 +104,11 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
             max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
             pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
             type_vocab_size=0, **common),
+        # ALBERT: factorized embeddings, one set of layer weights shared by every layer.
+        "albert": lambda: transformers.AlbertConfig(embedding_size=hidden // 2, hidden_size=hidden,
+                                                    num_hidden_layers=layers, num_attention_heads=heads,
+                                                    intermediate_size=hidden * 2,
+                                                    max_position_embeddings=MAX_POSITIONS, **common),
         # all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index.
         "mpnet": lambda: transformers.MPNetConfig(hidden_size=hidden, num_hidden_layers=layers,
                                                   num_attention_heads=heads, intermediate_size=hidden * 2,

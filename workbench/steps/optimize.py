@@ -48,6 +48,8 @@ FUSED_OPS = (
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # What ONNX Runtime's transformer optimizer fuses in every layer of the encoder families it has rules for.
 TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
+# Fused operators that do one of those fusions' work (a tanh-approximated GELU fuses as FastGelu).
+EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "GemmFastGelu")}
 
 
 def fusion_stats(model: Any, num_layers: int | None = None,
@@ -85,8 +87,9 @@ def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dic
     if not borrowed.kept:
         return {"fusions": list(TRANSFORMER_FUSIONS),
                 "reason": f"{none}; {borrowed.rules}'s rules were tried and not kept, {borrowed.reason}; {basic}"}
-    missing = [op for op in TRANSFORMER_FUSIONS if op not in borrowed.fused and not
-               (op == "Attention" and any(a in borrowed.fused for a in ATTENTION_OPS))]
+    missing = [op for op in TRANSFORMER_FUSIONS  # attention must fuse in every layer; the others anywhere
+               if sum(borrowed.fused.get(o, 0) for o in EQUIVALENT.get(op, (op,))) < (
+                   export.num_layers if op == "Attention" else 1)]
     if not missing:
         return None
     return {"fusions": missing, "reason": f"{none}; with {borrowed.rules}'s rules borrowed these did not fuse "
