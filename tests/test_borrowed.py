@@ -8,8 +8,8 @@ from onnx import numpy_helper
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
-from workbench.graphs.attention import fuse_biased_attention
-from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, optimize_fp32
+from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
+from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
 from workbench.models.tiny import build_encoder
 from workbench.steps import export
@@ -40,6 +40,26 @@ def test_attention_with_its_position_bias_fuses_in_every_layer(mpnet_graphs):
     assert [n.op_type for n in graph.node].count("Softmax") == 0, "no unfused attention left"
     largest, matches = forms.largest_difference(files, feeds, CPU, 1)
     assert matches and largest < 1e-5
+
+
+def test_int8_quantizes_the_projections_and_keeps_the_position_bias(mpnet_graphs, tmp_path):
+    """ONNX Runtime's quantizer would turn Attention into QAttention, which has no bias input: the position bias and
+    the mask would be dropped. The projections are unpacked and quantized; attention keeps its bias."""
+    files, _, feeds = mpnet_graphs
+    model = onnxfiles.load(files["borrowed"])
+    assert unpack_biased_attention(model) == 2
+    unpacked = onnxfiles.save(model, tmp_path / "unpacked.onnx")
+    largest, matches = forms.largest_difference({"packed": files["borrowed"], "unpacked": unpacked}, feeds, CPU, 1)
+    assert matches and largest < 1e-5
+    quantize_int8(files["borrowed"], tmp_path / "int8.onnx", True, [])
+    ops = [(n.op_type, n) for n in onnxfiles.load(tmp_path / "int8.onnx").graph.node]
+    assert not [n for op, n in ops if op == "QAttention"]
+    attention = [n for op, n in ops if op == "MultiHeadAttention"]
+    assert len(attention) == 2 and all(n.input[5] for n in attention)
+    assert sum(op in ("MatMulInteger", "DynamicQuantizeMatMul") for op, _ in ops) >= 6, "q, k, v of both layers"
+    quantize_int8(files["borrowed"], tmp_path / "kept.onnx", True, ["Attention_0"])
+    kept = [n.name for n in onnxfiles.load(tmp_path / "kept.onnx").graph.node if n.op_type == "Attention"]
+    assert kept == ["Attention_0"], "a node the repair keeps in fp32 stays packed"
 
 
 def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):

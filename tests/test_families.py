@@ -87,6 +87,8 @@ def test_borrowed_rules_fuse_attention_with_its_position_bias(family_run):
         assert stats["unavailable"]["fusions"] == ["EmbedLayerNormalization"], "MPNet's embeddings stay unfused"
         assert "attention: fused in 2 of 2 layers" in stats["unavailable"]["reason"]
     assert fusions["fp32"]["fused"]["SkipLayerNormalization"] >= 3 and fusions["fp32"]["fused"]["BiasGelu"] == 2
+    int8 = [n.op_type for n in onnxfiles.load(record.artifact("onnx.int8")).graph.node]
+    assert "QAttention" not in int8 and int8.count("MultiHeadAttention") == 2, "the position bias kept in int8"
     assert results["fp32"]["passed"] and results["int8"]["outputs"], family
 
 

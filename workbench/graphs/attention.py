@@ -8,6 +8,7 @@ bias + mask (one Add per distinct pair, shared by the layers) to one MultiHeadAt
 the layer's merged heads. Nodes left without consumers are removed."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,6 +73,44 @@ def fuse_biased_attention(model: ModelProto, num_heads: int) -> int:
         if not any(o.domain == MS_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return len(matches)
+
+
+def unpack_biased_attention(model: ModelProto, keep: Collection[str] = ()) -> int:
+    """Turn each packed Attention with an `attention_bias` (but those named in `keep`) back into three projections
+    (MatMul + Add) feeding MultiHeadAttention, in place: ONNX Runtime's int8 quantizer turns Attention into
+    QAttention, which has no bias input and would drop the position bias and the mask; the projections it
+    quantizes as MatMuls. The number of nodes unpacked."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    initializers = {i.name: i for i in graph.initializer}
+    unpacked = 0
+    for node in list(graph.node):
+        if node.op_type != "Attention" or node.domain != MS_DOMAIN or node.name in keep or len(node.input) < 6 \
+                or not node.input[5] or node.input[1] not in initializers or node.input[2] not in initializers:
+            continue
+        weights = np.split(numpy_helper.to_array(initializers[node.input[1]]), 3, axis=1)
+        biases = np.split(numpy_helper.to_array(initializers[node.input[2]]), 3)
+        projections = []
+        for part, weight, bias in zip("qkv", weights, biases):
+            name = f"{node.name}_{part}"
+            graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(weight), f"{name}_weight"),
+                                      numpy_helper.from_array(bias, f"{name}_bias")])
+            graph.node.extend([
+                helper.make_node("MatMul", [node.input[0], f"{name}_weight"], [f"{name}_matmul"], name=f"{name}_MatMul"),
+                helper.make_node("Add", [f"{name}_matmul", f"{name}_bias"], [f"{name}_projected"], name=f"{name}_Add")])
+            projections.append(f"{name}_projected")
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        graph.node.append(helper.make_node(
+            "MultiHeadAttention", [*projections, "", "", node.input[5]], list(node.output),
+            name=f"{node.name}_unpacked", domain=MS_DOMAIN, num_heads=attributes["num_heads"],
+            scale=attributes.get("scale", 0.0)))
+        graph.node.remove(node)
+        unpacked += 1
+    if unpacked:
+        _topological(graph)
+        _remove_dead(graph)
+    return unpacked
 
 
 def _packed(match: Match, produced: dict[str, NodeProto],

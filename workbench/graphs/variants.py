@@ -3,13 +3,15 @@ graph with symbolic shapes for TensorRT. The optimize step builds them; the pari
 with nodes kept in fp32."""
 from __future__ import annotations
 
+import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.core.atomic import temporary_dir
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.attention import fuse_biased_attention
+from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -100,15 +102,24 @@ def _drop_repeated_nodes(graph: Any) -> None:
 
 
 def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str]) -> Any:
-    """Dynamic int8 quantization (QInt8 weights) of the already-optimized graph."""
+    """Dynamic int8 quantization (QInt8 weights) of the already-optimized graph; attention with a position bias is
+    unpacked first (`attention.unpack_biased_attention`)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with onnxfiles.onnx_destination(dest) as tmp:
-        quantize_dynamic(fp32, tmp, weight_type=QuantType.QInt8, per_channel=per_channel,
-                         nodes_to_exclude=nodes_to_exclude or None,
-                         use_external_data_format=fp32.stat().st_size > onnxfiles.EXTERNAL_DATA_THRESHOLD,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    model = onnxfiles.load(fp32)
+    workdir = temporary_dir(dest) if unpack_biased_attention(model, nodes_to_exclude) else None
+    try:
+        source = onnxfiles.save(model, workdir / "unpacked.onnx") if workdir else fp32
+        del model
+        with onnxfiles.onnx_destination(dest) as tmp:
+            quantize_dynamic(source, tmp, weight_type=QuantType.QInt8, per_channel=per_channel,
+                             nodes_to_exclude=nodes_to_exclude or None,
+                             use_external_data_format=fp32.stat().st_size > onnxfiles.EXTERNAL_DATA_THRESHOLD,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     return onnxfiles.load(dest, load_external_data=False)
 
 
