@@ -57,7 +57,8 @@ def fuse_biased_attention(model: ModelProto, num_heads: int) -> int:
         if packed is not None:  # one MatMul for the three projections: ONNX Runtime's Attention
             source, weight, bias = packed
             names = [f"Attention_{index}_qkv_weight", f"Attention_{index}_qkv_bias"]
-            graph.initializer.extend([numpy_helper.from_array(weight, names[0]), numpy_helper.from_array(bias, names[1])])
+            graph.initializer.extend([numpy_helper.from_array(weight, names[0]),
+                                      numpy_helper.from_array(bias, names[1])])
             graph.node.append(helper.make_node(
                 "Attention", [source, *names, "", "", biases[key]], [match.output], name=f"Attention_{index}",
                 domain=MS_DOMAIN, num_heads=num_heads, scale=match.scale))
@@ -97,8 +98,10 @@ def unpack_biased_attention(model: ModelProto, keep: Collection[str] = ()) -> in
             graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(weight), f"{name}_weight"),
                                       numpy_helper.from_array(bias, f"{name}_bias")])
             graph.node.extend([
-                helper.make_node("MatMul", [node.input[0], f"{name}_weight"], [f"{name}_matmul"], name=f"{name}_MatMul"),
-                helper.make_node("Add", [f"{name}_matmul", f"{name}_bias"], [f"{name}_projected"], name=f"{name}_Add")])
+                helper.make_node("MatMul", [node.input[0], f"{name}_weight"], [f"{name}_matmul"],
+                                 name=f"{name}_MatMul"),
+                helper.make_node("Add", [f"{name}_matmul", f"{name}_bias"], [f"{name}_projected"],
+                                 name=f"{name}_Add")])
             projections.append(f"{name}_projected")
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         graph.node.append(helper.make_node(

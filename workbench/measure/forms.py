@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from workbench.core.timing import cell_medians_ms
-from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.measure.sessions import call_for
+from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.onnxruntime import session
 
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
