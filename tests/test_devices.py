@@ -85,9 +85,10 @@ def test_cuda_sessions_screen_provider_options_never_thread_counts():
                                ("do_copy_in_default_stream", "1"))
     assert len(options) == len(set(options)) == 8 and all(o.threads is None for o in options)
     chosen = options[3]
-    assert chosen.providers([CUDA, CPU]) == [(CUDA, dict(chosen.cuda)), CPU]
+    assert chosen.providers([CUDA, CPU]) == [(CUDA, {"use_tf32": "0", **dict(chosen.cuda)}), CPU]
     graph = chosen.providers([(CUDA, {"enable_cuda_graph": "1"}), CPU])
-    assert graph == [(CUDA, {**dict(chosen.cuda), "enable_cuda_graph": "1"}), CPU]
+    assert graph == [(CUDA, {"use_tf32": "0", **dict(chosen.cuda), "enable_cuda_graph": "1"}), CPU]
+    assert SessionSettings().providers([CUDA, CPU]) == [(CUDA, {"use_tf32": "0"}), CPU], "fp32 stays fp32 (no TF32)"
     assert SessionSettings.from_record(chosen.record()) == chosen
     assert SessionSettings(2).providers([CPU]) == [CPU]
 
