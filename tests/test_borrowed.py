@@ -69,7 +69,7 @@ def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
     broken = onnxfiles.save(model, tmp_path / "broken.onnx")
     choice = forms.choose_borrowed({"basic": files["basic"], "borrowed": broken}, feeds, CPU, 1, "cpu", {}, "",
-                                   BORROWED_RULES, when="always")
+                                   BORROWED_RULES, untimed="set by borrowed_rules=always")
     assert not choice.kept and not choice.matches and choice.max_abs > 1e-3 and not choice.ms
     assert "beyond the fp32 gate" in choice.reason
 

@@ -85,6 +85,9 @@ def test_a_named_target_decides_by_its_instructions_without_measuring_here(tiny_
     assert record.metric("optimize.precisions.target.kind") == "cpu"
     assert ("int8" in record.variants()) is built
     assert (preference(Flavor.PYTHON_ORT, decision)[0] == CPU_INT8_FIRST) is built
+    form = record.metric("optimize.variants.fp32.form")
+    assert form["chosen"] == "fused" and not form["ms"], "the layer-norm form is not timed for another CPU"
+    assert f"CPU (target.cpu={target}) is not this host" in form["reason"]
 
 
 def test_fp16_is_measured_only_on_a_cpu_with_fp16_arithmetic(tiny_bert, tmp_path, monkeypatch):
@@ -104,9 +107,11 @@ def test_a_repair_out_of_time_says_so_and_publishes_nothing_as_repaired(tiny_ber
     repair = record.metric("parity.repair.int8")
     assert repair["outcome"].startswith("not repaired: its 0.5 s ran out (repair.budget_s): the closest candidate")
     assert repair["closest"]["min_cosine"] < 0.9999999 and repair["chosen"] is None
+    assert repair["stopped"] == "its 0.5 s ran out (repair.budget_s)", "the record names the bound"
     assert "int8_repaired" not in record.variants()
     line = verdict_line("parity", record)
-    assert f"--resume --output-dir {record.run_dir} --steps parity -p repair.budget_s=1" in line
+    assert f"workbench run --resume --output-dir {record.run_dir} --steps parity -p repair.budget_s=180" in line, \
+        "a budget likely to finish (the default), not a doubling that leads to a run of retries"
 
 
 def test_the_reference_is_kept_between_runs_of_the_same_model_and_texts(tiny_bert, tmp_path, monkeypatch):

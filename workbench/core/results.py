@@ -69,7 +69,8 @@ class RepairOutcome(Metrics):
     outcome: str
     units: int
     budget_s: float | None = None  # the repair's seconds (older records: not bounded)
-    stopped: str | None = None  # the bound that ended the search early, when its best still passed
+    seconds: float | None = None  # what the whole repair took
+    stopped: str | None = None  # the bound that ended the search early (its best passed, or nothing was written)
     chosen: RepairCandidate | None = None
     before: RepairCandidate | None = None
     base: str | None = None

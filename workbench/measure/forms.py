@@ -102,17 +102,17 @@ def largest_difference(files: dict[str, Path], feeds: dict[str, dict[str, np.nda
 
 def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
                     threads: int | None, device: str, fused: dict[str, int], attention: str, rules: str,
-                    when: str = "auto", rounds: int = 5) -> Borrowed:
+                    untimed: str | None = None, rounds: int = 5) -> Borrowed:
     """Keep the graph fused with borrowed `rules` (`files["borrowed"]`) over `files["basic"]`: never when its outputs
-    differ beyond the fp32 gate; with `when` "always", whenever they match; with "auto", when it is also clearly
-    faster here."""
+    differ beyond the fp32 gate; when they match, if it is also clearly faster here, or without timing where
+    `untimed` says why not."""
     largest, matches = largest_difference(files, feeds, providers, threads)
     if not matches:
         return Borrowed(rules, fused, attention, largest, False, {}, False,
                         f"its outputs differ from the basic graph's by up to {largest:.2g} on the same text, beyond "
                         "the fp32 gate")
-    if when == "always":
-        return Borrowed(rules, fused, attention, largest, True, {}, True, "set by borrowed_rules=always")
+    if untimed:
+        return Borrowed(rules, fused, attention, largest, True, {}, True, untimed)
     ms = _timed(files, feeds, providers, threads, device, rounds)
     faster, shown = clearly_faster(ms, "basic", "borrowed")
     reason = (f"ran faster than the basic graph: {shown}" if faster else

@@ -31,6 +31,9 @@ TARGET_FLAGS = {
     "amx": {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16"},
 }
 
+TARGET_NAMES = {"avx2": "AVX2", "avx512": "AVX-512", "avx512_vnni": "AVX-512 VNNI", "avx_vnni": "AVX-VNNI",
+                "amx": "AMX"}
+
 
 @dataclass(frozen=True)
 class Target:
@@ -64,7 +67,7 @@ def target_for(cpu: str, gpu: bool) -> Target:
         return Target("gpu", name="the GPU")
     if cpu == "host":
         return Target("host", frozenset(cpu_flags()))
-    return Target("cpu", frozenset(TARGET_FLAGS[cpu]), f"a {cpu} CPU (target.cpu)")
+    return Target("cpu", frozenset(TARGET_FLAGS[cpu]), f"an {TARGET_NAMES[cpu]} CPU (target.cpu={cpu})")
 
 
 @dataclass

@@ -158,7 +158,7 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         try:
             search.problem.units = sensitivity_order(search, search.problem.costs)
         except BudgetSpent as spent:
-            return unrepaired(search, str(spent), base=base), False
+            return unrepaired(search, str(spent), base=base, stopped=str(spent)), False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
         if search.best is None:
@@ -169,18 +169,19 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         search.reset_results()
     else:
         result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
-    if search.best is not None and not confirmed:
-        search.discard()
-        return unrepaired(search, result["outcome"], result, base), False
-    if confirmed and result["outcome"] != "repaired":  # a bound ended the search: its best passed the full lab
-        result["stopped"], result["outcome"] = result["outcome"], "repaired"
+    if not confirmed and (search.best is not None or result["stopped"]):
+        if search.best is not None:
+            search.discard()
+        return unrepaired(search, result["outcome"], result, base, result["stopped"]), False
+    if confirmed and result["stopped"]:  # a bound ended the search: its best passed the full lab
+        result["outcome"] = "repaired"
     return result, confirmed
 
 
 def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = None,
-               base: ChosenBase | None = None) -> dict[str, Any]:
-    """The record of a repair that wrote nothing: why (a bound spent, or no candidate passing the full lab) and the
-    closest candidate's numbers (the chosen whole-graph recipe's, when the search built none)."""
+               base: ChosenBase | None = None, stopped: str | None = None) -> dict[str, Any]:
+    """The record of a repair that wrote nothing: why (a bound spent, `stopped`, or no candidate passing the full
+    lab) and the closest candidate's numbers (the chosen whole-graph recipe's, when the search built none)."""
     result = dict(result or {"precision": search.problem.precision, "ordering": search.problem.ordering,
                              "ranked_by": RANKED_BY, "units": len(search.problem.units), "chosen": None,
                              "candidates": search.history, "sensitivity": search.problem.sensitivity})
@@ -195,7 +196,7 @@ def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = N
         what = f"{len(found['blocked'])} units in fp32" if "blocked" in found else f"recipe: {found['recipe']}"
         reached = f": the closest candidate ({what}) reached {metric}"
     result["outcome"] = f"not repaired: {why}{reached}"
-    result["closest"] = found
+    result["closest"], result["stopped"] = found, stopped
     return result
 
 

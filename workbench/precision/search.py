@@ -171,7 +171,7 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
     """Bisect the shortest passing prefix of the unit order, then prune it; returns what was found."""
     units = search.problem.units
     start = time.perf_counter()
-    outcome = "repaired"
+    outcome, stopped = "repaired", None
     try:
         if search.passes([]):
             pass  # the base alone passes: nothing to keep in fp32
@@ -191,7 +191,7 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
                 if search.passes(trial):
                     kept = trial
     except BudgetSpent as spent:
-        outcome = str(spent)
+        outcome = stopped = str(spent)
     chosen = search.best[0] if search.best else None
     if chosen is None and outcome == "repaired":
         outcome = "unrepairable: passes only with every candidate node in fp32"
@@ -201,6 +201,7 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
         "ranked_by": RANKED_BY,
         "units": len(units),
         "outcome": outcome,
+        "stopped": stopped,  # the bound that ended the search, if one did
         "chosen": search.describe(chosen) if chosen else None,
         "candidates": search.history,
         "sensitivity": search.problem.sensitivity,

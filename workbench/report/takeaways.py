@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from workbench.core.config import RepairSettings
 from workbench.core.record import RunRecord
 from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.measure.latency import disturbance_note
@@ -86,14 +87,21 @@ def parity_lines(record: RunRecord) -> list[str]:
               for name, v in parity.variants.items()]
     for precision, outcome in parity.repair.items():
         chosen = outcome.chosen
+        spent = (f"{outcome.seconds:.0f} s of its {outcome.budget_s:g} s budget"
+                 if outcome.seconds is not None and outcome.budget_s else "")
         if outcome.outcome == "repaired" and chosen:
             base = f", quantized as {outcome.base}" if outcome.base else ""
             stopped = f"; the search stopped early: {outcome.stopped}" if outcome.stopped else ""
+            built = len(outcome.candidates)
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
-                         f"{base} ({len(outcome.candidates)} candidates built{stopped})")
+                         f"{base} ({built} candidate{'s' if built != 1 else ''} built{stopped}"
+                         f"{'; ' + spent if spent else ''})")
         else:
-            more = (f" (more time: --resume --output-dir {record.run_dir} --steps parity -p repair.budget_s="
-                    f"{2 * outcome.budget_s:g})" if "repair.budget_s" in outcome.outcome and outcome.budget_s else "")
+            more = ""
+            if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
+                budget = max(2 * outcome.budget_s, RepairSettings.model_fields["budget_s"].default)
+                more = (f" (more time: workbench run --resume --output-dir {record.run_dir} --steps parity "
+                        f"-p repair.budget_s={budget:g})")
             lines.append(f"{precision} repair: {outcome.outcome}{more}")
     return lines
 

@@ -124,16 +124,19 @@ def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> d
     return cell_feeds(record.tokenizer(), tuple(export.io.inputs), texts, cells)
 
 
-def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
-               record: RunRecord) -> tuple[ModelProto, FormChoice | None, Borrowed | None]:
+def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig, record: RunRecord,
+               target: Target) -> tuple[ModelProto, FormChoice | None, Borrowed | None]:
     """The fused fp32 graph in the layer-norm form `graph_form` sets, or (auto) the one that runs faster here
-    (`forms`); a family without fusion rules has one form only (None) and tries borrowed rules (`build_borrowed`)."""
+    (`forms`; ONNX Runtime's fused form for a `target` that is another CPU, whose speed this host cannot tell); a
+    family without fusion rules has one form only (None) and tries borrowed rules (`build_borrowed`)."""
     if not export.optimizer_model_type:
-        model, borrowed = build_borrowed(original, dest, export, config, record)
+        model, borrowed = build_borrowed(original, dest, export, config, record, target)
         return model, None, borrowed
-    if config.graph_form != "auto":
-        return optimize_fp32(original, dest, export, config.graph_form), FormChoice(
-            config.graph_form, f"set by graph_form={config.graph_form}", {}), None
+    if config.graph_form != "auto" or target.kind == "cpu":
+        form = config.graph_form if config.graph_form != "auto" else "fused"
+        why = (f"set by graph_form={form}" if config.graph_form != "auto" else
+               f"ONNX Runtime's default: {target.name} is not this host, whose timing would not tell")
+        return optimize_fp32(original, dest, export, form), FormChoice(form, why, {}), None
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
     try:
         files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
@@ -150,10 +153,11 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
     return chosen, choice, None
 
 
-def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: RunConfig,
-                   record: RunRecord) -> tuple[ModelProto, Borrowed | None]:
+def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: RunConfig, record: RunRecord,
+                   target: Target) -> tuple[ModelProto, Borrowed | None]:
     """A family without fusion rules: the basic graph, or the one fused with borrowed rules where its outputs match
-    the basic graph's and (borrowed_rules=auto) it runs clearly faster here; None when not tried (never)."""
+    the basic graph's and (borrowed_rules=auto, `target` this host) it runs clearly faster here; None when not
+    tried (never)."""
     if config.borrowed_rules == "never":
         return optimize_fp32(original, dest, export), None
     workdir = temporary_dir(dest)  # both graphs; removed however the step ends
@@ -166,9 +170,12 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         attention = attention_outcome(model, export.num_layers, biased, BORROWED_RULES)
         del model
         release_memory()
+        untimed = ("set by borrowed_rules=always" if config.borrowed_rules == "always" else
+                   f"kept as its outputs match: {target.name} is not this host, whose timing would not tell"
+                   if target.kind == "cpu" else None)
         borrowed = choose_borrowed(files, form_feeds(config, record, export), providers_for(config.device),
                                    config.threads, device_for(config.device), fused, attention, BORROWED_RULES,
-                                   config.borrowed_rules)
+                                   untimed)
         release_memory()
         chosen = onnxfiles.load(files["borrowed" if borrowed.kept else "basic"])
         onnxfiles.save(chosen, dest)
@@ -213,7 +220,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
         def fp32(dest: Path) -> ModelProto:
             nonlocal form, borrowed
-            model, form, borrowed = build_fp32(original, dest, export, config, record)
+            model, form, borrowed = build_fp32(original, dest, export, config, record, target)
             return model
 
         shapes_by = None
