@@ -438,7 +438,8 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
     lines = []
     fixes = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        # pydantic names the alternatives of a union in the path ("list[literal[...]]"): the setting is the rest
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         if not loc and err["type"] == "model_type":
             lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
                          f"{err.get('input')!r}")
