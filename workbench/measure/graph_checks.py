@@ -78,9 +78,9 @@ def targets(rows: Sequence[GraphRow]) -> list[str]:
             continue
         head = f"{precision}: the workbench's fastest passing graph / the fastest peer graph per cell, "
         if not ours:
-            lines.append(head + f"not a target: the workbench builds no {precision} graph (fastest peer: "
-                         + ", ".join(f"{c} {fastest(theirs, c).name} {fastest(theirs, c).ms[c]:.2f} ms"
-                                     for c in cells) + ")")
+            lines.append(f"{precision}: not a target, the workbench builds no {precision} graph; the fastest peer "
+                         "graph per cell: " + ", ".join(f"{c} {fastest(theirs, c).name} {fastest(theirs, c).ms[c]:.2f} "
+                                                        "ms" for c in cells))
         elif not passing:
             lines.append(head + f"no workbench {precision} graph reaches min cosine {MIN_COSINE} MISS")
         else:

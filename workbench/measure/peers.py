@@ -37,7 +37,7 @@ INSTALL_HINT = ".venv/bin/python benchmarks/peers.py --install  (a virtual envir
 # of its own (.peers/openvino), which also runs benchmarks/graphs.py's timing process.
 OPENVINO_PIN = "sentence-transformers[openvino]==6.2.0"
 OPENVINO_HINT = (".venv/bin/python benchmarks/graphs.py --install  (Optimum's and OpenVINO's environments, about "
-                 "1.5 GB and 2 GB, a few minutes)")
+                 "1.4 GB and 6 GB, several minutes)")
 
 
 class PeerNotInstalledError(DependencyMissingError):
@@ -120,9 +120,9 @@ def find_openvino(venv: Path) -> Path:
 
 def install_openvino(venv: Path) -> Path:
     """Create the OpenVINO environment `venv`: sentence-transformers with its OpenVINO extra (OpenVINO,
-    optimum-intel, NNCF, and the torch and torchvision they resolve to: a CPU torch beside optimum-intel's
-    torchvision breaks transformers' imports) and, for the one timing process that runs every graph, the workbench's
-    own onnxruntime with what `workbench.measure.graphs` imports."""
+    optimum-intel, NNCF, and the torch and torchvision they resolve to, PyPI's CUDA builds: the workbench's CPU
+    torch beside the torchvision optimum-intel asks for breaks transformers' imports) and, for the one timing
+    process that runs every graph, the workbench's own onnxruntime with what `workbench.measure.graphs` imports."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], check=True)
