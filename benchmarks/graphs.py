@@ -41,7 +41,7 @@ from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
 from workbench.core.timing import median_ms
 from workbench.measure.graph_checks import accuracy, table, targets, verdicts
-from workbench.measure.graphs import GraphRow, embeddings
+from workbench.measure.graphs import GraphRow
 from workbench.measure.peers import (
     OPTIMUM_FILES,
     PeerNotInstalledError,
@@ -162,14 +162,13 @@ def compare(args: argparse.Namespace) -> None:
                for start in range(0, len(texts), BATCH)]
     busy = others_busy()
     before = pytorch_ms(library, feeds, args.threads, args.rounds)
-    found = time_in_one_process(args, rows, feeds, batches, work / "timing")
+    found = time_in_one_process(args, model_dir, rows, feeds, batches, work / "timing")
     after = pytorch_ms(library, feeds, args.threads, args.rounds)  # a spell of load hits one phase, rarely both
     torch_ms = {cell: min(before[cell], after[cell]) for cell in feeds}
     reference = library.encode(texts, batch_size=BATCH)
     for index, row in enumerate(rows):
         if row.ms:
-            got = embeddings(row, [found[f"{index}/{k}"] for k in range(len(batches))], batches, library)
-            row.accuracy = accuracy(got, reference)
+            row.accuracy = accuracy(found[str(index)], reference)
     lines = verdicts(rows, PAIRS, OURS["int8_repaired"]) + targets(rows)
     result = {"host": {**features, "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
                        "cores": os.cpu_count(), "busy_before": busy},
@@ -239,15 +238,18 @@ def default_precision(python: Path) -> str:
     return asked.stdout.strip()
 
 
-def time_in_one_process(args: argparse.Namespace, rows: list[GraphRow], feeds: dict[str, dict[str, np.ndarray]],
-                        batches: list[dict[str, np.ndarray]], work: Path) -> dict[str, np.ndarray]:
+def time_in_one_process(args: argparse.Namespace, model_dir: str, rows: list[GraphRow],
+                        feeds: dict[str, dict[str, np.ndarray]], batches: list[dict[str, np.ndarray]],
+                        work: Path) -> dict[str, np.ndarray]:
     """Every row timed interleaved in one process of the OpenVINO environment (benchmarks/peer_timing.py); the rows
-    take its medians, what OpenVINO computed in and any problem; its outputs on `batches`, by `<row>/<batch>`."""
+    take its medians, what OpenVINO computed in and any problem; each row's sentence embeddings of the texts of
+    `batches`, by row index."""
     work.mkdir(parents=True, exist_ok=True)
     arrays = {f"cell/{cell}/{name}": array for cell, feed in feeds.items() for name, array in feed.items()}
     arrays.update({f"batch/{k}/{name}": array for k, feed in enumerate(batches) for name, array in feed.items()})
     np.savez(work / "feeds.npz", **arrays)
-    plan = {"threads": args.threads, "rounds": args.rounds, "cells": list(feeds), "rows": [r.record() for r in rows]}
+    plan = {"model": model_dir, "threads": args.threads, "rounds": args.rounds, "cells": list(feeds),
+            "rows": [row.record() for row in rows]}
     (work / "plan.json").write_text(json.dumps(plan, indent=2))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([str(find_openvino(args.openvino_venv)), str(ROOT / "benchmarks" / "peer_timing.py"),
@@ -259,7 +261,7 @@ def time_in_one_process(args: argparse.Namespace, rows: list[GraphRow], feeds: d
     timed = json.loads((work / "timed.json").read_text())["rows"]
     for row, data in zip(rows, timed):
         row.ms, row.computed_in, row.problem = data["ms"], data["computed_in"], data["problem"]
-    with np.load(work / "outputs.npz") as found:
+    with np.load(work / "embeddings.npz") as found:
         return {key: found[key] for key in found.files}
 
 

@@ -55,7 +55,7 @@ def main(model_dir: str, out_dir: str, calibration: str) -> None:
     status = json.loads(status_file.read_text()) if status_file.is_file() else {}
     steps = {"fp32": lambda: export_fp32(model_dir, out), "int8": lambda: quantize_int8(out, calibration)}
     for variant, step in steps.items():
-        if "path" in status.get(variant, {}):
+        if Path(status.get(variant, {}).get("path", out / "none")).is_file():
             continue
         if variant != "fp32" and "path" not in status["fp32"]:
             status[variant] = {"problem": "no fp32 IR to quantize"}

@@ -3,10 +3,11 @@
 
     PYTHONPATH=<repository> <openvino venv>/bin/python benchmarks/peer_timing.py WORK_DIR
 
-WORK_DIR/plan.json holds the rows (GraphRow records), the threads and rounds; WORK_DIR/feeds.npz the cells'
-feeds (`cell/<cell>/<input>`) and the corpus batches (`batch/<k>/<input>`). Writes WORK_DIR/timed.json (the rows
-with their medians, what OpenVINO computed in, and any problem) and WORK_DIR/outputs.npz (`<row>/<k>`: each row's
-output for each batch, read after the timing).
+WORK_DIR/plan.json holds the model folder, the rows (GraphRow records), the threads and rounds; WORK_DIR/feeds.npz
+the cells' feeds (`cell/<cell>/<input>`) and the corpus batches (`batch/<k>/<input>`). Writes WORK_DIR/timed.json
+(the rows with their medians, what OpenVINO computed in, and any problem) and WORK_DIR/embeddings.npz (by row index:
+each row's sentence embedding of every corpus text, computed after the timing; a per-token output pooled by the
+model's own sentence-transformers modules, which this environment holds too).
 """
 import json
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.measure.graphs import GraphRow, open_graphs, outputs, time_graphs
+from workbench.measure.graphs import GraphRow, embeddings, open_graphs, outputs, time_graphs
 
 
 def grouped(arrays: np.lib.npyio.NpzFile, kind: str) -> dict[str, dict[str, np.ndarray]]:
@@ -35,13 +36,16 @@ def main(work_dir: str) -> None:
     opened = open_graphs(rows, plan["threads"])
     print(f"timing {len(opened)} graphs, {plan['rounds']} interleaved rounds per cell", flush=True)
     time_graphs(rows, opened, {cell: cells[cell] for cell in plan["cells"]}, plan["rounds"])
+    from sentence_transformers import SentenceTransformer
+
+    library = SentenceTransformer(plan["model"], device="cpu")
+    ordered = [batches[str(k)] for k in range(len(batches))]
     found = {}
     for index, row in enumerate(rows):
         if row.name in opened:
             row.computed_in = opened[row.name].inference_precision
-            for k, out in enumerate(outputs(opened[row.name], [batches[str(k)] for k in range(len(batches))])):
-                found[f"{index}/{k}"] = out
-    np.savez(work / "outputs.npz", **found)
+            found[str(index)] = embeddings(row, outputs(opened[row.name], ordered), ordered, library)
+    np.savez(work / "embeddings.npz", **found)
     (work / "timed.json").write_text(json.dumps({"rows": [row.record() for row in rows]}, indent=2))
 
 
