@@ -1,60 +1,79 @@
-"""The workbench's ONNX graphs beside Optimum's of the same model, in one process, measured side by side.
+"""The workbench's ONNX graphs beside Optimum's and OpenVINO's of the same model, in one process, measured side by side.
 
     .venv/bin/python benchmarks/graphs.py --install    # once: Optimum's environment (.peers/infinity, shared with
-                                                       # benchmarks/peers.py: infinity-emb brings optimum-onnx)
-    .venv/bin/python benchmarks/graphs.py [--run outputs/<run>] [--rounds 40] [--threads N]
+                                                       # benchmarks/peers.py) and OpenVINO's (.peers/openvino)
+    .venv/bin/python benchmarks/graphs.py [--model FOLDER | --run outputs/<run>] [--rounds 40] [--threads N]
 
-Without --run it first runs export, optimize and parity (fp32 and int8) on the embedded all-MiniLM-L6-v2. Optimum's
-graphs are built from the same model folder in their own environment (benchmarks/peer_optimum.py): the plain export,
-`--optimize O2` and `O3`, and O2 after the dynamic int8 preset for this CPU, per channel and per tensor. Then, with
-every graph in this process's ONNX Runtime and the same session settings (N threads that sleep when idle, every
-graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, all graphs
-interleaved; PyTorch eager in phases of its own before and after them (the lower kept) as the speedup's reference;
-every graph's sentence embedding on the corpus against `SentenceTransformer.encode()` (Optimum's `last_hidden_state`
-mean-pooled and normalized as its users do, outside the timed call). Prints the table and issue #26's checks
-(PASS/MISS, never an assertion), writes <run>/graphs/graphs.json, exits 0.
+Without --run it first runs export, optimize and parity (fp32 and int8) on --model (a sentence-transformers or
+transformers encoder folder; default: the embedded all-MiniLM-L6-v2; benchmarks/families.py builds random-weight
+ones of other families). The peers' graphs are built from the same model folder in their own environments:
+Optimum's (benchmarks/peer_optimum.py) the plain export, `--optimize O2` and `O3`, and O2 after the dynamic int8
+preset for this CPU, per channel and per tensor; OpenVINO's (benchmarks/peer_openvino.py) the fp32 IR
+sentence-transformers exports, compiled at f32 and, where it differs, at the CPU plugin's default inference precision
+on this host, and that IR after NNCF int8 calibrated on the corpus texts. A peer that cannot build a graph for the
+family leaves a row saying why. Then one process (benchmarks/peer_timing.py, run by OpenVINO's environment, which
+holds the workbench's onnxruntime too) times every graph with N threads (ONNX Runtime's sleep when idle and apply
+every graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, all graphs
+interleaved; PyTorch eager in phases of its own before and after them (the lower kept) as the speedup's reference.
+Every graph's sentence embedding of the corpus is checked against `SentenceTransformer(folder).encode()` (a peer's
+per-token output pooled by the library's own modules, outside the timed call). Prints the table and issues #26's
+and #39's checks (PASS/MISS, never an assertion), writes <run>/graphs/graphs.json, exits 0.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
-from workbench.core.errors import MissingArtifactError
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError
 from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, others_busy
+from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
 from workbench.core.timing import median_ms
-from workbench.measure.graphs import GraphRow, accuracy, embeddings, sessions, table, time_graphs, verdicts
+from workbench.measure.graph_checks import accuracy, table, targets, verdicts
+from workbench.measure.graphs import GraphRow
 from workbench.measure.peers import (
     OPTIMUM_FILES,
     PeerNotInstalledError,
+    build_openvino,
     build_optimum,
+    find_openvino,
     install_infinity,
+    install_openvino,
     require_positive,
 )
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = ROOT / ".peers" / "infinity"
+DEFAULT_OPENVINO = ROOT / ".peers" / "openvino"
 CELLS = ((1, 16), (1, 128), (8, 128))
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+HALF_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # what OpenVINO's default precision follows
+BATCH = 32
 OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32", "int8": "workbench int8",
         "int8_repaired": "workbench int8_repaired"}
+REQUIRED = ("original", "fp32", "int8")  # int8_repaired exists only where int8 failed parity
 THEIRS = {"plain": ("Optimum plain export", "fp32"), "fp32": ("Optimum O2", "fp32"), "O3": ("Optimum O3", "fp32"),
           "int8": ("Optimum O2 int8, per channel", "int8"), "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8")}
 PAIRS = [("workbench original (unfused export)", "Optimum plain export"), ("workbench fp32", "Optimum O2"),
          ("workbench fp32", "Optimum O3"), ("workbench int8", "Optimum O2 int8, per channel"),
          ("workbench int8", "Optimum O2 int8, per tensor")]
+PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}  # OpenVINO's inference precision -> precision class
 
 
 def main() -> int:
@@ -64,9 +83,11 @@ def main() -> int:
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a model folder to run the pipeline on (default: the embedded model)")
     parser.add_argument("--run", type=Path, help="a run whose optimize and parity steps are done")
     parser.add_argument("--peer-venv", type=Path, default=DEFAULT_VENV, help="Optimum's own environment")
-    parser.add_argument("--install", action="store_true", help="create --peer-venv, then exit")
+    parser.add_argument("--openvino-venv", type=Path, default=DEFAULT_OPENVINO, help="OpenVINO's own environment")
+    parser.add_argument("--install", action="store_true", help="create --peer-venv and --openvino-venv, then exit")
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per cell")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of every graph")
     args = parser.parse_args()
@@ -74,88 +95,200 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def compare(args: argparse.Namespace) -> None:
-    if args.install:
-        print(f"installed: {install_infinity(args.peer_venv)}")
-        return
+def model_folder(model: str) -> str:
+    """--model as a local model folder: anything else is a ModelNotFoundError naming what to pass."""
+    source = resolve_source(model)  # a folder without config.json is refused here, with what to pass instead
+    if source.kind != "local":
+        raise ModelNotFoundError(f"--model {model} is not a folder here",
+                                 "pass the folder of a sentence-transformers or transformers encoder "
+                                 "(save_pretrained()), e.g. one benchmarks/families.py builds; leave --model out "
+                                 "for the embedded all-MiniLM-L6-v2")
+    return source.location
+
+
+def refuse_early(args: argparse.Namespace) -> None:
+    """Every refusal that needs nothing built: a bad --run or --model, both at once, a missing peer."""
+    if args.run is not None and args.model is not None:
+        raise ConfigError("--model and --run both name the model",
+                          "give --run alone (its model is the run's) or --model alone (a new run is made)")
     if args.run is not None and not (args.run / "run.json").is_file():
         raise MissingArtifactError(f"{args.run} is not a run folder (no run.json)",
                                    "leave out --run (export, optimize and parity run first, about 6 minutes on a "
-                                   "quiet 2-core host), or give a run whose optimize and parity steps are done")
-    python = args.peer_venv / "bin" / "python"
+                                   "quiet 2-core host for the embedded model), or give a run whose optimize and "
+                                   "parity steps are done")
+    if args.model is not None:
+        model_folder(args.model)
     if not (args.peer_venv / "bin" / "optimum-cli").is_file():
         raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
                                     f"{sys.executable} {Path(__file__).resolve()} --install --peer-venv "
-                                    f"{args.peer_venv.resolve()} "
-                                    "(a virtual environment of about 1.5 GB, about a minute)")
+                                    f"{args.peer_venv.resolve()} (a virtual environment of about 1.5 GB, about a "
+                                    "minute)")
+    find_openvino(args.openvino_venv)
+
+
+def compare(args: argparse.Namespace) -> None:
+    if args.install:
+        print(f"installed: {install_infinity(args.peer_venv)}")
+        print(f"installed: {install_openvino(args.openvino_venv)}")
+        return
+    refuse_early(args)
     if args.run is None:
-        args.run = ROOT / "outputs" / f"graphs-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]), args.run)
+        model = model_folder(args.model) if args.model else RunConfig().model
+        name = Path(model).name if args.model else "minilm"
+        args.run = ROOT / "outputs" / f"graphs-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]),
+                     args.run)
     record = RunRecord.load(args.run)
-    missing = [variant for variant in OURS if f"onnx.{variant}" not in record.data["artifacts"]]
+    missing = [variant for variant in REQUIRED if f"onnx.{variant}" not in record.data["artifacts"]]
     if missing:
         raise MissingArtifactError(f"{args.run} has no {', '.join(missing)} graph",
                                    f"run `workbench run --output-dir {args.run} --resume --steps optimize,parity` "
-                                   "with int8 among the precisions (int8_repaired exists once int8 failed parity "
-                                   "and was repaired)")
+                                   "with int8 among the precisions")
     features = cpu_features()
-    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    half = [flag for flag in HALF_FLAGS if flag in cpu_flags()]
     model_dir = resolve_source(record.config.model).location
     work = args.run / "graphs"
-    build_optimum(python, ROOT / "benchmarks" / "peer_optimum.py", model_dir, work / "optimum", preset, list(THEIRS))
-    rows = [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
-                     record.artifact(f"onnx.{variant}"), "sentence_embedding") for variant, label in OURS.items()]
-    rows += [GraphRow(label, "optimum", precision, work / "optimum" / folder / OPTIMUM_FILES[folder],
-                      "last_hidden_state") for folder, (label, precision) in THEIRS.items()]
     tokenizer = record.tokenizer()
     texts = list(load_corpus(record.config.corpus))
-    feeds = cell_feeds(tokenizer, INPUTS, texts, CELLS)
-    busy = others_busy()
-    before = pytorch_ms(model_dir, feeds, args.threads, args.rounds)
-    opened = sessions(rows, args.threads)
-    print(f"timing {len(rows)} graphs, {args.rounds} interleaved rounds per cell", flush=True)
-    time_graphs(rows, opened, feeds, args.rounds)
-    after = pytorch_ms(model_dir, feeds, args.threads, args.rounds)  # a spell of load hits one phase, rarely both
-    torch_ms = {cell: min(before[cell], after[cell]) for cell in feeds}
     from sentence_transformers import SentenceTransformer
 
     library = SentenceTransformer(model_dir, device="cpu")
-    reference = library.encode(texts, batch_size=32)
-    for row in rows:
-        row.accuracy = accuracy(embeddings(row, opened[row.name], tokenizer, texts, library.max_seq_length),
-                                reference)
-    lines = verdicts(rows, PAIRS, OURS["int8_repaired"])
-    result = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "busy_before": busy},
-              "run": str(args.run), "threads": args.threads, "rounds": args.rounds, "pytorch_ms": torch_ms,
-              "rows": [row.record() for row in rows], "checks": lines}
+    names = tuple(name for name in TOKEN_INPUTS if name in tokenizer("a"))
+    rows = our_rows(record) + optimum_rows(args, model_dir, work, features)
+    rows += openvino_rows(args, model_dir, work, [encode(tokenizer, [text], names, library.max_seq_length)
+                                                  for text in texts])
+    feeds = cell_feeds(tokenizer, names, texts, CELLS)
+    batches = [encode(tokenizer, texts[start:start + BATCH], names, max_length=library.max_seq_length)
+               for start in range(0, len(texts), BATCH)]
+    busy = others_busy()
+    before = pytorch_ms(library, feeds, args.threads, args.rounds)
+    found = time_in_one_process(args, model_dir, rows, feeds, batches, work / "timing")
+    after = pytorch_ms(library, feeds, args.threads, args.rounds)  # a spell of load hits one phase, rarely both
+    torch_ms = {cell: min(before[cell], after[cell]) for cell in feeds}
+    reference = library.encode(texts, batch_size=BATCH)
+    for index, row in enumerate(rows):
+        if row.ms:
+            row.accuracy = accuracy(found[str(index)], reference)
+    lines = verdicts(rows, PAIRS, OURS["int8_repaired"]) + targets(rows)
+    result = {"host": {**features, "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
+                       "cores": os.cpu_count(), "busy_before": busy},
+              "model": model_dir, "run": str(args.run), "threads": args.threads, "rounds": args.rounds,
+              "pytorch_ms": torch_ms, "rows": [row.record() for row in rows], "checks": lines}
     (work / "graphs.json").write_text(json.dumps(result, indent=2))
     report(result, rows, torch_ms, lines)
 
 
-def pytorch_ms(model_dir: str, feeds: dict[str, dict[str, np.ndarray]], threads: int, rounds: int) -> dict[str, float]:
+def our_rows(record: RunRecord) -> list[GraphRow]:
+    return [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
+                     record.artifact(f"onnx.{variant}"), "sentence_embedding")
+            for variant, label in OURS.items() if f"onnx.{variant}" in record.data["artifacts"]]
+
+
+def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: dict[str, Any]) -> list[GraphRow]:
+    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir,
+                  work / "optimum", preset, list(THEIRS))
+    rows = []
+    for folder, (label, precision) in THEIRS.items():
+        path = work / "optimum" / folder / OPTIMUM_FILES[folder]
+        rows.append(GraphRow(label, "optimum", precision, path, token_output(path)))
+    return rows
+
+
+def token_output(path: Path) -> str:
+    """The per-token output of an Optimum graph: `last_hidden_state` (transformers export) or `token_embeddings`
+    (a sentence-transformers export)."""
+    import onnx
+
+    names = [output.name for output in onnx.load(str(path), load_external_data=False).graph.output]
+    return "last_hidden_state" if "last_hidden_state" in names else "token_embeddings"
+
+
+def openvino_rows(args: argparse.Namespace, model_dir: str, work: Path,
+                  calibration: list[dict[str, np.ndarray]]) -> list[GraphRow]:
+    """OpenVINO's fp32 IR at f32 and at the CPU plugin's default inference precision here (one row where they are
+    the same), and the NNCF int8 IR at the default; a variant it could not build is a row that says why."""
+    python = find_openvino(args.openvino_venv)
+    source = work / "openvino" / "calibration.npz"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(source, **{f"text/{i}/{name}": array for i, feed in enumerate(calibration)
+                        for name, array in feed.items()})
+    status = build_openvino(python, ROOT / "benchmarks" / "peer_openvino.py", model_dir, work / "openvino", source)
+    default = default_precision(python)
+    wanted = [("OpenVINO fp32 IR, f32", "fp32", "fp32", "f32")]
+    if default != "f32":
+        wanted.append((f"OpenVINO fp32 IR, default {default}", "fp32", PRECISIONS.get(default, default), None))
+    wanted.append((f"OpenVINO NNCF int8 (rest {default})", "int8", "int8", None))
+    rows = []
+    for label, variant, precision, hint in wanted:
+        built = status.get(variant, {"problem": "not built"})
+        rows.append(GraphRow(label, "openvino", precision, Path(built.get("path", "-")),
+                             built.get("output", "last_hidden_state"), "openvino", hint, problem=built.get("problem")))
+    return rows
+
+
+def default_precision(python: Path) -> str:
+    """OpenVINO's CPU plugin's default inference precision on this host (f32, bf16 or f16), asked of its own
+    environment."""
+    asked = subprocess.run([str(python), "-c", "import openvino; print(openvino.Core().get_property('CPU', "
+                            "'INFERENCE_PRECISION_HINT').get_type_name())"], capture_output=True, text=True)
+    if asked.returncode != 0:
+        raise PeerNotInstalledError(f"OpenVINO in {python.parents[1]} cannot answer: {asked.stderr.strip()[-300:]}",
+                                    f"rebuild it: {sys.executable} {Path(__file__).resolve()} --install")
+    return asked.stdout.strip()
+
+
+def time_in_one_process(args: argparse.Namespace, model_dir: str, rows: list[GraphRow],
+                        feeds: dict[str, dict[str, np.ndarray]], batches: list[dict[str, np.ndarray]],
+                        work: Path) -> dict[str, np.ndarray]:
+    """Every row timed interleaved in one process of the OpenVINO environment (benchmarks/peer_timing.py); the rows
+    take its medians, what OpenVINO computed in and any problem; each row's sentence embeddings of the texts of
+    `batches`, by row index."""
+    work.mkdir(parents=True, exist_ok=True)
+    arrays = {f"cell/{cell}/{name}": array for cell, feed in feeds.items() for name, array in feed.items()}
+    arrays.update({f"batch/{k}/{name}": array for k, feed in enumerate(batches) for name, array in feed.items()})
+    np.savez(work / "feeds.npz", **arrays)
+    plan = {"model": model_dir, "threads": args.threads, "rounds": args.rounds, "cells": list(feeds),
+            "rows": [row.record() for row in rows]}
+    (work / "plan.json").write_text(json.dumps(plan, indent=2))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([str(find_openvino(args.openvino_venv)), str(ROOT / "benchmarks" / "peer_timing.py"),
+                           str(work)], env=env)
+    if done.returncode != 0:
+        raise PeerNotInstalledError(f"the timing process in {args.openvino_venv} failed (exit {done.returncode})",
+                                    f"read its output above; rebuild the environment with {sys.executable} "
+                                    f"{Path(__file__).resolve()} --install")
+    timed = json.loads((work / "timed.json").read_text())["rows"]
+    for row, data in zip(rows, timed):
+        row.ms, row.computed_in, row.problem = data["ms"], data["computed_in"], data["problem"]
+    with np.load(work / "embeddings.npz") as found:
+        return {key: found[key] for key in found.files}
+
+
+def pytorch_ms(library: SentenceTransformer, feeds: dict[str, dict[str, np.ndarray]], threads: int,
+               rounds: int) -> dict[str, float]:
     """PyTorch eager: the SentenceTransformer's forward on each cell's tokens, median ms, in a phase of its own (its
-    threads do not wait beside the ONNX Runtime sessions); run before and after the graphs, the lower kept."""
+    threads do not wait beside the graphs); run before and after the graphs, the lower kept."""
     import torch
-    from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(threads)
-    model = SentenceTransformer(model_dir, device="cpu").eval()
+    library.eval()
     found = {}
     for cell, feed in feeds.items():
         features = {name: torch.from_numpy(array) for name, array in feed.items()}
 
         def call(features: dict[str, torch.Tensor] = features) -> object:
             with torch.inference_mode():
-                return model(dict(features))
+                return library(dict(features))
         found[cell] = round(median_ms(call, max(10, rounds // 2), warmup=2), 4)
     return found
 
 
-def report(result: dict, rows: list[GraphRow], torch_ms: dict[str, float], lines: list[str]) -> None:
+def report(result: dict[str, Any], rows: list[GraphRow], torch_ms: dict[str, float], lines: list[str]) -> None:
     host = result["host"]
-    print(f"\n{host['date']}; CPU flags: {' '.join(host['flags'])}; int8 dot product: "
-          f"{host['int8_dot_product'] or 'none'}; one process, {result['threads']} threads, {result['rounds']} "
-          "interleaved rounds per cell, medians in ms (speedup over PyTorch eager)\n")
+    print(f"\n{host['date']}; {result['model']}; CPU flags: {' '.join(host['flags'] + host['half_precision_flags'])}; "
+          f"int8 dot product: {host['int8_dot_product'] or 'none'}; one process, {result['threads']} threads, "
+          f"{result['rounds']} interleaved rounds per cell, medians in ms (speedup over PyTorch eager)\n")
     if host["busy_before"] > (host["cores"] or 1) / 2:
         print(f"BUSY HOST: other processes kept {host['busy_before']:.1f} of {host['cores']} cores busy when measuring "
               "began: the graphs' ratios to each other hold (interleaved), the speedups over PyTorch (timed in "

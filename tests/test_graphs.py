@@ -1,5 +1,6 @@
-"""benchmarks/graphs.py: its pooling of a `last_hidden_state` graph, its checks and table, its refusals (Optimum's
-own environment is not part of the suite: the script runs it)."""
+"""benchmarks/graphs.py: a per-token graph pooled as the library pools, its checks (issues #26 and #39) and table,
+its refusals, and the random-weight families of benchmarks/families.py (Optimum's and OpenVINO's environments are
+not part of the suite: the script runs them)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,35 +10,42 @@ from pathlib import Path
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
+from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord
-from workbench.measure.graphs import GraphRow, accuracy, embeddings, sessions, table, verdicts
+from workbench.measure.graph_checks import accuracy, table, targets, verdicts
+from workbench.measure.graphs import GraphRow, embeddings, open_graphs, outputs
 from workbench.steps import export
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "benchmarks" / "graphs.py")
 
 
-def test_a_hidden_state_graph_is_pooled_as_the_model_pools(tiny_models, tmp_path):
-    """Mean pooling of the per-token states (an Optimum graph's only output) points where the graph's own pooled
-    sentence embedding points, text for text."""
+def test_a_per_token_graph_is_pooled_as_the_library_pools(tiny_models, tmp_path):
+    """The library's own modules after its transformer (here: SentenceTransformer's mean pooling of a plain
+    transformers folder) turn the graph's per-token states into what encode() gives, text for text; a graph its
+    runtime refuses becomes a row that says why."""
+    from sentence_transformers import SentenceTransformer
+
     config = RunConfig(model=str(tiny_models["bert"]))
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
-    graph = record.artifact("onnx.original")
-    pooled = GraphRow("in graph", "workbench", "fp32", graph, "sentence_embedding")
-    hidden = GraphRow("pooled here", "optimum", "fp32", graph, "token_embeddings")
-    opened = sessions([pooled, hidden], threads=1)
+    hidden = GraphRow("pooled here", "optimum", "fp32", record.artifact("onnx.original"), "token_embeddings")
+    broken = GraphRow("broken", "optimum", "fp32", tmp_path / "none.onnx", "token_embeddings")
+    opened = open_graphs([hidden, broken], threads=1)
+    assert list(opened) == ["pooled here"] and broken.problem.startswith("onnxruntime could not load it")
+    library = SentenceTransformer(str(tiny_models["bert"]), device="cpu")
     texts = list(load_corpus())[:40]
-    want = embeddings(pooled, opened[pooled.name], record.tokenizer(), texts, 128, batch=16)
-    got = embeddings(hidden, opened[hidden.name], record.tokenizer(), texts, 128, batch=16)
-    assert got.shape == want.shape == (40, want.shape[1])
-    assert accuracy(got, want)["min_cosine"] == pytest.approx(1.0, abs=1e-5)
+    batches = [encode(record.tokenizer(), texts[i:i + 16], ("input_ids", "attention_mask", "token_type_ids"), 128)
+               for i in range(0, 40, 16)]
+    got = embeddings(hidden, outputs(opened["pooled here"], batches), batches, library)
+    assert got.shape == (40, library.get_embedding_dimension())
+    assert accuracy(got, library.encode(texts, batch_size=16))["min_cosine"] == pytest.approx(1.0, abs=1e-5)
 
 
 def row(name: str, family: str, precision: str, ms: list[float], min_cosine: float, below: int) -> GraphRow:
     cells = ("b1 s16", "b1 s128", "b8 s128")
-    return GraphRow(name, family, precision, Path(f"{name}.onnx"), "x", dict(zip(cells, ms)),
-                    {"min_cosine": min_cosine, "mean_cosine": 0.999, "below": below, "texts": 320})
+    return GraphRow(name, family, precision, Path(f"{name}.onnx"), "x", ms=dict(zip(cells, ms)),
+                    accuracy={"min_cosine": min_cosine, "mean_cosine": 0.999, "below": below, "texts": 320})
 
 
 def test_the_checks_compare_each_cell_and_the_repaired_int8_with_the_fastest_peer():
@@ -58,8 +66,39 @@ def test_the_checks_compare_each_cell_and_the_repaired_int8_with_the_fastest_pee
     assert text[3] == "| ours fp32 | 3.00 (2.00x) | 11.00 (2.00x) | 75.00 (2.00x) | 1.000 / 0.9990, 0 |"
 
 
+def test_issue_39_compares_the_fastest_passing_graph_with_the_fastest_peer_at_each_precision():
+    rows = [row("ours original", "workbench", "fp32", [3.2, 11.5, 80.0], 1.0, 0),
+            row("ours fp32", "workbench", "fp32", [3.0, 12.0, 75.0], 1.0, 0),
+            row("O2", "optimum", "fp32", [3.1, 10.6, 80.0], 1.0, 0),
+            row("OV f32", "openvino", "fp32", [3.5, 9.0, 70.0], 1.0, 0),
+            row("OV bf16", "openvino", "bf16", [2.0, 6.0, 40.0], 0.995, 0),
+            row("ours int8", "workbench", "int8", [1.2, 5.0, 30.0], 0.95, 40),
+            row("ours int8_repaired", "workbench", "int8", [1.5, 6.0, 33.0], 0.991, 0),
+            row("OV int8", "openvino", "int8", [1.6, 5.5, 35.0], 0.957, 6),
+            GraphRow("OV broken", "openvino", "int8", Path("-"), "x", problem="RuntimeError: no export")]
+    lines = targets(rows)
+    assert lines[0] == ("fp32: the workbench's fastest passing graph / the fastest peer graph per cell, time: "
+                        "b1 s16 0.97, b1 s128 1.28, b8 s128 1.07 (target <= 1.03) MISS")
+    assert lines[1] == ("bf16: not a target, the workbench builds no bf16 graph; the fastest peer graph per cell: "
+                        "b1 s16 OV bf16 2.00 ms, b1 s128 OV bf16 6.00 ms, b8 s128 OV bf16 40.00 ms")
+    # int8: ours fails below 0.99, the repaired one passes and is compared with the fastest peer of any accuracy
+    assert lines[2] == ("int8: the workbench's fastest passing graph / the fastest peer graph per cell, time: "
+                        "b1 s16 0.94, b1 s128 1.09, b8 s128 0.94 (target <= 1.03) MISS")
+    assert lines[3] == ("int8 pays (fastest fp32 / fastest int8): b1 s16 2.50x, b1 s128 1.80x, b8 s128 2.33x; the "
+                        "fastest int8 with min cosine >= 0.99, per cell: b1 s16 ours int8_repaired 1.50 ms, b1 s128 "
+                        "ours int8_repaired 6.00 ms, b8 s128 ours int8_repaired 33.00 ms (target: the workbench's) "
+                        "PASS")
+    rows[7].accuracy["min_cosine"] = 0.995  # OpenVINO's int8 now passes and is faster at b1 s128
+    assert targets(rows)[3].endswith("b1 s128 OV int8 5.50 ms, b8 s128 ours int8_repaired 33.00 ms (target: the "
+                                     "workbench's) MISS")
+    rows[6].accuracy["min_cosine"] = 0.98
+    assert "no workbench int8 graph reaches min cosine 0.99 MISS" in targets(rows)[2]
+    text = table(rows[-1:], {"b1 s16": 6.0, "b1 s128": 22.0, "b8 s128": 150.0}).splitlines()
+    assert text[3] == "| OV broken | - | - | - | not measured: RuntimeError: no export |"
+
+
 def test_a_missing_optimum_and_bad_arguments_are_refused_before_anything_runs(tmp_path):
-    script = str(ROOT / "benchmarks" / "graphs.py")
+    script = SCRIPT
     run = tmp_path / "run"
     no_run = subprocess.run([sys.executable, script, "--peer-venv", str(tmp_path / "none"), "--run", str(run)],
                             capture_output=True, text=True, cwd=tmp_path)  # the run is named first: both are wrong
@@ -73,3 +112,40 @@ def test_a_missing_optimum_and_bad_arguments_are_refused_before_anything_runs(tm
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "ConfigError" in bad.stderr and "--rounds must be positive" in bad.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def refused(tmp_path: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, SCRIPT, *arguments], capture_output=True, text=True, cwd=tmp_path)
+
+
+def test_a_folder_that_is_not_a_model_and_a_missing_openvino_are_refused_with_the_fix(tmp_path, tiny_models):
+    (tmp_path / "notes").mkdir()
+    for model, problem in [(str(tmp_path / "notes"), "is not a model folder (no config.json in it)"),
+                           ("no-such-folder", "--model no-such-folder is not a folder here")]:
+        done = refused(tmp_path, "--model", model, "--peer-venv", str(tmp_path / "none"))
+        assert done.returncode == 2 and "ModelNotFoundError" in done.stderr and problem in done.stderr
+    assert "benchmarks/families.py" in refused(tmp_path, "--model", "no-such-folder").stderr
+    both = refused(tmp_path, "--model", str(tiny_models["bert"]), "--run", str(tmp_path))
+    assert both.returncode == 2 and "ConfigError" in both.stderr and "--model and --run both name" in both.stderr
+    optimum = tmp_path / "optimum"
+    (optimum / "bin").mkdir(parents=True)
+    (optimum / "bin" / "optimum-cli").touch()
+    no_openvino = refused(tmp_path, "--model", str(tiny_models["bert"]), "--peer-venv", str(optimum),
+                          "--openvino-venv", str(tmp_path / "none"))
+    assert no_openvino.returncode == 2 and "PeerNotInstalledError" in no_openvino.stderr
+    assert "OpenVINO is not installed in" in no_openvino.stderr and "--install" in no_openvino.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes", "optimum"]
+
+
+def test_the_families_script_names_its_families_and_builds_a_sentence_transformers_folder(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    script = str(ROOT / "benchmarks" / "families.py")
+    bad = subprocess.run([sys.executable, script, "--families", "bert,gpt2", "--out", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "ConfigError" in bad.stderr and "names gpt2" in bad.stderr
+    built = subprocess.run([sys.executable, script, "--families", "albert", "--size", "tiny", "--out", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0 and built.stdout.split() == [str(tmp_path / "albert-tiny")]
+    model = SentenceTransformer(str(tmp_path / "albert-tiny"), device="cpu")
+    assert model[0].auto_model.config.model_type == "albert" and model.encode(["a text"]).shape == (1, 64)

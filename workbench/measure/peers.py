@@ -33,6 +33,11 @@ from workbench.serving.server import HOST, TritonServer, free_port, tree_rss
 # build of several GB here.
 INFINITY_PIN = "infinity-emb[server,optimum]==0.0.78"
 INSTALL_HINT = ".venv/bin/python benchmarks/peers.py --install  (a virtual environment of about 1.5 GB, about a minute)"
+# OpenVINO as sentence-transformers users get it; its [onnx] and [openvino] extras conflict, so it has an environment
+# of its own (.peers/openvino), which also runs benchmarks/graphs.py's timing process.
+OPENVINO_PIN = "sentence-transformers[openvino]==6.2.0"
+OPENVINO_HINT = (".venv/bin/python benchmarks/graphs.py --install  (Optimum's and OpenVINO's environments, about "
+                 "1.4 GB and 6 GB, several minutes)")
 
 
 class PeerNotInstalledError(DependencyMissingError):
@@ -56,33 +61,75 @@ def require_positive(values: Sequence[tuple[str, float]]) -> None:
 
 def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str]) -> None:
     """Optimum's `variants` of the model in `model_dir`, one folder each under `work`, built by `script` run with the
-    peer environment's `python` (in a process group of its own: an interrupt stops optimum-cli's children too). Built
-    once, kept for later runs; a failed or interrupted build leaves no folder to be taken as complete."""
+    peer environment's `python`. Built once, kept for later runs; a failed or interrupted build leaves no folder to
+    be taken as complete."""
     if all((work / name / OPTIMUM_FILES[name]).is_file() for name in variants):
         return
+    code = _build("Optimum's graphs", [str(python), str(script), model_dir, str(work), preset, *variants], work)
+    if code != 0:
+        _remove_folders(work)
+        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
+                                    f"read {work / 'build.log'}; a broken peer environment is rebuilt by "
+                                    f"{INSTALL_HINT}")
+
+
+def build_openvino(python: Path, script: Path, model_dir: str, work: Path, calibration: Path) -> dict[str, Any]:
+    """OpenVINO's IRs of the model in `model_dir` under `work`, built by `script` run with the OpenVINO
+    environment's `python`: per variant (fp32, int8) its IR and output, or the problem that stopped it (a family its
+    exporter refuses is a row that says why). Kept for later runs; a script that cannot run at all is a
+    PeerNotInstalledError."""
+    status = work / "status.json"
+    code = _build("OpenVINO's IRs", [str(python), str(script), model_dir, str(work), str(calibration)], work)
+    if code != 0 or not status.is_file():
+        raise PeerNotInstalledError(f"OpenVINO's build script failed (exit {code})",
+                                    f"read {work / 'build.log'}; a broken OpenVINO environment is rebuilt by "
+                                    f"{OPENVINO_HINT}")
+    return json.loads(status.read_text())
+
+
+def _build(what: str, argv: list[str], work: Path) -> int:
+    """Run a peer's build script (in a process group of its own: an interrupt stops its children too), its output
+    in work/build.log; its exit code."""
     work.mkdir(parents=True, exist_ok=True)
     log = work / "build.log"
-    print(f"building Optimum's graphs (log: {log})", flush=True)
-    with open(log, "wb") as out:
-        builder = subprocess.Popen([str(python), str(script), model_dir, str(work), preset, *variants], stdout=out,
-                                   stderr=out, start_new_session=True)
+    print(f"building {what} (log: {log})", flush=True)
+    with open(log, "ab") as out:
+        builder = subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True)
         try:
-            code = builder.wait()
+            return builder.wait()
         except KeyboardInterrupt:
             os.killpg(builder.pid, signal.SIGKILL)
             builder.wait()
             _remove_folders(work)
             raise
-    if code != 0:
-        _remove_folders(work)
-        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
-                                    f"read {log}; a broken peer environment is rebuilt by {INSTALL_HINT}")
 
 
 def _remove_folders(work: Path) -> None:
     for folder in work.iterdir():
         if folder.is_dir():
             shutil.rmtree(folder)
+
+
+def find_openvino(venv: Path) -> Path:
+    """The Python of the OpenVINO environment `venv`, or a PeerNotInstalledError saying how to get it."""
+    python = venv / "bin" / "python"
+    if not (python.is_file() and list((venv / "lib").glob("python*/site-packages/openvino"))):
+        raise PeerNotInstalledError(f"OpenVINO is not installed in {venv}", OPENVINO_HINT)
+    return python
+
+
+def install_openvino(venv: Path) -> Path:
+    """Create the OpenVINO environment `venv`: sentence-transformers with its OpenVINO extra (OpenVINO,
+    optimum-intel, NNCF, and the torch and torchvision they resolve to, PyPI's CUDA builds: the workbench's CPU
+    torch beside the torchvision optimum-intel asks for breaks transformers' imports) and, for the one timing
+    process that runs every graph, the workbench's own onnxruntime with what `workbench.measure.graphs` imports."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "install", "--quiet", OPENVINO_PIN, pin("onnxruntime"), pin("onnx"), pin("pydantic"),
+                    pin("pyyaml")], check=True)
+    subprocess.run([*pip, "check"], check=True)  # no conflict between the two stacks
+    return find_openvino(venv)
 
 
 def find_infinity(venv: Path) -> Path:

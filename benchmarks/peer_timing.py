@@ -1,0 +1,53 @@
+"""Every graph of benchmarks/graphs.py timed in one process, interleaved: run by the OpenVINO environment's Python
+(it holds OpenVINO and the same onnxruntime as the workbench's), with the workbench on PYTHONPATH:
+
+    PYTHONPATH=<repository> <openvino venv>/bin/python benchmarks/peer_timing.py WORK_DIR
+
+WORK_DIR/plan.json holds the model folder, the rows (GraphRow records), the threads and rounds; WORK_DIR/feeds.npz
+the cells' feeds (`cell/<cell>/<input>`) and the corpus batches (`batch/<k>/<input>`). Writes WORK_DIR/timed.json
+(the rows with their medians, what OpenVINO computed in, and any problem) and WORK_DIR/embeddings.npz (by row index:
+each row's sentence embedding of every corpus text, computed after the timing; a per-token output pooled by the
+model's own sentence-transformers modules, which this environment holds too).
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from workbench.measure.graphs import GraphRow, embeddings, open_graphs, outputs, time_graphs
+
+
+def grouped(arrays: np.lib.npyio.NpzFile, kind: str) -> dict[str, dict[str, np.ndarray]]:
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key in arrays.files:
+        group, name, tensor = key.split("/")
+        if group == kind:
+            found.setdefault(name, {})[tensor] = arrays[key]
+    return found
+
+
+def main(work_dir: str) -> None:
+    work = Path(work_dir)
+    plan = json.loads((work / "plan.json").read_text())
+    rows = [GraphRow.from_record(data) for data in plan["rows"]]
+    arrays = np.load(work / "feeds.npz")
+    cells, batches = grouped(arrays, "cell"), grouped(arrays, "batch")
+    opened = open_graphs(rows, plan["threads"])
+    print(f"timing {len(opened)} graphs, {plan['rounds']} interleaved rounds per cell", flush=True)
+    time_graphs(rows, opened, {cell: cells[cell] for cell in plan["cells"]}, plan["rounds"])
+    from sentence_transformers import SentenceTransformer
+
+    library = SentenceTransformer(plan["model"], device="cpu")
+    ordered = [batches[str(k)] for k in range(len(batches))]
+    found = {}
+    for index, row in enumerate(rows):
+        if row.name in opened:
+            row.computed_in = opened[row.name].inference_precision
+            found[str(index)] = embeddings(row, outputs(opened[row.name], ordered), ordered, library)
+    np.savez(work / "embeddings.npz", **found)
+    (work / "timed.json").write_text(json.dumps({"rows": [row.record() for row in rows]}, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,127 @@
+"""What benchmarks/graphs.py concludes from its rows: accuracy against `SentenceTransformer.encode()`, the PASS/MISS
+lines of issues #26 (each of ours against its Optimum counterpart) and #39 (ours against the fastest peer at each
+precision; the fastest accurate int8), and the markdown table. Never an assertion: a MISS is a finding."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from workbench.measure.graphs import GraphRow
+from workbench.precision.compare import cosine
+
+MIN_COSINE = 0.99
+SAME_SPEED = 1.03  # "at least as fast": within 3%
+PEERS = ("optimum", "openvino")
+
+
+def accuracy(got: np.ndarray, want: np.ndarray, limit: float = MIN_COSINE) -> dict[str, float]:
+    """Cosine per text against encode(): min, mean, and how many texts fall below `limit`."""
+    cosines = cosine(got.astype(np.float64), want.astype(np.float64))
+    return {"min_cosine": float(cosines.min()), "mean_cosine": float(cosines.mean()),
+            "below": int((cosines < limit).sum()), "texts": len(want)}
+
+
+def measured(rows: Sequence[GraphRow]) -> list[GraphRow]:
+    return [row for row in rows if row.problem is None and row.ms]
+
+
+def accurate(row: GraphRow) -> bool:
+    return bool(row.accuracy) and row.accuracy["min_cosine"] >= MIN_COSINE
+
+
+def ratios_line(ratios: dict[str, float]) -> str:
+    fast = max(ratios.values()) <= SAME_SPEED
+    return (", ".join(f"{cell} {ratio:.2f}" for cell, ratio in ratios.items())
+            + f" (target <= {SAME_SPEED}) {'PASS' if fast else 'MISS'}")
+
+
+def fastest(rows: Sequence[GraphRow], cell: str) -> GraphRow:
+    return min(rows, key=lambda row: row.ms[cell])
+
+
+def verdicts(rows: Sequence[GraphRow], pairs: Sequence[tuple[str, str]], repaired: str) -> list[str]:
+    """Issue #26: each (ours, Optimum's) pair measured within `SAME_SPEED` at every cell; `repaired` within it of
+    Optimum's fastest int8 at every cell, with no text below `MIN_COSINE`. A pair missing a row is left out."""
+    by_name = {row.name: row for row in measured(rows)}
+    lines = []
+    for ours, theirs in pairs:
+        if ours in by_name and theirs in by_name:
+            mine, peer = by_name[ours], by_name[theirs]
+            lines.append(f"{ours} / {theirs} time: "
+                         + ratios_line({cell: mine.ms[cell] / peer.ms[cell] for cell in mine.ms}))
+    theirs_int8 = [row for row in by_name.values() if row.family == "optimum" and row.precision == "int8"]
+    if repaired in by_name and theirs_int8:
+        mine = by_name[repaired]
+        below = mine.accuracy["below"]
+        verdict = "PASS" if accurate(mine) and below == 0 else "MISS"
+        lines.append(f"{repaired} / Optimum's fastest int8 per cell, time: "
+                     + ratios_line({cell: mine.ms[cell] / fastest(theirs_int8, cell).ms[cell] for cell in mine.ms})
+                     + f"; min cosine {mine.accuracy['min_cosine']:.4f}, {below} text{'s' * (below != 1)} below "
+                     f"{MIN_COSINE} (target: none) {verdict}")
+    return lines
+
+
+def targets(rows: Sequence[GraphRow]) -> list[str]:
+    """Issue #39, per precision: the workbench's fastest graph with min cosine >= `MIN_COSINE` within `SAME_SPEED`
+    of the fastest of Optimum's and OpenVINO's graphs at every cell (a peer precision the workbench builds no graph
+    at is named, not judged); int8: the fastest graph with min cosine >= `MIN_COSINE` is the workbench's at every
+    cell, judged where int8 pays (its fastest graph beats the fastest fp32 at every cell)."""
+    done = measured(rows)
+    cells = list(done[0].ms) if done else []
+    lines = []
+    for precision in dict.fromkeys(row.precision for row in done):
+        ours = [row for row in done if row.family == "workbench" and row.precision == precision]
+        theirs = [row for row in done if row.family in PEERS and row.precision == precision]
+        passing = [row for row in ours if accurate(row)]
+        if not theirs:
+            continue
+        head = f"{precision}: the workbench's fastest passing graph / the fastest peer graph per cell, "
+        if not ours:
+            lines.append(f"{precision}: not a target, the workbench builds no {precision} graph; the fastest peer "
+                         "graph per cell: " + ", ".join(f"{c} {fastest(theirs, c).name} {fastest(theirs, c).ms[c]:.2f} "
+                                                        "ms" for c in cells))
+        elif not passing:
+            lines.append(head + f"no workbench {precision} graph reaches min cosine {MIN_COSINE} MISS")
+        else:
+            lines.append(head + "time: " + ratios_line({c: fastest(passing, c).ms[c] / fastest(theirs, c).ms[c]
+                                                        for c in cells}))
+    lines.extend(int8_target(done, cells))
+    return lines
+
+
+def int8_target(done: Sequence[GraphRow], cells: Sequence[str]) -> list[str]:
+    int8 = [row for row in done if row.precision == "int8"]
+    fp32 = [row for row in done if row.precision == "fp32"]
+    if not int8 or not fp32:
+        return []
+    gain = {c: fastest(fp32, c).ms[c] / fastest(int8, c).ms[c] for c in cells}
+    scope = "" if min(gain.values()) > 1.0 else " (int8 does not pay here at every cell: not a target)"
+    line = ("int8 pays (fastest fp32 / fastest int8): " + ", ".join(f"{c} {g:.2f}x" for c, g in gain.items())
+            + f"; the fastest int8 with min cosine >= {MIN_COSINE}, per cell: ")
+    good = [row for row in int8 if accurate(row)]
+    if not good:
+        return [line + f"none reaches it{scope} MISS"]
+    winners = {c: fastest(good, c) for c in cells}
+    verdict = "PASS" if all(row.family == "workbench" for row in winners.values()) else "MISS"
+    return [line + ", ".join(f"{c} {row.name} {row.ms[c]:.2f} ms" for c, row in winners.items())
+            + f" (target: the workbench's){scope} {verdict}"]
+
+
+def table(rows: Sequence[GraphRow], torch_ms: dict[str, float]) -> str:
+    """Markdown: ms per cell with the speedup over PyTorch eager, and accuracy against encode(); a row that could
+    not be built or run says why."""
+    cells = list(torch_ms)
+    lines = ["| graph | " + " | ".join(cells) + f" | min / mean cosine, texts below {MIN_COSINE} |",
+             "|---|" + "---|" * (len(cells) + 1),
+             "| PyTorch eager fp32 (SentenceTransformer forward) | " + " | ".join(
+                 f"{torch_ms[c]:.2f}" for c in cells) + " | reference |"]
+    for row in rows:
+        if row.problem is not None or not row.ms:
+            why = row.problem or "no timing came back"
+            lines.append(f"| {row.name} | " + " | ".join("-" for _ in cells) + f" | not measured: {why} |")
+            continue
+        shown = " | ".join(f"{row.ms[c]:.2f} ({torch_ms[c] / row.ms[c]:.2f}x)" for c in cells)
+        a = row.accuracy
+        lines.append(f"| {row.name} | {shown} | {a['min_cosine']:.3f} / {a['mean_cosine']:.4f}, {a['below']} |")
+    return "\n".join(lines)
