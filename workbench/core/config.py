@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from workbench.core import dotted
 from workbench.core.errors import ConfigError, ShapeError
@@ -434,12 +435,26 @@ def _fields_at(path: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _setting_path(err: ErrorDetails) -> list[int | str]:
+    """An error's path without the union alternatives pydantic names in it ("list[literal[...]]")."""
+    return [p for p in err["loc"] if not (isinstance(p, str) and "[" in p)]
+
+
+def _most_specific(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """Of the errors a union's alternatives give for one setting, those that went deepest (`precisions.1` is not
+    one of the listed values, rather than `precisions` is not 'auto')."""
+    union = [e for e in errors if len(_setting_path(e)) < len(e["loc"])]
+    deepest: dict[int | str, int] = {}
+    for err in union:
+        deepest[err["loc"][0]] = max(deepest.get(err["loc"][0], 0), len(_setting_path(err)))
+    return [e for e in errors if e not in union or len(_setting_path(e)) == deepest[e["loc"][0]]]
+
+
 def _config_error(exc: ValidationError, where: str) -> ConfigError:
     lines = []
     fixes = []
-    for err in exc.errors():
-        # pydantic names the alternatives of a union in the path ("list[literal[...]]"): the setting is the rest
-        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    for err in _most_specific(exc.errors()):
+        loc = ".".join(str(p) for p in _setting_path(err))
         if not loc and err["type"] == "model_type":
             lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
                          f"{err.get('input')!r}")
