@@ -89,6 +89,7 @@ def test_borrowed_rules_fuse_attention_with_its_position_bias(family_run):
     assert fusions["fp32"]["fused"]["SkipLayerNormalization"] >= 3 and fusions["fp32"]["fused"]["BiasGelu"] == 2
     int8 = [n.op_type for n in onnxfiles.load(record.artifact("onnx.int8")).graph.node]
     assert "QAttention" not in int8 and int8.count("MultiHeadAttention") == 2, "the position bias kept in int8"
+    # int8 is in the configured precisions, so it is built and checked on any host, int8 instructions or not
     assert results["fp32"]["passed"] and results["int8"]["outputs"], family
 
 

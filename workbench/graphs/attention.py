@@ -1,11 +1,13 @@
-"""Attention with an additive position bias, fused into ONNX Runtime's MultiHeadAttention: the families whose
+"""Attention with an additive position bias, fused into ONNX Runtime's contrib attention: the families whose
 attention adds a relative position bias to the scores (MPNet) get no Attention fusion from ONNX Runtime's
-transformer optimizer, which knows no bias there; MultiHeadAttention takes it as its `attention_bias` input.
+transformer optimizer, which knows no bias there; its Attention and MultiHeadAttention take one as `attention_bias`.
 
 Per layer the exported graph computes softmax((Q K^T) / c + bias + mask) V with Q, K, V the heads of three
-projections (MatMul + Add, Reshape, Transpose); the fusion feeds the three projections, the scale 1/c and
-bias + mask (one Add per distinct pair, shared by the layers) to one MultiHeadAttention node, whose output replaces
-the layer's merged heads. Nodes left without consumers are removed."""
+projections (MatMul + Add, Reshape, Transpose); the fusion gives the scale 1/c and bias + mask (one Add per distinct
+pair, shared by the layers) to one node whose output replaces the layer's merged heads: Attention with the three
+projections' weights packed into one MatMul where they share their input and have constant weights, else
+MultiHeadAttention on the three projections. Nodes left without consumers are removed. The int8 quantizer cannot
+keep the bias of a packed Attention (`unpack_biased_attention`)."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
 
 MS_DOMAIN = "com.microsoft"
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")  # a layer's attention, fused
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,9 @@ class Match:
 
 
 def fuse_biased_attention(model: ModelProto, num_heads: int) -> int:
-    """Replace every matched attention in `model` (a ModelProto, changed in place; `num_heads` heads) by
-    MultiHeadAttention with its position bias and mask as `attention_bias`; the number of layers fused."""
+    """Replace every matched attention in `model` (changed in place; `num_heads` heads) by Attention (packed
+    projections) or MultiHeadAttention with its position bias and mask as `attention_bias`; the number of layers
+    fused."""
     from onnx import helper, numpy_helper
 
     graph = model.graph

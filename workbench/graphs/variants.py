@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.atomic import temporary_dir
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
+from workbench.graphs.attention import ATTENTION_OPS, fuse_biased_attention, unpack_biased_attention
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -35,7 +35,7 @@ def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str =
     (it copies the whole graph, weights included: a base-size model's peak memory 1 GB higher), and again with it
     only where attention then fused in fewer than every layer."""
     model = _fused(original, export, form, shape_inference=False)
-    attention = sum(n.op_type in ("Attention", "MultiHeadAttention") for n in model.graph.node)
+    attention = sum(n.op_type in ATTENTION_OPS for n in model.graph.node)
     if export.optimizer_model_type and attention < export.num_layers:
         del model
         model = _fused(original, export, form, shape_inference=True)

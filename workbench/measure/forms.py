@@ -23,6 +23,7 @@ from workbench.runners.onnxruntime import session
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
 MAX_LOSS = 1.02  # and no more than 2% slower at the other
+RULE = f"needs {MIN_GAIN:.2f}x at one cell and no loss over {MAX_LOSS:.2f}x at the other"
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,7 @@ def decide(ms: dict[str, dict[str, float]]) -> tuple[str, str]:
     faster, shown = clearly_faster(ms, "fused", "separate")
     if faster:
         return "separate", f"Add + LayerNormalization ran faster than the fused layer norms: {shown}"
-    return "fused", (f"the separate layer norms were not clearly faster ({shown}; needs {MIN_GAIN:.2f}x at one cell "
-                     f"and no loss over {MAX_LOSS:.2f}x at the other)")
+    return "fused", f"the separate layer norms were not clearly faster ({shown}; {RULE})"
 
 
 def _timed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
@@ -116,8 +116,7 @@ def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarra
     ms = _timed(files, feeds, providers, threads, device, rounds)
     faster, shown = clearly_faster(ms, "basic", "borrowed")
     reason = (f"ran faster than the basic graph: {shown}" if faster else
-              f"not clearly faster than the basic graph ({shown}; needs {MIN_GAIN:.2f}x at one cell and no loss "
-              f"over {MAX_LOSS:.2f}x at the other)")
+              f"not clearly faster than the basic graph ({shown}; {RULE})")
     return Borrowed(rules, fused, attention, largest, True, ms, faster, reason)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from workbench.core.config import RepairSettings
 from workbench.core.record import RunRecord
 from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
+from workbench.graphs.attention import ATTENTION_OPS
 from workbench.measure.latency import disturbance_note
 from workbench.report.recommend import gate, recommend
 
@@ -59,7 +60,7 @@ def optimize_lines(record: RunRecord) -> list[str]:
     variants = record.metric("optimize.variants")
     layers = record.metric("export.num_layers")
     fp32 = variants.get("fp32", {})
-    attention = sum(fp32.get("fused", {}).get(op, 0) for op in ("Attention", "MultiHeadAttention", "QAttention"))
+    attention = sum(fp32.get("fused", {}).get(op, 0) for op in ATTENTION_OPS)
     fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
     unavailable = fp32.get("unavailable")
     if unavailable and "Attention" in unavailable["fusions"]:

@@ -17,6 +17,7 @@ from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.graphs import onnxfiles
+from workbench.graphs.attention import ATTENTION_OPS
 from workbench.graphs.variants import (
     BORROWED_RULES,
     GRAPH_FORMS,
@@ -45,7 +46,6 @@ FUSED_OPS = (
     "SkipSimplifiedLayerNormalization", "RotaryEmbedding", "DynamicQuantizeMatMul", "MatMulInteger",
     "DynamicQuantizeLinear",
 )
-ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # What ONNX Runtime's transformer optimizer fuses in every layer of the encoder families it has rules for.
 TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
 # Fused operators that do one of those fusions' work (a tanh-approximated GELU fuses as FastGelu).
@@ -96,9 +96,10 @@ def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dic
                                           f"(attention: {borrowed.attention})"}
 
 
-def attention_outcome(model: ModelProto, layers: int, biased: int, rules: str) -> str:
-    """How attention fused with borrowed `rules` (`biased`: layers fused with their position bias), or why not."""
-    fused = sum(onnxfiles.op_counts(model).get(op, 0) for op in ATTENTION_OPS)
+def attention_outcome(fused_ops: dict[str, int], layers: int, biased: int, rules: str) -> str:
+    """How attention fused with borrowed `rules` (`fused_ops`: the graph's fused operator counts; `biased`: layers
+    fused with their position bias), or why not."""
+    fused = sum(fused_ops.get(op, 0) for op in ATTENTION_OPS)
     if fused >= layers:
         return (f"fused in {fused} of {layers} layers, the position bias passed as the attention op's "
                 "attention_bias" if biased else f"fused in every layer by {rules}'s rules")
@@ -167,7 +168,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         release_memory()
         model, biased = borrowed_fp32(original, files["borrowed"], export)
         fused = fusion_stats(model)["fused"]
-        attention = attention_outcome(model, export.num_layers, biased, BORROWED_RULES)
+        attention = attention_outcome(fused, export.num_layers, biased, BORROWED_RULES)
         del model
         release_memory()
         untimed = ("set by borrowed_rules=always" if config.borrowed_rules == "always" else
