@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= cpu,serve,generation,dev
+EXTRAS ?= cpu,openvino,serve,generation,dev
 ARGS ?=
 # Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)

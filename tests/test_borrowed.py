@@ -33,12 +33,18 @@ def mpnet_graphs(tmp_path_factory):
     return files, biased, form_feeds(config, record, info)
 
 
+def difference(files, feeds):
+    first, second = forms.open_files(files, CPU, 1, "cpu").values()
+    with first, second:
+        return forms.largest_difference(first, second, feeds)
+
+
 def test_attention_with_its_position_bias_fuses_in_every_layer(mpnet_graphs):
     files, biased, feeds = mpnet_graphs
     assert biased == 2
     graph = onnxfiles.load(files["borrowed"]).graph
     assert [n.op_type for n in graph.node].count("Softmax") == 0, "no unfused attention left"
-    largest, matches = forms.largest_difference(files, feeds, CPU, 1)
+    largest, matches = difference(files, feeds)
     assert matches and largest < 1e-5
 
 
@@ -49,7 +55,7 @@ def test_int8_quantizes_the_projections_and_keeps_the_position_bias(mpnet_graphs
     model = onnxfiles.load(files["borrowed"])
     assert unpack_biased_attention(model) == 2
     unpacked = onnxfiles.save(model, tmp_path / "unpacked.onnx")
-    largest, matches = forms.largest_difference({"packed": files["borrowed"], "unpacked": unpacked}, feeds, CPU, 1)
+    largest, matches = difference({"packed": files["borrowed"], "unpacked": unpacked}, feeds)
     assert matches and largest < 1e-5
     quantize_int8(files["borrowed"], tmp_path / "int8.onnx", True, [])
     ops = [(n.op_type, n) for n in onnxfiles.load(tmp_path / "int8.onnx").graph.node]
@@ -70,17 +76,18 @@ def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
     broken = onnxfiles.save(model, tmp_path / "broken.onnx")
     choice = forms.choose_borrowed({"basic": files["basic"], "borrowed": broken}, feeds, CPU, 1, "cpu", {}, "",
                                    BORROWED_RULES, untimed="set by borrowed_rules=always")
-    assert not choice.kept and not choice.matches and choice.max_abs > 1e-3 and not choice.ms
+    assert not choice.kept and not choice.trial.matches and choice.trial.max_abs > 1e-3 and not choice.trial.ms
     assert "beyond the fp32 gate" in choice.reason
 
 
 def test_auto_keeps_the_borrowed_graph_only_when_measured_clearly_faster(mpnet_graphs):
     files, _, feeds = mpnet_graphs
     choice = forms.choose_borrowed(files, feeds, CPU, 1, "cpu", {"Attention": 2}, "fused", BORROWED_RULES)
-    assert choice.matches and set(choice.ms) == {"basic", "borrowed"} and set(choice.ms["basic"]) == set(feeds)
-    assert choice.kept == forms.clearly_faster(choice.ms, "basic", "borrowed")[0]
+    ms = choice.trial.ms
+    assert choice.trial.matches and set(ms) == {"basic", "borrowed"} and set(ms["basic"]) == set(feeds)
+    assert choice.kept == forms.clearly_faster(ms, "basic", "borrowed")[0]
     assert choice.reason.startswith("ran faster" if choice.kept else "not clearly faster")
-    assert choice.record()["matches_basic"] and choice.record()["ms"] == choice.ms
+    assert choice.record()["matches"] and choice.record()["ms"] == ms
 
 
 def test_clearly_faster_needs_a_gain_at_one_cell_and_no_loss_at_the_other():

@@ -74,7 +74,7 @@ def test_borrowed_rules_fuse_attention_with_its_position_bias(family_run):
     if config.borrowed_rules == "never":
         pytest.skip("the basic graph: test_record_names_the_unavailable_fusions")
     borrowed = fusions["fp32"]["borrowed"]
-    assert borrowed["rules"] == "bert" and borrowed["kept"] and borrowed["matches_basic"]
+    assert borrowed["rules"] == "bert" and borrowed["kept"] and borrowed["matches"]
     assert borrowed["max_abs"] < 1e-5 and borrowed["reason"] == "set by borrowed_rules=always"
     assert borrowed["attention"].startswith("fused in 2 of 2 layers, the position bias passed")
     graph = onnxfiles.load(record.artifact("onnx.fp32"))

@@ -270,6 +270,10 @@ class RunConfig(_Strict):
         "for an encoder family ONNX Runtime's optimizer has no fusion rules for (MPNet, ALBERT, DeBERTa-v2, ...): "
         "BERT's rules and attention with its position bias fused, kept when its outputs match the basic graph's and "
         "it runs clearly faster here (auto), whenever they match (always), or not tried (never)"))
+    openvino: Literal["auto", "always", "never"] = Field(default="auto", description=(
+        "a CPU deployment's fp32 graph run by OpenVINO instead of ONNX Runtime (the [openvino] extra): kept as the "
+        "`openvino` variant when its outputs match the fp32 graph's and it runs clearly faster here (auto), "
+        "whenever they match (always), or not tried (never)"))
     fp16_op_block_list: list[str] = []
     fp16_node_block_list: list[str] = []
     int8_per_channel: bool = True

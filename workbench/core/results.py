@@ -105,6 +105,7 @@ class ExportMetrics(Metrics):
 class OptimizeMetrics(Metrics):
     variants: dict[str, Json] = Field(default_factory=dict)
     precisions: Json | None = None  # setting, target, and per reduced precision the decision (older runs: none)
+    openvino: Json | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
 
 
 class ParityMetrics(Metrics):

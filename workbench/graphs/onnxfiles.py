@@ -16,6 +16,7 @@ EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 REEXPORT = "re-export, or report the exporter bug"
 # Metadata entry: the ONNX Runtime graph optimizers every session of the file leaves out, comma-separated.
 DISABLED_OPTIMIZERS_KEY = "workbench.disabled_optimizers"
+RUNTIME_KEY = "workbench.runtime"  # the runtime a variant is run by: ONNX Runtime unless it says "openvino"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
 
 
@@ -126,12 +127,21 @@ def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
         onnx.save_model(model, str(path))
 
 
+def _metadata(path: Path | str, key: str) -> str:
+    model = load(path, load_external_data=False)
+    return next((p.value for p in model.metadata_props if p.key == key), "")
+
+
 def disabled_optimizers(path: Path | str) -> list[str]:
     """The ONNX Runtime graph optimizers a session of this file must leave out, from its metadata (a graph in the
     separate layer-norm form, see `variants.GRAPH_FORMS`); none for other files."""
-    model = load(path, load_external_data=False)
-    value = next((p.value for p in model.metadata_props if p.key == DISABLED_OPTIMIZERS_KEY), "")
-    return [name for name in value.split(",") if name]
+    return [name for name in _metadata(path, DISABLED_OPTIMIZERS_KEY).split(",") if name]
+
+
+def runtime(path: Path | str) -> str:
+    """The runtime the variant in this file is run by, from its metadata: "openvino" for the OpenVINO variant
+    (`runners.openvino`), else "onnxruntime"."""
+    return _metadata(path, RUNTIME_KEY) or "onnxruntime"
 
 
 def remove(path: Path) -> None:

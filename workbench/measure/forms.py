@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.batches import Batch
 from workbench.core.timing import cell_medians_ms
-from workbench.measure.sessions import call_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
-from workbench.runners.onnxruntime import session
+from workbench.runners import IO, Runner
+from workbench.runners.onnxruntime import OrtRunner
 
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
@@ -37,22 +38,40 @@ class FormChoice:
 
 
 @dataclass(frozen=True)
-class Borrowed:
-    """Borrowed fusion rules tried on a family without its own: what fused, the check of its outputs against the
-    basic graph's, the timing, and whether it was kept and why."""
+class Trial:
+    """A challenger graph tried against the default one: the check of its outputs against the default's on the same
+    real text, the timing, and whether it was kept and why."""
 
-    rules: str
-    fused: dict[str, int]
-    attention: str  # how attention fused, or why it did not
-    max_abs: float  # largest difference from the basic graph's outputs on the same text
+    max_abs: float  # largest difference from the default graph's outputs on the same text
     matches: bool  # within the fp32 gate
-    ms: dict[str, dict[str, float]]  # "basic" / "borrowed" -> cell -> median ms; empty when not timed
+    ms: dict[str, dict[str, float]]  # graph -> cell -> median ms; empty when not timed
     kept: bool
     reason: str
 
     def record(self) -> dict[str, Any]:
-        return {"rules": self.rules, "fused": self.fused, "attention": self.attention, "max_abs": self.max_abs,
-                "matches_basic": self.matches, "ms": self.ms, "kept": self.kept, "reason": self.reason}
+        return {"max_abs": self.max_abs, "matches": self.matches, "ms": self.ms, "kept": self.kept,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """Borrowed fusion rules tried on a family without its own: what fused, and the trial against the basic graph."""
+
+    rules: str
+    fused: dict[str, int]
+    attention: str  # how attention fused, or why it did not
+    trial: Trial
+
+    @property
+    def kept(self) -> bool:
+        return self.trial.kept
+
+    @property
+    def reason(self) -> str:
+        return self.trial.reason
+
+    def record(self) -> dict[str, Any]:
+        return {"rules": self.rules, "fused": self.fused, "attention": self.attention, **self.trial.record()}
 
 
 def clearly_faster(ms: dict[str, dict[str, float]], default: str, challenger: str) -> tuple[bool, str]:
@@ -72,57 +91,73 @@ def decide(ms: dict[str, dict[str, float]]) -> tuple[str, str]:
     return "fused", f"the separate layer norms were not clearly faster ({shown}; {RULE})"
 
 
-def _timed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
-           threads: int | None, device: str, rounds: int) -> dict[str, dict[str, float]]:
-    """Median ms per file (by name) and cell, interleaved (at most `rounds`, or CELL_SECONDS a cell: a base-size
-    model's largest cell takes seconds a call)."""
-    sessions = {name: session(path, providers, threads) for name, path in files.items()}
+def open_files(files: dict[str, Path], providers: list[Any], threads: int | None, device: str) -> dict[str, Runner]:
+    """An ONNX Runtime runner per file (by name), timed as `measure.sessions.call_for` times a session: numpy in and
+    out on the CPU, inputs bound on the device once on CUDA."""
+    io: IO = "device" if device == "cuda" else "host"
+    return {name: OrtRunner(name, path, providers, threads, io=io) for name, path in files.items()}
 
+
+def _timed(runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
+           rounds: int) -> dict[str, dict[str, float]]:
+    """Median ms per runner (by name) and cell, interleaved (at most `rounds`, or CELL_SECONDS a cell: a base-size
+    model's largest cell takes seconds a call)."""
     def calls(cell: str) -> dict[str, Callable[[], object]]:
-        return {name: call_for(s, {i.name: feeds[cell][i.name] for i in s.get_inputs()}, device)
-                for name, s in sessions.items()}
+        return {name: runner.timed(Batch(cell, [], feeds[cell])) for name, runner in runners.items()}
     return cell_medians_ms(calls, list(feeds), rounds, block=3, budget_s=CELL_SECONDS, min_rounds=2)
 
 
-def largest_difference(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
-                       threads: int | None) -> tuple[float, bool]:
-    """The largest absolute difference between the two files' outputs on every feed, and whether every element is
-    within the fp32 gate (atol + rtol x |basic|) of the first file's."""
+def largest_difference(first: Runner, second: Runner, feeds: dict[str, dict[str, np.ndarray]]) -> tuple[float, bool]:
+    """The largest absolute difference between the two runners' outputs (by the first's names) on every feed, and
+    whether every element is within the fp32 gate (atol + rtol x |first|) of the first's."""
     gate = DEFAULT_TOLERANCES["fp32"]["hidden"]
-    first, second = (session(path, providers, threads) for path in files.values())
     largest, within = 0.0, True
-    for feed in feeds.values():
-        inputs = {i.name: feed[i.name] for i in first.get_inputs()}
-        for want, got in zip(first.run(None, inputs), second.run(None, inputs)):
-            diff = np.abs(got.astype(np.float64) - want)
+    for cell, feed in feeds.items():
+        wanted, got = first.infer(Batch(cell, [], feed)), second.infer(Batch(cell, [], feed))
+        for name, want in wanted.items():
+            diff = np.abs(got[name].astype(np.float64) - want)
             largest = max(largest, float(np.nan_to_num(diff, nan=np.inf).max()))
             within = within and bool(np.all(diff <= (gate.atol or 0.0) + (gate.rtol or 0.0) * np.abs(want)))
     return largest, within
 
 
+def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
+          untimed: str | None = None, rounds: int = 5) -> Trial:
+    """Keep `challenger` over `default` (both in `runners`, by name): never when its outputs differ beyond the fp32
+    gate; when they match, if it is also clearly faster here, or without timing where `untimed` says why not."""
+    largest, matches = largest_difference(runners[default], runners[challenger], feeds)
+    if not matches:
+        return Trial(largest, False, {}, False, f"its outputs differ from the {default} graph's by up to "
+                                                f"{largest:.2g} on the same text, beyond the fp32 gate")
+    if untimed:
+        return Trial(largest, True, {}, True, untimed)
+    ms = _timed(runners, feeds, rounds)
+    faster, shown = clearly_faster(ms, default, challenger)
+    reason = (f"ran faster than the {default} graph: {shown}" if faster else
+              f"not clearly faster than the {default} graph ({shown}; {RULE})")
+    return Trial(largest, True, ms, faster, reason)
+
+
 def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
                     threads: int | None, device: str, fused: dict[str, int], attention: str, rules: str,
                     untimed: str | None = None, rounds: int = 5) -> Borrowed:
-    """Keep the graph fused with borrowed `rules` (`files["borrowed"]`) over `files["basic"]`: never when its outputs
-    differ beyond the fp32 gate; when they match, if it is also clearly faster here, or without timing where
-    `untimed` says why not."""
-    largest, matches = largest_difference(files, feeds, providers, threads)
-    if not matches:
-        return Borrowed(rules, fused, attention, largest, False, {}, False,
-                        f"its outputs differ from the basic graph's by up to {largest:.2g} on the same text, beyond "
-                        "the fp32 gate")
-    if untimed:
-        return Borrowed(rules, fused, attention, largest, True, {}, True, untimed)
-    ms = _timed(files, feeds, providers, threads, device, rounds)
-    faster, shown = clearly_faster(ms, "basic", "borrowed")
-    reason = (f"ran faster than the basic graph: {shown}" if faster else
-              f"not clearly faster than the basic graph ({shown}; {RULE})")
-    return Borrowed(rules, fused, attention, largest, True, ms, faster, reason)
+    """The graph fused with borrowed `rules` (`files["borrowed"]`) tried against `files["basic"]` (`trial`)."""
+    runners = open_files(files, providers, threads, device)
+    try:
+        return Borrowed(rules, fused, attention, trial("basic", "borrowed", runners, feeds, untimed, rounds))
+    finally:
+        for runner in runners.values():
+            runner.close()
 
 
 def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
                 threads: int | None, device: str, rounds: int = 5) -> FormChoice:
     """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved, and decide."""
-    ms = _timed(files, feeds, providers, threads, device, rounds)
+    runners = open_files(files, providers, threads, device)
+    try:
+        ms = _timed(runners, feeds, rounds)
+    finally:
+        for runner in runners.values():
+            runner.close()
     chosen, reason = decide(ms)
     return FormChoice(chosen, reason, ms)

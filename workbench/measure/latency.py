@@ -146,17 +146,19 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int,
 
 def tune_sessions(variants: dict[str, tuple[Path, str]], device: Device, small: Batch, large: Batch,
                   threads: int) -> dict[str, dict[str, Any]]:
-    """Per ONNX variant, the session settings measured fastest at `small` (the grid's smallest cell, where per-op
-    overhead dominates) and no slower at `large` (its largest), with every median (`measure.sessions.tune`): CPU
-    threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
+    """Per ONNX variant ONNX Runtime runs, the session settings measured fastest at `small` (the grid's smallest
+    cell, where per-op overhead dominates) and no slower at `large` (its largest), with every median
+    (`measure.sessions.tune`): CPU threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
     from workbench.core.progress import track
+    from workbench.graphs.onnxfiles import runtime
     from workbench.measure.sessions import tune
     from workbench.runners.onnxruntime import providers_for, session
 
     providers = providers_for(device)
     return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
                        small.feed, large.feed, threads, device)
-            for name in track(list(variants), "bench: session settings", "variants")}
+            for name in track([n for n, (path, _) in variants.items() if runtime(path) == "onnxruntime"],
+                              "bench: session settings", "variants")}
 
 
 ON_DEVICE = "@device"  # the suffix of a row that keeps its inputs and outputs on the device
@@ -192,6 +194,7 @@ class GridRows:
         reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with `torch_compile`,
         torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
         (`<variant>@device`); TensorRT engines where built."""
+        from workbench.runners.files import open_variant
         from workbench.runners.onnxruntime import OrtRunner, SessionSettings, providers_for
         from workbench.runners.tensorrt import TrtEngineRunner
         from workbench.runners.torch import TorchRunner, torch_device
@@ -207,7 +210,7 @@ class GridRows:
             rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
         for name, (path, precision) in self.variants.items():
             settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
-            rows[name] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(n, p, providers, threads, s, q)
+            rows[name] = lambda n=name, p=path, q=precision, s=settings: open_variant(n, p, self.device, threads, q, s)
             if self.device == "cuda":
                 rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
                     f"{n}{ON_DEVICE}", p, providers, threads, s, q, io="device")

@@ -22,8 +22,10 @@ PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 # int8 comes first only where it pays: measured against fp32 at the goal cells by the optimize step
 # (metrics.optimize.precisions.decisions.int8), else, for a record without that measurement, where the CPU has int8
 # dot-product instructions (VNNI, AMX).
-CPU_INT8_FIRST = ("int8_repaired", "int8", "fp32", "original")
-CPU_FP32_FIRST = ("fp32", "int8_repaired", "int8", "original")
+# The `openvino` variant (fp32, run by OpenVINO: kept only where it ran faster than the fp32 graph here) goes before
+# fp32 where the Python model serves (python-ort); Triton's ONNX Runtime backend would run its file in ONNX Runtime.
+CPU_INT8_FIRST = ("int8_repaired", "int8", "openvino", "fp32", "original")
+CPU_FP32_FIRST = ("openvino", "fp32", "int8_repaired", "int8", "original")
 GPU_PREFERENCE = {Flavor.ONNXRUNTIME: ("fp16_repaired", "fp16", "fp32", "original"),
                   Flavor.TENSORRT_PLAN: ("trt_fp16", "trt_fp32")}
 
@@ -35,6 +37,13 @@ def preference(flavor: Flavor, int8: dict[str, Any] | None = None,
     dot-product instructions."""
     if flavor in GPU_PREFERENCE and (flavor is Flavor.TENSORRT_PLAN or gpu_name()):
         return GPU_PREFERENCE[flavor], f"{flavor.value} on a GPU"
+    order, reason = _cpu_preference(int8, features)
+    if flavor is not Flavor.PYTHON_ORT:
+        order = tuple(v for v in order if v != "openvino")
+    return order, reason
+
+
+def _cpu_preference(int8: dict[str, Any] | None, features: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
     if int8 is not None and int8.get("pays") is not None:
         first = CPU_INT8_FIRST if int8["pays"] else CPU_FP32_FIRST
         return first, f"{'int8' if int8['pays'] else 'fp32'} first: int8 {int8['reason']}"

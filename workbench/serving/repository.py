@@ -192,6 +192,8 @@ def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
         "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
     config.parameters["intra_op_threads"].string_value = str(plan.threads)
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+    if onnxfiles.runtime(plan.model_file) == "openvino":  # the OpenVINO variant: the Python model runs OpenVINO
+        config.parameters["runtime"].string_value = "openvino"
     disabled = onnxfiles.disabled_optimizers(plan.model_file)
     if disabled:  # the graph's layer-norm form, kept as measured (variants.GRAPH_FORMS)
         config.parameters["disabled_optimizers"].string_value = ",".join(disabled)

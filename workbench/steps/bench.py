@@ -29,7 +29,8 @@ from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.report.page import Section, latency_section, served_section
 from workbench.report.takeaways import bench_lines
-from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
+from workbench.runners.files import open_variant
+from workbench.runners.onnxruntime import device_for
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
@@ -90,7 +91,7 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
     preferred sizes."""
     path, _ = record.variant(variant)
     tokenizer = record.tokenizer()
-    with OrtRunner(variant, path, providers_for(config.device), plan.threads * plan.instances) as runner:
+    with open_variant(variant, path, config.device, plan.threads * plan.instances) as runner:
         batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, plan.max_length)
                    for size in sorted({1, *plan.preferred_batch_sizes})}
         return corpus_rates(runner, batches)

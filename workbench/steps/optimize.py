@@ -13,6 +13,7 @@ from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch, cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
+from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
@@ -27,12 +28,13 @@ from workbench.graphs.variants import (
     optimize_fp32,
     quantize_int8,
 )
-from workbench.measure.forms import Borrowed, FormChoice, choose_borrowed, choose_form
+from workbench.measure.forms import Borrowed, FormChoice, Trial, choose_borrowed, choose_form, trial
 from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
+from workbench.runners.openvino import INSTALL, OpenVinoRunner, openvino_problem
 from workbench.steps import StepSpec
 
 if TYPE_CHECKING:
@@ -185,6 +187,58 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
     return chosen, borrowed
 
 
+def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> dict[str, Any]:
+    """The exported graph run by OpenVINO (`runners.openvino`), tried against the fused fp32 graph in ONNX Runtime
+    (`forms.trial`): kept as the `openvino` variant where its outputs match and (openvino=auto) it runs clearly
+    faster here; what was tried and why it was kept or not, for metrics.optimize.openvino."""
+    why_not = openvino_skipped(config, target)
+    if why_not:
+        return {"kept": False, "reason": why_not}
+    from onnx import helper
+
+    dest = record.run_dir / "onnx" / "openvino.onnx"
+    model = onnxfiles.load(record.artifact("onnx.original"))
+    helper.set_model_props(model, {onnxfiles.RUNTIME_KEY: "openvino"})
+    onnxfiles.save(model, dest)
+    del model
+    release_memory()
+    untimed = "set by openvino=always" if config.openvino == "always" else None
+    fp32_file = record.run_dir / "onnx" / "fp32.onnx"
+    with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
+            OpenVinoRunner("openvino", dest, config.threads) as openvino:
+        tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
+                             form_feeds(config, record, export), untimed)
+        engine = openvino.providers[0]
+    release_memory()
+    if tried.kept:
+        record.add_artifact("onnx.openvino", dest, kind="onnx", variant="openvino", precision="fp32")
+    else:
+        onnxfiles.remove(dest)
+    return {"engine": engine, **tried.record()}
+
+
+def openvino_skipped(config: RunConfig, target: Target) -> str | None:
+    """Why the OpenVINO variant is not tried in this run, or None."""
+    if config.openvino == "never":
+        return "not tried (openvino=never)"
+    if target.kind == "gpu" or device_for(config.device) == "cuda":
+        return "not tried: the deployment runs on a GPU, and OpenVINO's variant is for CPUs"
+    if target.kind == "cpu" and config.openvino == "auto":
+        return (f"not tried: {target.name} is not this host, whose timing would not tell (openvino=always keeps it "
+                "where its outputs match)")
+    problem = openvino_problem()
+    if problem:
+        return f"not tried: {problem}; {INSTALL}"
+    return None
+
+
+def check(config: RunConfig) -> None:
+    """Refuse openvino=always without OpenVINO before the run starts."""
+    problem = openvino_problem()
+    if config.openvino == "always" and problem:
+        raise DependencyMissingError(f"openvino=always needs OpenVINO: {problem}", f"{INSTALL}, or set openvino: auto")
+
+
 def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
     """The deployment's target and, per reduced precision, whether it is built and why (`measure.precisions.plan`),
     before any is built."""
@@ -276,6 +330,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             fusions[variant] = stats
             record.set_metric(f"{STEP}.variants.{variant}", stats)
         record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
+        record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target))
         record.set_metric(f"{STEP}.variants.original", fusions["original"])
     return record.step_entry(STEP)
 
@@ -283,5 +338,5 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, optimize_lines,
     sections=(Section("ONNX Runtime fusions", fusions_section),),
-    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8,
+    needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
     metrics=OptimizeMetrics)

@@ -21,7 +21,9 @@ from workbench.precision.repair import RepairPlan
 from workbench.precision.repair import repair as repair_variant
 from workbench.report.page import Section, parity_section
 from workbench.report.takeaways import parity_lines
-from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.runners import Runner
+from workbench.runners.files import open_variant
+from workbench.runners.onnxruntime import providers_for
 from workbench.steps import StepSpec
 
 STEP = "parity"
@@ -62,8 +64,8 @@ def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> 
     return result
 
 
-def _runner(name: str, path: Path, config: RunConfig) -> OrtRunner:
-    return OrtRunner(name, path, providers_for(config.device), config.threads)
+def _runner(name: str, path: Path, config: RunConfig) -> Runner:
+    return open_variant(name, path, config.device, config.threads)
 
 
 def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:

@@ -13,7 +13,7 @@ from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report.page import Section, triton_section
 from workbench.report.takeaways import triton_lines
-from workbench.runners.onnxruntime import OrtRunner, providers_for
+from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
 from workbench.serving.plan import (
@@ -146,7 +146,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             path, precision = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
-            with OrtRunner(variant, path, providers_for(config.device), config.threads) as runner:
+            with open_variant(variant, path, config.device, config.threads) as runner:
                 checks[variant] = lab.compare(runner, precision)
             verdict = Verdict.model_validate(checks[variant])
         if verdict is not None and verdict.passed:

@@ -22,13 +22,44 @@ def model_args(args):
     return config, params, Path(args["model_repository"]) / args["model_version"]
 
 
+# How OpenVINO compiles the graph (as runners/openvino.py does in process): f32, one stream, threads not pinned.
+OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+                   "ENABLE_CPU_PINNING": False}
+
+
+class OpenVinoSession:
+    """The graph compiled by OpenVINO for the CPU behind the two calls PaddedRunner makes of a session (`get_inputs`,
+    `run`): f32, one stream, `threads` inference threads, not pinned (the instances and the tokenizer share the
+    cores), one infer request per output list."""
+
+    class Input:
+        def __init__(self, name):
+            self.name = name
+
+    def __init__(self, path, threads):
+        import openvino
+
+        config = {**OPENVINO_CONFIG, **({"INFERENCE_NUM_THREADS": threads} if threads else {})}
+        self.compiled = openvino.Core().compile_model(str(path), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def get_inputs(self):
+        return [self.Input(port.get_any_name()) for port in self.compiled.inputs]
+
+    def run(self, outputs, feed):
+        results = self.request.infer(feed)
+        return [np.array(results[name]) for name in outputs]
+
+
 def session(path, params, threads=None):
-    """A session on the model's providers; `threads` (else `intra_op_threads`; 0: ONNX Runtime's default)
-    intra-op threads that sleep when idle, leaving the CPU to the tokenizer and the other instances; without the
-    graph optimizers the file's form leaves out (`disabled_optimizers`)."""
+    """A session on the model's providers (OpenVINO where `runtime` says so); `threads` (else `intra_op_threads`; 0:
+    the runtime's default) intra-op threads that sleep when idle, leaving the CPU to the tokenizer and the other
+    instances; without the graph optimizers the file's form leaves out (`disabled_optimizers`)."""
+    threads = threads or int(params.get("intra_op_threads", "0"))
+    if params.get("runtime") == "openvino":
+        return OpenVinoSession(path, threads)
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    threads = threads or int(params.get("intra_op_threads", "0"))
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -1,0 +1,117 @@
+"""The OpenVINO variant: the exported graph run by OpenVINO's CPU plugin, tried against the fp32 graph by the optimize
+step, checked by the parity lab like every variant, and served by the Python model the triton step writes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.core.batches import Batch
+from workbench.core.config import Flavor, RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import DependencyMissingError
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+from workbench.measure.precisions import Target, target_for
+from workbench.precision.compare import DEFAULT_TOLERANCES
+from workbench.runners.files import open_variant
+from workbench.runners.onnxruntime import OrtRunner
+from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner
+from workbench.serving.backend import ort_batches
+from workbench.serving.plan import preference
+from workbench.serving.repository import parse_pbtxt
+from workbench.steps import export, optimize, parity, triton
+
+pytest.importorskip("openvino")
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    """The embedded model with fp32 only, the OpenVINO variant kept untimed (openvino=always) and served."""
+    root = tmp_path_factory.mktemp("openvino")
+    config = RunConfig.model_validate({"precisions": ["fp32"], "threads": 1, "openvino": "always",
+                                       "triton": {"repository_dir": str(root / "repos"), "variant": "openvino"}})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    return root, config, record
+
+
+def corpus_batch(record: RunRecord, names: tuple[str, ...], count: int = 32) -> Batch:
+    texts = list(load_corpus()[:count])
+    return Batch("corpus", list(range(count)), encode(record.tokenizer(), texts, names, max_length=128))
+
+
+def test_the_variant_matches_onnxruntime_fp32_on_the_embedded_model(minilm):
+    _, _, record = minilm
+    tried = record.metric("optimize.openvino")
+    assert tried["kept"] and tried["matches"] and tried["reason"] == "set by openvino=always" and not tried["ms"]
+    assert tried["engine"].startswith("OpenVINO ") and tried["max_abs"] < 1e-5
+    path, precision = record.variant("openvino")
+    assert onnxfiles.runtime(path) == "openvino" and precision == "fp32"
+    assert onnxfiles.runtime(record.artifact("onnx.fp32")) == "onnxruntime"
+    gate = DEFAULT_TOLERANCES["fp32"]["hidden"]
+    with open_variant("openvino", path, "cpu", 1) as openvino, \
+            OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"], 1) as fp32:
+        assert isinstance(openvino, OpenVinoRunner) and openvino.providers[0].startswith("OpenVINO")
+        batch = corpus_batch(record, fp32.input_names)
+        got, want = openvino.infer(batch), fp32.infer(batch)
+    assert set(got) == set(want) == {"token_embeddings", "sentence_embedding"}
+    for name, value in want.items():
+        assert got[name].shape == value.shape
+        assert np.all(np.abs(got[name] - value) <= gate.atol + gate.rtol * np.abs(value)), name
+
+
+def test_parity_checks_it_like_every_variant(minilm):
+    _, config, record = minilm
+    results = parity.run(config, record).metrics["variants"]
+    result = results["openvino"]
+    assert result["passed"] and result["precision"] == "fp32"
+    assert result["outputs"]["sentence_embedding"]["min_cosine"] > 0.9999
+
+
+def test_a_served_request_through_it_matches_encode(minilm):
+    """The triton step serves it (checked against SentenceTransformer.encode() over HTTP and gRPC); the Python
+    model's config tells it to run OpenVINO, and its session there is OpenVINO's."""
+    root, config, record = minilm
+    deployment = triton.run(config, record).metrics
+    assert deployment["variant"] == "openvino" and deployment["verified"]
+    for protocol, result in deployment["served_parity"].items():
+        output = result["outputs"]["sentence_embedding"]
+        assert result["passed"] and output["max_abs"] < 1e-5 and output["min_cosine"] > 0.9999, protocol
+    name = deployment["name"]
+    model_config = parse_pbtxt((root / "repos" / name / name / "config.pbtxt").read_text())
+    params = {key: value.string_value for key, value in model_config.parameters.items()}
+    assert params["runtime"] == "openvino"
+    served = ort_batches.session(root / "repos" / name / name / "1" / "model.onnx", params)
+    assert isinstance(served, ort_batches.OpenVinoSession)
+    assert ort_batches.OPENVINO_CONFIG == OPENVINO_CONFIG, "served and in process, OpenVINO compiles alike"
+    batch = corpus_batch(record, tuple(i.name for i in served.get_inputs()), 4)
+    with OpenVinoRunner("openvino", record.variant("openvino")[0], 1) as runner:
+        want = runner.infer(batch)["sentence_embedding"]
+    np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
+
+
+def test_openvino_always_without_openvino_is_refused_before_the_run(monkeypatch):
+    monkeypatch.setattr(optimize, "openvino_problem", lambda: "OpenVINO is not installed (No module named 'x')")
+    with pytest.raises(DependencyMissingError) as refused:
+        optimize.check(RunConfig(openvino="always"))
+    assert "openvino=always needs OpenVINO" in refused.value.problem and "[openvino]" in refused.value.fix
+    optimize.check(RunConfig())  # auto: tried where installed, recorded where not
+    assert "not installed" in optimize.openvino_skipped(RunConfig(), target_for("host", False))
+
+
+def test_where_it_is_not_tried_the_record_says_why():
+    host = Target("host", frozenset({"avx2"}))
+    assert optimize.openvino_skipped(RunConfig(openvino="never"), host) == "not tried (openvino=never)"
+    assert "runs on a GPU" in optimize.openvino_skipped(RunConfig(), Target("gpu", name="the GPU"))
+    named = target_for("avx2", False)
+    assert "is not this host" in optimize.openvino_skipped(RunConfig(), named)
+    assert optimize.openvino_skipped(RunConfig(openvino="always"), named) is None
+    assert optimize.openvino_skipped(RunConfig(), host) is None
+
+
+def test_the_python_model_serves_it_before_fp32_and_the_onnxruntime_backend_never():
+    decided = {"pays": False, "reason": "does not pay"}
+    order, _ = preference(Flavor.PYTHON_ORT, decided)
+    assert order.index("openvino") == order.index("fp32") - 1
+    assert "openvino" not in preference(Flavor.ONNXRUNTIME, decided)[0]
