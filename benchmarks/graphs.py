@@ -4,9 +4,10 @@
                                                        # benchmarks/peers.py) and OpenVINO's (.peers/openvino)
     .venv/bin/python benchmarks/graphs.py [--model FOLDER | --run outputs/<run>] [--rounds 40] [--threads N]
 
-Without --run it first runs export, optimize and parity (fp32 and int8) on --model (a sentence-transformers or
-transformers encoder folder; default: the embedded all-MiniLM-L6-v2; benchmarks/families.py builds random-weight
-ones of other families). The peers' graphs are built from the same model folder in their own environments:
+Without --run it first runs export, optimize and parity (fp32, int8 and the OpenVINO variant) on --model (a
+sentence-transformers or transformers encoder folder; default: the embedded all-MiniLM-L6-v2; benchmarks/families.py
+builds random-weight ones of other families). The peers' graphs are built from the same model folder in their own
+environments:
 Optimum's (benchmarks/peer_optimum.py) the plain export, `--optimize O2` and `O3`, and O2 after the dynamic int8
 preset for this CPU, per channel and per tensor; OpenVINO's (benchmarks/peer_openvino.py) the fp32 IR
 sentence-transformers exports, compiled at f32 and, where it differs, at the CPU plugin's default inference precision
@@ -65,7 +66,8 @@ CELLS = ((1, 16), (1, 128), (8, 128))
 TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 HALF_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # what OpenVINO's default precision follows
 BATCH = 32
-OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32", "int8": "workbench int8",
+OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32",
+        "openvino": "workbench openvino (fp32 on OpenVINO, f32)", "int8": "workbench int8",
         "int8_repaired": "workbench int8_repaired"}
 REQUIRED = ("original", "fp32", "int8")  # int8_repaired exists only where int8 failed parity
 THEIRS = {"plain": ("Optimum plain export", "fp32"), "fp32": ("Optimum O2", "fp32"), "O3": ("Optimum O3", "fp32"),
@@ -136,8 +138,8 @@ def compare(args: argparse.Namespace) -> None:
         model = model_folder(args.model) if args.model else RunConfig().model
         name = Path(model).name if args.model else "minilm"
         args.run = ROOT / "outputs" / f"graphs-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"]),
-                     args.run)
+        run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"],
+                               openvino="always"), args.run)
     record = RunRecord.load(args.run)
     missing = [variant for variant in REQUIRED if f"onnx.{variant}" not in record.data["artifacts"]]
     if missing:
@@ -179,8 +181,10 @@ def compare(args: argparse.Namespace) -> None:
 
 
 def our_rows(record: RunRecord) -> list[GraphRow]:
+    """The run's graphs; its OpenVINO variant compiled by OpenVINO at f32, as the workbench runs it."""
     return [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
-                     record.artifact(f"onnx.{variant}"), "sentence_embedding")
+                     record.artifact(f"onnx.{variant}"), "sentence_embedding",
+                     **({"runtime": "openvino", "hint": "f32"} if variant == "openvino" else {}))
             for variant, label in OURS.items() if f"onnx.{variant}" in record.data["artifacts"]]
 
 

@@ -82,6 +82,9 @@ def fusions_section(optimize: OptimizeMetrics) -> Parts:
     decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
                        for precision, d in decisions.items())
     text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
+    if optimize.openvino:
+        kept = "kept as the openvino variant" if optimize.openvino["kept"] else "not kept"
+        text += f" OpenVINO fp32 {kept}: {optimize.openvino['reason']}."
     return [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
 
 

@@ -76,6 +76,10 @@ def optimize_lines(record: RunRecord) -> list[str]:
               for precision, d in decisions.items()]
     if fp32.get("form"):
         lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
+    openvino = record.metric("optimize.openvino")
+    if openvino:
+        verdict = "kept as the openvino variant" if openvino["kept"] else "not kept"
+        lines.append(f"OpenVINO fp32 {verdict}: {openvino['reason']}")
     return lines
 
 
