@@ -67,6 +67,7 @@ def test_step_notebook_is_clean_and_parameterized(step):
     notebook = json.loads((ROOT / "notebooks" / step.notebook).read_text())
     assert notebook["metadata"]["kernelspec"]["name"] == "python3"
     assert notebook["metadata"]["language_info"]["name"] == "python"
+    assert all(c.get("id") for c in notebook["cells"]), "nbformat 4.5 cells have ids (papermill warns without)"
     code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
     assert sum("parameters" in c["metadata"].get("tags", []) for c in code) == 1
     assert all(not c["outputs"] and c["execution_count"] is None for c in code)
