@@ -15,6 +15,7 @@ from workbench.core.machine import GPU_FINDING, gpu_name, package_version
 from workbench.core.pins import pin
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT
+from workbench.runners.openvino import INSTALL as OPENVINO_INSTALL
 from workbench.serving.server import find_tritonserver
 from workbench.steps import specs
 
@@ -108,6 +109,11 @@ def check_onnx() -> Finding:
 
 def check_polygraphy() -> Finding:
     return _distribution("polygraphy")
+
+
+def check_openvino() -> Finding:
+    """Optional: the optimize step tries the OpenVINO variant where it is installed."""
+    return _distribution("openvino", fix=f"optional, for the OpenVINO variant: {OPENVINO_INSTALL}")
 
 
 def _onnxruntime_build() -> str | None:
@@ -212,7 +218,7 @@ def check_ctranslate2() -> Finding:
 
 
 CHECKS: tuple[Callable[[], Finding], ...] = (
-    check_gpu, check_torch, check_transformers, check_onnx, check_onnxruntime, check_cpu_provider,
+    check_gpu, check_torch, check_transformers, check_onnx, check_onnxruntime, check_cpu_provider, check_openvino,
     check_cuda_provider, check_tensorrt_provider, check_tensorrt, check_trtexec, check_polygraphy,
     check_tritonserver, check_perf_analyzer, check_ctranslate2,
 )
