@@ -93,10 +93,10 @@ def check_model_limits(config: RunConfig) -> None:
     hf_config = load_config(source, config.trust_remote_code)
     task, problems = TASKS[config.task], Problems()
     problems.check(config.check_pooling_task)
-    problems.check(check_supported, hf_config, task)
+    pipeline = problems.check(read_pipeline, source.location) if config.task == "feature-extraction" else None
+    problems.check(check_supported, hf_config, task, pipeline is not None and pipeline.declared)
     if not any(isinstance(p, UnsupportedModelError) for p in problems.found):  # an architecture that has the task
         problems.check(check_task_head, source, hf_config, task)
-    pipeline = problems.check(read_pipeline, source.location) if config.task == "feature-extraction" else None
     if pipeline is not None:
         problems.check(graph_pooling, pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size))
     tokenizer = problems.check(load_tokenizer, source, config.trust_remote_code)

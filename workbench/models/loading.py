@@ -343,14 +343,17 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     return hf_config
 
 
-def check_supported(hf_config: Any, task: Task) -> None:
-    """Accept any encoder-only architecture transformers loads with the task's auto class; refuse generators."""
+def check_supported(hf_config: Any, task: Task, embedder: bool = False) -> None:
+    """Accept any encoder-only architecture transformers loads with the task's auto class, and a decoder-only one
+    with a sentence-transformers pipeline (`embedder`: a decoder embedder); refuse other generators."""
     kind = generative_kind(hf_config)
-    if kind:
+    if kind and not (embedder and kind == "decoder-only"):
         raise UnsupportedModelError(
-            f"architecture {hf_config.model_type!r} is a {kind} model, not an encoder: {task.name} exports encoders",
+            f"architecture {hf_config.model_type!r} is a {kind} model, not an encoder: {task.name} exports encoders"
+            + (" and decoder embedders (a sentence-transformers folder)" if task.name == "feature-extraction" else ""),
             "generate with it in the generation step (-p text_generation_model=<model> for decoder-only, "
-            "-p translation_model=<model> for seq2seq), or pick an encoder model",
+            "-p translation_model=<model> for seq2seq), pick an encoder model, or, to embed with a decoder, pass "
+            "the folder sentence-transformers saved it in (modules.json: Transformer, Pooling, ...)",
         )
     custom = getattr(hf_config, "auto_map", None) or {}
     if hf_config.model_type not in task.architectures() and task.auto_class not in custom:
@@ -360,6 +363,16 @@ def check_supported(hf_config: Any, task: Task) -> None:
             f"exported for {task.name}",
             f"use -p task={' or '.join(others)}" if others else "use a model transformers supports for this task",
         )
+
+
+def pad_on_the_right(tokenizer: Any) -> None:
+    """A decoder embedder's tokenizer as the workbench uses it: padding on the right, where every text keeps the
+    positions it has alone (a left-padded text's positions shift with its padding; rotary models answer the same
+    either way, absolute-position ones do not), with the end-of-text token as padding where it has none.
+    sentence-transformers' last-token pooling finds each text's last real token on either side."""
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
 
 
 def generative_kind(hf_config: Any) -> str | None:
@@ -436,10 +449,13 @@ def load_model(config: RunConfig) -> LoadedModel:
     config.check_pooling_task()
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
-    check_supported(hf_config, task)
+    pipeline = read_pipeline(source.location) if task.name == "feature-extraction" else None
+    check_supported(hf_config, task, pipeline is not None and pipeline.declared)
     check_task_head(source, hf_config, task)
     tokenizer = load_tokenizer(source, config.trust_remote_code)
-    pipeline = read_pipeline(source.location) if task.name == "feature-extraction" else None
+    decoder = generative_kind(hf_config) == "decoder-only"
+    if decoder:
+        pad_on_the_right(tokenizer)
     pooling = graph_pooling(pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size)) \
         if pipeline else "none"
     if pipeline is not None and pipeline.do_lower_case:
@@ -450,6 +466,8 @@ def load_model(config: RunConfig) -> LoadedModel:
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
     model.eval()
+    if decoder:  # an embedder reads the last hidden states once: no key/value cache to return or keep
+        model.config.use_cache = False
     accepted = set(inspect.signature(model.forward).parameters)
     if getattr(hf_config, "type_vocab_size", None) == 0:  # no segment embeddings (DeBERTa-v3): the input is unused
         accepted.discard("token_type_ids")

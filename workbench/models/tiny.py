@@ -261,4 +261,46 @@ def build_gpt2(dest: Path, vocab_size: int = 300, seed: int = 0) -> Path:
     return Path(dest)
 
 
+# Decoder families users embed with (last-token pooling over a causal LM's last hidden states): rotary positions.
+DECODER_CONFIGS = {"llama": "LlamaConfig", "qwen3": "Qwen3Config"}
+
+
+def build_decoder_embedder(dest: Path, family: str = "llama", padding_side: str = "left", vocab_size: int = 400,
+                           prompts: dict[str, str] | None = None, seed: int = 0) -> Path:
+    """A tiny decoder (`family`, DECODER_CONFIGS; 2 layers, 4 query heads sharing 2 key/value heads) saved as a
+    sentence-transformers embedder by the library's own classes: Transformer -> last-token Pooling -> Normalize,
+    with a byte-level tokenizer padding on `padding_side` (end-of-text doubles as padding) and `prompts`
+    (default: an instruction before queries, none before documents, as instruction-tuned embedders ship)."""
+    import tempfile
+
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from tokenizers import ByteLevelBPETokenizer
+
+    torch.manual_seed(seed)
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(load_corpus(), vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+    end = "<|endoftext|>"
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer, bos_token=end,
+                                                     eos_token=end, unk_token=end, pad_token=end,
+                                                     padding_side=padding_side, model_max_length=MAX_POSITIONS)
+    config = getattr(transformers, DECODER_CONFIGS[family])(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=MAX_POSITIONS, initializer_range=0.2,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.pad_token_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        transformers.AutoModel.from_config(config).save_pretrained(tmp)
+        transformer = Transformer(tmp)
+        modules = [transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"), Normalize()]
+        prompts = {"query": "Instruct: find the passage that answers the question\nQuery: ", "document": ""} \
+            if prompts is None else prompts
+        SentenceTransformer(modules=modules, device="cpu", prompts=prompts).save(str(dest))
+    return Path(dest)
+
+
 TINY = {"tiny:marian": build_marian, "tiny:gpt2": build_gpt2}

@@ -51,9 +51,11 @@ class SentenceTransformerRunner(LibraryRunner):
             result[SENTENCE_EMBEDDING] = np.stack([r[SENTENCE_EMBEDDING].float().cpu().numpy() for r in rows])
         if TOKEN_EMBEDDINGS in self.output_names:
             tokens = np.zeros((len(rows), batch.shape[1], rows[0][TOKEN_EMBEDDINGS].shape[-1]), dtype=np.float32)
-            for row, out in zip(rows, tokens):
-                length = min(int(row["attention_mask"].sum()), out.shape[0])
-                out[:length] = row[TOKEN_EMBEDDINGS][:length].float().cpu().numpy()
+            for row, out, mask in zip(rows, tokens, batch.feed["attention_mask"]):
+                # each text's real tokens, wherever the library padded them, at their places in the batch
+                real = row[TOKEN_EMBEDDINGS][row["attention_mask"].bool()].float().cpu().numpy()
+                places = np.flatnonzero(mask)[:len(real)]
+                out[places] = real[:len(places)]
             result[TOKEN_EMBEDDINGS] = tokens
         return result
 
