@@ -80,3 +80,25 @@ def test_a_decoder_without_sentence_transformers_files_is_refused(tmp_path):
     with pytest.raises(UnsupportedModelError) as refused:
         check_model_limits(RunConfig(model=str(model)))
     assert "decoder-only" in refused.value.problem and "modules.json" in refused.value.fix
+
+
+def test_absolute_positions_padded_on_the_left_are_refused_with_the_fix(tmp_path):
+    """GPT-2 left-padded: encode() embeds a text differently in each batch. Right-padded, as the fix says, it runs."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import AutoTokenizer
+
+    base = build_gpt2(tmp_path / "gpt2")
+    transformer = Transformer(str(base))
+    folder = tmp_path / "embedder"
+    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken")],
+                        device="cpu").save(str(folder))
+    config = RunConfig(model=str(folder), sequence={"max": 64})
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_model_limits(config)
+    assert "learned absolute positions" in refused.value.problem and "padding_side='right'" in refused.value.fix
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "right"
+    tokenizer.save_pretrained(folder)
+    check_model_limits(config)

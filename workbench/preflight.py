@@ -80,6 +80,7 @@ def check_model_limits(config: RunConfig) -> None:
     fits its limits: every problem found, in one refusal."""
     from workbench.core.tasks import TASKS
     from workbench.models.loading import (
+        check_decoder_padding,
         check_supported,
         check_task_head,
         load_config,
@@ -100,6 +101,8 @@ def check_model_limits(config: RunConfig) -> None:
     if pipeline is not None:
         problems.check(graph_pooling, pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size))
     tokenizer = problems.check(load_tokenizer, source, config.trust_remote_code)
+    if tokenizer is not None and pipeline is not None and pipeline.declared:  # a decoder embedder's padding
+        problems.check(check_decoder_padding, hf_config, tokenizer)
     if tokenizer is not None:
         limit = sequence_limit(hf_config, tokenizer, pipeline)
         problems.check(config.sequence.resolve, limit.tokens, limit.source)

@@ -365,6 +365,18 @@ def check_supported(hf_config: Any, task: Task, embedder: bool = False) -> None:
         )
 
 
+def check_decoder_padding(hf_config: Any, tokenizer: Any) -> None:
+    """A decoder embedder with learned absolute positions (GPT-2) whose tokenizer pads on the left: its library's
+    answer for a text depends on how much padding its batch gave it, which no server can reproduce."""
+    rotary = getattr(hf_config, "rope_parameters", None) is not None or hasattr(hf_config, "rope_theta")
+    if generative_kind(hf_config) == "decoder-only" and tokenizer.padding_side == "left" and not rotary:
+        raise UnsupportedModelError(
+            f"architecture {hf_config.model_type!r} has learned absolute positions and its tokenizer pads on the left: "
+            "encode() gives a text other positions, and another embedding, in each batch it pads differently",
+            "save the tokenizer with padding_side='right' (tokenizer.padding_side = 'right'; "
+            "tokenizer.save_pretrained(folder)): every text then keeps its own positions, in encode() and served")
+
+
 def pad_on_the_right(tokenizer: Any) -> None:
     """A decoder embedder's tokenizer as the workbench uses it: padding on the right, where every text keeps the
     positions it has alone (a left-padded text's positions shift with its padding; rotary models answer the same
@@ -455,6 +467,7 @@ def load_model(config: RunConfig) -> LoadedModel:
     tokenizer = load_tokenizer(source, config.trust_remote_code)
     decoder = generative_kind(hf_config) == "decoder-only"
     if decoder:
+        check_decoder_padding(hf_config, tokenizer)
         pad_on_the_right(tokenizer)
     pooling = graph_pooling(pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size)) \
         if pipeline else "none"
