@@ -19,7 +19,7 @@ from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
-from workbench.steps import export, optimize, parity, triton
+from workbench.steps import deploy, export, optimize, parity, triton
 
 pytest.importorskip("openvino")
 
@@ -89,6 +89,40 @@ def test_a_served_request_through_it_matches_encode(minilm):
     with OpenVinoRunner("openvino", record.variant("openvino")[0], 1) as runner:
         want = runner.infer(batch)["sentence_embedding"]
     np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
+
+
+def test_its_deploy_image_installs_openvino(minilm):
+    """The image's Python model imports OpenVINO for this variant: the Dockerfile installs it, pinned."""
+    import shlex
+
+    from dockerfile_parse import DockerfileParser
+
+    from workbench.core.pins import pin
+
+    _, config, record = minilm
+    if record.metric("triton.variant") != "openvino":
+        triton.run(config, record)
+    deploy.run(config, record)
+    dockerfile = DockerfileParser(fileobj=record.artifact("deploy.dockerfile").open("rb"))
+    run = next(s["value"] for s in dockerfile.structure if s["instruction"] == "RUN" and "pip install" in s["value"])
+    assert pin("openvino") in shlex.split(run) and pin("onnxruntime-gpu") in shlex.split(run)
+
+
+def test_an_interrupted_trial_leaves_no_openvino_file(tiny_bert, tmp_path, monkeypatch):
+    config = RunConfig.model_validate({"model": str(tiny_bert), "precisions": ["fp32"], "openvino": "never"})
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    config = config.model_copy(update={"openvino": "auto"})
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimize, "trial", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        optimize.build_openvino(config, record, record.export_info(), target_for("host", False))
+    path = record.run_dir / "onnx" / "openvino.onnx"
+    assert not path.exists() and not list(path.parent.glob(".openvino.onnx*"))
 
 
 def test_openvino_always_without_openvino_is_refused_before_the_run(monkeypatch):

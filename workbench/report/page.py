@@ -22,6 +22,7 @@ from workbench.core.results import (
 )
 from workbench.report import figures
 from workbench.report.recommend import recommend
+from workbench.report.takeaways import openvino_line
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
 Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
@@ -82,10 +83,10 @@ def fusions_section(optimize: OptimizeMetrics) -> Parts:
     decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
                        for precision, d in decisions.items())
     text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
+    parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
     if optimize.openvino:
-        kept = "kept as the openvino variant" if optimize.openvino["kept"] else "not kept"
-        text += f" OpenVINO fp32 {kept}: {optimize.openvino['reason']}."
-    return [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
+        parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
+    return parts
 
 
 def parity_section(parity: ParityMetrics) -> Parts:

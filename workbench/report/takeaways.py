@@ -78,9 +78,18 @@ def optimize_lines(record: RunRecord) -> list[str]:
         lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
     openvino = record.metric("optimize.openvino")
     if openvino:
-        verdict = "kept as the openvino variant" if openvino["kept"] else "not kept"
-        lines.append(f"OpenVINO fp32 {verdict}: {openvino['reason']}")
+        lines.append(openvino_line(openvino))
     return lines
+
+
+def openvino_line(openvino: dict[str, Any]) -> str:
+    """The OpenVINO trial in one line: kept, not kept and why (with how to keep it anyway), or not tried and why."""
+    if openvino["kept"]:
+        return f"OpenVINO fp32 kept as the openvino variant: {openvino['reason']}"
+    if "ms" not in openvino:
+        return f"OpenVINO fp32 {openvino['reason']}"
+    anyway = "; to keep it anyway: -p openvino=always" if openvino.get("matches") else ""
+    return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
 
 
 def parity_lines(record: RunRecord) -> list[str]:
@@ -172,8 +181,9 @@ def triton_lines(record: RunRecord) -> list[str]:
     beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
     within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
     replaced = record.metric("triton.replaced")
+    runtime = ", run by OpenVINO" if deployment.variant == "openvino" else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
-            f"layout ({flavor})", f"served parity{against}{within}: {parity or 'not checked'}",
+            f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
             *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),
             *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
                "-p triton.name=... to keep both)"] if replaced else []),

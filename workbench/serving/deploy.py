@@ -62,9 +62,11 @@ def network_model(plan: ServingPlan) -> str:
 
 
 def packages(plan: ServingPlan) -> list[str]:
-    """The pinned requirements the repository's Python models import inside NVIDIA's container."""
-    return [pin(name) for name in (*CONTAINER_PACKAGES, *(["onnxruntime-gpu"] if plan.flavor is Flavor.PYTHON_ORT
-                                                          else []))]
+    """The pinned requirements the repository's Python models import inside NVIDIA's container (OpenVINO too where
+    its Python model runs the OpenVINO variant)."""
+    runtimes = (["onnxruntime-gpu"] + (["openvino"] if plan.runtime == "openvino" else [])
+                if plan.flavor is Flavor.PYTHON_ORT else [])
+    return [pin(name) for name in (*CONTAINER_PACKAGES, *runtimes)]
 
 
 def dockerfile(config: RunConfig, plan: ServingPlan) -> str:

@@ -71,6 +71,14 @@ class ServingPlan:
             data["input_names"]), "model_file": model_file, "tokenizer_dir": tokenizer_dir})
 
     @property
+    def runtime(self) -> str:
+        """What runs the model file in the Python model: "openvino" for the OpenVINO variant, else "onnxruntime"
+        (a TensorRT plan's engine: "tensorrt")."""
+        if self.flavor is Flavor.TENSORRT_PLAN:
+            return "tensorrt"
+        return onnxfiles.runtime(self.model_file)
+
+    @property
     def classifies(self) -> bool:
         return any(o.kind in ("logits", "token_logits") for o in self.outputs)
 
@@ -186,17 +194,19 @@ def model_config(plan: ServingPlan) -> Any:
 
 
 def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
-    """What a Python model running ONNX Runtime needs: providers, threads per instance (and all the instances'
-    threads, for an instance whose neighbours are idle), the pad token, the graph optimizers its file leaves out."""
-    config.parameters["providers"].string_value = (
-        "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
+    """What a Python model running ONNX Runtime (or, for the OpenVINO variant, OpenVINO) needs: providers and the
+    graph optimizers its file leaves out (ONNX Runtime), threads per instance (and all the instances' threads, for an
+    instance whose neighbours are idle), the pad token."""
+    if plan.runtime == "openvino":
+        config.parameters["runtime"].string_value = "openvino"
+    else:
+        config.parameters["providers"].string_value = (
+            "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")
+        disabled = onnxfiles.disabled_optimizers(plan.model_file)
+        if disabled:  # the graph's layer-norm form, kept as measured (variants.GRAPH_FORMS)
+            config.parameters["disabled_optimizers"].string_value = ",".join(disabled)
     config.parameters["intra_op_threads"].string_value = str(plan.threads)
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
-    if onnxfiles.runtime(plan.model_file) == "openvino":  # the OpenVINO variant: the Python model runs OpenVINO
-        config.parameters["runtime"].string_value = "openvino"
-    disabled = onnxfiles.disabled_optimizers(plan.model_file)
-    if disabled:  # the graph's layer-norm form, kept as measured (variants.GRAPH_FORMS)
-        config.parameters["disabled_optimizers"].string_value = ",".join(disabled)
     if plan.instances > 1 and not plan.gpu:  # an instance alone at work takes the cores of the idle ones too
         config.parameters["instances"].string_value = str(plan.instances)
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)

@@ -51,6 +51,9 @@ FUSED_OPS = (
 # What ONNX Runtime's transformer optimizer fuses in every layer of the encoder families it has rules for.
 TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
 # Fused operators that do one of those fusions' work (a tanh-approximated GELU fuses as FastGelu).
+# Rounds of the OpenVINO trial's interleaved timing (a cell's rounds stop after forms.CELL_SECONDS): two runtimes
+# differ more from call to call than two graphs in one runtime do.
+OPENVINO_ROUNDS = 15
 EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "GemmFastGelu")}
 
 
@@ -204,11 +207,15 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     release_memory()
     untimed = "set by openvino=always" if config.openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
-    with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
-            OpenVinoRunner("openvino", dest, config.threads) as openvino:
-        tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
-                             form_feeds(config, record, export), untimed)
-        engine = openvino.providers[0]
+    try:
+        with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
+                OpenVinoRunner("openvino", dest, config.threads) as openvino:
+            tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
+                                 form_feeds(config, record, export), untimed, OPENVINO_ROUNDS)
+            engine = openvino.providers[0]
+    except BaseException:  # interrupted or failed: no file the record does not name
+        onnxfiles.remove(dest)
+        raise
     release_memory()
     if tried.kept:
         record.add_artifact("onnx.openvino", dest, kind="onnx", variant="openvino", precision="fp32")
