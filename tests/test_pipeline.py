@@ -9,7 +9,9 @@ import pytest
 
 from workbench.cli import main
 from workbench.core.atomic import sha256_file
+from workbench.core.config import RunConfig
 from workbench.core.machine import gpu_name
+from workbench.core.record import RunRecord
 from workbench.steps import step_names
 
 TRT_STATUS = "skipped" if gpu_name() is None else "ok"  # TensorRT builds only where a GPU is
@@ -124,3 +126,15 @@ def test_config_and_steps_commands(tmp_path, capsys):
     assert "notebooks/01_export.ipynb" in capsys.readouterr().out
     assert main(["config", "-p", "opest=3"]) == 2
     assert "did you mean 'opset'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("reason", "said"), [("interrupted (SIGINT)", "was interrupted"),
+                                              ("RuntimeError: boom", "failed")])
+def test_the_steps_after_a_stop_say_how_it_ended(tmp_path, reason, said):
+    from workbench.pipeline import _stop_at
+
+    RunRecord.create(tmp_path / "run", RunConfig())
+    record = _stop_at("optimize", ["parity", "triton"], tmp_path / "run", reason)
+    assert record.data["steps"]["optimize"]["error"] == reason
+    for step in ("parity", "triton"):
+        assert record.data["steps"][step] == {"status": "skipped", "reason": f"not run: step 'optimize' {said}"}

@@ -213,8 +213,9 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunReco
     record = RunRecord.load(run_dir)
     if record.status(step) != "failed" or reason.startswith("interrupted"):
         record.mark(step, "failed", reason)
+    ended = "was interrupted" if reason.startswith("interrupted") else "failed"
     for name in later:
-        record.mark(name, "skipped", f"{NOT_RUN}step {step!r} failed")
+        record.mark(name, "skipped", f"{NOT_RUN}step {step!r} {ended}")
     notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")

@@ -87,8 +87,14 @@ class Decision:
         return max(self.speedups.values()) >= MIN_GAIN if self.speedups else self.assumed
 
     def record(self) -> dict[str, Any]:
+        measured = {"speedups_are": PAIRED} if self.speedups else {}
         return {"built": self.build, "reason": self.reason, "pays": self.pays, "speedups": self.speedups,
-                "ms": self.ms}
+                "ms": self.ms, **measured}
+
+
+# What a decision's speedups are, beside its ms (which can order two files the other way on a shared host).
+PAIRED = ("the median over rounds of fp32's time / the variant's in the same round; ms: each file's own median, "
+          "over all its rounds")
 
 
 def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, Decision]:
