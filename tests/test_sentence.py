@@ -206,3 +206,20 @@ def test_a_module_the_graph_cannot_hold_is_refused_by_name(cls_dense, tmp_path):
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModelError, match="modules.json lists .*LSTM, which the exported graph cannot hold"):
         read_pipeline(str(folder))
+
+
+def test_a_cross_encoder_folder_is_not_read_as_an_embedding_model(tmp_path):
+    """A CrossEncoder's folder also starts modules.json with a Transformer: read as an embedding model, its export
+    failed with a KeyError. It is refused before the run, with what exports its logits instead."""
+    from sentence_transformers import CrossEncoder
+
+    from workbench.models.tiny import build_encoder
+    from workbench.preflight import check_model_limits
+
+    base = build_encoder(tmp_path / "classifier", "bert", "sequence-classification")
+    CrossEncoder(str(base), device="cpu").save(str(tmp_path / "reranker"))
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_model_limits(RunConfig(model=str(tmp_path / "reranker")))
+    assert "sentence-transformers CrossEncoder" in refused.value.problem
+    assert "-p task=sequence-classification" in refused.value.fix
+    check_model_limits(RunConfig(model=str(tmp_path / "reranker"), task="sequence-classification"))

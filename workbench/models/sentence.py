@@ -111,6 +111,15 @@ def read_pipeline(location: str) -> SentencePipeline:
     listed = _json(location, "modules.json")
     if not isinstance(listed, list) or not listed:
         return SentencePipeline(location, declared=False, prompts=defaults)
+    kind = (_json(location, "config_sentence_transformers.json") or {}).get("model_type", "SentenceTransformer")
+    if kind != "SentenceTransformer":
+        raise UnsupportedModelError(
+            f"{location} is a sentence-transformers {kind}, not a SentenceTransformer: feature extraction exports "
+            "embedding models" + (" (a CrossEncoder scores text pairs: query-document reranking is not exported "
+                                  "yet)" if kind == "CrossEncoder" else ""),
+            "-p task=sequence-classification exports a CrossEncoder's logits for one text at a time (predict() "
+            "applies its activation after them)" if kind == "CrossEncoder" else
+            "export the transformers model inside it with -p task=... , or pick a SentenceTransformer folder")
     first = import_from_string(listed[0]["type"])
     if not (isinstance(first, type) and issubclass(first, Transformer)):
         raise UnsupportedModelError(
