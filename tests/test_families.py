@@ -121,8 +121,11 @@ def test_served_through_triton_like_the_others(family_run, tmp_path):
     metrics = triton.run(served, record).metrics
     assert metrics["verified"] and metrics["verification"]["by"] == "parity step", family
     preferred = "int8" if record.metric("optimize.precisions.decisions.int8.pays") else "fp32"
-    assert metrics["variant"] == preferred, "the CPU variant the optimize step measured to pay, passed in process"
+    passed_over = metrics["verification"].get("passed_over", {})
+    # The measured first choice, unless its served answers failed the gate (recorded, and the next one served).
+    assert metrics["variant"] == preferred or preferred in passed_over, (family, metrics["verification"])
     served_parity = metrics["served_parity"]
     assert set(served_parity) == {"http", "grpc"}
     for protocol, result in served_parity.items():
-        assert result["passed"] and result["precision"] == preferred, (family, protocol, result["failures"])
+        assert result["passed"] and result["precision"] == record.variant(metrics["variant"])[1], \
+            (family, protocol, result["failures"])
