@@ -34,9 +34,8 @@ def mpnet_graphs(tmp_path_factory):
 
 
 def difference(files, feeds):
-    first, second = forms.open_files(files, CPU, 1, "cpu").values()
-    with first, second:
-        return forms.largest_difference(first, second, feeds)
+    with forms.open_files(files, CPU, 1, "cpu") as runners:
+        return forms.largest_difference(*runners.values(), feeds)
 
 
 def test_attention_with_its_position_bias_fuses_in_every_layer(mpnet_graphs):

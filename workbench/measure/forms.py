@@ -8,7 +8,8 @@ graph's outputs on the same real text within the fp32 gate, then be clearly fast
 variants are built from the chosen file, so they inherit its form; the parity step checks every variant."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,15 @@ def decide(ms: dict[str, dict[str, float]]) -> tuple[str, str]:
     return "fused", f"the separate layer norms were not clearly faster ({shown}; {RULE})"
 
 
-def open_files(files: dict[str, Path], providers: list[Any], threads: int | None, device: str) -> dict[str, Runner]:
+@contextmanager
+def open_files(files: dict[str, Path], providers: list[Any], threads: int | None,
+               device: str) -> Iterator[dict[str, Runner]]:
     """An ONNX Runtime runner per file (by name), timed as `measure.sessions.call_for` times a session: numpy in and
-    out on the CPU, inputs bound on the device once on CUDA."""
+    out on the CPU, inputs bound on the device once on CUDA; all closed when the block ends."""
     io: IO = "device" if device == "cuda" else "host"
-    return {name: OrtRunner(name, path, providers, threads, io=io) for name, path in files.items()}
+    with ExitStack() as stack:
+        yield {name: stack.enter_context(OrtRunner(name, path, providers, threads, io=io))
+               for name, path in files.items()}
 
 
 def _timed(runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
@@ -144,22 +149,14 @@ def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarra
                     threads: int | None, device: str, fused: dict[str, int], attention: str, rules: str,
                     untimed: str | None = None, rounds: int = 5) -> Borrowed:
     """The graph fused with borrowed `rules` (`files["borrowed"]`) tried against `files["basic"]` (`trial`)."""
-    runners = open_files(files, providers, threads, device)
-    try:
+    with open_files(files, providers, threads, device) as runners:
         return Borrowed(rules, fused, attention, trial("basic", "borrowed", runners, feeds, untimed, rounds))
-    finally:
-        for runner in runners.values():
-            runner.close()
 
 
 def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
                 threads: int | None, device: str, rounds: int = 5) -> FormChoice:
     """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved, and decide."""
-    runners = open_files(files, providers, threads, device)
-    try:
+    with open_files(files, providers, threads, device) as runners:
         ms = _timed(runners, feeds, rounds)
-    finally:
-        for runner in runners.values():
-            runner.close()
     chosen, reason = decide(ms)
     return FormChoice(chosen, reason, ms)
