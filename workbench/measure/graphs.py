@@ -74,10 +74,14 @@ def open_onnx(row: GraphRow, threads: int) -> OpenedGraph:
 
 def open_openvino(row: GraphRow, threads: int) -> OpenedGraph:
     """The IR compiled for OpenVINO's CPU plugin with `threads` inference threads and one stream (latency), at
-    `row.hint` or the plugin's default inference precision on this host; one infer request, reused."""
+    `row.hint` or the plugin's default inference precision on this host; the workbench's own graph with the settings
+    it is served with (`runners.openvino.OPENVINO_CONFIG`); one infer request, reused."""
     import openvino
 
-    config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    from workbench.runners.openvino import OPENVINO_CONFIG
+
+    base = OPENVINO_CONFIG if row.family == "workbench" else {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    config = {**base, "INFERENCE_NUM_THREADS": threads}
     if row.hint:
         config["INFERENCE_PRECISION_HINT"] = row.hint
     compiled = openvino.Core().compile_model(str(row.path), "CPU", config)
