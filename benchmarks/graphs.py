@@ -68,7 +68,8 @@ HALF_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # what Open
 BATCH = 32
 OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32",
         "openvino": "workbench openvino (fp32 on OpenVINO, f32)", "int8": "workbench int8",
-        "int8_repaired": "workbench int8_repaired"}
+        "int8_repaired": "workbench int8_repaired", "openvino_int8": "workbench openvino_int8 (NNCF, on OpenVINO)",
+        "openvino_int8_repaired": "workbench openvino_int8_repaired (on OpenVINO)"}
 REQUIRED = ("original", "fp32", "int8")  # int8_repaired exists only where int8 failed parity
 THEIRS = {"plain": ("Optimum plain export", "fp32"), "fp32": ("Optimum O2", "fp32"), "O3": ("Optimum O3", "fp32"),
           "int8": ("Optimum O2 int8, per channel", "int8"), "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8")}
@@ -181,10 +182,10 @@ def compare(args: argparse.Namespace) -> None:
 
 
 def our_rows(record: RunRecord) -> list[GraphRow]:
-    """The run's graphs; its OpenVINO variant compiled by OpenVINO at f32, as the workbench runs it."""
-    return [GraphRow(label, "workbench", "int8" if variant.startswith("int8") else "fp32",
+    """The run's graphs; its OpenVINO variants compiled by OpenVINO at f32, as the workbench runs them."""
+    return [GraphRow(label, "workbench", "int8" if "int8" in variant else "fp32",
                      record.artifact(f"onnx.{variant}"), "sentence_embedding",
-                     **({"runtime": "openvino", "hint": "f32"} if variant == "openvino" else {}))
+                     **({"runtime": "openvino", "hint": "f32"} if variant.startswith("openvino") else {}))
             for variant, label in OURS.items() if f"onnx.{variant}" in record.data["artifacts"]]
 
 

@@ -11,9 +11,9 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
 from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
+from workbench.measure.forms import form_feeds
 from workbench.models.tiny import build_encoder
 from workbench.steps import export
-from workbench.steps.optimize import form_feeds
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 CPU = ["CPUExecutionProvider"]

@@ -78,6 +78,7 @@ class RepairOutcome(Metrics):
     bases: list[Json] = Field(default_factory=list)
     recipes: list[Json] = Field(default_factory=list)
     node_error: Json = Field(default_factory=dict)
+    race: Json | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)
 
 
 class GraphIO(Metrics):
@@ -106,6 +107,7 @@ class OptimizeMetrics(Metrics):
     variants: dict[str, Json] = Field(default_factory=dict)
     precisions: Json | None = None  # setting, target, and per reduced precision the decision (older runs: none)
     openvino: Json | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
+    openvino_int8: Json | None = None  # NNCF's int8 run by OpenVINO: tried or why not, its timing, kept (older: none)
 
 
 class ParityMetrics(Metrics):

@@ -16,7 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.batches import Batch
+from workbench.core.batches import Batch, cell_feeds
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.record import RunRecord
+from workbench.core.results import ExportMetrics
 from workbench.core.timing import cell_medians_ms
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners import IO, Runner
@@ -25,6 +29,9 @@ from workbench.runners.onnxruntime import OrtRunner
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
 MAX_LOSS = 1.02  # and no more than 2% slower at the other
+# Rounds of a timing across runtimes (OpenVINO against ONNX Runtime; a cell's rounds stop after CELL_SECONDS): two
+# runtimes differ more from call to call than two graphs in one runtime do.
+RUNTIME_ROUNDS = 15
 RULE = f"needs {MIN_GAIN:.2f}x at one cell and no loss over {MAX_LOSS:.2f}x at the other"
 
 
@@ -129,20 +136,28 @@ def largest_difference(first: Runner, second: Runner, feeds: dict[str, dict[str,
 def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
           untimed: str | None = None, rounds: int = 5) -> Trial:
     """Keep `challenger` over `default` (both in `runners`, by name): never when its outputs differ beyond the fp32
-    gate; when they match, if it is also clearly faster here, or without timing where `untimed` says why not."""
+    gate; when they match, if it is also clearly faster here (`race`), or without timing where `untimed` says why
+    not."""
     largest, matches = largest_difference(runners[default], runners[challenger], feeds)
     if not matches:
         return Trial(largest, False, {}, False, f"its outputs differ from the {default} graph's by up to "
                                                 f"{largest:.2g} on the same text, beyond the fp32 gate")
     if untimed:
         return Trial(largest, True, {}, True, untimed)
+    return Trial(largest, True, *race(default, challenger, runners, feeds, rounds))
+
+
+def race(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
+         rounds: int = 5) -> tuple[dict[str, dict[str, float]], bool, str]:
+    """`challenger` timed against `default` (interleaved, at every cell of `feeds`): the median ms, whether it is
+    clearly faster (`clearly_faster`) and why."""
     ms = _timed(runners, feeds, rounds)
     faster, shown = clearly_faster(ms, default, challenger)
     mixed = max(ms[default][cell] / ms[challenger][cell] for cell in ms[default]) >= MIN_GAIN
     reason = (f"ran faster than the {default} graph: {shown}" if faster else
               f"faster than the {default} graph at one cell, slower at another ({shown}; {RULE})" if mixed else
               f"not clearly faster than the {default} graph ({shown}; {RULE})")
-    return Trial(largest, True, ms, faster, reason)
+    return ms, faster, reason
 
 
 def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
@@ -160,3 +175,11 @@ def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]],
         ms = _timed(runners, feeds, rounds)
     chosen, reason = decide(ms)
     return FormChoice(chosen, reason, ms)
+
+
+def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
+    """Real text at the bench's smallest and largest cell (sequences capped at the model's limit)."""
+    cells = sorted({(min(config.bench.batches), min(min(config.bench.sequences), export.max_sequence)),
+                    (max(config.bench.batches), min(max(config.bench.sequences), export.max_sequence))})
+    texts = list(load_corpus(config.corpus, config.corpus_max_texts))
+    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), texts, cells)

@@ -8,25 +8,27 @@ from typing import Any
 from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
-from workbench.runners.onnxruntime import OrtRunner
+from workbench.runners import Runner
+from workbench.runners.files import open_variant
 
 HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
 SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")
 
 
 class Checker:
-    """Checks one precision's candidate files against `lab` with ONNX Runtime (`providers`, `threads`). The search's
-    batches start as those of the texts `unrepaired` gets most wrong and grow with `add_failing`."""
+    """Checks one variant's candidate files (`name`, at `precision`) against `lab`, each run by the runtime its file
+    names (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
+    start as those of the texts `unrepaired` gets most wrong and grow with `add_failing`."""
 
-    def __init__(self, lab: ParityLab, precision: str, providers: list[str], threads: int | None,
+    def __init__(self, lab: ParityLab, name: str, precision: str, device: str, threads: int | None,
                  unrepaired: Path) -> None:
-        self.lab, self.precision, self.providers, self.threads = lab, precision, providers, threads
+        self.lab, self.name, self.precision, self.device, self.threads = lab, name, precision, device, threads
         self.hard: list[int] = []
         self.batch = lab.latency_batch()
         self.add_failing(self.collect(unrepaired), only_failing=False)
 
-    def runner(self, path: Path) -> OrtRunner:
-        return OrtRunner(self.precision, path, self.providers, self.threads)
+    def runner(self, path: Path) -> Runner:
+        return open_variant(self.name, path, self.device, self.threads, self.precision)
 
     def collect(self, path: Path) -> dict[str, OutputParity]:
         """Per output, every text's parity on the full lab."""

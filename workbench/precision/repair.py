@@ -11,6 +11,7 @@ from typing import Any
 from workbench.core.progress import Progress
 from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
+from workbench.graphs.nncf_int8 import keep_in_float, noise_order, quantizer_costs
 from workbench.graphs.variants import convert_fp16, quantize_int8_blockwise
 from workbench.precision.checker import Checker
 from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
@@ -90,8 +91,20 @@ def repair_problem(precision: str, settings: RepairPlan, fp32: Path, checker: Ch
         costs=matmul_costs(graph, units))
 
 
+def openvino_int8_problem(quantized: Path, original: Path, checker: Checker) -> RepairProblem:
+    """NNCF's int8 (`graphs.nncf_int8`): quantizers to undo (`keep_in_float`), noisiest on the lab's batches first
+    (`noise_order`); a quantizer costs the weights of the MatMuls it feeds in the exported graph."""
+    feeds = [b.feed for b in checker.lab.sweep[:4]] + [checker.lab.corners[-1].feed]
+    units = list(noise_order(quantized, original, feeds))
+    graph = onnxfiles.load(original, load_external_data=False)
+    matmuls = [node.name for node in graph.graph.node if node.op_type in ("MatMul", "Gemm")]
+    return RepairProblem("int8", units, lambda blocked, dest: keep_in_float(quantized, original, dest, blocked),
+                         ordering="noisiest quantizer first (SQNR on the lab's batches)",
+                         costs=quantizer_costs(quantized, matmul_costs(graph, matmuls)))
+
+
 def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, dest: Path,
-           bar: Progress) -> Repaired:
+           bar: Progress, problem: RepairProblem | None = None) -> Repaired:
     """Search for nodes to keep in fp32 on the hardest batches, confirm on the full lab, write the repaired file to
     `dest` (candidates are built in `workdir`, none outlives the call, even when it is interrupted).
 
@@ -100,7 +113,8 @@ def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, de
     (verdicts are re-taken). Builds are bounded by `settings.max_builds` and the whole repair by
     `settings.budget_s`: when either is spent the best candidate found is confirmed on the full lab and written
     only if it passes there; otherwise the outcome names the bound and the closest candidate. Each build is
-    counted on `bar`.
+    counted on `bar`. A `problem` given (another quantizer's, `openvino_int8_problem`) is searched as it is, without
+    ONNX Runtime's int8 recipes.
     """
     budget = Budget(settings.budget_s)
     precision, lab = checker.precision, checker.lab
@@ -109,12 +123,12 @@ def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, de
     search: RepairSearch | None = None
     try:
         base = None
-        if precision == "int8":
+        if precision == "int8" and problem is None:
             feeds = [b.feed for b in lab.sweep[::SMOOTHING_CALIBRATION_STRIDE]]
             base = choose_base(base_recipes(settings.int8_per_channel), fp32, workdir, feeds,
                                settings.int8_nodes_to_exclude, checker, budget,
                                note=lambda text: bar.update(0, note=f"{text}; {budget.left():.0f} s left"))
-        problem = repair_problem(precision, settings, fp32, checker, base)
+        problem = problem or repair_problem(precision, settings, fp32, checker, base)
         search = RepairSearch(problem, checker, workdir, settings.max_builds, budget, bar)
         result, confirmed = search_rounds(search, checker, base)
         errors = {}

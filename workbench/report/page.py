@@ -22,7 +22,7 @@ from workbench.core.results import (
 )
 from workbench.report import figures
 from workbench.report.recommend import recommend
-from workbench.report.takeaways import openvino_line
+from workbench.report.takeaways import openvino_int8_line, openvino_line
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
 Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
@@ -86,6 +86,9 @@ def fusions_section(optimize: OptimizeMetrics) -> Parts:
     parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
     if optimize.openvino:
         parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
+    if optimize.openvino_int8:
+        parts.append(("OpenVINO int8 (NNCF), raced against the fastest graph",
+                      f"{openvino_int8_line(optimize.openvino_int8)}.", []))
     return parts
 
 

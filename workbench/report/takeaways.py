@@ -79,6 +79,9 @@ def optimize_lines(record: RunRecord) -> list[str]:
     openvino = record.metric("optimize.openvino")
     if openvino:
         lines.append(openvino_line(openvino))
+    openvino_int8 = record.metric("optimize.openvino_int8")
+    if openvino_int8:
+        lines.append(openvino_int8_line(openvino_int8))
     return lines
 
 
@@ -90,6 +93,16 @@ def openvino_line(openvino: dict[str, Any]) -> str:
         return f"OpenVINO fp32 {openvino['reason']}"
     anyway = "; to keep it anyway: -p openvino=always" if openvino.get("matches") else ""
     return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
+
+
+def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
+    """NNCF's int8 on OpenVINO in one line: kept (its accuracy is the parity step's to judge), not kept and why, or
+    not tried and why."""
+    if openvino_int8["kept"]:
+        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant: {openvino_int8['reason']}"
+    if "ms" not in openvino_int8:
+        return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
+    return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p openvino=always"
 
 
 def parity_lines(record: RunRecord) -> list[str]:
@@ -109,7 +122,8 @@ def parity_lines(record: RunRecord) -> list[str]:
             built = len(outcome.candidates)
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
                          f"{base} ({built} candidate{'s' if built != 1 else ''} built{stopped}"
-                         f"{'; ' + spent if spent else ''})")
+                         f"{'; ' + spent if spent else ''})"
+                         + (f"; {outcome.race['reason']}" if outcome.race else ""))
         else:
             more = ""
             if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
@@ -181,7 +195,7 @@ def triton_lines(record: RunRecord) -> list[str]:
     beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
     within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
     replaced = record.metric("triton.replaced")
-    runtime = ", run by OpenVINO" if deployment.variant == "openvino" else ""
+    runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
             f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
             *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),

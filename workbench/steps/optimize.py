@@ -7,18 +7,18 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from workbench.core.atomic import temporary_dir
-from workbench.core.batches import Batch, cell_feeds
+from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, OptimizeMetrics
+from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
+from workbench.graphs.nncf_int8 import calibration_feeds, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.variants import (
     BORROWED_RULES,
     GRAPH_FORMS,
@@ -28,11 +28,22 @@ from workbench.graphs.variants import (
     optimize_fp32,
     quantize_int8,
 )
-from workbench.measure.forms import Borrowed, FormChoice, Trial, choose_borrowed, choose_form, trial
+from workbench.measure.forms import (
+    RUNTIME_ROUNDS,
+    Borrowed,
+    FormChoice,
+    Trial,
+    choose_borrowed,
+    choose_form,
+    form_feeds,
+    race,
+    trial,
+)
 from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report.page import Section, fusions_section
 from workbench.report.takeaways import optimize_lines
+from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, openvino_problem
 from workbench.steps import StepSpec
@@ -51,9 +62,6 @@ FUSED_OPS = (
 # What ONNX Runtime's transformer optimizer fuses in every layer of the encoder families it has rules for.
 TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
 # Fused operators that do one of those fusions' work (a tanh-approximated GELU fuses as FastGelu).
-# Rounds of the OpenVINO trial's interleaved timing (a cell's rounds stop after forms.CELL_SECONDS): two runtimes
-# differ more from call to call than two graphs in one runtime do.
-OPENVINO_ROUNDS = 15
 EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "GemmFastGelu")}
 
 
@@ -120,14 +128,6 @@ def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> d
         outputs = runner.infer(Batch("smoke", [0, 1], feed))
     record.note_providers(runner.providers)
     return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
-
-
-def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
-    """Real text at the bench's smallest and largest cell (sequences capped at the model's limit)."""
-    cells = sorted({(min(config.bench.batches), min(min(config.bench.sequences), export.max_sequence)),
-                    (max(config.bench.batches), min(max(config.bench.sequences), export.max_sequence))})
-    texts = list(load_corpus(config.corpus, config.corpus_max_texts))
-    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), texts, cells)
 
 
 def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig, record: RunRecord,
@@ -211,7 +211,7 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
         with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
                 OpenVinoRunner("openvino", dest, config.threads) as openvino:
             tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
-                                 form_feeds(config, record, export), untimed, OPENVINO_ROUNDS)
+                                 form_feeds(config, record, export), untimed, RUNTIME_ROUNDS)
             engine = openvino.providers[0]
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
@@ -222,6 +222,44 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     else:
         onnxfiles.remove(dest)
     return {"engine": engine, **tried.record()}
+
+
+def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target,
+                        int8: Decision | None) -> dict[str, Any]:
+    """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
+    so far (ONNX Runtime's int8, else the openvino variant, else fp32): kept as the `openvino_int8` variant where it
+    is clearly faster here (openvino=auto) or always (openvino=always). Its accuracy is the parity step's to judge
+    (and repair). What was tried and why it was kept or not, for metrics.optimize.openvino_int8."""
+    why_not = openvino_skipped(config, target) or (
+        "not tried: int8 is not among the run's precisions" if int8 is None else
+        f"not tried: {nncf_problem()}; {INSTALL}" if nncf_problem() else None)
+    if why_not:
+        return {"kept": False, "reason": why_not}
+    dest = record.run_dir / "onnx" / "openvino_int8.onnx"
+    variants = record.variants()
+    against = next(v for v in ("int8", "openvino", "fp32") if v in variants)
+    feeds = calibration_feeds(config, record)
+    try:
+        seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
+        release_memory()
+        with open_variant(against, variants[against][0], config.device, config.threads) as default, \
+                OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
+            engine = challenger.providers[0]
+            if config.openvino == "always":
+                ms, kept, reason = {}, True, "set by openvino=always"
+            else:
+                ms, kept, reason = race(against, "openvino_int8", {against: default, "openvino_int8": challenger},
+                                        form_feeds(config, record, export), RUNTIME_ROUNDS)
+    except BaseException:  # interrupted or failed: no file the record does not name
+        onnxfiles.remove(dest)
+        raise
+    release_memory()
+    if kept:
+        record.add_artifact("onnx.openvino_int8", dest, kind="onnx", variant="openvino_int8", precision="int8")
+    else:
+        onnxfiles.remove(dest)
+    return {"engine": engine, "quantizer": quantizer(), "calibration_texts": len(feeds), "seconds": round(seconds, 3),
+            "against": against, "ms": ms, "kept": kept, "reason": reason}
 
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
@@ -338,6 +376,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             record.set_metric(f"{STEP}.variants.{variant}", stats)
         record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
         record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target))
+        record.set_metric(f"{STEP}.openvino_int8",
+                          build_openvino_int8(config, record, export, target, decisions.get("int8")))
         record.set_metric(f"{STEP}.variants.original", fusions["original"])
     return record.step_entry(STEP)
 

@@ -13,21 +13,27 @@ from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ParityMetrics
+from workbench.graphs import onnxfiles
+from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
-from workbench.precision.repair import RepairPlan
+from workbench.precision.repair import RepairPlan, openvino_int8_problem
 from workbench.precision.repair import repair as repair_variant
 from workbench.report.page import Section, parity_section
 from workbench.report.takeaways import parity_lines
 from workbench.runners import Runner
 from workbench.runners.files import open_variant
-from workbench.runners.onnxruntime import providers_for
 from workbench.steps import StepSpec
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
+REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity check repairs (`<name>_repaired`)
+# A repaired OpenVINO int8 keeps many of its activations in float: it is kept only where it still runs clearly
+# faster than the first of these that passed (serving.plan serves it ahead of them).
+RACED = ("openvino_int8",)
+RACED_AGAINST = ("int8_repaired", "int8", "openvino", "fp32", "original")
 
 
 def repair_plan(config: RunConfig) -> RepairPlan:
@@ -35,22 +41,47 @@ def repair_plan(config: RunConfig) -> RepairPlan:
                       config.fp16_node_block_list, config.int8_nodes_to_exclude, config.int8_per_channel)
 
 
-def repair(precision: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> str | None:
-    """Repair the failing `precision` variant (metrics.parity.repair.<precision>); the repaired variant's name
-    when one passed, its file recorded."""
-    repaired = f"{precision}_repaired"
+def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Any]) -> str | None:
+    """Repair the failing variant `name` (metrics.parity.repair.<name>); the repaired variant's name when one
+    passed (and, for openvino_int8, kept its speed: `race_repaired`), its file recorded."""
+    repaired = f"{name}_repaired"
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
-    with Progress(f"repair {precision}", config.repair.max_builds, "candidates") as bar:
-        checker = Checker(lab, precision, providers_for(config.device), config.threads,
-                          record.artifact(f"onnx.{precision}"))
+    path, precision = record.variant(name)
+    with Progress(f"repair {name}", config.repair.max_builds, "candidates") as bar:
+        checker = Checker(lab, name, precision, config.device, config.threads, path)
+        problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker) \
+            if name == "openvino_int8" else None
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
-                                 record.run_dir / "repair" / precision, dest, bar)
-    record.set_metric(f"{STEP}.repair.{precision}", outcome.result)
+                                 record.run_dir / "repair" / name, dest, bar, problem)
+    if outcome.blocked is not None and name in RACED:
+        outcome.result["race"] = race_repaired(repaired, dest, config, record, results)
+        if not outcome.result["race"]["kept"]:
+            onnxfiles.remove(dest)
+            outcome.blocked = None
+    record.set_metric(f"{STEP}.repair.{name}", outcome.result)
     if outcome.blocked is not None:
         record.add_artifact(f"onnx.{repaired}", dest, kind="onnx", variant=repaired, precision=precision,
                             blocked=outcome.blocked, **({"recipe": outcome.recipe} if outcome.recipe else {}))
         return repaired
     return None
+
+
+def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
+                  results: dict[str, Any]) -> dict[str, Any]:
+    """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
+    (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or openvino=always; its
+    record."""
+    against = next(v for v in RACED_AGAINST if results.get(v, {}).get("passed"))
+    if config.openvino == "always":
+        return {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
+    other, precision = record.variant(against)
+    with open_variant(against, other, config.device, config.threads, precision) as default, \
+            open_variant(name, path, config.device, config.threads, "int8") as challenger:
+        ms, kept, reason = race(against, name, {against: default, name: challenger},
+                                form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
+    release_memory()
+    return {"against": against, "ms": ms, "kept": kept,
+            "reason": f"kept: {reason}" if kept else f"not kept (its file removed): {reason}"}
 
 
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
@@ -132,9 +163,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
-        for precision in ("fp16", "int8"):
-            if config.repair.enabled and precision in results and not results[precision]["passed"]:
-                repaired = repair(precision, config, record, lab)
+        for name in REPAIRABLE:
+            if config.repair.enabled and name in results and not results[name]["passed"]:
+                repaired = repair(name, config, record, lab, results)
                 if repaired is not None:
                     results[repaired] = compare(repaired, config, record, lab)
         inputs, reference = lab.save_polygraphy_data(record.run_dir / "parity")

@@ -1,0 +1,156 @@
+"""OpenVINO's int8: NNCF's quantization of the exported graph, kept by the optimize step where it runs faster than the
+fastest graph kept before it, checked by the parity lab, repaired by undoing activation quantizers, served first."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from workbench.core.batches import Batch
+from workbench.core.config import Flavor, RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
+from workbench.measure.precisions import Target, target_for
+from workbench.precision.search import matmul_costs
+from workbench.runners.openvino import OpenVinoRunner
+from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
+from workbench.steps import export, optimize, parity
+
+pytest.importorskip("nncf")
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory, tiny_models):
+    """A tiny BERT with fp32 and int8, its OpenVINO int8 kept untimed (openvino=always); the embedding's gate is
+    tightened to 0.999995 so that int8 (min cosine about 0.99998 on a tiny random model) fails it and is repaired."""
+    root = tmp_path_factory.mktemp("openvino_int8")
+    config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"],
+                                       "threads": 1, "openvino": "always",
+                                       "tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    return config, record
+
+
+def outputs(path, record: RunRecord, count: int = 16) -> dict[str, np.ndarray]:
+    with OpenVinoRunner("check", path, 1) as runner:
+        texts = list(load_corpus()[:count])
+        return runner.infer(Batch("corpus", list(range(count)), encode(record.tokenizer(), texts,
+                                                                         runner.input_names, max_length=64)))
+
+
+def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
+    _, record = quantized
+    tried = record.metric("optimize.openvino_int8")
+    assert tried["kept"] and tried["reason"] == "set by openvino=always" and tried["ms"] == {}
+    assert tried["against"] == "int8" and tried["engine"].startswith("OpenVINO ")
+    assert tried["calibration_texts"] == min(CALIBRATION_TEXTS, len(load_corpus()))
+    path, precision = record.variant("openvino_int8")
+    assert precision == "int8" and onnxfiles.runtime(path) == "openvino"
+    found = quantizers(onnxfiles.load(path))
+    activations = [name for name, quantizer in found.items() if quantizer.source is not None]
+    assert onnxfiles.op_counts(onnxfiles.load(path))["QuantizeLinear"] == len(activations) > 0
+    assert len(found) - len(activations) == 3, "the word, position and token type tables, stored int8"
+    lines = optimize.optimize_lines(record)
+    assert any(line.startswith("OpenVINO int8 (NNCF) kept as the openvino_int8 variant") for line in lines)
+
+
+def test_undoing_every_quantizer_gives_the_exported_graph_back(quantized, tmp_path):
+    _, record = quantized
+    path, original = record.variant("openvino_int8")[0], record.artifact("onnx.original")
+    found = quantizers(onnxfiles.load(path))
+    names = list(found)
+    keep_in_float(path, original, tmp_path / "float.onnx", names)
+    keep_in_float(path, original, tmp_path / "half.onnx", names[: len(names) // 2])
+    counts = {name: onnxfiles.op_counts(onnxfiles.load(tmp_path / f"{name}.onnx")) for name in ("float", "half")}
+    assert "QuantizeLinear" not in counts["float"] and "DequantizeLinear" not in counts["float"]
+    assert counts["half"]["QuantizeLinear"] == sum(found[name].source is not None for name in names[len(names) // 2:])
+    assert onnxfiles.runtime(tmp_path / "float.onnx") == "openvino", "the metadata stays with the file"
+    want, got = outputs(original, record), outputs(tmp_path / "float.onnx", record)
+    cosine = np.sum(want["sentence_embedding"] * got["sentence_embedding"], axis=1)
+    assert cosine.min() > 0.99999, "float tables, weights, biases and activations: the exported graph's answers"
+    assert len(quantizers(onnxfiles.load(path))) == len(names), "the quantized file is left as it was"
+
+
+def test_quantizers_are_ordered_noisiest_first_and_cost_what_they_feed(quantized):
+    _, record = quantized
+    path, original = record.variant("openvino_int8")[0], record.artifact("onnx.original")
+    feeds = [encode(record.tokenizer(), list(load_corpus()[:8]), ("input_ids", "attention_mask", "token_type_ids"),
+                    max_length=64)]
+    noise = noise_order(path, original, feeds)
+    assert set(noise) == set(quantizers(onnxfiles.load(path)))
+    assert list(noise.values()) == sorted(noise.values()) and all(np.isfinite(list(noise.values())))
+    graph = onnxfiles.load(original, load_external_data=False)
+    matmuls = [n.name for n in graph.graph.node if n.op_type == "MatMul"]
+    costs = quantizer_costs(path, matmul_costs(graph, matmuls))
+    assert set(costs) == set(noise) and sum(costs.values()) > 0
+    assert sum(costs.values()) <= sum(matmul_costs(graph, matmuls).values())
+
+
+def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quantized):
+    """The lab judges it as int8; the repair undoes some of its quantizers (not all), the repaired file passes, is
+    run by OpenVINO, and is kept with the race's say (openvino=always here: kept untimed)."""
+    config, record = quantized
+    results = parity.run(config, record).metrics
+    assert results["variants"]["openvino_int8"]["precision"] == "int8"
+    assert not results["variants"]["openvino_int8"]["passed"]
+    repair = results["repair"]["openvino_int8"]
+    assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
+    assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
+    assert repair["race"] == {"against": "int8_repaired", "ms": {}, "kept": True, "reason": "set by openvino=always"}
+    assert results["variants"]["openvino_int8_repaired"]["passed"]
+    path, precision = record.variant("openvino_int8_repaired")
+    assert precision == "int8" and onnxfiles.runtime(path) == "openvino"
+    assert record.artifact_details("onnx.openvino_int8_repaired")["blocked"] == repair["chosen"]["blocked"]
+
+
+def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
+    config, record = quantized
+    config = config.model_copy(update={"openvino": "auto"})
+    monkeypatch.setattr(parity, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
+    dest = tmp_path / "openvino_int8_repaired.onnx"
+    onnxfiles.save(onnx.load(record.variant("openvino_int8")[0]), dest)
+    raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, {"int8": {"passed": True}})
+    assert raced == {"against": "int8", "ms": {}, "kept": False,
+                     "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
+
+
+def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, monkeypatch):
+    config, record = quantized
+    config = config.model_copy(update={"openvino": "auto"})
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimize, "race", interrupted)
+    fresh = RunRecord.load(record.run_dir)
+    with pytest.raises(KeyboardInterrupt):
+        optimize.build_openvino_int8(config, fresh, fresh.export_info(), target_for("host", False),
+                                     optimize.decide_precisions(config, fresh)[1]["int8"])
+    path = record.run_dir / "onnx" / "openvino_int8.onnx"
+    assert not path.exists() and not list(path.parent.glob(".openvino_int8.onnx*"))
+
+
+def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
+    config, record = quantized
+    host = Target("host", frozenset({"avx2"}))
+    decision = optimize.decide_precisions(config, record)[1]["int8"]
+    assert optimize.build_openvino_int8(config, record, record.export_info(), host, None) == {
+        "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
+    never = config.model_copy(update={"openvino": "never"})
+    assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision)["reason"] == \
+        "not tried (openvino=never)"
+    monkeypatch.setattr(optimize, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
+    reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision)["reason"]
+    assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
+
+
+def test_the_python_model_serves_it_first_and_the_onnxruntime_backend_never():
+    for order in (CPU_INT8_FIRST, CPU_FP32_FIRST):
+        assert order[:2] == ("openvino_int8_repaired", "openvino_int8")
+    decided = {"pays": True, "reason": "pays"}
+    assert preference(Flavor.PYTHON_ORT, decided)[0][0] == "openvino_int8_repaired"
+    assert not {"openvino_int8", "openvino_int8_repaired"} & set(preference(Flavor.ONNXRUNTIME, decided)[0])

@@ -1,0 +1,215 @@
+"""OpenVINO's int8: NNCF's post-training quantization (its ONNX backend, the transformer model type) of the exported
+graph, calibrated on real text. The result is a QDQ ONNX graph marked for OpenVINO (`onnxfiles.RUNTIME_KEY`), whose
+CPU plugin runs its MatMuls with int8 kernels; ONNX Runtime would run the same file with other kernels and other
+rounding, so it is never given it.
+
+A repair undoes chosen activation quantizers (`keep_in_float`): the nodes that read them get back the original
+graph's inputs, float weights and biases; one graph edit, no new calibration."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from workbench.core.config import RunConfig
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import DependencyMissingError
+from workbench.core.record import RunRecord
+from workbench.graphs import onnxfiles
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+
+# Corpus texts NNCF collects activation statistics on. Measured on all-MiniLM-L6-v2 against its fp32 graph, 304
+# corpus texts: 32 texts, min cosine 0.851 (19 texts below 0.99); 64, 0.904 (8); 128, 0.926 (4); the build's time
+# grows with them (11 s, 14 s, 20 s on 2 cores).
+CALIBRATION_TEXTS = 128
+QUANTIZED_OPS = ("MatMul", "Gemm")  # what NNCF's transformer preset quantizes, and what a repair can keep in float
+INSTALL = "pip install -e '.[openvino]' (`make env` installs it with its default EXTRAS)"
+
+Feed = dict[str, np.ndarray]
+
+
+def nncf_problem() -> str | None:
+    """Why NNCF cannot quantize here, or None."""
+    try:
+        import nncf  # noqa: F401
+    except ImportError as exc:
+        return f"NNCF is not installed ({exc})"
+    return None
+
+
+def quantizer() -> str:
+    """The quantizer and its settings, as the record names them."""
+    import nncf
+
+    return f"NNCF {nncf.__version__}, model type transformer, {CALIBRATION_TEXTS} calibration texts at most"
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """What NNCF quantized at one place: an activation (`source`: the unquantized tensor its QuantizeLinear reads)
+    or a stored table, e.g. an embedding (`source` None: its readers get the original graph's float table back);
+    the DequantizeLinear nodes whose values the graph reads instead."""
+
+    source: str | None
+    dequantizes: tuple[NodeProto, ...]
+
+
+def quantizers(model: ModelProto) -> dict[str, Quantizer]:
+    """The graph's quantizers by node name: each QuantizeLinear with the DequantizeLinear nodes that read it, and
+    each DequantizeLinear of a stored table that only Gathers read (MatMul weights are stored quantized too, and
+    come back with the MatMul a repair restores)."""
+    stored = {tensor.name for tensor in model.graph.initializer}
+    readers: dict[str, list[NodeProto]] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node)
+    found = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            found[node.name] = Quantizer(node.input[0], tuple(
+                r for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear"))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in stored and readers.get(node.output[0]) and all(
+                r.op_type == "Gather" for r in readers[node.output[0]]):
+            found[node.name] = Quantizer(None, (node,))
+    return found
+
+
+def keep_in_float(quantized: Path, original: Path, dest: Path, names: Sequence[str]) -> None:
+    """`quantized` with the quantizers `names` (of `quantizers`) undone, written to `dest`: each node that read
+    their dequantized values is restored as `original` has it (its unquantized inputs, its float weights, and the
+    bias NNCF's bias correction changed in the node that adds it), or, without a counterpart there, reads the
+    unquantized activation; the nodes nothing reads any more are dropped."""
+    model, source = onnxfiles.load(quantized), onnxfiles.load(original)
+    found = quantizers(model)
+    undone = {dequantize.output[0]: found[name].source for name in names for dequantize in found[name].dequantizes}
+    counterparts = {node.name: node for node in source.graph.node}
+    weights = {tensor.name: tensor for tensor in source.graph.initializer}
+    produced = {o for node in model.graph.node for o in node.output} | {i.name for i in model.graph.input}
+    readers = [node for node in model.graph.node if any(tensor in undone for tensor in node.input)]
+    for node in readers:
+        counterpart = counterparts.get(node.name)
+        if counterpart is None or counterpart.op_type != node.op_type or not all(
+                tensor in produced or tensor in weights for tensor in counterpart.input):
+            node.input[:] = [undone.get(tensor) or tensor for tensor in node.input]
+            continue
+        _restore(model, node, counterpart, weights)
+        for consumer in model.graph.node:  # the bias add after a MatMul
+            twin = counterparts.get(consumer.name)
+            if node.output[0] in consumer.input and twin is not None and twin.op_type == consumer.op_type:
+                _restore(model, consumer, twin, weights, constants_only=True)
+    _drop_unread(model)
+    onnxfiles.save(model, dest)
+
+
+def _restore(model: ModelProto, node: NodeProto, counterpart: NodeProto, weights: dict[str, TensorProto],
+             constants_only: bool = False) -> None:
+    """`node`'s inputs as `counterpart` (the original graph's node) has them, its initializers copied in under new
+    names (`constants_only`: only the inputs that are initializers there)."""
+    present = {tensor.name for tensor in model.graph.initializer}
+    for position, tensor in enumerate(counterpart.input):
+        if tensor in weights:
+            copy = f"{tensor}.float"
+            if copy not in present:
+                model.graph.initializer.append(weights[tensor])
+                model.graph.initializer[-1].name = copy
+                present.add(copy)
+            node.input[position] = copy
+        elif not constants_only:
+            node.input[position] = tensor
+
+
+def quantizer_costs(quantized: Path, costs: dict[str, float]) -> dict[str, float]:
+    """Per quantizer, the compute it feeds: the summed `costs` (by node name) of the nodes that read its dequantized
+    values."""
+    model = onnxfiles.load(quantized, load_external_data=False)
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node.name)
+    return {name: sum(costs.get(reader, 0.0) for dequantize in found.dequantizes
+                      for reader in readers.get(dequantize.output[0], []))
+            for name, found in quantizers(model).items()}
+
+
+def _drop_unread(model: ModelProto) -> None:
+    """Remove nodes none of whose outputs is read (by a node or as a graph output), until none is left."""
+    while True:
+        read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+        unread = [node for node in model.graph.node if not any(output in read for output in node.output)]
+        if not unread:
+            return
+        for node in unread:
+            model.graph.node.remove(node)
+
+
+def noise_order(quantized: Path, original: Path, feeds: Sequence[Feed]) -> dict[str, float]:
+    """Per quantizer, the signal-to-quantization-noise ratio (dB): of an activation on `feeds` (its input against
+    its dequantized output, run by ONNX Runtime), of a table against `original`'s; noisiest first."""
+    from onnx import numpy_helper
+
+    model = onnxfiles.load(quantized)
+    found = quantizers(model)
+    tables = _original_tables(model, onnxfiles.load(original), found)
+    pairs = {name: (q.source, q.dequantizes[0].output[0])
+             for name, q in found.items() if q.dequantizes and (q.source or name in tables)}
+    exact_tables = {name: numpy_helper.to_array(table).astype(np.float64) for name, table in tables.items()}
+    marked = sorted({t for pair in pairs.values() for t in pair if t})
+    signal, noise = dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0.0)
+    for values in onnxfiles.tensor_values(model, marked, list(feeds)):
+        for name, (before, after) in pairs.items():
+            exact = exact_tables[name] if before is None else values[before].astype(np.float64)
+            signal[name] += float(np.sum(exact ** 2))
+            noise[name] += float(np.sum((values[after] - exact) ** 2))
+    sqnr = {name: 10 * np.log10(max(signal[name], 1e-30) / max(noise[name], 1e-30)) for name in pairs}
+    return {name: round(float(db), 3) for name, db in sorted(sqnr.items(), key=lambda item: item[1])}
+
+
+def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Quantizer]) -> dict[str, TensorProto]:
+    """Per stored-table quantizer, the float table its first reader reads in the original graph."""
+    counterparts = {node.name: node for node in source.graph.node}
+    weights = {tensor.name: tensor for tensor in source.graph.initializer}
+    readers = {tensor: node for node in model.graph.node for tensor in node.input}
+    tables = {}
+    for name, quantizer in found.items():
+        reader = readers.get(quantizer.dequantizes[0].output[0]) if quantizer.source is None else None
+        twin = counterparts.get(reader.name) if reader is not None else None
+        if twin is not None and twin.input[0] in weights:
+            tables[name] = weights[twin.input[0]]
+    return tables
+
+
+def calibration_feeds(config: RunConfig, record: RunRecord) -> list[Feed]:
+    """NNCF's calibration data: CALIBRATION_TEXTS texts spread evenly over the run's corpus (all of them when it has
+    fewer), one unpadded text each, cut at the model's limit."""
+    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    export = record.export_info()
+    step = max(1, len(texts) // CALIBRATION_TEXTS)
+    return [encode(record.tokenizer(), [text], tuple(export.io.inputs), max_length=export.max_sequence)
+            for text in list(texts[::step][:CALIBRATION_TEXTS])]
+
+
+def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) -> None:
+    """NNCF's int8 of `original` calibrated on `feeds` (one text each), written to `dest` with the OpenVINO runtime
+    in its metadata."""
+    problem = nncf_problem()
+    if problem:
+        raise DependencyMissingError(f"the openvino_int8 variant needs NNCF: {problem}", INSTALL)
+    import io
+    import logging
+    from contextlib import redirect_stdout
+
+    import nncf
+    from onnx import helper
+
+    nncf.set_log_level(logging.ERROR)
+    model = onnxfiles.load(original)
+    with redirect_stdout(io.StringIO()):  # NNCF's own progress bars; the step has its own
+        quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(feeds))
+    helper.set_model_props(quantized, {onnxfiles.RUNTIME_KEY: "openvino"})
+    onnxfiles.save(quantized, dest)
