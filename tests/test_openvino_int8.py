@@ -154,3 +154,41 @@ def test_the_python_model_serves_it_first_and_the_onnxruntime_backend_never():
     decided = {"pays": True, "reason": "pays"}
     assert preference(Flavor.PYTHON_ORT, decided)[0][0] == "openvino_int8_repaired"
     assert not {"openvino_int8", "openvino_int8_repaired"} & set(preference(Flavor.ONNXRUNTIME, decided)[0])
+
+
+class CountingChecker:
+    """A checker whose candidate passes when it keeps `needed` in float and runs 1 ms plus 1 ms per unit kept."""
+
+    def __init__(self, needed: set[str]) -> None:
+        self.needed = needed
+
+    def assess(self, path):
+        blocked = set(path.read_text().split())
+        passed = self.needed <= blocked
+        return {"passed": passed, "violation": 0.0 if passed else 1.0}, 1.0 + len(blocked)
+
+    def summarize(self, result):
+        return {}
+
+
+def search_for(tmp_path, ceiling):
+    from workbench.core.timing import Budget
+    from workbench.precision.search import RepairProblem, RepairSearch
+
+    units = list("abcdefgh")
+    problem = RepairProblem("int8", units, lambda blocked, dest: dest.write_text(" ".join(blocked)), ceiling=ceiling)
+    return RepairSearch(problem, CountingChecker({"a", "f", "g"}), tmp_path / "repair", 40, Budget(600.0))
+
+
+def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path):
+    """The shortest passing prefix keeps 7 of 8 units (8 ms here): over 1.5x the 4 ms of the variant it must beat,
+    the search stops without pruning, writes nothing and says why; without a ceiling it prunes to the 3 needed."""
+    from workbench.precision.search import run_search
+
+    stopped = run_search(search_for(tmp_path / "a", ("int8_repaired", 4.0)))
+    assert stopped["chosen"] is None and stopped["stopped"] == stopped["outcome"]
+    assert stopped["outcome"] == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.5x "
+                                  "int8_repaired's 4.0 ms: no pruned repair would be served ahead of it")
+    assert not list((tmp_path / "a").rglob("candidate-*"))
+    pruned = run_search(search_for(tmp_path / "b", None))
+    assert pruned["outcome"] == "repaired" and pruned["chosen"]["blocked"] == ["a", "f", "g"]

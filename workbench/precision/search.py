@@ -24,6 +24,8 @@ from workbench.graphs import onnxfiles
 if TYPE_CHECKING:
     from workbench.precision.checker import Checker
 
+# Pruning a passing prefix moves units back to reduced precision; on the runtimes measured it gained well under 2x.
+PRUNE_HEADROOM = 1.5
 RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
 # The primary output's metric a progress note shows, by preference: key, words, format.
 NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
@@ -54,6 +56,9 @@ class RepairProblem:
     ordering: str = ""
     costs: dict[str, float] = field(default_factory=dict)  # compute each unit moves back to fp32 when blocked
     sensitivity: dict[str, float] = field(default_factory=dict)
+    # The variant a repair must beat to be served (name, its median ms on the checker's latency batch): a repair
+    # whose shortest passing prefix is slower than PRUNE_HEADROOM times that is not pruned (`run_search`).
+    ceiling: tuple[str, float] | None = None
 
 
 class RepairSearch:
@@ -164,7 +169,8 @@ def remove_candidates(workdir: Path) -> None:
 
 
 class BudgetSpent(Exception):
-    """The repair may build no more: its builds or its seconds are spent (the message says which)."""
+    """The repair stops: its builds or its seconds are spent, or it cannot become worth serving (the message says
+    which)."""
 
 
 def run_search(search: RepairSearch) -> dict[str, Any]:
@@ -186,6 +192,7 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
                 else:
                     low = mid
             kept = list(units[:high])
+            too_slow(search, kept)
             for unit in reversed(units[:high]):
                 trial = [u for u in kept if u != unit]
                 if search.passes(trial):
@@ -207,6 +214,18 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
         "sensitivity": search.problem.sensitivity,
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def too_slow(search: RepairSearch, kept: list[str]) -> None:
+    """BudgetSpent where the passing set `kept` runs slower than `PRUNE_HEADROOM` times the variant the repair must
+    beat (`RepairProblem.ceiling`): pruning it would not make a repair worth serving; its file is discarded."""
+    ceiling = search.problem.ceiling
+    ms = search.try_blocked(kept).latency_ms
+    if ceiling is not None and ms > PRUNE_HEADROOM * ceiling[1]:
+        search.discard()
+        raise BudgetSpent(f"the shortest passing set ({len(kept)} units) ran {ms:.1f} ms on the latency batch, over "
+                          f"{PRUNE_HEADROOM:g}x {ceiling[0]}'s {ceiling[1]:.1f} ms: no pruned repair would be served "
+                          "ahead of it")
 
 
 def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:

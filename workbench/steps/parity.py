@@ -13,6 +13,7 @@ from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ParityMetrics
+from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
 from workbench.models.loading import LoadedModel, load_model
@@ -51,6 +52,8 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
         checker = Checker(lab, name, precision, config.device, config.threads, path)
         problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker) \
             if name == "openvino_int8" else None
+        if problem is not None and name in RACED and config.openvino != "always":
+            problem.ceiling = ceiling(config, record, results, checker)
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
     if outcome.blocked is not None and name in RACED:
@@ -66,12 +69,26 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     return None
 
 
+def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Any], checker: Checker) -> tuple[str, float]:
+    """The variant a raced repair must beat (the first of RACED_AGAINST that passed) and its median ms on the
+    checker's latency batch, measured as the checker measures candidates."""
+    against = raced_against(results)
+    path, precision = record.variant(against)
+    with open_variant(against, path, config.device, config.threads, precision) as runner:
+        return against, median_ms(lambda: runner.infer(checker.batch), repeats=5, warmup=1)
+
+
+def raced_against(results: dict[str, Any]) -> str:
+    """The first of RACED_AGAINST that passed parity (`results`, by variant)."""
+    return next((v for v in RACED_AGAINST if results.get(v, {}).get("passed")), "fp32")
+
+
 def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
                   results: dict[str, Any]) -> dict[str, Any]:
     """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
     (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or openvino=always; its
     record."""
-    against = next(v for v in RACED_AGAINST if results.get(v, {}).get("passed"))
+    against = raced_against(results)
     if config.openvino == "always":
         return {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
     other, precision = record.variant(against)
