@@ -140,6 +140,9 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     decision = optimize.decide_precisions(config, record)[1]["int8"]
     assert optimize.build_openvino_int8(config, record, record.export_info(), host, None) == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
+    fp32_only = config.model_copy(update={"precisions": ["fp32"]})  # int8 decided: not in the precisions
+    assert optimize.build_openvino_int8(fp32_only, record, record.export_info(), host, decision) == {
+        "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     never = config.model_copy(update={"openvino": "never"})
     assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision)["reason"] == \
         "not tried (openvino=never)"
@@ -190,5 +193,9 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
     assert stopped["outcome"] == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.5x "
                                   "int8_repaired's 4.0 ms: no pruned repair would be served ahead of it")
     assert not list((tmp_path / "a").rglob("candidate-*"))
+    closest = search_for(tmp_path / "c", None)
+    for blocked in (list("abcdefgh"), list("abcdefg")):
+        closest.try_blocked(blocked)
+    assert closest.closest().blocked == tuple("abcdefg"), "passing alike: the one keeping fewer units in fp32"
     pruned = run_search(search_for(tmp_path / "b", None))
     assert pruned["outcome"] == "repaired" and pruned["chosen"]["blocked"] == ["a", "f", "g"]

@@ -116,8 +116,10 @@ class RepairSearch:
         return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}{left}"
 
     def closest(self) -> Candidate | None:
-        """The candidate nearest the gate among all built (the smallest violation), passing or not."""
-        return min(self.candidates.values(), key=lambda c: (c.violation, self.cost(c.blocked)), default=None)
+        """The candidate nearest the gate among all built (the smallest violation, then the least kept in fp32),
+        passing or not."""
+        return min(self.candidates.values(), key=lambda c: (c.violation, self.cost(c.blocked), len(c.blocked)),
+                   default=None)
 
     def reset_results(self) -> None:
         """Forget verdicts (the check set changed); the build budget and history carry on."""

@@ -231,7 +231,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     is clearly faster here (openvino=auto) or always (openvino=always). Its accuracy is the parity step's to judge
     (and repair). What was tried and why it was kept or not, for metrics.optimize.openvino_int8."""
     why_not = openvino_skipped(config, target) or (
-        "not tried: int8 is not among the run's precisions" if int8 is None else
+        "not tried: int8 is not among the run's precisions" if int8 is None or (
+            config.precisions != "auto" and "int8" not in config.precisions) else
         f"not tried: {nncf_problem()}; {INSTALL}" if nncf_problem() else None)
     if why_not:
         return {"kept": False, "reason": why_not}
