@@ -118,18 +118,20 @@ def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
                      "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
 
 
-def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, monkeypatch):
-    config, record = quantized
+def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, tmp_path, monkeypatch):
+    import shutil
+
+    config, shared = quantized
+    record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
     config = config.model_copy(update={"openvino": "auto"})
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(optimize, "race", interrupted)
-    fresh = RunRecord.load(record.run_dir)
     with pytest.raises(KeyboardInterrupt):
-        optimize.build_openvino_int8(config, fresh, fresh.export_info(), target_for("host", False),
-                                     optimize.decide_precisions(config, fresh)[1]["int8"])
+        optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False),
+                                     optimize.decide_precisions(config, record)[1]["int8"])
     path = record.run_dir / "onnx" / "openvino_int8.onnx"
     assert not path.exists() and not list(path.parent.glob(".openvino_int8.onnx*"))
 
@@ -199,3 +201,20 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
     assert closest.closest().blocked == tuple("abcdefg"), "passing alike: the one keeping fewer units in fp32"
     pruned = run_search(search_for(tmp_path / "b", None))
     assert pruned["outcome"] == "repaired" and pruned["chosen"]["blocked"] == ["a", "f", "g"]
+
+
+def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path, monkeypatch):
+    """NNCF 3.4 fails on a DeBERTa-v2 graph (tests/test_families): the step records why and goes on."""
+    import shutil
+
+    config, shared = quantized
+    record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
+
+    def refused(original, dest, feeds):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(optimize, "quantize_openvino_int8", refused)
+    decision = optimize.decide_precisions(config, record)[1]["int8"]
+    assert optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False), decision) \
+        == {"kept": False, "reason": "not built: NNCF could not quantize this graph (AttributeError: 'NoneType' "
+                                     "object has no attribute 'shape')"}

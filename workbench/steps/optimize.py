@@ -242,6 +242,12 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     feeds = calibration_feeds(config, record)
     try:
         seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
+    except Exception as exc:  # noqa: BLE001 - NNCF refuses some families' graphs (DeBERTa-v2): a finding, kept
+        onnxfiles.remove(dest)
+        problem = (str(exc).strip().splitlines() or [""])[-1]
+        return {"kept": False, "reason": f"not built: NNCF could not quantize this graph ({type(exc).__name__}: "
+                                         f"{problem})"}
+    try:
         release_memory()
         with open_variant(against, variants[against][0], config.device, config.threads) as default, \
                 OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
