@@ -100,7 +100,8 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     repair = results["repair"]["openvino_int8"]
     assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
     assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
-    assert repair["race"] == {"against": "int8_repaired", "ms": {}, "kept": True, "reason": "set by openvino=always"}
+    against = parity.raced_against(results["variants"])  # ONNX Runtime's int8 as this host repaired it, or not
+    assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
     path, precision = record.variant("openvino_int8_repaired")
     assert precision == "int8" and onnxfiles.runtime(path) == "openvino"

@@ -14,10 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
-from workbench.core.errors import DependencyMissingError
-from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 
 if TYPE_CHECKING:
@@ -27,8 +23,6 @@ if TYPE_CHECKING:
 # corpus texts: 32 texts, min cosine 0.851 (19 texts below 0.99); 64, 0.904 (8); 128, 0.926 (4); the build's time
 # grows with them (11 s, 14 s, 20 s on 2 cores).
 CALIBRATION_TEXTS = 128
-QUANTIZED_OPS = ("MatMul", "Gemm")  # what NNCF's transformer preset quantizes, and what a repair can keep in float
-INSTALL = "pip install -e '.[openvino]' (`make env` installs it with its default EXTRAS)"
 
 Feed = dict[str, np.ndarray]
 
@@ -59,15 +53,21 @@ class Quantizer:
     dequantizes: tuple[NodeProto, ...]
 
 
+def _readers(model: ModelProto) -> dict[str, list[NodeProto]]:
+    """Per tensor, the nodes that read it."""
+    readers: dict[str, list[NodeProto]] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node)
+    return readers
+
+
 def quantizers(model: ModelProto) -> dict[str, Quantizer]:
     """The graph's quantizers by node name: each QuantizeLinear with the DequantizeLinear nodes that read it, and
     each DequantizeLinear of a stored table that only Gathers read (MatMul weights are stored quantized too, and
     come back with the MatMul a repair restores)."""
     stored = {tensor.name for tensor in model.graph.initializer}
-    readers: dict[str, list[NodeProto]] = {}
-    for node in model.graph.node:
-        for tensor in node.input:
-            readers.setdefault(tensor, []).append(node)
+    readers = _readers(model)
     found = {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear":
@@ -127,11 +127,8 @@ def quantizer_costs(quantized: Path, costs: dict[str, float]) -> dict[str, float
     """Per quantizer, the compute it feeds: the summed `costs` (by node name) of the nodes that read its dequantized
     values."""
     model = onnxfiles.load(quantized, load_external_data=False)
-    readers: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        for tensor in node.input:
-            readers.setdefault(tensor, []).append(node.name)
-    return {name: sum(costs.get(reader, 0.0) for dequantize in found.dequantizes
+    readers = _readers(model)
+    return {name: sum(costs.get(reader.name, 0.0) for dequantize in found.dequantizes
                       for reader in readers.get(dequantize.output[0], []))
             for name, found in quantizers(model).items()}
 
@@ -173,32 +170,19 @@ def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Qua
     """Per stored-table quantizer, the float table its first reader reads in the original graph."""
     counterparts = {node.name: node for node in source.graph.node}
     weights = {tensor.name: tensor for tensor in source.graph.initializer}
-    readers = {tensor: node for node in model.graph.node for tensor in node.input}
+    readers = _readers(model)
     tables = {}
     for name, quantizer in found.items():
-        reader = readers.get(quantizer.dequantizes[0].output[0]) if quantizer.source is None else None
-        twin = counterparts.get(reader.name) if reader is not None else None
+        first = readers.get(quantizer.dequantizes[0].output[0]) if quantizer.source is None else None
+        twin = counterparts.get(first[0].name) if first else None
         if twin is not None and twin.input[0] in weights:
             tables[name] = weights[twin.input[0]]
     return tables
 
 
-def calibration_feeds(config: RunConfig, record: RunRecord) -> list[Feed]:
-    """NNCF's calibration data: CALIBRATION_TEXTS texts spread evenly over the run's corpus (all of them when it has
-    fewer), one unpadded text each, cut at the model's limit."""
-    texts = load_corpus(config.corpus, config.corpus_max_texts)
-    export = record.export_info()
-    step = max(1, len(texts) // CALIBRATION_TEXTS)
-    return [encode(record.tokenizer(), [text], tuple(export.io.inputs), max_length=export.max_sequence)
-            for text in list(texts[::step][:CALIBRATION_TEXTS])]
-
-
 def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) -> None:
     """NNCF's int8 of `original` calibrated on `feeds` (one text each), written to `dest` with the OpenVINO runtime
-    in its metadata."""
-    problem = nncf_problem()
-    if problem:
-        raise DependencyMissingError(f"the openvino_int8 variant needs NNCF: {problem}", INSTALL)
+    in its metadata (the optimize step tries it only where `nncf_problem` finds none)."""
     import io
     import logging
     from contextlib import redirect_stdout

@@ -18,7 +18,7 @@ from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
-from workbench.graphs.nncf_int8 import calibration_feeds, nncf_problem, quantize_openvino_int8, quantizer
+from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, Feed, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.variants import (
     BORROWED_RULES,
     GRAPH_FORMS,
@@ -224,6 +224,15 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     return {"engine": engine, **tried.record()}
 
 
+def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> list[Feed]:
+    """NNCF's calibration data: CALIBRATION_TEXTS texts spread evenly over the run's corpus (all of them when it has
+    fewer), one unpadded text each, cut at the model's limit."""
+    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    step = max(1, len(texts) // CALIBRATION_TEXTS)
+    return [encode(record.tokenizer(), [text], tuple(export.io.inputs), max_length=export.max_sequence)
+            for text in list(texts[::step][:CALIBRATION_TEXTS])]
+
+
 def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target,
                         int8: Decision | None) -> dict[str, Any]:
     """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
@@ -239,7 +248,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     dest = record.run_dir / "onnx" / "openvino_int8.onnx"
     variants = record.variants()
     against = next(v for v in ("int8", "openvino", "fp32") if v in variants)
-    feeds = calibration_feeds(config, record)
+    feeds = calibration_feeds(config, record, export)
     try:
         seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
     except Exception as exc:  # noqa: BLE001 - NNCF refuses some families' graphs (DeBERTa-v2): a finding, kept

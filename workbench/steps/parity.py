@@ -31,9 +31,8 @@ from workbench.steps import StepSpec
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
 REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity check repairs (`<name>_repaired`)
-# A repaired OpenVINO int8 keeps many of its activations in float: it is kept only where it still runs clearly
+# A repaired openvino_int8 keeps many of its activations in float: it is kept only where it still runs clearly
 # faster than the first of these that passed (serving.plan serves it ahead of them).
-RACED = ("openvino_int8",)
 RACED_AGAINST = ("int8_repaired", "int8", "openvino", "fp32", "original")
 
 
@@ -50,13 +49,13 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     path, precision = record.variant(name)
     with Progress(f"repair {name}", config.repair.max_builds, "candidates") as bar:
         checker = Checker(lab, name, precision, config.device, config.threads, path)
-        problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker) \
-            if name == "openvino_int8" else None
-        if problem is not None and name in RACED and config.openvino != "always":
-            problem.ceiling = ceiling(config, record, results, checker)
+        problem = None
+        if name == "openvino_int8":
+            problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
+            problem.ceiling = None if config.openvino == "always" else ceiling(config, record, results, checker)
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
-    if outcome.blocked is not None and name in RACED:
+    if outcome.blocked is not None and name == "openvino_int8":
         outcome.result["race"] = race_repaired(repaired, dest, config, record, results)
         if not outcome.result["race"]["kept"]:
             onnxfiles.remove(dest)
