@@ -10,7 +10,7 @@ from workbench.core.batches import Batch
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord
-from workbench.graphs import onnxfiles
+from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.search import matmul_costs
@@ -54,8 +54,38 @@ def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
     activations = [name for name, quantizer in found.items() if quantizer.source is not None]
     assert onnxfiles.op_counts(onnxfiles.load(path))["QuantizeLinear"] == len(activations) > 0
     assert len(found) - len(activations) == 3, "the word, position and token type tables, stored int8"
+    model = onnxfiles.load(path)
+    stored = {tensor.name: tensor for tensor in model.graph.initializer}
+    zero_types = {stored[node.input[2]].data_type for node in model.graph.node if node.op_type == "QuantizeLinear"}
+    assert onnx.TensorProto.UINT8 in zero_types, "asymmetric activations are stored on OpenVINO's uint8 grid"
     lines = optimize.optimize_lines(record)
     assert any(line.startswith("OpenVINO int8 (NNCF) kept as the openvino_int8 variant") for line in lines)
+
+
+def test_unsigned_activations_keep_the_grid_and_leave_symmetric_quantizers_signed():
+    from onnx import TensorProto, helper, numpy_helper
+
+    def pair(name, zero):
+        return [helper.make_node("QuantizeLinear", ["x", "scale", zero], [f"{name}_q"], name=name),
+                helper.make_node("DequantizeLinear", [f"{name}_q", "scale", zero], [name])]
+    graph = helper.make_graph(
+        pair("asymmetric", "zero_a") + pair("symmetric", "zero_s"), "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [64]) for name in ("asymmetric", "symmetric")],
+        [numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
+         numpy_helper.from_array(np.array(-37, np.int8), "zero_a"),
+         numpy_helper.from_array(np.array(0, np.int8), "zero_s")],
+        value_info=[helper.make_tensor_value_info("asymmetric_q", TensorProto.INT8, [64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = {"x": np.linspace(-9.0, 9.0, 64, dtype=np.float32)}
+    before = next(onnxfiles.tensor_values(model, ["asymmetric", "symmetric"], [x]))
+    nncf_int8.unsigned_activations(model)
+    onnx.checker.check_model(model, full_check=True)
+    stored = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+    assert stored["zero_a.u8"].dtype == np.uint8 and int(stored["zero_a.u8"]) == 91 and "zero_a" not in stored
+    assert stored["zero_s"].dtype == np.int8, "a symmetric quantizer stays int8"
+    after = next(onnxfiles.tensor_values(model, ["asymmetric", "symmetric"], [x]))
+    assert all(np.array_equal(before[name], after[name]) for name in before), "the same values, clipped alike"
 
 
 def test_undoing_every_quantizer_gives_the_exported_graph_back(quantized, tmp_path):

@@ -195,5 +195,37 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
     with redirect_stdout(io.StringIO()):  # NNCF's own progress bars; the step has its own
         quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(feeds))
+    unsigned_activations(quantized)
     helper.set_model_props(quantized, {onnxfiles.RUNTIME_KEY: "openvino"})
     onnxfiles.save(quantized, dest)
+
+
+def unsigned_activations(model: ModelProto) -> None:
+    """Each activation quantizer with a nonzero int8 zero point moved to uint8, on the same grid (values and zero
+    point + 128), in place. OpenVINO's CPU plugin multiplies uint8 activations by int8 weights directly (VNNI's
+    u8 x s8), but gives an int8 activation with a zero point a subtraction first; symmetric quantizers stay int8,
+    which its int8 attention needs. Measured on a BERT-base export, 2 threads: 34.8 -> 30.5 ms at b1 s128, the time
+    of NNCF's own OpenVINO-backend int8."""
+    from onnx import TensorProto, numpy_helper
+
+    stored = {tensor.name: tensor for tensor in model.graph.initializer}
+    readers = _readers(model)
+    declared = {info.name: info for info in model.graph.value_info}
+    replaced = set()
+    for node in model.graph.node:
+        zero = stored.get(node.input[2]) if node.op_type == "QuantizeLinear" and len(node.input) > 2 else None
+        values = numpy_helper.to_array(zero) if zero is not None else None
+        if values is None or values.dtype != np.int8 or not values.any():
+            continue
+        shifted = numpy_helper.from_array((values.astype(np.int16) + 128).astype(np.uint8), f"{zero.name}.u8")
+        if shifted.name not in stored:
+            model.graph.initializer.append(shifted)
+            stored[shifted.name] = shifted
+        for user in [node, *(r for r in readers.get(node.output[0], []) if r.op_type == "DequantizeLinear")]:
+            replaced.add(user.input[2])
+            user.input[2] = shifted.name
+        if node.output[0] in declared:
+            declared[node.output[0]].type.tensor_type.elem_type = TensorProto.UINT8
+    read = {tensor for node in model.graph.node for tensor in node.input}
+    for name in replaced - read:
+        model.graph.initializer.remove(stored[name])
