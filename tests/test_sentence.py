@@ -210,7 +210,7 @@ def test_a_module_the_graph_cannot_hold_is_refused_by_name(cls_dense, tmp_path):
 
 def test_a_cross_encoder_folder_is_not_read_as_an_embedding_model(tmp_path):
     """A CrossEncoder's folder also starts modules.json with a Transformer: read as an embedding model, its export
-    failed with a KeyError. It is refused before the run, with what exports its logits instead."""
+    failed with a KeyError. It is refused before the run, with the task that exports it."""
     from sentence_transformers import CrossEncoder
 
     from workbench.models.tiny import build_encoder
@@ -221,5 +221,5 @@ def test_a_cross_encoder_folder_is_not_read_as_an_embedding_model(tmp_path):
     with pytest.raises(UnsupportedModelError) as refused:
         check_model_limits(RunConfig(model=str(tmp_path / "reranker")))
     assert "sentence-transformers CrossEncoder" in refused.value.problem
-    assert "-p task=sequence-classification" in refused.value.fix
-    check_model_limits(RunConfig(model=str(tmp_path / "reranker"), task="sequence-classification"))
+    assert "-p task=rerank" in refused.value.fix
+    check_model_limits(RunConfig(model=str(tmp_path / "reranker"), task="rerank"))

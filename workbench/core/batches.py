@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.config import ShapeRange
-from workbench.core.data import encode
+from workbench.core.data import Text, encode, tokenize
 
 
 @dataclass
@@ -29,12 +29,12 @@ class Batch:
         return self.feed["attention_mask"]
 
 
-def token_lengths(tokenizer: Any, texts: list[str]) -> np.ndarray:
+def token_lengths(tokenizer: Any, texts: Sequence[Text]) -> np.ndarray:
     """Untruncated token counts, special tokens included."""
-    return np.array([len(ids) for ids in tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]])
+    return np.array([len(ids) for ids in tokenize(tokenizer, texts, truncation=False, verbose=False)["input_ids"]])
 
 
-def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], batch: ShapeRange,
+def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], batch: ShapeRange,
                    sequence: ShapeRange, seed: int = 0, prompt_tokens: int = 0) -> list[Batch]:
     """Every (batch, sequence) corner filled with the texts nearest that length, plus mixed-length batches."""
     lengths = token_lengths(tokenizer, texts)
@@ -51,7 +51,7 @@ def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: list[str
     return batches
 
 
-def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: list[str], lengths: np.ndarray, rows: int,
+def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], lengths: np.ndarray, rows: int,
                  length: int, prompt_tokens: int = 0) -> Batch:
     """Exactly `rows` x `length`, filled with the texts nearest that length (at least that long first)."""
     order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
@@ -68,7 +68,7 @@ def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
             for rows, length in cells}
 
 
-def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[str], batch_size: int, cut: int,
+def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], batch_size: int, cut: int,
                    prompt_tokens: int = 0, ids: Sequence[int] | None = None) -> list[Batch]:
     """Every text once (or those of `ids`), batched by length (shortest first, as a server groups them: little
     padding, and each text's batch holds texts like it), right-padded to the longest in each batch; longer texts are

@@ -107,11 +107,14 @@ class Tolerance(_Strict):
     min_cosine: float | None = Field(default=None, ge=-1, le=1)
     min_agreement: float | None = Field(default=None, ge=0, le=1)
     min_agreement_at_1: float | None = Field(default=None, ge=0, le=1, description=(
-        "embeddings: share of corpus texts whose nearest neighbour is PyTorch's"))
+        "embeddings: share of corpus texts whose nearest neighbour is PyTorch's; rerankers: share of queries whose "
+        "top document is the reference's"))
     min_recall_at_10: float | None = Field(default=None, ge=0, le=1, description=(
         "embeddings: mean share of PyTorch's 10 nearest neighbours found among the variant's 10"))
     min_spearman: float | None = Field(default=None, ge=-1, le=1, description=(
         "embeddings: rank correlation of all pairwise similarities with PyTorch's"))
+    min_kendall_tau: float | None = Field(default=None, ge=-1, le=1, description=(
+        "rerankers: mean Kendall tau of each query's document order against the reference's"))
 
 
 class Flavor(str, Enum):

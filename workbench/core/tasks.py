@@ -14,6 +14,7 @@ INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
 # pipeline pools without the prompt (include_prompt: false); a graph input only for such models.
 POOLING_MASK = "pooling_mask"
 TOKEN_EMBEDDINGS, SENTENCE_EMBEDDING = "token_embeddings", "sentence_embedding"
+LOGITS, SCORES = "logits", "scores"
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class OutputSpec:
 
     name: str
     axes: tuple[str, ...]
-    kind: str  # "hidden" | "embedding" | "logits" | "token_logits"
+    kind: str  # "hidden" | "embedding" | "logits" | "token_logits" | "scores"
 
     @property
     def dynamic_axes(self) -> dict[int, str]:
@@ -85,6 +86,18 @@ class SequenceClassification(Task):
         return {"logits": model(**inputs).logits}
 
 
+class Rerank(Task):
+    """A cross-encoder: one (query, document) pair per row; the classifier's `logits` and the `scores`
+    `CrossEncoder.predict()` returns, its activation (`head`) applied inside the graph."""
+
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
+        return OutputSpec(LOGITS, (BATCH, "labels"), "logits"), OutputSpec(SCORES, (BATCH, "labels"), "scores")
+
+    def forward(self, model, inputs, head):
+        logits = model(**inputs).logits
+        return {LOGITS: logits, SCORES: head(logits) if head is not None else logits}
+
+
 class TokenClassification(Task):
     def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
         return (OutputSpec("logits", (BATCH, SEQUENCE, "labels"), "token_logits"),)
@@ -100,6 +113,8 @@ TASKS: dict[str, Task] = {
                           "token states and a pooled sentence embedding"),
         SequenceClassification("sequence-classification", "AutoModelForSequenceClassification",
                                "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "one label per text"),
+        Rerank("rerank", "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+               "a cross-encoder's scores for (query, document) pairs"),
         TokenClassification("token-classification", "AutoModelForTokenClassification",
                             "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "one label per token"),
     )

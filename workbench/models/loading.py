@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.core.atomic import tree_checksum
 from workbench.core.config import RunConfig, ShapeRange
-from workbench.core.data import lowercase_inputs
+from workbench.core.data import Text, lowercase_inputs
 from workbench.core.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -26,6 +26,7 @@ from workbench.core.pins import project_version
 from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
 from workbench.models.sentence import (
     SentencePipeline,
+    cross_encoder,
     graph_pooling,
     load_head,
     prompt_tokens,
@@ -187,7 +188,7 @@ class LoadedModel:
     def max_sequence(self) -> int:
         return self.limit.tokens
 
-    def prompted(self, texts: tuple[str, ...], prompt_name: str | None = None) -> tuple[str, ...]:
+    def prompted(self, texts: tuple[Text, ...], prompt_name: str | None = None) -> tuple[Text, ...]:
         """`texts` as the model's users encode them: after the named prompt, else its default prompt (if any)."""
         return self.pipeline.prompted(texts, prompt_name) if self.pipeline else texts
 
@@ -496,4 +497,6 @@ def load_model(config: RunConfig) -> LoadedModel:
     loaded = LoadedModel(source, hf_config, tokenizer, model, task, names, sequence, pipeline, pooling)
     if pipeline is not None:
         loaded.head = load_head(pipeline, pooling, loaded.hidden_size, config.trust_remote_code)
+    if task.name == "rerank":  # the scores predict() returns: its activation after the logits
+        loaded.head = cross_encoder(source.location, limit.tokens, config.trust_remote_code).activation_fn
     return loaded

@@ -12,7 +12,7 @@ from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer
 
 # Modules after the Transformer that the exported graph holds (Dropout is the identity at inference).
 HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout")
@@ -115,10 +115,10 @@ def read_pipeline(location: str) -> SentencePipeline:
     if kind != "SentenceTransformer":
         raise UnsupportedModelError(
             f"{location} is a sentence-transformers {kind}, not a SentenceTransformer: feature extraction exports "
-            "embedding models" + (" (a CrossEncoder scores text pairs: query-document reranking is not exported "
-                                  "yet)" if kind == "CrossEncoder" else ""),
-            "-p task=sequence-classification exports a CrossEncoder's logits for one text at a time (predict() "
-            "applies its activation after them)" if kind == "CrossEncoder" else
+            "embedding models" + (" (a CrossEncoder scores (query, document) pairs)" if kind == "CrossEncoder"
+                                  else ""),
+            "-p task=rerank exports a CrossEncoder: pair inputs, its logits and the scores predict() returns"
+            if kind == "CrossEncoder" else
             "export the transformers model inside it with -p task=... , or pick a SentenceTransformer folder")
     first = import_from_string(listed[0]["type"])
     if not (isinstance(first, type) and issubclass(first, Transformer)):
@@ -261,3 +261,21 @@ def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,
     pooling = f", Pooling({hidden_size}, pooling_mode={mode!r})" if mode != "none" else ""
     return (SentenceTransformer(modules=modules, device="cpu"),
             [f"model = SentenceTransformer(modules=[Transformer({pipeline.location!r}){pooling}])"])
+
+
+def cross_encoder(location: str, max_length: int, trust_remote_code: bool = False) -> CrossEncoder:
+    """`CrossEncoder(location)` on the CPU, cutting pairs at `max_length` tokens; UnsupportedModelError where
+    predict() runs more than the classifier and an activation module (a LogitScore or Dense after it), which the
+    exported graph does not hold."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(location, device="cpu", trust_remote_code=trust_remote_code, max_length=max_length)
+    extra = [type(module).__name__ for module in list(model)[1:]]
+    if extra or not isinstance(model.activation_fn, torch.nn.Module):
+        raise UnsupportedModelError(
+            f"{location}: CrossEncoder.predict() runs {', '.join(extra) or type(model.activation_fn).__name__} "
+            "after the classifier, which the exported graph does not hold",
+            "export a sequence-classification cross-encoder (its activation a torch.nn module), or -p "
+            "task=sequence-classification for its logits alone")
+    return model

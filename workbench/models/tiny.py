@@ -76,11 +76,13 @@ def bytelevel_tokenizer(vocab_size: int = 600):
 
 def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extraction", layers: int = 2,
                   hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None,
-                  positions: int = MAX_POSITIONS, lowercase: bool = True, intermediate: int | None = None) -> Path:
+                  positions: int = MAX_POSITIONS, lowercase: bool = True, intermediate: int | None = None,
+                  labels: int = 3) -> Path:
     """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`: transformers'
     0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
     `dest`; BERT takes `positions` tokens and its tokenizer lowercases unless told. The feed-forward width is
-    `intermediate` (default twice `hidden`; base-size models have four times). XLM-R gets a byte-level BPE, ALBERT
+    `intermediate` (default twice `hidden`; base-size models have four times); classifiers have `labels` labels.
+    XLM-R gets a byte-level BPE, ALBERT
     and ELECTRA a WordPiece tokenizer trained here (their layers are what the timing sees)."""
     import torch
     import transformers
@@ -90,7 +92,7 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     tokenizer = {"roberta": bytelevel_tokenizer, "xlm-roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
                  "deberta-v2": unigram_tokenizer}.get(
         family, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
-    common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": 3,
+    common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": labels,
               "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
     configs = {
         "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
@@ -131,6 +133,19 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     model = auto.from_config(configs[family]())
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
+    return Path(dest)
+
+
+def build_cross_encoder(dest: Path, labels: int = 1, family: str = "bert", seed: int = 0) -> Path:
+    """A tiny `family` sequence classifier with `labels` labels saved by sentence-transformers' CrossEncoder into
+    `dest` (its files and activation: Sigmoid for one label, none for more, as predict() defaults)."""
+    import tempfile
+
+    from sentence_transformers import CrossEncoder
+
+    with tempfile.TemporaryDirectory() as scratch:
+        classifier = build_encoder(Path(scratch), family, "sequence-classification", seed=seed, labels=labels)
+        CrossEncoder(str(classifier), device="cpu").save(str(dest))
     return Path(dest)
 
 

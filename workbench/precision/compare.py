@@ -9,6 +9,7 @@ import numpy as np
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
 from workbench.core.tasks import OutputSpec
+from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -20,18 +21,21 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
         "embedding": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.9999),
         "logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
         "token_logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
+        "scores": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
     },
     "fp16": {
         "hidden": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.999),
         "embedding": Tolerance(atol=2e-2, rtol=1e-2, min_cosine=0.999),
         "logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
         "token_logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
+        "scores": Tolerance(atol=2e-2, rtol=1e-2, min_agreement=0.98, min_kendall_tau=0.95),
     },
     "int8": {
         "hidden": Tolerance(min_cosine=0.9),
         "embedding": Tolerance(min_cosine=0.99),
         "logits": Tolerance(min_agreement=0.95),
         "token_logits": Tolerance(min_agreement=0.95),
+        "scores": Tolerance(min_agreement=0.95, min_kendall_tau=0.8, min_agreement_at_1=0.9),
     },
 }
 
@@ -66,10 +70,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass
 class OutputParity:
-    """Accumulates one output's comparison over batches; padded positions never count."""
+    """Accumulates one output's comparison over batches; padded positions never count. `groups`: the ids of pairs
+    that share a query, whose scores are ranked (`ranking_agreement`)."""
 
     spec: OutputSpec
     tolerance: Tolerance
+    groups: list[list[int]] = field(default_factory=list)
     errors: list[np.ndarray] = field(default_factory=list)
     cosines: list[np.ndarray] = field(default_factory=list)
     agreements: list[np.ndarray] = field(default_factory=list)
@@ -80,6 +86,7 @@ class OutputParity:
     per_text: dict[int, dict[str, float]] = field(default_factory=dict)
     vectors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # embeddings: text -> got, want
     max_prob_shift: float = 0.0
+    scores: dict[int, tuple[float, float]] = field(default_factory=dict)  # one-score outputs: text -> got, want
 
     def add(self, batch: str, text_ids: list[int], got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> None:
         if got.shape != want.shape:
@@ -112,6 +119,9 @@ class OutputParity:
             self.agreements.append(agree[mask.astype(bool)] if self.spec.per_token else agree)
             shift = np.abs(_softmax(np.nan_to_num(got64)) - _softmax(want64)).max(axis=-1)
             self.max_prob_shift = max(self.max_prob_shift, float(np.where(valid[..., 0], shift, 0.0).max()))
+            if self.spec.kind == "scores" and self.groups and got.shape[-1] == 1:
+                self.scores.update({int(t): (float(g), float(w)) for t, g, w in zip(text_ids, got64[:, 0],
+                                                                                      want64[:, 0])})
         for text_id, err, cos in zip(text_ids, row_err, row_cos):
             seen = self.per_text.setdefault(int(text_id), {"max_abs": 0.0})
             seen["max_abs"] = max(seen["max_abs"], float(err))
@@ -176,6 +186,11 @@ class OutputParity:
                                             np.stack([self.vectors[i][1] for i in ids]))
             if retrieval:
                 result["retrieval"] = retrieval
+        if self.scores:
+            ranking = ranking_agreement({i: g for i, (g, _) in self.scores.items()},
+                                        {i: w for i, (_, w) in self.scores.items()}, self.groups)
+            if ranking:
+                result["ranking"] = ranking
         result["failures"] = self._failures(result)
         result["passed"] = not result["failures"]
         result["violation"] = self._violation(result)
@@ -192,8 +207,8 @@ class OutputParity:
             failures.append(f"min cosine {r['min_cosine']:.6f} < {tol.min_cosine}")
         if tol.min_agreement is not None and "agreement" in r and not r["agreement"] >= tol.min_agreement:
             failures.append(f"label agreement {r['agreement']:.4f} < {tol.min_agreement}")
-        for key, limit in _retrieval_gates(tol):
-            value = r.get("retrieval", {}).get(key)
+        for key, limit in _order_gates(tol):
+            value = _order(r).get(key)
             if value is not None and not value >= limit:
                 failures.append(f"{key.replace('_', ' ')} {value:.4f} < {limit}")
         return failures
@@ -210,18 +225,23 @@ class OutputParity:
             total += max(0.0, tol.min_cosine - r["min_cosine"]) / max(1.0 - tol.min_cosine, 1e-12)
         if tol.min_agreement is not None and "agreement" in r:
             total += max(0.0, tol.min_agreement - r["agreement"]) / max(1.0 - tol.min_agreement, 1e-12)
-        for key, limit in _retrieval_gates(tol):
-            value = r.get("retrieval", {}).get(key)
+        for key, limit in _order_gates(tol):
+            value = _order(r).get(key)
             if value is not None:
                 total += max(0.0, limit - value) / max(1.0 - limit, 1e-12)
         return total
 
 
-def _retrieval_gates(tol: Tolerance) -> list[tuple[str, float]]:
-    """The retrieval metrics this tolerance gates on, with their limits."""
+def _order_gates(tol: Tolerance) -> list[tuple[str, float]]:
+    """The retrieval (embeddings) and ranking (rerankers) metrics this tolerance gates on, with their limits."""
     gates = {"agreement_at_1": tol.min_agreement_at_1, f"recall_at_{TOP_K}": tol.min_recall_at_10,
-             "spearman": tol.min_spearman}
+             "spearman": tol.min_spearman, "kendall_tau": tol.min_kendall_tau}
     return [(key, limit) for key, limit in gates.items() if limit is not None]
+
+
+def _order(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's neighbour or document-order metrics: retrieval for embeddings, ranking for rerankers."""
+    return summary.get("retrieval") or summary.get("ranking") or {}
 
 
 def verdict(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:

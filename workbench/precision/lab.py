@@ -12,11 +12,12 @@ import numpy as np
 from workbench.core.atomic import atomic_path
 from workbench.core.batches import Batch, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import RunConfig, Tolerance
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
+from workbench.precision.ranking import lab_pairs, query_groups
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.onnxruntime import device_for
@@ -30,16 +31,17 @@ class ParityLab:
     """The reference outputs on a fixed set of real-text batches, and comparisons of any runner against them.
 
     `texts` are tokenized as the model's users get them (after its default prompt, if it declares one, whose first
-    `prompt_tokens` tokens pooling leaves out where the model says so); the reference is the workbench's PyTorch
-    module unless another runner is given (the model's own library). `beyond`: the texts longer than the run's
-    sequence.max, in batches of their own."""
+    `prompt_tokens` tokens pooling leaves out where the model says so), or (query, document) pairs; the reference
+    is the workbench's PyTorch module unless another runner is given (the model's own library). `beyond`: the texts
+    longer than the run's sequence.max, in batches of their own."""
 
-    def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...], batches: list[Batch],
+    def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...], batches: list[Batch],
                  corners: int, reference: Runner | None = None, beyond: tuple[int, ...] = (),
                  prompt_tokens: int = 0) -> None:
         self.config = config
         self.loaded = loaded
         self.texts = texts
+        self.groups = query_groups(texts)
         self.beyond, self.prompt_tokens = beyond, prompt_tokens
         self.specs: tuple[OutputSpec, ...] = config.output_specs
         self.batches = batches
@@ -57,7 +59,7 @@ class ParityLab:
         self.reference = runner  # closed: its name and input names describe `expected`
 
     @classmethod
-    def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> ParityLab:
+    def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...]) -> ParityLab:
         """The shape corners of the run's ranges, then every text once in mixed-length batches cut at the run's
         sequence.max."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
@@ -66,7 +68,7 @@ class ParityLab:
         return cls(config, loaded, tuple(prompted), corners + sweep, len(corners))
 
     @classmethod
-    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
+    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...],
                     reference: Runner | None = None, prompt_name: str | None = None,
                     cut: int | None = None) -> ParityLab:
         """Every text once, whole up to `cut` tokens (default: the run's sequence.max): what a served model, or the
@@ -126,7 +128,7 @@ class ParityLab:
         task-aware default tolerances with `tolerances` (default: the run configuration's) on top."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
         overrides = self.config.tolerances if tolerances is None else tolerances
-        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides))
+        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides), self.groups)
                    for s in self.specs if s.name in runner.output_names}
         for batch, expected in zip(self.batches, self.expected):
             got = runner.infer(batch)
@@ -145,7 +147,7 @@ class ParityLab:
                 "worst_texts": self._worst_texts(outputs[self.primary.name])}
 
     def _worst_texts(self, parity: OutputParity) -> list[dict[str, Any]]:
-        return [{"text_id": i, "text": self.texts[i][:160], "metric": parity.per_text_metric,
+        return [{"text_id": i, "text": shown(self.texts[i])[:160], "metric": parity.per_text_metric,
                  "error": parity.per_text_error(i), **parity.per_text[i]} for i in parity.hardest(WORST_TEXTS)]
 
     def latency_batch(self) -> Batch:
@@ -170,17 +172,21 @@ class ParityLab:
         return inputs, reference
 
 
-def lab_texts(config: RunConfig, loaded: LoadedModel) -> tuple[str, ...]:
+def lab_texts(config: RunConfig, loaded: LoadedModel) -> tuple[Text, ...]:
     """The run's corpus texts and, past them, texts joined from them to lengths the corpus may lack: between the
     run's sequence.max and the model's own limit (when the run cuts shorter) and past that limit, so every check
-    sees texts both cuts apply to."""
+    sees texts both cuts apply to. A reranker's: pairs of them (`lab_pairs`), the long texts as one query's
+    documents."""
     texts = load_corpus(config.corpus, config.corpus_max_texts)
     cut, limit = loaded.sequence.max, loaded.max_sequence
     targets = ([(cut + limit) // 2 + 1] if cut < limit else []) + ([limit + limit // 4] if limit <= LONGEST else [])
-    return texts + long_texts(loaded.tokenizer, texts, targets)
+    longer = long_texts(loaded.tokenizer, texts, targets)
+    if loaded.task.name == "rerank":
+        return lab_pairs(texts) + tuple((texts[0], text) for text in longer)
+    return texts + longer
 
 
-def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...],
+def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...],
                       prompt_name: str | None = None) -> LibraryRunner | None:
     """What the model's users run today on `texts` (raw: the library adds the prompt itself, `prompt_name` or the
     model's default), as the model ships (cut at its own limit); None where no library call returns the task's
@@ -189,7 +195,7 @@ def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[str, 
     return library_runner(loaded, texts, names, loaded.max_sequence, config.trust_remote_code, prompt_name)
 
 
-def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[str, ...]) -> dict[str, Any]:
+def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...]) -> dict[str, Any]:
     """The workbench's PyTorch module against the model's own library as it ships, on every text whole up to the
     model's limit, at the default fp32 gate (the run's `tolerances` are for its variants): the module the graph is
     exported from must return what the model's users get today. Where the run cuts texts shorter than the model

@@ -1,6 +1,7 @@
 """The model's own library behind the runner interface: what its users run today, on the same texts. Embedding
-models: `SentenceTransformer.encode()`; sequence classifiers: the transformers text-classification pipeline's raw
-logits. The workbench's PyTorch module is checked against these once, then used for speed."""
+models: `SentenceTransformer.encode()`; rerankers: `CrossEncoder.predict()`; sequence classifiers: the transformers
+text-classification pipeline's raw logits. The workbench's PyTorch module is checked against these once, then used
+for speed."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,12 +9,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.batches import Batch
-from workbench.core.tasks import SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
-from workbench.models.sentence import library_model
+from workbench.core.data import Text
+from workbench.core.tasks import LOGITS, SCORES, SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
+from workbench.models.sentence import cross_encoder, library_model
 from workbench.runners import Runner, RunnerClosedError
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer
     from transformers import Pipeline
 
     from workbench.models.loading import LoadedModel
@@ -89,7 +91,32 @@ class ClassificationPipelineRunner(LibraryRunner):
         self.pipe = None
 
 
-def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tuple[str, ...], max_length: int,
+class CrossEncoderRunner(LibraryRunner):
+    """`predict()` on each batch's (query, document) pairs: the scores it returns (its activation applied) and,
+    with the identity as activation, the logits; one row per pair, one column per label."""
+
+    def __init__(self, model: CrossEncoder, call: str, texts: tuple[Text, ...], input_names: tuple[str, ...]) -> None:
+        self.model: CrossEncoder | None = model
+        self.call, self.texts, self.input_names, self.output_names = call, texts, input_names, (LOGITS, SCORES)
+        self.name, self.providers, self.library = "cross-encoder", ["torch-cpu"], "CrossEncoder.predict()"
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        import torch
+
+        if self.model is None:
+            raise RunnerClosedError(f"{self.name}: the runner is closed")
+        pairs = [self.texts[i] for i in batch.text_ids]
+        options = {"batch_size": len(pairs), "show_progress_bar": False, "convert_to_numpy": True}
+        scores = self.model.predict(pairs, **options)
+        logits = self.model.predict(pairs, activation_fn=torch.nn.Identity(), **options)
+        return {LOGITS: np.asarray(logits, np.float32).reshape(len(pairs), -1),
+                SCORES: np.asarray(scores, np.float32).reshape(len(pairs), -1)}
+
+    def close(self) -> None:
+        self.model = None
+
+
+def library_runner(loaded: LoadedModel, texts: tuple[Text, ...], output_names: tuple[str, ...], max_length: int,
                    trust_remote_code: bool = False, prompt_name: str | None = None) -> LibraryRunner | None:
     """The library runner for the loaded model's task as the model ships, truncating at `max_length` tokens (the
     model's own limit: a statement in the call where the library would take more than the model can), with the
@@ -106,6 +133,13 @@ def library_runner(loaded: LoadedModel, texts: tuple[str, ...], output_names: tu
                                            prompt_name)
         runner.identity = _identity(loaded, runner.call, "sentence_transformers", output_names)
         return runner
+    if loaded.task.name == "rerank":
+        location = loaded.source.location
+        call = f"CrossEncoder({location!r}, max_length={max_length}).predict(pairs)"
+        encoder = CrossEncoderRunner(cross_encoder(location, max_length, trust_remote_code), call, texts,
+                                     loaded.input_names)
+        encoder.identity = _identity(loaded, call, "sentence_transformers", (LOGITS, SCORES))
+        return encoder
     if loaded.task.name == "sequence-classification":
         from transformers import pipeline
 

@@ -1,0 +1,107 @@
+"""Rerankers: a CrossEncoder exported with pair inputs, its logits and the scores predict() returns, checked
+against CrossEncoder.predict() on corpus pairs (a query with near and far documents), ranking included."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.core.config import RunConfig, Tolerance
+from workbench.core.data import encode, load_corpus
+from workbench.core.errors import UnsupportedModelError
+from workbench.core.record import RunRecord
+from workbench.core.tasks import TASKS, OutputSpec
+from workbench.graphs import onnxfiles
+from workbench.models.tiny import build_cross_encoder
+from workbench.precision.compare import OutputParity
+from workbench.precision.ranking import NEIGHBOURS, lab_pairs, query_groups, ranking_agreement
+from workbench.steps import export, optimize, parity
+
+
+@pytest.fixture(scope="module")
+def rerankers(tmp_path_factory):
+    """A one-label cross-encoder (sigmoid scores) and a three-label one (identity), each through export, optimize
+    and parity."""
+    root = tmp_path_factory.mktemp("rerank")
+    runs = {}
+    for labels in (1, 3):
+        model = build_cross_encoder(root / f"reranker-{labels}", labels)
+        config = RunConfig.model_validate({"model": str(model), "task": "rerank", "threads": 1, "openvino": "never",
+                                           "precisions": ["fp32"]})
+        record = RunRecord.create(root / f"run-{labels}", config)
+        for step in (export, optimize, parity):
+            step.run(config, record)
+        runs[labels] = (model, config, record)
+    return runs
+
+
+def test_the_graph_returns_logits_and_the_scores_predict_returns(rerankers):
+    from sentence_transformers import CrossEncoder
+
+    for labels, (model, _, record) in rerankers.items():
+        path, _ = record.variant("fp32")
+        assert onnxfiles.io_shapes(onnxfiles.load(path))["outputs"] == {"logits": ["batch", labels],
+                                                                       "scores": ["batch", labels]}
+        pairs = [("a query about tea", "green tea is grown in the hills"), ("a query about tea", "the match ended")]
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feed = encode(record.tokenizer(), pairs, tuple(i.name for i in session.get_inputs()))
+        logits, scores = session.run(["logits", "scores"], feed)
+        want = CrossEncoder(str(model), device="cpu").predict(pairs)
+        assert np.allclose(scores.reshape(want.shape), want, atol=1e-5)
+        expected = 1 / (1 + np.exp(-logits)) if labels == 1 else logits
+        assert np.allclose(scores, expected, atol=1e-6), "sigmoid for one label, the identity for three"
+
+
+def test_parity_checks_predict_on_corpus_pairs_with_their_ranking(rerankers):
+    _, _, record = rerankers[1]
+    reference = record.metric("parity.reference")
+    assert reference["checked"] and reference["library"] == "CrossEncoder.predict()"
+    assert reference["reference"].startswith("CrossEncoder(") and reference["passed"]
+    assert any(" || " in worst["text"] for worst in reference["worst_texts"]), "pairs shown as query || document"
+    scores = record.metric("parity.variants.fp32.outputs.scores")
+    assert scores["passed"] and scores["max_abs"] < 1e-5
+    assert scores["ranking"]["queries"] == 16 and scores["ranking"]["agreement_at_1"] == 1.0
+    three = rerankers[3][2].metric("parity.variants.fp32.outputs.scores")
+    assert three["passed"] and "ranking" not in three, "three labels per pair: compared by label, not ranked"
+
+
+def test_lab_pairs_hold_each_query_with_its_near_and_far_documents():
+    texts = load_corpus()
+    pairs = lab_pairs(texts)
+    groups = query_groups(pairs)
+    assert len(groups) == 16 and all(len(ids) == 8 for ids in groups)
+    assert all(pairs[i][0] != pairs[i][1] for i in range(len(pairs)))
+    def shared(pair):
+        return len(set(pair[0].lower().split()) & set(pair[1].lower().split()))
+    near = np.mean([shared(pairs[i]) for ids in groups for i in ids[:NEIGHBOURS]])
+    far = np.mean([shared(pairs[i]) for ids in groups for i in ids[NEIGHBOURS:]])
+    assert near > far, "the neighbours share more words with their query than the far documents"
+
+
+def test_ranking_agreement_and_its_gate():
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    want = {i: float(v) for i, v in enumerate([0.9, 0.5, 0.2, 0.1, 0.8, 0.7, 0.3, 0.1])}
+    same = ranking_agreement(dict(want), want, groups)
+    assert same == {"queries": 2, "agreement_at_1": 1.0, "kendall_tau": 1.0, "min_kendall_tau": 1.0}
+    flipped = {**want, 4: 0.1, 7: 0.8}  # the second query's first and last documents swap
+    swapped = ranking_agreement(flipped, want, groups)
+    assert swapped["agreement_at_1"] == 0.5 and swapped["min_kendall_tau"] < 0 < swapped["kendall_tau"] < 1
+    spec = OutputSpec("scores", ("batch", "labels"), "scores")
+    gated = OutputParity(spec, Tolerance(min_kendall_tau=0.8, min_agreement_at_1=0.9), groups)
+    gated.add("b", list(range(8)), np.array([[flipped[i]] for i in range(8)], np.float32),
+              np.array([[want[i]] for i in range(8)], np.float32), np.ones((8, 4)))
+    summary = gated.summary()
+    assert not summary["passed"]
+    assert any(f.startswith("kendall tau") for f in summary["failures"])
+    assert any(f.startswith("agreement at 1 0.5000") for f in summary["failures"])
+
+
+def test_a_cross_encoder_folder_read_for_embeddings_is_refused_with_the_rerank_task(rerankers):
+    from workbench.preflight import check_model_limits
+
+    model = rerankers[1][0]
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_model_limits(RunConfig(model=str(model)))
+    assert "-p task=rerank" in refused.value.fix
+    assert "rerank" in TASKS and TASKS["rerank"].auto_class == "AutoModelForSequenceClassification"

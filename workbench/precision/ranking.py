@@ -1,0 +1,71 @@
+"""Accuracy the way reranker users feel it: does the variant order each query's documents as the reference does?
+The lab's pairs come from the corpus: a query with its nearest texts and some far ones."""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from workbench.core.data import Text
+
+QUERIES, DOCUMENTS, NEIGHBOURS = 16, 8, 5
+
+
+def _word_vectors(texts: Sequence[str]) -> np.ndarray:
+    """Unit TF-IDF rows over the texts' lowercase words."""
+    words = [re.findall(r"\w+", text.lower()) for text in texts]
+    vocabulary = {word: i for i, word in enumerate(sorted({w for row in words for w in row}))}
+    counts = np.zeros((len(texts), max(len(vocabulary), 1)))
+    for row, found in zip(counts, words):
+        for word in found:
+            row[vocabulary[word]] += 1
+    weighted = counts * np.log((1 + len(texts)) / (1 + np.count_nonzero(counts, axis=0)))
+    return weighted / np.maximum(np.linalg.norm(weighted, axis=1, keepdims=True), 1e-12)
+
+
+def lab_pairs(texts: Sequence[str], queries: int = QUERIES, documents: int = DOCUMENTS
+              ) -> tuple[tuple[str, str], ...]:
+    """(query, document) pairs: `queries` texts spread evenly over the corpus, each followed by its NEIGHBOURS
+    nearest other texts by shared words (TF-IDF cosine) and, up to `documents`, texts spread over the far half."""
+    count = len(texts)
+    chosen = sorted({int(i) for i in np.linspace(0, count - 1, min(queries, count))})
+    similar = _word_vectors(texts) @ _word_vectors(texts).T
+    pairs = []
+    for query in chosen:
+        order = [int(i) for i in np.argsort(-similar[query], kind="stable") if i != query]
+        near = order[:NEIGHBOURS]
+        far_half = order[len(order) // 2:]
+        far = [far_half[int(i)] for i in np.linspace(0, len(far_half) - 1, max(documents - len(near), 0))
+               ] if far_half else []
+        pairs += [(texts[query], texts[doc]) for doc in dict.fromkeys(near + far)]
+    return tuple(pairs)
+
+
+def query_groups(texts: Sequence[Text]) -> list[list[int]]:
+    """The ids of pairs that share a query, per query with more than one document (none for single texts)."""
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(texts):
+        if isinstance(text, tuple):
+            groups.setdefault(text[0], []).append(i)
+    return [ids for ids in groups.values() if len(ids) > 1]
+
+
+def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Sequence[Sequence[int]]
+                      ) -> dict[str, float] | None:
+    """Per query (a group of pair ids), the variant's order of its documents against the reference's:
+    `agreement_at_1`, the share of queries whose top document is the same; `kendall_tau`, the mean Kendall tau
+    (tau-b) of the two orders, and its minimum. None where no group was seen whole."""
+    from scipy.stats import kendalltau
+
+    seen = [ids for ids in groups if all(i in got for i in ids)]
+    if not seen:
+        return None
+    taus, tops = [], []
+    for ids in seen:
+        g, w = np.array([got[i] for i in ids]), np.array([want[i] for i in ids])
+        tau = kendalltau(g, w).statistic
+        taus.append(1.0 if np.isnan(tau) and np.ptp(g) == np.ptp(w) == 0 else float(np.nan_to_num(tau, nan=-1.0)))
+        tops.append(int(np.argmax(g)) == int(np.argmax(w)))
+    return {"queries": len(seen), "agreement_at_1": float(np.mean(tops)), "kendall_tau": float(np.mean(taus)),
+            "min_kendall_tau": float(np.min(taus))}
