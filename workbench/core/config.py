@@ -146,6 +146,8 @@ class TritonSettings(_Strict):
         "model instances; auto: two sharing the cores for python-ort on a CPU with two or more (one tokenizes and "
         "answers while the other infers), else one"))
     dynamic_batching: bool = True
+    max_documents: int = Field(default=256, ge=1, description=(
+        "rerankers: documents one request may score against its query; more are refused with a 400 naming this"))
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"

@@ -53,12 +53,12 @@ def query_groups(texts: Sequence[Text]) -> list[list[int]]:
 
 def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Sequence[Sequence[int]]
                       ) -> dict[str, float] | None:
-    """Per query (a group of pair ids), the variant's order of its documents against the reference's:
-    `agreement_at_1`, the share of queries whose top document is the same; `kendall_tau`, the mean Kendall tau
-    (tau-b) of the two orders, and its minimum. None where no group was seen whole."""
+    """Per query (a group of pair ids), the variant's order of the documents it was given (two or more) against the
+    reference's: `agreement_at_1`, the share of queries whose top document is the same; `kendall_tau`, the mean
+    Kendall tau (tau-b) of the two orders, and its minimum. None where no query had two documents."""
     from scipy.stats import kendalltau
 
-    seen = [ids for ids in groups if all(i in got for i in ids)]
+    seen = [kept for ids in groups if len(kept := [i for i in ids if i in got]) > 1]
     if not seen:
         return None
     taus, tops = [], []

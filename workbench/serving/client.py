@@ -97,6 +97,14 @@ def text_array(texts: list[str | bytes]) -> np.ndarray:
     return np.array([[t.encode("utf-8") if isinstance(t, str) else t] for t in texts], dtype=object)
 
 
+def rerank_arrays(queries: list[str], documents: list[str], top_k: int | None = None) -> dict[str, np.ndarray]:
+    """A reranker's request: one query for all `documents` (or one per document), and TOP_K when asked."""
+    def strings(texts: list[str]) -> np.ndarray:
+        return np.array([t.encode("utf-8") for t in texts], dtype=object)
+    arrays = {"QUERY": strings(queries), "DOCUMENTS": strings(documents)}
+    return {**arrays, "TOP_K": np.array([top_k], dtype=np.int64)} if top_k is not None else arrays
+
+
 def _inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
     inputs = []
     for name, array in arrays.items():
@@ -139,6 +147,12 @@ class TritonClient:
     def infer_texts(self, model: str, texts: list[str | bytes], outputs: list[str] | None = None,
                     parameters: dict[str, str] | None = None) -> dict[str, Any]:
         return self.infer(model, {"TEXT": text_array(texts)}, outputs, parameters)
+
+    def rerank(self, model: str, queries: list[str], documents: list[str], top_k: int | None = None,
+               outputs: list[str] | None = None) -> dict[str, Any]:
+        """A reranker's scores of `documents` against one query (or one query per document), in their order; with
+        `top_k`, also `top_indices` and `top_scores`, best first."""
+        return self.infer(model, rerank_arrays(queries, documents, top_k), outputs)
 
     def statistics(self, model: str) -> dict[str, Any]:
         with _answered(self.url, model):

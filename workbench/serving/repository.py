@@ -57,6 +57,7 @@ class ServingPlan:
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     default_prompt_name: str | None = None
     lowercase: bool = False  # the model's sentence-transformers files lowercase its input (do_lower_case)
+    max_documents: int = 256  # rerankers: documents one request may score
 
     def record(self) -> dict[str, Any]:
         """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
@@ -80,7 +81,12 @@ class ServingPlan:
 
     @property
     def classifies(self) -> bool:
-        return any(o.kind in ("logits", "token_logits") for o in self.outputs)
+        return any(o.kind in ("logits", "token_logits") for o in self.outputs) and not self.reranks
+
+    @property
+    def reranks(self) -> bool:
+        """A cross-encoder: a query and its documents in, their scores out (`rerank_config`)."""
+        return any(o.kind == "scores" for o in self.outputs)
 
     @property
     def tokenizer_name(self) -> str:
@@ -239,6 +245,26 @@ def fused_config(plan: ServingPlan) -> Any:
     return config
 
 
+def rerank_config(plan: ServingPlan) -> Any:
+    """A query (or one per document) and its documents in, one request at a time (its documents are the batch): the
+    scores in the documents' order and, for a request asking TOP_K, the best documents' indices and scores."""
+    config = mc.ModelConfig(name=plan.name, backend="python", max_batch_size=0)
+    add_tensor(config.input, "QUERY", STRING, [-1])
+    add_tensor(config.input, "DOCUMENTS", STRING, [-1])
+    add_tensor(config.input, "TOP_K", INT64, [1])
+    config.input[-1].optional = True
+    for spec in plan.outputs:
+        add_tensor(config.output, spec.name, FP32, [-1, *_output_dims(spec, plan)])
+    for name, data_type in (("top_indices", INT64), ("top_scores", FP32), ("truncated", BOOL)):
+        add_tensor(config.output, name, data_type, [-1])
+    _onnxruntime_parameters(config, plan)
+    config.parameters["max_length"].string_value = str(plan.max_length)
+    config.parameters["max_documents"].string_value = str(plan.max_documents)
+    config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
+    _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
+    return config
+
+
 def postprocess_config(plan: ServingPlan) -> Any:
     config = mc.ModelConfig(name=plan.postprocess_name, backend="python")
     _batching(config, plan)
@@ -291,6 +317,12 @@ def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
 def configs(plan: ServingPlan) -> dict[str, Any]:
     if plan.layout not in LAYOUTS:
         raise RepositoryError(f"unknown repository layout {plan.layout!r}", f"use one of {', '.join(LAYOUTS)}")
+    if plan.reranks:
+        if plan.layout != "fused" or plan.flavor is not Flavor.PYTHON_ORT:
+            raise RepositoryError(f"a reranker is served by one Python model (query and documents in, scores out); "
+                                  f"this plan asks for the {plan.layout} layout in flavor {plan.flavor.value}",
+                                  "use -p triton.layout=fused and -p triton.flavor=python-ort (auto on a CPU)")
+        return {plan.name: rerank_config(plan)}
     if plan.layout == "fused":
         if plan.flavor is not Flavor.PYTHON_ORT:
             raise RepositoryError(f"the fused layout runs in Triton's Python backend; flavor {plan.flavor.value} runs "
@@ -334,7 +366,8 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path | byte
         config = configs(plan)[plan.name]
         fused: dict[str, Path | bytes] = {**network, "tokenizer": plan.tokenizer_dir, **{
             name: MODELS_SOURCE / source for name, source in (
-                ("model.py", "fused_model.py"), ("text_input.py", "text_input.py"),
+                ("model.py", "rerank_model.py" if plan.reranks else "fused_model.py"),
+                ("text_input.py", "text_input.py"),
                 ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"), ("stages.py", "stages.py"))}}
         encoder = encoder_json(plan.tokenizer_dir, plan.max_length, plan.lowercase)
         if encoder is not None:

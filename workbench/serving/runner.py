@@ -1,9 +1,10 @@
-"""A served Triton ensemble behind the runner interface: text in, the task's outputs back."""
+"""A served Triton ensemble behind the runner interface: text (or a reranker's pairs) in, the task's outputs back."""
 from __future__ import annotations
 
 import numpy as np
 
 from workbench.core.batches import Batch
+from workbench.core.data import Text
 from workbench.runners import Runner
 from workbench.serving.client import TritonClient
 
@@ -13,7 +14,7 @@ class ServedRunner(Runner):
     prompt_name), trims per-token outputs to the batch's local width (servers may pad further, to a length bucket).
     The caller owns and closes `client`."""
 
-    def __init__(self, client: TritonClient, model: str, texts: tuple[str, ...], input_names: tuple[str, ...],
+    def __init__(self, client: TritonClient, model: str, texts: tuple[Text, ...], input_names: tuple[str, ...],
                  outputs: list[str], parameters: dict[str, str] | None = None) -> None:
         self.client, self.model, self.texts, self.parameters = client, model, texts, parameters
         self.input_names, self.output_names = input_names, tuple(outputs)
@@ -23,6 +24,10 @@ class ServedRunner(Runner):
     def infer(self, batch: Batch) -> dict[str, np.ndarray]:
         # All outputs are requested: asking Triton 2.51 for a subset that another ensemble step consumes (logits ->
         # postprocess) makes the ensemble report a deadlock.
-        got = self.client.infer_texts(self.model, [self.texts[i] for i in batch.text_ids], parameters=self.parameters)
+        texts = [self.texts[i] for i in batch.text_ids]
+        if isinstance(texts[0], tuple):  # a reranker: the batch's pairs in one request
+            got = self.client.rerank(self.model, [t[0] for t in texts], [t[1] for t in texts])
+        else:
+            got = self.client.infer_texts(self.model, texts, parameters=self.parameters)
         width = batch.shape[1]
         return {k: got[k][:, :width] if got[k].ndim == 3 else got[k] for k in self.output_names}

@@ -73,7 +73,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, var
         if plan.prompts:
             result["prompt_parity"] = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
                                                     precision)
-        result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
+        if not plan.reranks:  # a reranker's requests are not batched together: its documents are the batch
+            result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
     result["stop_seconds"] = server.timings["stop_seconds"]
     result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
     if result["cut"]["gated"]:  # both cut where the model does: the longer texts must match too

@@ -11,17 +11,17 @@ FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_id
 POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
 
 
-def decode(values):
+def decode(values, name="TEXT"):
     texts = []
     for index, value in enumerate(values.reshape(-1)):
         raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"TEXT[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
+            raise ValueError(f"{name}[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
                              "send UTF-8 encoded text") from None
         if not text.strip():
-            raise ValueError(f"TEXT[{index}] is empty: send at least one non-space character")
+            raise ValueError(f"{name}[{index}] is empty: send at least one non-space character")
         texts.append(text)
     return texts
 
@@ -88,12 +88,14 @@ class TextEncoder:
         return self.prompt_lengths[prompt]
 
     def encode(self, texts, prompts=None):
-        """Per text, {input name: int64 [1, length]} (a pooling mask without the first tokens of the text's prompt
-        in `prompts`, where the model takes one); and per text, whether it was truncated."""
+        """Per text, or per (query, document) pair (truncated longest first), {input name: int64 [1, length]} (a
+        pooling mask without the first tokens of the text's prompt in `prompts`, where the model takes one); and per
+        text, whether it was truncated."""
         if self.backend is None:
-            encoded = self.wrapper(texts, truncation=True, max_length=self.max_length)
+            split = [list(part) for part in zip(*texts)] if texts and isinstance(texts[0], tuple) else [texts]
+            encoded = self.wrapper(*split, truncation=True, max_length=self.max_length)
             rows = [{name: encoded[name][i] for name in self.fields} for i in range(len(texts))]
-            flags = [len(self.wrapper(text)["input_ids"]) > self.max_length for text in texts]
+            flags = [len(ids) > self.max_length for ids in self.wrapper(*split)["input_ids"]]
         else:
             encodings = self.backend.encode_batch(texts)
             rows = [{name: getattr(e, FIELDS[name]) for name in self.fields} for e in encodings]
