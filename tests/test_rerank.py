@@ -7,14 +7,18 @@ import pytest
 
 from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import UnsupportedModelError
+from workbench.core.errors import RepositoryError, ServedError, UnsupportedModelError
 from workbench.core.record import RunRecord
 from workbench.core.tasks import TASKS, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.tiny import build_cross_encoder
 from workbench.precision.compare import OutputParity
 from workbench.precision.ranking import NEIGHBOURS, lab_pairs, query_groups, ranking_agreement
-from workbench.steps import export, optimize, parity
+from workbench.serving.client import TritonClient, rerank_arrays
+from workbench.serving.repository import configs, read_repository, write_repository
+from workbench.serving.server import TritonServer
+from workbench.steps import export, optimize, parity, triton
+from workbench.steps.triton import serving_plan
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,8 @@ def rerankers(tmp_path_factory):
     for labels in (1, 3):
         model = build_cross_encoder(root / f"reranker-{labels}", labels)
         config = RunConfig.model_validate({"model": str(model), "task": "rerank", "threads": 1, "openvino": "never",
-                                           "precisions": ["fp32"]})
+                                           "precisions": ["fp32"], "triton": {
+                                               "repository_dir": str(root / "repositories"), "max_documents": 64}})
         record = RunRecord.create(root / f"run-{labels}", config)
         for step in (export, optimize, parity):
             step.run(config, record)
@@ -105,3 +110,94 @@ def test_a_cross_encoder_folder_read_for_embeddings_is_refused_with_the_rerank_t
         check_model_limits(RunConfig(model=str(model)))
     assert "-p task=rerank" in refused.value.fix
     assert "rerank" in TASKS and TASKS["rerank"].auto_class == "AutoModelForSequenceClassification"
+
+
+@pytest.fixture(scope="module")
+def served(rerankers, tmp_path_factory):
+    """The one-label reranker's repository (at most 64 documents a request), served for the module."""
+    root = tmp_path_factory.mktemp("served-rerank")
+    model, config, record = rerankers[1]
+    plan, _ = serving_plan(config, record)
+    with TritonServer(write_repository(plan, root / "repository"), root / "server") as server:
+        yield model, plan, server
+
+
+def test_the_repository_is_one_python_model_taking_a_query_and_its_documents(served):
+    _, plan, server = served
+    parsed = read_repository(server.repository)[plan.name]
+    assert parsed.backend == "python" and parsed.max_batch_size == 0
+    assert [(i.name, list(i.dims), i.optional) for i in parsed.input] == [
+        ("QUERY", [-1], False), ("DOCUMENTS", [-1], False), ("TOP_K", [1], True)]
+    assert [o.name for o in parsed.output] == ["logits", "scores", "top_indices", "top_scores", "truncated"]
+    assert parsed.parameters["max_documents"].string_value == "64"
+    with pytest.raises(RepositoryError, match="triton.layout=fused"):
+        configs(plan.__class__(**{**plan.__dict__, "layout": "ensemble"}))
+
+
+def test_one_query_with_64_documents_is_scored_in_input_order_with_its_top_k(served):
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoTokenizer
+
+    from workbench.core.batches import token_lengths
+
+    model, plan, server = served
+    texts = load_corpus()
+    query, documents = texts[3], list(texts[10:74])
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    want = CrossEncoder(str(model), device="cpu").predict([(query, d) for d in documents])
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with TritonClient(url, protocol) as client:
+            got = client.rerank(plan.name, [query], documents, top_k=5)
+        assert got["scores"].shape == (64, 1) and np.abs(got["scores"][:, 0] - want).max() < 1e-5
+        assert list(got["top_indices"]) == list(np.argsort(-got["scores"][:, 0], kind="stable")[:5])
+        assert np.allclose(got["top_scores"], want[got["top_indices"]], atol=1e-5)
+        longer = token_lengths(tokenizer, [(query, d) for d in documents]) > plan.max_length
+        assert list(got["truncated"]) == list(longer) and longer.any(), "flagged where the pair was cut"
+
+
+def test_a_batch_of_pairs_is_one_query_per_document(served):
+    from sentence_transformers import CrossEncoder
+
+    model, plan, server = served
+    pairs = lab_pairs(load_corpus())[:24]
+    with TritonClient(server.http_url, "http") as client:
+        got = client.rerank(plan.name, [q for q, _ in pairs], [d for _, d in pairs])
+    want = CrossEncoder(str(model), device="cpu").predict(list(pairs))
+    assert np.abs(got["scores"][:, 0] - want).max() < 1e-5
+
+
+@pytest.mark.parametrize(("queries", "documents", "top_k", "message"), [
+    (["q"], [], None, "DOCUMENTS is empty"),
+    (["q"], ["d"] * 10_000, None, "10000 documents in one request; this deployment scores at most 64 "
+                                  "\\(triton.max_documents\\)"),
+    (["q", "r"], ["d", "e", "f"], None, "2 queries for 3 documents"),
+    (["q"], ["d", "e"], 3, "TOP_K 3 is not between 1 and the 2 documents"),
+    (["q"], ["d", " "], None, "DOCUMENTS\\[1\\] is empty"),
+])
+def test_bad_rerank_requests_are_refused_with_a_400_naming_the_problem(served, queries, documents, top_k, message):
+    import tritonclient.http
+    from tritonclient.utils import InferenceServerException
+
+    _, plan, server = served
+    client = tritonclient.http.InferenceServerClient(server.http_url.split("://")[-1])
+    inputs = []
+    for name, array in rerank_arrays(queries, documents, top_k).items():
+        tensor = tritonclient.http.InferInput(name, list(array.shape), "INT64" if name == "TOP_K" else "BYTES")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    with pytest.raises(InferenceServerException, match=message) as info:
+        client.infer(plan.name, inputs)
+    assert str(info.value.status()) == "400"
+    with TritonClient(server.grpc_url, "grpc") as grpc, pytest.raises(ServedError, match="DOCUMENTS"):
+        grpc.infer(plan.name, {"QUERY": rerank_arrays(["q"], [])["QUERY"]})  # a query without documents
+    assert server.is_ready()
+
+
+def test_the_triton_step_serves_a_three_label_reranker_equal_to_predict(rerankers):
+    _, config, record = rerankers[3]
+    triton.run(config, record)
+    served = record.metric("triton.served_parity")
+    for protocol in ("http", "grpc"):
+        scores = served[protocol]["outputs"]["scores"]
+        assert served[protocol]["passed"] and scores["max_abs"] < 1e-5 and scores["agreement"] == 1.0
+    assert record.metric("triton.served_reference").startswith("CrossEncoder(")
