@@ -201,3 +201,20 @@ def test_the_triton_step_serves_a_three_label_reranker_equal_to_predict(reranker
         scores = served[protocol]["outputs"]["scores"]
         assert served[protocol]["passed"] and scores["max_abs"] < 1e-5 and scores["agreement"] == 1.0
     assert record.metric("triton.served_reference").startswith("CrossEncoder(")
+
+
+def test_the_bench_step_measures_a_served_reranker_in_requests_and_pairs_per_second(rerankers):
+    from workbench.report.page import served_section
+    from workbench.steps import bench
+
+    _, config, record = rerankers[3]  # deployed by the triton step's test above
+    quick = config.model_copy(update={"bench": config.bench.model_copy(update={
+        "batches": [1], "sequences": [16], "rounds": 3, "concurrency": [1, 4], "requests_per_level": 8})})
+    bench.run(quick, record)
+    served = record.metric("bench.served")
+    assert set(served["rerank"]) == {"n16", "n64"} and set(served["rerank"]["n64"]) == {"c1", "c4"}
+    level = served["rerank"]["n64"]["c4"]
+    assert level["errors"] == 0 and level["requests"] == 8 and level["documents"] == 64
+    assert level["pairs_per_s"] == pytest.approx(level["throughput"] * 64, rel=1e-3)
+    (title, text, figures), = served_section(record.results("bench"))
+    assert "grpc" in text and figures

@@ -19,7 +19,7 @@ import numpy as np
 
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
-from workbench.serving.client import AsyncTritonClient, run_async, text_array
+from workbench.serving.client import AsyncTritonClient, rerank_arrays, run_async, text_array
 
 
 class Closable(Protocol):
@@ -170,6 +170,18 @@ def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str]
     async def send(client: AsyncTritonClient, index: int) -> object:
         return await client.infer_texts(model, [texts[index % len(texts)]])
     return {**asyncio_level(url, protocol, send, concurrency, requests, seconds).record(), **note}
+
+
+def rerank_level(url: str, model: str, texts: list[str], documents: int, concurrency: int, requests: int,
+                 seconds: float, protocol: str = "grpc") -> dict[str, Any]:
+    """One level of reranker requests, each a corpus text as the query with the next `documents` texts, over
+    `protocol` with the asyncio generator: requests/s and pairs/s."""
+    async def send(client: AsyncTritonClient, index: int) -> object:
+        start = index * (documents + 1)
+        chosen = [texts[(start + 1 + i) % len(texts)] for i in range(documents)]
+        return await client.infer(model, rerank_arrays([texts[start % len(texts)]], chosen), ["scores"])
+    level = asyncio_level(url, protocol, send, concurrency, requests, seconds).record()
+    return {**level, "documents": documents, "pairs_per_s": round(level["throughput"] * documents, 1)}
 
 
 # ---- server-side breakdown -----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from workbench.measure.load import (
     asyncio_level,
     breakdown,
     own_breakdown,
+    rerank_level,
     settled_stages,
     stage_totals,
     text_level,
@@ -91,6 +92,19 @@ def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServe
             return measure(server)
     finally:
         shutil.rmtree(repository, ignore_errors=True)
+
+
+RERANK_DOCUMENTS = (16, 64)  # documents per query a reranker is measured at: a short and a long candidate list
+
+
+def rerank_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[str], workdir: Path) -> dict[str, Any]:
+    """A served reranker at each of `bench.concurrency` with RERANK_DOCUMENTS documents per request, over gRPC:
+    requests/s, pairs/s and latency per level."""
+    def measure(server: TritonServer) -> dict[str, Any]:
+        return {f"n{documents}": {f"c{level}": rerank_level(
+            server.grpc_url, plan.name, texts, documents, level, bench.requests_per_level, bench.seconds_per_level)
+            for level in bench.concurrency} for documents in RERANK_DOCUMENTS}
+    return {"rerank": _with_server(plan, workdir, measure), "protocol": "grpc", "tool": "asyncio"}
 
 
 def on_each_batching(plan: ServingPlan, workdir: Path,

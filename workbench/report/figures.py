@@ -408,6 +408,15 @@ def efficiency_table(efficiency: dict[str, Any]) -> go.Figure:
     return table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)
 
 
+def rerank_table(rerank: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
+    """A served reranker per documents per request and concurrency: requests/s, pairs/s, p50 and p99."""
+    rows = [[f"{level['documents']} documents, concurrency {level['concurrency']}", f"{level['throughput']:.1f}",
+             f"{level['pairs_per_s']:.0f}", f"{level['p50']:.1f}", f"{level['p99']:.1f}"]
+            for levels in rerank.values() for level in levels.values()]
+    return table("Served reranker: one query and its documents per request",
+                 ["load", "requests/s", "pairs/s", "p50 ms", "p99 ms"], rows)
+
+
 def capacity_table(capacity: dict[str, Any], scaling: dict[str, Any]) -> go.Figure:
     """The capacity on paper and what each autoscaler keeps, with the reasons."""
     per = capacity["per_replica_rps"]

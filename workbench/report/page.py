@@ -194,6 +194,9 @@ def served_section(bench: BenchMetrics) -> Parts:
     served = bench.served or {}
     if "skipped" in served:
         return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
+    if "rerank" in served:
+        return [("Served throughput and latency", f"Load tool: {served['tool']} over {served['protocol']}; "
+                 f"measured: {served['variant']}.", [figures.rerank_table(served["rerank"])])]
     if "batching_on" not in served:
         return []
     measured = f"{served['variant']} in the " if "variant" in served else ""

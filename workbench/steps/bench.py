@@ -24,7 +24,7 @@ from workbench.measure.latency import (
     measure_grid,
     needs_lab,
 )
-from workbench.measure.sweeps import run_served_benchmark, serving_efficiency
+from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.report.page import Section, latency_section, served_section
@@ -77,6 +77,8 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
         return {"skipped": f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
     texts, tokenizer = list(load_corpus(config.corpus, config.corpus_max_texts)), record.tokenizer()
+    if plan.reranks:
+        return {**rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench"), "variant": variant}
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
