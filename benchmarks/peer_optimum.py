@@ -1,7 +1,9 @@
 """Optimum's own ONNX files of a model; run by the peer environment's Python (benchmarks/peers.py and
 benchmarks/graphs.py call it), not the workbench's:
 
-    <peer venv>/bin/python benchmarks/peer_optimum.py MODEL_DIR OUT_DIR avx512_vnni|avx2 [VARIANT ...]
+    <peer venv>/bin/python benchmarks/peer_optimum.py [--task TASK] MODEL_DIR OUT_DIR avx512_vnni|avx2 [VARIANT ...]
+
+TASK is optimum-cli's (default feature-extraction; text-classification for a cross-encoder).
 
 Each VARIANT is a folder of OUT_DIR holding the graph, the tokenizer and the config (default: fp32 int8):
   plain             `optimum-cli export onnx` without --optimize (model.onnx)
@@ -32,9 +34,9 @@ class FloatDefaultQuantizer(quantization.ONNXQuantizer):
         super().__init__(*args, extra_options=extra, **kwargs)
 
 
-def export(model_dir: str, dest: Path, options: list[str]) -> None:
+def export(model_dir: str, dest: Path, options: list[str], task: str) -> None:
     subprocess.run([str(Path(sys.executable).parent / "optimum-cli"), "export", "onnx", "--model", model_dir,
-                    "--task", "feature-extraction", *options, str(dest)], check=True)
+                    "--task", task, *options, str(dest)], check=True)
 
 
 def quantize(fp32: Path, dest: Path, preset: str, per_channel: bool) -> None:
@@ -46,7 +48,7 @@ def quantize(fp32: Path, dest: Path, preset: str, per_channel: bool) -> None:
             shutil.copy(path, dest / path.name)
 
 
-def main(model_dir: str, out_dir: str, preset: str, *variants: str) -> None:
+def main(model_dir: str, out_dir: str, preset: str, *variants: str, task: str = "feature-extraction") -> None:
     out = Path(out_dir)
     wanted = variants or ("fp32", "int8")
     unknown = set(wanted) - set(EXPORTS) - set(QUANTIZED)
@@ -55,11 +57,15 @@ def main(model_dir: str, out_dir: str, preset: str, *variants: str) -> None:
     needed = {*(v for v in wanted if v in EXPORTS), *(["fp32"] if set(wanted) & set(QUANTIZED) else [])}
     for name in sorted(needed):
         if not (out / name / "model.onnx").is_file():
-            export(model_dir, out / name, EXPORTS[name])
+            export(model_dir, out / name, EXPORTS[name], task)
     for name in (v for v in wanted if v in QUANTIZED):
         if not (out / name / "model_quantized.onnx").is_file():
             quantize(out / "fp32", out / name, preset, QUANTIZED[name])
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["--task"]:
+        main(*arguments[2:], task=arguments[1])
+    else:
+        main(*arguments)

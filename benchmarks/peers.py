@@ -15,6 +15,10 @@ host, with the load client on the same cores as the servers:
   - in process: encode() at its best batch size (the baseline everyone knows) and the deployed variant in ONNX
     Runtime with the served threads (tokenized beforehand: the bench step's `efficiency` reference);
   - at concurrency 1, where the served request's time goes: Triton's stages and the Python model's own.
+With --task rerank: a cross-encoder (without --run, the embedded model's weights under a one-label head) served by
+the workbench and by infinity-emb's /rerank (Optimum's fp32 and int8 files), each request a query with --documents
+documents over HTTP JSON, scores against CrossEncoder.predict() (max abs, Kendall tau, same top document); writes
+<run>/peers/peers-rerank.json.
 Prints the table and the checks of issue #25 (PASS/MISS, never an assertion), and writes <run>/peers/peers.json.
 """
 from __future__ import annotations
@@ -55,11 +59,16 @@ from workbench.measure.peers import (
     find_infinity,
     http_level,
     infinity_embedder,
+    infinity_reranker,
     install_infinity,
     lead,
+    request_texts,
     require_positive,
+    rerank_accuracy,
+    rerank_all,
     table,
     triton_embedder,
+    triton_reranker,
 )
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
@@ -88,6 +97,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1000, help="requests per level")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every level")
     parser.add_argument("--seconds", type=float, default=60.0, help="upper bound on one level")
+    parser.add_argument("--task", choices=("embed", "rerank"), default="embed", help=(
+        "rerank: a cross-encoder (without --run: the embedded model's weights under a one-label head, the shape of "
+        "ms-marco-MiniLM-L6-v2) beside infinity-emb's /rerank"))
+    parser.add_argument("--documents", type=int, default=16, help="rerank: documents per request")
     args = parser.parse_args()
     try:
         args.levels = sorted({int(c) for c in args.levels.split(",")})
@@ -95,8 +108,22 @@ def arguments() -> argparse.Namespace:
         raise ConfigError(f"--levels {args.levels!r} is not a list of whole numbers",
                           "give concurrency levels like --levels 1,4,16,64") from None
     require_positive([("--levels", min(args.levels)), ("--requests", args.requests), ("--repeats", args.repeats),
-                      ("--seconds", args.seconds)])
+                      ("--seconds", args.seconds), ("--documents", args.documents)])
     return args
+
+
+def deployed_run(args: argparse.Namespace, config: RunConfig, prefix: str) -> tuple[RunRecord, ServingPlan, str]:
+    """The run of --run (without it: `config` run now through the triton step) and what its triton step deployed."""
+    if args.run is None:
+        args.run = ROOT / "outputs" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_pipeline(config.model_copy(update={"steps": ["export", "optimize", "parity", "triton"]}), args.run)
+    record = RunRecord.load(args.run)
+    deployed = deployed_plan(record)
+    if deployed is None:
+        raise MissingArtifactError(f"{args.run} has no current deployment (triton: "
+                                   f"{record.step_entry('triton').label})",
+                                   f"run `workbench run --output-dir {args.run} --resume --steps triton` first")
+    return record, *deployed
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -104,16 +131,10 @@ def compare(args: argparse.Namespace) -> None:
         print(f"installed: {install_infinity(args.peer_venv)}")
         return
     infinity = find_infinity(args.peer_venv)  # refused before anything is built or measured
-    if args.run is None:
-        args.run = ROOT / "outputs" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(steps=["export", "optimize", "parity", "triton"]), args.run)
-    record = RunRecord.load(args.run)
-    deployed = deployed_plan(record)
-    if deployed is None:
-        raise MissingArtifactError(f"{args.run} has no current deployment (triton: "
-                                   f"{record.step_entry('triton').label})",
-                                   f"run `workbench run --output-dir {args.run} --resume --steps triton` first")
-    plan, variant = deployed
+    if args.task == "rerank":
+        compare_rerank(args, infinity)
+        return
+    record, plan, variant = deployed_run(args, RunConfig(), "peers")
     levels = args.levels
     texts = list(load_corpus(record.config.corpus))
     work = args.run / "peers"
@@ -180,6 +201,83 @@ def compare(args: argparse.Namespace) -> None:
     work.mkdir(parents=True, exist_ok=True)
     (work / "peers.json").write_text(json.dumps(result, indent=2))
     report(result, list(rows.values()), levels, variant, plan)
+
+
+def stand_in_reranker(dest: Path) -> Path:
+    """The embedded model's weights under a one-label head (seeded), saved by CrossEncoder: the shape of
+    ms-marco-MiniLM-L6-v2 (no hub here). Its scores rank nothing real; speed and agreement with predict() hold."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    if not (dest / "config.json").is_file():
+        torch.manual_seed(0)
+        CrossEncoder(resolve_source(RunConfig().model).location, num_labels=1, device="cpu").save(str(dest))
+    return dest
+
+
+def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
+    """The deployed reranker (and its fp32) beside infinity-emb's /rerank on Optimum's fp32 and int8 files: one
+    HTTP JSON client, a corpus text as the query with the next --documents texts per request, levels interleaved
+    and repeated; scores against CrossEncoder.predict()."""
+    from sentence_transformers import CrossEncoder
+
+    config = RunConfig() if args.run else RunConfig(task="rerank", model=str(stand_in_reranker(
+        ROOT / "outputs" / f"reranker-{time.strftime('%Y%m%d-%H%M%S')}")))  # --run names its own model
+    record, plan, variant = deployed_run(args, config, "peers-rerank")
+    texts, work = list(load_corpus(record.config.corpus)), args.run / "peers"
+    features, busy = cpu_features(), others_busy()
+    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    model_dir = resolve_source(record.config.model).location
+    optimum = work / "optimum-rerank"
+    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir, optimum,
+                  preset, ["fp32", "int8"], task="text-classification")
+    requests = [request_texts(texts, i, args.documents) for i in range(len(texts) // (args.documents + 1))]
+    library = CrossEncoder(model_dir, device="cpu")
+    reference = [library.predict([(r[0], d) for d in r[1:]], batch_size=32, show_progress_bar=False)
+                 for r in requests]
+    plans = {f"workbench Triton {variant}": (plan, variant)}
+    if variant != "fp32":
+        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
+    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
+                                       "cores": os.cpu_count()}, "run": str(args.run), "deployed": variant,
+                              "levels": args.levels, "requests": args.requests, "repeats": args.repeats,
+                              "documents": args.documents}
+    with ExitStack() as stack:
+        rerankers: list[Embedder] = []
+        for name, (served, precision) in plans.items():
+            folder = work / f"rerank-{name.split()[-1]}"
+            server = stack.enter_context(TritonServer(write_repository(served, folder / "repository",
+                                                                       overwrite=True), folder / "server"))
+            rerankers.append(triton_reranker(name, precision, server, served.name))
+        for precision, quantized in (("fp32", False), (f"int8 ({preset}, per channel)", True)):
+            peer = stack.enter_context(InfinityServer(infinity, optimum / precision.split()[0], quantized,
+                                                      work / f"infinity-rerank-{precision.split()[0]}.log"))
+            rerankers.append(infinity_reranker(f"infinity-emb {precision.split()[0]}", precision, peer))
+        rows = {r.name: PeerRow(r.name, r.precision, accuracy=rerank_accuracy(rerank_all(r, requests), reference))
+                for r in rerankers}
+        for repeat in range(args.repeats):
+            for concurrency in args.levels:
+                print(f"repeat {repeat + 1}/{args.repeats}, concurrency {concurrency}", flush=True)
+                for reranker in rerankers:
+                    rows[reranker.name].levels.setdefault(concurrency, []).append(http_level(
+                        reranker, texts, concurrency, args.requests, args.seconds, args.documents))
+        for reranker in rerankers:
+            rows[reranker.name].rss_bytes = reranker.rss()
+    result["rows"] = [row.record() for row in rows.values()]
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "peers-rerank.json").write_text(json.dumps(result, indent=2))
+    print(f"\n{result['host']['date']}; CPU flags: {' '.join(features['flags'])}; {args.repeats} interleaved "
+          f"repeats of {args.requests} requests per level, each a query with {args.documents} documents (pairs/s = "
+          "req/s x documents); req/s (range over repeats) / p50 ms / p99 ms\n")
+    if busy > (os.cpu_count() or 1) / 2:
+        print(f"BUSY HOST: other processes kept {busy:.1f} cores busy when measuring began: ratios only\n")
+    print(table(list(rows.values()), args.levels))
+    by_name = {row.name: row for row in rows.values()}
+    for ours, peer in [("workbench Triton fp32", "infinity-emb fp32")] + (
+            [(f"workbench Triton {variant}", "infinity-emb int8")] if variant.startswith("int8") else []):
+        ratios = lead(by_name[ours], by_name[peer], args.levels)
+        print(f"{ours} over {peer}, req/s: " + ", ".join(f"c{c} {r:.2f}x" for c, r in ratios.items()))
+    print(f"\nwritten: {work / 'peers-rerank.json'}")
 
 
 def grpc_level(server: TritonServer, plan: ServingPlan, texts: list[str], concurrency: int,

@@ -26,6 +26,7 @@ from workbench.core.errors import ConfigError, DependencyMissingError, ServerSta
 from workbench.core.pins import pin
 from workbench.measure.load import LevelResult, closed_loop_level
 from workbench.precision.compare import cosine
+from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement
 from workbench.serving.server import HOST, TritonServer, free_port, tree_rss
 
@@ -59,13 +60,15 @@ def require_positive(values: Sequence[tuple[str, float]]) -> None:
             raise ConfigError(f"{name} must be positive, got {value}", f"give {name} a value above 0")
 
 
-def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str]) -> None:
-    """Optimum's `variants` of the model in `model_dir`, one folder each under `work`, built by `script` run with the
-    peer environment's `python`. Built once, kept for later runs; a failed or interrupted build leaves no folder to
-    be taken as complete."""
+def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str],
+                  task: str = "feature-extraction") -> None:
+    """Optimum's `variants` of the model in `model_dir` exported for `task` (optimum-cli's name), one folder each
+    under `work`, built by `script` run with the peer environment's `python`. Built once, kept for later runs; a
+    failed or interrupted build leaves no folder to be taken as complete."""
     if all((work / name / OPTIMUM_FILES[name]).is_file() for name in variants):
         return
-    code = _build("Optimum's graphs", [str(python), str(script), model_dir, str(work), preset, *variants], work)
+    code = _build("Optimum's graphs", [str(python), str(script), "--task", task, model_dir, str(work), preset,
+                                       *variants], work)
     if code != 0:
         _remove_folders(work)
         raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
@@ -219,7 +222,8 @@ class InfinityServer:
 
 @dataclass
 class Embedder:
-    """One server as an HTTP JSON client sees it: where to POST texts, the body, how to read the vectors back."""
+    """One server as an HTTP JSON client sees it: where to POST texts (a reranker's: its query, then the
+    documents), the body, how to read the vectors (a reranker's: the documents' scores, in their order) back."""
 
     name: str
     precision: str
@@ -250,25 +254,78 @@ def infinity_embedder(name: str, precision: str, server: InfinityServer) -> Embe
                     vectors, server.rss_bytes)
 
 
+def triton_reranker(name: str, precision: str, server: TritonServer, model: str) -> Embedder:
+    """The served reranker over Triton's KServe v2 JSON: the query and its documents as BYTES tensors, the scores
+    asked for."""
+    def body(texts: list[str]) -> dict[str, Any]:
+        return {"inputs": [{"name": "QUERY", "shape": [1], "datatype": "BYTES", "data": texts[:1]},
+                           {"name": "DOCUMENTS", "shape": [len(texts) - 1], "datatype": "BYTES", "data": texts[1:]}],
+                "outputs": [{"name": "scores"}]}
+
+    def scores(answer: dict[str, Any]) -> np.ndarray:
+        return np.asarray(next(o for o in answer["outputs"] if o["name"] == "scores")["data"], dtype=np.float32)
+    return Embedder(name, precision, f"http://{server.http_url}/v2/models/{model}/infer", body, scores,
+                    server.rss_bytes)
+
+
+def infinity_reranker(name: str, precision: str, server: InfinityServer) -> Embedder:
+    """infinity's Cohere-style /rerank (sigmoid scores, as CrossEncoder.predict() gives one-label models), put back
+    in the documents' order."""
+    def scores(answer: dict[str, Any]) -> np.ndarray:
+        found = np.zeros(len(answer["results"]), dtype=np.float32)
+        for result in answer["results"]:
+            found[result["index"]] = result["relevance_score"]
+        return found
+    return Embedder(name, precision, f"{server.url}/rerank", lambda texts: {
+        "model": ".", "query": texts[0], "documents": texts[1:], "return_documents": False}, scores, server.rss_bytes)
+
+
+def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]:
+    """Request `index`'s texts: one corpus text, and for a reranker the next `documents` as its documents."""
+    start = index * (documents + 1)
+    return [texts[(start + i) % len(texts)] for i in range(documents + 1)]
+
+
 def http_level(embedder: Embedder, texts: Sequence[str], concurrency: int, requests: int,
-               seconds: float) -> LevelResult:
-    """One closed-loop level of one-text requests over HTTP JSON (each answer read and parsed, as a client would)."""
+               seconds: float, documents: int = 0) -> LevelResult:
+    """One closed-loop level over HTTP JSON (each answer read and parsed, as a client would) of one-text requests,
+    or of a query with `documents` documents each."""
     async def send(session: aiohttp.ClientSession, index: int) -> object:
-        async with session.post(embedder.url, json=embedder.body([texts[index % len(texts)]])) as response:
+        async with session.post(embedder.url, json=embedder.body(request_texts(texts, index, documents))) as response:
             response.raise_for_status()
             return await response.json()
     return closed_loop_level(aiohttp.ClientSession, send, concurrency, requests, seconds, embedder.url)
 
 
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
 def embed_all(embedder: Embedder, texts: Sequence[str], batch: int = 16) -> np.ndarray:
     """Every text's vector from the server, `batch` texts a request."""
-    rows = []
-    for start in range(0, len(texts), batch):
-        data = json.dumps(embedder.body(list(texts[start:start + batch]))).encode()
-        request = urllib.request.Request(embedder.url, data, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            rows.append(embedder.vectors(json.loads(response.read())))
-    return np.concatenate(rows)
+    return np.concatenate([embedder.vectors(_post(embedder.url, embedder.body(list(texts[start:start + batch]))))
+                           for start in range(0, len(texts), batch)])
+
+
+def rerank_all(embedder: Embedder, queries: Sequence[list[str]]) -> list[np.ndarray]:
+    """Each request's (a query and its documents) scores from the server."""
+    return [embedder.vectors(_post(embedder.url, embedder.body(texts))) for texts in queries]
+
+
+def rerank_accuracy(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> dict[str, float]:
+    """Against CrossEncoder.predict(): the largest score difference, and per query the documents' order (the same
+    top document; Kendall tau, mean)."""
+    ids, start = [], 0
+    for scores in want:
+        ids.append(list(range(start, start + len(scores))))
+        start += len(scores)
+    flat_got, flat_want = np.concatenate(got), np.concatenate(want)
+    ranking = ranking_agreement(dict(enumerate(flat_got.tolist())), dict(enumerate(flat_want.tolist())), ids) or {}
+    return {"max_abs": float(np.abs(flat_got - flat_want).max()), "kendall_tau": ranking.get("kendall_tau", 1.0),
+            "same_top": round(ranking.get("agreement_at_1", 1.0) * len(want)), "texts": len(want)}
 
 
 def accuracy(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
@@ -342,15 +399,26 @@ def cell(row: PeerRow, concurrency: int) -> str:
     return f"{rate} / {row.median(concurrency, 'p50'):.1f} / {row.median(concurrency, 'p99'):.0f}"
 
 
+def _quality(acc: dict[str, float]) -> tuple[str, str]:
+    """The accuracy columns of a row: an embedder's against encode(), a reranker's against predict()."""
+    if not acc:
+        return "-", "-"
+    if "kendall_tau" in acc:
+        return f"{acc['max_abs']:.2e} / {acc['kendall_tau']:.4f}", f"{acc['same_top']} of {acc['texts']}"
+    return f"{acc['min_cosine']:.4f} / {acc['mean_cosine']:.4f}", f"{acc['same_neighbour']} of {acc['texts']}"
+
+
 def table(rows: Sequence[PeerRow], levels: Sequence[int]) -> str:
     """The side-by-side table, markdown: req/s (range over repeats) / p50 ms / p99 ms per concurrency, accuracy
-    against encode(), resident memory of the server's process tree."""
-    head = ["server", "precision", *(f"c={c}" for c in levels), "min / mean cosine", "same neighbour", "RSS MiB"]
+    against the library (embedders: cosine and nearest neighbour; rerankers: max abs, Kendall tau and top
+    document), resident memory of the server's process tree."""
+    reranks = any("kendall_tau" in row.accuracy for row in rows)
+    quality_head = ["max abs / Kendall tau", "same top document"] if reranks else ["min / mean cosine",
+                                                                                    "same neighbour"]
+    head = ["server", "precision", *(f"c={c}" for c in levels), *quality_head, "RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        acc = row.accuracy
-        quality = f"{acc['min_cosine']:.4f} / {acc['mean_cosine']:.4f}" if acc else "-"
-        same = f"{acc['same_neighbour']} of {acc['texts']}" if acc else "-"
+        quality, same = _quality(row.accuracy)
         rss = f"{row.rss_bytes / 2**20:.0f}" if row.rss_bytes else "-"
         lines.append("| " + " | ".join([row.name, row.precision, *(cell(row, c) for c in levels), quality, same,
                                         rss]) + " |")
