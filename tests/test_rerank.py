@@ -218,3 +218,23 @@ def test_the_bench_step_measures_a_served_reranker_in_requests_and_pairs_per_sec
     assert level["pairs_per_s"] == pytest.approx(level["throughput"] * 64, rel=1e-3)
     (title, text, figures), = served_section(record.results("bench"))
     assert "grpc" in text and figures
+
+
+def test_the_peers_benchmark_client_reranks_over_http_json_as_predict_does(served):
+    """benchmarks/peers.py --task rerank loads every server through these: the served reranker's JSON, a closed
+    loop of a query with its documents per request, and accuracy against predict()."""
+    from sentence_transformers import CrossEncoder
+
+    from workbench.measure.peers import http_level, request_texts, rerank_accuracy, rerank_all, triton_reranker
+
+    model, plan, server = served
+    texts = load_corpus()
+    reranker = triton_reranker("ours", "fp32", server, plan.name)
+    requests = [request_texts(texts, i, 6) for i in range(5)]
+    assert requests[1][0] == texts[7] and len(requests[1]) == 7
+    library = CrossEncoder(str(model), device="cpu")
+    want = [library.predict([(r[0], d) for d in r[1:]]) for r in requests]
+    found = rerank_accuracy(rerank_all(reranker, requests), want)
+    assert found["max_abs"] < 1e-5 and found["same_top"] == 5 and found["texts"] == 5
+    level = http_level(reranker, texts, 2, 6, 60, documents=6)
+    assert level.requests == 6 and level.errors == 0
