@@ -238,3 +238,19 @@ def test_the_peers_benchmark_client_reranks_over_http_json_as_predict_does(serve
     assert found["max_abs"] < 1e-5 and found["same_top"] == 5 and found["texts"] == 5
     level = http_level(reranker, texts, 2, 6, 60, documents=6)
     assert level.requests == 6 and level.errors == 0
+
+
+def test_workbench_serve_finds_the_reranker_and_its_printed_curl_answers_scores(served):
+    import json
+    import shlex
+    import subprocess
+
+    from workbench.serving.endpoints import curl_command, text_endpoints
+
+    _, plan, server = served
+    (endpoint,) = text_endpoints(server.repository)
+    assert endpoint.model == plan.name and endpoint.reranks and endpoint.output == "scores"
+    answer = json.loads(subprocess.run(shlex.split(curl_command(server.http_url, endpoint, "tea in the hills")),
+                                       capture_output=True, text=True, check=True).stdout)
+    scores = next(o for o in answer["outputs"] if o["name"] == "scores")
+    assert scores["shape"] == [2, 1] and all(0 < value < 1 for value in scores["data"])

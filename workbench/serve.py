@@ -110,6 +110,10 @@ def usage_lines(server: TritonServer, endpoints: list[TextEndpoint], tool: PerfA
     install = "" if tool else " (install it first: workbench install-perf-analyzer)"
     options = stability_options(WINDOW_REQUESTS)
     for endpoint in endpoints:
+        if endpoint.reranks:
+            lines += [f"a query and two documents through {endpoint.model} (its answer: {endpoint.output}; "
+                      "TOP_K asks for the best):", f"  {curl_command(server.http_url, endpoint, SAMPLE_TEXT)}"]
+            continue
         lines += [f"one text through {endpoint.model} (its answer: {endpoint.output}):",
                   f"  {curl_command(server.http_url, endpoint, SAMPLE_TEXT)}",
                   f"latency and throughput at concurrency 1, one corpus text per request, with perf_analyzer{install}:",

@@ -1,5 +1,5 @@
-"""What a served repository answers: its models that take text from clients (ensembles, or fused one-hop models),
-and one-line `curl` and `perf_analyzer` commands for them."""
+"""What a served repository answers: its models that take text from clients (ensembles, fused one-hop models, or a
+reranker's query and documents), and one-line `curl` and `perf_analyzer` commands for them."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,10 @@ from workbench.core.errors import RepositoryError
 from workbench.serving.repository import read_repository
 
 TEXT_INPUT = "TEXT"
+RERANK_INPUTS = ("QUERY", "DOCUMENTS")  # a reranker's (serving/backend/rerank_model.py)
 # The output that answers, when the ensemble has it: a label (classification), an embedding, generated text.
 ANSWERS = ("label", "sentence_embedding", "OUTPUT_TEXT")
+SAMPLE_DOCUMENT = "A second document, scored against the same query."
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,12 @@ class TextEndpoint:
     model: str
     shape: list[int]
     output: str
+    reranks: bool = False  # takes a query and its documents
 
 
 def text_endpoints(repository: Path) -> list[TextEndpoint]:
     """Every model in `repository` that takes TEXT and is no ensemble's step (the ensemble, not its tokenizer; a
-    fused model); RepositoryError when the folder is missing or has none."""
+    fused model), or a reranker's query and documents; RepositoryError when the folder is missing or has none."""
     fix = "pass the folder the triton step published (model_repository/<name>), or serve a run with --run <run folder>"
     if not repository.is_dir():
         raise RepositoryError(f"model repository {repository} does not exist or is not a folder", fix)
@@ -34,13 +37,16 @@ def text_endpoints(repository: Path) -> list[TextEndpoint]:
     models = read_repository(repository)
     steps = {step.model_name for config in models.values() for step in config.ensemble_scheduling.step}
     for name, config in models.items():
-        if name not in steps and any(i.name == TEXT_INPUT for i in config.input):
+        if {i.name for i in config.input} >= set(RERANK_INPUTS):
+            endpoints.append(TextEndpoint(name, [-1], "scores", reranks=True))
+        elif name not in steps and any(i.name == TEXT_INPUT for i in config.input):
             dims = [d if d > 0 else 1 for d in next(i.dims for i in config.input if i.name == TEXT_INPUT)]
             outputs = [o.name for o in config.output]
             output = next((o for o in ANSWERS if o in outputs), outputs[0])
             endpoints.append(TextEndpoint(name, [1, *dims] if config.max_batch_size > 0 else dims, output))
     if not endpoints:
-        raise RepositoryError(f"{repository} holds no model that takes a {TEXT_INPUT} input from clients", fix)
+        raise RepositoryError(f"{repository} holds no model that takes a {TEXT_INPUT} input (or a reranker's "
+                              f"{' and '.join(RERANK_INPUTS)}) from clients", fix)
     return endpoints
 
 
@@ -50,6 +56,9 @@ def curl_command(http_url: str, endpoint: TextEndpoint, text: str) -> str:
     classification ensemble's outputs without all of logits, label and score ("unexpected deadlock, at least one
     output is not set while no more ensemble steps can be made")."""
     body = {"inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": endpoint.shape, "data": [text]}]}
+    if endpoint.reranks:  # the text as the query, with itself and one more document
+        body = {"inputs": [{"name": "QUERY", "datatype": "BYTES", "shape": [1], "data": [text]},
+                           {"name": "DOCUMENTS", "datatype": "BYTES", "shape": [2], "data": [text, SAMPLE_DOCUMENT]}]}
     return shlex.join(["curl", "-s", f"http://{http_url}/v2/models/{endpoint.model}/infer",
                        "-H", "Content-Type: application/json", "-d", json.dumps(body, separators=(",", ":"))])
 
