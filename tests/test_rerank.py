@@ -254,3 +254,31 @@ def test_workbench_serve_finds_the_reranker_and_its_printed_curl_answers_scores(
                                        capture_output=True, text=True, check=True).stdout)
     scores = next(o for o in answer["outputs"] if o["name"] == "scores")
     assert scores["shape"] == [2, 1] and all(0 < value < 1 for value in scores["data"])
+
+
+def test_a_reranker_verdict_is_summed_up_by_its_ranking_gate():
+    """A one-label reranker's label agreement is 1.0 by construction: the line users read names the ranking
+    criterion it fails by, not that."""
+    from workbench.core.results import Verdict
+    from workbench.report.recommend import gate
+
+    verdict = Verdict.model_validate({"passed": False, "failures": ["scores: agreement at 1 0.6875 < 0.9"],
+                                      "outputs": {"scores": {
+                                          "passed": False, "max_abs": 1.9e-3, "agreement": 1.0,
+                                          "tolerance": {"min_agreement": 0.95, "min_kendall_tau": 0.8,
+                                                        "min_agreement_at_1": 0.9},
+                                          "ranking": {"queries": 16, "agreement_at_1": 0.6875,
+                                                      "kendall_tau": 0.824}}}})
+    found = gate(verdict)
+    assert found is not None and (found.metric, found.value, found.threshold) == ("agreement@1", 0.6875, 0.9)
+
+
+@pytest.mark.parametrize("triton_settings", [{"layout": "ensemble"}, {"flavor": "onnxruntime"}])
+def test_a_reranker_layout_that_cannot_serve_it_is_refused_before_the_run(triton_settings):
+    from pydantic import ValidationError
+
+    from workbench.serving.plan import choose_flavor
+
+    with pytest.raises(ValidationError, match="task rerank is served by one Python model"):
+        RunConfig.model_validate({"task": "rerank", "triton": triton_settings})
+    assert choose_flavor("auto", "cuda", "rerank").value == "python-ort"

@@ -353,6 +353,19 @@ class RunConfig(_Strict):
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
         return self
 
+    @model_validator(mode="after")
+    def _rerank_layout(self) -> RunConfig:
+        """A reranker is served by one Python model (serving/backend/rerank_model.py): refused before the run, not
+        after its parity."""
+        flavor = self.triton.flavor
+        if self.task == "rerank" and (self.triton.layout == "ensemble" or flavor not in ("auto", Flavor.PYTHON_ORT)):
+            asked = f"triton.layout={self.triton.layout}" if self.triton.layout == "ensemble" else \
+                f"triton.flavor={Flavor(flavor).value}"
+            raise ValueError(f"task rerank is served by one Python model (a query and its documents in, scores out); "
+                             f"{asked} cannot serve it: use triton.layout fused (or auto) and triton.flavor "
+                             "python-ort (or auto)")
+        return self
+
     def check_pooling_task(self) -> None:
         """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
         (ConfigError, from preflight with the model's problems, or when a step loads the model)."""

@@ -34,6 +34,7 @@ class OutputResult(Metrics):
     failures: list[str] = Field(default_factory=list)
     tolerance: dict[str, float | int] = Field(default_factory=dict)
     retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
+    ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)
 
 
 class Verdict(Metrics):

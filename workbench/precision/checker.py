@@ -13,6 +13,7 @@ from workbench.runners.files import open_variant
 
 HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
 SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")
+RANKING_KEYS = ("kendall_tau", "agreement_at_1")  # a reranker's scores: each query's document order
 
 
 class Checker:
@@ -57,4 +58,5 @@ class Checker:
     def summarize(self, result: dict[str, Any]) -> dict[str, Any]:
         """The failures and the primary output's headline metrics of a parity result."""
         primary = result["outputs"][self.lab.primary.name]
-        return {"failures": result["failures"], **{k: primary[k] for k in SUMMARY_KEYS if k in primary}}
+        ranking = {k: primary["ranking"][k] for k in RANKING_KEYS if k in primary.get("ranking", {})}
+        return {"failures": result["failures"], **{k: primary[k] for k in SUMMARY_KEYS if k in primary}, **ranking}

@@ -119,8 +119,8 @@ class ParityLab:
 
     @property
     def primary(self) -> OutputSpec:
-        """The output users read: the sentence embedding when there is one."""
-        return next((s for s in self.specs if s.kind == "embedding"), self.specs[0])
+        """The output users read: the sentence embedding, or a reranker's scores, when there is one."""
+        return next((s for s in self.specs if s.kind in ("embedding", "scores")), self.specs[0])
 
     def collect(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None
                 ) -> dict[str, OutputParity]:

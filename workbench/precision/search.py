@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 PRUNE_HEADROOM = 1.5
 RANKED_BY = "fp32 compute kept (weight elements per token, from the graph), then node count"
 # The primary output's metric a progress note shows, by preference: key, words, format.
-NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
+NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("kendall_tau", "Kendall tau", ".4f"),
+                 ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
 
 
 @dataclass

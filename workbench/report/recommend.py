@@ -25,8 +25,10 @@ PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
 _CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
-_NEIGHBOURS = (("min_agreement_at_1", "agreement_at_1", "agreement@1"),  # gates on outputs.<o>.retrieval
-               ("min_recall_at_10", "recall_at_10", "recall@10"), ("min_spearman", "spearman", "Spearman"))
+# gates on outputs.<o>.retrieval (embeddings) or .ranking (a reranker's scores)
+_NEIGHBOURS = (("min_agreement_at_1", "agreement_at_1", "agreement@1"),
+               ("min_recall_at_10", "recall_at_10", "recall@10"), ("min_spearman", "spearman", "Spearman"),
+               ("min_kendall_tau", "kendall_tau", "Kendall tau"))
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def gate(verdict: Verdict) -> Gate | None:
     tolerance sets one, else max abs error against atol."""
     gates = []
     for output, result in verdict.outputs.items():
-        tolerance, retrieval = result.tolerance, result.retrieval or {}
+        tolerance, retrieval = result.tolerance, result.retrieval or result.ranking or {}
         found = [Gate(name, output, measured, tolerance[key], True) for key, value, name in _AT_LEAST
                  if key in tolerance and (measured := getattr(result, value)) is not None]
         found += [Gate(name, output, retrieval[value], tolerance[key], True)

@@ -63,12 +63,12 @@ def repository_root(repository_dir: str | None) -> Path:
     return Path(repository_dir) if repository_dir else PROJECT_REPOSITORIES
 
 
-def choose_flavor(setting: Flavor | Literal["auto"], device: str) -> Flavor:
-    """The configured flavor; `auto`: Triton's ONNX Runtime backend where ONNX Runtime runs on CUDA, else
-    python-ort."""
+def choose_flavor(setting: Flavor | Literal["auto"], device: str, task: str = "feature-extraction") -> Flavor:
+    """The configured flavor; `auto`: Triton's ONNX Runtime backend where ONNX Runtime runs on CUDA, else (and for
+    a reranker, served by one Python model) python-ort."""
     if setting != "auto":
         return Flavor(setting)
-    return Flavor.ONNXRUNTIME if device != "cpu" and cuda_usable() else Flavor.PYTHON_ORT
+    return Flavor.ONNXRUNTIME if device != "cpu" and task != "rerank" and cuda_usable() else Flavor.PYTHON_ORT
 
 
 def choose_layout(setting: str, flavor: Flavor) -> str:

@@ -113,7 +113,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     """How to serve `variant` of this run (default: the first candidate) with the configured Triton settings."""
     from transformers import AutoConfig
 
-    flavor = choose_flavor(config.triton.flavor, config.device)
+    flavor = choose_flavor(config.triton.flavor, config.device, config.task)
     variant = variant or candidate_variants(config, record, flavor)[0]
     path, precision = record.variant(variant, flavor.artifact_kind)
     outputs = served_outputs(config.output_specs, config.triton.outputs, config.task)
@@ -172,7 +172,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
         loaded = load_model(config)
-        flavor = choose_flavor(config.triton.flavor, config.device)
+        flavor = choose_flavor(config.triton.flavor, config.device, config.task)
         served_failures: dict[str, list[str]] = {}
         while not deploy_first_passing(config, record, flavor, loaded, served_failures):
             pass  # a variant that passed in process but failed served is passed over for the next
