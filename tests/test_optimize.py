@@ -187,3 +187,21 @@ def test_symbolic_shapes_fall_back_to_onnx_where_onnxruntime_cannot(tmp_path):
     assert method.startswith("onnx shape inference (onnxruntime's symbolic inference failed: TypeError"), method
     norm = next(v for v in model.graph.value_info if v.name == "norm")
     assert [d.dim_param or d.dim_value for d in norm.type.tensor_type.shape.dim] == ["batch", 1]
+
+
+def test_an_interrupt_after_the_builds_leaves_no_variant_the_record_lacks(tiny_bert, tmp_path, monkeypatch):
+    """Stopped while it checks what it built (before recording it), the step leaves only the export's graph: the
+    record drops what it recorded, and the built files go with it."""
+    config = RunConfig.model_validate({"model": str(tiny_bert), "precisions": ["fp32", "int8"], "threads": 1,
+                                       "openvino": "never"})
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimize, "smoke_test", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        optimize.run(config, record)
+    assert sorted(p.name for p in (record.run_dir / "onnx").iterdir()) == ["original.onnx"]
+    assert record.step_entry("optimize").status == "failed" and record.variant_names("onnx") == ["original"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -320,6 +322,18 @@ def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMet
         settle(decisions[precision], speedups[precision], ms, auto=config.precisions == "auto")
 
 
+@contextmanager
+def unrecorded_removed(folder: Path, variants: Sequence[str]) -> Iterator[None]:
+    """On an error or interrupt, the variants' ONNX files under `folder` go: the failed step's record drops what it
+    recorded, and what was built but not yet recorded goes with it."""
+    try:
+        yield
+    except BaseException:
+        for variant in variants:
+            onnxfiles.remove(folder / f"{variant}.onnx")
+        raise
+
+
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Write the optimized variants the configuration (or, for `precisions: auto`, the deployment's target and a
     measurement here) asks for; their fusion counts in metrics.optimize.variants, the decisions in
@@ -356,40 +370,41 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         }
         wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
         built: dict[str, dict[str, Any]] = {}
-        for variant in wanted:
-            start = time.perf_counter()
-            dest = onnx_dir / f"{variant}.onnx"
-            model = builders[variant](dest)
-            fused = variant != "tensorrt"
-            stats = fusion_stats(model, layers, unavailable_fusions(export, borrowed)) if fused else \
-                fusion_stats(model)
-            stats["seconds"] = round(time.perf_counter() - start, 3)
-            stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
-            if variant == "fp32" and form is not None:
-                stats["form"] = form.record()
-            if variant == "fp32" and borrowed is not None:
-                stats["borrowed"] = borrowed.record()
-            if variant == "tensorrt":
-                stats["shapes"] = shapes_by
-            built[variant] = stats
-            del model
-            release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
-        timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
-        if timed and target.measured:
-            measure_against_fp32(config, record, export, decisions, timed)
-        for variant, stats in built.items():
-            dest = onnx_dir / f"{variant}.onnx"
-            if variant in decisions and not decisions[variant].build:
-                onnxfiles.remove(dest)  # measured here and found not to pay
-                continue
-            if variant != "tensorrt":
-                stats["smoke_test"] = smoke_test(record, config, variant, dest)
-            if "warning" in stats:
-                warnings.warn(f"{variant}: {stats['warning']}", stacklevel=2)
-            precision = "fp32" if variant in ("fp32", "tensorrt") else variant
-            record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
-            fusions[variant] = stats
-            record.set_metric(f"{STEP}.variants.{variant}", stats)
+        with unrecorded_removed(onnx_dir, wanted):  # an interrupt leaves no file the record lacks
+            for variant in wanted:
+                start = time.perf_counter()
+                dest = onnx_dir / f"{variant}.onnx"
+                model = builders[variant](dest)
+                fused = variant != "tensorrt"
+                stats = fusion_stats(model, layers, unavailable_fusions(export, borrowed)) if fused else \
+                    fusion_stats(model)
+                stats["seconds"] = round(time.perf_counter() - start, 3)
+                stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
+                if variant == "fp32" and form is not None:
+                    stats["form"] = form.record()
+                if variant == "fp32" and borrowed is not None:
+                    stats["borrowed"] = borrowed.record()
+                if variant == "tensorrt":
+                    stats["shapes"] = shapes_by
+                built[variant] = stats
+                del model
+                release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
+            timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
+            if timed and target.measured:
+                measure_against_fp32(config, record, export, decisions, timed)
+            for variant, stats in built.items():
+                dest = onnx_dir / f"{variant}.onnx"
+                if variant in decisions and not decisions[variant].build:
+                    onnxfiles.remove(dest)  # measured here and found not to pay
+                    continue
+                if variant != "tensorrt":
+                    stats["smoke_test"] = smoke_test(record, config, variant, dest)
+                if "warning" in stats:
+                    warnings.warn(f"{variant}: {stats['warning']}", stacklevel=2)
+                precision = "fp32" if variant in ("fp32", "tensorrt") else variant
+                record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
+                fusions[variant] = stats
+                record.set_metric(f"{STEP}.variants.{variant}", stats)
         record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
         record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target))
         record.set_metric(f"{STEP}.openvino_int8",
