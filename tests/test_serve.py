@@ -61,7 +61,8 @@ def test_a_missing_or_foreign_repository_is_refused(tmp_path, capsys):
     plain.mkdir(parents=True)
     (plain / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
     assert main(["serve", "--repository", str(tmp_path / "plain")]) == 2
-    assert "holds no model that takes a TEXT input from clients" in capsys.readouterr().err
+    assert "holds no model that takes a TEXT input (or a reranker's QUERY and DOCUMENTS) from clients" in \
+        capsys.readouterr().err
     assert main(["serve", "--run", str(tmp_path / "plain")]) == 2
     assert "run.json does not exist" in capsys.readouterr().err
 
