@@ -119,7 +119,7 @@ def test_encoder_without_the_task_head_names_the_tasks_it_has():
     with pytest.raises(UnsupportedModelError,
                        match="no AutoModelForTokenClassification for architecture 'tapas'") as info:
         check_supported(transformers.TapasConfig(), TASKS["token-classification"])
-    assert info.value.fix == "use -p task=feature-extraction or sequence-classification"
+    assert info.value.fix == "use -p task=feature-extraction or sequence-classification or rerank"
 
 
 def test_truncated_weights_are_a_typed_error_naming_the_file(tiny_bert, tmp_path):
