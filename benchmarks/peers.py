@@ -159,18 +159,11 @@ def compare(args: argparse.Namespace) -> None:
                               "deployed": variant, "levels": levels, "requests": args.requests,
                               "repeats": args.repeats}
     with ExitStack() as stack:
-        embedders: list[Embedder] = []
-        servers: dict[str, TritonServer] = {}
-        for name, (served, precision) in plans.items():
-            folder = work / name.split()[-1]
-            server = stack.enter_context(TritonServer(write_repository(served, folder / "repository",
-                                                                       overwrite=True), folder / "server"))
-            servers[name] = server
-            embedders.append(triton_embedder(name, precision, server, served.name, "sentence_embedding"))
-        for precision, quantized in (("fp32", False), (f"int8 ({preset}, per channel)", True)):
-            peer = stack.enter_context(InfinityServer(infinity, optimum / precision.split()[0], quantized,
-                                                      work / f"infinity-{precision.split()[0]}.log"))
-            embedders.append(infinity_embedder(f"infinity-emb {precision.split()[0]}", precision, peer))
+        servers = started(stack, plans, work, "")
+        embedders = [triton_embedder(name, precision, servers[name], served.name, "sentence_embedding")
+                     for name, (served, precision) in plans.items()]
+        embedders += [infinity_embedder(name, precision, peer) for name, (precision, peer) in
+                      started_peers(stack, infinity, optimum, preset, work, "").items()]
         rows = {e.name: PeerRow(e.name, e.precision, accuracy=accuracy(embed_all(e, texts), reference))
                 for e in embedders}
         grpc_name = f"workbench Triton {variant}, gRPC"
@@ -201,6 +194,26 @@ def compare(args: argparse.Namespace) -> None:
     work.mkdir(parents=True, exist_ok=True)
     (work / "peers.json").write_text(json.dumps(result, indent=2))
     report(result, list(rows.values()), levels, variant, plan)
+
+
+def started(stack: ExitStack, plans: dict[str, tuple[ServingPlan, str]], work: Path,
+            prefix: str) -> dict[str, TritonServer]:
+    """A Triton server per plan (its repository under work/<prefix><precision>), stopped with `stack`."""
+    return {name: stack.enter_context(TritonServer(write_repository(
+        served, work / f"{prefix}{name.split()[-1]}" / "repository", overwrite=True),
+        work / f"{prefix}{name.split()[-1]}" / "server")) for name, (served, _) in plans.items()}
+
+
+def started_peers(stack: ExitStack, infinity: Path, optimum: Path, preset: str, work: Path,
+                  prefix: str) -> dict[str, tuple[str, InfinityServer]]:
+    """infinity-emb on Optimum's fp32 and int8 files (logs work/infinity-<prefix><precision>.log), stopped with
+    `stack`: by name, the precision and the server."""
+    peers = {}
+    for precision, quantized in (("fp32", False), (f"int8 ({preset}, per channel)", True)):
+        short = precision.split()[0]
+        peers[f"infinity-emb {short}"] = (precision, stack.enter_context(InfinityServer(
+            infinity, optimum / short, quantized, work / f"infinity-{prefix}{short}.log")))
+    return peers
 
 
 def stand_in_reranker(dest: Path) -> Path:
@@ -243,16 +256,11 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
                               "levels": args.levels, "requests": args.requests, "repeats": args.repeats,
                               "documents": args.documents}
     with ExitStack() as stack:
-        rerankers: list[Embedder] = []
-        for name, (served, precision) in plans.items():
-            folder = work / f"rerank-{name.split()[-1]}"
-            server = stack.enter_context(TritonServer(write_repository(served, folder / "repository",
-                                                                       overwrite=True), folder / "server"))
-            rerankers.append(triton_reranker(name, precision, server, served.name))
-        for precision, quantized in (("fp32", False), (f"int8 ({preset}, per channel)", True)):
-            peer = stack.enter_context(InfinityServer(infinity, optimum / precision.split()[0], quantized,
-                                                      work / f"infinity-rerank-{precision.split()[0]}.log"))
-            rerankers.append(infinity_reranker(f"infinity-emb {precision.split()[0]}", precision, peer))
+        servers = started(stack, plans, work, "rerank-")
+        rerankers = [triton_reranker(name, precision, servers[name], served.name)
+                     for name, (served, precision) in plans.items()]
+        rerankers += [infinity_reranker(name, precision, peer) for name, (precision, peer) in
+                      started_peers(stack, infinity, optimum, preset, work, "rerank-").items()]
         rows = {r.name: PeerRow(r.name, r.precision, accuracy=rerank_accuracy(rerank_all(r, requests), reference))
                 for r in rerankers}
         for repeat in range(args.repeats):
