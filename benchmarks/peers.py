@@ -45,6 +45,7 @@ from workbench.measure.load import (
     asyncio_level,
     breakdown,
     own_breakdown,
+    request_texts,
     settled_stages,
     stage_totals,
 )
@@ -62,7 +63,6 @@ from workbench.measure.peers import (
     infinity_reranker,
     install_infinity,
     lead,
-    request_texts,
     require_positive,
     rerank_accuracy,
     rerank_all,

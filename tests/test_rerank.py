@@ -225,7 +225,8 @@ def test_the_peers_benchmark_client_reranks_over_http_json_as_predict_does(serve
     loop of a query with its documents per request, and accuracy against predict()."""
     from sentence_transformers import CrossEncoder
 
-    from workbench.measure.peers import http_level, request_texts, rerank_accuracy, rerank_all, triton_reranker
+    from workbench.measure.load import request_texts
+    from workbench.measure.peers import http_level, rerank_accuracy, rerank_all, triton_reranker
 
     model, plan, server = served
     texts = load_corpus()

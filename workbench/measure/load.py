@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -172,14 +172,19 @@ def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str]
     return {**asyncio_level(url, protocol, send, concurrency, requests, seconds).record(), **note}
 
 
+def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]:
+    """Request `index`'s texts: one corpus text, and for a reranker the next `documents` as its documents."""
+    start = index * (documents + 1)
+    return [texts[(start + i) % len(texts)] for i in range(documents + 1)]
+
+
 def rerank_level(url: str, model: str, texts: list[str], documents: int, concurrency: int, requests: int,
                  seconds: float, protocol: str = "grpc") -> dict[str, Any]:
-    """One level of reranker requests, each a corpus text as the query with the next `documents` texts, over
-    `protocol` with the asyncio generator: requests/s and pairs/s."""
+    """One level of reranker requests, each a corpus text as the query with the next `documents` texts
+    (`request_texts`), over `protocol` with the asyncio generator: requests/s and pairs/s."""
     async def send(client: AsyncTritonClient, index: int) -> object:
-        start = index * (documents + 1)
-        chosen = [texts[(start + 1 + i) % len(texts)] for i in range(documents)]
-        return await client.infer(model, rerank_arrays([texts[start % len(texts)]], chosen), ["scores"])
+        query, *chosen = request_texts(texts, index, documents)
+        return await client.infer(model, rerank_arrays([query], chosen), ["scores"])
     level = asyncio_level(url, protocol, send, concurrency, requests, seconds).record()
     return {**level, "documents": documents, "pairs_per_s": round(level["throughput"] * documents, 1)}
 

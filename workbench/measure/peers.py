@@ -24,7 +24,7 @@ import numpy as np
 
 from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError
 from workbench.core.pins import pin
-from workbench.measure.load import LevelResult, closed_loop_level
+from workbench.measure.load import LevelResult, closed_loop_level, request_texts
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement
@@ -278,12 +278,6 @@ def infinity_reranker(name: str, precision: str, server: InfinityServer) -> Embe
         return found
     return Embedder(name, precision, f"{server.url}/rerank", lambda texts: {
         "model": ".", "query": texts[0], "documents": texts[1:], "return_documents": False}, scores, server.rss_bytes)
-
-
-def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]:
-    """Request `index`'s texts: one corpus text, and for a reranker the next `documents` as its documents."""
-    start = index * (documents + 1)
-    return [texts[(start + i) % len(texts)] for i in range(documents + 1)]
 
 
 def http_level(embedder: Embedder, texts: Sequence[str], concurrency: int, requests: int,

@@ -92,8 +92,8 @@ class ClassificationPipelineRunner(LibraryRunner):
 
 
 class CrossEncoderRunner(LibraryRunner):
-    """`predict()` on each batch's (query, document) pairs: the scores it returns (its activation applied) and,
-    with the identity as activation, the logits; one row per pair, one column per label."""
+    """`predict()` on each batch's (query, document) pairs with the identity as activation: the logits, and the
+    scores its own activation makes of them, as predict() applies it; one row per pair, one column per label."""
 
     def __init__(self, model: CrossEncoder, call: str, texts: tuple[Text, ...], input_names: tuple[str, ...]) -> None:
         self.model: CrossEncoder | None = model
@@ -106,11 +106,11 @@ class CrossEncoderRunner(LibraryRunner):
         if self.model is None:
             raise RunnerClosedError(f"{self.name}: the runner is closed")
         pairs = [self.texts[i] for i in batch.text_ids]
-        options = {"batch_size": len(pairs), "show_progress_bar": False, "convert_to_numpy": True}
-        scores = self.model.predict(pairs, **options)
-        logits = self.model.predict(pairs, activation_fn=torch.nn.Identity(), **options)
-        return {LOGITS: np.asarray(logits, np.float32).reshape(len(pairs), -1),
-                SCORES: np.asarray(scores, np.float32).reshape(len(pairs), -1)}
+        logits = self.model.predict(pairs, activation_fn=torch.nn.Identity(), batch_size=len(pairs),
+                                    show_progress_bar=False, convert_to_tensor=True).float().reshape(len(pairs), -1)
+        with torch.inference_mode():  # the activation predict() applies after them, once
+            scores = self.model.activation_fn(logits)
+        return {LOGITS: logits.cpu().numpy(), SCORES: scores.cpu().numpy()}
 
     def close(self) -> None:
         self.model = None
