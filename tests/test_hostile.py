@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from workbench.cli import main
 from workbench.core import data, disk
 from workbench.core.config import DEFAULT_MODEL, RunConfig
 from workbench.core.errors import DiskFullError, RunLockedError
@@ -200,3 +201,241 @@ def test_a_large_corpus_is_streamed_into_a_bounded_sample_with_progress(tmp_path
         "path": str(corpus), "bytes": corpus.stat().st_size, "texts_found": 200_001, "texts_used": 500,
         "sampling": sample.sampling}
     assert record.data["corpus"]["texts_used"] == 500
+
+
+# ---- issue 41: typed errors at every edge --------------------------------------------------------------------
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("hidden_size", "384", "Field 'hidden_size' expected int, got str \\(value: '384'\\)"),
+    ("num_hidden_layers", "six", "Field 'num_hidden_layers' expected int, got str"),
+    ("vocab_size", None, "Field 'vocab_size' expected int, got NoneType"),
+    ("max_position_embeddings", -5, "max_position_embeddings is -5, and a size must be a positive integer"),
+])
+def test_a_config_json_with_wrong_types_is_refused_before_the_run_starts(tiny_bert, tmp_path, capsys, field, value,
+                                                                           said):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, field: value}))
+    assert main(["run", "--model", str(model), "--steps", "export", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"error \(ModelLoadError\): {model}/config.json is invalid: .*{said}", err), err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("registry", "said"), [
+    ("my registry:5000", "'my registry:5000' holds whitespace"),
+    ("Registry.Example.com/MyTeam", "'Registry.Example.com/MyTeam' has uppercase letters: .*did you mean "
+                                    "'registry.example.com/myteam'"),
+])
+def test_an_image_registry_docker_refuses_is_refused(capsys, registry, said):
+    assert main(["config", "-p", f"triton.image_registry={registry}"]) == 2
+    assert re.search(rf"error \(ConfigError\): .*triton.image_registry: {said}", capsys.readouterr().err)
+    assert RunConfig.model_validate({"triton": {"image_registry": "registry.example.com:5000/ml/"}}
+                                    ).triton.image_registry == "registry.example.com:5000/ml"
+
+
+def _parity_only(run_dir: Path) -> RunRecord:
+    """A run with a passing fp32 verdict and no bench."""
+    from .test_report import _verdict
+
+    record = RunRecord.create(run_dir, RunConfig())
+    with record.step("parity"):
+        record.set_metric("parity.variants.fp32", _verdict("fp32", 0.99999, 0.9999))
+    return record
+
+
+def test_compare_output_that_is_a_file_or_read_only_is_refused(tmp_path, monkeypatch, capsys):
+    _parity_only(tmp_path / "run")
+    (tmp_path / "taken").write_text("mine")
+    assert main(["compare", str(tmp_path / "run"), "--output", str(tmp_path / "taken")]) == 2
+    assert f"error (OutputDirError): {tmp_path}/taken (--output) is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "mine"
+
+    (tmp_path / "locked").mkdir()
+    write = Path.write_text
+
+    def read_only(path: Path, *args: object, **kwargs: object) -> int:  # as root, chmod would not stop a write
+        if path.parent == tmp_path / "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return write(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    assert main(["compare", str(tmp_path / "run"), "--output", str(tmp_path / "locked")]) == 2
+    err = capsys.readouterr().err
+    assert f"error (OutputDirError): cannot write to {tmp_path}/locked (--output): Permission denied" in err
+    assert "Traceback" not in err and not list((tmp_path / "locked").iterdir())
+
+
+def test_same_named_runs_are_told_apart_and_a_run_without_bench_is_named_with_what_to_run(tmp_path):
+    from workbench.report.compare import compare, find_runs
+
+    from .test_report import PASSING, _benched
+
+    for sweep in ("a", "b"):
+        _benched(tmp_path / sweep / "full", PASSING)
+    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "b" / "full"]))
+    assert {row.run for row in group.rows} == {"a/full", "b/full"}
+    latency = next(pick for pick in group.picks if pick.goal == "latency")
+    assert (latency.run, latency.variant) == ("a/full", "int8_repaired"), "the first of two equal runs"
+
+    _parity_only(tmp_path / "c" / "full")
+    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "c" / "full"]))
+    assert group.unmeasured == ["c/full"] and group.latency_cell == "b1_s16"
+    assert {pick.run for pick in group.picks if pick.variant} == {"a/full"}, "picked among the runs with a bench"
+    (alone,) = compare(find_runs([tmp_path / "c" / "full"]))
+    assert {pick.variant for pick in alone.picks} == {None}
+    assert alone.picks[0].reason == (f"no bench in full: run `workbench run --resume --output-dir {tmp_path}/c/full "
+                                     "--steps bench` (each run alike), then compare again")
+
+
+def test_resuming_with_another_corpus_records_the_corpus_it_runs_on(tmp_path):
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    with record.step("export"):
+        pass
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("".join(f"text number {i}\n" for i in range(1000)))
+    resumed = RunRecord.open(tmp_path / "run", RunConfig(corpus=str(corpus), corpus_max_texts=300), must_exist=True)
+    assert resumed.data["corpus"] == RunRecord.load(tmp_path / "run").data["corpus"]
+    assert (resumed.data["corpus"]["path"], resumed.data["corpus"]["texts_found"],
+            resumed.data["corpus"]["texts_used"]) == (str(corpus), 1000, 300)
+
+
+def test_a_request_over_its_limits_is_refused_naming_the_setting():
+    import numpy as np
+
+    from workbench.serving.backend.text_input import Limits, decode
+
+    limits = Limits({"max_texts": "3", "max_text_chars": "10"})
+    texts = np.array([b"short", "caf\u00e9 " * 2], dtype=object)
+    assert decode(texts, limits=limits) == ["short", "caf\u00e9 caf\u00e9 "], "characters, not bytes"
+    with pytest.raises(ValueError, match="4 texts in TEXT; this deployment takes at most 3 in one request "
+                                         "\\(triton.max_texts\\): send them in smaller requests"):
+        decode(np.array([b"a"] * 4, dtype=object), limits=limits)
+    with pytest.raises(ValueError, match="TEXT\\[1\\] has 11 characters; this deployment takes at most 10 in one "
+                                         "text \\(triton.max_text_chars\\)"):
+        decode(np.array([b"a", b"x" * 11], dtype=object), limits=limits)
+    assert decode(np.array([b"x" * 10**6], dtype=object)) == ["x" * 10**6], "no limits: none enforced"
+
+
+@pytest.mark.slow
+def test_a_second_sweep_leaves_a_held_run_to_its_holder_and_comes_back_to_it(tiny_bert, tmp_path, monkeypatch,
+                                                                            capsys):
+    from workbench import sweep as sweeps
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps({"output_root": "runs", "settings": {"steps": ["export"], "corpus_max_texts": 16},
+                                "runs": [{"name": "a", "model": str(tiny_bert)},
+                                         {"name": "b", "model": str(tiny_bert)}]}))
+    holder = _holder(tmp_path / "runs" / "a")  # the first sweep, running `a`
+    monkeypatch.setattr(sweeps, "_pause", lambda: (holder.kill(), holder.wait()))  # ... which then finishes it
+    try:
+        assert sweeps.run_sweep(sweeps.load_sweep(path)) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"\[1/2\] a: output directory {tmp_path}/runs/a is in use by another workbench run "
+                        rf"\(PID {holder.pid}\); coming back to it", lines[1]), lines
+    assert lines[2].startswith("[2/2] b: running export") and lines[3].startswith("[2/2] b: finished")
+    assert lines[4].startswith("[1/2] a: running export") and lines[5].startswith("[1/2] a: finished"), lines
+    assert all(RunRecord.load(tmp_path / "runs" / run).status("export") == "ok" for run in ("a", "b"))
+
+
+def test_a_kubernetes_job_of_local_models_warns_and_a_foreign_file_is_kept(tiny_bert, tmp_path, capsys):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(json.dumps({"output_root": "runs", "kubernetes": {"image": "localhost:5000/wb:1", "claim": "c"},
+                                "runs": [{"name": "hub", "model": DEFAULT_MODEL},
+                                         {"name": "local", "model": str(tiny_bert)}]}))
+    assert main(["sweep", str(path), "--kubernetes", str(tmp_path / "job.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: 1 model(s) are paths on this machine, which the pods see only where the image or the claim " \
+           f"holds them at that path (local: {tiny_bert})" in err
+    assert main(["sweep", str(path), "--kubernetes", str(tmp_path / "job.yaml")]) == 0, "ours: written again"
+    (tmp_path / "mine.yaml").write_text("kind: Secret\n")
+    assert main(["sweep", str(path), "--kubernetes", str(tmp_path / "mine.yaml")]) == 2
+    assert "is not a manifest `workbench sweep --kubernetes` wrote" in capsys.readouterr().err
+    assert (tmp_path / "mine.yaml").read_text() == "kind: Secret\n"
+
+
+def test_deploy_sizing_says_whether_a_served_bench_ran():
+    from workbench.core.config import BenchSettings, TritonSettings
+    from workbench.measure.capacity import plan_capacity
+
+    never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
+                                                                                 "not run")
+    assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start; run "
+                                     "--steps triton,bench,deploy to size it")
+    slow = {"batching_on": {"text": {"1": {"p99": 900.0, "throughput": 5.0, "errors": 0}}}}
+    assert plan_capacity(TritonSettings(), BenchSettings(), slow, "m", 0, "here").replicas_reason.startswith(
+        "not measured (no served bench level kept p99 under 500 ms)")
+
+
+def test_a_symlink_loop_or_a_dangling_link_is_named_as_such(tmp_path):
+    from workbench.core.errors import ModelNotFoundError
+    from workbench.models.loading import resolve_source
+
+    (tmp_path / "one").symlink_to(tmp_path / "two")
+    (tmp_path / "two").symlink_to(tmp_path / "one")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for path in (tmp_path / "one", tmp_path / "one" / "model"):
+        with pytest.raises(ModelNotFoundError, match=f"model path {path} goes through symbolic links that loop"):
+            resolve_source(str(path))
+    with pytest.raises(ModelNotFoundError, match=f"is a symbolic link to {tmp_path}/nowhere, which does not exist"):
+        resolve_source(str(tmp_path / "dangling"))
+
+
+def test_a_disk_too_full_to_record_the_failed_step_says_so_on_stderr(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from workbench import pipeline
+    from workbench.core import record as records
+
+    full = []
+
+    def step_fills_the_disk(step: str, *args: object) -> None:
+        full.append(step)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "onnx" / "original.onnx"))
+
+    save = records.write_json
+
+    def record_on_a_full_disk(*args: object) -> Path:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(*args)
+
+    monkeypatch.setattr(pipeline, "run_notebook", step_fills_the_disk)
+    monkeypatch.setattr(pipeline, "preflight", lambda *args: None)
+    monkeypatch.setattr(records, "write_json", record_on_a_full_disk)
+    with pytest.raises(DiskFullError, match=f"no space left writing {tmp_path}/run/onnx/original.onnx"):
+        run_pipeline(RunConfig(steps=["export", "optimize"]), tmp_path / "run", progress=False)
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path}/run/run.json could not record that step 'export' stopped (OSError: " in err
+    assert "it still holds the step as it was before. Free space, then re-run the steps" in err
+
+
+def test_serve_run_uses_the_published_repository_when_the_runs_copy_is_gone(tmp_path):
+    from workbench.core.errors import MissingArtifactError
+    from workbench.serve import run_repository
+    from workbench.serving.repository import write_models
+
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    about = {"name": "m", "run": str((tmp_path / "run").resolve())}
+    run_copy = write_models({}, tmp_path / "run" / "model_repository" / "m", about=about)
+    published = write_models({}, tmp_path / "repos" / "m", about=about)
+    with record.step("triton"):
+        record.add_artifact("triton.repository", run_copy, kind="triton-repository")
+        record.set_metric("triton", {"repository": str(published), "published": True})
+    shutil.rmtree(run_copy)
+    assert run_repository(tmp_path / "run") == published
+    write_models({}, published, about={**about, "run": "/elsewhere/another-run"})
+    with pytest.raises(MissingArtifactError, match=f"the run's copy of its repository is gone and {published} no "
+                                                   "longer holds what the run checked"):
+        run_repository(tmp_path / "run")
+
+
+def test_sentence_transformers_the_parity_reference_is_pinned():
+    from importlib.metadata import version
+
+    from workbench.core.pins import pin
+
+    assert pin("sentence-transformers") == f"sentence-transformers=={version('sentence-transformers')}"

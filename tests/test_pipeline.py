@@ -134,7 +134,8 @@ def test_the_steps_after_a_stop_say_how_it_ended(tmp_path, reason, said):
     from workbench.pipeline import _stop_at
 
     RunRecord.create(tmp_path / "run", RunConfig())
-    record = _stop_at("optimize", ["parity", "triton"], tmp_path / "run", reason)
+    _stop_at("optimize", ["parity", "triton"], tmp_path / "run", reason)
+    record = RunRecord.load(tmp_path / "run")
     assert record.data["steps"]["optimize"]["error"] == reason
     for step in ("parity", "triton"):
         assert record.data["steps"][step] == {"status": "skipped", "reason": f"not run: step 'optimize' {said}"}

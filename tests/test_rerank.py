@@ -31,7 +31,8 @@ def rerankers(tmp_path_factory):
         model = build_cross_encoder(root / f"reranker-{labels}", labels)
         config = RunConfig.model_validate({"model": str(model), "task": "rerank", "threads": 1, "openvino": "never",
                                            "precisions": ["fp32"], "triton": {
-                                               "repository_dir": str(root / "repositories"), "max_documents": 64}})
+                                               "repository_dir": str(root / "repositories"), "max_documents": 64,
+                                               "max_text_chars": 5000}})
         record = RunRecord.create(root / f"run-{labels}", config)
         for step in (export, optimize, parity):
             step.run(config, record)
@@ -168,8 +169,10 @@ def test_a_batch_of_pairs_is_one_query_per_document(served):
 
 @pytest.mark.parametrize(("queries", "documents", "top_k", "message"), [
     (["q"], [], None, "DOCUMENTS is empty"),
-    (["q"], ["d"] * 10_000, None, "10000 documents in one request; this deployment scores at most 64 "
+    (["q"], ["d"] * 10_000, None, "10000 texts in DOCUMENTS; this deployment takes at most 64 in one request "
                                   "\\(triton.max_documents\\)"),
+    (["q" * 5001], ["d"], None, "QUERY\\[0\\] has 5001 characters; this deployment takes at most 5000 in one "
+                                "text \\(triton.max_text_chars\\)"),
     (["q", "r"], ["d", "e", "f"], None, "2 queries for 3 documents"),
     (["q"], ["d", "e"], 3, "TOP_K 3 is not between 1 and the 2 documents"),
     (["q"], ["d", " "], None, "DOCUMENTS\\[1\\] is empty"),

@@ -54,7 +54,7 @@ def prepared(model, run_dir, repositories, triton_settings=None, **settings):
 def _serve(tiny_models, tmp_path_factory, layout):
     """Tiny BERT, python-ort flavor, in `layout`; one server for the module (stopped even when tests fail)."""
     root = tmp_path_factory.mktemp(f"triton-{layout}")
-    both = {"outputs": ["token_embeddings", "sentence_embedding"], "layout": layout}
+    both = {"outputs": ["token_embeddings", "sentence_embedding"], "layout": layout, "max_text_chars": 5000}
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos", triton_settings=both)
     assert [o.name for o in serving_plan(config.model_copy(update={"triton": config.triton.model_copy(
         update={"outputs": None})}), record)[0].outputs] == ["sentence_embedding"], "embedding alone by default"
@@ -203,6 +203,8 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
     ([""], "TEXT\\[0\\] is empty"),
     (["fine", "   "], "TEXT\\[1\\] is empty"),
     ([b"\xff\xfe not utf-8"], "TEXT\\[0\\] is not valid UTF-8"),
+    (["fine", "x" * 5001], "TEXT\\[1\\] has 5001 characters; this deployment takes at most 5000 in one text "
+                           "\\(triton.max_text_chars\\)"),
 ])
 def test_bad_text_is_refused_and_the_server_stays_healthy(either, texts, message):
     """The client's fault: HTTP 400 and gRPC INVALID_ARGUMENT, with the message naming the text."""

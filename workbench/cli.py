@@ -109,12 +109,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from workbench.core.atomic import write_text
-    from workbench.sweep import job_manifest, load_sweep, run_sweep
+    from workbench.sweep import load_sweep, local_models, run_sweep, write_manifest
 
     sweep = load_sweep(Path(args.file), Path(args.output_root) if args.output_root else None)
     if args.kubernetes:
-        print(f"Indexed Job of {len(sweep.runs)} runs: {write_text(Path(args.kubernetes), job_manifest(sweep))}")
+        print(f"Indexed Job of {len(sweep.runs)} runs: {write_manifest(sweep, Path(args.kubernetes))}")
+        local = local_models(sweep)
+        if local:
+            print(f"warning: {len(local)} model(s) are paths on this machine, which the pods see only where the "
+                  f"image or the claim holds them at that path ({'; '.join(local)}): use hub ids, or put the "
+                  "models into kubernetes.image at those paths", file=sys.stderr)
         return 0
     return run_sweep(sweep, args.index, progress=not args.quiet)
 
@@ -130,6 +134,9 @@ def _compare(args: argparse.Namespace) -> int:
         for pick in found.picks:
             chosen = f"{pick.run}: {pick.variant} ({pick.value})" if pick.variant else f"none: {pick.reason}"
             print(f"  {pick.goal:10s} {chosen}  [{pick.rule}]")
+        if found.unmeasured and found.latency_cell:
+            print(f"  not picked (no bench): {', '.join(found.unmeasured)}; `workbench run --resume --output-dir "
+                  "<run> --steps bench` measures one")
     print(f"{len(runs)} runs compared: {', '.join(str(p) for p in written.values())}")
     return 0
 

@@ -180,14 +180,14 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                 with ProgressTail() if progress else nullcontext():  # the step's progress lines, printed here
                     run_notebook(step, config, run_dir, progress, notebooks_dir)
             except Exception as exc:
-                record = _stop_at(step, steps[index + 1:], run_dir, guard.reason or _describe(exc))
+                _record_stop(step, steps[index + 1:], run_dir, guard.reason or _describe(exc), again)
                 guard.check(f"step {step!r}", again)
                 full = _disk_full(exc, run_dir)
                 if full is not None:
                     raise full from None
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
-                                      f"read {run_dir / 'notebooks' / spec(step).notebook} and {record.path}"
-                                      ) from None
+                                      f"read {run_dir / 'notebooks' / spec(step).notebook} and "
+                                      f"{run_dir / RECORD_NAME}") from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
     return record
@@ -206,7 +206,20 @@ def _describe(exc: Exception) -> str:
     return f"{exc.ename}: {exc.evalue}" if isinstance(exc, PapermillExecutionError) else f"{type(exc).__name__}: {exc}"
 
 
-def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunRecord:
+def _record_stop(step: str, later: list[str], run_dir: Path, reason: str, again: str) -> None:
+    """`_stop_at`; on a disk too full to save run.json, say on stderr what it could not record, and the fix."""
+    try:
+        _stop_at(step, later, run_dir, reason)
+    except OSError as exc:
+        full = as_disk_full(exc, run_dir / RECORD_NAME)
+        if full is None:
+            raise
+        print(f"warning: {run_dir / RECORD_NAME} could not record that step {step!r} stopped ({reason}): "
+              f"{full.problem}; it still holds the step as it was before. Free space, then {again}",
+              file=sys.stderr, flush=True)
+
+
+def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> None:
     """Record `step` failed with `reason` (unless it recorded its own error and was not interrupted), the steps
     after it skipped, and remove what was half-written."""
     remove_partials(run_dir)
@@ -219,4 +232,3 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> RunReco
     notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
-    return record

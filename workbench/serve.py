@@ -19,7 +19,7 @@ from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.client import text_array
 from workbench.serving.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
-from workbench.serving.repository import MARKER, ours_and_untouched
+from workbench.serving.repository import MARKER, ours_and_untouched, published_by
 from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
 SAMPLE_TEXT = "Triton serves this sentence through the workbench."
@@ -36,18 +36,26 @@ class Stopped(BaseException):
 
 
 def run_repository(run_dir: Path) -> Path:
-    """The repository the run's triton step deployed: the published one while it holds what the run checked,
-    else the run's own copy (`<run>/model_repository/<name>`)."""
+    """The repository the run's triton step deployed: the published one while it holds what the run checked (the
+    same marker as the run's own copy or, where that copy is gone, a marker naming this run), else the run's own
+    copy (`<run>/model_repository/<name>`)."""
     record = RunRecord.load(run_dir)
     triton = record.step_entry("triton")
     if triton.status != "ok":
         why = f"{triton.label}: {triton.detail}" if triton.detail else triton.label
         raise MissingArtifactError(f"the run in {run_dir} has no deployment to serve (its triton step: {why})",
                                    f"deploy it first: workbench run --resume --output-dir {run_dir} --steps triton")
-    run_copy = record.artifact("triton.repository")
     published = Path(triton.metrics["repository"])
-    if triton.metrics.get("published") and ours_and_untouched(published) and \
-            (published / MARKER).read_bytes() == (run_copy / MARKER).read_bytes():
+    intact = bool(triton.metrics.get("published")) and ours_and_untouched(published)
+    try:
+        run_copy = record.artifact("triton.repository")
+    except MissingArtifactError:
+        if intact and published_by(published) == str(run_dir.resolve()):
+            return published
+        raise MissingArtifactError(f"the run's copy of its repository is gone and {published} no longer holds what "
+                                   "the run checked", f"deploy it again: workbench run --resume --output-dir "
+                                   f"{run_dir} --steps triton") from None
+    if intact and (published / MARKER).read_bytes() == (run_copy / MARKER).read_bytes():
         return published
     return run_copy
 

@@ -15,13 +15,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.core import dotted
+from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
-from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
+from workbench.core.errors import ConfigError, OutputDirError, RunInterruptedError, RunLockedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.pipeline import NOT_RUN, run_pipeline
 
 INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+HELD_POLL_S = 5.0  # how often a run another process holds is tried again
 
 
 class _Strict(BaseModel):
@@ -162,35 +164,58 @@ def finished(record: RunRecord, step: str) -> bool:
 
 def run_sweep(sweep: Sweep, index: int | None = None, progress: bool = True) -> int:
     """Every run (or run `index` alone) in order; a finished run is not run again, an interrupted or failed one
-    continues with the steps it has left. One line per run; 0 when every run finished, 1 when one failed."""
-    chosen = list(enumerate(sweep.runs)) if index is None else [(index, _run_at(sweep, index))]
-    failed = []
-    for number, run in chosen:
+    continues with the steps it has left, and one another process is running (a second sweep of the file) is come
+    back to once the others are done, until that process lets it go. One line per run; 0 when every run finished,
+    1 when one failed."""
+    queue = list(enumerate(sweep.runs)) if index is None else [(index, _run_at(sweep, index))]
+    failed, held = [], set()
+    while queue:
+        number, run = queue.pop(0)
         head = f"[{number + 1}/{len(sweep.runs)}] {run.name}"
-        left = pending_steps(run)
-        if left is None:
-            print(f"{head}: done ({run.run_dir})", flush=True)
-            continue
-        resume = (run.run_dir / RECORD_NAME).is_file()
-        print(f"{head}: {'resuming' if resume else 'running'} {','.join(left)} -> {run.run_dir}", flush=True)
-        started = time.perf_counter()
+        if number in held:
+            _pause()  # every other run was tried since
         try:
-            record = run_pipeline(run.config.model_copy(update={"steps": left}), run.run_dir, progress=False,
-                                  resume=resume)
-        except RunInterruptedError as stopped:
-            raise RunInterruptedError(f"{stopped.problem} (sweep run {run.name})",
-                                      f"workbench sweep {sweep.path} resumes it: finished runs are kept",
-                                      stopped.signum) from None
-        except WorkbenchError as error:
-            failed.append(run.name)
-            print(f"{head}: failed in {time.perf_counter() - started:.0f} s: {error.headline()}", flush=True)
-            continue
-        states = ", ".join(f"{e.name} {e.label}" for e in record.step_entries() if e.name in left)
-        print(f"{head}: finished in {time.perf_counter() - started:.0f} s: {states}", flush=True)
+            if not _run_one(sweep, run, head):
+                failed.append(run.name)
+        except RunLockedError as locked:
+            if number not in held:
+                print(f"{head}: {locked.problem}; coming back to it", flush=True)
+            held.add(number)
+            queue.append((number, run))
     if failed:
         print(f"failed: {', '.join(failed)}; `workbench sweep {sweep.path}` retries what they have left",
               file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def _pause() -> None:
+    time.sleep(HELD_POLL_S)
+
+
+def _run_one(sweep: Sweep, run: PlannedRun, head: str) -> bool:
+    """Run what `run` has left, with its line; False when it failed. RunLockedError: another process holds it."""
+    left = pending_steps(run)
+    if left is None:
+        print(f"{head}: done ({run.run_dir})", flush=True)
+        return True
+    resume = (run.run_dir / RECORD_NAME).is_file()
+    started = time.perf_counter()
+    print(f"{head}: {'resuming' if resume else 'running'} {','.join(left)} -> {run.run_dir}", flush=True)
+    try:
+        record = run_pipeline(run.config.model_copy(update={"steps": left}), run.run_dir, progress=False,
+                              resume=resume)
+    except RunLockedError:
+        raise
+    except RunInterruptedError as stopped:
+        raise RunInterruptedError(f"{stopped.problem} (sweep run {run.name})",
+                                  f"workbench sweep {sweep.path} resumes it: finished runs are kept",
+                                  stopped.signum) from None
+    except WorkbenchError as error:
+        print(f"{head}: failed in {time.perf_counter() - started:.0f} s: {error.headline()}", flush=True)
+        return False
+    states = ", ".join(f"{e.name} {e.label}" for e in record.step_entries() if e.name in left)
+    print(f"{head}: finished in {time.perf_counter() - started:.0f} s: {states}", flush=True)
+    return True
 
 
 def _run_at(sweep: Sweep, index: int) -> PlannedRun:
@@ -229,7 +254,30 @@ def indexed_job(sweep: Sweep) -> list[dict[str, Any]]:
     return [config_map, job]
 
 
+def local_models(sweep: Sweep) -> list[str]:
+    """The runs' models that are paths on this machine (`run: path`): a pod sees one only where its image or the
+    claim holds it at that path."""
+    found = []
+    for run in sweep.runs:
+        generation = run.config.generation
+        for model in (run.config.model, generation.translation_model, generation.text_generation_model):
+            if model and (model.startswith(("/", ".", "~")) or Path(model).expanduser().exists()):
+                found.append(f"{run.name}: {model}")
+    return found
+
+
+MANIFEST_MARK = "one pod each: kubectl apply -f this file"  # on the first line of every manifest written here
+
+
+def write_manifest(sweep: Sweep, path: Path) -> Path:
+    """The Indexed Job manifest in `path`; a file there that this command did not write is refused."""
+    if path.exists() and (not path.is_file() or MANIFEST_MARK not in path.read_text(errors="replace")[:300]):
+        raise OutputDirError(f"{path} exists and is not a manifest `workbench sweep --kubernetes` wrote",
+                             "pass another FILE, or move that one away")
+    return write_text(path, job_manifest(sweep))
+
+
 def job_manifest(sweep: Sweep) -> str:
-    return (f"# {len(sweep.runs)} runs of {sweep.path.name}, one pod each: kubectl apply -f this file; "
-            f"the run folders land on the claim; then `workbench compare` them.\n"
+    return (f"# {len(sweep.runs)} runs of {sweep.path.name}, {MANIFEST_MARK}; the run folders land on the claim; "
+            "then `workbench compare` them.\n"
             + yaml.safe_dump_all(indexed_job(sweep), sort_keys=False))

@@ -130,6 +130,26 @@ class Flavor(str, Enum):
         return "engine" if self is Flavor.TENSORRT_PLAN else "onnx"
 
 
+# Docker's image reference grammar (distribution/reference), lowercase throughout: a registry host[:port] and
+# repository path, then, for a full image, a :tag and/or an @digest.
+_DOMAIN = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]+)?"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REGISTRY = re.compile(rf"{_DOMAIN}(?:/{_PATH})*")
+IMAGE = re.compile(rf"{REGISTRY.pattern}(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
+
+
+def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
+    """`value` if Docker takes it as written; else why not, with the fix."""
+    if pattern.fullmatch(value):
+        return value
+    problem = ("holds whitespace" if re.search(r"\s", value) else "has uppercase letters" if value != value.lower()
+               else "is not a Docker image reference")
+    fixed = re.sub(r"\s+", "", value).lower()
+    hint = f" (did you mean {fixed!r}?)" if pattern.fullmatch(fixed) else ""
+    raise ValueError(f"{value!r} {problem}: Docker takes lowercase letters, digits, '.', '-', '_' and '/' "
+                     f"(a :port after the host), like {example!r}{hint}")
+
+
 class TritonSettings(_Strict):
     """How the deployment is generated and served."""
 
@@ -148,6 +168,12 @@ class TritonSettings(_Strict):
     dynamic_batching: bool = True
     max_documents: int = Field(default=256, ge=1, description=(
         "rerankers: documents one request may score against its query; more are refused with a 400 naming this"))
+    max_texts: int = Field(default=256, ge=1, description=(
+        "texts (or reranker queries) one request may send; more are refused with a 400 naming this (a batched "
+        "model also takes at most batch.max: Triton's own check)"))
+    max_text_chars: int = Field(default=100_000, ge=1, description=(
+        "characters one text (query, document) may have; a longer one is refused with a 400 naming this, before "
+        "it holds a model instance"))
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"
@@ -171,6 +197,16 @@ class TritonSettings(_Strict):
         "throughput within bench.p99_limit_ms"))
     storage_uri: str | None = Field(default=None, description=(
         "KServe storageUri of the repository; default: pvc://<name>-models/ (copy the repository there)"))
+
+    @field_validator("image_registry")
+    @classmethod
+    def _registry(cls, value: str) -> str:
+        return _image_reference(value.rstrip("/"), REGISTRY, "registry.example.com:5000/ml")
+
+    @field_validator("container_image")
+    @classmethod
+    def _container_image(cls, value: str) -> str:
+        return _image_reference(value, IMAGE, "nvcr.io/nvidia/tritonserver:24.10-py3")
 
     @field_validator("flavor", mode="before")
     @classmethod

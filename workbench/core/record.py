@@ -135,6 +135,8 @@ class RunRecord:
                 f"({', '.join(f'{old.get(k)!r} -> {new.get(k)!r}' for k in changed)})",
                 "use another run folder for another model or export setting",
             )
+        if any(old.get(key) != new.get(key) for key in ("corpus", "corpus_max_texts")):
+            record.data["corpus"] = corpus_sample(config.corpus, config.corpus_max_texts).record()  # what runs now
         record.data["config"] = new
         record.data["run_dir"] = str(Path(run_dir).resolve())  # the folder may have been moved or copied
         record.save()
@@ -535,6 +537,8 @@ def remove_inside(run_dir: Path, path: Path) -> None:
 
 def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
     """Create `folder` if needed and prove a file can be written in it."""
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"{folder} ({setting}) is a file, not a folder", f"pass a folder with {setting}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-probe"

@@ -25,12 +25,13 @@ class Capacity:
     max_replicas: int
     queue_target_ms: float
     queue_reason: str
+    unmeasured: str = ""  # why no served bench was there to size it, where none was
 
     @property
     def replicas_reason(self) -> str:
         if self.per_replica_rps is None:
-            return (f"not measured (no served bench level kept p99 under {self.p99_limit_ms:g} ms): one replica to "
-                    "start; run --steps triton,bench,deploy to size it")
+            why = self.unmeasured or f"no served bench level kept p99 under {self.p99_limit_ms:g} ms"
+            return f"not measured ({why}): one replica to start; run --steps triton,bench,deploy to size it"
         return (f"{self.target_rps:g} req/s / {self.per_replica_rps:.1f} req/s per replica (concurrency "
                 f"{self.concurrency}, p99 {self.p99_ms:.1f} ms <= {self.p99_limit_ms:g} ms, measured on "
                 f"{self.measured_on}) = {self.min_replicas}")
@@ -48,10 +49,10 @@ def best_level(served: dict[str, Any], p99_limit_ms: float) -> tuple[int, dict[s
 
 
 def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: dict[str, Any] | None, model: str,
-                  max_queue_delay_us: int, measured_on: str) -> Capacity:
+                  max_queue_delay_us: int, measured_on: str, unmeasured: str = "") -> Capacity:
     """Replicas = ceil(target / per-replica throughput), at most `burst_factor` times that; the queue target is
     `triton.queue_target_ms`, else the network `model`'s queue time per request at that best level (at least the
-    batcher's own delay and MIN_QUEUE_TARGET_MS)."""
+    batcher's own delay and MIN_QUEUE_TARGET_MS). `unmeasured`: why `served` is None, where it is."""
     best = best_level(served or {}, bench.p99_limit_ms)
     floor = max(MIN_QUEUE_TARGET_MS, max_queue_delay_us / 1000)
     if best is None:
@@ -70,4 +71,5 @@ def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: dict[str
     else:
         queue, reason = floor, f"not measured: {floor:g} ms (the batcher's delay, at least {MIN_QUEUE_TARGET_MS:g} ms)"
     return Capacity(triton.target_rps, per_replica, concurrency, p99, bench.p99_limit_ms, measured_on, minimum,
-                    max(minimum + 1, math.ceil(minimum * triton.burst_factor)), round(queue, 3), reason)
+                    max(minimum + 1, math.ceil(minimum * triton.burst_factor)), round(queue, 3), reason,
+                    unmeasured if served is None else "")

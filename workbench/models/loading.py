@@ -1,6 +1,7 @@
 """Find and load a model and its tokenizer: the embedded default, a local folder, or a hub id."""
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import json
@@ -50,6 +51,9 @@ FUSION_MODEL_TYPES = {
 }
 # Families whose position ids start after the padding index.
 POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert", "mpnet")
+# The sizes a config builds the architecture from (transformers maps each family's own names onto these).
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
 
@@ -67,6 +71,7 @@ def resolve_source(model: str) -> ModelSource:
         if not path.is_dir() or not (path / "config.json").is_file():
             raise not_a_model_folder(path)
         return ModelSource("local", str(path.resolve()))
+    _refuse_broken_link(path)
     if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1:
         where = "" if Path(model).is_absolute() else f" (relative to the working directory {Path.cwd()})"
         raise ModelNotFoundError(f"model path {model} does not exist{where}",
@@ -76,6 +81,20 @@ def resolve_source(model: str) -> ModelSource:
         module = importlib.import_module(EMBEDDED_MODELS[model])
         return ModelSource("embedded", str(module.get_model_path()))
     return ModelSource("hub", model)
+
+
+def _refuse_broken_link(path: Path) -> None:
+    """A path that does not resolve because of a symbolic link (one that loops, or points nowhere): say which."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ModelNotFoundError(f"model path {path} goes through symbolic links that loop ({exc.strerror})",
+                                     "fix the links (`ls -l` each part of the path), or pass the model folder's "
+                                     "real path") from None
+    if path.is_symlink():
+        raise ModelNotFoundError(f"model path {path} is a symbolic link to {os.readlink(path)}, which does not exist",
+                                 "point the link at the model folder, or pass the folder itself")
 
 
 def weight_bytes(source: ModelSource) -> int | None:
@@ -235,6 +254,7 @@ def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | 
 
 
 def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any) -> Any:
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
 
     try:
@@ -251,11 +271,28 @@ def _from_pretrained(loader: Any, source: ModelSource, what: str, **kwargs: Any)
         raise ModelLoadError(f"cannot read the weights of {_unreadable_weights(source)}: {exc}",
                              "the weights file is truncated or corrupt: re-download or re-save it "
                              "(save_pretrained())") from None
+    except StrictDataclassError as exc:  # valid JSON with a field of the wrong type ("hidden_size": "384")
+        raise _bad_config(source, str(exc).strip().splitlines()[-1].strip()) from None
     except ValueError as exc:
         refusal = _attention_refusal(exc, kwargs.get("attn_implementation")) or _config_refusal(source, exc)
         if refusal is None:
             raise
         raise refusal from None
+
+
+def _bad_config(source: ModelSource, problem: str) -> ModelLoadError:
+    """The typed error for a config.json transformers parses but cannot use."""
+    return ModelLoadError(f"{source.location}/config.json is invalid: {problem}",
+                          "set that field to the value the model was trained with (its original config.json), or "
+                          "re-save the model with save_pretrained()")
+
+
+def check_sizes(source: ModelSource, hf_config: Any) -> None:
+    """Every size the architecture is built from (vocabulary, width, depth, heads, positions) is positive."""
+    for field in SIZE_FIELDS:
+        value = getattr(hf_config, field, None)
+        if isinstance(value, int) and value <= 0:
+            raise _bad_config(source, f"{field} is {value}, and a size must be a positive integer")
 
 
 def _unreadable_weights(source: ModelSource) -> str:
@@ -341,6 +378,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     auto_map = getattr(hf_config, "auto_map", None)
     if auto_map and not trust_remote_code:  # a known model_type loads the stock class: the user's code would not run
         raise _custom_code_refusal(f"{source.location}/config.json", auto_map)
+    check_sizes(source, hf_config)
     return hf_config
 
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from workbench.core.atomic import write_text
 from workbench.core.errors import ConfigError, OutputDirError
-from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.core.record import RECORD_NAME, RunRecord, ensure_writable
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
@@ -69,6 +69,7 @@ class Group:
     latency_cell: str | None
     throughput_cell: str | None
     picks: list[Pick]
+    unmeasured: list[str] = field(default_factory=list)  # runs with no bench: in the table, never picked
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -79,8 +80,25 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if not inside:
             raise ConfigError(f"{path} is neither a run folder nor a folder of runs (no run.json in or under it)",
                               "pass run folders (each holds a run.json) or a sweep's output root")
-        found += [p for p in inside if p not in found]
+        found += [p for p in (folder.resolve() for folder in inside) if p not in found]
     return found
+
+
+def run_labels(run_dirs: list[Path]) -> dict[Path, str]:
+    """Each run's name in the tables: its folder's name, with as many parent folders as tell it from the other
+    runs' (`a/full` and `b/full` for two sweeps' `full` runs)."""
+    depth = {run_dir: 1 for run_dir in run_dirs}
+    while True:
+        labels = {run_dir: "/".join(run_dir.parts[-depth[run_dir]:]) for run_dir in run_dirs}
+        seen: dict[str, list[Path]] = {}
+        for run_dir, label in labels.items():
+            seen.setdefault(label, []).append(run_dir)
+        clashes = [run_dir for same in seen.values() if len(same) > 1 for run_dir in same
+                   if depth[run_dir] < len(run_dir.parts)]
+        if not clashes:
+            return labels
+        for run_dir in clashes:
+            depth[run_dir] += 1
 
 
 def host_of(record: RunRecord) -> str:
@@ -116,10 +134,11 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
 
 def _common_cells(rows: list[Row]) -> tuple[str | None, str | None]:
     """The latency cell (batch 1, shortest sequence) and throughput cell (largest batch, longest sequence) among
-    the cells every run of the group measured."""
+    the cells every run of the group that has a bench measured."""
     by_run: dict[str, set[str]] = {}
     for row in rows:
-        by_run.setdefault(row.run, set()).update(row.cells)
+        if row.cells:
+            by_run.setdefault(row.run, set()).update(row.cells)
     common = set.intersection(*by_run.values()) if by_run else set()
     shapes = {shape: cell for cell in common if (shape := cell_shape(cell))}
     if not shapes:
@@ -141,8 +160,19 @@ def _pick(goal: str, rule: str, rows: list[Row], key: str, best: str) -> Pick:
                 f"best of {len(measured)}")
 
 
-def group(rows: list[Row], floor: float) -> Group:
-    """One host's rows at the cells all its runs measured, and a pick per goal."""
+def _no_bench(unmeasured: dict[str, Path]) -> str:
+    """Why nothing was picked when no run of the group has a bench, with the command that gives one."""
+    if not unmeasured:
+        return "no cell common to these runs"
+    folder = next(iter(unmeasured.values()))
+    return (f"no bench in {', '.join(unmeasured)}: run `workbench run --resume --output-dir {folder} --steps bench` "
+            "(each run alike), then compare again")
+
+
+def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = None) -> Group:
+    """One host's rows at the cells all its benched runs measured, and a pick per goal; `unmeasured` (label ->
+    folder) are its runs without a bench, named in the reasons."""
+    unmeasured = unmeasured or {}
     latency, throughput = _common_cells(rows)
     for row in rows:
         at = row.cells.get(latency or "", {})
@@ -155,24 +185,29 @@ def group(rows: list[Row], floor: float) -> Group:
     picks = [
         _pick("latency", f"lowest median ms at {cell}, among variants that pass parity in their run", passing,
               "latency_ms", "min") if latency else Pick("latency", "batch 1 at a sequence every run measured",
-                                                        reason="no batch-1 cell common to these runs"),
+                                                        reason=_no_bench(unmeasured)),
         _pick("throughput", f"most sequences/s at {throughput.replace('_', ' ')}, among variants that pass parity",
               passing, "throughput", "max") if throughput else Pick(
-                  "throughput", "the largest cell every run measured", reason="no cell common to these runs"),
+                  "throughput", "the largest cell every run measured", reason=_no_bench(unmeasured)),
         _pick("accuracy", f"lowest median ms at {cell} among variants whose min cosine (or label agreement) is at "
               f"least {floor}", accurate, "latency_ms", "min") if latency else Pick(
-                  "accuracy", f"min cosine at least {floor}", reason="no batch-1 cell common to these runs"),
+                  "accuracy", f"min cosine at least {floor}", reason=_no_bench(unmeasured)),
     ]
-    return Group(rows[0].host, rows, latency, throughput, picks)
+    return Group(rows[0].host, rows, latency, throughput, picks, list(unmeasured))
 
 
 def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> list[Group]:
+    labels = run_labels(run_dirs)
     rows: dict[str, list[Row]] = {}
+    unmeasured: dict[str, dict[str, Path]] = {}
     for run_dir in run_dirs:
         record = RunRecord.load(run_dir)
-        for row in rows_of(record, run_dir.name):
+        found = rows_of(record, labels[run_dir])
+        for row in found:
             rows.setdefault(row.host, []).append(row)
-    return [group(found, floor) for found in rows.values()]
+        if found and not any(row.cells for row in found):
+            unmeasured.setdefault(found[0].host, {})[labels[run_dir]] = run_dir
+    return [group(found, floor, unmeasured.get(host)) for host, found in rows.items()]
 
 
 COLUMNS = ("run", "model", "variant", "precision", "passed", "gate", "value", "margin", "agreement_at_1", "size_mb",
@@ -224,8 +259,9 @@ def write_compare(groups: list[Group], folder: Path, overwrite: bool = False) ->
     existing = [folder / name for name in FILES if (folder / name).exists()]
     if existing and not overwrite:
         raise OutputDirError(f"{existing[0]} exists", "pass another --output folder, or --overwrite to replace it")
+    ensure_writable(folder, "--output")
     data = [{"host": g.host, "latency_cell": g.latency_cell, "throughput_cell": g.throughput_cell,
-             "picks": [asdict(p) for p in g.picks], "rows": table([g])} for g in groups]
+             "picks": [asdict(p) for p in g.picks], "unmeasured": g.unmeasured, "rows": table([g])} for g in groups]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
     writer.writeheader()

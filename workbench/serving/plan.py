@@ -169,6 +169,7 @@ def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, expo
         profiles=len(profiles) if flavor is Flavor.TENSORRT_PLAN else 1,
         pad_token_id=pad_token_id, threads=instances.threads, id2label=id2label,
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
+        max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
         prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"),
         lowercase=bool(pipeline.get("do_lower_case")))
 

@@ -58,6 +58,8 @@ class ServingPlan:
     default_prompt_name: str | None = None
     lowercase: bool = False  # the model's sentence-transformers files lowercase its input (do_lower_case)
     max_documents: int = 256  # rerankers: documents one request may score
+    max_texts: int = 256  # texts (reranker queries) one request may send
+    max_text_chars: int = 100_000  # characters one text may have
 
     def record(self) -> dict[str, Any]:
         """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
@@ -137,6 +139,12 @@ def _prompt_parameters(config: Any, plan: ServingPlan) -> None:
         config.parameters["default_prompt_name"].string_value = plan.default_prompt_name
 
 
+def _limits(config: Any, plan: ServingPlan) -> None:
+    """What one request may send (text_input.Limits): more is refused with a 400 naming the setting."""
+    config.parameters["max_texts"].string_value = str(plan.max_texts)
+    config.parameters["max_text_chars"].string_value = str(plan.max_text_chars)
+
+
 def _batching(config: Any, plan: ServingPlan) -> None:
     config.max_batch_size = plan.max_batch_size
     if plan.dynamic_batching:
@@ -160,6 +168,7 @@ def tokenizer_config(plan: ServingPlan) -> Any:
     config.parameters["pad_to"].string_value = ",".join(map(str, plan.pad_to))
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
     _prompt_parameters(config, plan)
+    _limits(config, plan)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config
 
@@ -239,6 +248,7 @@ def fused_config(plan: ServingPlan) -> Any:
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
     _prompt_parameters(config, plan)
+    _limits(config, plan)
     if plan.classifies:
         config.parameters["id2label"].string_value = json.dumps(plan.id2label)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)
@@ -260,6 +270,7 @@ def rerank_config(plan: ServingPlan) -> Any:
     _onnxruntime_parameters(config, plan)
     config.parameters["max_length"].string_value = str(plan.max_length)
     config.parameters["max_documents"].string_value = str(plan.max_documents)
+    _limits(config, plan)
     config.parameters["model_outputs"].string_value = json.dumps([o.name for o in plan.outputs])
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config

@@ -34,9 +34,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                               "--steps triton,deploy")
         plan, _ = deployed
         served = record.metric("bench.served") if record.status("bench") == "ok" else None
-        capacity = plan_capacity(config.triton, config.bench, None if not served or "skipped" in served else served,
-                                 network_model(plan), plan.max_queue_delay_us,
-                                 f"{host_of(record)}, {plan.flavor.value} flavor")
+        unmeasured = (f"no served bench: bench step {record.step_entry('bench').label}" if not served
+                      else f"the served bench was skipped: {served['skipped']}" if "skipped" in served else "")
+        capacity = plan_capacity(config.triton, config.bench, None if unmeasured else served, network_model(plan),
+                                 plan.max_queue_delay_us, f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
         scaling = Scaling(capacity.min_replicas, capacity.max_replicas, round(capacity.queue_target_ms * 1000),
                           capacity.concurrency or 1)
         repository = record.artifact("triton.repository")

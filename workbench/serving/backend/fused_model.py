@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
 from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402
 from stages import StageClock  # noqa: E402
-from text_input import Prompts, TextEncoder, decode  # noqa: E402
+from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
 
@@ -39,6 +39,7 @@ class TritonPythonModel:
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
+        self.limits = Limits(params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
@@ -67,7 +68,8 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             try:
                 mine, prompt = self.prompts.apply(
-                    decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()), request.parameters())
+                    decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), limits=self.limits),
+                    request.parameters())
             except ValueError as exc:
                 responses[index] = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))

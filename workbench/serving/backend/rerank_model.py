@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, str(Path(__file__).parent))
 from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
 from stages import StageClock  # noqa: E402
-from text_input import TextEncoder, decode  # noqa: E402
+from text_input import Limits, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
 
@@ -26,6 +26,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config, params, folder = model_args(args)
         self.max_length, self.max_documents = int(params["max_length"]), int(params["max_documents"])
+        self.limits = Limits(params)
         model, wide, self.neighbours = sessions(folder / "model.onnx", params, args)
         self.tokenizer = TextEncoder(folder, self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
@@ -40,17 +41,15 @@ class TritonPythonModel:
 
     def read(self, request):
         """The request's (query, document) pairs and TOP_K (None when not asked); ValueError naming what is wrong."""
-        documents = decode(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy(), "DOCUMENTS")
+        documents = decode(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy(), "DOCUMENTS",
+                           self.limits, (self.max_documents, "triton.max_documents"))
         if not documents:
             raise ValueError("DOCUMENTS is empty: send at least one document to score against the query")
-        if len(documents) > self.max_documents:
-            raise ValueError(f"{len(documents)} documents in one request; this deployment scores at most "
-                             f"{self.max_documents} (triton.max_documents): send them in smaller requests, or "
-                             "redeploy with a larger -p triton.max_documents")
-        queries = decode(pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy(), "QUERY")
-        if len(queries) not in (1, len(documents)):
-            raise ValueError(f"{len(queries)} queries for {len(documents)} documents: send one query for all of "
+        queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
+        if queries.size not in (1, len(documents)):
+            raise ValueError(f"{queries.size} queries for {len(documents)} documents: send one query for all of "
                              "them, or one per document")
+        queries = decode(queries, "QUERY", self.limits, (self.max_documents, "triton.max_documents"))
         top_k = optional_input(request, "TOP_K")
         if top_k is not None:
             top_k = int(top_k.reshape(-1)[0])

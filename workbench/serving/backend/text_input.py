@@ -11,9 +11,26 @@ FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_id
 POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
 
 
-def decode(values, name="TEXT"):
+class Limits:
+    """What one request may send (model config parameters `max_texts`, `max_text_chars`; none where absent)."""
+
+    def __init__(self, params):
+        self.texts = int(params.get("max_texts", "0")) or None
+        self.chars = int(params.get("max_text_chars", "0")) or None
+
+
+def decode(values, name="TEXT", limits=None, most=None):
+    """The texts of a BYTES tensor; ValueError naming the text, or the limit and its setting, when one is not
+    valid UTF-8, is empty, or is longer than `limits.chars`, or when there are more than `most` (a count and its
+    setting; default: `limits.texts`, triton.max_texts)."""
+    values = values.reshape(-1)
+    limits = limits or Limits({})
+    count, setting = most or (limits.texts, "triton.max_texts")
+    if count and values.size > count:
+        raise ValueError(f"{values.size} texts in {name}; this deployment takes at most {count} in one request "
+                         f"({setting}): send them in smaller requests, or redeploy with a larger -p {setting}")
     texts = []
-    for index, value in enumerate(values.reshape(-1)):
+    for index, value in enumerate(values):
         raw = value if isinstance(value, bytes) else str(value).encode("utf-8")
         try:
             text = raw.decode("utf-8")
@@ -22,6 +39,10 @@ def decode(values, name="TEXT"):
                              "send UTF-8 encoded text") from None
         if not text.strip():
             raise ValueError(f"{name}[{index}] is empty: send at least one non-space character")
+        if limits.chars and len(text) > limits.chars:
+            raise ValueError(f"{name}[{index}] has {len(text)} characters; this deployment takes at most "
+                             f"{limits.chars} in one text (triton.max_text_chars): send the part the model reads "
+                             "(it truncates to its token limit), or redeploy with a larger -p triton.max_text_chars")
         texts.append(text)
     return texts
 

@@ -7,7 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from text_input import Prompts, TextEncoder, decode  # noqa: E402  (copied beside this file)
+from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402  (copied beside this file)
 
 
 class TritonPythonModel:
@@ -21,6 +21,7 @@ class TritonPythonModel:
                                    self.names)
         self.pad_token_id = int(params.get("pad_token_id", "0"))
         self.prompts = Prompts(params)
+        self.limits = Limits(params)
 
     def tokenize(self, texts, prompt):
         """Truncate to max_length, pad to the longest text, then up to the next `pad_to` edge if one is set
@@ -42,7 +43,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 texts, prompt = self.prompts.apply(
-                    decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()), request.parameters())
+                    decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), limits=self.limits),
+                    request.parameters())
                 responses.append(self.tokenize(texts, prompt))
             except ValueError as exc:
                 responses.append(pb_utils.InferenceResponse(
