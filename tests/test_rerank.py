@@ -239,7 +239,10 @@ def test_the_peers_benchmark_client_reranks_over_http_json_as_predict_does(serve
     library = CrossEncoder(str(model), device="cpu")
     want = [library.predict([(r[0], d) for d in r[1:]]) for r in requests]
     found = rerank_accuracy(rerank_all(reranker, requests), want)
-    assert found["max_abs"] < 1e-5 and found["same_top"] == 5 and found["texts"] == 5
+    assert found["max_abs"] < 1e-5 and found["texts"] == 5
+    # random tiny weights score every pair about 0.499: a top is only certain where it leads by more than the error
+    clear = sum(float(np.diff(np.sort(w)[-2:])[0]) > 2 * found["max_abs"] for w in want)
+    assert clear >= 1 and found["same_top"] >= clear
     level = http_level(reranker, texts, 2, 6, 60, documents=6)
     assert level.requests == 6 and level.errors == 0
 
