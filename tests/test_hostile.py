@@ -224,7 +224,7 @@ def test_a_config_json_with_wrong_types_is_refused_before_the_run_starts(tiny_be
 
 @pytest.mark.parametrize(("registry", "said"), [
     ("my registry:5000", "'my registry:5000' holds whitespace"),
-    ("Registry.Example.com/MyTeam", "'Registry.Example.com/MyTeam' has uppercase letters: .*did you mean "
+    ("Registry.Example.com/MyTeam", "'Registry.Example.com/MyTeam' has uppercase letters .*did you mean "
                                     "'registry.example.com/myteam'"),
 ])
 def test_an_image_registry_docker_refuses_is_refused(capsys, registry, said):

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import replace
 
 import numpy as np
@@ -249,6 +252,18 @@ def test_long_text_is_truncated_and_says_so(either):
         got = client.infer_texts(plan.name, ["word " * 500, "short"])
     assert got["truncated"].ravel().tolist() == [True, False]
     assert got["token_embeddings"].shape[1] == plan.max_length == 64
+
+
+def test_a_body_that_is_not_json_is_answered_500_by_tritons_parser_as_documented(fused):
+    """docs/triton.md says so (and why no front answers 400 instead): this fails when tritonserver changes it."""
+    _, plan, server = fused
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{plan.name}/infer", b"not json",
+                                     {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=60)
+    assert info.value.code == 500
+    assert json.loads(info.value.read())["error"].startswith("failed to parse the request JSON buffer")
+    assert server.is_ready()
 
 
 def test_wrong_input_name_and_oversized_batch(either):

@@ -142,8 +142,9 @@ def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
     """`value` if Docker takes it as written; else why not, with the fix."""
     if pattern.fullmatch(value):
         return value
-    problem = ("holds whitespace" if re.search(r"\s", value) else "has uppercase letters" if value != value.lower()
-               else "is not a Docker image reference")
+    problem = ("holds whitespace" if re.search(r"\s", value) else
+               "has uppercase letters (Docker refuses them in a repository path; host names are lowercase to DNS)"
+               if value != value.lower() else "is not a Docker image reference")
     fixed = re.sub(r"\s+", "", value).lower()
     hint = f" (did you mean {fixed!r}?)" if pattern.fullmatch(fixed) else ""
     raise ValueError(f"{value!r} {problem}: Docker takes lowercase letters, digits, '.', '-', '_' and '/' "
