@@ -143,7 +143,7 @@ def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
     if pattern.fullmatch(value):
         return value
     problem = ("holds whitespace" if re.search(r"\s", value) else
-               "has uppercase letters (Docker refuses them in a repository path; host names are lowercase to DNS)"
+               "has uppercase letters (Docker refuses them in a repository path, and DNS ignores case in a host)"
                if value != value.lower() else "is not a Docker image reference")
     fixed = re.sub(r"\s+", "", value).lower()
     hint = f" (did you mean {fixed!r}?)" if pattern.fullmatch(fixed) else ""
