@@ -34,7 +34,7 @@ from workbench.core.machine import cpu_features, others_busy
 from workbench.measure.load import LevelResult
 from workbench.measure.peers import http_level, triton_embedder
 from workbench.serving.endpoints import text_endpoints
-from workbench.serving.server import TritonServer
+from workbench.serving.server import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 64)
@@ -67,12 +67,6 @@ def front(port: int, upstream: str) -> None:
     app.on_cleanup.append(stop)
     app.router.add_route("*", "/{tail:.*}", forward)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_front(upstream: str) -> tuple[subprocess.Popen[bytes], str]:

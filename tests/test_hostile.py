@@ -305,7 +305,7 @@ def test_a_request_over_its_limits_is_refused_naming_the_setting():
 
     from workbench.serving.backend.text_input import Limits, decode
 
-    limits = Limits({"max_texts": "3", "max_text_chars": "10"})
+    limits = Limits.of({"max_texts": "3", "max_text_chars": "10"})
     texts = np.array([b"short", "caf\u00e9 " * 2], dtype=object)
     assert decode(texts, limits=limits) == ["short", "caf\u00e9 caf\u00e9 "], "characters, not bytes"
     with pytest.raises(ValueError, match="4 texts in TEXT; this deployment takes at most 3 in one request "

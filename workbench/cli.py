@@ -124,7 +124,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from workbench.report.compare import compare, find_runs, write_compare
+    from workbench.report.compare import bench_command, compare, find_runs, write_compare
 
     runs = find_runs([Path(p) for p in args.runs])
     groups = compare(runs, args.min_cosine)
@@ -135,8 +135,7 @@ def _compare(args: argparse.Namespace) -> int:
             chosen = f"{pick.run}: {pick.variant} ({pick.value})" if pick.variant else f"none: {pick.reason}"
             print(f"  {pick.goal:10s} {chosen}  [{pick.rule}]")
         if found.unmeasured and found.latency_cell:
-            print(f"  not picked (no bench): {', '.join(found.unmeasured)}; `workbench run --resume --output-dir "
-                  "<run> --steps bench` measures one")
+            print(f"  not picked (no bench): {', '.join(found.unmeasured)}; `{bench_command('<run>')}` measures one")
     print(f"{len(runs)} runs compared: {', '.join(str(p) for p in written.values())}")
     return 0
 

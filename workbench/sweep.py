@@ -19,6 +19,7 @@ from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, OutputDirError, RunInterruptedError, RunLockedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
 
 INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"
@@ -261,7 +262,7 @@ def local_models(sweep: Sweep) -> list[str]:
     for run in sweep.runs:
         generation = run.config.generation
         for model in (run.config.model, generation.translation_model, generation.text_generation_model):
-            if model and (model.startswith(("/", ".", "~")) or Path(model).expanduser().exists()):
+            if model and is_path(model):
                 found.append(f"{run.name}: {model}")
     return found
 

@@ -52,7 +52,7 @@ def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: dict[str
                   max_queue_delay_us: int, measured_on: str, unmeasured: str = "") -> Capacity:
     """Replicas = ceil(target / per-replica throughput), at most `burst_factor` times that; the queue target is
     `triton.queue_target_ms`, else the network `model`'s queue time per request at that best level (at least the
-    batcher's own delay and MIN_QUEUE_TARGET_MS). `unmeasured`: why `served` is None, where it is."""
+    batcher's own delay and MIN_QUEUE_TARGET_MS). `unmeasured`: why there is no `served` sweep, where there is none."""
     best = best_level(served or {}, bench.p99_limit_ms)
     floor = max(MIN_QUEUE_TARGET_MS, max_queue_delay_us / 1000)
     if best is None:
@@ -72,4 +72,4 @@ def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: dict[str
         queue, reason = floor, f"not measured: {floor:g} ms (the batcher's delay, at least {MIN_QUEUE_TARGET_MS:g} ms)"
     return Capacity(triton.target_rps, per_replica, concurrency, p99, bench.p99_limit_ms, measured_on, minimum,
                     max(minimum + 1, math.ceil(minimum * triton.burst_factor)), round(queue, 3), reason,
-                    unmeasured if served is None else "")
+                    unmeasured)

@@ -72,7 +72,7 @@ def resolve_source(model: str) -> ModelSource:
             raise not_a_model_folder(path)
         return ModelSource("local", str(path.resolve()))
     _refuse_broken_link(path)
-    if model.startswith(("/", ".", "~")) or "\\" in model or model.count("/") > 1:
+    if is_path(model):
         where = "" if Path(model).is_absolute() else f" (relative to the working directory {Path.cwd()})"
         raise ModelNotFoundError(f"model path {model} does not exist{where}",
                                  "check the path (an absolute one works from anywhere, a notebook's working directory "
@@ -81,6 +81,12 @@ def resolve_source(model: str) -> ModelSource:
         module = importlib.import_module(EMBEDDED_MODELS[model])
         return ModelSource("embedded", str(module.get_model_path()))
     return ModelSource("hub", model)
+
+
+def is_path(model: str) -> bool:
+    """`model` names a folder on this machine (it exists, or is spelled as a path), not a hub id."""
+    return (Path(model).expanduser().exists() or model.startswith(("/", ".", "~")) or "\\" in model
+            or model.count("/") > 1)
 
 
 def _refuse_broken_link(path: Path) -> None:

@@ -165,8 +165,12 @@ def _no_bench(unmeasured: dict[str, Path]) -> str:
     if not unmeasured:
         return "no cell common to these runs"
     folder = next(iter(unmeasured.values()))
-    return (f"no bench in {', '.join(unmeasured)}: run `workbench run --resume --output-dir {folder} --steps bench` "
-            "(each run alike), then compare again")
+    return f"no bench in {', '.join(unmeasured)}: run `{bench_command(folder)}` (each run alike), then compare again"
+
+
+def bench_command(run: Path | str) -> str:
+    """What measures a run that has no bench."""
+    return f"workbench run --resume --output-dir {run} --steps bench"
 
 
 def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = None) -> Group:

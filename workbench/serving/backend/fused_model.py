@@ -39,7 +39,7 @@ class TritonPythonModel:
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
-        self.limits = Limits(params)
+        self.limits = Limits.of(params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):

@@ -25,8 +25,10 @@ def optional_input(request, name):
 class TritonPythonModel:
     def initialize(self, args):
         config, params, folder = model_args(args)
-        self.max_length, self.max_documents = int(params["max_length"]), int(params["max_documents"])
-        self.limits = Limits(params)
+        self.max_length = int(params["max_length"])
+        chars = Limits.of(params).chars  # a query's count is the documents' (one, or one per document)
+        self.documents = Limits(int(params["max_documents"]), chars, "triton.max_documents")
+        self.queries = Limits(None, chars)
         model, wide, self.neighbours = sessions(folder / "model.onnx", params, args)
         self.tokenizer = TextEncoder(folder, self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
@@ -42,14 +44,14 @@ class TritonPythonModel:
     def read(self, request):
         """The request's (query, document) pairs and TOP_K (None when not asked); ValueError naming what is wrong."""
         documents = decode(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS").as_numpy(), "DOCUMENTS",
-                           self.limits, (self.max_documents, "triton.max_documents"))
+                           self.documents)
         if not documents:
             raise ValueError("DOCUMENTS is empty: send at least one document to score against the query")
         queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
         if queries.size not in (1, len(documents)):
             raise ValueError(f"{queries.size} queries for {len(documents)} documents: send one query for all of "
                              "them, or one per document")
-        queries = decode(queries, "QUERY", self.limits, (self.max_documents, "triton.max_documents"))
+        queries = decode(queries, "QUERY", self.queries)
         top_k = optional_input(request, "TOP_K")
         if top_k is not None:
             top_k = int(top_k.reshape(-1)[0])

@@ -12,23 +12,27 @@ POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (wo
 
 
 class Limits:
-    """What one request may send (model config parameters `max_texts`, `max_text_chars`; none where absent)."""
+    """What one input of a request may hold: `texts` texts (the count's setting named in the refusal) of `chars`
+    characters each; None: unbounded."""
 
-    def __init__(self, params):
-        self.texts = int(params.get("max_texts", "0")) or None
-        self.chars = int(params.get("max_text_chars", "0")) or None
+    def __init__(self, texts=None, chars=None, setting="triton.max_texts"):
+        self.texts, self.chars, self.setting = texts, chars, setting
+
+    @classmethod
+    def of(cls, params):
+        """The limits of a model's config parameters `max_texts` and `max_text_chars`."""
+        return cls(int(params.get("max_texts", "0")) or None, int(params.get("max_text_chars", "0")) or None)
 
 
-def decode(values, name="TEXT", limits=None, most=None):
+def decode(values, name="TEXT", limits=None):
     """The texts of a BYTES tensor; ValueError naming the text, or the limit and its setting, when one is not
-    valid UTF-8, is empty, or is longer than `limits.chars`, or when there are more than `most` (a count and its
-    setting; default: `limits.texts`, triton.max_texts)."""
+    valid UTF-8, is empty, or is longer than `limits.chars`, or when there are more than `limits.texts`."""
     values = values.reshape(-1)
-    limits = limits or Limits({})
-    count, setting = most or (limits.texts, "triton.max_texts")
-    if count and values.size > count:
-        raise ValueError(f"{values.size} texts in {name}; this deployment takes at most {count} in one request "
-                         f"({setting}): send them in smaller requests, or redeploy with a larger -p {setting}")
+    limits = limits or Limits()
+    if limits.texts and values.size > limits.texts:
+        raise ValueError(f"{values.size} texts in {name}; this deployment takes at most {limits.texts} in one "
+                         f"request ({limits.setting}): send them in smaller requests, or redeploy with a larger "
+                         f"-p {limits.setting}")
     texts = []
     for index, value in enumerate(values):
         raw = value if isinstance(value, bytes) else str(value).encode("utf-8")

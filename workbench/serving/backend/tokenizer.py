@@ -21,7 +21,7 @@ class TritonPythonModel:
                                    self.names)
         self.pad_token_id = int(params.get("pad_token_id", "0"))
         self.prompts = Prompts(params)
-        self.limits = Limits(params)
+        self.limits = Limits.of(params)
 
     def tokenize(self, texts, prompt):
         """Truncate to max_length, pad to the longest text, then up to the next `pad_to` edge if one is set
