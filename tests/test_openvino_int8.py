@@ -235,7 +235,7 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
 
 
 def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path, monkeypatch):
-    """NNCF 3.4 fails on a DeBERTa-v2 graph (tests/test_families): the step records why and goes on."""
+    """A graph NNCF refuses: the step records why and goes on."""
     import shutil
 
     config, shared = quantized
@@ -249,3 +249,28 @@ def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path,
     assert optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False), decision) \
         == {"kept": False, "reason": "not built: NNCF could not quantize this graph (AttributeError: 'NoneType' "
                                      "object has no attribute 'shape')"}
+
+
+def test_shared_layer_weights_are_quantized_and_restored_per_reader(tmp_path):
+    """ALBERT's layers share their weights: the export hands each reader the stored table through an Identity node,
+    where NNCF finds no weight (AttributeError before `nncf_int8.untied`). It quantizes now, and undoing every
+    quantizer gives the exported graph's answers back."""
+    from workbench.models.tiny import build_encoder
+
+    config = RunConfig.model_validate({"model": str(build_encoder(tmp_path / "albert", "albert", layers=3)),
+                                       "precisions": ["fp32"], "threads": 1})
+    record = RunRecord.create(tmp_path / "run", config)
+    export.run(config, record)
+    original = record.artifact("onnx.original")
+    graph = onnxfiles.load(original)
+    stored = {tensor.name for tensor in graph.graph.initializer}
+    assert sum(n.op_type == "Identity" and n.input[0] in stored for n in graph.graph.node) > 0, "shared via Identity"
+    names = [i.name for i in graph.graph.input]
+    feeds = [encode(record.tokenizer(), [text], names, max_length=64) for text in load_corpus()[:16]]
+    nncf_int8.quantize_openvino_int8(original, tmp_path / "int8.onnx", feeds)
+    found = quantizers(onnxfiles.load(tmp_path / "int8.onnx"))
+    assert sum(q.source is not None for q in found.values()) > 0
+    keep_in_float(tmp_path / "int8.onnx", original, tmp_path / "float.onnx", list(found))
+    want, got = outputs(original, record), outputs(tmp_path / "float.onnx", record)
+    cosine = np.sum(want["sentence_embedding"] * got["sentence_embedding"], axis=1)
+    assert cosine.min() > 0.99999

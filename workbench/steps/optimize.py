@@ -253,7 +253,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     feeds = calibration_feeds(config, record, export)
     try:
         seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
-    except Exception as exc:  # noqa: BLE001 - NNCF refuses some families' graphs (DeBERTa-v2): a finding, kept
+    except Exception as exc:  # noqa: BLE001 - NNCF may refuse a graph it does not know: a finding, kept
         onnxfiles.remove(dest)
         problem = (str(exc).strip().splitlines() or [""])[-1]
         return {"kept": False, "reason": f"not built: NNCF could not quantize this graph ({type(exc).__name__}: "
