@@ -44,7 +44,6 @@ from workbench.core.timing import median_ms
 from workbench.measure.graph_checks import accuracy, table, targets, verdicts
 from workbench.measure.graphs import GraphRow
 from workbench.measure.peers import (
-    OPTIMUM_FILES,
     PeerNotInstalledError,
     build_openvino,
     build_optimum,
@@ -191,12 +190,15 @@ def our_rows(record: RunRecord) -> list[GraphRow]:
 
 def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: dict[str, Any]) -> list[GraphRow]:
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
-    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir,
-                  work / "optimum", preset, list(THEIRS))
+    status = build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir,
+                           work / "optimum", preset, list(THEIRS))
     rows = []
     for folder, (label, precision) in THEIRS.items():
-        path = work / "optimum" / folder / OPTIMUM_FILES[folder]
-        rows.append(GraphRow(label, "optimum", precision, path, token_output(path)))
+        if "problem" in status[folder]:
+            rows.append(GraphRow(label, "optimum", precision, Path("-"), "-", problem=status[folder]["problem"]))
+        else:
+            path = Path(status[folder]["path"])
+            rows.append(GraphRow(label, "optimum", precision, path, token_output(path)))
     return rows
 
 

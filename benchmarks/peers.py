@@ -63,6 +63,7 @@ from workbench.measure.peers import (
     infinity_reranker,
     install_infinity,
     lead,
+    require_built,
     require_positive,
     rerank_accuracy,
     rerank_all,
@@ -143,8 +144,8 @@ def compare(args: argparse.Namespace) -> None:
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum"
-    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir, optimum,
-                  preset, ["fp32", "int8"])
+    require_built(build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py",
+                                model_dir, optimum, preset, ["fp32", "int8"]), optimum / "build.log")
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging
 
@@ -242,8 +243,9 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum-rerank"
-    build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir, optimum,
-                  preset, ["fp32", "int8"], task="text-classification")
+    require_built(build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py",
+                                model_dir, optimum, preset, ["fp32", "int8"], task="text-classification"),
+                  optimum / "build.log")
     requests = [request_texts(texts, i, args.documents) for i in range(len(texts) // (args.documents + 1))]
     library = CrossEncoder(model_dir, device="cpu")
     reference = [library.predict([(r[0], d) for d in r[1:]], batch_size=32, show_progress_bar=False)

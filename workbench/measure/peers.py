@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
-from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError
+from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError, WorkbenchError
 from workbench.core.pins import pin
 from workbench.measure.load import LevelResult, closed_loop_level, request_texts
 from workbench.precision.compare import cosine
@@ -41,6 +41,10 @@ OPENVINO_HINT = (".venv/bin/python benchmarks/graphs.py --install  (Optimum's an
                  "1.4 GB and 6 GB, several minutes)")
 
 
+class PeerBuildError(WorkbenchError):
+    """A peer's tool refused to build a graph the comparison needs."""
+
+
 class PeerNotInstalledError(DependencyMissingError):
     """A peer server to compare with is not installed where the benchmark looks for it."""
 
@@ -49,10 +53,6 @@ class PeerNotInstalledError(DependencyMissingError):
 
 
 # Optimum's graphs `benchmarks/peer_optimum.py` builds, by variant: the file each folder holds.
-OPTIMUM_FILES = {"plain": "model.onnx", "fp32": "model.onnx", "O3": "model.onnx", "int8": "model_quantized.onnx",
-                 "int8_per_tensor": "model_quantized.onnx"}
-
-
 def require_positive(values: Sequence[tuple[str, float]]) -> None:
     """A peer benchmark's numeric arguments, (flag, value): a value of 0 or less is a ConfigError naming its flag."""
     for name, value in values:
@@ -61,19 +61,33 @@ def require_positive(values: Sequence[tuple[str, float]]) -> None:
 
 
 def build_optimum(python: Path, script: Path, model_dir: str, work: Path, preset: str, variants: Sequence[str],
-                  task: str = "feature-extraction") -> None:
+                  task: str = "feature-extraction") -> dict[str, dict[str, str]]:
     """Optimum's `variants` of the model in `model_dir` exported for `task` (optimum-cli's name), one folder each
-    under `work`, built by `script` run with the peer environment's `python`. Built once, kept for later runs; a
-    failed or interrupted build leaves no folder to be taken as complete."""
-    if all((work / name / OPTIMUM_FILES[name]).is_file() for name in variants):
-        return
+    under `work`, built by `script` run with the peer environment's `python`: per variant its file ({"path": ...})
+    or why Optimum could not build it ({"problem": ...}). Built once, kept for later runs; an interrupted build
+    leaves no folder to be taken as complete; a script that cannot run at all is a PeerNotInstalledError."""
+    status = work / "status.json"
+    if status.is_file():
+        known = json.loads(status.read_text())
+        if all(name in known and ("problem" in known[name] or Path(known[name]["path"]).is_file())
+               for name in variants):
+            return {name: known[name] for name in variants}
     code = _build("Optimum's graphs", [str(python), str(script), "--task", task, model_dir, str(work), preset,
                                        *variants], work)
-    if code != 0:
+    if code != 0 or not status.is_file():
         _remove_folders(work)
-        raise PeerNotInstalledError(f"Optimum could not build its graphs (exit {code})",
+        raise PeerNotInstalledError(f"Optimum's build script failed (exit {code})",
                                     f"read {work / 'build.log'}; a broken peer environment is rebuilt by "
                                     f"{INSTALL_HINT}")
+    return json.loads(status.read_text())
+
+
+def require_built(status: dict[str, dict[str, str]], log: Path) -> None:
+    """For a comparison that needs every peer variant: a PeerBuildError naming those that were not built."""
+    problems = {name: built["problem"] for name, built in status.items() if "problem" in built}
+    if problems:
+        raise PeerBuildError(f"Optimum could not build {', '.join(f'{n} ({p})' for n, p in problems.items())}",
+                             f"read {log}; this comparison needs every one of {', '.join(status)}")
 
 
 def build_openvino(python: Path, script: Path, model_dir: str, work: Path, calibration: Path) -> dict[str, Any]:
