@@ -61,6 +61,8 @@ def test_the_checks_compare_each_cell_and_the_repaired_int8_with_the_fastest_pee
                         "PASS")
     rows[2].accuracy["below"] = 1
     assert verdicts(rows, [], "ours int8_repaired")[0].endswith("1 text below 0.99 (target: none) MISS")
+    rows[1].ms["b1 s16"] = 2.9  # 3.0 / 2.9 = 1.0345 misses, yet rounds to the target: a third decimal says so
+    assert verdicts(rows, [("ours fp32", "O2")], "")[0].startswith("ours fp32 / O2 time: b1 s16 1.034, b1 s128 1.04")
     text = table(rows[:2], {"b1 s16": 6.0, "b1 s128": 22.0, "b8 s128": 150.0}).splitlines()
     assert text[2] == "| PyTorch eager fp32 (SentenceTransformer forward) | 6.00 | 22.00 | 150.00 | reference |"
     assert text[3] == "| ours fp32 | 3.00 (2.00x) | 11.00 (2.00x) | 75.00 (2.00x) | 1.000 / 0.9990, 0 |"
