@@ -194,11 +194,10 @@ def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features:
                            work / "optimum", preset, list(THEIRS))
     rows = []
     for folder, (label, precision) in THEIRS.items():
-        if "problem" in status[folder]:
-            rows.append(GraphRow(label, "optimum", precision, Path("-"), "-", problem=status[folder]["problem"]))
-        else:
-            path = Path(status[folder]["path"])
-            rows.append(GraphRow(label, "optimum", precision, path, token_output(path)))
+        built = status[folder]
+        path = Path(built.get("path", "-"))
+        rows.append(GraphRow(label, "optimum", precision, path, token_output(path) if "path" in built else "-",
+                             problem=built.get("problem")))
     return rows
 
 

@@ -84,7 +84,7 @@ def keep_in_float(quantized: Path, original: Path, dest: Path, names: Sequence[s
     their dequantized values is restored as `original` has it (its unquantized inputs, its float weights, and the
     bias NNCF's bias correction changed in the node that adds it), or, without a counterpart there, reads the
     unquantized activation; the nodes nothing reads any more are dropped."""
-    model, source = onnxfiles.load(quantized), untied(onnxfiles.load(original))
+    model, source = onnxfiles.load(quantized), untied(original)
     found = quantizers(model)
     undone = {dequantize.output[0]: found[name].source for name in names for dequantize in found[name].dequantizes}
     counterparts = {node.name: node for node in source.graph.node}
@@ -151,7 +151,7 @@ def noise_order(quantized: Path, original: Path, feeds: Sequence[Feed]) -> dict[
 
     model = onnxfiles.load(quantized)
     found = quantizers(model)
-    tables = _original_tables(model, untied(onnxfiles.load(original)), found)
+    tables = _original_tables(model, untied(original), found)
     pairs = {name: (q.source, q.dequantizes[0].output[0])
              for name, q in found.items() if q.dequantizes and (q.source or name in tables)}
     exact_tables = {name: numpy_helper.to_array(table).astype(np.float64) for name, table in tables.items()}
@@ -180,12 +180,13 @@ def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Qua
     return tables
 
 
-def untied(model: ModelProto) -> ModelProto:
-    """`model` with each stored table that an Identity node shares out (the exporter's form of a weight several
-    layers reuse: ALBERT's shared layers) copied under the Identity's output name, and the Identity removed. NNCF
-    looks weights up among the stored tables, and smooths each reader's weights with its own scales."""
+def untied(path: Path) -> ModelProto:
+    """The graph at `path` with each stored table that an Identity node shares out (the exporter's form of a weight
+    several layers reuse: ALBERT's shared layers) copied under the Identity's output name, and the Identity removed:
+    NNCF looks weights up among the stored tables, and smooths each reader's weights with its own scales."""
     from onnx import TensorProto
 
+    model = onnxfiles.load(path)
     stored = {tensor.name: tensor for tensor in model.graph.initializer}
     shares = [node for node in model.graph.node if node.op_type == "Identity" and node.input[0] in stored]
     for node in shares:
@@ -208,7 +209,7 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
     from onnx import helper
 
     nncf.set_log_level(logging.ERROR)
-    model = untied(onnxfiles.load(original))
+    model = untied(original)
     with redirect_stdout(io.StringIO()):  # NNCF's own progress bars; the step has its own
         quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(feeds))

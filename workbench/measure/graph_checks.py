@@ -30,11 +30,14 @@ def accurate(row: GraphRow) -> bool:
     return bool(row.accuracy) and row.accuracy["min_cosine"] >= MIN_COSINE
 
 
+def shown(ratio: float) -> str:
+    """Two decimals; three for a ratio that misses the target yet rounds to it."""
+    return f"{ratio:.3f}" if ratio > SAME_SPEED and round(ratio, 2) <= SAME_SPEED else f"{ratio:.2f}"
+
+
 def ratios_line(ratios: dict[str, float]) -> str:
-    """The ratios per cell and the verdict; one that misses yet rounds to the target shows a third decimal."""
     fast = max(ratios.values()) <= SAME_SPEED
-    return (", ".join(f"{cell} {ratio:.{3 if ratio > SAME_SPEED and round(ratio, 2) <= SAME_SPEED else 2}f}"
-                      for cell, ratio in ratios.items())
+    return (", ".join(f"{cell} {shown(ratio)}" for cell, ratio in ratios.items())
             + f" (target <= {SAME_SPEED}) {'PASS' if fast else 'MISS'}")
 
 

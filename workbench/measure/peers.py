@@ -52,7 +52,6 @@ class PeerNotInstalledError(DependencyMissingError):
         return self.problem  # `workbench doctor` knows nothing of peers: no pointer to it
 
 
-# Optimum's graphs `benchmarks/peer_optimum.py` builds, by variant: the file each folder holds.
 def require_positive(values: Sequence[tuple[str, float]]) -> None:
     """A peer benchmark's numeric arguments, (flag, value): a value of 0 or less is a ConfigError naming its flag."""
     for name, value in values:
