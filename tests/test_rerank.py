@@ -93,6 +93,9 @@ def test_ranking_agreement_and_its_gate():
     flipped = {**want, 4: 0.1, 7: 0.8}  # the second query's first and last documents swap
     swapped = ranking_agreement(flipped, want, groups)
     assert swapped["agreement_at_1"] == 0.5 and swapped["min_kendall_tau"] < 0 < swapped["kendall_tau"] < 1
+    tied = {**want, 1: 0.9 - 4e-7}  # the reference's two best documents of the first query: 4e-7 apart
+    assert ranking_agreement({**tied, 0: 0.9 - 4e-7, 1: 0.9}, tied, groups)["agreement_at_1"] == 1.0
+    assert ranking_agreement({**want, 0: 0.5, 1: 0.9}, want, groups)["agreement_at_1"] == 0.5, "0.4 apart: a swap"
     spec = OutputSpec("scores", ("batch", "labels"), "scores")
     gated = OutputParity(spec, Tolerance(min_kendall_tau=0.8, min_agreement_at_1=0.9), groups)
     gated.add("b", list(range(8)), np.array([[flipped[i]] for i in range(8)], np.float32),

@@ -10,6 +10,8 @@ import numpy as np
 from workbench.core.data import Text
 
 QUERIES, DOCUMENTS, NEIGHBOURS = 16, 8, 5
+TIED = 1e-6  # reference scores closer than this, relative to the top score, are tied: summing in another order moves
+# float32 scores by about that much, so either document is the reference's top
 
 
 def _word_vectors(texts: Sequence[str]) -> np.ndarray:
@@ -54,8 +56,9 @@ def query_groups(texts: Sequence[Text]) -> list[list[int]]:
 def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Sequence[Sequence[int]]
                       ) -> dict[str, float] | None:
     """Per query (a group of pair ids), the variant's order of the documents it was given (two or more) against the
-    reference's: `agreement_at_1`, the share of queries whose top document is the same; `kendall_tau`, the mean
-    Kendall tau (tau-b) of the two orders, and its minimum. None where no query had two documents."""
+    reference's: `agreement_at_1`, the share of queries whose top document is the reference's top, or tied with it
+    (`TIED`); `kendall_tau`, the mean Kendall tau (tau-b) of the two orders, and its minimum. None where no query had
+    two documents."""
     from scipy.stats import kendalltau
 
     seen = [kept for ids in groups if len(kept := [i for i in ids if i in got]) > 1]
@@ -66,6 +69,6 @@ def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Seq
         g, w = np.array([got[i] for i in ids]), np.array([want[i] for i in ids])
         tau = kendalltau(g, w).statistic
         taus.append(1.0 if np.isnan(tau) and np.ptp(g) == np.ptp(w) == 0 else float(np.nan_to_num(tau, nan=-1.0)))
-        tops.append(int(np.argmax(g)) == int(np.argmax(w)))
+        tops.append(bool(w[int(np.argmax(g))] >= w.max() - TIED * max(1.0, abs(float(w.max())))))
     return {"queries": len(seen), "agreement_at_1": float(np.mean(tops)), "kendall_tau": float(np.mean(taus)),
             "min_kendall_tau": float(np.min(taus))}
