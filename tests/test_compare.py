@@ -7,6 +7,7 @@ from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
 from workbench.core.tasks import OutputSpec
 from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
+from workbench.precision.ranking import same_top
 
 HIDDEN = OutputSpec("token_embeddings", ("batch", "sequence", "hidden"), "hidden")
 EMBEDDING = OutputSpec("sentence_embedding", ("batch", "hidden"), "embedding")
@@ -126,3 +127,9 @@ def test_classifier_parity_reports_the_largest_probability_shift():
     parity = OutputParity(LOGITS, Tolerance(min_agreement=0.0))
     parity.add("b", [0, 1], got, want, MASK)
     assert parity.summary()["max_prob_shift"] == pytest.approx(1 / (1 + np.exp(-1)) - 0.5)
+
+
+def test_a_label_the_reference_scores_level_with_its_top_agrees_and_a_real_swap_does_not():
+    want = np.array([[2.0, 2.0 - 1e-6, 0.0], [1.0, 0.5, 0.0]])
+    assert same_top(np.array([[1.9, 2.1, 0.0], [1.0, 0.5, 0.0]]), want).tolist() == [True, True]
+    assert same_top(np.array([[2.0, 0.0, 2.1], [0.5, 1.0, 0.0]]), want).tolist() == [False, False]

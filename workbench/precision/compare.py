@@ -9,7 +9,7 @@ import numpy as np
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
 from workbench.core.tasks import OutputSpec
-from workbench.precision.ranking import ranking_agreement
+from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -115,7 +115,7 @@ class OutputParity:
             if self.spec.kind == "embedding":  # a text's last batch wins: the corpus sweep holds it whole
                 self.vectors.update({int(t): (g, w) for t, g, w in zip(text_ids, got64, want64)})
         else:
-            agree = np.argmax(got64, axis=-1) == np.argmax(want64, axis=-1)
+            agree = same_top(got64, want64)
             self.agreements.append(agree[mask.astype(bool)] if self.spec.per_token else agree)
             shift = np.abs(_softmax(np.nan_to_num(got64)) - _softmax(want64)).max(axis=-1)
             self.max_prob_shift = max(self.max_prob_shift, float(np.where(valid[..., 0], shift, 0.0).max()))

@@ -53,6 +53,13 @@ def query_groups(texts: Sequence[Text]) -> list[list[int]]:
     return [ids for ids in groups.values() if len(ids) > 1]
 
 
+def same_top(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per row (the last axis), whether `got`'s highest entry is `want`'s, or tied with it (`TIED`)."""
+    picked = np.take_along_axis(want, np.argmax(got, axis=-1)[..., None], axis=-1)[..., 0]
+    top = want.max(axis=-1)
+    return picked >= top - TIED * np.maximum(1.0, np.abs(top))
+
+
 def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Sequence[Sequence[int]]
                       ) -> dict[str, float] | None:
     """Per query (a group of pair ids), the variant's order of the documents it was given (two or more) against the
@@ -69,6 +76,6 @@ def ranking_agreement(got: dict[int, float], want: dict[int, float], groups: Seq
         g, w = np.array([got[i] for i in ids]), np.array([want[i] for i in ids])
         tau = kendalltau(g, w).statistic
         taus.append(1.0 if np.isnan(tau) and np.ptp(g) == np.ptp(w) == 0 else float(np.nan_to_num(tau, nan=-1.0)))
-        tops.append(bool(w[int(np.argmax(g))] >= w.max() - TIED * max(1.0, abs(float(w.max())))))
+        tops.append(bool(same_top(g, w)))
     return {"queries": len(seen), "agreement_at_1": float(np.mean(tops)), "kendall_tau": float(np.mean(taus)),
             "min_kendall_tau": float(np.min(taus))}
