@@ -2,6 +2,8 @@
 fastest graph kept before it, checked by the parity lab, repaired by undoing activation quantizers, served first."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -251,10 +253,11 @@ def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path,
                                      "object has no attribute 'shape')"}
 
 
-def test_shared_layer_weights_are_quantized_and_restored_per_reader(tmp_path):
+def test_shared_layer_weights_are_quantized_once_and_restored(tmp_path):
     """ALBERT's layers share their weights: the export hands each reader the stored table through an Identity node,
-    where NNCF finds no weight (AttributeError before `nncf_int8.untied`). It quantizes now, and undoing every
-    quantizer gives the exported graph's answers back."""
+    where NNCF finds no weight (AttributeError before `nncf_int8.untied`). It quantizes now, stores each shared
+    weight once (one int8 table for the three layers' MatMuls), and undoing every quantizer gives the exported
+    graph's answers back."""
     from workbench.models.tiny import build_encoder
 
     config = RunConfig.model_validate({"model": str(build_encoder(tmp_path / "albert", "albert", layers=3)),
@@ -268,8 +271,15 @@ def test_shared_layer_weights_are_quantized_and_restored_per_reader(tmp_path):
     names = [i.name for i in graph.graph.input]
     feeds = [encode(record.tokenizer(), [text], names, max_length=64) for text in load_corpus()[:16]]
     nncf_int8.quantize_openvino_int8(original, tmp_path / "int8.onnx", feeds)
-    found = quantizers(onnxfiles.load(tmp_path / "int8.onnx"))
+    quantized = onnxfiles.load(tmp_path / "int8.onnx")
+    found = quantizers(quantized)
     assert sum(q.source is not None for q in found.values()) > 0
+    int8_tables = {t.name for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims}
+    dequantized = {n.output[0]: n.input[0] for n in quantized.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in int8_tables}
+    weights = [dequantized[n.input[1]] for n in quantized.graph.node
+               if n.op_type == "MatMul" and n.input[1] in dequantized]
+    assert sorted(Counter(weights).values()) == [1] + [3] * 6, "the embedding projection; six weights, 3 layers each"
     keep_in_float(tmp_path / "int8.onnx", original, tmp_path / "float.onnx", list(found))
     want, got = outputs(original, record), outputs(tmp_path / "float.onnx", record)
     cosine = np.sum(want["sentence_embedding"] * got["sentence_embedding"], axis=1)

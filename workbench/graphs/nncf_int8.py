@@ -181,20 +181,35 @@ def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Qua
 
 
 def untied(path: Path) -> ModelProto:
-    """The graph at `path` with each stored table that an Identity node shares out (the exporter's form of a weight
-    several layers reuse: ALBERT's shared layers) copied under the Identity's output name, and the Identity removed:
-    NNCF looks weights up among the stored tables, and smooths each reader's weights with its own scales."""
+    """The graph at `path` with no stored table behind an Identity node (the exporter's form of a weight several
+    layers reuse: ALBERT's shared layers), where NNCF looks for weights and finds none. A table that only MatMuls
+    read, as their weight, is read by them directly: NNCF quantizes it once, skips smoothing it (its rule for a
+    shared weight) and the int8 graph stores it once. Any other shared table is copied per Identity, under the
+    Identity's output name."""
     from onnx import TensorProto
 
     model = onnxfiles.load(path)
     stored = {tensor.name: tensor for tensor in model.graph.initializer}
-    shares = [node for node in model.graph.node if node.op_type == "Identity" and node.input[0] in stored]
-    for node in shares:
-        copy = TensorProto()
-        copy.CopyFrom(stored[node.input[0]])
-        copy.name = node.output[0]
-        model.graph.initializer.append(copy)
-        model.graph.node.remove(node)
+    readers = _readers(model)
+    shares: dict[str, list[NodeProto]] = {}
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in stored:
+            shares.setdefault(node.input[0], []).append(node)
+    for table, identities in shares.items():
+        names = {table, *(node.output[0] for node in identities)}
+        users = [user for name in names for user in readers.get(name, []) if user not in identities]
+        as_weight = all(user.op_type == "MatMul" and user.input[1] in names and user.input[0] not in names
+                        for user in users)
+        for node in identities:
+            if as_weight:
+                for user in readers.get(node.output[0], []):
+                    user.input[:] = [table if tensor == node.output[0] else tensor for tensor in user.input]
+            else:
+                copy = TensorProto()
+                copy.CopyFrom(stored[table])
+                copy.name = node.output[0]
+                model.graph.initializer.append(copy)
+            model.graph.node.remove(node)
     return model
 
 
