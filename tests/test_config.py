@@ -97,3 +97,18 @@ def test_a_tolerance_for_an_output_the_task_lacks_is_refused_with_the_closest_na
         RunConfig.load(overrides=["tolerances.sentence_embedding.min_recal_at_10=0.9"])
     assert RunConfig.load(overrides=["tolerances.sentence_embedding.min_recall_at_10=0.9"]).tolerances[
         "sentence_embedding"].min_recall_at_10 == 0.9
+
+
+def test_paths_given_from_the_working_directory_stay_right_in_the_notebooks(tmp_path, monkeypatch):
+    """The step notebooks run in notebooks/: a relative model folder, corpus or output folder is made absolute from
+    where the command ran; an HF id (nothing by that name here) stays as written."""
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    (tmp_path / "texts.txt").write_text("one\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig.load(overrides=["model=models/mine", "corpus=texts.txt", "triton.repository_dir=repo",
+                                       "generation.translation_model=Helsinki-NLP/opus-mt-en-de"])
+    params = config.to_params()
+    assert params["model"] == str(tmp_path / "models" / "mine") and params["corpus"] == str(tmp_path / "texts.txt")
+    assert params["triton"]["repository_dir"] == str(tmp_path / "repo")
+    assert params["generation"]["translation_model"] == "Helsinki-NLP/opus-mt-en-de"
+    assert RunConfig().model == "sentence-transformers/all-MiniLM-L6-v2"

@@ -42,6 +42,19 @@ def outputs_root() -> Path:
     return Path(os.environ.get(OUTPUTS_VARIABLE) or "outputs")
 
 
+def _found_here(value: str | None) -> str | None:
+    """A relative path that exists from the working directory, made absolute (symbolic links kept): the step
+    notebooks run in notebooks/, where it would name nothing. Anything else (an HF id) stays as written."""
+    if value and not Path(value).is_absolute() and Path(value).expanduser().exists():
+        return os.path.abspath(os.path.expanduser(value))
+    return value
+
+
+def _from_here(value: str | None) -> str | None:
+    """A folder the steps write to, made absolute from the working directory (the notebooks run in notebooks/)."""
+    return os.path.abspath(os.path.expanduser(value)) if value else value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -186,6 +199,7 @@ class TritonSettings(_Strict):
                                                                 "process and served); the record says verified: false")
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
                                                                  "the project's model_repository/")
+    _repository_here = field_validator("repository_dir")(staticmethod(_from_here))
     container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
         "the Triton container the deployment image starts FROM"))
     image_registry: str = Field(default="localhost:5000", description=(
@@ -267,6 +281,7 @@ class GenerationSettings(_Strict):
 
     translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
     text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")
+    _models_here = field_validator("translation_model", "text_generation_model")(staticmethod(_found_here))
     target_language: str | None = Field(default=None, description="for multilingual models, e.g. >>fra<< or fra_Latn")
     max_new_tokens: int = Field(default=32, ge=1)
     max_new_tokens_limit: int = Field(default=256, ge=1)
@@ -340,6 +355,8 @@ class RunConfig(_Strict):
     output_dir: str | None = None
     steps: list[str] = Field(default_factory=lambda: list(_step_names()))
     seed: int = 0
+    _inputs_here = field_validator("model", "corpus")(staticmethod(_found_here))
+    _caches_here = field_validator("engine_cache_dir", "reference_cache_dir")(staticmethod(_from_here))
 
     @model_validator(mode="before")
     @classmethod
