@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ import numpy as np
 from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError
+from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError, RunInterruptedError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
@@ -138,14 +139,14 @@ def compare(args: argparse.Namespace) -> None:
         model = model_folder(args.model) if args.model else RunConfig().model
         name = Path(model).name if args.model else "minilm"
         args.run = ROOT / "outputs" / f"graphs-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"],
-                               openvino="always"), args.run)
-    record = RunRecord.load(args.run)
-    missing = [variant for variant in REQUIRED if f"onnx.{variant}" not in record.data["artifacts"]]
-    if missing:
-        raise MissingArtifactError(f"{args.run} has no {', '.join(missing)} graph",
-                                   f"run `workbench run --output-dir {args.run} --resume --steps optimize,parity` "
-                                   "with int8 among the precisions")
+        try:
+            run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"],
+                                   openvino="always"), args.run)
+        except RunInterruptedError as stop:
+            raise KeyboardInterrupt(f"{signal.Signals(stop.signum).name}; the graphs are not all built: finish "
+                                    f"them with `workbench run --resume --output-dir {args.run} --steps "
+                                    f"optimize,parity`, then time them with --run {args.run}") from None
+    record = ready_run(args.run)
     features = cpu_features()
     half = [flag for flag in HALF_FLAGS if flag in cpu_flags()]
     model_dir = resolve_source(record.config.model).location
@@ -178,6 +179,21 @@ def compare(args: argparse.Namespace) -> None:
               "pytorch_ms": torch_ms, "rows": [row.record() for row in rows], "checks": lines}
     (work / "graphs.json").write_text(json.dumps(result, indent=2))
     report(result, rows, torch_ms, lines)
+
+
+def ready_run(run: Path) -> RunRecord:
+    """The run at `run` once its optimize and parity steps are done and its graphs are there: a run cut short
+    would be timed without the graphs parity repairs, or with graphs it never checked."""
+    record = RunRecord.load(run)
+    unfinished = {step: record.status(step) or "not run" for step in ("optimize", "parity")
+                  if record.status(step) != "ok"}
+    missing = [variant for variant in REQUIRED if f"onnx.{variant}" not in record.data["artifacts"]]
+    if unfinished or missing:
+        said = [f"{step} {status}" for step, status in unfinished.items()] + [f"no {v} graph" for v in missing]
+        raise MissingArtifactError(f"{run} is not ready to time: {', '.join(said)}",
+                                   f"run `workbench run --output-dir {run} --resume --steps optimize,parity` "
+                                   "(int8 among its precisions), then --run again")
+    return record
 
 
 def our_rows(record: RunRecord) -> list[GraphRow]:
@@ -258,8 +274,10 @@ def time_in_one_process(args: argparse.Namespace, model_dir: str, rows: list[Gra
             "rows": [row.record() for row in rows]}
     (work / "plan.json").write_text(json.dumps(plan, indent=2))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # its own session: Ctrl-C reaches this process alone, which stops the child (subprocess.run kills it) and says
+    # so in one line
     done = subprocess.run([str(find_openvino(args.openvino_venv)), str(ROOT / "benchmarks" / "peer_timing.py"),
-                           str(work)], env=env)
+                           str(work)], env=env, start_new_session=True)
     if done.returncode != 0:
         raise PeerNotInstalledError(f"the timing process in {args.openvino_venv} failed (exit {done.returncode})",
                                     f"read its output above; rebuild the environment with {sys.executable} "

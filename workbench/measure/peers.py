@@ -37,8 +37,12 @@ INSTALL_HINT = ".venv/bin/python benchmarks/peers.py --install  (a virtual envir
 # OpenVINO as sentence-transformers users get it; its [onnx] and [openvino] extras conflict, so it has an environment
 # of its own (.peers/openvino), which also runs benchmarks/graphs.py's timing process.
 OPENVINO_PIN = "sentence-transformers[openvino]==6.2.0"
-OPENVINO_HINT = (".venv/bin/python benchmarks/graphs.py --install  (Optimum's and OpenVINO's environments, about "
-                 "1.4 GB and 6 GB, several minutes)")
+
+
+def openvino_hint(venv: Path) -> str:
+    """How to make the OpenVINO environment `venv` (the same command makes Optimum's, at its --peer-venv)."""
+    return (f".venv/bin/python benchmarks/graphs.py --install --openvino-venv {venv}  (OpenVINO's environment there "
+            "and Optimum's at --peer-venv: about 6 GB and 1.5 GB, several minutes)")
 
 
 class PeerBuildError(WorkbenchError):
@@ -99,7 +103,7 @@ def build_openvino(python: Path, script: Path, model_dir: str, work: Path, calib
     if code != 0 or not status.is_file():
         raise PeerNotInstalledError(f"OpenVINO's build script failed (exit {code})",
                                     f"read {work / 'build.log'}; a broken OpenVINO environment is rebuilt by "
-                                    f"{OPENVINO_HINT}")
+                                    f"{openvino_hint(python.parent.parent)}")
     return json.loads(status.read_text())
 
 
@@ -130,7 +134,7 @@ def find_openvino(venv: Path) -> Path:
     """The Python of the OpenVINO environment `venv`, or a PeerNotInstalledError saying how to get it."""
     python = venv / "bin" / "python"
     if not (python.is_file() and list((venv / "lib").glob("python*/site-packages/openvino"))):
-        raise PeerNotInstalledError(f"OpenVINO is not installed in {venv}", OPENVINO_HINT)
+        raise PeerNotInstalledError(f"OpenVINO is not installed in {venv}", openvino_hint(venv))
     return python
 
 

@@ -10,7 +10,7 @@ from workbench.core.record import RunRecord
 from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.measure.latency import disturbance_note
-from workbench.report.recommend import gate, recommend
+from workbench.report.recommend import Gate, gate, recommend
 
 
 class Declared(Protocol):
@@ -110,7 +110,7 @@ def parity_lines(record: RunRecord) -> list[str]:
     passed = [name for name, v in parity.variants.items() if v.passed]
     lines = [*_reference(parity.reference),
              f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
-    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {gate(v) or 'no gate'}{_neighbours(v)}"
+    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}"
               for name, v in parity.variants.items()]
     for precision, outcome in parity.repair.items():
         chosen = outcome.chosen
@@ -249,3 +249,8 @@ PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
 
 def _number(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def _gate_on(judged: Gate | None) -> str:
+    """The criterion a variant passes by the least and the output it is on (the gates differ per output)."""
+    return f"{judged} on {judged.output}" if judged else "no gate"
