@@ -163,6 +163,7 @@ def test_a_run_cut_short_is_not_timed(tmp_path, tiny_models):
     import importlib.util
 
     from workbench.core.errors import MissingArtifactError
+    from workbench.core.record import StepStatus
 
     spec = importlib.util.spec_from_file_location("graphs_script", SCRIPT)
     script = importlib.util.module_from_spec(spec)
@@ -170,8 +171,8 @@ def test_a_run_cut_short_is_not_timed(tmp_path, tiny_models):
     config = RunConfig(model=str(tiny_models["bert"]), precisions=["fp32"], threads=1)
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
-    record.mark("parity", "interrupted", "SIGINT")
+    record.mark("parity", StepStatus.FAILED, "interrupted (SIGINT) during parity")
     with pytest.raises(MissingArtifactError) as refused:
         script.ready_run(tmp_path / "run")
-    assert "optimize not run, parity interrupted, no fp32 graph, no int8 graph" in refused.value.problem
+    assert "optimize not run, parity failed, no fp32 graph, no int8 graph" in refused.value.problem
     assert f"--output-dir {tmp_path / 'run'} --resume --steps optimize,parity" in refused.value.fix

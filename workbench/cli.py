@@ -11,7 +11,7 @@ import yaml
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.core.pins import project_version
-from workbench.core.record import RunRecord
+from workbench.core.record import RunRecord, StepStatus
 from workbench.serving.server import HOST
 from workbench.steps import specs
 
@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     for step in record.step_entries():
         print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {step.detail}")
-        if step.status == "ok":  # what it found: its notebook's last cell
+        if step.status == StepStatus.OK:  # what it found: its notebook's last cell
             for line in verdict_line(step.name, record).splitlines():
                 print(f"{'':12s} {line}")
     print(f"run.json: {record.path}")

@@ -20,7 +20,7 @@ from workbench.core.errors import DiskFullError, OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import ProgressTail
-from workbench.core.record import RECORD_NAME, RunRecord, remove_inside
+from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, remove_inside
 from workbench.preflight import preflight
 from workbench.steps import spec, specs
 
@@ -224,11 +224,11 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> None:
     after it skipped, and remove what was half-written."""
     remove_partials(run_dir)
     record = RunRecord.load(run_dir)
-    if record.status(step) != "failed" or reason.startswith("interrupted"):
-        record.mark(step, "failed", reason)
+    if record.status(step) != StepStatus.FAILED or reason.startswith("interrupted"):
+        record.mark(step, StepStatus.FAILED, reason)
     ended = "was interrupted" if reason.startswith("interrupted") else "failed"
     for name in later:
-        record.mark(name, "skipped", f"{NOT_RUN}step {step!r} {ended}")
+        record.mark(name, StepStatus.SKIPPED, f"{NOT_RUN}step {step!r} {ended}")
     notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")

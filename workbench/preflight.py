@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError, Problems, UnsupportedModelError
-from workbench.core.record import RunRecord, ensure_writable
+from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
 
@@ -54,7 +54,7 @@ def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord 
     """Each selected step's `reads`: in this run, or ok (or stale) in the resumed record."""
     for step in selected:
         for earlier in step.reads:
-            if earlier in config.steps or (resumed and resumed.status(earlier) in ("ok", "stale")):
+            if earlier in config.steps or (resumed and resumed.status(earlier) in (StepStatus.OK, StepStatus.STALE)):
                 continue
             raise MissingArtifactError(
                 f"the {step.name} step reads what the {earlier} step writes, and {earlier} is neither in --steps "

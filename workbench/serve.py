@@ -14,7 +14,7 @@ from typing import Any
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
 from workbench.core.interrupt import SIGNALS
-from workbench.core.record import RunRecord
+from workbench.core.record import RunRecord, StepStatus
 from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.client import text_array
@@ -41,7 +41,7 @@ def run_repository(run_dir: Path) -> Path:
     copy (`<run>/model_repository/<name>`)."""
     record = RunRecord.load(run_dir)
     triton = record.step_entry("triton")
-    if triton.status != "ok":
+    if triton.status != StepStatus.OK:
         why = f"{triton.label}: {triton.detail}" if triton.detail else triton.label
         raise MissingArtifactError(f"the run in {run_dir} has no deployment to serve (its triton step: {why})",
                                    f"deploy it first: workbench run --resume --output-dir {run_dir} --steps triton")

@@ -18,7 +18,7 @@ from workbench.core import dotted
 from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, OutputDirError, RunInterruptedError, RunLockedError, WorkbenchError
-from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
 
@@ -160,7 +160,8 @@ def pending_steps(run: PlannedRun) -> list[str] | None:
 def finished(record: RunRecord, step: str) -> bool:
     """Ok, or skipped for a reason of its own (this host cannot run it), not because an earlier step failed."""
     entry = record.step_entry(step)
-    return entry.status == "ok" or (entry.status == "skipped" and not entry.detail.startswith(NOT_RUN))
+    skipped_here = entry.status == StepStatus.SKIPPED and not entry.detail.startswith(NOT_RUN)
+    return entry.status == StepStatus.OK or skipped_here
 
 
 def run_sweep(sweep: Sweep, index: int | None = None, progress: bool = True) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,29 @@ def _metrics_model(name: str) -> type[Metrics]:
     return spec(name).metrics
 
 
+class StepStatus(str, Enum):
+    """A step's state in run.json (`steps.<step>.status`); a step never run has none. It prints as its value, as
+    enum.StrEnum would (Python 3.11+; the package runs on 3.10)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    SKIPPED = "skipped"  # StepSkipped: this machine or run cannot do it; the reason says why
+    FAILED = "failed"  # an error or an interrupt; its files are dropped
+    STALE = "stale"  # ok, but a step it read from ran again or failed since
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 @dataclass(frozen=True)
 class StepEntry:
     """One step as the record has it: status (None: never run), why, seconds, and what it wrote (metrics.<step>)."""
 
     name: str
-    status: str | None
+    status: StepStatus | None
     detail: str
     seconds: float | None
     verified: bool | None
@@ -64,7 +82,7 @@ class StepEntry:
     @property
     def label(self) -> str:
         """The status as people read it: an ok the user allowed without verification says so."""
-        if self.status == "ok" and self.verified is False:
+        if self.status == StepStatus.OK and self.verified is False:
             return "ok, verified: false"
         return self.status or "not run"
 
@@ -165,7 +183,7 @@ class RunRecord:
         """
         start = time.perf_counter()
         self._drop_outputs(name)
-        self.data["steps"][name] = {"status": "running", "started": _now(), "run_id": uuid.uuid4().hex,
+        self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
                                     "inputs": {}, "metrics": []}
         self._current = name
         self._refresh_stale()
@@ -174,10 +192,10 @@ class RunRecord:
             yield self
             self._type_metrics(name)
         except StepSkipped as skip:
-            entry = {"status": "skipped", "reason": str(skip)}
+            entry = {"status": StepStatus.SKIPPED, "reason": str(skip)}
         except BaseException as exc:
             typed = as_disk_full(exc, self.run_dir) or exc
-            entry = {"status": "failed", "error": f"{type(typed).__name__}: {typed}",
+            entry = {"status": StepStatus.FAILED, "error": f"{type(typed).__name__}: {typed}",
                      "traceback": traceback.format_exc(limit=8)}
             with disk_full_typed(self.run_dir):  # the record itself may find no room
                 self._finish(name, start, entry)
@@ -185,7 +203,7 @@ class RunRecord:
                 raise typed from None
             raise
         else:
-            entry = {"status": "ok"}
+            entry = {"status": StepStatus.OK}
         self._finish(name, start, entry)
 
     def _type_metrics(self, name: str) -> None:
@@ -203,7 +221,7 @@ class RunRecord:
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None
-        if entry["status"] == "failed":
+        if entry["status"] == StepStatus.FAILED:
             self._drop_artifacts(name)
         previous = self.data["steps"][name]
         kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
@@ -211,22 +229,23 @@ class RunRecord:
         self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3)}
         self._refresh_stale()
 
-    def mark(self, name: str, status: str, reason: str) -> None:
+    def mark(self, name: str, status: StepStatus, reason: str) -> None:
         """Set a step's status from outside it (the pipeline marks steps it did not run, or that it stopped).
 
         A step marked skipped was not run this time: what an earlier run of it left is dropped; a step marked
         failed loses its files (its metrics stay, for diagnosis, but no step reads them)."""
-        if status == "skipped":
+        if status == StepStatus.SKIPPED:
             self._drop_outputs(name)
-        elif status == "failed":
+        elif status == StepStatus.FAILED:
             self._drop_artifacts(name)
         entry = {**self.data["steps"].get(name, {}), "status": status}
-        entry.pop("error" if status != "failed" else "reason", None)
-        self.data["steps"][name] = {**entry, "error" if status == "failed" else "reason": reason}
+        entry.pop("error" if status != StepStatus.FAILED else "reason", None)
+        self.data["steps"][name] = {**entry, "error" if status == StepStatus.FAILED else "reason": reason}
         self._refresh_stale()
 
-    def status(self, name: str) -> str | None:
-        return self.data["steps"].get(name, {}).get("status")
+    def status(self, name: str) -> StepStatus | None:
+        found = self.data["steps"].get(name, {}).get("status")
+        return None if found is None else StepStatus(found)
 
     def step_entry(self, name: str) -> StepEntry:
         """Step `name` as recorded, its metrics included ({} when it wrote none, e.g. skipped)."""
@@ -234,7 +253,7 @@ class RunRecord:
         verified = step.get("verified")
         detail = (step.get("unverified_reason") if verified is False else None) or step.get("reason") \
             or step.get("error") or ""
-        return StepEntry(name, step.get("status"), detail.split("\n")[0], step.get("seconds"), verified,
+        return StepEntry(name, self.status(name), detail.split("\n")[0], step.get("seconds"), verified,
                          self.metric(name) or {})
 
     def step_entries(self) -> list[StepEntry]:
@@ -269,12 +288,12 @@ class RunRecord:
         changed) reads `stale`, naming those inputs; then save."""
         for name in _step_order():
             step = self.data["steps"].get(name)
-            if not step or step.get("status") not in ("ok", "stale") or name == self._current:
+            if not step or step.get("status") not in (StepStatus.OK, StepStatus.STALE) or name == self._current:
                 continue
             changes = {key: why for key, source in step.get("inputs", {}).items()
                        if (why := self._input_change(key, source))}
             if changes:
-                step["status"] = "stale"
+                step["status"] = StepStatus.STALE
                 step["reason"] = "inputs changed since it ran: " + ", ".join(
                     f"{key} ({why})" for key, why in changes.items())
         self.save()
@@ -285,7 +304,8 @@ class RunRecord:
         producer = self.data["steps"].get(name, {})
         if producer.get("run_id") != source["run_id"]:
             return f"{name} ran again"
-        if producer.get("status") not in ("ok", "skipped", source.get("status")):  # stale when read: still news
+        # the status it had when read, stale included, is still news
+        if producer.get("status") not in (StepStatus.OK, StepStatus.SKIPPED, source.get("status")):
             return f"{name} is {producer.get('status')}"
         if key.startswith("metrics:"):
             return None
@@ -412,7 +432,7 @@ class RunRecord:
         """`metrics.<dotted>`, or `default`. A failed step's metrics stay in run.json for diagnosis, but read as
         absent: no step takes a result from a step that did not finish."""
         writer = self._metric_writer(dotted)
-        if writer is not None and writer != self._current and self.status(writer) == "failed":
+        if writer is not None and writer != self._current and self.status(writer) == StepStatus.FAILED:
             return default
         self._consume(f"metrics:{dotted}", writer)
         return dotted_keys.get(self.data["metrics"], dotted, default)
@@ -423,7 +443,7 @@ class RunRecord:
         for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
             writer = self._metric_writer(dotted)
             if writer is not None:
-                found = self.metric(dotted) if self.status(writer) == "ok" else None
+                found = self.metric(dotted) if self.status(writer) == StepStatus.OK else None
                 return None if found is None else Verdict.model_validate(found)
         return None
 
@@ -464,7 +484,7 @@ class RunRecord:
 
     def deployment(self) -> TritonMetrics | None:
         """What the triton step deployed, if it is ok now."""
-        found = self.metric("triton") if self.status("triton") == "ok" else None
+        found = self.metric("triton") if self.status("triton") == StepStatus.OK else None
         return None if found is None else TritonMetrics.model_validate(found)
 
     def unverified(self, reason: str) -> None:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from workbench.core.atomic import write_text
 from workbench.core.errors import ConfigError, OutputDirError
-from workbench.core.record import RECORD_NAME, RunRecord, ensure_writable
+from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
@@ -111,10 +111,10 @@ def host_of(record: RunRecord) -> str:
 
 def rows_of(record: RunRecord, name: str) -> list[Row]:
     """Every variant with a parity verdict in the run, with what was measured of it."""
-    bench = record.metric("bench") if record.status("bench") == "ok" else None
+    bench = record.metric("bench") if record.status("bench") == StepStatus.OK else None
     cells = (bench or {}).get("latency", {}).get("cells", {}) if bench else {}
     served = (bench or {}).get("served") or {}
-    deployed = record.metric("triton.variant") if record.status("triton") == "ok" else None
+    deployed = record.metric("triton.variant") if record.status("triton") == StepStatus.OK else None
     level = best_level(served, record.config.bench.p99_limit_ms) if "skipped" not in served else None
     rows = []
     for variant, verdict in record.verdicts().items():

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import jinja2
 
 from workbench.core.atomic import write_text
-from workbench.core.record import RunRecord, StepEntry
+from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import (
     BenchMetrics,
     DeployMetrics,
@@ -226,9 +226,10 @@ def _missing(record: RunRecord, step: StepEntry) -> str:
     fill = f"run {_fill(record, step.name)} to fill it"
     if step.status is None:
         return f"Not in this run: the {step.name} step did not run; {fill}."
-    if step.status == "ok":
+    if step.status == StepStatus.OK:
         return f"The {step.name} step ran but recorded nothing for this section; {fill}."
-    state = {"failed": "failed", "running": "is still running"}.get(step.status, f"was {step.status}")
+    state = {StepStatus.FAILED: "failed", StepStatus.RUNNING: "is still running"}.get(step.status,
+                                                                                      f"was {step.status}")
     return f"The {step.name} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
@@ -263,7 +264,8 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
     for section, step in ((section, record.step_entry(declared.name)) for declared in steps
                           for section in declared.sections):
         try:
-            typed = record.results(step.name) if step.status in ("ok", "stale", "skipped") else None
+            written = step.status in (StepStatus.OK, StepStatus.STALE, StepStatus.SKIPPED)
+            typed = record.results(step.name) if written else None
             rendered = section.render(typed) if typed is not None else []
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
@@ -272,10 +274,10 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
             if rendered and section.served:
                 title, text, made = rendered[0]
                 rendered[0] = (title, f"{served} {text}", made)
-        if rendered and step.status in ("stale", "skipped"):
+        if rendered and step.status in (StepStatus.STALE, StepStatus.SKIPPED):
             title, text, made = rendered[0]
             note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, step.name)} to "
-                    "refresh them." if step.status == "stale" else f"Skipped: {step.detail}.")
+                    "refresh them." if step.status == StepStatus.STALE else f"Skipped: {step.detail}.")
             rendered[0] = (title, f"{note} {text}", made)
         parts += rendered or [(section.title, _missing(record, step), [])]
     return parts
@@ -373,9 +375,9 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
         rendered.append({"title": title, "text": text, "figures": html_parts})
     env = record.environment
     config = record.config
-    steps = [step for step in record.step_entries() if step.status != "running"]
+    steps = [step for step in record.step_entries() if step.status != StepStatus.RUNNING]
     bench = record.step_entry("bench")
-    measured = BenchMetrics.model_validate(bench.metrics) if bench.status in ("ok", "stale") else None
+    measured = BenchMetrics.model_validate(bench.metrics) if bench.status in (StepStatus.OK, StepStatus.STALE) else None
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "

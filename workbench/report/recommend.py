@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.core.record import RunRecord
+from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
@@ -186,7 +186,7 @@ def _rank(candidate: Candidate) -> int:
 def served_failures(record: RunRecord) -> dict[str, Verdict]:
     """Variants that passed parity in process but failed it served (the triton step passed them over), as failing
     verdicts: a deployment would answer as the server did."""
-    verification = (record.metric("triton.verification") or {}) if record.status("triton") == "ok" else {}
+    verification = (record.metric("triton.verification") or {}) if record.status("triton") == StepStatus.OK else {}
     found = {}
     for variant, failures in verification.get("passed_over", {}).items():
         verdict = record.verdict(variant)
@@ -199,7 +199,7 @@ def recommend(record: RunRecord) -> list[Recommendation]:
     """One recommendation per goal from the bench step's in-process latency (when the step is ok) and the
     parity verdicts of this run."""
     bench = record.step_entry("bench")
-    cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == "ok" else {}
+    cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == StepStatus.OK else {}
     shapes = {shape: name for name in cells if (shape := cell_shape(name))}
     verdicts = {**record.verdicts(), **served_failures(record)}
     if not shapes:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from workbench.core.config import RepairSettings
-from workbench.core.record import RunRecord
+from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.measure.latency import disturbance_note
@@ -26,9 +26,10 @@ class Declared(Protocol):
 def takeaway(step: Declared, record: RunRecord) -> str:
     """One or a few lines: what the step found (its declared `takeaway`), or why it did not run."""
     entry = record.step_entry(step.name)
-    if entry.status == "ok":
+    if entry.status == StepStatus.OK:
         return "\n".join(step.takeaway(record))
-    found = step.takeaway(record) if entry.status == "skipped" and entry.metrics else []  # e.g. TensorRT's profiles
+    # a skipped step can still have found something, e.g. TensorRT's profiles
+    found = step.takeaway(record) if entry.status == StepStatus.SKIPPED and entry.metrics else []
     return "\n".join([f"{step.name}: {entry.label} - {entry.detail.splitlines()[0] if entry.detail else ''}",
                       *found])
 

@@ -1,0 +1,192 @@
+"""Counts of how the code is organised around its steps (issue #42's before/after numbers), read from the sources
+with `ast`; nothing is imported or run:
+
+    .venv/bin/python benchmarks/structure.py [--json]
+
+- places a step reaches: per step, the files outside its own module and notebook that name it (a string equal to
+  the step's name, or an import of its module); the deploy step's count is what adding a step touched;
+- upward imports: imports from a room to a room above it (tests/test_architecture.py's order), inside functions too;
+- circles: groups of modules that import each other round (strongly connected, inside functions too) and their files;
+- `dict[str, Any]` annotations, and parameters annotated with a bare `Any`;
+- raw key reads in report/ and the notebooks: subscripts and `.get` with a string key;
+- `record.metric(` calls outside the record, and step-status literals ("ok", "failed", "skipped", ...) compared or
+  passed in the package."""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "workbench"
+ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
+STATUSES = {"ok", "failed", "skipped", "interrupted", "running"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in ROOMS else "top"
+
+
+def sources() -> dict[str, ast.Module]:
+    """The package's modules by dotted name (the Python-backend sources that run inside tritonserver left out)."""
+    return {module_name(path): ast.parse(path.read_text(encoding="utf-8"))
+            for path in sorted(PACKAGE.rglob("*.py")) if "backend" not in path.parts}
+
+
+def notebook_cells() -> dict[str, ast.Module]:
+    """Each notebook's code cells as one module (IPython magics dropped)."""
+    found = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        code = "\n".join(line for cell in cells if cell["cell_type"] == "code"
+                         for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+        found[path.name] = ast.parse(code)
+    return found
+
+
+def imported(tree: ast.Module, modules: set[str]) -> set[str]:
+    """The package modules `tree` imports anywhere (`from workbench.x import y` counts y where y is a module)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
+            for alias in node.names:
+                found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("workbench"))
+    return found & modules
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def strings(tree: ast.Module) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+
+
+def key_reads(tree: ast.Module) -> int:
+    """Subscripts with a string key and `.get("key", ...)` calls."""
+    count = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(
+                node.slice.value, str):
+            count += 1
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+                node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            count += 1
+    return count
+
+
+def is_any(annotation: ast.expr | None) -> bool:
+    return isinstance(annotation, ast.Name) and annotation.id == "Any" or (
+        isinstance(annotation, ast.Constant) and annotation.value == "Any")
+
+
+def counts() -> dict[str, object]:
+    trees = sources()
+    modules = set(trees)
+    graph = {name: imported(tree, modules) - {name} for name, tree in trees.items()}
+    steps = sorted(name.rsplit(".", 1)[-1] for name in modules
+                   if name.startswith("workbench.steps.") and name.count(".") == 2)
+    notebooks = notebook_cells()
+    reach = {}
+    for step in steps:
+        own = f"workbench.steps.{step}"
+        places = [name for name, tree in trees.items() if name != own and (
+            own in graph[name] or step in set(strings(tree)))]
+        places += [name for name, tree in notebooks.items() if not name.endswith(f"_{step}.ipynb") and (
+            step in set(strings(tree)) or own in imported(tree, modules))]
+        reach[step] = len(places)
+    upward = sorted(f"{a} -> {b}" for a, found in graph.items() for b in found
+                    if ROOMS.index(room_of(b)) > ROOMS.index(room_of(a)))
+    groups = circles(graph)
+    text = {name: ast.unparse(tree) for name, tree in trees.items()}
+    dict_any = {name: body.count("dict[str, Any]") for name, body in text.items() if "dict[str, Any]" in body}
+    any_params = sum(is_any(arg.annotation) for tree in trees.values() for node in ast.walk(tree)
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs])
+    metric_calls = sum(body.count(".metric(") for name, body in text.items() if name != "workbench.core.record")
+    status_literals = sum(1 for name, tree in trees.items() for node in ast.walk(tree)
+                          if isinstance(node, ast.Compare) and any(
+                              isinstance(c, ast.Constant) and c.value in STATUSES for c in node.comparators))
+    return {
+        "places a step reaches (outside its module and notebook)": reach,
+        "upward imports": len(upward),
+        "upward import list": upward,
+        "circles": len(groups),
+        "files in circles": sum(len(group) for group in groups),
+        "dict[str, Any]": sum(dict_any.values()),
+        "files with dict[str, Any]": len(dict_any),
+        "parameters annotated Any": any_params,
+        "raw key reads in report/": sum(key_reads(tree) for name, tree in trees.items()
+                                        if room_of(name) == "report"),
+        "raw key reads in notebooks": sum(key_reads(tree) for tree in notebooks.values()),
+        "record.metric( calls outside the record": metric_calls,
+        "step-status literals compared": status_literals,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    found = counts()
+    if parser.parse_args().json:
+        print(json.dumps(found, indent=2))
+        return
+    for key, value in found.items():
+        if key != "upward import list":
+            print(f"{key}: {value}")
+    for line in found["upward import list"]:
+        print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main()
