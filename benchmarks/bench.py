@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from workbench.core.batches import shaped_batch, token_lengths
+from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
@@ -38,13 +38,13 @@ from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
 from workbench.report import figures
-from workbench.report.recommend import candidates, cell_shape, pick
+from workbench.report.recommend import candidates, pick
 from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
 from workbench.steps.bench import latency as measure_latency
 from workbench.steps.triton import serving_plan
 
-CELLS = ("b1_s16", "b1_s128", "b8_s128")
+CELLS = (Cell(1, 16), Cell(1, 128), Cell(8, 128))
 COLUMN = 28  # characters per cell column
 TARGETS = {"b1_s16": 3.5, "b1_s128": 2.0, "b8_s128": 1.5}  # speedup over PyTorch, on hosts with VNNI or AMX
 PEAK_SHARE_TARGETS = {"b1_s16": 0.75, "b1_s128": 0.9, "b8_s128": 0.9}  # best passing variant, any host
@@ -154,7 +154,7 @@ def measure_and_print() -> None:
     record = RunRecord.load(args.run)
     run = record.config  # cells beyond the shapes the run's parity checked are left out
     batches, sequences = [b for b in (1, 8) if b <= run.batch.max], [s for s in (16, 128) if s <= run.sequence.max]
-    cells = [c for c in CELLS if cell_shape(c)[0] in batches and cell_shape(c)[1] in sequences]
+    cells = [c.key for c in CELLS if c.batch in batches and c.sequence in sequences]
     config = run.model_copy(update={"device": args.device, "bench": run.bench.model_copy(update={
         "batches": batches, "sequences": sequences, "rounds": args.rounds, "seconds_per_cell": 120.0})})
     busy, cores = others_busy(), os.cpu_count() or 1
@@ -176,7 +176,7 @@ def measure_and_print() -> None:
               "times do not hold, and ratios only where the other work slowed every row alike; re-run on a quiet host")
     for disturbance in latency["disturbed"]:
         print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
-    left_out = [c for c in CELLS if c not in cells]
+    left_out = [c.key for c in CELLS if c.key not in cells]
     if left_out:
         print(f"left out: {', '.join(left_out)}, beyond the run's batch.max {run.batch.max} / sequence.max "
               f"{run.sequence.max} (parity checked no further)")
@@ -226,7 +226,7 @@ def measure_and_print() -> None:
               f"{repair['node_error']['spearman_vs_sensitivity']}")
     print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
     for cell in cells:
-        choice = pick(cell, *cell_shape(cell), candidates(latency["cells"][cell], verdicts), int8)
+        choice = pick(cell, Cell.parse(cell), candidates(latency["cells"][cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
     for name, verdict in verdicts.items():
         r = verdict.retrieval

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from workbench.core.batches import corner_batches, corpus_batches, token_lengths
+from workbench.core.batches import Cell, corner_batches, corpus_batches, token_lengths
 from workbench.core.config import RunConfig, ShapeRange
 from workbench.core.data import load_corpus
 from workbench.core.errors import ShapeError
@@ -69,3 +69,9 @@ def test_whole_corpus_sweep_respects_sequence_max(tiny_models, limit):
     assert loaded.max_sequence == 128 and (token_lengths(loaded.tokenizer, list(texts)) > limit).sum() > 10
     assert sorted(i for b in lab.sweep for i in b.text_ids) == list(range(len(texts)))
     assert max(b.shape[1] for b in lab.batches) == limit
+
+
+def test_a_cell_names_itself_in_run_json_and_in_text():
+    cell = Cell(8, 128)
+    assert (cell.key, cell.label) == ("b8_s128", "b8 s128")
+    assert Cell.parse("b8_s128") == cell and Cell.parse("mixed_b8") is None and Cell.parse("b8_s128x") is None

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.core.results import BenchMetrics, Verdict
@@ -265,15 +266,14 @@ def benched(tmp_path):
 def test_the_recommendation_is_the_fastest_variant_that_passes_parity(benched):
     _, record = benched
     latency, throughput = recommend(record)
-    assert (latency.goal, latency.batch, latency.sequence, latency.variant) == ("latency", 1, 16, "int8_repaired")
+    assert (latency.goal, latency.cell, latency.variant) == ("latency", Cell(1, 16), "int8_repaired")
     assert latency.speedup == pytest.approx(2.5) and latency.gate_metric == "min cosine"
     assert latency.margin == pytest.approx(0.0003)
     assert "faster but failing parity: int8 (5x, sentence_embedding: min cosine 0.955600 < 0.99)" in latency.reason
     assert latency.line() == ("latency: int8_repaired, 2.5x faster than PyTorch at b1 s16, min cosine 0.9903 vs "
                               "0.99 (margin +0.0003)")
     # the largest batch at its longest sequence: fp32 beats the repaired int8 there
-    assert (throughput.goal, throughput.batch, throughput.sequence, throughput.variant) == ("throughput", 8, 128,
-                                                                                            "fp32")
+    assert (throughput.goal, throughput.cell, throughput.variant) == ("throughput", Cell(8, 128), "fp32")
     assert throughput.speedup == pytest.approx(4.0) and throughput.margin == pytest.approx(0.00009)
     assert throughput.steps == () and latency.steps == ()
 
@@ -297,7 +297,7 @@ def test_no_recommendation_without_a_variant_that_passes(tmp_path):
     for choice in recommend(record):
         assert choice.variant is None and choice.speedup is None and choice.margin is None
         assert choice.steps == ("parity", "bench")
-        assert choice.reason.startswith(f"no variant measured at b{choice.batch} s{choice.sequence} passes parity")
+        assert choice.reason.startswith(f"no variant measured at {choice.cell.label} passes parity")
         assert "int8_repaired: sentence_embedding: min cosine 0.985000 < 0.99" in choice.reason
         assert choice.line().endswith("; run --steps parity,bench")
 
@@ -362,14 +362,14 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
     pytorch_ms = 640.0
     table = {"fp32": (377.0, "fp32"), "int8": (380.0, "int8"), "int8_repaired": (360.0, "int8")}
     measured = [Candidate(name, pytorch_ms / ms, True, None, (), precision) for name, (ms, precision) in table.items()]
-    choice = pick("throughput", 8, 128, measured, int8_dot_product=None)
+    choice = pick("throughput", Cell(8, 128), measured, int8_dot_product=None)
     assert choice.variant == "fp32" and choice.speedup == pytest.approx(pytorch_ms / 377.0)
     assert "int8_repaired is only 1.05x fp32 here" in choice.reason
     assert "no int8 dot-product instructions: AVX-512 VNNI, AVX-VNNI or AMX make int8 pay" in choice.reason
     faster = [Candidate("fp32", 2.0, True, None, (), "fp32"), Candidate("int8", 5.0, True, None, (), "int8")]
-    assert pick("latency", 1, 16, faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays
+    assert pick("latency", Cell(1, 16), faster, int8_dot_product="AVX-512 VNNI").variant == "int8"  # where int8 pays
     decided = "pays on this host: 1.30x fp32 at b8 s128 (needs 1.2x at one goal cell)"
-    choice = pick("throughput", 8, 128, measured, int8_dot_product=None, int8_decision=decided)
+    choice = pick("throughput", Cell(8, 128), measured, int8_dot_product=None, int8_decision=decided)
     assert choice.variant == "fp32", "in the bench's own cell int8 gains too little: the bench's numbers decide here"
     assert choice.reason.endswith(f"; the optimize step measured that plain int8 {decided}"), "not the flags"
 
@@ -400,7 +400,7 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
     verdict["outputs"]["sentence_embedding"]["retrieval"] = {"texts": 320, "agreement_at_1": 0.95,
                                                              "recall_at_10": 0.97, "spearman": 0.998}
     cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
-    choice = pick("latency", 1, 16, candidates(cell, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
+    choice = pick("latency", Cell(1, 16), candidates(cell, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
     assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
 
 
@@ -410,7 +410,7 @@ def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
 
     table = {"fp16": (99.3, "fp16"), "int8_repaired": (102.5, "int8"), "fp32": (110.4, "fp32")}
     measured = [Candidate(name, 459.0 / ms, True, None, (), precision) for name, (ms, precision) in table.items()]
-    choice = pick("throughput", 8, 128, measured, int8_dot_product="AVX-512 VNNI")
+    choice = pick("throughput", Cell(8, 128), measured, int8_dot_product="AVX-512 VNNI")
     assert choice.variant == "fp32"
     assert choice.reason.startswith("fp16 is only 1.11x fp32 here (under 1.2x)")
 

@@ -1,14 +1,36 @@
 """Real-text batches: at the shape corners of the run configuration, and the whole corpus in mixed batches."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from workbench.core.config import ShapeRange
 from workbench.core.data import Text, encode, tokenize
+
+
+class Cell(NamedTuple):
+    """A (batch, sequence) shape: `key` names it in run.json (`b8_s128`), `label` in text (`b8 s128`)."""
+
+    batch: int
+    sequence: int
+
+    @property
+    def key(self) -> str:
+        return f"b{self.batch}_s{self.sequence}"
+
+    @property
+    def label(self) -> str:
+        return f"b{self.batch} s{self.sequence}"
+
+    @classmethod
+    def parse(cls, key: str) -> Cell | None:
+        """The cell a run.json key names, or None for another key (e.g. a mixed-length batch's `mixed_b8`)."""
+        match = re.fullmatch(r"b(\d+)_s(\d+)", key)
+        return cls(int(match[1]), int(match[2])) if match else None
 
 
 @dataclass
@@ -56,7 +78,7 @@ def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[T
     """Exactly `rows` x `length`, filled with the texts nearest that length (at least that long first)."""
     order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
     ids = [int(i) for i in np.resize(order, rows)]
-    return Batch(f"b{rows}_s{length}", ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length,
+    return Batch(Cell(rows, length).key, ids, encode(tokenizer, [texts[i] for i in ids], input_names, pad_to=length,
                                                    prompt_tokens=prompt_tokens))
 
 
@@ -64,7 +86,7 @@ def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
                cells: Sequence[tuple[int, int]]) -> dict[str, dict[str, np.ndarray]]:
     """Real text filling each (rows, length) cell exactly (`shaped_batch`), by cell name `b1 s16`."""
     lengths = token_lengths(tokenizer, texts)
-    return {f"b{rows} s{length}": shaped_batch(tokenizer, input_names, texts, lengths, rows, length).feed
+    return {Cell(rows, length).label: shaped_batch(tokenizer, input_names, texts, lengths, rows, length).feed
             for rows, length in cells}
 
 

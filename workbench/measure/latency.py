@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.core.batches import shaped_batch, token_lengths
+from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
@@ -296,9 +296,9 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
     flops: dict[str, float] = {}
     graphs: dict[str, dict[str, str]] = {}
     shapes = [(size, length) for size in shape.batches for length in shape.sequences]
-    for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: f"b{s[0]}_s{s[1]}"):
+    for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: Cell(*s).key):
         batch = text.batch(size, length)
-        cell = f"b{size}_s{length}"
+        cell = Cell(size, length).key
         with ExitStack() as per_cell:
             timed: dict[str, Runner] = dict(runners)
             if device == "cuda":

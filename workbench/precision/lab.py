@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from workbench.core.atomic import atomic_path
-from workbench.core.batches import Batch, corner_batches, corpus_batches, long_texts, token_lengths
+from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
@@ -152,7 +152,7 @@ class ParityLab:
 
     def latency_batch(self) -> Batch:
         """The corner batch at the configuration's optimal batch size and sequence length."""
-        name = f"b{self.config.batch.opt}_s{self.loaded.sequence.opt}"
+        name = Cell(self.config.batch.opt, self.loaded.sequence.opt).key
         return next(b for b in self.corners if b.name == name)
 
     def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:

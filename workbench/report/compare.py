@@ -15,12 +15,13 @@ import jinja2
 import plotly.graph_objects as go
 
 from workbench.core.atomic import write_text
+from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
-from workbench.report.recommend import cell_shape, gate, goal_shapes
+from workbench.report.recommend import gate, goal_cells
 
 TEMPLATE = Path(__file__).parent / "templates" / "compare.html.j2"
 ACCURACY_FLOOR = 0.999  # the accuracy goal: min cosine (or label agreement) at least this against the reference
@@ -140,12 +141,12 @@ def _common_cells(rows: list[Row]) -> tuple[str | None, str | None]:
         if row.cells:
             by_run.setdefault(row.run, set()).update(row.cells)
     common = set.intersection(*by_run.values()) if by_run else set()
-    shapes = {shape: cell for cell in common if (shape := cell_shape(cell))}
+    shapes = [cell for name in common if (cell := Cell.parse(name))]
     if not shapes:
         return None, None
-    goals = goal_shapes(list(shapes))  # the per-run report's goal cells, among the common ones
-    latency = goals["latency"]
-    return (shapes[latency] if latency else None), shapes[goals["throughput"]]
+    goals = goal_cells(shapes)  # the per-run report's goal cells, among the common ones
+    latency, throughput = goals["latency"], goals["throughput"]
+    return (latency.key if latency else None), (throughput.key if throughput else None)
 
 
 def _pick(goal: str, rule: str, rows: list[Row], key: str, best: str) -> Pick:

@@ -335,7 +335,7 @@ def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
     disturbed = " (disturbed timings)" if record.metric("bench.latency.disturbed") else ""
     for choice in recommend(record):
         found = choice.variant is not None
-        rows.append({"goal": choice.goal, "cell": choice.cell, "variant": choice.variant or "none",
+        rows.append({"goal": choice.goal, "cell": choice.where, "variant": choice.variant or "none",
                      "speedup": f"{choice.speedup:.3g}x{disturbed}" if found else "",
                      "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
                      + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "

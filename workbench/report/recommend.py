@@ -7,10 +7,10 @@ engines) is a pass now. `candidates` lists what was measured, `pick` chooses amo
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
@@ -22,7 +22,6 @@ GOALS = ("latency", "throughput")
 # The same rule decides which precisions `precisions: auto` builds (measure.precisions).
 PRECISION_MIN_GAIN = MIN_GAIN
 PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
-_CELL = re.compile(r"b(\d+)_s(\d+)")
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
 # gates on outputs.<o>.retrieval (embeddings) or .ranking (a reranker's scores)
@@ -74,12 +73,11 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The variant to deploy for `goal` at (batch, sequence), or none: `reason` says why and `steps` which
-    `--steps` to run to get one."""
+    """The variant to deploy for `goal` at `cell`, or none: `reason` says why and `steps` which `--steps` to run to
+    get one."""
 
     goal: str
-    batch: int | None
-    sequence: int | None
+    cell: Cell | None
     variant: str | None = None
     speedup: float | None = None
     gate: Gate | None = None
@@ -96,8 +94,8 @@ class Recommendation:
         return self.gate.metric if self.gate else None
 
     @property
-    def cell(self) -> str:
-        return f"b{self.batch} s{self.sequence}" if self.batch is not None else "not measured"
+    def where(self) -> str:
+        return self.cell.label if self.cell else "not measured"
 
     def line(self) -> str:
         """One plain-text line, e.g. `latency: int8_repaired, 2.83x faster than PyTorch at b1 s16, min cosine
@@ -108,7 +106,7 @@ class Recommendation:
         pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
         neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"
                       if self.retrieval else "")
-        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.cell}, {gate}{neighbours}"
+        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.where}, {gate}{neighbours}"
 
 
 def gate(verdict: Verdict) -> Gate | None:
@@ -143,7 +141,7 @@ def candidates(cell: dict[str, Any], verdicts: dict[str, Verdict]) -> list[Candi
     return measured
 
 
-def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_dot_product: str | None = None,
+def pick(goal: str, cell: Cell, measured: list[Candidate], int8_dot_product: str | None = None,
          int8_decision: str | None = None) -> Recommendation:
     """The fastest candidate that passes parity; the faster ones that fail are named in the reason. A winner of lower
     precision less than PRECISION_MIN_GAIN faster than a more precise passing one gives way to the most precise
@@ -152,7 +150,7 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_d
     passing = [c for c in measured if c.passed]
     if not passing:
         failing = "; ".join(f"{c.variant}: {c.failures[0]}" for c in measured) or "none measured"
-        return Recommendation(goal, batch, sequence, reason=f"no variant measured at b{batch} s{sequence} passes "
+        return Recommendation(goal, cell, reason=f"no variant measured at {cell.label} passes "
                               f"parity in this run ({failing}); the parity step's precision repair may fix one",
                               steps=("parity", "bench"))
     best = max(passing, key=lambda c: c.speedup)
@@ -175,7 +173,7 @@ def pick(goal: str, batch: int, sequence: int, measured: list[Candidate], int8_d
         best = precise
     if best.speedup < 1:
         reason += "; slower than PyTorch eager"
-    return Recommendation(goal, batch, sequence, best.variant, best.speedup, best.gate, reason,
+    return Recommendation(goal, cell, best.variant, best.speedup, best.gate, reason,
                           retrieval=best.retrieval)
 
 
@@ -200,35 +198,29 @@ def recommend(record: RunRecord) -> list[Recommendation]:
     parity verdicts of this run."""
     bench = record.step_entry("bench")
     cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == StepStatus.OK else {}
-    shapes = {shape: name for name in cells if (shape := cell_shape(name))}
+    shapes = [cell for name in cells if (cell := Cell.parse(name))]
     verdicts = {**record.verdicts(), **served_failures(record)}
     if not shapes:
         state = bench.label + (f": {bench.detail}" if bench.detail else "")
         steps = ("bench",) if any(v.passed for v in verdicts.values()) else ("parity", "bench")
-        return [Recommendation(goal, None, None, reason=f"nothing was benchmarked in process in this run (bench: "
+        return [Recommendation(goal, None, reason=f"nothing was benchmarked in process in this run (bench: "
                                f"{state})", steps=steps) for goal in GOALS]
     recommendations = []
-    for goal, shape in goal_shapes(list(shapes)).items():
+    for goal, shape in goal_cells(shapes).items():
         if shape is None:
-            recommendations.append(Recommendation(goal, None, None, reason="batch 1 was not measured; add 1 to "
+            recommendations.append(Recommendation(goal, None, reason="batch 1 was not measured; add 1 to "
                                                   "bench.batches", steps=("bench",)))
         else:
-            recommendations.append(pick(goal, *shape, candidates(cells[shapes[shape]], verdicts),
+            recommendations.append(pick(goal, shape, candidates(cells[shape.key], verdicts),
                                         record.environment.get("cpu_features", {}).get("int8_dot_product"),
                                         record.metric("optimize.precisions.decisions.int8.reason")))
     return recommendations
 
 
-def cell_shape(name: str) -> tuple[int, int] | None:
-    """(batch, sequence) of a latency cell named like `b8_s128`."""
-    match = _CELL.fullmatch(name)
-    return (int(match[1]), int(match[2])) if match else None
-
-
-def goal_shapes(shapes: list[tuple[int, int]]) -> dict[str, tuple[int, int] | None]:
-    """(batch, sequence) per goal among the measured shapes: batch 1 at its shortest sequence (latency; none when
-    batch 1 was not measured) and the largest batch at its longest sequence (throughput)."""
-    ones = [sequence for batch, sequence in shapes if batch == 1]
-    largest = max(batch for batch, _ in shapes)
-    return {"latency": (1, min(ones)) if ones else None,
-            "throughput": (largest, max(sequence for batch, sequence in shapes if batch == largest))}
+def goal_cells(cells: list[Cell]) -> dict[str, Cell | None]:
+    """The cell per goal among the measured ones: batch 1 at its shortest sequence (latency; none when batch 1 was
+    not measured) and the largest batch at its longest sequence (throughput)."""
+    ones = [cell.sequence for cell in cells if cell.batch == 1]
+    largest = max(cell.batch for cell in cells)
+    return {"latency": Cell(1, min(ones)) if ones else None,
+            "throughput": Cell(largest, max(cell.sequence for cell in cells if cell.batch == largest))}
