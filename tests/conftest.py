@@ -8,6 +8,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+import workbench.steps  # noqa: E402, F401  the test entry point registers the steps (the catalog core reads)
 from workbench.models.tiny import build_encoder  # noqa: E402
 
 

@@ -7,9 +7,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # Bottom to top. The top holds the commands: cli, pipeline, preflight, doctor, serve, sweep.
 ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
-# The one way up: the configuration validates step names, and the record orders steps, by the steps' own
-# declarations; both import the declarations inside a function, when first needed, never at module level.
-DECLARATIONS = {("workbench.core.config", "workbench.steps"), ("workbench.core.record", "workbench.steps")}
 
 
 def room_of(module: str) -> str:
@@ -18,11 +15,10 @@ def room_of(module: str) -> str:
     return parts[1] if len(parts) >= 2 and parts[1] in ROOMS else "top"
 
 
-def imports(path: Path, module_level: bool = False) -> set[str]:
-    """Every workbench module `path` imports, inside functions too unless `module_level`."""
+def imports(path: Path) -> set[str]:
+    """Every workbench module `path` imports, inside functions too."""
     found = set()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in tree.body if module_level else ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
             found.update(f"{node.module}.{a.name}" if node.module == "workbench" else node.module for a in node.names)
         elif isinstance(node, ast.Import):
@@ -42,10 +38,8 @@ def test_every_room_imports_only_itself_and_the_rooms_below():
             assert not imports(path), path
             continue
         importer = module_name(path)
-        at_module_level = imports(path, module_level=True)
         for imported in imports(path):
-            allowed = (importer, imported) in DECLARATIONS and imported not in at_module_level
-            if ROOMS.index(room_of(imported)) > ROOMS.index(room_of(importer)) and not allowed:
+            if ROOMS.index(room_of(imported)) > ROOMS.index(room_of(importer)):
                 upward.append(f"{importer} -> {imported}")
     assert not upward, "imports that reach up a room:\n" + "\n".join(sorted(upward))
 
@@ -56,3 +50,13 @@ def test_every_room_is_a_package_that_says_what_it_holds():
         assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), room
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
     assert top == {"cli", "pipeline", "preflight", "doctor", "serve", "sweep"}, top
+
+
+def test_core_reads_the_steps_from_the_catalog_they_register_into():
+    """No exception to the rooms: the configuration and the record know the steps by the catalog alone."""
+    from workbench.core import catalog
+    from workbench.steps import discover
+
+    assert [s.name for s in catalog.specs()] == [s.name for s in discover()]
+    assert not any(room_of(imported) == "steps" for path in (PACKAGE / "core").rglob("*.py") for imported in
+                   imports(path))

@@ -9,19 +9,18 @@ import textwrap
 import nbformat
 import pytest
 
-import workbench.steps
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 from workbench.preflight import preflight
 from workbench.report.page import build_report
-from workbench.steps import STEPS_PATH, spec, specs, step_names, verdict_line
+from workbench.steps import STEPS_PATH, discover, spec, specs, step_names, verdict_line
 
 PROBE = '''
     """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
     from workbench.core.errors import ConfigError
     from workbench.core.results import Metrics
-    from workbench.report.page import Section
+    from workbench.core.catalog import Section
     from workbench.steps import StepSpec
 
     STEP = "probe"
@@ -71,11 +70,11 @@ def probe(tmp_path, monkeypatch):
         "cfg, record = start(globals())\nspec('probe').run(cfg, record)\nprint(verdict_line('probe', record))")]
     nbformat.write(book, notebooks / "10_probe.ipynb")
     monkeypatch.setenv(STEPS_PATH, str(folder))  # the kernels of the run inherit it
-    specs.cache_clear()
+    discover()
     yield notebooks
     monkeypatch.delenv(STEPS_PATH)
-    workbench.steps.__path__.remove(str(folder))
-    specs.cache_clear()
+    discover()
+    assert "probe" not in step_names()
 
 
 def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):

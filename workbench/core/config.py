@@ -30,9 +30,9 @@ OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
 
 
 def _step_names() -> tuple[str, ...]:
-    """The steps in run order, as they declare themselves (the one import of a room above: the declarations are
-    the steps' own, and it happens only when a configuration is validated)."""
-    from workbench.steps import step_names
+    """The registered steps in run order (imported here: the catalog's StepSpec carries results' Metrics, and
+    results reads this module)."""
+    from workbench.core.catalog import step_names
 
     return step_names()
 

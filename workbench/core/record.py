@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig
@@ -34,21 +35,6 @@ from workbench.core.results import (
 RECORD_NAME = "run.json"
 _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
                  "attn_implementation")
-
-
-def _step_order() -> tuple[str, ...]:
-    """The steps in run order, as they declare themselves (imported when first needed: the declarations live in the
-    steps room above)."""
-    from workbench.steps import step_names
-
-    return step_names()
-
-
-def _metrics_model(name: str) -> type[Metrics]:
-    """The model step `name` declares for its metrics (`StepSpec.metrics`)."""
-    from workbench.steps import spec
-
-    return spec(name).metrics
 
 
 class StepStatus(str, Enum):
@@ -211,13 +197,13 @@ class RunRecord:
         refuses fails here, naming the field)."""
         section = self.data["metrics"].get(name)
         if section is not None:
-            typed = _metrics_model(name).model_validate(section)
+            typed = catalog.spec(name).metrics.model_validate(section)
             self.data["metrics"][name] = typed.recorded()
 
     def results(self, name: str) -> Metrics | None:
         """Step `name`'s metrics as its declared model (None when it recorded none)."""
         section = self.metric(name)
-        return None if section is None else _metrics_model(name).model_validate(section)
+        return None if section is None else catalog.spec(name).metrics.model_validate(section)
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None
@@ -258,7 +244,7 @@ class RunRecord:
 
     def step_entries(self) -> list[StepEntry]:
         """Every step the record has, in pipeline order."""
-        return [self.step_entry(name) for name in _step_order() if name in self.data["steps"]]
+        return [self.step_entry(name) for name in catalog.step_names() if name in self.data["steps"]]
 
     def _drop_outputs(self, name: str) -> None:
         """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
@@ -286,7 +272,7 @@ class RunRecord:
     def _refresh_stale(self) -> None:
         """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
         changed) reads `stale`, naming those inputs; then save."""
-        for name in _step_order():
+        for name in catalog.step_names():
             step = self.data["steps"].get(name)
             if not step or step.get("status") not in (StepStatus.OK, StepStatus.STALE) or name == self._current:
                 continue

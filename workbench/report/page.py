@@ -1,14 +1,13 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import jinja2
 
 from workbench.core.atomic import write_text
+from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import (
     BenchMetrics,
@@ -25,19 +24,6 @@ from workbench.report.recommend import recommend
 from workbench.report.takeaways import openvino_int8_line, openvino_line
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
-Parts = list[tuple[str, str, list[Any]]]  # (title, text, figures)
-
-
-@dataclass(frozen=True)
-class Section:
-    """Part of the page, declared by the step whose metrics fill it (`StepSpec.sections`): its title and how the
-    metrics render (none: the step left nothing); a served section names what Triton serves."""
-
-    title: str
-    render: Callable[[Any], Parts]  # the step's metrics model (StepSpec.metrics) in, parts out
-    served: bool = False
-
-
 class Declared(Protocol):
     """A step declaration as far as the page goes (workbench.steps.StepSpec)."""
 

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from workbench.core.batches import corpus_batches
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
@@ -27,14 +28,13 @@ from workbench.measure.latency import (
 from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
-from workbench.report.page import Section, latency_section, served_section
+from workbench.report.page import latency_section, served_section
 from workbench.report.takeaways import bench_lines
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import device_for
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
-from workbench.steps import StepSpec
 
 STEP = "bench"
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import DeployMetrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report.compare import host_of
-from workbench.report.page import Section, deploy_section
+from workbench.report.page import deploy_section
 from workbench.report.takeaways import deploy_lines
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
 from workbench.serving.plan import deployed_plan
-from workbench.steps import StepSpec
 
 STEP = "deploy"
 

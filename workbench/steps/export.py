@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from workbench.core.atomic import atomic_dir
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
@@ -19,10 +20,9 @@ from workbench.core.results import ExportMetrics
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
-from workbench.report.page import Section, pipeline_section
+from workbench.report.page import pipeline_section
 from workbench.report.takeaways import export_lines
 from workbench.runners.torch import GraphModule
-from workbench.steps import StepSpec
 
 STEP = "export"
 # Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
@@ -14,7 +15,7 @@ from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
-from workbench.report.page import Section, generation_section
+from workbench.report.page import generation_section
 from workbench.report.takeaways import generation_lines
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import TritonClient, text_array
@@ -33,7 +34,6 @@ from workbench.serving.generation_repository import ENGINES, GenerationPlan, gen
 from workbench.serving.plan import repository_root
 from workbench.serving.repository import model_name_for, write_models
 from workbench.serving.server import TritonServer
-from workbench.steps import StepSpec
 
 STEP = "generation"
 REQUEST_TEXTS = 4  # texts per request when checking served answers

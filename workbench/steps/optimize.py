@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
@@ -43,12 +44,11 @@ from workbench.measure.forms import (
 )
 from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
-from workbench.report.page import Section, fusions_section
+from workbench.report.page import fusions_section
 from workbench.report.takeaways import optimize_lines
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, openvino_problem
-from workbench.steps import StepSpec
 
 if TYPE_CHECKING:
     from onnx import ModelProto

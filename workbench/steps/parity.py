@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.atomic import write_text
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
@@ -22,11 +23,10 @@ from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.repair import RepairPlan, openvino_int8_problem
 from workbench.precision.repair import repair as repair_variant
-from workbench.report.page import Section, parity_section
+from workbench.report.page import parity_section
 from workbench.report.takeaways import parity_lines
 from workbench.runners import Runner
 from workbench.runners.files import open_variant
-from workbench.steps import StepSpec
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")

@@ -11,6 +11,7 @@ import numpy as np
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
@@ -27,9 +28,8 @@ from workbench.graphs.engines import (
     trtexec_command,
 )
 from workbench.graphs.profiles import Profile, design_profiles, padding_waste
-from workbench.report.page import Section, tensorrt_section
+from workbench.report.page import tensorrt_section
 from workbench.report.takeaways import tensorrt_lines
-from workbench.steps import StepSpec
 
 STEP = "tensorrt"
 

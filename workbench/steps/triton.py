@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workbench.core.catalog import Section, StepSpec
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.progress import track
@@ -11,7 +12,7 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
-from workbench.report.page import Section, triton_section
+from workbench.report.page import triton_section
 from workbench.report.takeaways import triton_lines
 from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
@@ -33,7 +34,6 @@ from workbench.serving.repository import (
 )
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
-from workbench.steps import StepSpec
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
