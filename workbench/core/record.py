@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
@@ -33,6 +33,7 @@ from workbench.core.results import (
 )
 
 RECORD_NAME = "run.json"
+M = TypeVar("M", bound=Metrics)
 _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
                  "attn_implementation")
 
@@ -204,6 +205,13 @@ class RunRecord:
         """Step `name`'s metrics as its declared model (None when it recorded none)."""
         section = self.metric(name)
         return None if section is None else catalog.spec(name).metrics.model_validate(section)
+
+    def results_as(self, name: str, model: type[M]) -> M | None:
+        """Step `name`'s metrics as `model`, its declared one, for a caller that names the type it reads."""
+        found = self.results(name)
+        if found is not None and not isinstance(found, model):
+            raise TypeError(f"the {name} step declares {type(found).__name__} for its metrics, not {model.__name__}")
+        return found
 
     def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
         self._current = None

@@ -118,11 +118,6 @@ class ParityMetrics(Metrics):
     repair: dict[str, RepairOutcome] = Field(default_factory=dict)
 
 
-class TensorrtMetrics(Metrics):
-    profiles: list[Json] = Field(default_factory=list)
-    parity: dict[str, Verdict] = Field(default_factory=dict)
-
-
 class TritonMetrics(Metrics):
     """What the triton step deployed and how it checked it (`plan`: the serving plan, `ServingPlan.record()`)."""
 
@@ -142,15 +137,6 @@ class BenchMetrics(Metrics):
     host: Json | None = None
     latency: Json | None = None  # the grid: cells, runners, peaks per precision (`measure.latency.measure_grid`)
     served: Json | None = None
-
-
-class DeployMetrics(Metrics):
-    """What the deploy step wrote: the image tag, the capacity on paper and the autoscalers' settings."""
-
-    image: str | None = None
-    capacity: Json | None = None  # `measure.capacity.Capacity.record()`
-    scaling: Json | None = None  # `serving.deploy.Scaling`
-    verified: bool = False
 
 
 def migrate(data: Json) -> Json:

@@ -11,12 +11,9 @@ from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import (
     BenchMetrics,
-    DeployMetrics,
     ExportMetrics,
-    Metrics,
     OptimizeMetrics,
     ParityMetrics,
-    TensorrtMetrics,
     TritonMetrics,
 )
 from workbench.report import figures
@@ -103,18 +100,6 @@ def parity_section(parity: ParityMetrics) -> Parts:
     return parts
 
 
-def tensorrt_section(tensorrt: TensorrtMetrics) -> Parts:
-    if not tensorrt.profiles:
-        return []
-    recorded = tensorrt.recorded()
-    parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
-                     [figures.length_histogram(recorded), figures.padding_figure(recorded)])]
-    if tensorrt.parity:
-        parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
-                      [figures.parity_table({name: v.recorded() for name, v in tensorrt.parity.items()})]))
-    return parts
-
-
 def triton_section(triton: TritonMetrics) -> Parts:
     if triton.served_parity is None:
         return []
@@ -123,25 +108,6 @@ def triton_section(triton: TritonMetrics) -> Parts:
     served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
     return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
-
-
-def deploy_section(deploy: DeployMetrics) -> Parts:
-    if deploy.capacity is None or deploy.scaling is None:
-        return []
-    return [("Triton at scale: capacity and autoscaling",
-             f"The image {deploy.image} (deploy/Dockerfile), Kubernetes with a HorizontalPodAutoscaler on Triton's "
-             "queue time per request and a KServe InferenceService (deploy/README.md). Replicas for the target load "
-             f"from what one replica sustained in the served bench, measured on {deploy.capacity['measured_on']}.",
-             [figures.capacity_table(deploy.capacity, deploy.scaling)])]
-
-
-def generation_section(generation: Metrics) -> Parts:
-    tasks = generation.recorded()
-    if not tasks:
-        return []
-    return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
-             "Triton's Python backend; greedy decoding, one text per request.",
-             figures.generation_figures(tasks))]
 
 
 def latency_section(bench: BenchMetrics) -> Parts:

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from workbench.core.config import RepairSettings
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import DeployMetrics, ParityMetrics, TensorrtMetrics, TritonMetrics, Verdict
+from workbench.core.results import ParityMetrics, TritonMetrics, Verdict
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.measure.latency import disturbance_note
 from workbench.report.recommend import Gate, gate, recommend
@@ -175,14 +175,6 @@ def _neighbours(verdict: Verdict) -> str:
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
-def tensorrt_lines(record: RunRecord) -> list[str]:
-    tensorrt = TensorrtMetrics.model_validate(record.metric("tensorrt") or {})
-    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})"
-                       for p in tensorrt.profiles)
-    checked = ", ".join(f"{name} {'pass' if v.passed else 'FAIL'}" for name, v in tensorrt.parity.items())
-    return [f"{len(tensorrt.profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
-
-
 def triton_lines(record: RunRecord) -> list[str]:
     deployment = TritonMetrics.model_validate(record.metric("triton"))
     parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r.passed else 'FAIL'}"
@@ -206,15 +198,6 @@ def triton_lines(record: RunRecord) -> list[str]:
               if prompts else [])]
 
 
-def generation_lines(record: RunRecord) -> list[str]:
-    lines = []
-    for task, outcome in (record.metric("generation") or {}).items():
-        same = outcome["in_process"]
-        lines.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
-                     f"texts; CTranslate2 {_number(outcome.get('ct2_over_hf_tokens_per_s'))}x HF tokens/s served")
-    return lines or ["no generation model configured"]
-
-
 def _disturbed(record: RunRecord) -> list[str]:
     found = record.metric("bench.latency.disturbed") or []
     return [f"{disturbance_note(found)} below"] if found else []
@@ -228,28 +211,11 @@ def bench_lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def deploy_lines(record: RunRecord) -> list[str]:
-    deploy = DeployMetrics.model_validate(record.metric("deploy"))
-    if deploy.capacity is None or deploy.scaling is None:
-        return ["nothing written"]
-    capacity, scaling = deploy.capacity, deploy.scaling
-    per = capacity["per_replica_rps"]
-    sized = "one replica (not measured)" if per is None else \
-        f"{scaling['min_replicas']} replica(s) of {per:.1f} req/s for {capacity['target_rps']:g} req/s"
-    return [f"image {deploy.image}: {sized}, autoscaled to {scaling['max_replicas']} on queue time "
-            f"{scaling['queue_target_us']} us per request (HPA) or {scaling['concurrency']} in flight (KServe)",
-            f"files: {record.run_dir / 'deploy'} (README.md: build, push, apply, watch it scale)"]
-
-
 def report_lines(record: RunRecord) -> list[str]:
     return [*_disturbed(record), *(r.line() for r in recommend(record)), f"report: {record.run_dir / 'report.html'}"]
 
 
 PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
-
-
-def _number(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
 
 
 def _gate_on(judged: Gate | None) -> str:

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import DeployMetrics
+from workbench.core.results import Json, Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
+from workbench.report import figures
 from workbench.report.compare import host_of
-from workbench.report.page import deploy_section
-from workbench.report.takeaways import deploy_lines
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
 from workbench.serving.plan import deployed_plan
 
 STEP = "deploy"
+
+
+class DeployMetrics(Metrics):
+    """What the deploy step wrote: the image tag, the capacity on paper and the autoscalers' settings."""
+
+    image: str | None = None
+    capacity: Json | None = None  # `measure.capacity.Capacity.record()`
+    scaling: Json | None = None  # `serving.deploy.Scaling`
+    verified: bool = False
 
 
 def capacity_lines(capacity: Capacity) -> list[str]:
@@ -55,7 +63,32 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    """The verdict line: the image, the replicas for the target load, where the files are."""
+    deploy = record.results_as(STEP, DeployMetrics)
+    if deploy is None or deploy.capacity is None or deploy.scaling is None:
+        return ["nothing written"]
+    capacity, scaling = deploy.capacity, deploy.scaling
+    per = capacity["per_replica_rps"]
+    sized = "one replica (not measured)" if per is None else \
+        f"{scaling['min_replicas']} replica(s) of {per:.1f} req/s for {capacity['target_rps']:g} req/s"
+    return [f"image {deploy.image}: {sized}, autoscaled to {scaling['max_replicas']} on queue time "
+            f"{scaling['queue_target_us']} us per request (HPA) or {scaling['concurrency']} in flight (KServe)",
+            f"files: {record.run_dir / STEP} (README.md: build, push, apply, watch it scale)"]
+
+
+def section(deploy: DeployMetrics) -> Parts:
+    """The report's capacity and autoscaling table."""
+    if deploy.capacity is None or deploy.scaling is None:
+        return []
+    return [("Triton at scale: capacity and autoscaling",
+             f"The image {deploy.image} (deploy/Dockerfile), Kubernetes with a HorizontalPodAutoscaler on Triton's "
+             "queue time per request and a KServe InferenceService (deploy/README.md). Replicas for the target load "
+             f"from what one replica sustained in the served bench, measured on {deploy.capacity['measured_on']}.",
+             [figures.capacity_table(deploy.capacity, deploy.scaling)])]
+
+
 SPEC = StepSpec(
-    STEP, 8, "an image recipe, Kubernetes and KServe files sized from the served bench", run, deploy_lines,
-    sections=(Section("Triton at scale", deploy_section, served=True),),
+    STEP, 8, "an image recipe, Kubernetes and KServe files sized from the served bench", run, lines,
+    sections=(Section("Triton at scale", section, served=True),),
     reads=("triton",), owns=(STEP,), metrics=DeployMetrics)

@@ -7,16 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import Metrics
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
-from workbench.report.page import generation_section
-from workbench.report.takeaways import generation_lines
+from workbench.report import figures
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import TritonClient, text_array
 from workbench.serving.generation import (
@@ -139,7 +139,28 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    """The verdict line per task: greedy HF against CTranslate2, and CTranslate2's served speed over HF's."""
+    found = []
+    for task, outcome in (record.metric(STEP) or {}).items():
+        same = outcome["in_process"]
+        speed = outcome.get("ct2_over_hf_tokens_per_s")
+        found.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
+                     f"texts; CTranslate2 {'n/a' if speed is None else f'{speed:.4g}'}x HF tokens/s served")
+    return found or ["no generation model configured"]
+
+
+def section(generation: Metrics) -> Parts:
+    """The report's generation figures, one set per task."""
+    tasks = generation.recorded()
+    if not tasks:
+        return []
+    return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
+             "Triton's Python backend; greedy decoding, one text per request.",
+             figures.generation_figures(tasks))]
+
+
 SPEC = StepSpec(
-    STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, generation_lines,
-    sections=(Section("Translation and text generation", generation_section),),
+    STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
+    sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15)

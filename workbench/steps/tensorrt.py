@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import TensorrtMetrics
+from workbench.core.results import Json, Metrics, Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -28,10 +29,16 @@ from workbench.graphs.engines import (
     trtexec_command,
 )
 from workbench.graphs.profiles import Profile, design_profiles, padding_waste
-from workbench.report.page import tensorrt_section
-from workbench.report.takeaways import tensorrt_lines
+from workbench.report import figures
 
 STEP = "tensorrt"
+
+
+class TensorrtMetrics(Metrics):
+    """The shape profiles designed from the corpus, and each engine's check against PyTorch (on a GPU)."""
+
+    profiles: list[Json] = Field(default_factory=list)
+    parity: dict[str, Verdict] = Field(default_factory=dict)
 
 
 def default_cache_dir() -> Path:
@@ -158,8 +165,30 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    """The verdict line: the profiles' sequence ranges and the engines checked."""
+    tensorrt = record.results_as(STEP, TensorrtMetrics) or TensorrtMetrics()
+    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})"
+                       for p in tensorrt.profiles)
+    checked = ", ".join(f"{name} {'pass' if v.passed else 'FAIL'}" for name, v in tensorrt.parity.items())
+    return [f"{len(tensorrt.profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
+
+
+def section(tensorrt: TensorrtMetrics) -> Parts:
+    """The report's token-length histogram, padding waste and engine checks."""
+    if not tensorrt.profiles:
+        return []
+    recorded = tensorrt.recorded()
+    parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
+                     [figures.length_histogram(recorded), figures.padding_figure(recorded)])]
+    if tensorrt.parity:
+        parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
+                      [figures.parity_table({name: v.recorded() for name, v in tensorrt.parity.items()})]))
+    return parts
+
+
 SPEC = StepSpec(
-    STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, tensorrt_lines,
-    sections=(Section("TensorRT shape profiles", tensorrt_section),),
+    STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, lines,
+    sections=(Section("TensorRT shape profiles", section),),
     needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
     metrics=TensorrtMetrics)
