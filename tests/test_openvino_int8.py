@@ -60,7 +60,7 @@ def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
     stored = {tensor.name: tensor for tensor in model.graph.initializer}
     zero_types = {stored[node.input[2]].data_type for node in model.graph.node if node.op_type == "QuantizeLinear"}
     assert onnx.TensorProto.UINT8 in zero_types, "asymmetric activations are stored on OpenVINO's uint8 grid"
-    lines = optimize.optimize_lines(record)
+    lines = optimize.lines(record)
     assert any(line.startswith("OpenVINO int8 (NNCF) kept as the openvino_int8 variant") for line in lines)
 
 

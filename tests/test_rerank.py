@@ -210,8 +210,8 @@ def test_the_triton_step_serves_a_three_label_reranker_equal_to_predict(reranker
 
 
 def test_the_bench_step_measures_a_served_reranker_in_requests_and_pairs_per_second(rerankers):
-    from workbench.report.page import served_section
     from workbench.steps import bench
+    from workbench.steps.bench import served_section
 
     _, config, record = rerankers[3]  # deployed by the triton step's test above
     quick = config.model_copy(update={"bench": config.bench.model_copy(update={

@@ -11,14 +11,9 @@ from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import (
     BenchMetrics,
-    ExportMetrics,
-    OptimizeMetrics,
-    ParityMetrics,
     TritonMetrics,
 )
-from workbench.report import figures
 from workbench.report.recommend import recommend
-from workbench.report.takeaways import openvino_int8_line, openvino_line
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
 class Declared(Protocol):
@@ -29,144 +24,6 @@ class Declared(Protocol):
 
     @property
     def sections(self) -> tuple[Section, ...]: ...
-
-
-def pipeline_text(pipeline: dict[str, Any]) -> str:
-    """The sentence-transformers pipeline the graph runs, and the similarity function the model declares."""
-    prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline["prompts"].items()) or "none"
-    default = f", default {pipeline['default_prompt_name']}" if pipeline.get("default_prompt_name") else ""
-    override = f" OVERRIDDEN: {pipeline['override']}." if pipeline.get("override") else ""
-    return (f"The graph runs {' -> '.join(pipeline['steps'])} ({pipeline['source']}), so its sentence_embedding is "
-            f"what SentenceTransformer.encode() returns.{override} Similarity function the model declares: "
-            f"{pipeline['similarity']}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
-            f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
-
-
-def pipeline_section(export: ExportMetrics) -> Parts:
-    if not export.sentence_pipeline:
-        return []
-    return [("The model as its users run it", pipeline_text(export.sentence_pipeline), [])]
-
-
-def reference_text(check: dict[str, Any]) -> str:
-    """What the PyTorch module every variant is compared with was checked against, and how close it came."""
-    if not check["checked"]:
-        return f"Reference: {check['reference']} ({check['reason']})."
-    parts = [f"{name} max abs {o['max_abs']:.2g}" + (f", min cosine {o['min_cosine']:.8f}" if "min_cosine" in o
-                                                       else "") for name, o in check["outputs"].items()]
-    norms = f"; embedding norms {check['norms'][0]:.6f}-{check['norms'][1]:.6f}" if "norms" in check else ""
-    return (f"The PyTorch module against {check['reference']} on {check['texts']} texts: "
-            f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
-
-
-def fusions_section(optimize: OptimizeMetrics) -> Parts:
-    if not optimize.variants:
-        return []
-    decisions = (optimize.precisions or {}).get("decisions", {})
-    decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
-                       for precision, d in decisions.items())
-    text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
-    parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
-    if optimize.openvino:
-        parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
-    if optimize.openvino_int8:
-        parts.append(("OpenVINO int8 (NNCF), raced against the fastest graph",
-                      f"{openvino_int8_line(optimize.openvino_int8)}.", []))
-    return parts
-
-
-def parity_section(parity: ParityMetrics) -> Parts:
-    parts: Parts = []
-    checked = f"{reference_text(parity.reference)} " if parity.reference else ""
-    if parity.variants:
-        variants = {name: verdict.recorded() for name, verdict in parity.variants.items()}
-        parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
-                      "padding excluded.", [figures.parity_table(variants), figures.error_distribution(variants)]))
-    elif checked:
-        parts.append(("Parity against PyTorch", checked, []))
-    for precision, outcome in parity.repair.items():
-        chosen = outcome.chosen
-        kept = (f"{len(chosen.blocked)} of {outcome.units} ({', '.join(chosen.blocked) or 'none'})"
-                if chosen else f"none of {outcome.units}")
-        base = f" Quantized as: {outcome.base}." if outcome.base else ""
-        recorded = outcome.recorded()
-        charts = [figures.repair_tradeoff(recorded)]
-        if outcome.bases or outcome.recipes:
-            charts.append(figures.recipes_table(recorded))
-        if outcome.node_error.get("per_node"):
-            charts.append(figures.node_error_figure(recorded))
-        parts.append((f"{precision} precision repair", f"Outcome: {outcome.outcome}; units kept in fp32: "
-                      f"{kept}.{base}", charts))
-    return parts
-
-
-def triton_section(triton: TritonMetrics) -> Parts:
-    if triton.served_parity is None:
-        return []
-    against = triton.served_reference or "PyTorch"
-    served = {f"served {p}": r.recorded() for p, r in triton.served_parity.items()}
-    served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
-    return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
-             "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
-
-
-def latency_section(bench: BenchMetrics) -> Parts:
-    latency = bench.latency
-    if not latency:
-        return []
-    warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
-    charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
-    if latency.get("runners"):
-        charts.append(figures.runners_table(latency))
-    if latency.get("sessions"):
-        charts.append(figures.sessions_table(latency))
-    return [("In-process latency", warning + latency_text(latency), charts)]
-
-
-def latency_text(latency: dict[str, Any]) -> str:
-    """How the grid was measured, on the device it ran on."""
-    if latency.get("device", "cpu") == "cpu":
-        threads = f"{latency['threads']} thread{'s' * (latency['threads'] != 1)}"
-        return (f"Interleaved rounds, {threads} for PyTorch (ONNX Runtime: the settings in the "
-                "table below), median per call; speedup over PyTorch eager fp32 on the CPU. fp32 matmul peak "
-                "measured in the same run (the faster of PyTorch and ONNX Runtime): "
-                f"{latency['peaks']['fp32']:.0f} GFLOP/s.")
-    peaks = latency["peaks"]
-    graphs = "; ".join(f"{cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items())
-                       for cell, outcome in latency.get("cuda_graph", {}).items())
-    return ("Interleaved rounds on CUDA, median per call; every call ends when the GPU is done with it. End to end: "
-            "numpy arrays in and out (what a server pays); on device: inputs copied to the GPU once per batch, "
-            "outputs left there. Speedup over PyTorch eager fp32 on the same device with the same I/O (TF32 off). "
-            f"Matmul peaks measured in the same run: fp32 {peaks['fp32']:.0f} GFLOP/s, fp16 (tensor cores) "
-            f"{peaks['fp16']:.0f} GFLOP/s; each row's share is against its own precision's. CUDA graphs: "
-            f"{graphs or 'none measured'}.")
-
-
-def served_section(bench: BenchMetrics) -> Parts:
-    served = bench.served or {}
-    if "skipped" in served:
-        return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
-    if "rerank" in served:
-        return [("Served throughput and latency", f"Load tool: {served['tool']} over {served['protocol']}; "
-                 f"measured: {served['variant']}.", [figures.rerank_table(served["rerank"])])]
-    if "batching_on" not in served:
-        return []
-    measured = f"{served['variant']} in the " if "variant" in served else ""
-    parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
-                     f"{served.get('protocol', 'http')}; one text per request; measured: {measured}"
-                     f"{served['variant_plan'].get('layout', 'ensemble')} layout.",
-                     [figures.throughput_figure(served), figures.breakdown_figure(served)])]
-    if "efficiency" in served:
-        parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
-                      "the same texts with the same threads (targets: throughput >= 0.8, p50 <= 1.5x).",
-                      [figures.efficiency_table(served["efficiency"])]))
-    if "layouts" in served:
-        parts.append(("Repository layouts", "The same variant served as an ensemble and as one fused Python model, "
-                      "batching on.", [figures.layouts_figure(served["layouts"])]))
-    return parts + [
-        ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
-        ("Where tokenization runs", "Text in, tokenized in Triton, against token ids sent straight to the ensemble's "
-         "network model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
 
 
 def _fill(record: RunRecord, step: str) -> str:
@@ -233,15 +90,6 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
             rendered[0] = (title, f"{note} {text}", made)
         parts += rendered or [(section.title, _missing(record, step), [])]
     return parts
-
-
-def _search_text(search: dict[str, Any]) -> str:
-    chosen = search.get("chosen")
-    if not chosen:
-        return f"No configuration kept p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}."
-    return (f"Best throughput with p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}: "
-            f"max_queue_delay {chosen['max_queue_delay_us']} us, {chosen['instances']} instance(s): "
-            f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
 
 
 def disturbed_warning(bench: BenchMetrics) -> str:

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from workbench.core.batches import corpus_batches
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
@@ -28,8 +28,10 @@ from workbench.measure.latency import (
 from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
-from workbench.report.page import latency_section, served_section
-from workbench.report.takeaways import bench_lines
+from workbench.report import figures
+from workbench.report.page import disturbed_warning
+from workbench.report.recommend import recommend
+from workbench.report.takeaways import disturbed_lines
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import device_for
 from workbench.serving.plan import deployed_plan
@@ -113,9 +115,86 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    """The verdict line: a disturbed grid, the recommendation per goal, a served bench that was skipped."""
+    found = [*disturbed_lines(record), *(r.line() for r in recommend(record))]
+    served = record.metric("bench.served") or {}
+    if "skipped" in served:
+        found.append(f"served benchmark skipped: {served['skipped']}")
+    return found
+
+
+def latency_section(bench: BenchMetrics) -> Parts:
+    latency = bench.latency
+    if not latency:
+        return []
+    warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
+    charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
+    if latency.get("runners"):
+        charts.append(figures.runners_table(latency))
+    if latency.get("sessions"):
+        charts.append(figures.sessions_table(latency))
+    return [("In-process latency", warning + latency_text(latency), charts)]
+
+
+def latency_text(latency: dict[str, Any]) -> str:
+    """How the grid was measured, on the device it ran on."""
+    if latency.get("device", "cpu") == "cpu":
+        threads = f"{latency['threads']} thread{'s' * (latency['threads'] != 1)}"
+        return (f"Interleaved rounds, {threads} for PyTorch (ONNX Runtime: the settings in the "
+                "table below), median per call; speedup over PyTorch eager fp32 on the CPU. fp32 matmul peak "
+                "measured in the same run (the faster of PyTorch and ONNX Runtime): "
+                f"{latency['peaks']['fp32']:.0f} GFLOP/s.")
+    peaks = latency["peaks"]
+    graphs = "; ".join(f"{cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items())
+                       for cell, outcome in latency.get("cuda_graph", {}).items())
+    return ("Interleaved rounds on CUDA, median per call; every call ends when the GPU is done with it. End to end: "
+            "numpy arrays in and out (what a server pays); on device: inputs copied to the GPU once per batch, "
+            "outputs left there. Speedup over PyTorch eager fp32 on the same device with the same I/O (TF32 off). "
+            f"Matmul peaks measured in the same run: fp32 {peaks['fp32']:.0f} GFLOP/s, fp16 (tensor cores) "
+            f"{peaks['fp16']:.0f} GFLOP/s; each row's share is against its own precision's. CUDA graphs: "
+            f"{graphs or 'none measured'}.")
+
+
+def served_section(bench: BenchMetrics) -> Parts:
+    served = bench.served or {}
+    if "skipped" in served:
+        return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
+    if "rerank" in served:
+        return [("Served throughput and latency", f"Load tool: {served['tool']} over {served['protocol']}; "
+                 f"measured: {served['variant']}.", [figures.rerank_table(served["rerank"])])]
+    if "batching_on" not in served:
+        return []
+    measured = f"{served['variant']} in the " if "variant" in served else ""
+    parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
+                     f"{served.get('protocol', 'http')}; one text per request; measured: {measured}"
+                     f"{served['variant_plan'].get('layout', 'ensemble')} layout.",
+                     [figures.throughput_figure(served), figures.breakdown_figure(served)])]
+    if "efficiency" in served:
+        parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
+                      "the same texts with the same threads (targets: throughput >= 0.8, p50 <= 1.5x).",
+                      [figures.efficiency_table(served["efficiency"])]))
+    if "layouts" in served:
+        parts.append(("Repository layouts", "The same variant served as an ensemble and as one fused Python model, "
+                      "batching on.", [figures.layouts_figure(served["layouts"])]))
+    return parts + [
+        ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
+        ("Where tokenization runs", "Text in, tokenized in Triton, against token ids sent straight to the ensemble's "
+         "network model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
+
+
+def _search_text(search: dict[str, Any]) -> str:
+    chosen = search.get("chosen")
+    if not chosen:
+        return f"No configuration kept p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}."
+    return (f"Best throughput with p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}: "
+            f"max_queue_delay {chosen['max_queue_delay_us']} us, {chosen['instances']} instance(s): "
+            f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
+
+
 SPEC = StepSpec(
     STEP, 7, "in-process latency grid and served load sweeps, batching search, tokenization placement", run,
-    bench_lines, sections=(Section("In-process latency", latency_section),
+    lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
     metrics=BenchMetrics)

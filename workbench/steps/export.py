@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from workbench.core.atomic import atomic_dir
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
@@ -20,8 +20,6 @@ from workbench.core.results import ExportMetrics
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
-from workbench.report.page import pipeline_section
-from workbench.report.takeaways import export_lines
 from workbench.runners.torch import GraphModule
 
 STEP = "export"
@@ -139,9 +137,49 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    info = record.metric("export")
+    dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
+    lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
+             f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+             f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
+    sequence = info.get("sequence")
+    if sequence:
+        lines.append(f"tokens per text: {sequence['min']}-{sequence['max']} (opt {sequence['opt']}); max "
+                     f"{sequence['sources']['max']}; the model takes {info['max_sequence']}")
+    pipeline = info.get("sentence_pipeline")
+    if pipeline:
+        override = f"; {pipeline['override']}" if pipeline.get("override") else ""
+        options = ["lowercased first (do_lower_case)"] if pipeline.get("do_lower_case") else []
+        if pipeline.get("include_prompt") is False:
+            options.append("pooled without the prompt's tokens (include_prompt: false)")
+        lines.append(f"in the graph: {' -> '.join(pipeline['steps'])} "
+                     f"({'from modules.json' if pipeline['declared'] else 'no sentence-transformers files'}), "
+                     f"similarity {pipeline['similarity']}{override}"
+                     + "".join(f"; {option}" for option in options))
+    return lines
+
+
+def pipeline_text(pipeline: dict[str, Any]) -> str:
+    """The sentence-transformers pipeline the graph runs, and the similarity function the model declares."""
+    prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline["prompts"].items()) or "none"
+    default = f", default {pipeline['default_prompt_name']}" if pipeline.get("default_prompt_name") else ""
+    override = f" OVERRIDDEN: {pipeline['override']}." if pipeline.get("override") else ""
+    return (f"The graph runs {' -> '.join(pipeline['steps'])} ({pipeline['source']}), so its sentence_embedding is "
+            f"what SentenceTransformer.encode() returns.{override} Similarity function the model declares: "
+            f"{pipeline['similarity']}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
+            f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
+
+
+def section(export: ExportMetrics) -> Parts:
+    if not export.sentence_pipeline:
+        return []
+    return [("The model as its users run it", pipeline_text(export.sentence_pipeline), [])]
+
+
 SPEC = StepSpec(
-    STEP, 1, "PyTorch -> ONNX with dynamic batch and sequence axes", run, export_lines,
-    sections=(Section("The model as its users run it", pipeline_section),),
+    STEP, 1, "PyTorch -> ONNX with dynamic batch and sequence axes", run, lines,
+    sections=(Section("The model as its users run it", section),),
     needs=("model",), check=lambda config: check_opset(config.exporter, config.opset),
     machine=("torch", "transformers", "onnx"), owns=("model", "onnx"), writes=1.0,
     metrics=ExportMetrics)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
@@ -44,8 +44,7 @@ from workbench.measure.forms import (
 )
 from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
 from workbench.models.loading import FUSION_MODEL_TYPES
-from workbench.report.page import fusions_section
-from workbench.report.takeaways import optimize_lines
+from workbench.report import figures
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, openvino_problem
@@ -413,8 +412,73 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    variants = record.metric("optimize.variants")
+    layers = record.metric("export.num_layers")
+    fp32 = variants.get("fp32", {})
+    attention = sum(fp32.get("fused", {}).get(op, 0) for op in ATTENTION_OPS)
+    fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
+    unavailable = fp32.get("unavailable")
+    if unavailable and "Attention" in unavailable["fusions"]:
+        fused = f"no attention fusion for this family: {unavailable['reason']}"
+    borrowed = fp32.get("borrowed")
+    if borrowed and borrowed["kept"]:
+        fused += f" ({borrowed['rules']}'s rules borrowed, attention {borrowed['attention']}; {borrowed['reason']})"
+    sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
+    lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
+             f"variants built: {sizes}"]
+    decisions = record.metric("optimize.precisions.decisions") or {}
+    lines += [f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}"
+              for precision, d in decisions.items()]
+    if fp32.get("form"):
+        lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
+    openvino = record.metric("optimize.openvino")
+    if openvino:
+        lines.append(openvino_line(openvino))
+    openvino_int8 = record.metric("optimize.openvino_int8")
+    if openvino_int8:
+        lines.append(openvino_int8_line(openvino_int8))
+    return lines
+
+
+def openvino_line(openvino: dict[str, Any]) -> str:
+    """The OpenVINO trial in one line: kept, not kept and why (with how to keep it anyway), or not tried and why."""
+    if openvino["kept"]:
+        return f"OpenVINO fp32 kept as the openvino variant: {openvino['reason']}"
+    if "ms" not in openvino:
+        return f"OpenVINO fp32 {openvino['reason']}"
+    anyway = "; to keep it anyway: -p openvino=always" if openvino.get("matches") else ""
+    return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
+
+
+def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
+    """NNCF's int8 on OpenVINO in one line: kept (its accuracy is the parity step's to judge), not kept and why, or
+    not tried and why."""
+    if openvino_int8["kept"]:
+        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant: {openvino_int8['reason']}"
+    if "ms" not in openvino_int8:
+        return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
+    return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p openvino=always"
+
+
+def section(optimize: OptimizeMetrics) -> Parts:
+    if not optimize.variants:
+        return []
+    decisions = (optimize.precisions or {}).get("decisions", {})
+    decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
+                       for precision, d in decisions.items())
+    text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
+    parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
+    if optimize.openvino:
+        parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
+    if optimize.openvino_int8:
+        parts.append(("OpenVINO int8 (NNCF), raced against the fastest graph",
+                      f"{openvino_int8_line(optimize.openvino_int8)}.", []))
+    return parts
+
+
 SPEC = StepSpec(
-    STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, optimize_lines,
-    sections=(Section("ONNX Runtime fusions", fusions_section),),
+    STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, lines,
+    sections=(Section("ONNX Runtime fusions", section),),
     needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
     metrics=OptimizeMetrics)

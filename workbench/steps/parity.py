@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.atomic import write_text
-from workbench.core.catalog import Section, StepSpec
-from workbench.core.config import RunConfig
+from workbench.core.catalog import Parts, Section, StepSpec
+from workbench.core.config import RepairSettings, RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ParityMetrics
+from workbench.core.results import ParityMetrics, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
@@ -23,8 +23,9 @@ from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.repair import RepairPlan, openvino_int8_problem
 from workbench.precision.repair import repair as repair_variant
-from workbench.report.page import parity_section
-from workbench.report.takeaways import parity_lines
+from workbench.report import figures
+from workbench.report.recommend import Gate, gate
+from workbench.report.takeaways import cut_line
 from workbench.runners import Runner
 from workbench.runners.files import open_variant
 
@@ -195,8 +196,97 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def lines(record: RunRecord) -> list[str]:
+    parity = ParityMetrics.model_validate(record.metric("parity") or {})
+    passed = [name for name, v in parity.variants.items() if v.passed]
+    lines = [*_reference(parity.reference),
+             f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
+    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}"
+              for name, v in parity.variants.items()]
+    for precision, outcome in parity.repair.items():
+        chosen = outcome.chosen
+        spent = (f"{outcome.seconds:.0f} s of its {outcome.budget_s:g} s budget"
+                 if outcome.seconds is not None and outcome.budget_s else "")
+        if outcome.outcome == "repaired" and chosen:
+            base = f", quantized as {outcome.base}" if outcome.base else ""
+            stopped = f"; the search stopped early: {outcome.stopped}" if outcome.stopped else ""
+            built = len(outcome.candidates)
+            lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
+                         f"{base} ({built} candidate{'s' if built != 1 else ''} built{stopped}"
+                         f"{'; ' + spent if spent else ''})"
+                         + (f"; {outcome.race['reason']}" if outcome.race else ""))
+        else:
+            more = ""
+            if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
+                budget = max(2 * outcome.budget_s, RepairSettings.model_fields["budget_s"].default)
+                more = (f" (more time: workbench run --resume --output-dir {record.run_dir} --steps parity "
+                        f"-p repair.budget_s={budget:g})")
+            lines.append(f"{precision} repair: {outcome.outcome}{more}")
+    return lines
+
+
+def _reference(check: dict[str, Any] | None) -> list[str]:
+    """The PyTorch module against the model's own library, in one line."""
+    if not check:
+        return []
+    if not check["checked"]:
+        return [f"reference: {check['library']} (not checked against a library call: {check['reason']})"]
+    primary = list(check["outputs"].values())[-1]
+    cosine = f", min cosine {primary['min_cosine']:.6f}" if "min_cosine" in primary else ""
+    line = f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs " \
+        f"{primary['max_abs']:.2g}{cosine}"
+    cut = check.get("cut")
+    return [line, cut_line(cut, check["library"], cut.get("beyond") or {})] if cut else [line]
+
+
+def _neighbours(verdict: Verdict) -> str:
+    retrieval = verdict.retrieval
+    return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
+
+
+def _gate_on(judged: Gate | None) -> str:
+    """The criterion a variant passes by the least and the output it is on (the gates differ per output)."""
+    return f"{judged} on {judged.output}" if judged else "no gate"
+
+
+def reference_text(check: dict[str, Any]) -> str:
+    """What the PyTorch module every variant is compared with was checked against, and how close it came."""
+    if not check["checked"]:
+        return f"Reference: {check['reference']} ({check['reason']})."
+    parts = [f"{name} max abs {o['max_abs']:.2g}" + (f", min cosine {o['min_cosine']:.8f}" if "min_cosine" in o
+                                                       else "") for name, o in check["outputs"].items()]
+    norms = f"; embedding norms {check['norms'][0]:.6f}-{check['norms'][1]:.6f}" if "norms" in check else ""
+    return (f"The PyTorch module against {check['reference']} on {check['texts']} texts: "
+            f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
+
+
+def section(parity: ParityMetrics) -> Parts:
+    parts: Parts = []
+    checked = f"{reference_text(parity.reference)} " if parity.reference else ""
+    if parity.variants:
+        variants = {name: verdict.recorded() for name, verdict in parity.variants.items()}
+        parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
+                      "padding excluded.", [figures.parity_table(variants), figures.error_distribution(variants)]))
+    elif checked:
+        parts.append(("Parity against PyTorch", checked, []))
+    for precision, outcome in parity.repair.items():
+        chosen = outcome.chosen
+        kept = (f"{len(chosen.blocked)} of {outcome.units} ({', '.join(chosen.blocked) or 'none'})"
+                if chosen else f"none of {outcome.units}")
+        base = f" Quantized as: {outcome.base}." if outcome.base else ""
+        recorded = outcome.recorded()
+        charts = [figures.repair_tradeoff(recorded)]
+        if outcome.bases or outcome.recipes:
+            charts.append(figures.recipes_table(recorded))
+        if outcome.node_error.get("per_node"):
+            charts.append(figures.node_error_figure(recorded))
+        parts.append((f"{precision} precision repair", f"Outcome: {outcome.outcome}; units kept in fp32: "
+                      f"{kept}.{base}", charts))
+    return parts
+
+
 SPEC = StepSpec(
-    STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, parity_lines,
-    sections=(Section("Parity against PyTorch", parity_section),),
+    STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, lines,
+    sections=(Section("Parity against PyTorch", section),),
     needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"), writes=1.2,
     metrics=ParityMetrics)

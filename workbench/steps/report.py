@@ -6,7 +6,8 @@ from workbench.core.catalog import StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord, StepEntry
 from workbench.report.page import build_report
-from workbench.report.takeaways import report_lines
+from workbench.report.recommend import recommend
+from workbench.report.takeaways import disturbed_lines
 
 STEP = "report"
 
@@ -19,4 +20,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
-SPEC = StepSpec(STEP, 9, "render run.json into one self-contained report.html", run, report_lines, writes=0.1)
+def lines(record: RunRecord) -> list[str]:
+    """The verdict line: the recommendation per goal, and where the page is."""
+    return [*disturbed_lines(record), *(r.line() for r in recommend(record)),
+            f"report: {record.run_dir / 'report.html'}"]
+
+
+SPEC = StepSpec(STEP, 9, "render run.json into one self-contained report.html", run, lines, writes=0.1)

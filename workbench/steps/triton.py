@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.core.catalog import Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import Flavor, RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.progress import track
@@ -12,8 +12,8 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
-from workbench.report.page import triton_section
-from workbench.report.takeaways import triton_lines
+from workbench.report import figures
+from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
@@ -241,8 +241,44 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
     return True
 
 
+PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
+
+
+def lines(record: RunRecord) -> list[str]:
+    deployment = TritonMetrics.model_validate(record.metric("triton"))
+    parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r.passed else 'FAIL'}"
+                          for protocol, r in (deployment.served_parity or {}).items())
+    verified = "verified" if deployment.verified else "NOT verified (allow_unverified)"
+    against = f" against {deployment.served_library}" if deployment.served_library else ""
+    prompts = ", ".join(f"{name or '(empty)'} {'pass' if r.passed else 'FAIL'}"
+                        for name, r in deployment.prompt_parity.items())
+    flavor = deployment.flavor.value if deployment.flavor else "?"
+    cut = record.metric("triton.cut")
+    beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
+    within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
+    replaced = record.metric("triton.replaced")
+    runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
+    return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
+            f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
+            *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),
+            *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
+               "-p triton.name=... to keep both)"] if replaced else []),
+            *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
+              if prompts else [])]
+
+
+def section(triton: TritonMetrics) -> Parts:
+    if triton.served_parity is None:
+        return []
+    against = triton.served_reference or "PyTorch"
+    served = {f"served {p}": r.recorded() for p, r in triton.served_parity.items()}
+    served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
+    return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
+             "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
+
+
 SPEC = StepSpec(
-    STEP, 5, "Triton model repository; a real server; served parity and batching", run, triton_lines,
-    sections=(Section("Served parity", triton_section, served=True),),
+    STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
+    sections=(Section("Served parity", section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
     owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics)
