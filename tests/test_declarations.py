@@ -4,6 +4,7 @@ changes."""
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 
 import nbformat
@@ -14,7 +15,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 from workbench.preflight import preflight
 from workbench.report.page import build_report
-from workbench.steps import STEPS_PATH, discover, spec, specs, step_names, verdict_line
+from workbench.steps import STEPS_PATH, StepSpec, discover, spec, specs, step_names, verdict_line
 
 PROBE = '''
     """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
@@ -49,30 +50,33 @@ PROBE = '''
         return [("Probe", f"The probe read {metrics.export_nodes} export nodes.", [])]
 
 
-    SPEC = StepSpec(STEP, 10, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
-                    reads=("export",), owns=("probe",), metrics=ProbeMetrics)
+    SPEC = StepSpec(STEP, NUMBER, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
+                    reads=("export",), owns=("probe",), metrics=ProbeMetrics, after=AFTER)
 '''
 
 
 @pytest.fixture
-def probe(tmp_path, monkeypatch):
-    """The probe module in a folder of its own on the steps package's path; its notebook beside copies of the
-    others. Both go when the test ends."""
+def probe(request, tmp_path, monkeypatch):
+    """The probe module in a folder of its own on the steps package's path, declared at (number, after) (default:
+    10, after report); its notebook beside copies of the others. Both go when the test ends."""
+    number, after = getattr(request, "param", (10, "report"))
     folder = tmp_path / "more_steps"
     folder.mkdir()
-    (folder / "probe.py").write_text(textwrap.dedent(PROBE), encoding="utf-8")
+    declared = textwrap.dedent(PROBE).replace("NUMBER", str(number)).replace("AFTER", repr(after))
+    (folder / "probe.py").write_text(declared, encoding="utf-8")
     notebooks = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS_DIR, notebooks)
     book = nbformat.read(NOTEBOOKS_DIR / "01_export.ipynb", as_version=4)
     parameters = next(c for c in book.cells if "parameters" in c.metadata.get("tags", []))
-    book.cells = [nbformat.v4.new_markdown_cell("# 10 · Probe"), parameters, nbformat.v4.new_code_cell(
+    book.cells = [nbformat.v4.new_markdown_cell(f"# {number:02d} · Probe"), parameters, nbformat.v4.new_code_cell(
         "from workbench.report.notebook import start\nfrom workbench.steps import spec, verdict_line\n"
         "cfg, record = start(globals())\nspec('probe').run(cfg, record)\nprint(verdict_line('probe', record))")]
-    nbformat.write(book, notebooks / "10_probe.ipynb")
+    nbformat.write(book, notebooks / f"{number:02d}_probe.ipynb")
     monkeypatch.setenv(STEPS_PATH, str(folder))  # the kernels of the run inherit it
     discover()
     yield notebooks
     monkeypatch.delenv(STEPS_PATH)
+    sys.modules.pop("workbench.steps.probe")  # the next probe may be declared elsewhere in the run order
     discover()
     assert "probe" not in step_names()
 
@@ -93,3 +97,32 @@ def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
     assert (tmp_path / "run" / "notebooks" / "10_probe.ipynb").is_file()
     page = build_report(record, tmp_path / "report.html", specs()).read_text()
     assert f"<h2>Probe</h2>\n<p>The probe read {nodes} export nodes.</p>" in page
+
+
+@pytest.mark.parametrize("probe", [(5, "triton")], indirect=True)
+def test_a_step_goes_in_between_two_others_and_no_notebook_is_renamed(probe, tiny_bert, tmp_path):
+    before = {s.name: s.notebook for s in specs() if s.name != "probe"}
+    assert before == {path.name.split("_", 1)[1].removesuffix(".ipynb"): path.name
+                      for path in NOTEBOOKS_DIR.glob("*.ipynb")}, "every real step keeps its notebook"
+    names = step_names()
+    assert names[names.index("triton") + 1:names.index("triton") + 3] == ("probe", "generation")
+    assert spec("probe").notebook == "05_probe.ipynb"
+    config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
+                                       "sequence": {"min": 1, "opt": 32, "max": 64}})
+    record = run_pipeline(config, tmp_path / "run", progress=False, notebooks_dir=probe)
+    assert [(s.name, s.status) for s in record.step_entries()] == [("export", "ok"), ("probe", "ok")]
+    assert (tmp_path / "run" / "notebooks" / "05_probe.ipynb").is_file()
+
+
+def test_a_step_placed_before_what_it_reads_is_refused():
+    from workbench.core.catalog import run_order
+
+    first, second, third = (StepSpec(name, number, name, run=lambda c, r: None, takeaway=lambda r: [], after=after,
+                                     reads=reads)
+                            for name, number, after, reads in (("a", 1, None, ()), ("b", 1, "a", ("c",)),
+                                                               ("c", 2, "a", ())))
+    assert [s.name for s in run_order([third, first])] == ["a", "c"]
+    with pytest.raises(RuntimeError, match="the b step reads c, which would run after it"):
+        run_order([first, second, third])
+    with pytest.raises(RuntimeError, match="steps that follow no registered step: d"):
+        run_order([first, StepSpec("d", 3, "d", run=lambda c, r: None, takeaway=lambda r: [], after="gone")])

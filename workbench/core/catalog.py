@@ -35,6 +35,9 @@ class Section:
 class StepSpec:
     """A step, declared once in its own module.
 
+    `after`: the step it runs right after (None: it runs first; steps after the same one run by `number`, then
+    name), so a step goes in between two others without renumbering them; `number`: its notebook's prefix
+    (`NN_<name>.ipynb`), the number of the step it follows where it goes in between;
     `needs`: what preflight checks before anything runs (see NEEDS); `check`: a check of the step's own settings,
     also before anything runs; `reads`: earlier steps whose outputs it reads (each must be in the run, or ok in the
     resumed record); `machine`: what `workbench doctor` must find for it (its check names, e.g. "tritonserver");
@@ -56,6 +59,7 @@ class StepSpec:
     owns: tuple[str, ...] = ()
     writes: float = 0.0
     metrics: type[Metrics] = Metrics
+    after: str | None = None
 
     @property
     def notebook(self) -> str:
@@ -66,17 +70,43 @@ _REGISTERED: dict[str, StepSpec] = {}
 
 
 def register(found: Iterable[StepSpec]) -> None:
-    """Make `found` the catalog (a fresh scan replaces the last: a plug-in folder taken off the path leaves it)."""
-    declared = sorted(found, key=lambda s: s.number)
-    names, numbers = [s.name for s in declared], [s.number for s in declared]
-    if len(set(names)) != len(names) or len(set(numbers)) != len(numbers):
-        raise RuntimeError(f"step declarations must have distinct names and numbers: {declared}")
+    """Make `found` the catalog, in run order (a fresh scan replaces the last: a plug-in folder taken off the path
+    leaves it)."""
+    declared = list(found)
+    names = [s.name for s in declared]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two step declarations have one name: {sorted(names)}")
+    ordered = run_order(declared)
     _REGISTERED.clear()
-    _REGISTERED.update((s.name, s) for s in declared)
+    _REGISTERED.update((s.name, s) for s in ordered)
+
+
+def run_order(declared: list[StepSpec]) -> list[StepSpec]:
+    """Each step right after the one it names in `after` (and after what it reads); steps after the same one by
+    number, then name."""
+    following: dict[str | None, list[StepSpec]] = {}
+    for step in sorted(declared, key=lambda s: (s.number, s.name)):
+        following.setdefault(step.after, []).append(step)
+    ordered: list[StepSpec] = []
+    waiting = list(reversed(following.get(None, [])))
+    while waiting:
+        step = waiting.pop()
+        ordered.append(step)
+        waiting += reversed(following.get(step.name, []))
+    placed = {s.name for s in ordered}
+    if len(ordered) != len(declared):
+        lost = sorted(f"{s.name} (after {s.after!r})" for s in declared if s.name not in placed)
+        raise RuntimeError(f"steps that follow no registered step: {', '.join(lost)}")
+    for index, step in enumerate(ordered):
+        later = [name for name in step.reads if name not in {s.name for s in ordered[:index]}]
+        if later:
+            raise RuntimeError(f"the {step.name} step reads {', '.join(later)}, which would run after it: declare "
+                               f"it after {later[-1]!r}")
+    return ordered
 
 
 def specs() -> tuple[StepSpec, ...]:
-    """The registered steps in run order (by number)."""
+    """The registered steps in run order."""
     if not _REGISTERED:
         raise RuntimeError("no step is registered: `import workbench.steps` first (the commands, the notebooks and "
                            "the tests do)")

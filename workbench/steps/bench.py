@@ -197,4 +197,4 @@ SPEC = StepSpec(
     lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
-    metrics=BenchMetrics)
+    metrics=BenchMetrics, after="generation")

@@ -91,4 +91,4 @@ def section(deploy: DeployMetrics) -> Parts:
 SPEC = StepSpec(
     STEP, 8, "an image recipe, Kubernetes and KServe files sized from the served bench", run, lines,
     sections=(Section("Triton at scale", section, served=True),),
-    reads=("triton",), owns=(STEP,), metrics=DeployMetrics)
+    reads=("triton",), owns=(STEP,), metrics=DeployMetrics, after="bench")

@@ -163,4 +163,5 @@ def section(generation: Metrics) -> Parts:
 SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
-    needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15)
+    needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
+    after="triton")

@@ -26,4 +26,5 @@ def lines(record: RunRecord) -> list[str]:
             f"report: {record.run_dir / 'report.html'}"]
 
 
-SPEC = StepSpec(STEP, 9, "render run.json into one self-contained report.html", run, lines, writes=0.1)
+SPEC = StepSpec(STEP, 9, "render run.json into one self-contained report.html", run, lines, writes=0.1,
+                after="deploy")

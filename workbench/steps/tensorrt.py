@@ -191,4 +191,4 @@ SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, lines,
     sections=(Section("TensorRT shape profiles", section),),
     needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
-    metrics=TensorrtMetrics)
+    metrics=TensorrtMetrics, after="parity")

@@ -281,4 +281,4 @@ SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
     sections=(Section("Served parity", section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
-    owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics)
+    owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt")
