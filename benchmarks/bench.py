@@ -237,7 +237,7 @@ def measure_and_print() -> None:
         print_served(latency, served_result)
     if args.profile:
         best = latency["best"].get("b8_s128", {}).get("variant", "fp32")
-        path, _ = record.variants()[best]
+        path = record.variants()[best].path
         feed = shaped_batch(tokenizer, tuple(record.export_info()["io"]["inputs"]), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed
         print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")

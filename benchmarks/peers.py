@@ -154,7 +154,7 @@ def compare(args: argparse.Namespace) -> None:
     reference = library.encode(texts, batch_size=32)
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
-        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
+        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32").path), "fp32")
     result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
                                        "cores": os.cpu_count()}, "run": str(args.run),
                               "deployed": variant, "levels": levels, "requests": args.requests,
@@ -252,7 +252,7 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
                  for r in requests]
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
-        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32")[0]), "fp32")
+        plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32").path), "fp32")
     result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
                                        "cores": os.cpu_count()}, "run": str(args.run), "deployed": variant,
                               "levels": args.levels, "requests": args.requests, "repeats": args.repeats,

@@ -41,7 +41,7 @@ def exported(tiny_models, tmp_path_factory):
 
 def test_every_runner_records_device_precision_providers_and_io(exported):
     config, record, loaded, _ = exported
-    path, _ = record.variant("fp32")
+    path = record.variant("fp32").path
     with (TorchRunner(loaded, config.output_specs) as torch_runner, OrtRunner("fp32", path, [CPU]) as host,
           OrtRunner("fp32@device", path, [CPU], io="device") as bound,
           library_runner(loaded, load_corpus(), ("sentence_embedding",), 32) as library):
@@ -56,7 +56,7 @@ def test_every_runner_records_device_precision_providers_and_io(exported):
 def test_io_binding_gives_what_session_run_gives(exported):
     """ONNX Runtime's I/O binding (CPU OrtValues here, CUDA memory on a GPU host): the same outputs, bit for bit."""
     _, record, _, batch = exported
-    path, _ = record.variant("fp32")
+    path = record.variant("fp32").path
     with OrtRunner("fp32", path, [CPU]) as host, OrtRunner("fp32@device", path, [CPU], io="device") as bound:
         want, got = host.infer(batch), bound.infer(batch)
         assert set(got) == set(want)

@@ -127,5 +127,5 @@ def test_served_through_triton_like_the_others(family_run, tmp_path):
     served_parity = metrics["served_parity"]
     assert set(served_parity) == {"http", "grpc"}
     for protocol, result in served_parity.items():
-        assert result["passed"] and result["precision"] == record.variant(metrics["variant"])[1], \
+        assert result["passed"] and result["precision"] == record.variant(metrics["variant"]).precision, \
             (family, protocol, result["failures"])

@@ -46,7 +46,8 @@ def test_the_variant_matches_onnxruntime_fp32_on_the_embedded_model(minilm):
     tried = record.metric("optimize.openvino")
     assert tried["kept"] and tried["matches"] and tried["reason"] == "set by openvino=always" and not tried["ms"]
     assert tried["engine"].startswith("OpenVINO ") and tried["max_abs"] < 1e-5
-    path, precision = record.variant("openvino")
+    built = record.variant("openvino")
+    path, precision = built.path, built.precision
     assert onnxfiles.runtime(path) == "openvino" and precision == "fp32"
     assert onnxfiles.runtime(record.artifact("onnx.fp32")) == "onnxruntime"
     gate = DEFAULT_TOLERANCES["fp32"]["hidden"]
@@ -86,7 +87,7 @@ def test_a_served_request_through_it_matches_encode(minilm):
     assert isinstance(served, ort_batches.OpenVinoSession)
     assert ort_batches.OPENVINO_CONFIG == OPENVINO_CONFIG, "served and in process, OpenVINO compiles alike"
     batch = corpus_batch(record, tuple(i.name for i in served.get_inputs()), 4)
-    with OpenVinoRunner("openvino", record.variant("openvino")[0], 1) as runner:
+    with OpenVinoRunner("openvino", record.variant("openvino").path, 1) as runner:
         want = runner.infer(batch)["sentence_embedding"]
     np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
 

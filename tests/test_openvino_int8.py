@@ -50,7 +50,8 @@ def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
     assert tried["kept"] and tried["reason"] == "set by openvino=always" and tried["ms"] == {}
     assert tried["against"] == "int8" and tried["engine"].startswith("OpenVINO ")
     assert tried["calibration_texts"] == min(CALIBRATION_TEXTS, len(load_corpus()))
-    path, precision = record.variant("openvino_int8")
+    built = record.variant("openvino_int8")
+    path, precision = built.path, built.precision
     assert precision == "int8" and onnxfiles.runtime(path) == "openvino"
     found = quantizers(onnxfiles.load(path))
     activations = [name for name, quantizer in found.items() if quantizer.source is not None]
@@ -92,7 +93,7 @@ def test_unsigned_activations_keep_the_grid_and_leave_symmetric_quantizers_signe
 
 def test_undoing_every_quantizer_gives_the_exported_graph_back(quantized, tmp_path):
     _, record = quantized
-    path, original = record.variant("openvino_int8")[0], record.artifact("onnx.original")
+    path, original = record.variant("openvino_int8").path, record.artifact("onnx.original")
     found = quantizers(onnxfiles.load(path))
     names = list(found)
     keep_in_float(path, original, tmp_path / "float.onnx", names)
@@ -109,7 +110,7 @@ def test_undoing_every_quantizer_gives_the_exported_graph_back(quantized, tmp_pa
 
 def test_quantizers_are_ordered_noisiest_first_and_cost_what_they_feed(quantized):
     _, record = quantized
-    path, original = record.variant("openvino_int8")[0], record.artifact("onnx.original")
+    path, original = record.variant("openvino_int8").path, record.artifact("onnx.original")
     feeds = [encode(record.tokenizer(), list(load_corpus()[:8]), ("input_ids", "attention_mask", "token_type_ids"),
                     max_length=64)]
     noise = noise_order(path, original, feeds)
@@ -135,7 +136,8 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     against = parity.raced_against(results["variants"])  # ONNX Runtime's int8 as this host repaired it, or not
     assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
-    path, precision = record.variant("openvino_int8_repaired")
+    built = record.variant("openvino_int8_repaired")
+    path, precision = built.path, built.precision
     assert precision == "int8" and onnxfiles.runtime(path) == "openvino"
     assert record.artifact_details("onnx.openvino_int8_repaired")["blocked"] == repair["chosen"]["blocked"]
 
@@ -145,7 +147,7 @@ def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
     config = config.model_copy(update={"openvino": "auto"})
     monkeypatch.setattr(parity, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
     dest = tmp_path / "openvino_int8_repaired.onnx"
-    onnxfiles.save(onnx.load(record.variant("openvino_int8")[0]), dest)
+    onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
     raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, {"int8": {"passed": True}})
     assert raced == {"against": "int8", "ms": {}, "kept": False,
                      "reason": "not kept (its file removed): not clearly faster than the int8 graph"}

@@ -44,7 +44,7 @@ def test_the_graph_returns_logits_and_the_scores_predict_returns(rerankers):
     from sentence_transformers import CrossEncoder
 
     for labels, (model, _, record) in rerankers.items():
-        path, _ = record.variant("fp32")
+        path = record.variant("fp32").path
         assert onnxfiles.io_shapes(onnxfiles.load(path))["outputs"] == {"logits": ["batch", labels],
                                                                        "scores": ["batch", labels]}
         pairs = [("a query about tea", "green tea is grown in the hills"), ("a query about tea", "the match ended")]

@@ -38,6 +38,17 @@ _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddin
                  "attn_implementation")
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A model variant the run built (fp32, int8_repaired, openvino, a TensorRT engine ...): its name, precision,
+    kind ("onnx" or "engine") and file."""
+
+    name: str
+    precision: str
+    kind: str
+    path: Path
+
+
 class StepStatus(str, Enum):
     """A step's state in run.json (`steps.<step>.status`); a step never run has none. It prints as its value, as
     enum.StrEnum would (Python 3.11+; the package runs on 3.10)."""
@@ -368,22 +379,20 @@ class RunRecord:
         self._consume(name, entry.get("step"), entry.get("sha256"))
         return path
 
-    def variants(self, kind: str = "onnx") -> dict[str, tuple[Path, str]]:
-        """Model variants of `kind` ("onnx" or "engine"): name -> (path, precision). The `tensorrt` ONNX file is
-        the exported graph again (with shapes for TensorRT), not a variant of its own."""
-        found = {name: a for name, a in self.data["artifacts"].items()
-                 if a["kind"] == kind and a.get("variant") != "tensorrt"}
-        return {a["variant"]: (self.artifact(name), a["precision"]) for name, a in found.items()}
+    def variants(self, kind: str = "onnx") -> dict[str, Variant]:
+        """Model variants of `kind` ("onnx" or "engine") by name. The `tensorrt` ONNX file is the exported graph
+        again (with shapes for TensorRT), not a variant of its own."""
+        return {name: self.variant(name, kind) for name in self.variant_names(kind)}
 
     def variant_names(self, kind: str = "onnx") -> list[str]:
         """Names of the recorded variants of `kind`, without reading them."""
         return [a["variant"] for a in self.data["artifacts"].values()
                 if a["kind"] == kind and a.get("variant") != "tensorrt"]
 
-    def variant(self, name: str, kind: str = "onnx") -> tuple[Path, str]:
-        """One variant of `kind`: (path, precision)."""
+    def variant(self, name: str, kind: str = "onnx") -> Variant:
+        """One variant of `kind`; its file must exist."""
         path = self.artifact(f"{kind}.{name}")
-        return path, self.data["artifacts"][f"{kind}.{name}"]["precision"]
+        return Variant(name, self.data["artifacts"][f"{kind}.{name}"]["precision"], kind, path)
 
     def artifact_details(self, name: str) -> dict[str, Any]:
         """What was recorded with an artifact besides its file (e.g. an engine's profiles); the file must exist."""

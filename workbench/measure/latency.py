@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from workbench.core.batches import Batch
+    from workbench.core.record import Variant
     from workbench.core.tasks import OutputSpec
     from workbench.graphs.profiles import Profile
     from workbench.models.loading import LoadedModel
@@ -144,7 +145,7 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int,
     return result
 
 
-def tune_sessions(variants: dict[str, tuple[Path, str]], device: Device, small: Batch, large: Batch,
+def tune_sessions(variants: dict[str, Variant], device: Device, small: Batch, large: Batch,
                   threads: int) -> dict[str, dict[str, Any]]:
     """Per ONNX variant ONNX Runtime runs, the session settings measured fastest at `small` (the grid's smallest
     cell, where per-op overhead dominates) and no slower at `large` (its largest), with every median
@@ -155,9 +156,9 @@ def tune_sessions(variants: dict[str, tuple[Path, str]], device: Device, small: 
     from workbench.runners.onnxruntime import providers_for, session
 
     providers = providers_for(device)
-    return {name: tune(lambda settings, path=variants[name][0]: session(path, providers, settings=settings),
+    return {name: tune(lambda settings, path=variants[name].path: session(path, providers, settings=settings),
                        small.feed, large.feed, threads, device)
-            for name in track([n for n, (path, _) in variants.items() if runtime(path) == "onnxruntime"],
+            for name in track([n for n, v in variants.items() if runtime(v.path) == "onnxruntime"],
                               "bench: session settings", "variants")}
 
 
@@ -185,7 +186,7 @@ class GridRows:
     specs: tuple[OutputSpec, ...]
     device: Device
     threads: int
-    variants: dict[str, tuple[Path, str]]
+    variants: dict[str, Variant]
     engines: dict[str, tuple[Path, str, list[Profile]]] = field(default_factory=dict)
     torch_compile: bool = False
 
@@ -208,8 +209,9 @@ class GridRows:
                                                                    half=True, io="device")
         if self.torch_compile:
             rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
-        for name, (path, precision) in self.variants.items():
+        for name, built in self.variants.items():
             settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
+            path, precision = built.path, built.precision
             rows[name] = lambda n=name, p=path, q=precision, s=settings: open_variant(n, p, self.device, threads, q, s)
             if self.device == "cuda":
                 rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
@@ -349,7 +351,7 @@ def needs_lab(rows: GridRows) -> bool:
     return rows.torch_compile or rows.device == "cuda"
 
 
-def cuda_graph_runners(variants: dict[str, tuple[Path, str]], runners: dict[str, Runner], batch: Batch,
+def cuda_graph_runners(variants: dict[str, Variant], runners: dict[str, Runner], batch: Batch,
                        tuned: dict[str, dict[str, Any]], stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
     """Per ONNX variant, a CUDA-graph session captured at `batch` (its own row, `<variant>@cuda_graph`), opened on
     `stack`; and, per variant, "captured" or ONNX Runtime's reason for refusing the graph."""
@@ -357,12 +359,12 @@ def cuda_graph_runners(variants: dict[str, tuple[Path, str]], runners: dict[str,
 
     opened: dict[str, Runner] = {}
     outcome: dict[str, str] = {}
-    for name, (path, precision) in variants.items():
+    for name, built in variants.items():
         shapes = {k: tuple(v.shape) for k, v in runners[name].infer(batch).items()}
         settings = SessionSettings.from_record(tuned[name]["chosen"]) if name in tuned else None
         try:
             opened[f"{name}@cuda_graph"] = stack.enter_context(
-                CudaGraphRunner(f"{name}@cuda_graph", path, batch, shapes, settings, precision))
+                CudaGraphRunner(f"{name}@cuda_graph", built.path, batch, shapes, settings, built.precision))
             outcome[name] = "captured"
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime's refusals share no narrower class
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -180,5 +180,5 @@ def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
     deployment = record.deployment()
     if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
         return None
-    path, _ = record.variant(deployment.variant, deployment.flavor.artifact_kind)
+    path = record.variant(deployment.variant, deployment.flavor.artifact_kind).path
     return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant

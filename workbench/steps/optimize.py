@@ -259,7 +259,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
                                          f"{problem})"}
     try:
         release_memory()
-        with open_variant(against, variants[against][0], config.device, config.threads) as default, \
+        with open_variant(against, variants[against].path, config.device, config.threads) as default, \
                 OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
             engine = challenger.providers[0]
             if config.openvino == "always":

@@ -47,7 +47,8 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     passed (and, for openvino_int8, kept its speed: `race_repaired`), its file recorded."""
     repaired = f"{name}_repaired"
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
-    path, precision = record.variant(name)
+    built = record.variant(name)
+    path, precision = built.path, built.precision
     with Progress(f"repair {name}", config.repair.max_builds, "candidates") as bar:
         checker = Checker(lab, name, precision, config.device, config.threads, path)
         problem = None
@@ -73,7 +74,8 @@ def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Any], check
     """The variant a raced repair must beat (the first of RACED_AGAINST that passed) and its median ms on the
     checker's latency batch, measured as the checker measures candidates."""
     against = raced_against(results)
-    path, precision = record.variant(against)
+    built = record.variant(against)
+    path, precision = built.path, built.precision
     with open_variant(against, path, config.device, config.threads, precision) as runner:
         return against, median_ms(lambda: runner.infer(checker.batch), repeats=5, warmup=1)
 
@@ -91,7 +93,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
     against = raced_against(results)
     if config.openvino == "always":
         return {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
-    other, precision = record.variant(against)
+    built = record.variant(against)
+    other, precision = built.path, built.precision
     with open_variant(against, other, config.device, config.threads, precision) as default, \
             open_variant(name, path, config.device, config.threads, "int8") as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
@@ -103,7 +106,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
 
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
     """Variant `name` against the lab's reference (metrics.parity.variants.<name>)."""
-    path, precision = record.variant(name)
+    built = record.variant(name)
+    path, precision = built.path, built.precision
     with _runner(name, path, config) as runner:
         record.note_providers(runner.providers)
         result = lab.compare(runner, precision)
@@ -128,7 +132,7 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
         if name not in variants:
             continue
         outputs = result["outputs"]
-        path = variants[name][0].relative_to(record.run_dir)
+        path = variants[name].path.relative_to(record.run_dir)
         command = ["polygraphy run", shlex.quote(str(path)), "--onnxrt --providers cpu",
                    "--load-inputs", str(inputs.relative_to(record.run_dir)),
                    "--load-outputs", str(reference.relative_to(record.run_dir)), "--check-error-stat max"]

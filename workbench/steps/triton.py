@@ -115,7 +115,8 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
 
     flavor = choose_flavor(config.triton.flavor, config.device, config.task)
     variant = variant or candidate_variants(config, record, flavor)[0]
-    path, precision = record.variant(variant, flavor.artifact_kind)
+    built = record.variant(variant, flavor.artifact_kind)
+    path, precision = built.path, built.precision
     outputs = served_outputs(config.output_specs, config.triton.outputs, config.task)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
@@ -145,7 +146,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
     for variant in candidates:
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
-            path, precision = record.variant(variant)
+            built = record.variant(variant)
+            path, precision = built.path, built.precision
             lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
             with open_variant(variant, path, config.device, config.threads) as runner:
                 checks[variant] = lab.compare(runner, precision)
@@ -191,7 +193,7 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
     run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
     record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
                         variant=variant)
-    _, precision = record.variant(variant, plan.flavor.artifact_kind)
+    precision = record.variant(variant, plan.flavor.artifact_kind).precision
     metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
                                "variant": variant, "precision": precision,
                                "models": sorted(read_repository(run_copy)),
