@@ -11,7 +11,7 @@ from typing import Any, Literal
 from workbench.core.config import Flavor, ShapeRange, TritonSettings
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
-from workbench.core.record import RunRecord
+from workbench.core.record import RunRecord, Variant
 from workbench.core.results import ExportMetrics, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
@@ -146,28 +146,48 @@ def served_outputs(outputs: tuple[OutputSpec, ...], chosen: list[str] | None, ta
     return tuple(o for o in outputs if o.name in chosen)
 
 
-def build_plan(name: str, flavor: Flavor, model_file: Path, precision: str, export: ExportMetrics,
-               tokenizer_dir: Path, pad_token_id: int, id2label: dict[str, str], outputs: tuple[OutputSpec, ...],
-               profiles: list[dict[str, Any]], triton: TritonSettings, batch: ShapeRange, sequence_max: int,
-               threads: int | None) -> ServingPlan:
-    """The plan for serving `model_file` in `flavor`: `export` is what the export step recorded about the graph
-    (inputs, outputs, sequence limit, the sentence-transformers pipeline), `profiles` the TensorRT shape profiles."""
-    pipeline = export.sentence_pipeline or {}
+@dataclass(frozen=True)
+class ServingRequest:
+    """What the triton step asks to serve: `variant` in `flavor` under `name`; `export` is what the export step
+    recorded about the graph (inputs, outputs, sequence limit, the sentence-transformers pipeline); the tokenizer
+    folder with its pad token and the classifier's labels; the outputs served; the TensorRT shape profiles; the
+    batch range and token limit served; the Triton settings and the threads per instance."""
+
+    name: str
+    flavor: Flavor
+    variant: Variant
+    export: ExportMetrics
+    tokenizer_dir: Path
+    pad_token_id: int
+    id2label: dict[str, str]
+    outputs: tuple[OutputSpec, ...]
+    profiles: list[dict[str, Any]]
+    triton: TritonSettings
+    batch: ShapeRange
+    sequence_max: int
+    threads: int | None
+
+
+def build_plan(request: ServingRequest) -> ServingPlan:
+    """The plan that serves what `request` asks for."""
+    flavor, triton, batch, profiles = request.flavor, request.triton, request.batch, request.profiles
+    pipeline = request.export.sentence_pipeline or {}
     python = flavor is Flavor.PYTHON_ORT
     gpu = not python and gpu_name() is not None
-    instances = instances_for(triton.instances, threads, flavor, gpu)
+    instances = instances_for(triton.instances, request.threads, flavor, gpu)
     return ServingPlan(
-        name=model_name_for(name), flavor=flavor, input_names=tuple(export.io.inputs), outputs=outputs,
-        output_dims=graph_output_dims(export.io.outputs), model_file=model_file, tokenizer_dir=tokenizer_dir,
-        max_length=sequence_max, max_batch_size=batch.max,
+        name=model_name_for(request.name), flavor=flavor, input_names=tuple(request.export.io.inputs),
+        outputs=request.outputs, output_dims=graph_output_dims(request.export.io.outputs),
+        model_file=request.variant.path, tokenizer_dir=request.tokenizer_dir,
+        max_length=request.sequence_max, max_batch_size=batch.max,
         preferred_batch_sizes=triton.preferred_batch_sizes or sorted({batch.opt, batch.max}),
         max_queue_delay_us=triton.max_queue_delay_us, dynamic_batching=triton.dynamic_batching,
         instances=instances.count, instances_reason=instances.reason, gpu=gpu,
-        gpu_accelerator=triton.gpu_accelerator, fp16=precision == "fp16",
+        gpu_accelerator=triton.gpu_accelerator, fp16=request.variant.precision == "fp16",
         # Fixed-shape backends batch only equal shapes: pad each request up to its length bucket (the profiles).
         pad_to=[p["sequence"][2] for p in profiles] if not python else [],
         profiles=len(profiles) if flavor is Flavor.TENSORRT_PLAN else 1,
-        pad_token_id=pad_token_id, threads=instances.threads, id2label=id2label,
+        pad_token_id=request.pad_token_id, threads=instances.threads, id2label=request.id2label,
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
         max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
         prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"),

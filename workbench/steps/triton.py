@@ -18,6 +18,7 @@ from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
 from workbench.serving.plan import (
+    ServingRequest,
     build_plan,
     candidates,
     choose_flavor,
@@ -115,17 +116,18 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
 
     flavor = choose_flavor(config.triton.flavor, config.device, config.task)
     variant = variant or candidate_variants(config, record, flavor)[0]
-    built = record.variant(variant, flavor.artifact_kind)
-    path, precision = built.path, built.precision
     outputs = served_outputs(config.output_specs, config.triton.outputs, config.task)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
     id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
     export = record.export_info()
-    plan = build_plan(config.triton.name or config.model_slug, flavor, path, precision, export, folder,
-                      record.tokenizer().pad_token_id or 0, id2label, outputs, record.shape_profiles(),
-                      config.triton, config.batch, config.sequence.resolve(export.max_sequence).max, config.threads)
-    return plan, variant
+    request = ServingRequest(
+        name=config.triton.name or config.model_slug, flavor=flavor,
+        variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
+        pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, outputs=outputs,
+        profiles=record.shape_profiles(), triton=config.triton, batch=config.batch,
+        sequence_max=config.sequence.resolve(export.max_sequence).max, threads=config.threads)
+    return build_plan(request), variant
 
 
 def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
