@@ -107,9 +107,11 @@ def test_a_step_goes_in_between_two_others_and_no_notebook_is_renamed(probe, tin
     names = step_names()
     assert names[names.index("triton") + 1:names.index("triton") + 3] == ("probe", "generation")
     assert spec("probe").notebook == "05_probe.ipynb"
+    # its notebook beside its module: the run finds it there, the others in the checkout's notebooks/
+    shutil.move(probe / "05_probe.ipynb", tmp_path / "more_steps" / "05_probe.ipynb")
     config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
                                        "sequence": {"min": 1, "opt": 32, "max": 64}})
-    record = run_pipeline(config, tmp_path / "run", progress=False, notebooks_dir=probe)
+    record = run_pipeline(config, tmp_path / "run", progress=False)
     assert [(s.name, s.status) for s in record.step_entries()] == [("export", "ok"), ("probe", "ok")]
     assert (tmp_path / "run" / "notebooks" / "05_probe.ipynb").is_file()
 

@@ -1,6 +1,7 @@
 """Run the step notebooks in order through papermill; run.json tells what finished."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shlex
@@ -106,14 +107,23 @@ def _kernel_manager_class(private: Path) -> type:
     return IpcKernelManager
 
 
+def notebook_source(step: str, notebooks_dir: Path) -> Path:
+    """Step `step`'s notebook: beside its module when it is there (a step kept outside the package brings its own),
+    else in `notebooks_dir`."""
+    declared = spec(step)
+    beside = Path(inspect.getfile(declared.run)).parent / declared.notebook
+    return beside if beside.is_file() else notebooks_dir / declared.notebook
+
+
 def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = True,
                  notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute one step notebook into `run_dir/notebooks/`; the copy lands even when it fails."""
     import papermill
 
-    source = notebooks_dir / spec(step).notebook
+    source = notebook_source(step, notebooks_dir)
     if not source.is_file():
-        raise OutputDirError(f"notebook {source} is missing", "run from a full checkout of the workbench")
+        raise OutputDirError(f"notebook {source} is missing", "run from a full checkout of the workbench, or put a "
+                             "step's notebook beside its module")
     dest = run_dir / "notebooks" / source.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.stem}.partial.ipynb")
