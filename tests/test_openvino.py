@@ -82,9 +82,10 @@ def test_a_served_request_through_it_matches_encode(minilm):
     name = deployment["name"]
     model_config = parse_pbtxt((root / "repos" / name / name / "config.pbtxt").read_text())
     params = {key: value.string_value for key, value in model_config.parameters.items()}
-    assert params["runtime"] == "openvino"
+    assert params["runtime"] == "openvino" and params["openvino_precision"] == "f32", "fp32: never bf16"
     served = ort_batches.session(root / "repos" / name / name / "1" / "model.onnx", params)
     assert isinstance(served, ort_batches.OpenVinoSession)
+    assert served.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == "f32"
     assert ort_batches.OPENVINO_CONFIG == OPENVINO_CONFIG, "served and in process, OpenVINO compiles alike"
     batch = corpus_batch(record, tuple(i.name for i in served.get_inputs()), 4)
     with OpenVinoRunner("openvino", record.variant("openvino").path, 1) as runner:

@@ -16,7 +16,8 @@ from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.search import matmul_costs
-from workbench.runners.openvino import OpenVinoRunner
+from workbench.runners.openvino import OpenVinoRunner, bf16_problem
+from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity
 
@@ -186,6 +187,66 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     monkeypatch.setattr(optimize, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
     reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision)["reason"]
     assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
+
+
+def copied_int8(record: RunRecord, dest) -> object:
+    return onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
+
+
+def test_untimed_it_computes_its_float_ops_in_f32(quantized):
+    """openvino=always keeps the variant untimed, so nothing says bf16 pays: f32, and the file says so."""
+    _, record = quantized
+    assert record.metric("optimize.openvino_int8")["inference_precision"] == {
+        "chosen": "f32", "reason": "not timed (openvino=always keeps the variant untimed, at f32)"}
+    path = record.variant("openvino_int8").path
+    assert onnxfiles.openvino_precision(path) == "f32"
+    with OpenVinoRunner("openvino_int8", path, 1, "int8") as runner:
+        assert runner.inference_precision == "f32" and "(f32 inference precision)" in runner.providers[0]
+
+
+def test_on_a_cpu_without_bf16_it_is_not_tried(quantized, tmp_path, monkeypatch):
+    """An AVX2-only host (OpenVINO lists no BF16 capability there, faked here): f32, and the reason recorded."""
+    config, record = quantized
+    auto = config.model_copy(update={"openvino": "auto"})
+    dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
+    no_bf16 = "this CPU has no bf16 instructions (OpenVINO's CPU plugin lists no BF16 capability)"
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: no_bf16)
+    chosen = optimize.choose_openvino_precision(auto, record, record.export_info(), dest)
+    assert chosen == {"chosen": "f32", "reason": f"bf16 not tried: {no_bf16}"}
+    assert onnxfiles.openvino_precision(dest) == "f32"
+
+
+def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(quantized, tmp_path, monkeypatch):
+    """Told the CPU has bf16 (true on some hosts, faked on others): the file compiled at f32 and at bf16 is raced,
+    and what the record says is what the file names and what OpenVINO compiles it at, in process and served. On a
+    CPU without bf16 OpenVINO compiles it at f32, and the record says that instead of a race."""
+    config, record = quantized
+    auto = config.model_copy(update={"openvino": "auto"})
+    dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
+    chosen = optimize.choose_openvino_precision(auto, record, record.export_info(), dest)
+    assert onnxfiles.openvino_precision(dest) == chosen["chosen"] and onnxfiles.runtime(dest) == "openvino"
+    if "ms" in chosen:
+        assert set(chosen["ms"]) == {"f32", "bf16"} and chosen["reason"].startswith("bf16 ")
+    else:
+        assert chosen == {"chosen": "f32", "reason": "bf16 not tried: OpenVINO compiled it at f32"}
+    with OpenVinoRunner("openvino_int8", dest, 1, "int8") as runner:
+        assert runner.inference_precision == chosen["chosen"]
+        batch = Batch("corpus", [0, 1, 2, 3], encode(record.tokenizer(), list(load_corpus()[:4]),
+                                                     runner.input_names, max_length=64))
+        want = runner.infer(batch)["sentence_embedding"]
+    served = ort_batches.session(dest, {"runtime": "openvino", "openvino_precision": chosen["chosen"]}, 1)
+    assert served.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == chosen["chosen"]
+    np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
+
+
+def test_a_bf16_file_is_compiled_at_bf16_where_the_cpu_has_it(quantized, tmp_path):
+    _, record = quantized
+    dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
+    onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
+    assert onnxfiles.openvino_precision(dest) == "bf16" and onnxfiles.runtime(dest) == "openvino"
+    with OpenVinoRunner("openvino_int8", dest, 1, "int8") as runner:
+        assert runner.inference_precision == ("f32" if bf16_problem() else "bf16")
 
 
 def test_the_python_model_serves_it_first_and_the_onnxruntime_backend_never():

@@ -17,6 +17,8 @@ REEXPORT = "re-export, or report the exporter bug"
 # Metadata entry: the ONNX Runtime graph optimizers every session of the file leaves out, comma-separated.
 DISABLED_OPTIMIZERS_KEY = "workbench.disabled_optimizers"
 RUNTIME_KEY = "workbench.runtime"  # the runtime a variant is run by: ONNX Runtime unless it says "openvino"
+# OpenVINO's inference precision for the ops a variant leaves in float: "f32" unless it says "bf16".
+OPENVINO_PRECISION_KEY = "workbench.openvino_precision"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
 
 
@@ -150,6 +152,22 @@ def runtime(path: Path | str) -> str:
     """The runtime the variant in this file is run by, from its metadata: "openvino" for the OpenVINO variant
     (`runners.openvino`), else "onnxruntime"."""
     return _metadata(path, RUNTIME_KEY) or "onnxruntime"
+
+
+def openvino_precision(path: Path | str) -> str:
+    """The precision OpenVINO computes this file's float ops in, from its metadata: "bf16" where the optimize step
+    measured it faster (`steps.optimize.choose_openvino_precision`), else "f32"."""
+    return _metadata(path, OPENVINO_PRECISION_KEY) or "f32"
+
+
+def set_metadata(path: Path, entries: dict[str, str]) -> None:
+    """Rewrite the file with `entries` in its metadata (others kept)."""
+    from onnx import helper
+
+    model = load(path)
+    kept = {p.key: p.value for p in model.metadata_props if p.key not in entries}
+    helper.set_model_props(model, {**kept, **entries})
+    save(model, path)
 
 
 def remove(path: Path) -> None:

@@ -74,17 +74,18 @@ def open_onnx(row: GraphRow, threads: int) -> OpenedGraph:
 
 def open_openvino(row: GraphRow, threads: int) -> OpenedGraph:
     """The IR compiled for OpenVINO's CPU plugin with `threads` inference threads and one stream (latency), at
-    `row.hint` or the plugin's default inference precision on this host; the workbench's own graph with the settings
-    it is served with (`runners.openvino.OPENVINO_CONFIG`); one infer request, reused."""
+    `row.hint` or the plugin's default inference precision on this host; the workbench's own graph as it is served
+    (`runners.openvino.compile_graph`: its settings, the file's inference precision); one infer request, reused."""
     import openvino
 
-    from workbench.runners.openvino import OPENVINO_CONFIG
+    from workbench.runners.openvino import compile_graph
 
-    base = OPENVINO_CONFIG if row.family == "workbench" else {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-    config = {**base, "INFERENCE_NUM_THREADS": threads}
-    if row.hint:
-        config["INFERENCE_PRECISION_HINT"] = row.hint
-    compiled = openvino.Core().compile_model(str(row.path), "CPU", config)
+    if row.family == "workbench":
+        compiled = compile_graph(row.path, threads)
+    else:
+        config = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+                  **({"INFERENCE_PRECISION_HINT": row.hint} if row.hint else {})}
+        compiled = openvino.Core().compile_model(str(row.path), "CPU", config)
     request = compiled.create_infer_request()
     port = next(p for p in compiled.outputs if row.output in p.get_names())
     return OpenedGraph(tuple(p.get_any_name() for p in compiled.inputs), lambda feed: request.infer(feed)[port],

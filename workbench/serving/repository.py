@@ -210,10 +210,11 @@ def model_config(plan: ServingPlan) -> Any:
 
 def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
     """What a Python model running ONNX Runtime (or, for the OpenVINO variant, OpenVINO) needs: providers and the
-    graph optimizers its file leaves out (ONNX Runtime), threads per instance (and all the instances' threads, for an
-    instance whose neighbours are idle), the pad token."""
+    graph optimizers its file leaves out (OpenVINO: the inference precision it names), threads per instance (and all
+    the instances' threads, for an instance whose neighbours are idle), the pad token."""
     if plan.runtime == "openvino":
         config.parameters["runtime"].string_value = "openvino"
+        config.parameters["openvino_precision"].string_value = onnxfiles.openvino_precision(plan.model_file)
     else:
         config.parameters["providers"].string_value = (
             "CUDAExecutionProvider,CPUExecutionProvider" if plan.gpu else "CPUExecutionProvider")

@@ -47,7 +47,7 @@ from workbench.models.loading import FUSION_MODEL_TYPES
 from workbench.report import figures
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
-from workbench.runners.openvino import INSTALL, OpenVinoRunner, openvino_problem
+from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -259,6 +259,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
                                          f"{problem})"}
     try:
         release_memory()
+        computed_in = choose_openvino_precision(config, record, export, dest)
         with open_variant(against, variants[against].path, config.device, config.threads) as default, \
                 OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
             engine = challenger.providers[0]
@@ -276,7 +277,29 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     else:
         onnxfiles.remove(dest)
     return {"engine": engine, "quantizer": quantizer(), "calibration_texts": len(feeds), "seconds": round(seconds, 3),
-            "against": against, "ms": ms, "kept": kept, "reason": reason}
+            "inference_precision": computed_in, "against": against, "ms": ms, "kept": kept, "reason": reason}
+
+
+def choose_openvino_precision(config: RunConfig, record: RunRecord, export: ExportMetrics,
+                              dest: Path) -> dict[str, Any]:
+    """The precision OpenVINO computes the float ops of the int8 file at `dest` in: bf16 where the CPU has it and the
+    file compiled at bf16 runs clearly faster than at f32 (`forms.race`, interleaved; OpenVINO's own default on such
+    a CPU), written into the file's metadata; else f32. Its accuracy is the parity step's to judge, with the file's.
+    What was tried, for metrics.optimize.openvino_int8.inference_precision."""
+    if config.openvino == "always":
+        return {"chosen": "f32", "reason": "not timed (openvino=always keeps the variant untimed, at f32)"}
+    problem = bf16_problem()
+    if problem:
+        return {"chosen": "f32", "reason": f"bf16 not tried: {problem}"}
+    with OpenVinoRunner("f32", dest, config.threads, "int8", "f32") as f32, \
+            OpenVinoRunner("bf16", dest, config.threads, "int8", "bf16") as bf16:
+        if bf16.inference_precision != "bf16":
+            return {"chosen": "f32", "reason": f"bf16 not tried: OpenVINO compiled it at {bf16.inference_precision}"}
+        ms, faster, reason = race("f32", "bf16", {"f32": f32, "bf16": bf16}, form_feeds(config, record, export),
+                                  RUNTIME_ROUNDS)
+    if faster:
+        onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
+    return {"chosen": "bf16" if faster else "f32", "ms": ms, "reason": f"bf16 {reason}"}
 
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
@@ -455,7 +478,9 @@ def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
     """NNCF's int8 on OpenVINO in one line: kept (its accuracy is the parity step's to judge), not kept and why, or
     not tried and why."""
     if openvino_int8["kept"]:
-        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant: {openvino_int8['reason']}"
+        computed_in = openvino_int8.get("inference_precision")  # older records: none (f32)
+        how = f", its float ops in {computed_in['chosen']} ({computed_in['reason']})" if computed_in else ""
+        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant{how}: {openvino_int8['reason']}"
     if "ms" not in openvino_int8:
         return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
     return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p openvino=always"

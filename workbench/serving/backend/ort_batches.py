@@ -22,24 +22,25 @@ def model_args(args):
     return config, params, Path(args["model_repository"]) / args["model_version"]
 
 
-# How OpenVINO compiles the graph (as runners/openvino.py does in process): f32, one stream, threads not pinned.
-OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-                   "ENABLE_CPU_PINNING": False}
+# How OpenVINO compiles the graph (as runners/openvino.py does in process): one stream, threads not pinned, at the
+# inference precision the model config names (`openvino_precision`, the file's; f32 unless it says bf16).
+OPENVINO_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False}
 
 
 class OpenVinoSession:
     """The graph compiled by OpenVINO for the CPU behind the two calls PaddedRunner makes of a session (`get_inputs`,
-    `run`): f32, one stream, `threads` inference threads, not pinned (the instances and the tokenizer share the
-    cores), one infer request per output list."""
+    `run`): at `precision` ("f32" or "bf16"), one stream, `threads` inference threads, not pinned (the instances and
+    the tokenizer share the cores), one infer request reused."""
 
     class Input:
         def __init__(self, name):
             self.name = name
 
-    def __init__(self, path, threads):
+    def __init__(self, path, threads, precision="f32"):
         import openvino
 
-        config = {**OPENVINO_CONFIG, **({"INFERENCE_NUM_THREADS": threads} if threads else {})}
+        config = {**OPENVINO_CONFIG, "INFERENCE_PRECISION_HINT": precision,
+                  **({"INFERENCE_NUM_THREADS": threads} if threads else {})}
         self.compiled = openvino.Core().compile_model(str(path), "CPU", config)
         self.request = self.compiled.create_infer_request()
 
@@ -57,7 +58,7 @@ def session(path, params, threads=None):
     instances; without the graph optimizers the file's form leaves out (`disabled_optimizers`)."""
     threads = threads or int(params.get("intra_op_threads", "0"))
     if params.get("runtime") == "openvino":
-        return OpenVinoSession(path, threads)
+        return OpenVinoSession(path, threads, params.get("openvino_precision", "f32"))
     options = onnxruntime.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
