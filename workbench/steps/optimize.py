@@ -282,24 +282,24 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
 
 def choose_openvino_precision(config: RunConfig, record: RunRecord, export: ExportMetrics,
                               dest: Path) -> dict[str, Any]:
-    """The precision OpenVINO computes the float ops of the int8 file at `dest` in: bf16 where the CPU has it and the
-    file compiled at bf16 runs clearly faster than at f32 (`forms.race`, interleaved; OpenVINO's own default on such
-    a CPU), written into the file's metadata; else f32. Its accuracy is the parity step's to judge, with the file's.
-    What was tried, for metrics.optimize.openvino_int8.inference_precision."""
-    if config.openvino == "always":
-        return {"chosen": "f32", "reason": "not timed (openvino=always keeps the variant untimed, at f32)"}
+    """The precision OpenVINO computes the float ops of the int8 file at `dest` in. Where the CPU has bf16 that is
+    OpenVINO's own default there (what its own int8 deployment runs), bf16, unless the file compiled at f32 runs
+    clearly faster (`forms.race`, interleaved); bf16 is written into the file's metadata. Elsewhere f32. Timed under
+    openvino=always too (that setting keeps the variant; this picks how it runs). Its accuracy is the parity step's
+    to judge, with the file's. What was tried, for metrics.optimize.openvino_int8.inference_precision."""
     problem = bf16_problem()
     if problem:
         return {"chosen": "f32", "reason": f"bf16 not tried: {problem}"}
-    with OpenVinoRunner("f32", dest, config.threads, "int8", "f32") as f32, \
-            OpenVinoRunner("bf16", dest, config.threads, "int8", "bf16") as bf16:
+    with OpenVinoRunner("bf16", dest, config.threads, "int8", "bf16") as bf16, \
+            OpenVinoRunner("f32", dest, config.threads, "int8", "f32") as f32:
         if bf16.inference_precision != "bf16":
             return {"chosen": "f32", "reason": f"bf16 not tried: OpenVINO compiled it at {bf16.inference_precision}"}
-        ms, faster, reason = race("f32", "bf16", {"f32": f32, "bf16": bf16}, form_feeds(config, record, export),
+        ms, faster, reason = race("bf16", "f32", {"bf16": bf16, "f32": f32}, form_feeds(config, record, export),
                                   RUNTIME_ROUNDS)
     if faster:
-        onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
-    return {"chosen": "bf16" if faster else "f32", "ms": ms, "reason": f"bf16 {reason}"}
+        return {"chosen": "f32", "ms": ms, "reason": f"f32 {reason}"}
+    onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
+    return {"chosen": "bf16", "ms": ms, "reason": f"OpenVINO's default on this CPU; f32 {reason}"}
 
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
