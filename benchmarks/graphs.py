@@ -33,6 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from peerlib.graph_checks import accuracy, table, targets, verdicts
+from peerlib.graphs import GraphRow
+from peerlib.peers import (
+    PeerNotInstalledError,
+    build_openvino,
+    build_optimum,
+    find_openvino,
+    install_infinity,
+    install_openvino,
+    require_positive,
+)
 
 from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
@@ -42,17 +53,7 @@ from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
 from workbench.core.timing import median_ms
-from workbench.measure.graph_checks import accuracy, table, targets, verdicts
-from workbench.measure.graphs import GraphRow
-from workbench.measure.peers import (
-    PeerNotInstalledError,
-    build_openvino,
-    build_optimum,
-    find_openvino,
-    install_infinity,
-    install_openvino,
-    require_positive,
-)
+from workbench.graphs import onnxfiles
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 
@@ -69,7 +70,7 @@ BATCH = 32
 OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32",
         "openvino": "workbench openvino (fp32 on OpenVINO, f32)", "int8": "workbench int8",
         "int8_repaired": "workbench int8_repaired", "openvino_int8": "workbench openvino_int8 (NNCF, on OpenVINO)",
-        "openvino_int8_repaired": "workbench openvino_int8_repaired (on OpenVINO)"}
+        "openvino_int8_repaired": "workbench openvino_int8_repaired (NNCF, on OpenVINO)"}
 REQUIRED = ("original", "fp32", "int8")  # int8_repaired exists only where int8 failed parity
 THEIRS = {"plain": ("Optimum plain export", "fp32"), "fp32": ("Optimum O2", "fp32"), "O3": ("Optimum O3", "fp32"),
           "int8": ("Optimum O2 int8, per channel", "int8"), "int8_per_tensor": ("Optimum O2 int8, per tensor", "int8")}
@@ -141,7 +142,7 @@ def compare(args: argparse.Namespace) -> None:
         args.run = ROOT / "outputs" / f"graphs-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"],
-                                   openvino="always"), args.run)
+                                   optimize={"openvino": "always"}), args.run)
         except RunInterruptedError as stop:
             raise KeyboardInterrupt(f"{signal.Signals(stop.signum).name}; the graphs are not all built: finish "
                                     f"them with `workbench run --resume --output-dir {args.run} --steps "
@@ -197,11 +198,18 @@ def ready_run(run: Path) -> RunRecord:
 
 
 def our_rows(record: RunRecord) -> list[GraphRow]:
-    """The run's graphs; its OpenVINO variants compiled by OpenVINO at f32, as the workbench runs them."""
-    return [GraphRow(label, "workbench", "int8" if "int8" in variant else "fp32",
-                     record.artifact(f"onnx.{variant}"), "sentence_embedding",
-                     **({"runtime": "openvino", "hint": "f32"} if variant.startswith("openvino") else {}))
-            for variant, label in OURS.items() if f"onnx.{variant}" in record.data["artifacts"]]
+    """The run's graphs; its OpenVINO variants compiled by OpenVINO at the inference precision their file names
+    (f32, or bf16 for an int8 file's float ops where the optimize step chose it), as the workbench runs them."""
+    rows = []
+    for variant, label in OURS.items():
+        if f"onnx.{variant}" not in record.data["artifacts"]:
+            continue
+        path = record.artifact(f"onnx.{variant}")
+        hint = onnxfiles.openvino_precision(path) if variant.startswith("openvino") else None
+        rows.append(GraphRow(label.replace(" on OpenVINO)", f" on OpenVINO, rest {hint})") if "int8" in variant and
+                             hint else label, "workbench", "int8" if "int8" in variant else "fp32", path,
+                             "sentence_embedding", **({"runtime": "openvino", "hint": hint} if hint else {})))
+    return rows
 
 
 def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: dict[str, Any]) -> list[GraphRow]:

@@ -26,13 +26,13 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from peerlib.peers import http_level, triton_embedder
 
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
 from workbench.measure.load import LevelResult
-from workbench.measure.peers import http_level, triton_embedder
 from workbench.serving.endpoints import text_endpoints
 from workbench.serving.server import TritonServer, free_port
 

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from workbench.measure.graphs import GraphRow, embeddings, open_graphs, outputs, time_graphs
+from peerlib.graphs import GraphRow, embeddings, open_graphs, outputs, time_graphs
 
 
 def grouped(arrays: np.lib.npyio.NpzFile, kind: str) -> dict[str, dict[str, np.ndarray]]:

@@ -34,22 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, others_busy
-from workbench.core.record import RunRecord
-from workbench.measure.load import (
-    LevelResult,
-    asyncio_level,
-    breakdown,
-    own_breakdown,
-    request_texts,
-    settled_stages,
-    stage_totals,
-)
-from workbench.measure.peers import (
+from peerlib.peers import (
     Embedder,
     InfinityServer,
     PeerRow,
@@ -70,6 +55,22 @@ from workbench.measure.peers import (
     table,
     triton_embedder,
     triton_reranker,
+)
+
+from workbench.core.config import RunConfig
+from workbench.core.data import load_corpus
+from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.interrupt import script_exit
+from workbench.core.machine import cpu_features, others_busy
+from workbench.core.record import RunRecord
+from workbench.measure.load import (
+    LevelResult,
+    asyncio_level,
+    breakdown,
+    own_breakdown,
+    request_texts,
+    settled_stages,
+    stage_totals,
 )
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline

@@ -7,6 +7,7 @@ with `ast`; nothing is imported or run:
   the step's name, or an import of its module); the deploy step's count is what adding a step touched;
 - upward imports: imports from a room to a room above it (tests/test_architecture.py's order), inside functions too;
 - circles: groups of modules that import each other round (strongly connected, inside functions too) and their files;
+  counted again at runtime, without the type-only imports under `if TYPE_CHECKING:`;
 - `dict[str, Any]` annotations, and parameters annotated with a bare `Any`;
 - raw key reads in report/ and the notebooks: subscripts and `.get` with a string key;
 - `record.metric(` calls outside the record, and step-status literals ("ok", "failed", "skipped", ...) compared or
@@ -52,10 +53,20 @@ def notebook_cells() -> dict[str, ast.Module]:
     return found
 
 
-def imported(tree: ast.Module, modules: set[str]) -> set[str]:
-    """The package modules `tree` imports anywhere (`from workbench.x import y` counts y where y is a module)."""
+def type_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (imported for annotations only)."""
+    return {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test).endswith(
+        "TYPE_CHECKING") for statement in node.body for inner in ast.walk(statement)}
+
+
+def imported(tree: ast.Module, modules: set[str], runtime: bool = False) -> set[str]:
+    """The package modules `tree` imports anywhere (`from workbench.x import y` counts y where y is a module);
+    `runtime`: not those imported for annotations only."""
     found = set()
+    skipped = type_only(tree) if runtime else set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("workbench"):
             for alias in node.names:
                 found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
@@ -148,6 +159,7 @@ def counts() -> dict[str, object]:
     upward = sorted(f"{a} -> {b}" for a, found in graph.items() for b in found
                     if ROOMS.index(room_of(b)) > ROOMS.index(room_of(a)))
     groups = circles(graph)
+    runtime_groups = circles({name: imported(tree, modules, runtime=True) - {name} for name, tree in trees.items()})
     text = {name: ast.unparse(tree) for name, tree in trees.items()}
     dict_any = {name: body.count("dict[str, Any]") for name, body in text.items() if "dict[str, Any]" in body}
     any_params = sum(is_any(arg.annotation) for tree in trees.values() for node in ast.walk(tree)
@@ -163,6 +175,7 @@ def counts() -> dict[str, object]:
         "upward import list": upward,
         "circles": len(groups),
         "files in circles": sum(len(group) for group in groups),
+        "circles at runtime": len(runtime_groups),
         "dict[str, Any]": sum(dict_any.values()),
         "files with dict[str, Any]": len(dict_any),
         "parameters annotated Any": any_params,

@@ -158,7 +158,7 @@ def spent_on(step: str, metrics: dict[str, Any]) -> str:
 def run_model(name: str, model: str, steps: str | None, out: Path, overrides: list[str],
               warm_cache: bool) -> dict[str, Any]:
     run_dir = out / f"run-{name}"
-    cache = [] if warm_cache else [f"-p=reference_cache_dir={out / 'reference-cache'}"]
+    cache = [] if warm_cache else [f"-p=parity.reference_cache_dir={out / 'reference-cache'}"]
     command = [str(ROOT / ".venv" / "bin" / "workbench"), "run", "--model", model, "--output-dir", str(run_dir),
                "--overwrite", *(["--steps", steps] if steps else []), *cache, *[f"-p={o}" for o in overrides]]
     started = time.time()

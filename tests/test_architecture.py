@@ -60,3 +60,25 @@ def test_core_reads_the_steps_from_the_catalog_they_register_into():
     assert [s.name for s in catalog.specs()] == [s.name for s in discover()]
     assert not any(room_of(imported) == "steps" for path in (PACKAGE / "core").rglob("*.py") for imported in
                    imports(path))
+
+
+def metric_calls(source: str) -> int:
+    """Calls of `<anything>.metric(...)` in Python source."""
+    return sum(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "metric"
+               for node in ast.walk(ast.parse(source)))
+
+
+def test_only_the_record_reads_metrics_by_dotted_key():
+    """Steps, report and notebooks read a step's typed metrics (`record.results_as`, `record.export_info`,
+    `record.deployment`, a step's own reader), never `record.metric("dotted.key")`."""
+    import json
+
+    found = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))
+             if path != PACKAGE / "core" / "record.py" and metric_calls(path.read_text(encoding="utf-8"))]
+    for path in sorted((PACKAGE.parent / "notebooks").rglob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        if metric_calls("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))):
+            found.append(str(path.relative_to(PACKAGE.parent)))
+    assert not found, f"dotted metric reads outside the record: {found}"
+    assert metric_calls('record.metric("bench.served")') == 1, "the count sees a call"

@@ -1,5 +1,5 @@
 """Borrowed fusion rules for a family without its own (MPNet): attention with its position bias fused, and the graph
-kept only when its outputs match the basic graph's and, with borrowed_rules=auto, it is measured faster."""
+kept only when its outputs match the basic graph's and, with optimize.borrowed_rules=auto, it is measured faster."""
 from __future__ import annotations
 
 import pytest
@@ -74,7 +74,7 @@ def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
     broken = onnxfiles.save(model, tmp_path / "broken.onnx")
     choice = forms.choose_borrowed({"basic": files["basic"], "borrowed": broken}, feeds, CPU, 1, "cpu", {}, "",
-                                   BORROWED_RULES, untimed="set by borrowed_rules=always")
+                                   BORROWED_RULES, untimed="set by optimize.borrowed_rules=always")
     assert not choice.kept and not choice.trial.matches and choice.trial.max_abs > 1e-3 and not choice.trial.ms
     assert "beyond the fp32 gate" in choice.reason
 

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError
+from workbench.core.flavor import Flavor
 from workbench.serving.plan import instances_for
 
 
@@ -18,12 +19,13 @@ def test_defaults_describe_the_embedded_model():
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("model: /models/x\nopset: 14\nbatch: {min: 1, opt: 4, max: 16}\n")
-    config = RunConfig.load(path, ["opset=15", "batch.max=64", "precisions=[fp32, int8]", "int8_per_channel=false"])
+    config = RunConfig.load(path, ["opset=15", "batch.max=64", "precisions=[fp32, int8]",
+                                   "optimize.int8.per_channel=false"])
     assert config.model == "/models/x"
     assert config.opset == 15
     assert (config.batch.min, config.batch.opt, config.batch.max) == (1, 4, 64)
     assert config.precisions == ["fp32", "int8"]
-    assert config.int8_per_channel is False
+    assert config.optimize.int8.per_channel is False
 
 
 def test_round_trip_through_papermill_parameters():
@@ -112,3 +114,33 @@ def test_paths_given_from_the_working_directory_stay_right_in_the_notebooks(tmp_
     assert params["triton"]["repository_dir"] == str(tmp_path / "repo")
     assert params["generation"]["translation_model"] == "Helsinki-NLP/opus-mt-en-de"
     assert RunConfig().model == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_each_step_section_of_the_configuration_is_declared_by_its_step():
+    """A step's own settings live under its name (`optimize.fp16.op_block_list`, `tensorrt.profiles`), and its
+    SPEC names that section; no section is named after a step that does not declare it."""
+    import workbench.steps  # noqa: F401 - registers the steps
+    from workbench.core import catalog
+
+    declared = {spec.settings: spec.name for spec in catalog.specs() if spec.settings}
+    assert all(section == step and section in RunConfig.model_fields for section, step in declared.items())
+    named_after_steps = set(RunConfig.model_fields) & set(catalog.step_names()) - {"steps"}
+    assert named_after_steps == set(declared) >= {"optimize", "parity", "tensorrt", "triton", "bench", "generation"}
+
+
+def test_settings_that_moved_into_their_steps_section_still_work_with_a_deprecation_line():
+    moved = {"openvino": "always", "trt_profiles": 3, "repair": False, "fp16_op_block_list": ["Pow"],
+             "int8_nodes_to_exclude": ["MatMul_1"], "reference_cache_dir": "/tmp/cache", "graph_form": "separate"}
+    with pytest.warns(FutureWarning, match="setting 'openvino' is now 'optimize.openvino'"):
+        config = RunConfig.model_validate(moved)
+    assert config.optimize.openvino == "always" and config.optimize.graph_form == "separate"
+    assert config.tensorrt.profiles == 3 and config.parity.repair.enabled is False
+    assert config.optimize.fp16.op_block_list == ["Pow"] and config.optimize.int8.nodes_to_exclude == ["MatMul_1"]
+    assert config.parity.reference_cache_dir == "/tmp/cache"
+    with pytest.warns(FutureWarning, match="'repair_max_builds' is now 'parity.repair.max_builds'"):
+        assert RunConfig.model_validate({"repair_max_builds": 7}).parity.repair.max_builds == 7
+    with pytest.warns(FutureWarning):
+        both = RunConfig.model_validate({"openvino": "never", "optimize": {"openvino": "always"}})
+    assert both.optimize.openvino == "always", "a value set at both keys is the new key's"
+    assert RunConfig.load(None, ["parity.repair=false"]).parity.repair.enabled is False
+    assert "openvino" not in RunConfig().to_params() and RunConfig().to_params()["optimize"]["openvino"] == "auto"

@@ -26,7 +26,8 @@ def decoder_run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model = build_decoder_embedder(root / "model", request.param)
     config = RunConfig.model_validate({"model": str(model), **SMALL, "precisions": ["fp32"], "threads": 1,
-                                       "openvino": "never", "triton": {"repository_dir": str(root / "repos")}})
+                                       "optimize": {"openvino": "never"},
+                                       "triton": {"repository_dir": str(root / "repos")}})
     record = RunRecord.create(root / "run", config)
     for step in (export, optimize, parity):
         step.run(config, record)

@@ -31,7 +31,8 @@ def family_run(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(family)
     model = build_encoder(root / "model", family, FAMILIES[family][0])
     config = RunConfig.model_validate({"model": str(model), "task": FAMILIES[family][0], **SMALL,
-                                       "precisions": ["fp32", "fp16", "int8"], "borrowed_rules": FAMILIES[family][3]})
+                                       "precisions": ["fp32", "fp16", "int8"],
+                                       "optimize": {"borrowed_rules": FAMILIES[family][3]}})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
     fusions = optimize.run(config, record).metrics["variants"]
@@ -53,13 +54,13 @@ def test_fp32_variants_match_pytorch(family_run):
 def test_record_names_the_unavailable_fusions(family_run):
     family, config, record, fusions, _ = family_run
     assert record.data["metrics"]["export"]["optimizer_model_type"] is None
-    if config.borrowed_rules != "never":
+    if config.optimize.borrowed_rules != "never":
         pytest.skip("borrowed rules: test_borrowed_rules_fuse_attention_with_its_position_bias")
     for variant in ("fp32", "fp16", "int8"):
         stats = record.metric(f"optimize.variants.{variant}")
         assert stats["unavailable"]["fusions"] == list(TRANSFORMER_FUSIONS)
         assert f"no fusion rules for model type '{family}'" in stats["unavailable"]["reason"]
-        assert "(borrowed_rules=never)" in stats["unavailable"]["reason"]
+        assert "(optimize.borrowed_rules=never)" in stats["unavailable"]["reason"]
         assert not set(TRANSFORMER_FUSIONS) & set(stats["fused"])
         assert stats["attention_fused"] is False and "warning" not in stats
     assert "unavailable" not in fusions["original"] and "unavailable" not in fusions["tensorrt"]
@@ -71,11 +72,11 @@ def test_record_names_the_unavailable_fusions(family_run):
 
 def test_borrowed_rules_fuse_attention_with_its_position_bias(family_run):
     family, config, record, fusions, results = family_run
-    if config.borrowed_rules == "never":
+    if config.optimize.borrowed_rules == "never":
         pytest.skip("the basic graph: test_record_names_the_unavailable_fusions")
     borrowed = fusions["fp32"]["borrowed"]
     assert borrowed["rules"] == "bert" and borrowed["kept"] and borrowed["matches"]
-    assert borrowed["max_abs"] < 1e-5 and borrowed["reason"] == "set by borrowed_rules=always"
+    assert borrowed["max_abs"] < 1e-5 and borrowed["reason"] == "set by optimize.borrowed_rules=always"
     assert borrowed["attention"].startswith("fused in 2 of 2 layers, the position bias passed")
     graph = onnxfiles.load(record.artifact("onnx.fp32"))
     attention = [n for n in graph.graph.node if n.op_type == "Attention"]

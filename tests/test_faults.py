@@ -12,8 +12,8 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from workbench.core.config import Flavor
 from workbench.core.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
+from workbench.core.flavor import Flavor
 from workbench.measure.load import asyncio_level
 from workbench.serving.client import AsyncTritonClient, TritonClient
 from workbench.serving.repository import write_repository

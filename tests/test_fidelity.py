@@ -195,7 +195,7 @@ def test_a_fine_tuned_classifier_keeps_its_head_and_pooling_is_for_embeddings_on
 def test_the_optimize_summary_says_in_words_why_a_family_is_not_fused(tmp_path, borrowed):
     model = build_encoder(tmp_path / "model", family="mpnet")
     config = RunConfig.model_validate({"model": str(model), **SMALL, "sequence": {"max": 64},
-                                       "borrowed_rules": borrowed})
+                                       "optimize": {"borrowed_rules": borrowed}})
     record = RunRecord.create(tmp_path / "run", config)
     for step in (export, optimize):
         assert step.run(config, record).status == "ok"
@@ -204,5 +204,5 @@ def test_the_optimize_summary_says_in_words_why_a_family_is_not_fused(tmp_path, 
             if borrowed == "never" else
             line.startswith("Attention fused in 2 of 2 layers (bert's rules borrowed, attention fused in 2 of 2 "
                             "layers, the position bias passed as the attention op's attention_bias; set by "
-                            "borrowed_rules=always)"))
+                            "optimize.borrowed_rules=always)"))
     assert "{" not in line and json.dumps(record.metric("export.sequence.max")) == "64"

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from peerlib.graph_checks import accuracy, table, targets, verdicts
+from peerlib.graphs import GraphRow, embeddings, open_graphs, outputs
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord
-from workbench.measure.graph_checks import accuracy, table, targets, verdicts
-from workbench.measure.graphs import GraphRow, embeddings, open_graphs, outputs
 from workbench.steps import export
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
+from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.core.results import PrecisionDecision
 from workbench.measure import precisions as precisions_module
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity, verdict_line
@@ -51,7 +53,7 @@ def test_auto_skips_int8_measured_slower_and_its_repair_and_serves_fp32_first(ti
     assert set(record.variants()) == {"original", "fp32"} and not record.metric("parity.repair")
     assert "int8 not built: does not pay on this host" in verdict_line("optimize", record)
     assert "-p precisions=[fp32,int8]" in verdict_line("optimize", record), "what to run to get it"
-    assert preference(Flavor.PYTHON_ORT, decisions["int8"])[0] == CPU_FP32_FIRST
+    assert preference(Flavor.PYTHON_ORT, PrecisionDecision.model_validate(decisions["int8"]))[0] == CPU_FP32_FIRST
 
 
 def test_auto_builds_and_repairs_int8_where_it_pays_even_without_vnni(tiny_bert, tmp_path, monkeypatch):
@@ -61,7 +63,7 @@ def test_auto_builds_and_repairs_int8_where_it_pays_even_without_vnni(tiny_bert,
     decision = record.metric("optimize.precisions.decisions.int8")
     assert decision["built"] and decision["pays"] and "1.30x fp32" in decision["reason"]
     assert record.metric("parity.repair.int8.outcome") is not None, "a failing int8 that pays is repaired"
-    assert preference(Flavor.PYTHON_ORT, decision)[0] == CPU_INT8_FIRST
+    assert preference(Flavor.PYTHON_ORT, PrecisionDecision.model_validate(decision))[0] == CPU_INT8_FIRST
 
 
 def test_an_explicit_list_builds_what_it_names_and_measures_it_for_the_serving_order(tiny_bert, tmp_path,
@@ -72,7 +74,7 @@ def test_an_explicit_list_builds_what_it_names_and_measures_it_for_the_serving_o
     assert decisions["int8"]["built"] and decisions["int8"]["reason"].startswith("configured (precisions); measured")
     assert decisions["fp16"]["built"] and decisions["int8"]["pays"] is False
     assert {"fp16", "int8"} <= set(record.variants())
-    assert preference(Flavor.PYTHON_ORT, decisions["int8"])[0] == CPU_FP32_FIRST
+    assert preference(Flavor.PYTHON_ORT, PrecisionDecision.model_validate(decisions["int8"]))[0] == CPU_FP32_FIRST
 
 
 @pytest.mark.parametrize(("target", "built"), [("avx512_vnni", True), ("amx", True), ("avx2", False)])
@@ -84,7 +86,7 @@ def test_a_named_target_decides_by_its_instructions_without_measuring_here(tiny_
     assert decision["built"] is built and decision["pays"] is built and not decision["speedups"]
     assert record.metric("optimize.precisions.target.kind") == "cpu"
     assert ("int8" in record.variants()) is built
-    assert (preference(Flavor.PYTHON_ORT, decision)[0] == CPU_INT8_FIRST) is built
+    assert (preference(Flavor.PYTHON_ORT, PrecisionDecision.model_validate(decision))[0] == CPU_INT8_FIRST) is built
     form = record.metric("optimize.variants.fp32.form")
     assert form["chosen"] == "fused" and not form["ms"], "the layer-norm form is not timed for another CPU"
     assert f"CPU (target.cpu={target}) is not this host" in form["reason"]
@@ -103,20 +105,22 @@ def test_a_repair_out_of_time_says_so_and_publishes_nothing_as_repaired(tiny_ber
     _host(monkeypatch, AVX2, {"int8": 1.5})
     strict = {"sentence_embedding": {"min_cosine": 0.9999999}}
     _, record = _run(tiny_bert, tmp_path, steps=(export, optimize, parity), tolerances=strict,
-                     repair={"budget_s": 0.5})
+                     parity={"repair": {"budget_s": 0.5}})
     repair = record.metric("parity.repair.int8")
-    assert repair["outcome"].startswith("not repaired: its 0.5 s ran out (repair.budget_s): the closest candidate")
+    assert repair["outcome"].startswith(
+        "not repaired: its 0.5 s ran out (parity.repair.budget_s): the closest candidate")
     assert repair["closest"]["min_cosine"] < 0.9999999 and repair["chosen"] is None
-    assert repair["stopped"] == "its 0.5 s ran out (repair.budget_s)", "the record names the bound"
+    assert repair["stopped"] == "its 0.5 s ran out (parity.repair.budget_s)", "the record names the bound"
     assert "int8_repaired" not in record.variants()
     line = verdict_line("parity", record)
-    assert f"workbench run --resume --output-dir {record.run_dir} --steps parity -p repair.budget_s=180" in line, \
+    resume = f"workbench run --resume --output-dir {record.run_dir} --steps parity -p parity.repair.budget_s=180"
+    assert resume in line, \
         "a budget likely to finish (the default), not a doubling that leads to a run of retries"
 
 
 def test_the_reference_is_kept_between_runs_of_the_same_model_and_texts(tiny_bert, tmp_path, monkeypatch):
     _host(monkeypatch, AVX2, {"int8": 0.9})
-    cache = {"reference_cache_dir": str(tmp_path / "cache"), "precisions": ["fp32"]}
+    cache = {"parity": {"reference_cache_dir": str(tmp_path / "cache")}, "precisions": ["fp32"]}
     first = _run(tiny_bert, tmp_path / "a", steps=(export, optimize, parity), **cache)[1]
     second = _run(tiny_bert, tmp_path / "b", steps=(export, optimize, parity), **cache)[1]
     assert first.metric("parity.inputs.reference_cached") is False

@@ -89,7 +89,7 @@ def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert,
     run_dir = tmp_path / "run"
     # A gate no candidate meets, with a large build budget: the repair is still searching whenever the signal comes.
     run = _start(tiny_bert, run_dir, "export,optimize,parity", "-p", "precisions=[fp32,int8]",
-                 "-p", "tolerances.sentence_embedding.min_cosine=1.0", "-p", "repair_max_builds=400")
+                 "-p", "tolerances.sentence_embedding.min_cosine=1.0", "-p", "parity.repair.max_builds=400")
     try:
         _wait_for(lambda: list((run_dir / "repair" / "int8").glob("candidate-*.onnx")), "a repair candidate")
         code, output = _stop(run, signal.SIGINT)

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from workbench.core.batches import Batch
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
+from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.core.results import PrecisionDecision
 from workbench.graphs import onnxfiles
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
@@ -26,9 +28,9 @@ pytest.importorskip("openvino")
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    """The embedded model with fp32 only, the OpenVINO variant kept untimed (openvino=always) and served."""
+    """The embedded model with fp32 only, the OpenVINO variant kept untimed (optimize.openvino=always) and served."""
     root = tmp_path_factory.mktemp("openvino")
-    config = RunConfig.model_validate({"precisions": ["fp32"], "threads": 1, "openvino": "always",
+    config = RunConfig.model_validate({"precisions": ["fp32"], "threads": 1, "optimize": {"openvino": "always"},
                                        "triton": {"repository_dir": str(root / "repos"), "variant": "openvino"}})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
@@ -44,7 +46,8 @@ def corpus_batch(record: RunRecord, names: tuple[str, ...], count: int = 32) -> 
 def test_the_variant_matches_onnxruntime_fp32_on_the_embedded_model(minilm):
     _, _, record = minilm
     tried = record.metric("optimize.openvino")
-    assert tried["kept"] and tried["matches"] and tried["reason"] == "set by openvino=always" and not tried["ms"]
+    assert tried["kept"] and tried["matches"] and not tried["ms"]
+    assert tried["reason"] == "set by optimize.openvino=always"
     assert tried["engine"].startswith("OpenVINO ") and tried["max_abs"] < 1e-5
     built = record.variant("openvino")
     path, precision = built.path, built.precision
@@ -111,11 +114,13 @@ def test_its_deploy_image_installs_openvino(minilm):
 
 
 def test_an_interrupted_trial_leaves_no_openvino_file(tiny_bert, tmp_path, monkeypatch):
-    config = RunConfig.model_validate({"model": str(tiny_bert), "precisions": ["fp32"], "openvino": "never"})
+    config = RunConfig.model_validate({"model": str(tiny_bert), "precisions": ["fp32"],
+                                       "optimize": {"openvino": "never"}})
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
     optimize.run(config, record)
-    config = config.model_copy(update={"openvino": "auto"})
+    config = config.model_copy(deep=True)
+    config.optimize.openvino = "auto"
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
@@ -130,24 +135,25 @@ def test_an_interrupted_trial_leaves_no_openvino_file(tiny_bert, tmp_path, monke
 def test_openvino_always_without_openvino_is_refused_before_the_run(monkeypatch):
     monkeypatch.setattr(optimize, "openvino_problem", lambda: "OpenVINO is not installed (No module named 'x')")
     with pytest.raises(DependencyMissingError) as refused:
-        optimize.check(RunConfig(openvino="always"))
-    assert "openvino=always needs OpenVINO" in refused.value.problem and "[openvino]" in refused.value.fix
+        optimize.check(RunConfig(optimize={"openvino": "always"}))
+    assert "optimize.openvino=always needs OpenVINO" in refused.value.problem and "[openvino]" in refused.value.fix
     optimize.check(RunConfig())  # auto: tried where installed, recorded where not
     assert "not installed" in optimize.openvino_skipped(RunConfig(), target_for("host", False))
 
 
 def test_where_it_is_not_tried_the_record_says_why():
     host = Target("host", frozenset({"avx2"}))
-    assert optimize.openvino_skipped(RunConfig(openvino="never"), host) == "not tried (openvino=never)"
+    never = RunConfig(optimize={"openvino": "never"})
+    assert optimize.openvino_skipped(never, host) == "not tried (optimize.openvino=never)"
     assert "runs on a GPU" in optimize.openvino_skipped(RunConfig(), Target("gpu", name="the GPU"))
     named = target_for("avx2", False)
     assert "is not this host" in optimize.openvino_skipped(RunConfig(), named)
-    assert optimize.openvino_skipped(RunConfig(openvino="always"), named) is None
+    assert optimize.openvino_skipped(RunConfig(optimize={"openvino": "always"}), named) is None
     assert optimize.openvino_skipped(RunConfig(), host) is None
 
 
 def test_the_python_model_serves_it_before_fp32_and_the_onnxruntime_backend_never():
-    decided = {"pays": False, "reason": "does not pay"}
+    decided = PrecisionDecision(built=False, pays=False, reason="does not pay")
     order, _ = preference(Flavor.PYTHON_ORT, decided)
     assert order.index("openvino") == order.index("fp32") - 1
     assert "openvino" not in preference(Flavor.ONNXRUNTIME, decided)[0]

@@ -9,9 +9,11 @@ import onnx
 import pytest
 
 from workbench.core.batches import Batch
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
+from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.core.results import PrecisionDecision
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.measure.precisions import Target, target_for
@@ -29,11 +31,12 @@ NO_BF16 = "this CPU has no bf16 instructions (OpenVINO's CPU plugin lists no BF1
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory, tiny_models):
-    """A tiny BERT with fp32 and int8, its OpenVINO int8 kept untimed (openvino=always); the embedding's gate is
-    tightened to 0.999995 so that int8 (min cosine about 0.99998 on a tiny random model) fails it and is repaired."""
+    """A tiny BERT with fp32 and int8, its OpenVINO int8 kept untimed (optimize.openvino=always); the embedding's
+    gate is tightened to 0.999995 so that int8 (min cosine about 0.99998 on a tiny random model) fails it and is
+    repaired."""
     root = tmp_path_factory.mktemp("openvino_int8")
     config = RunConfig.model_validate({"model": str(tiny_models["bert"]), "precisions": ["fp32", "int8"],
-                                       "threads": 1, "openvino": "always",
+                                       "threads": 1, "optimize": {"openvino": "always"},
                                        "tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
@@ -53,7 +56,7 @@ def outputs(path, record: RunRecord, count: int = 16) -> dict[str, np.ndarray]:
 def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
     _, record = quantized
     tried = record.metric("optimize.openvino_int8")
-    assert tried["kept"] and tried["reason"] == "set by openvino=always" and tried["ms"] == {}
+    assert tried["kept"] and tried["reason"] == "set by optimize.openvino=always" and tried["ms"] == {}
     assert tried["against"] == "int8" and tried["engine"].startswith("OpenVINO ")
     assert tried["calibration_texts"] == min(CALIBRATION_TEXTS, len(load_corpus()))
     built = record.variant("openvino_int8")
@@ -131,7 +134,7 @@ def test_quantizers_are_ordered_noisiest_first_and_cost_what_they_feed(quantized
 
 def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quantized):
     """The lab judges it as int8; the repair undoes some of its quantizers (not all), the repaired file passes, is
-    run by OpenVINO, and is kept with the race's say (openvino=always here: kept untimed)."""
+    run by OpenVINO, and is kept with the race's say (optimize.openvino=always here: kept untimed)."""
     config, record = quantized
     results = parity.run(config, record).metrics
     assert results["variants"]["openvino_int8"]["precision"] == "int8"
@@ -140,7 +143,7 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
     assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
     against = parity.raced_against(results["variants"])  # ONNX Runtime's int8 as this host repaired it, or not
-    assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
+    assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
     built = record.variant("openvino_int8_repaired")
     path, precision = built.path, built.precision
@@ -150,7 +153,8 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
 
 def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
     config, record = quantized
-    config = config.model_copy(update={"openvino": "auto"})
+    config = config.model_copy(deep=True)
+    config.optimize.openvino = "auto"
     monkeypatch.setattr(parity, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
     dest = tmp_path / "openvino_int8_repaired.onnx"
     onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
@@ -164,7 +168,8 @@ def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, tmp_path, m
 
     config, shared = quantized
     record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
-    config = config.model_copy(update={"openvino": "auto"})
+    config = config.model_copy(deep=True)
+    config.optimize.openvino = "auto"
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
@@ -186,9 +191,10 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})  # int8 decided: not in the precisions
     assert optimize.build_openvino_int8(fp32_only, record, record.export_info(), host, decision) == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
-    never = config.model_copy(update={"openvino": "never"})
+    never = config.model_copy(deep=True)
+    never.optimize.openvino = "never"
     assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision)["reason"] == \
-        "not tried (openvino=never)"
+        "not tried (optimize.openvino=never)"
     monkeypatch.setattr(optimize, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
     reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision)["reason"]
     assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
@@ -216,7 +222,8 @@ def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(qu
     bf16 (OpenVINO's default there), and what the record says is what the file names and what OpenVINO compiles it
     at, in process and served. On a CPU without bf16 OpenVINO compiles it at f32, and the record says so instead."""
     config, record = quantized
-    auto = config.model_copy(update={"openvino": "auto"})
+    auto = config.model_copy(deep=True)
+    auto.optimize.openvino = "auto"
     dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
     monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
     chosen = optimize.choose_openvino_precision(auto, record, record.export_info(), dest)
@@ -249,7 +256,7 @@ def test_a_bf16_file_is_compiled_at_bf16_where_the_cpu_has_it(quantized, tmp_pat
 def test_the_python_model_serves_it_first_and_the_onnxruntime_backend_never():
     for order in (CPU_INT8_FIRST, CPU_FP32_FIRST):
         assert order[:2] == ("openvino_int8_repaired", "openvino_int8")
-    decided = {"pays": True, "reason": "pays"}
+    decided = PrecisionDecision(built=True, pays=True, reason="pays")
     assert preference(Flavor.PYTHON_ORT, decided)[0][0] == "openvino_int8_repaired"
     assert not {"openvino_int8", "openvino_int8_repaired"} & set(preference(Flavor.ONNXRUNTIME, decided)[0])
 

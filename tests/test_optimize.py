@@ -72,11 +72,11 @@ def test_a_pinned_form_is_built_and_kept_by_its_sessions(tiny_models, tmp_path, 
     import onnx
     import onnxruntime
 
-    config = RunConfig(model=str(tiny_models["bert"]), graph_form=form, precisions=["fp32", "int8"])
+    config = RunConfig(model=str(tiny_models["bert"]), optimize={"graph_form": form}, precisions=["fp32", "int8"])
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
     fusions = optimize.run(config, record).metrics["variants"]
-    assert fusions["fp32"]["form"] == {"chosen": form, "reason": f"set by graph_form={form}", "ms": {}}
+    assert fusions["fp32"]["form"] == {"chosen": form, "reason": f"set by optimize.graph_form={form}", "ms": {}}
     assert fusions["fp32"]["fused"] == fused_ops(form, 2)
     int8 = record.artifact("onnx.int8")
 
@@ -193,7 +193,7 @@ def test_an_interrupt_after_the_builds_leaves_no_variant_the_record_lacks(tiny_b
     """Stopped while it checks what it built (before recording it), the step leaves only the export's graph: the
     record drops what it recorded, and the built files go with it."""
     config = RunConfig.model_validate({"model": str(tiny_bert), "precisions": ["fp32", "int8"], "threads": 1,
-                                       "openvino": "never"})
+                                       "optimize": {"openvino": "never"}})
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
 

@@ -79,7 +79,7 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     model = make_fp16_overflow(tmp_path / "overflow", tiny_models["bert"])
     # fused layer norms: ONNX Runtime's CPU runs a separate Add + LayerNormalization through fp32 (it has no fp16
     # kernels for them), so the overflow only happens inside the fp16 SkipLayerNormalization
-    record, results = pipeline(model, tmp_path / "run", precisions=["fp32", "fp16"], graph_form="fused")
+    record, results = pipeline(model, tmp_path / "run", precisions=["fp32", "fp16"], optimize={"graph_form": "fused"})
     before = results["fp16"]
     assert not before["passed"]
     assert before["outputs"]["sentence_embedding"]["non_finite"] > 0
@@ -275,7 +275,8 @@ def cpu_burners(busy: bool) -> Iterator[None]:
 
 def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_path):
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
-              "threads": 2, "graph_form": "fused"}  # the form is a speed choice: measured, it may follow the load
+              "threads": 2,
+              "optimize": {"graph_form": "fused"}}  # the form is a speed choice: measured, it may follow the load
     chosen = []
     for busy in (False, True):
         with cpu_burners(busy):

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from workbench.measure.load import LevelResult
-from workbench.measure.peers import (
+from peerlib.peers import (
     PeerBuildError,
     PeerNotInstalledError,
     PeerRow,
@@ -21,6 +19,8 @@ from workbench.measure.peers import (
     require_built,
     table,
 )
+
+from workbench.measure.load import LevelResult
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,8 @@ def rerankers(tmp_path_factory):
     runs = {}
     for labels in (1, 3):
         model = build_cross_encoder(root / f"reranker-{labels}", labels)
-        config = RunConfig.model_validate({"model": str(model), "task": "rerank", "threads": 1, "openvino": "never",
+        config = RunConfig.model_validate({"model": str(model), "task": "rerank", "threads": 1,
+                                           "optimize": {"openvino": "never"},
                                            "precisions": ["fp32"], "triton": {
                                                "repository_dir": str(root / "repositories"), "max_documents": 64,
                                                "max_text_chars": 5000}})
@@ -229,10 +230,10 @@ def test_the_bench_step_measures_a_served_reranker_in_requests_and_pairs_per_sec
 def test_the_peers_benchmark_client_reranks_over_http_json_as_predict_does(served):
     """benchmarks/peers.py --task rerank loads every server through these: the served reranker's JSON, a closed
     loop of a query with its documents per request, and accuracy against predict()."""
+    from peerlib.peers import http_level, rerank_accuracy, rerank_all, triton_reranker
     from sentence_transformers import CrossEncoder
 
     from workbench.measure.load import request_texts
-    from workbench.measure.peers import http_level, rerank_accuracy, rerank_all, triton_reranker
 
     model, plan, server = served
     texts = load_corpus()

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import main
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.errors import OutputDirError
+from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import SCHEMA_VERSION, ParityMetrics, migrate
 

@@ -21,7 +21,7 @@ from workbench.pipeline import NOTEBOOKS_DIR
 from workbench.sweep import job_manifest, load_sweep
 
 KUBERNETES = "1.37.0"
-QUICK = {"steps": ["export", "optimize", "parity", "bench"], "precisions": ["fp32"], "repair": False,
+QUICK = {"steps": ["export", "optimize", "parity", "bench"], "precisions": ["fp32"], "parity": {"repair": False},
          "corpus_max_texts": 48,
          "batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 64},
          "bench": {"served": False, "batches": [1, 4], "sequences": [16, 64], "rounds": 3, "warmup": 1,

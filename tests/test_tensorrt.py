@@ -36,7 +36,8 @@ def overflow_run(tiny_models, tmp_path_factory):
     model = make_fp16_overflow(root / "model", tiny_models["bert"])
     config = RunConfig.model_validate({"model": str(model), "batch": {"min": 1, "opt": 4, "max": 8},
                                        "sequence": {"min": 1, "opt": 32, "max": 64}, "precisions": ["fp32", "fp16"],
-                                       "graph_form": "fused"})  # where the fp16 overflow happens (test_parity)
+                                       # where the fp16 overflow happens (test_parity)
+                                       "optimize": {"graph_form": "fused"}})
     record = RunRecord.create(root / "run", config)
     for step in (export, optimize, parity, tensorrt):
         step.run(config, record)

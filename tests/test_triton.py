@@ -13,9 +13,10 @@ from dataclasses import replace
 import numpy as np
 import psutil
 import pytest
+from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
 from workbench.core.batches import Batch
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import (
     PortInUseError,
@@ -25,11 +26,12 @@ from workbench.core.errors import (
     TritonNotFoundError,
     UnstableMeasurementError,
 )
+from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.core.record import RunRecord
+from workbench.core.results import PrecisionDecision
 from workbench.graphs import onnxfiles
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
-from workbench.measure.peers import accuracy, embed_all, http_level, triton_embedder
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
@@ -418,12 +420,12 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
 def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_instructions():
     from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 
-    slow = {"pays": False, "reason": "does not pay on this host: 0.95x fp32 at b1 s16"}
+    slow = PrecisionDecision(built=False, pays=False, reason="does not pay on this host: 0.95x fp32 at b1 s16")
     order, why = preference(Flavor.PYTHON_ORT, slow, {"int8_dot_product": "AMX"})
-    assert order == CPU_FP32_FIRST and why == f"fp32 first: int8 {slow['reason']}", "the measurement beats the flags"
-    fast = {"pays": True, "reason": "pays on this host: 1.3x fp32 at b8 s128"}
+    assert order == CPU_FP32_FIRST and why == f"fp32 first: int8 {slow.reason}", "the measurement beats the flags"
+    fast = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.3x fp32 at b8 s128")
     order, why = preference(Flavor.PYTHON_ORT, fast, {"int8_dot_product": None})
-    assert order == CPU_INT8_FIRST and why == f"int8 first: int8 {fast['reason']}"
+    assert order == CPU_INT8_FIRST and why == f"int8 first: int8 {fast.reason}"
     order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": None})  # a record without the decision
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
     order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": "AMX"})

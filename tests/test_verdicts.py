@@ -214,7 +214,7 @@ def test_a_failing_variant_is_refused_unless_the_user_allows_it(tiny_models, tmp
 
 @pytest.mark.slow
 def test_a_served_parity_failure_publishes_nothing_and_keeps_the_earlier_deployment(tiny_models, tmp_path):
-    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False,
+    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], parity={"repair": False},
                              triton={"variant": "int8"})
     assert parity.run(lax, record).metrics["variants"]["int8"]["passed"]
     first = triton.run(lax, record).metrics
@@ -234,7 +234,7 @@ def test_a_served_parity_failure_publishes_nothing_and_keeps_the_earlier_deploym
 def test_a_variant_failing_served_parity_gives_way_to_the_next(tiny_models, tmp_path):
     """Dynamic int8 answers depend on the batch a text lands in: served batches are not the lab's, so a variant may
     pass in process and fail served. The next candidate is served instead, and the record says why."""
-    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], repair=False,
+    lax, record = _optimized(tiny_models["bert"], tmp_path, precisions=["fp32", "int8"], parity={"repair": False},
                              target={"cpu": "avx512_vnni"})  # int8 first, on any host
     assert parity.run(lax, record).metrics["variants"]["int8"]["passed"]
     strict = lax.model_copy(update={"tolerances": RunConfig.model_validate(STRICT).tolerances})

@@ -9,7 +9,7 @@ from workbench.measure.latency import REFERENCES
 from workbench.steps import export, optimize, parity
 from workbench.steps.bench import latency as run_latency_benchmark
 
-SETTINGS = {"precisions": ["fp32", "fp16"], "device": "cuda", "repair": False,
+SETTINGS = {"precisions": ["fp32", "fp16"], "device": "cuda", "parity": {"repair": False},
             "bench": {"batches": [1, 8], "sequences": [16, 128], "rounds": 30, "warmup": 5}}
 
 

@@ -14,13 +14,13 @@ from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT, OrtRunner, tensor
 from workbench.steps import export, optimize, parity, tensorrt
 
 SETTINGS = {"batch": {"min": 1, "opt": 8, "max": 32}, "sequence": {"min": 1, "opt": 128, "max": 256},
-            "precisions": ["fp32", "fp16"], "trt_profiles": 2, "device": "cuda"}
+            "precisions": ["fp32", "fp16"], "tensorrt": {"profiles": 2}, "device": "cuda"}
 
 
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory):
     cache = tmp_path_factory.mktemp("engine-cache")
-    config = RunConfig.model_validate({**SETTINGS, "engine_cache_dir": str(cache)})
+    config = RunConfig.model_validate({**SETTINGS, "tensorrt": {"profiles": 2, "engine_cache_dir": str(cache)}})
     record = RunRecord.create(tmp_path_factory.mktemp("run"), config)
     for step in (export, optimize, parity, tensorrt):
         step.run(config, record)

@@ -4,12 +4,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from workbench.core.config import ShapeRange
 from workbench.core.data import Text, encode, tokenize
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 
 class Cell(NamedTuple):
@@ -51,12 +54,12 @@ class Batch:
         return self.feed["attention_mask"]
 
 
-def token_lengths(tokenizer: Any, texts: Sequence[Text]) -> np.ndarray:
+def token_lengths(tokenizer: Tokenizer, texts: Sequence[Text]) -> np.ndarray:
     """Untruncated token counts, special tokens included."""
     return np.array([len(ids) for ids in tokenize(tokenizer, texts, truncation=False, verbose=False)["input_ids"]])
 
 
-def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], batch: ShapeRange,
+def corner_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], batch: ShapeRange,
                    sequence: ShapeRange, seed: int = 0, prompt_tokens: int = 0) -> list[Batch]:
     """Every (batch, sequence) corner filled with the texts nearest that length, plus mixed-length batches."""
     lengths = token_lengths(tokenizer, texts)
@@ -73,8 +76,8 @@ def corner_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence
     return batches
 
 
-def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], lengths: np.ndarray, rows: int,
-                 length: int, prompt_tokens: int = 0) -> Batch:
+def shaped_batch(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], lengths: np.ndarray,
+                 rows: int, length: int, prompt_tokens: int = 0) -> Batch:
     """Exactly `rows` x `length`, filled with the texts nearest that length (at least that long first)."""
     order = np.argsort(np.abs(lengths - length) + (lengths < length) * 10_000, kind="stable")
     ids = [int(i) for i in np.resize(order, rows)]
@@ -82,7 +85,7 @@ def shaped_batch(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[T
                                                    prompt_tokens=prompt_tokens))
 
 
-def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
+def cell_feeds(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: list[str],
                cells: Sequence[tuple[int, int]]) -> dict[str, dict[str, np.ndarray]]:
     """Real text filling each (rows, length) cell exactly (`shaped_batch`), by cell name `b1 s16`."""
     lengths = token_lengths(tokenizer, texts)
@@ -90,7 +93,7 @@ def cell_feeds(tokenizer: Any, input_names: tuple[str, ...], texts: list[str],
             for rows, length in cells}
 
 
-def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence[Text], batch_size: int, cut: int,
+def corpus_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], batch_size: int, cut: int,
                    prompt_tokens: int = 0, ids: Sequence[int] | None = None) -> list[Batch]:
     """Every text once (or those of `ids`), batched by length (shortest first, as a server groups them: little
     padding, and each text's batch holds texts like it), right-padded to the longest in each batch; longer texts are
@@ -108,7 +111,7 @@ def corpus_batches(tokenizer: Any, input_names: tuple[str, ...], texts: Sequence
     return batches
 
 
-def long_texts(tokenizer: Any, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:
+def long_texts(tokenizer: Tokenizer, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:
     """One text per target token count: consecutive corpus texts joined by spaces until the joined text holds at
     least that many tokens (the corpus read round again if needed), for checks past a length cut."""
     found = []

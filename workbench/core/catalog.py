@@ -44,7 +44,8 @@ class StepSpec:
     `owns`: the run folders it writes (removed when a run folder is overwritten); `writes`: about how much it
     leaves on disk, in multiples of the model's weight bytes (preflight's size estimate); `takeaway`: its verdict line
     from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
-    them."""
+    them; `settings`: its section of the run configuration (RunConfig's field of that name, e.g. `optimize`), the
+    settings only it reads."""
 
     name: str
     number: int
@@ -60,6 +61,7 @@ class StepSpec:
     writes: float = 0.0
     metrics: type[Metrics] = Metrics
     after: str | None = None
+    settings: str | None = None
 
     @property
     def notebook(self) -> str:

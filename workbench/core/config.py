@@ -5,7 +5,6 @@ import difflib
 import os
 import re
 import warnings
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -15,6 +14,7 @@ from pydantic_core import ErrorDetails
 
 from workbench.core import dotted
 from workbench.core.errors import ConfigError, ShapeError
+from workbench.core.flavor import Flavor
 from workbench.core.tasks import TASKS, OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -22,7 +22,14 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
 # Settings that moved: the old key, the new one (old keys keep working, with a FutureWarning).
-RENAMED_SETTINGS = {"repair_max_builds": "repair.max_builds"}
+RENAMED_SETTINGS = {
+    "repair_max_builds": "parity.repair.max_builds", "repair": "parity.repair",
+    "reference_cache_dir": "parity.reference_cache_dir", "graph_form": "optimize.graph_form",
+    "borrowed_rules": "optimize.borrowed_rules", "openvino": "optimize.openvino",
+    "fp16_op_block_list": "optimize.fp16.op_block_list", "fp16_node_block_list": "optimize.fp16.node_block_list",
+    "int8_per_channel": "optimize.int8.per_channel", "int8_nodes_to_exclude": "optimize.int8.nodes_to_exclude",
+    "trt_profiles": "tensorrt.profiles", "trt_workspace_mb": "tensorrt.workspace_mb",
+    "engine_cache_dir": "tensorrt.engine_cache_dir"}
 # Graph outputs that were renamed: the old name, the new one.
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "int8"]
@@ -128,19 +135,6 @@ class Tolerance(_Strict):
         "embeddings: rank correlation of all pairwise similarities with PyTorch's"))
     min_kendall_tau: float | None = Field(default=None, ge=-1, le=1, description=(
         "rerankers: mean Kendall tau of each query's document order against the reference's"))
-
-
-class Flavor(str, Enum):
-    """How Triton runs the network: the one place these names are spelled."""
-
-    ONNXRUNTIME = "onnxruntime"  # Triton's ONNX Runtime backend (C++), on the CPU or a GPU
-    TENSORRT_PLAN = "tensorrt_plan"  # a TensorRT engine (GPU)
-    PYTHON_ORT = "python-ort"  # a Python-backend model running onnxruntime: what CPU-only Triton builds serve
-
-    @property
-    def artifact_kind(self) -> str:
-        """The kind of run artifact it serves: an engine, or an ONNX file."""
-        return "engine" if self is Flavor.TENSORRT_PLAN else "onnx"
 
 
 # Docker's image reference grammar (distribution/reference), lowercase throughout: a registry host[:port] and
@@ -255,6 +249,65 @@ class RepairSettings(_Strict):
     max_builds: int = Field(default=80, ge=2, description="candidate files one repair may build")
 
 
+class Fp16Settings(_Strict):
+    """What the fp16 variant keeps in fp32."""
+
+    op_block_list: list[str] = Field(default_factory=list, description="op types kept in fp32")
+    node_block_list: list[str] = Field(default_factory=list, description="node names kept in fp32")
+
+
+class Int8Settings(_Strict):
+    """ONNX Runtime's dynamic quantization of the int8 variant."""
+
+    per_channel: bool = True
+    nodes_to_exclude: list[str] = Field(default_factory=list, description="node names left in float")
+
+
+class OptimizeSettings(_Strict):
+    """The optimize step: the fused graph's form and rules, the OpenVINO variants, the fp16 and int8 variants."""
+
+    graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
+        "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
+        "whichever runs faster here (auto)"))
+    borrowed_rules: Literal["auto", "always", "never"] = Field(default="auto", description=(
+        "for an encoder family ONNX Runtime's optimizer has no fusion rules for (MPNet, ALBERT, DeBERTa-v2, ...): "
+        "BERT's rules and attention with its position bias fused, kept when its outputs match the basic graph's and "
+        "it runs clearly faster here (auto), whenever they match (always), or not tried (never)"))
+    openvino: Literal["auto", "always", "never"] = Field(default="auto", description=(
+        "a CPU deployment's fp32 graph run by OpenVINO instead of ONNX Runtime (the [openvino] extra): kept as the "
+        "`openvino` variant when its outputs match the fp32 graph's and it runs clearly faster here (auto), "
+        "whenever they match (always), or not tried (never); NNCF's int8 run by OpenVINO likewise, raced against the "
+        "fastest graph kept before it"))
+    fp16: Fp16Settings = Fp16Settings()
+    int8: Int8Settings = Int8Settings()
+
+
+class ParitySettings(_Strict):
+    """The parity step: its precision repair, and where the lab keeps reference outputs between runs."""
+
+    repair: RepairSettings = Field(default_factory=RepairSettings, description=(
+        "precision repair; -p parity.repair=false turns it off"))
+    reference_cache_dir: str | None = Field(default=None, description=(
+        "where the parity lab's reference outputs are kept between runs, by model files and texts; default: "
+        "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
+    _cache_here = field_validator("reference_cache_dir")(staticmethod(_from_here))
+
+    @field_validator("repair", mode="before")
+    @classmethod
+    def _switch(cls, value: object) -> object:
+        """`repair` as a bool turns the repair on or off."""
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+class TensorrtSettings(_Strict):
+    """The tensorrt step: shape profiles, the builder's workspace, the engine cache."""
+
+    profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
+    workspace_mb: int = Field(default=4096, ge=64)
+    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
+    _cache_here = field_validator("engine_cache_dir")(staticmethod(_from_here))
+
+
 class BenchSettings(_Strict):
     """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
 
@@ -320,58 +373,37 @@ class RunConfig(_Strict):
         "AVX512-FP16 or AMX-FP16, measured), int8 where it pays (measured against fp32 on this host, or a target "
         "CPU with int8 dot-product instructions)"))
     target: TargetSettings = TargetSettings()
-    graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
-        "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
-        "whichever runs faster here (auto)"))
-    borrowed_rules: Literal["auto", "always", "never"] = Field(default="auto", description=(
-        "for an encoder family ONNX Runtime's optimizer has no fusion rules for (MPNet, ALBERT, DeBERTa-v2, ...): "
-        "BERT's rules and attention with its position bias fused, kept when its outputs match the basic graph's and "
-        "it runs clearly faster here (auto), whenever they match (always), or not tried (never)"))
-    openvino: Literal["auto", "always", "never"] = Field(default="auto", description=(
-        "a CPU deployment's fp32 graph run by OpenVINO instead of ONNX Runtime (the [openvino] extra): kept as the "
-        "`openvino` variant when its outputs match the fp32 graph's and it runs clearly faster here (auto), "
-        "whenever they match (always), or not tried (never)"))
-    fp16_op_block_list: list[str] = []
-    fp16_node_block_list: list[str] = []
-    int8_per_channel: bool = True
-    int8_nodes_to_exclude: list[str] = []
     tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
     corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
     corpus_max_texts: int = Field(default=2000, ge=1, description=(
         "texts kept from the corpus (a seeded uniform sample when it holds more; recorded in run.json `corpus`)"))
-    trt_profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
-    trt_workspace_mb: int = Field(default=4096, ge=64)
-    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
-    reference_cache_dir: str | None = Field(default=None, description=(
-        "where the parity lab's reference outputs are kept between runs, by model files and texts; default: "
-        "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
     triton: TritonSettings = TritonSettings()
     bench: BenchSettings = BenchSettings()
     generation: GenerationSettings = GenerationSettings()
-    repair: RepairSettings = Field(default_factory=RepairSettings, description=(
-        "precision repair; -p repair=false turns it off"))
+    optimize: OptimizeSettings = OptimizeSettings()
+    parity: ParitySettings = ParitySettings()
+    tensorrt: TensorrtSettings = TensorrtSettings()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None
     steps: list[str] = Field(default_factory=lambda: list(_step_names()))
     seed: int = 0
     _inputs_here = field_validator("model", "corpus")(staticmethod(_found_here))
-    _caches_here = field_validator("engine_cache_dir", "reference_cache_dir")(staticmethod(_from_here))
 
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """Settings that moved, read at their old key (a deprecation warning names the new one); `repair` as a
-        bool turns the repair on or off."""
+        """Settings that moved, read at their old key (a deprecation warning names the new one); a value set at
+        both keys is the new key's."""
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        if isinstance(data.get("repair"), bool):
-            data["repair"] = {"enabled": data["repair"]}
+        data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
         for old, new in RENAMED_SETTINGS.items():
             if old in data:
                 warnings.warn(f"setting {old!r} is now {new!r}", FutureWarning, stacklevel=2)
-                dotted.put(data, new, data.pop(old))
+                value = data.pop(old)
+                if dotted.get(data, new) is None:
+                    dotted.put(data, new, value)
         return data
 
     @field_validator("task")

@@ -7,12 +7,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from workbench.core.errors import ConfigError
 from workbench.core.tasks import POOLING_MASK
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 CORPUS_PATH = Path(__file__).parents[1] / "data" / "corpus.txt"
 
@@ -107,7 +110,7 @@ def load_corpus(path: Path | str | None = None, max_texts: int | None = None) ->
     return corpus_sample(path, max_texts).texts
 
 
-def tokenize(tokenizer: Any, texts: Sequence[Text], **options: Any) -> Any:
+def tokenize(tokenizer: Tokenizer, texts: Sequence[Text], **options: Any) -> Any:
     """The tokenizer's encoding of `texts`; pairs go in as its text and text_pair (truncated longest first, as
     CrossEncoder.predict() tokenizes them)."""
     if texts and isinstance(texts[0], tuple):
@@ -120,7 +123,7 @@ def shown(text: Text) -> str:
     return text if isinstance(text, str) else f"{text[0]} || {text[1]}"
 
 
-def encode(tokenizer: Any, texts: Sequence[Text], input_names: tuple[str, ...], max_length: int | None = None,
+def encode(tokenizer: Tokenizer, texts: Sequence[Text], input_names: tuple[str, ...], max_length: int | None = None,
            pad_to: int | None = None, prompt_tokens: int = 0) -> dict[str, np.ndarray]:
     """Right-padded int64 arrays for `input_names`; `pad_to` pads every row to that length. A pooling mask (graph
     input of models pooling without the prompt) is the attention mask less each row's first `prompt_tokens`."""
@@ -134,7 +137,7 @@ def encode(tokenizer: Any, texts: Sequence[Text], input_names: tuple[str, ...], 
     return {name: feed[name] for name in input_names}
 
 
-def lowercase_inputs(tokenizer: Any) -> None:
+def lowercase_inputs(tokenizer: Tokenizer) -> None:
     """Lowercase before tokenizing, as sentence-transformers does for `do_lower_case` (a Lowercase normalizer first
     in the fast tokenizer's pipeline, which its `tokenizers` backend, served as encoder.json, keeps)."""
     from tokenizers.normalizers import Lowercase

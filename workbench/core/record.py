@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
@@ -26,11 +26,13 @@ from workbench.core.results import (
     SCHEMA_VERSION,
     ExportMetrics,
     Metrics,
-    ParityMetrics,
     TritonMetrics,
     Verdict,
     migrate,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 RECORD_NAME = "run.json"
 M = TypeVar("M", bound=Metrics)
@@ -466,7 +468,7 @@ class RunRecord:
                                        "run the export step first: --steps export")
         return ExportMetrics.model_validate(info)
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The tokenizer the export step saved with the model, lowercasing where the model's sentence-transformers
         files say so (transformers rebuilds some tokenizers' normalizers on loading, so it is applied again)."""
         from transformers import AutoTokenizer
@@ -475,15 +477,6 @@ class RunRecord:
         if (self.export_info().sentence_pipeline or {}).get("do_lower_case"):
             lowercase_inputs(tokenizer)
         return tokenizer
-
-    def fp16_repair_pins(self) -> list[str]:
-        """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""
-        fp16 = ParityMetrics.model_validate(self.metric("parity") or {}).repair.get("fp16")
-        return list(fp16.chosen.blocked) if fp16 and fp16.chosen else []
-
-    def shape_profiles(self) -> list[dict[str, Any]]:
-        """The TensorRT shape profiles the tensorrt step designed (none when it did not run)."""
-        return list(self.metric("tensorrt.profiles") or [])
 
     def deployment(self) -> TritonMetrics | None:
         """What the triton step deployed, if it is ok now."""

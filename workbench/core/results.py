@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workbench.core.config import Flavor
+from workbench.core.flavor import Flavor
 
 SCHEMA_VERSION = 2
 Json = dict[str, Any]  # a nested table as recorded (measurement cells, per-text diagnostics)
@@ -102,13 +102,37 @@ class ExportMetrics(Metrics):
     nodes: int | None = None
     io: GraphIO
     sentence_pipeline: Json | None = None
+    parameters: int | None = None
+    opset: int | None = None
+
+
+class PrecisionDecision(Metrics):
+    """Whether the optimize step built a reduced precision, why, and whether it pays against fp32 (measured here,
+    else assumed from the target's instructions; None: neither); the serving order follows it."""
+
+    built: bool = False
+    reason: str = ""
+    pays: bool | None = None
+    speedups: dict[str, float] = Field(default_factory=dict)  # goal cell -> fp32 ms / variant ms
+
+
+class PrecisionChoice(Metrics):
+    """The run's precision setting, its deployment target, and the decision per reduced precision."""
+
+    setting: list[str] | str | None = None
+    target: Json | None = None
+    decisions: dict[str, PrecisionDecision] = Field(default_factory=dict)
 
 
 class OptimizeMetrics(Metrics):
     variants: dict[str, Json] = Field(default_factory=dict)
-    precisions: Json | None = None  # setting, target, and per reduced precision the decision (older runs: none)
+    precisions: PrecisionChoice | None = None  # (older runs: none)
     openvino: Json | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
     openvino_int8: Json | None = None  # NNCF's int8 run by OpenVINO: tried or why not, its timing, kept (older: none)
+
+    def decision(self, precision: str) -> PrecisionDecision | None:
+        """The decision on `precision` (None: the run recorded none)."""
+        return self.precisions.decisions.get(precision) if self.precisions else None
 
 
 class ParityMetrics(Metrics):
@@ -131,12 +155,19 @@ class TritonMetrics(Metrics):
     prompt_parity: dict[str, Verdict] = Field(default_factory=dict)
     served_library: str | None = None
     served_reference: str | None = None
+    verification: Json | None = None  # how it was verified: by what, the variants passed over and why
+    cut: Json | None = None  # texts past the deployment's token limit, checked against the library's own cut
+    replaced: str | None = None  # the run whose deployment of the same name this one replaced
 
 
 class BenchMetrics(Metrics):
     host: Json | None = None
     latency: Json | None = None  # the grid: cells, runners, peaks per precision (`measure.latency.measure_grid`)
     served: Json | None = None
+
+    def disturbed(self) -> list[str]:
+        """Signs that other work on the host disturbed the in-process grid (none: it looked quiet)."""
+        return list((self.latency or {}).get("disturbed") or [])
 
 
 def migrate(data: Json) -> Json:

@@ -8,13 +8,14 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from workbench.core.config import BenchSettings, Flavor, RunConfig
+from workbench.core.config import BenchSettings, RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
+from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.measure.load import (
     asyncio_level,
@@ -30,6 +31,9 @@ from workbench.serving.client import TritonClient
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
+
 BATCHING = (("batching_off", False), ("batching_on", True))
 T = TypeVar("T")
 
@@ -39,7 +43,7 @@ class ServedBench:
     (tokenized here) straight to the ensemble's network model."""
 
     def __init__(self, config: RunConfig, plan: ServingPlan, server: TritonServer, texts: list[str],
-                 tokenizer: Any, tool: PerfAnalyzer | None, workdir: Path, protocol: str = "grpc") -> None:
+                 tokenizer: Tokenizer, tool: PerfAnalyzer | None, workdir: Path, protocol: str = "grpc") -> None:
         self.config, self.plan, self.server, self.texts = config, plan, server, texts
         self.tokenizer, self.tool, self.workdir, self.protocol = tokenizer, tool, workdir, protocol
         self.url = server.grpc_url if protocol == "grpc" else server.http_url
@@ -172,7 +176,7 @@ def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any
     return max(within, key=lambda c: c["throughput"]) if within else None
 
 
-def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Any,
+def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
                          workdir: Path) -> dict[str, Any]:
     """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
     where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""

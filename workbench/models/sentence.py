@@ -13,6 +13,7 @@ from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
 if TYPE_CHECKING:
     import torch
     from sentence_transformers import CrossEncoder, SentenceTransformer
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 # Modules after the Transformer that the exported graph holds (Dropout is the identity at inference).
 HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout")
@@ -201,7 +202,7 @@ def _check_dense_width(pipeline: SentencePipeline, mode: str, hidden_size: int) 
             "with -p pooling=none and pool outside the graph")
 
 
-def prompt_tokens(tokenizer: Any, prompt: str, limit: int) -> int:
+def prompt_tokens(tokenizer: Tokenizer, prompt: str, limit: int) -> int:
     """How many of a text's first tokens are the prompt's, as sentence-transformers counts them for pooling without
     the prompt (include_prompt: false): the prompt tokenized alone, less a trailing special token; 0 for none."""
     if not prompt:

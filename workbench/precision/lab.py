@@ -48,7 +48,8 @@ class ParityLab:
         self.corners = batches[:corners]
         with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(config.device))) as runner:
             start = time.perf_counter()
-            cache = ReferenceCache(Path(config.reference_cache_dir) if config.reference_cache_dir else default_folder())
+            folder = config.parity.reference_cache_dir
+            cache = ReferenceCache(Path(folder) if folder else default_folder())
             key = cache_key(runner.identity, batches) if runner.identity else None
             kept = cache.load(key, len(batches)) if key else None
             self.expected = kept or [runner.infer(b) for b in self.batches]

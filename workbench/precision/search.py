@@ -87,9 +87,9 @@ class RepairSearch:
         if key in self.candidates:
             return self.candidates[key]
         if len(self.history) >= self.max_builds:
-            raise BudgetSpent(f"its {self.max_builds} builds were spent (repair.max_builds)")
+            raise BudgetSpent(f"its {self.max_builds} builds were spent (parity.repair.max_builds)")
         if self.budget.spent:
-            raise BudgetSpent(f"its {self.budget.seconds:g} s ran out (repair.budget_s)")
+            raise BudgetSpent(f"its {self.budget.seconds:g} s ran out (parity.repair.budget_s)")
         path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
         start = time.perf_counter()
         self.problem.build(list(blocked), path)

@@ -18,6 +18,7 @@ from workbench.core.atomic import write_text
 from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
+from workbench.core.results import BenchMetrics
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
@@ -112,10 +113,11 @@ def host_of(record: RunRecord) -> str:
 
 def rows_of(record: RunRecord, name: str) -> list[Row]:
     """Every variant with a parity verdict in the run, with what was measured of it."""
-    bench = record.metric("bench") if record.status("bench") == StepStatus.OK else None
-    cells = (bench or {}).get("latency", {}).get("cells", {}) if bench else {}
-    served = (bench or {}).get("served") or {}
-    deployed = record.metric("triton.variant") if record.status("triton") == StepStatus.OK else None
+    bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
+    cells = (bench.latency or {}).get("cells", {}) if bench else {}
+    served = (bench.served if bench else None) or {}
+    deployment = record.deployment()
+    deployed = deployment.variant if deployment else None
     level = best_level(served, record.config.bench.p99_limit_ms) if "skipped" not in served else None
     rows = []
     for variant, verdict in record.verdicts().items():

@@ -94,7 +94,7 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
 
 def disturbed_warning(bench: BenchMetrics) -> str:
     """The warning the report opens with when the in-process grid's own medians show other work distorted it."""
-    disturbed = (bench.latency or {}).get("disturbed")
+    disturbed = bench.disturbed()
     if not disturbed:
         return ""
     more = f" (and {len(disturbed) - 1} more)" if disturbed[1:] else ""
@@ -132,7 +132,8 @@ def headline(bench: BenchMetrics) -> list[str]:
 def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
     """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one."""
     rows = []
-    disturbed = " (disturbed timings)" if record.metric("bench.latency.disturbed") else ""
+    bench = record.results_as("bench", BenchMetrics)
+    disturbed = " (disturbed timings)" if bench and bench.disturbed() else ""
     for choice in recommend(record):
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.where, "variant": choice.variant or "none",

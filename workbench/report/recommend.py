@@ -12,7 +12,7 @@ from typing import Any
 
 from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import Verdict
+from workbench.core.results import OptimizeMetrics, Verdict
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
 
@@ -184,7 +184,8 @@ def _rank(candidate: Candidate) -> int:
 def served_failures(record: RunRecord) -> dict[str, Verdict]:
     """Variants that passed parity in process but failed it served (the triton step passed them over), as failing
     verdicts: a deployment would answer as the server did."""
-    verification = (record.metric("triton.verification") or {}) if record.status("triton") == StepStatus.OK else {}
+    deployment = record.deployment()
+    verification = (deployment.verification if deployment else None) or {}
     found = {}
     for variant, failures in verification.get("passed_over", {}).items():
         verdict = record.verdict(variant)
@@ -213,8 +214,15 @@ def recommend(record: RunRecord) -> list[Recommendation]:
         else:
             recommendations.append(pick(goal, shape, candidates(cells[shape.key], verdicts),
                                         record.environment.get("cpu_features", {}).get("int8_dot_product"),
-                                        record.metric("optimize.precisions.decisions.int8.reason")))
+                                        int8_reason(record)))
     return recommendations
+
+
+def int8_reason(record: RunRecord) -> str | None:
+    """Why the optimize step built int8 or not (None: it recorded no decision)."""
+    optimize = record.results_as("optimize", OptimizeMetrics)
+    decision = optimize.decision("int8") if optimize else None
+    return decision.reason if decision else None
 
 
 def goal_cells(cells: list[Cell]) -> dict[str, Cell | None]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from workbench.core.record import RunRecord, StepStatus
+from workbench.core.results import BenchMetrics
 from workbench.measure.latency import disturbance_note
 
 
@@ -52,7 +53,8 @@ def _texts(count: int) -> str:
 
 
 def disturbed_lines(record: RunRecord) -> list[str]:
-    found = record.metric("bench.latency.disturbed") or []
+    bench = record.results_as("bench", BenchMetrics)
+    found = bench.disturbed() if bench else []
     return [f"{disturbance_note(found)} below"] if found else []
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from workbench.core.atomic import write_text
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
+from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.serving.repository import ServingPlan
 

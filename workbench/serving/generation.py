@@ -6,13 +6,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_dir
 from workbench.core.errors import ConfigError, DependencyMissingError
 from workbench.models.loading import ModelSource, resolve_source
 from workbench.models.tiny import TINY
 from workbench.serving.backend import generation_core as core
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def load_ct2(task: GenTask, folder: Path, compute_type: str = "float32", threads
     return engine(str(folder), device="cpu", compute_type=compute_type, intra_threads=threads or os.cpu_count() or 1)
 
 
-def max_input_tokens(model: Any, tokenizer: Any, configured: int | None) -> int:
+def max_input_tokens(model: Any, tokenizer: Tokenizer, configured: int | None) -> int:
     """The configured limit, else the tokenizer's or the position table's."""
     if configured:
         return configured
@@ -109,7 +112,7 @@ def max_input_tokens(model: Any, tokenizer: Any, configured: int | None) -> int:
     return min(limits) if limits else 512
 
 
-def prepared_inputs(tokenizer: Any, texts: list[str], language: str | None, limit: int) -> list[list[int]]:
+def prepared_inputs(tokenizer: Tokenizer, texts: list[str], language: str | None, limit: int) -> list[list[int]]:
     style, codes = core.language_style(tokenizer)
     try:
         core.check_language(style, codes, language)
@@ -118,7 +121,7 @@ def prepared_inputs(tokenizer: Any, texts: list[str], language: str | None, limi
     return core.encode(tokenizer, texts, style, language, limit)
 
 
-def compare_greedy(task: GenTask, model: Any, engine: Any, tokenizer: Any, sequences: list[list[int]],
+def compare_greedy(task: GenTask, model: Any, engine: Any, tokenizer: Tokenizer, sequences: list[list[int]],
                    max_new_tokens: int, language: str | None, batch: int = 8) -> dict[str, Any]:
     """Greedy HF generate vs CTranslate2 on the same token ids, in batches (padded and masked)."""
     style, _ = core.language_style(tokenizer)

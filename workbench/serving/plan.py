@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workbench.core.config import Flavor, ShapeRange, TritonSettings
+from workbench.core.config import ShapeRange, TritonSettings
 from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
-from workbench.core.results import ExportMetrics, Verdict
+from workbench.core.results import ExportMetrics, PrecisionDecision, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
@@ -34,7 +35,7 @@ GPU_PREFERENCE = {Flavor.ONNXRUNTIME: ("fp16_repaired", "fp16", "fp32", "origina
                   Flavor.TENSORRT_PLAN: ("trt_fp16", "trt_fp32")}
 
 
-def preference(flavor: Flavor, int8: dict[str, Any] | None = None,
+def preference(flavor: Flavor, int8: PrecisionDecision | None = None,
                features: dict[str, Any] | None = None) -> tuple[tuple[str, ...], str]:
     """The variants `flavor` serves, best first, and why in that order: on a CPU, int8 first where it pays, as the
     optimize step decided (`int8`: its decision), else where the CPU (`features`, default this host's) has int8
@@ -47,15 +48,16 @@ def preference(flavor: Flavor, int8: dict[str, Any] | None = None,
     return order, reason
 
 
-def _cpu_preference(int8: dict[str, Any] | None, features: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
-    if int8 is not None and int8.get("pays") is not None:
-        first = CPU_INT8_FIRST if int8["pays"] else CPU_FP32_FIRST
-        return first, f"{'int8' if int8['pays'] else 'fp32'} first: int8 {int8['reason']}"
-    int8 = (features or cpu_features())["int8_dot_product"]
-    if int8 is None:
+def _cpu_preference(int8: PrecisionDecision | None,
+                    features: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
+    if int8 is not None and int8.pays is not None:
+        first = CPU_INT8_FIRST if int8.pays else CPU_FP32_FIRST
+        return first, f"{'int8' if int8.pays else 'fp32'} first: int8 {int8.reason}"
+    instructions = (features or cpu_features())["int8_dot_product"]
+    if instructions is None:
         return CPU_FP32_FIRST, ("fp32 first: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
                                 "AMX), so int8 would serve about the same speed with less accuracy")
-    return CPU_INT8_FIRST, f"int8 first: this CPU has {int8}"
+    return CPU_INT8_FIRST, f"int8 first: this CPU has {instructions}"
 
 
 def repository_root(repository_dir: str | None) -> Path:
@@ -108,7 +110,7 @@ def instances_for(setting: int | Literal["auto"], threads: int | None, flavor: F
 
 
 def candidates(available: set[str], verdict: Callable[[str], Verdict | None], flavor: Flavor,
-               configured: str | None, int8: dict[str, Any] | None = None) -> list[str]:
+               configured: str | None, int8: PrecisionDecision | None = None) -> list[str]:
     """Variants that could be served, best first: the `configured` one, else those of the flavor's preference
     (`preference`, with the optimize step's `int8` decision) among the `available` ones, the ones whose `verdict`
     passed ahead of the unchecked (failed ones are left out)."""

@@ -15,9 +15,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.core.atomic import atomic_dir, sha256_file, write_text
-from workbench.core.config import Flavor
 from workbench.core.data import lowercase_inputs
 from workbench.core.errors import RepositoryError
+from workbench.core.flavor import Flavor
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
 

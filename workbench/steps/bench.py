@@ -7,9 +7,10 @@ from typing import Any
 
 from workbench.core.batches import corpus_batches
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
+from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BenchMetrics
@@ -118,7 +119,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     """The verdict line: a disturbed grid, the recommendation per goal, a served bench that was skipped."""
     found = [*disturbed_lines(record), *(r.line() for r in recommend(record))]
-    served = record.metric("bench.served") or {}
+    bench = record.results_as(STEP, BenchMetrics)
+    served = (bench.served if bench else None) or {}
     if "skipped" in served:
         found.append(f"served benchmark skipped: {served['skipped']}")
     return found
@@ -197,4 +199,4 @@ SPEC = StepSpec(
     lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
-    metrics=BenchMetrics, after="generation")
+    metrics=BenchMetrics, after="generation", settings="bench")

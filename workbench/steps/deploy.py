@@ -8,7 +8,7 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import Json, Metrics
+from workbench.core.results import BenchMetrics, Json, Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of
@@ -41,7 +41,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label}); run "
                               "--steps triton,deploy")
         plan, _ = deployed
-        served = record.metric("bench.served") if record.status("bench") == StepStatus.OK else None
+        bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
+        served = bench.served if bench else None
         unmeasured = (f"no served bench: bench step {record.step_entry('bench').label}" if not served
                       else f"the served bench was skipped: {served['skipped']}" if "skipped" in served else "")
         capacity = plan_capacity(config.triton, config.bench, None if unmeasured else served, network_model(plan),

@@ -138,16 +138,17 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 
 def lines(record: RunRecord) -> list[str]:
-    info = record.metric("export")
-    dynamic = [name for name, axes in info["io"]["inputs"].items() if axes[:2] == ["batch", "sequence"]]
-    lines = [f"{info['architecture']}: {info['parameters']:,} parameters exported to ONNX opset {info['opset']} "
-             f"({info['nodes']} nodes, onnx.checker passed); batch and sequence axes dynamic on "
-             f"{len(dynamic)} of {len(info['io']['inputs'])} inputs"]
-    sequence = info.get("sequence")
+    info = record.export_info()
+    dynamic = [name for name, axes in info.io.inputs.items() if axes[:2] == ["batch", "sequence"]]
+    size = f"{info.parameters:,} parameters" if info.parameters is not None else "the model"
+    lines = [f"{info.architecture}: {size} exported to ONNX opset {info.opset} "
+             f"({info.nodes} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+             f"{len(dynamic)} of {len(info.io.inputs)} inputs"]
+    sequence = info.sequence
     if sequence:
         lines.append(f"tokens per text: {sequence['min']}-{sequence['max']} (opt {sequence['opt']}); max "
-                     f"{sequence['sources']['max']}; the model takes {info['max_sequence']}")
-    pipeline = info.get("sentence_pipeline")
+                     f"{sequence['sources']['max']}; the model takes {info.max_sequence}")
+    pipeline = info.sentence_pipeline
     if pipeline:
         override = f"; {pipeline['override']}" if pipeline.get("override") else ""
         options = ["lowercased first (do_lower_case)"] if pipeline.get("do_lower_case") else []

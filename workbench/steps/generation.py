@@ -3,7 +3,7 @@ CTranslate2, greedy outputs checked token for token, then a load test of both.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,11 +35,14 @@ from workbench.serving.plan import repository_root
 from workbench.serving.repository import model_name_for, write_models
 from workbench.serving.server import TritonServer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
+
 STEP = "generation"
 REQUEST_TEXTS = 4  # texts per request when checking served answers
 
 
-def short_texts(tokenizer: Any, count: int, limit: int) -> list[str]:
+def short_texts(tokenizer: Tokenizer, count: int, limit: int) -> list[str]:
     """The first `count` corpus texts that fit in `limit` tokens (and 64, to keep decoding cheap)."""
     cap = min(limit, 64)
     return [t for t in load_corpus() if len(tokenizer(t)["input_ids"]) < cap][:count]
@@ -142,7 +145,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     """The verdict line per task: greedy HF against CTranslate2, and CTranslate2's served speed over HF's."""
     found = []
-    for task, outcome in (record.metric(STEP) or {}).items():
+    recorded = record.results(STEP)  # one table per task, keyed by its name
+    for task, outcome in ((recorded.model_extra or {}) if recorded else {}).items():
         same = outcome["in_process"]
         speed = outcome.get("ct2_over_hf_tokens_per_s")
         found.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
@@ -164,4 +168,4 @@ SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
-    after="triton")
+    after="triton", settings="generation")

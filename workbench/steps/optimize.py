@@ -97,7 +97,7 @@ def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dic
     basic = ("the graph got ONNX Runtime's basic optimizations only (constant folding, redundant nodes removed), "
              "with standard ONNX operators")
     if borrowed is None:
-        return {"fusions": list(TRANSFORMER_FUSIONS), "reason": f"{none}; {basic} (borrowed_rules=never)"}
+        return {"fusions": list(TRANSFORMER_FUSIONS), "reason": f"{none}; {basic} (optimize.borrowed_rules=never)"}
     if not borrowed.kept:
         return {"fusions": list(TRANSFORMER_FUSIONS),
                 "reason": f"{none}; {borrowed.rules}'s rules were tried and not kept, {borrowed.reason}; {basic}"}
@@ -139,9 +139,9 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
     if not export.optimizer_model_type:
         model, borrowed = build_borrowed(original, dest, export, config, record, target)
         return model, None, borrowed
-    if config.graph_form != "auto" or target.kind == "cpu":
-        form = config.graph_form if config.graph_form != "auto" else "fused"
-        why = (f"set by graph_form={form}" if config.graph_form != "auto" else
+    if config.optimize.graph_form != "auto" or target.kind == "cpu":
+        form = config.optimize.graph_form if config.optimize.graph_form != "auto" else "fused"
+        why = (f"set by optimize.graph_form={form}" if config.optimize.graph_form != "auto" else
                f"ONNX Runtime's default: {target.name} is not this host, whose timing would not tell")
         return optimize_fp32(original, dest, export, form), FormChoice(form, why, {}), None
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
@@ -163,9 +163,9 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
 def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: RunConfig, record: RunRecord,
                    target: Target) -> tuple[ModelProto, Borrowed | None]:
     """A family without fusion rules: the basic graph, or the one fused with borrowed rules where its outputs match
-    the basic graph's and (borrowed_rules=auto, `target` this host) it runs clearly faster here; None when not
+    the basic graph's and (optimize.borrowed_rules=auto, `target` this host) it runs clearly faster here; None when not
     tried (never)."""
-    if config.borrowed_rules == "never":
+    if config.optimize.borrowed_rules == "never":
         return optimize_fp32(original, dest, export), None
     workdir = temporary_dir(dest)  # both graphs; removed however the step ends
     try:
@@ -177,7 +177,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         attention = attention_outcome(fused, export.num_layers, biased, BORROWED_RULES)
         del model
         release_memory()
-        untimed = ("set by borrowed_rules=always" if config.borrowed_rules == "always" else
+        untimed = ("set by optimize.borrowed_rules=always" if config.optimize.borrowed_rules == "always" else
                    f"kept as its outputs match: {target.name} is not this host, whose timing would not tell"
                    if target.kind == "cpu" else None)
         borrowed = choose_borrowed(files, form_feeds(config, record, export), providers_for(config.device),
@@ -193,7 +193,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
 
 def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> dict[str, Any]:
     """The exported graph run by OpenVINO (`runners.openvino`), tried against the fused fp32 graph in ONNX Runtime
-    (`forms.trial`): kept as the `openvino` variant where its outputs match and (openvino=auto) it runs clearly
+    (`forms.trial`): kept as the `openvino` variant where its outputs match and (optimize.openvino=auto) it runs clearly
     faster here; what was tried and why it was kept or not, for metrics.optimize.openvino."""
     why_not = openvino_skipped(config, target)
     if why_not:
@@ -206,7 +206,7 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     onnxfiles.save(model, dest)
     del model
     release_memory()
-    untimed = "set by openvino=always" if config.openvino == "always" else None
+    untimed = "set by optimize.openvino=always" if config.optimize.openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
     try:
         with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
@@ -238,8 +238,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
                         int8: Decision | None) -> dict[str, Any]:
     """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
     so far (ONNX Runtime's int8, else the openvino variant, else fp32): kept as the `openvino_int8` variant where it
-    is clearly faster here (openvino=auto) or always (openvino=always). Its accuracy is the parity step's to judge
-    (and repair). What was tried and why it was kept or not, for metrics.optimize.openvino_int8."""
+    is clearly faster here (optimize.openvino=auto) or always (optimize.openvino=always). Its accuracy is the parity
+    step's to judge (and repair). What was tried and why it was kept or not, for metrics.optimize.openvino_int8."""
     why_not = openvino_skipped(config, target) or (
         "not tried: int8 is not among the run's precisions" if int8 is None or (
             config.precisions != "auto" and "int8" not in config.precisions) else
@@ -263,8 +263,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
         with open_variant(against, variants[against].path, config.device, config.threads) as default, \
                 OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
             engine = challenger.providers[0]
-            if config.openvino == "always":
-                ms, kept, reason = {}, True, "set by openvino=always"
+            if config.optimize.openvino == "always":
+                ms, kept, reason = {}, True, "set by optimize.openvino=always"
             else:
                 ms, kept, reason = race(against, "openvino_int8", {against: default, "openvino_int8": challenger},
                                         form_feeds(config, record, export), RUNTIME_ROUNDS)
@@ -285,8 +285,8 @@ def choose_openvino_precision(config: RunConfig, record: RunRecord, export: Expo
     """The precision OpenVINO computes the float ops of the int8 file at `dest` in. Where the CPU has bf16 that is
     OpenVINO's own default there (what its own int8 deployment runs), bf16, unless the file compiled at f32 runs
     clearly faster (`forms.race`, interleaved); bf16 is written into the file's metadata. Elsewhere f32. Timed under
-    openvino=always too (that setting keeps the variant; this picks how it runs). Its accuracy is the parity step's
-    to judge, with the file's. What was tried, for metrics.optimize.openvino_int8.inference_precision."""
+    optimize.openvino=always too (that setting keeps the variant; this picks how it runs). Its accuracy is the parity
+    step's to judge, with the file's. What was tried, for metrics.optimize.openvino_int8.inference_precision."""
     problem = bf16_problem()
     if problem:
         return {"chosen": "f32", "reason": f"bf16 not tried: {problem}"}
@@ -304,13 +304,13 @@ def choose_openvino_precision(config: RunConfig, record: RunRecord, export: Expo
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
     """Why the OpenVINO variant is not tried in this run, or None."""
-    if config.openvino == "never":
-        return "not tried (openvino=never)"
+    if config.optimize.openvino == "never":
+        return "not tried (optimize.openvino=never)"
     if target.kind == "gpu" or device_for(config.device) == "cuda":
         return "not tried: the deployment runs on a GPU, and OpenVINO's variant is for CPUs"
-    if target.kind == "cpu" and config.openvino == "auto":
-        return (f"not tried: {target.name} is not this host, whose timing would not tell (openvino=always keeps it "
-                "where its outputs match)")
+    if target.kind == "cpu" and config.optimize.openvino == "auto":
+        return (f"not tried: {target.name} is not this host, whose timing would not tell (optimize.openvino=always "
+                "keeps it where its outputs match)")
     problem = openvino_problem()
     if problem:
         return f"not tried: {problem}; {INSTALL}"
@@ -318,10 +318,11 @@ def openvino_skipped(config: RunConfig, target: Target) -> str | None:
 
 
 def check(config: RunConfig) -> None:
-    """Refuse openvino=always without OpenVINO before the run starts."""
+    """Refuse optimize.openvino=always without OpenVINO before the run starts."""
     problem = openvino_problem()
-    if config.openvino == "always" and problem:
-        raise DependencyMissingError(f"openvino=always needs OpenVINO: {problem}", f"{INSTALL}, or set openvino: auto")
+    if config.optimize.openvino == "always" and problem:
+        raise DependencyMissingError(f"optimize.openvino=always needs OpenVINO: {problem}",
+                                     f"{INSTALL}, or set optimize.openvino: auto")
 
 
 def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
@@ -384,10 +385,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
         builders = {
             "fp32": fp32,
-            "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, config.fp16_op_block_list,
-                                              config.fp16_node_block_list),
-            "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, config.int8_per_channel,
-                                               config.int8_nodes_to_exclude),
+            "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, config.optimize.fp16.op_block_list,
+                                              config.optimize.fp16.node_block_list),
+            "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, config.optimize.int8.per_channel,
+                                               config.optimize.int8.nodes_to_exclude),
             "tensorrt": tensorrt,
         }
         wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
@@ -436,8 +437,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 
 def lines(record: RunRecord) -> list[str]:
-    variants = record.metric("optimize.variants")
-    layers = record.metric("export.num_layers")
+    optimize = record.results_as(STEP, OptimizeMetrics) or OptimizeMetrics()
+    export = record.export_info()
+    variants, layers = optimize.variants, export.num_layers
     fp32 = variants.get("fp32", {})
     attention = sum(fp32.get("fused", {}).get(op, 0) for op in ATTENTION_OPS)
     fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
@@ -448,19 +450,15 @@ def lines(record: RunRecord) -> list[str]:
     if borrowed and borrowed["kept"]:
         fused += f" ({borrowed['rules']}'s rules borrowed, attention {borrowed['attention']}; {borrowed['reason']})"
     sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
-    lines = [f"{fused}; fp32 graph {record.metric('export.nodes')} -> {fp32.get('nodes')} nodes",
-             f"variants built: {sizes}"]
-    decisions = record.metric("optimize.precisions.decisions") or {}
-    lines += [f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}"
-              for precision, d in decisions.items()]
+    lines = [f"{fused}; fp32 graph {export.nodes} -> {fp32.get('nodes')} nodes", f"variants built: {sizes}"]
+    decisions = optimize.precisions.decisions if optimize.precisions else {}
+    lines += [f"{precision} {'built' if d.built else 'not built'}: {d.reason}" for precision, d in decisions.items()]
     if fp32.get("form"):
         lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
-    openvino = record.metric("optimize.openvino")
-    if openvino:
-        lines.append(openvino_line(openvino))
-    openvino_int8 = record.metric("optimize.openvino_int8")
-    if openvino_int8:
-        lines.append(openvino_int8_line(openvino_int8))
+    if optimize.openvino:
+        lines.append(openvino_line(optimize.openvino))
+    if optimize.openvino_int8:
+        lines.append(openvino_int8_line(optimize.openvino_int8))
     return lines
 
 
@@ -470,7 +468,7 @@ def openvino_line(openvino: dict[str, Any]) -> str:
         return f"OpenVINO fp32 kept as the openvino variant: {openvino['reason']}"
     if "ms" not in openvino:
         return f"OpenVINO fp32 {openvino['reason']}"
-    anyway = "; to keep it anyway: -p openvino=always" if openvino.get("matches") else ""
+    anyway = "; to keep it anyway: -p optimize.openvino=always" if openvino.get("matches") else ""
     return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
 
 
@@ -483,14 +481,14 @@ def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
         return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant{how}: {openvino_int8['reason']}"
     if "ms" not in openvino_int8:
         return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
-    return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p openvino=always"
+    return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p optimize.openvino=always"
 
 
 def section(optimize: OptimizeMetrics) -> Parts:
     if not optimize.variants:
         return []
-    decisions = (optimize.precisions or {}).get("decisions", {})
-    decided = " ".join(f"{precision} {'built' if d['built'] else 'not built'}: {d['reason']}."
+    decisions = optimize.precisions.decisions if optimize.precisions else {}
+    decided = " ".join(f"{precision} {'built' if d.built else 'not built'}: {d.reason}."
                        for precision, d in decisions.items())
     text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
     parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
@@ -506,4 +504,4 @@ SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, lines,
     sections=(Section("ONNX Runtime fusions", section),),
     needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
-    metrics=OptimizeMetrics, after="export")
+    metrics=OptimizeMetrics, after="export", settings="optimize")

@@ -38,8 +38,9 @@ RACED_AGAINST = ("int8_repaired", "int8", "openvino", "fp32", "original")
 
 
 def repair_plan(config: RunConfig) -> RepairPlan:
-    return RepairPlan(config.repair.max_builds, config.repair.budget_s, config.fp16_op_block_list,
-                      config.fp16_node_block_list, config.int8_nodes_to_exclude, config.int8_per_channel)
+    repair, fp16, int8 = config.parity.repair, config.optimize.fp16, config.optimize.int8
+    return RepairPlan(repair.max_builds, repair.budget_s, fp16.op_block_list, fp16.node_block_list,
+                      int8.nodes_to_exclude, int8.per_channel)
 
 
 def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Any]) -> str | None:
@@ -49,12 +50,13 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
     path, precision = built.path, built.precision
-    with Progress(f"repair {name}", config.repair.max_builds, "candidates") as bar:
+    with Progress(f"repair {name}", config.parity.repair.max_builds, "candidates") as bar:
         checker = Checker(lab, name, precision, config.device, config.threads, path)
         problem = None
         if name == "openvino_int8":
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
-            problem.ceiling = None if config.openvino == "always" else ceiling(config, record, results, checker)
+            always = config.optimize.openvino == "always"
+            problem.ceiling = None if always else ceiling(config, record, results, checker)
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
     if outcome.blocked is not None and name == "openvino_int8":
@@ -88,11 +90,11 @@ def raced_against(results: dict[str, Any]) -> str:
 def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
                   results: dict[str, Any]) -> dict[str, Any]:
     """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
-    (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or openvino=always; its
-    record."""
+    (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or
+    optimize.openvino=always; its record."""
     against = raced_against(results)
-    if config.openvino == "always":
-        return {"against": against, "ms": {}, "kept": True, "reason": "set by openvino=always"}
+    if config.optimize.openvino == "always":
+        return {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
     built = record.variant(against)
     other, precision = built.path, built.precision
     with open_variant(against, other, config.device, config.threads, precision) as default, \
@@ -185,7 +187,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference_cached": lab.reference_cached})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
         for name in REPAIRABLE:
-            if config.repair.enabled and name in results and not results[name]["passed"]:
+            if config.parity.repair.enabled and name in results and not results[name]["passed"]:
                 repaired = repair(name, config, record, lab, results)
                 if repaired is not None:
                     results[repaired] = compare(repaired, config, record, lab)
@@ -200,8 +202,15 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
+def fp16_repair_pins(record: RunRecord) -> list[str]:
+    """Nodes the fp16 repair kept in fp32 (none when it did not run or found no repair)."""
+    parity = record.results_as(STEP, ParityMetrics)
+    fp16 = parity.repair.get("fp16") if parity else None
+    return list(fp16.chosen.blocked) if fp16 and fp16.chosen else []
+
+
 def lines(record: RunRecord) -> list[str]:
-    parity = ParityMetrics.model_validate(record.metric("parity") or {})
+    parity = record.results_as(STEP, ParityMetrics) or ParityMetrics()
     passed = [name for name, v in parity.variants.items() if v.passed]
     lines = [*_reference(parity.reference),
              f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
@@ -224,7 +233,7 @@ def lines(record: RunRecord) -> list[str]:
             if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
                 budget = max(2 * outcome.budget_s, RepairSettings.model_fields["budget_s"].default)
                 more = (f" (more time: workbench run --resume --output-dir {record.run_dir} --steps parity "
-                        f"-p repair.budget_s={budget:g})")
+                        f"-p parity.repair.budget_s={budget:g})")
             lines.append(f"{precision} repair: {outcome.outcome}{more}")
     return lines
 
@@ -293,4 +302,4 @@ SPEC = StepSpec(
     STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, lines,
     sections=(Section("Parity against PyTorch", section),),
     needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"), writes=1.2,
-    metrics=ParityMetrics, after="optimize")
+    metrics=ParityMetrics, after="optimize", settings="parity")

@@ -30,6 +30,7 @@ from workbench.graphs.engines import (
 )
 from workbench.graphs.profiles import Profile, design_profiles, padding_waste
 from workbench.report import figures
+from workbench.steps.parity import fp16_repair_pins
 
 STEP = "tensorrt"
 
@@ -53,10 +54,16 @@ def length_stats(lengths: np.ndarray, bins: int = 40) -> dict[str, Any]:
             "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}
 
 
+def shape_profiles(record: RunRecord) -> list[Json]:
+    """The shape profiles this step designed (none when it did not run)."""
+    found = record.results_as(STEP, TensorrtMetrics)
+    return list(found.profiles) if found else []
+
+
 def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
     """Nodes of the exported graph to keep fp32 in the fp16 engine: the configured block list and what the parity
     step's fp16 repair found (if it ran), mapped from the fused ORT graph back to the exported one."""
-    wanted = list(dict.fromkeys([*config.fp16_node_block_list, *record.fp16_repair_pins()]))
+    wanted = list(dict.fromkeys([*config.optimize.fp16.node_block_list, *fp16_repair_pins(record)]))
     if not wanted:
         return {}
     optimized = onnxfiles.load(record.artifact("onnx.fp32"), load_external_data=False)
@@ -69,7 +76,7 @@ def engine_specs(config: RunConfig, profiles: list[Profile], pins: dict[str, lis
     serves."""
     pinned = list(dict.fromkeys(n for nodes in pins.values() for n in nodes))
     wanted = ("fp32", "fp16") if config.precisions == "auto" else config.precisions
-    return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], config.trt_workspace_mb)
+    return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], config.tensorrt.workspace_mb)
             for p in ("fp32", "fp16") if p in wanted]
 
 
@@ -129,7 +136,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(load_corpus(config.corpus, config.corpus_max_texts)))
         sequence = config.sequence.resolve(export.max_sequence)
-        profiles = design_profiles(lengths, config.trt_profiles, config.batch, sequence)
+        profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence)
         single = design_profiles(lengths, 1, config.batch, sequence)
         metrics: dict[str, Any] = {
             "lengths": length_stats(lengths),
@@ -142,7 +149,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         specs = engine_specs(config, profiles, pins)
         input_names = tuple(export.io.inputs)
         engines_dir = record.run_dir / "engines"
-        cache_dir = Path(config.engine_cache_dir) if config.engine_cache_dir else default_cache_dir()
+        cache_dir = Path(config.tensorrt.engine_cache_dir) if config.tensorrt.engine_cache_dir else default_cache_dir()
         commands = {spec.name: trtexec_command(source.relative_to(record.run_dir), Path(f"engines/{spec.name}.plan"),
                                                spec, input_names, Path("engines/timing.cache"),
                                                Path("engines/reports")) for spec in specs}
@@ -191,4 +198,4 @@ SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, lines,
     sections=(Section("TensorRT shape profiles", section),),
     needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
-    metrics=TensorrtMetrics, after="parity")
+    metrics=TensorrtMetrics, after="parity", settings="tensorrt")

@@ -5,11 +5,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import Flavor, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
+from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import TritonMetrics, Verdict
+from workbench.core.results import OptimizeMetrics, PrecisionDecision, TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -35,6 +36,7 @@ from workbench.serving.repository import (
 )
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
+from workbench.steps.tensorrt import shape_profiles
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -104,10 +106,16 @@ def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
     return {variant: result["failures"] for variant, result in checks.items() if not result["passed"]}
 
 
+def int8_decision(record: RunRecord) -> PrecisionDecision | None:
+    """The optimize step's decision on int8 (None: it recorded none), which orders the CPU's variants."""
+    optimize = record.results_as("optimize", OptimizeMetrics)
+    return optimize.decision("int8") if optimize else None
+
+
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
     return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant,
-                      record.metric("optimize.precisions.decisions.int8"))
+                      int8_decision(record))
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
@@ -125,7 +133,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
         name=config.triton.name or config.model_slug, flavor=flavor,
         variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
         pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, outputs=outputs,
-        profiles=record.shape_profiles(), triton=config.triton, batch=config.batch,
+        profiles=shape_profiles(record), triton=config.triton, batch=config.batch,
         sequence_max=config.sequence.resolve(export.max_sequence).max, threads=config.threads)
     return build_plan(request), variant
 
@@ -142,7 +150,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
                               "read metrics.triton.served_parity in run.json; serve another variant "
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     order = "configured: triton.variant" if config.triton.variant else \
-        preference(flavor, record.metric("optimize.precisions.decisions.int8"))[1]
+        preference(flavor, int8_decision(record))[1]
     checks: dict[str, Any] = {}
     lab: ParityLab | None = None
     for variant in candidates:
@@ -249,7 +257,7 @@ PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
 
 
 def lines(record: RunRecord) -> list[str]:
-    deployment = TritonMetrics.model_validate(record.metric("triton"))
+    deployment = record.results_as(STEP, TritonMetrics) or TritonMetrics()
     parity = " and ".join(f"{PROTOCOLS.get(protocol, protocol)} {'pass' if r.passed else 'FAIL'}"
                           for protocol, r in (deployment.served_parity or {}).items())
     verified = "verified" if deployment.verified else "NOT verified (allow_unverified)"
@@ -257,10 +265,10 @@ def lines(record: RunRecord) -> list[str]:
     prompts = ", ".join(f"{name or '(empty)'} {'pass' if r.passed else 'FAIL'}"
                         for name, r in deployment.prompt_parity.items())
     flavor = deployment.flavor.value if deployment.flavor else "?"
-    cut = record.metric("triton.cut")
+    cut = deployment.cut
     beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
     within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
-    replaced = record.metric("triton.replaced")
+    replaced = deployment.replaced
     runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
             f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
@@ -285,4 +293,5 @@ SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
     sections=(Section("Served parity", section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
-    owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt")
+    owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt",
+    settings="triton")

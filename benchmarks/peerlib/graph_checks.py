@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workbench.measure.graphs import GraphRow
+from peerlib.graphs import GraphRow
 from workbench.precision.compare import cosine
 
 MIN_COSINE = 0.99

@@ -142,7 +142,7 @@ def install_openvino(venv: Path) -> Path:
     """Create the OpenVINO environment `venv`: sentence-transformers with its OpenVINO extra (OpenVINO,
     optimum-intel, NNCF, and the torch and torchvision they resolve to, PyPI's CUDA builds: the workbench's CPU
     torch beside the torchvision optimum-intel asks for breaks transformers' imports) and, for the one timing
-    process that runs every graph, the workbench's own onnxruntime with what `workbench.measure.graphs` imports."""
+    process that runs every graph, the workbench's own onnxruntime with what `peerlib.graphs` imports."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], check=True)
