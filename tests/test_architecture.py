@@ -82,3 +82,4 @@ def test_only_the_record_reads_metrics_by_dotted_key():
             found.append(str(path.relative_to(PACKAGE.parent)))
     assert not found, f"dotted metric reads outside the record: {found}"
     assert metric_calls('record.metric("bench.served")') == 1, "the count sees a call"
+

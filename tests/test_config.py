@@ -143,4 +143,21 @@ def test_settings_that_moved_into_their_steps_section_still_work_with_a_deprecat
         both = RunConfig.model_validate({"openvino": "never", "optimize": {"openvino": "always"}})
     assert both.optimize.openvino == "always", "a value set at both keys is the new key's"
     assert RunConfig.load(None, ["parity.repair=false"]).parity.repair.enabled is False
+
+
+def test_moved_settings_work_from_the_command_line_and_a_yaml_file(tmp_path):
+    """`-p` and YAML start from the defaults, where every new key already has a value: an old key still wins."""
+    with pytest.warns(FutureWarning, match="'openvino' is now 'optimize.openvino'"):
+        config = RunConfig.load(None, ["openvino=never", "trt_profiles=3", "repair.budget_s=9",
+                                       "fp16_op_block_list=[Add]"])
+    assert config.optimize.openvino == "never" and config.tensorrt.profiles == 3
+    assert config.parity.repair.budget_s == 9 and config.optimize.fp16.op_block_list == ["Add"]
+    with pytest.warns(FutureWarning, match="'repair' is now 'parity.repair'"):
+        assert RunConfig.load(None, ["repair=false"]).parity.repair.enabled is False
+    path = tmp_path / "run.yaml"
+    path.write_text("graph_form: fused\nrepair_max_builds: 5\nrepair: {budget_s: 30}\n")
+    with pytest.warns(FutureWarning, match="'graph_form' is now 'optimize.graph_form'"):
+        written = RunConfig.load(path)
+    assert written.optimize.graph_form == "fused" and written.parity.repair.max_builds == 5
+    assert written.parity.repair.budget_s == 30
     assert "openvino" not in RunConfig().to_params() and RunConfig().to_params()["optimize"]["openvino"] == "auto"

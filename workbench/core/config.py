@@ -393,18 +393,8 @@ class RunConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """Settings that moved, read at their old key (a deprecation warning names the new one); a value set at
-        both keys is the new key's."""
-        if not isinstance(data, dict):
-            return data
-        data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
-        for old, new in RENAMED_SETTINGS.items():
-            if old in data:
-                warnings.warn(f"setting {old!r} is now {new!r}", FutureWarning, stacklevel=2)
-                value = data.pop(old)
-                if dotted.get(data, new) is None:
-                    dotted.put(data, new, value)
-        return data
+        """Settings that moved, read at their old key (`moved`)."""
+        return moved(data) if isinstance(data, dict) else data
 
     @field_validator("task")
     @classmethod
@@ -486,13 +476,39 @@ class RunConfig(_Strict):
              base: dict[str, Any] | None = None) -> RunConfig:
         """Defaults (or `base`), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
         data = cls().to_params()
-        _merge(data, base or {})
+        _merge(data, moved(base or {}))
         if path is not None:
-            _merge(data, _read_yaml(Path(path)))
+            _merge(data, moved(_read_yaml(Path(path))))
         for item in overrides or []:
             key, value = _parse_override(item)
-            dotted.put(data, key, value)
+            dotted.put(data, moved_key(key), value)
         return cls.from_dict(data)
+
+
+def moved_key(key: str) -> str:
+    """A dotted key at its new place when it or a key above it moved (`RENAMED_SETTINGS`; a FutureWarning names the
+    new key), else as given."""
+    for old, new in RENAMED_SETTINGS.items():
+        if key == old or key.startswith(f"{old}."):
+            warnings.warn(f"setting {old!r} is now {new!r}", FutureWarning, stacklevel=3)
+            return new + key[len(old):]
+    return key
+
+
+def moved(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (a configuration as written, before the defaults join it) with the settings that moved at their new
+    keys; a value set at both keys is the new key's."""
+    data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
+    for old in [key for key in RENAMED_SETTINGS if key in data]:
+        value, new = data.pop(old), moved_key(old)
+        there = dotted.get(data, new)
+        if isinstance(value, bool) and isinstance(there, dict):  # a section's on/off switch (repair: false)
+            value = {"enabled": value}
+        if there is None:
+            dotted.put(data, new, value)
+        elif isinstance(there, dict) and isinstance(value, dict):
+            dotted.put(data, new, {**value, **there})
+    return data
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

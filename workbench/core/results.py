@@ -160,6 +160,14 @@ class TritonMetrics(Metrics):
     replaced: str | None = None  # the run whose deployment of the same name this one replaced
 
 
+class TensorrtMetrics(Metrics):
+    """The shape profiles designed from the corpus (the triton step serves them), and each engine's check against
+    PyTorch (on a GPU)."""
+
+    profiles: list[Json] = Field(default_factory=list)
+    parity: dict[str, Verdict] = Field(default_factory=dict)
+
+
 class BenchMetrics(Metrics):
     host: Json | None = None
     latency: Json | None = None  # the grid: cells, runners, peaks per precision (`measure.latency.measure_grid`)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 import plotly.graph_objects as go
+from pydantic import ValidationError
 
 from workbench.core.atomic import write_text
 from workbench.core.batches import Cell
@@ -116,7 +117,10 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
     bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
     cells = (bench.latency or {}).get("cells", {}) if bench else {}
     served = (bench.served if bench else None) or {}
-    deployment = record.deployment()
+    try:
+        deployment = record.deployment()
+    except ValidationError:  # a damaged triton section: nothing is known to be deployed
+        deployment = None
     deployed = deployment.variant if deployment else None
     level = best_level(served, record.config.bench.p99_limit_ms) if "skipped" not in served else None
     rows = []

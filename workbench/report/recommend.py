@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import OptimizeMetrics, Verdict
@@ -184,7 +186,10 @@ def _rank(candidate: Candidate) -> int:
 def served_failures(record: RunRecord) -> dict[str, Verdict]:
     """Variants that passed parity in process but failed it served (the triton step passed them over), as failing
     verdicts: a deployment would answer as the server did."""
-    deployment = record.deployment()
+    try:
+        deployment = record.deployment()
+    except ValidationError:  # a damaged triton section: its own section of the report says so
+        deployment = None
     verification = (deployment.verification if deployment else None) or {}
     found = {}
     for variant, failures in verification.get("passed_over", {}).items():

@@ -481,7 +481,10 @@ def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
         return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant{how}: {openvino_int8['reason']}"
     if "ms" not in openvino_int8:
         return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
-    return f"OpenVINO int8 (NNCF) not kept: {openvino_int8['reason']}; to keep it anyway: -p optimize.openvino=always"
+    computed_in = openvino_int8.get("inference_precision")
+    timed = f" (timed with its float ops in {computed_in['chosen']})" if computed_in else ""
+    return (f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8['reason']}; to keep it anyway: "
+            "-p optimize.openvino=always")
 
 
 def section(optimize: OptimizeMetrics) -> Parts:

@@ -202,13 +202,6 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     return record.step_entry(STEP)
 
 
-def fp16_repair_pins(record: RunRecord) -> list[str]:
-    """Nodes the fp16 repair kept in fp32 (none when it did not run or found no repair)."""
-    parity = record.results_as(STEP, ParityMetrics)
-    fp16 = parity.repair.get("fp16") if parity else None
-    return list(fp16.chosen.blocked) if fp16 and fp16.chosen else []
-
-
 def lines(record: RunRecord) -> list[str]:
     parity = record.results_as(STEP, ParityMetrics) or ParityMetrics()
     passed = [name for name, v in parity.variants.items() if v.passed]

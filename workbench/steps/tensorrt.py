@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
@@ -17,7 +16,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Json, Metrics, Verdict
+from workbench.core.results import ParityMetrics, TensorrtMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -30,16 +29,8 @@ from workbench.graphs.engines import (
 )
 from workbench.graphs.profiles import Profile, design_profiles, padding_waste
 from workbench.report import figures
-from workbench.steps.parity import fp16_repair_pins
 
 STEP = "tensorrt"
-
-
-class TensorrtMetrics(Metrics):
-    """The shape profiles designed from the corpus, and each engine's check against PyTorch (on a GPU)."""
-
-    profiles: list[Json] = Field(default_factory=list)
-    parity: dict[str, Verdict] = Field(default_factory=dict)
 
 
 def default_cache_dir() -> Path:
@@ -54,10 +45,11 @@ def length_stats(lengths: np.ndarray, bins: int = 40) -> dict[str, Any]:
             "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}
 
 
-def shape_profiles(record: RunRecord) -> list[Json]:
-    """The shape profiles this step designed (none when it did not run)."""
-    found = record.results_as(STEP, TensorrtMetrics)
-    return list(found.profiles) if found else []
+def fp16_repair_pins(record: RunRecord) -> list[str]:
+    """Nodes the parity step's fp16 repair kept in fp32 (none when it did not run or found no repair)."""
+    parity = record.results_as("parity", ParityMetrics)
+    fp16 = parity.repair.get("fp16") if parity else None
+    return list(fp16.chosen.blocked) if fp16 and fp16.chosen else []
 
 
 def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:

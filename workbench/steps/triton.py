@@ -10,7 +10,7 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import OptimizeMetrics, PrecisionDecision, TritonMetrics, Verdict
+from workbench.core.results import Json, OptimizeMetrics, PrecisionDecision, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -36,7 +36,6 @@ from workbench.serving.repository import (
 )
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
-from workbench.steps.tensorrt import shape_profiles
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -104,6 +103,12 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
 
 def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
     return {variant: result["failures"] for variant, result in checks.items() if not result["passed"]}
+
+
+def shape_profiles(record: RunRecord) -> list[Json]:
+    """The shape profiles the tensorrt step designed (none when it did not run)."""
+    found = record.results_as("tensorrt", TensorrtMetrics)
+    return list(found.profiles) if found else []
 
 
 def int8_decision(record: RunRecord) -> PrecisionDecision | None:
