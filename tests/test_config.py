@@ -154,6 +154,11 @@ def test_moved_settings_work_from_the_command_line_and_a_yaml_file(tmp_path):
     assert config.parity.repair.budget_s == 9 and config.optimize.fp16.op_block_list == ["Add"]
     with pytest.warns(FutureWarning, match="'repair' is now 'parity.repair'"):
         assert RunConfig.load(None, ["repair=false"]).parity.repair.enabled is False
+    for switch_first in (["parity.repair=false", "parity.repair.max_builds=5"],
+                         ["parity.repair.max_builds=5", "parity.repair=false"]):
+        repair = RunConfig.load(None, switch_first).parity.repair
+        assert repair.enabled is False and repair.max_builds == 5, "the switch keeps the section's other keys"
+    assert RunConfig.model_validate({"parity": {"repair": False}}).parity.repair.enabled is False
     path = tmp_path / "run.yaml"
     path.write_text("graph_form: fused\nrepair_max_builds: 5\nrepair: {budget_s: 30}\n")
     with pytest.warns(FutureWarning, match="'graph_form' is now 'optimize.graph_form'"):

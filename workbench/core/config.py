@@ -30,6 +30,8 @@ RENAMED_SETTINGS = {
     "int8_per_channel": "optimize.int8.per_channel", "int8_nodes_to_exclude": "optimize.int8.nodes_to_exclude",
     "trt_profiles": "tensorrt.profiles", "trt_workspace_mb": "tensorrt.workspace_mb",
     "engine_cache_dir": "tensorrt.engine_cache_dir"}
+# Sections a bool turns on or off (`-p parity.repair=false`): the bool is their `enabled`, their other keys stay.
+SWITCHES = ("parity.repair",)
 # Graph outputs that were renamed: the old name, the new one.
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "int8"]
@@ -292,12 +294,6 @@ class ParitySettings(_Strict):
         "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
     _cache_here = field_validator("reference_cache_dir")(staticmethod(_from_here))
 
-    @field_validator("repair", mode="before")
-    @classmethod
-    def _switch(cls, value: object) -> object:
-        """`repair` as a bool turns the repair on or off."""
-        return {"enabled": value} if isinstance(value, bool) else value
-
 
 class TensorrtSettings(_Strict):
     """The tensorrt step: shape profiles, the builder's workspace, the engine cache."""
@@ -481,7 +477,7 @@ class RunConfig(_Strict):
             _merge(data, moved(_read_yaml(Path(path))))
         for item in overrides or []:
             key, value = _parse_override(item)
-            dotted.put(data, moved_key(key), value)
+            dotted.put(data, *switched(moved_key(key), value))
         return cls.from_dict(data)
 
 
@@ -495,19 +491,25 @@ def moved_key(key: str) -> str:
     return key
 
 
+def switched(key: str, value: Any) -> tuple[str, Any]:
+    """`key=value`, a bool for a switched section (`SWITCHES`) given to its `enabled`."""
+    return (f"{key}.enabled", value) if key in SWITCHES and isinstance(value, bool) else (key, value)
+
+
 def moved(data: dict[str, Any]) -> dict[str, Any]:
     """`data` (a configuration as written, before the defaults join it) with the settings that moved at their new
-    keys; a value set at both keys is the new key's."""
+    keys (a value set at both keys is the new key's) and the switched sections' bools at their `enabled`."""
     data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
     for old in [key for key in RENAMED_SETTINGS if key in data]:
-        value, new = data.pop(old), moved_key(old)
-        there = dotted.get(data, new)
-        if isinstance(value, bool) and isinstance(there, dict):  # a section's on/off switch (repair: false)
-            value = {"enabled": value}
+        key, value = switched(moved_key(old), data.pop(old))
+        there = dotted.get(data, key)
         if there is None:
-            dotted.put(data, new, value)
+            dotted.put(data, key, value)
         elif isinstance(there, dict) and isinstance(value, dict):
-            dotted.put(data, new, {**value, **there})
+            dotted.put(data, key, {**value, **there})
+    for section in SWITCHES:
+        if isinstance(dotted.get(data, section), bool):
+            dotted.put(data, section, {"enabled": dotted.get(data, section)})
     return data
 
 
