@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import OptimizeMetrics, Verdict
+from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
+from workbench.serving.plan import int8_decision
 
 GOALS = ("latency", "throughput")
 # A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
@@ -211,7 +212,7 @@ def recommend(record: RunRecord) -> list[Recommendation]:
         steps = ("bench",) if any(v.passed for v in verdicts.values()) else ("parity", "bench")
         return [Recommendation(goal, None, reason=f"nothing was benchmarked in process in this run (bench: "
                                f"{state})", steps=steps) for goal in GOALS]
-    recommendations = []
+    recommendations, int8 = [], int8_decision(record)
     for goal, shape in goal_cells(shapes).items():
         if shape is None:
             recommendations.append(Recommendation(goal, None, reason="batch 1 was not measured; add 1 to "
@@ -219,15 +220,8 @@ def recommend(record: RunRecord) -> list[Recommendation]:
         else:
             recommendations.append(pick(goal, shape, candidates(cells[shape.key], verdicts),
                                         record.environment.get("cpu_features", {}).get("int8_dot_product"),
-                                        int8_reason(record)))
+                                        int8.reason if int8 else None))
     return recommendations
-
-
-def int8_reason(record: RunRecord) -> str | None:
-    """Why the optimize step built int8 or not (None: it recorded no decision)."""
-    optimize = record.results_as("optimize", OptimizeMetrics)
-    decision = optimize.decision("int8") if optimize else None
-    return decision.reason if decision else None
 
 
 def goal_cells(cells: list[Cell]) -> dict[str, Cell | None]:

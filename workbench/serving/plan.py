@@ -13,7 +13,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
-from workbench.core.results import ExportMetrics, PrecisionDecision, Verdict
+from workbench.core.results import ExportMetrics, OptimizeMetrics, PrecisionDecision, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
@@ -33,6 +33,12 @@ CPU_FP32_FIRST = ("openvino_int8_repaired", "openvino_int8", "openvino", "fp32",
                   "original")
 GPU_PREFERENCE = {Flavor.ONNXRUNTIME: ("fp16_repaired", "fp16", "fp32", "original"),
                   Flavor.TENSORRT_PLAN: ("trt_fp16", "trt_fp32")}
+
+
+def int8_decision(record: RunRecord) -> PrecisionDecision | None:
+    """The optimize step's decision on int8 (None: it recorded none), which orders the CPU's variants."""
+    optimize = record.results_as("optimize", OptimizeMetrics)
+    return optimize.decision("int8") if optimize else None
 
 
 def preference(flavor: Flavor, int8: PrecisionDecision | None = None,

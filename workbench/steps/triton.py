@@ -10,7 +10,7 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Json, OptimizeMetrics, PrecisionDecision, TensorrtMetrics, TritonMetrics, Verdict
+from workbench.core.results import Json, TensorrtMetrics, TritonMetrics, Verdict
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -23,6 +23,7 @@ from workbench.serving.plan import (
     build_plan,
     candidates,
     choose_flavor,
+    int8_decision,
     preference,
     repository_root,
     served_outputs,
@@ -109,12 +110,6 @@ def shape_profiles(record: RunRecord) -> list[Json]:
     """The shape profiles the tensorrt step designed (none when it did not run)."""
     found = record.results_as("tensorrt", TensorrtMetrics)
     return list(found.profiles) if found else []
-
-
-def int8_decision(record: RunRecord) -> PrecisionDecision | None:
-    """The optimize step's decision on int8 (None: it recorded none), which orders the CPU's variants."""
-    optimize = record.results_as("optimize", OptimizeMetrics)
-    return optimize.decision("int8") if optimize else None
 
 
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
