@@ -68,7 +68,8 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 HALF_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # what OpenVINO's default precision follows
 BATCH = 32
 OURS = {"original": "workbench original (unfused export)", "fp32": "workbench fp32",
-        "openvino": "workbench openvino (fp32 on OpenVINO, f32)", "int8": "workbench int8",
+        "openvino": "workbench openvino (fp32 on OpenVINO, f32)",
+        "openvino_bf16": "workbench openvino_bf16 (on OpenVINO, bf16)", "int8": "workbench int8",
         "int8_repaired": "workbench int8_repaired", "openvino_int8": "workbench openvino_int8 (NNCF, on OpenVINO)",
         "openvino_int8_repaired": "workbench openvino_int8_repaired (NNCF, on OpenVINO)"}
 REQUIRED = ("original", "fp32", "int8")  # int8_repaired exists only where int8 failed parity
@@ -141,8 +142,8 @@ def compare(args: argparse.Namespace) -> None:
         name = Path(model).name if args.model else "minilm"
         args.run = ROOT / "outputs" / f"graphs-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
-            run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"], precisions=["fp32", "int8"],
-                                   optimize={"openvino": "always"}), args.run)
+            run_pipeline(RunConfig(model=model, steps=["export", "optimize", "parity"],
+                                   precisions=["fp32", "bf16", "int8"], optimize={"openvino": "always"}), args.run)
         except RunInterruptedError as stop:
             raise KeyboardInterrupt(f"{signal.Signals(stop.signum).name}; the graphs are not all built: finish "
                                     f"them with `workbench run --resume --output-dir {args.run} --steps "
@@ -207,7 +208,7 @@ def our_rows(record: RunRecord) -> list[GraphRow]:
         path = record.artifact(f"onnx.{variant}")
         hint = onnxfiles.openvino_precision(path) if variant.startswith("openvino") else None
         rows.append(GraphRow(label.replace(" on OpenVINO)", f" on OpenVINO, rest {hint})") if "int8" in variant and
-                             hint else label, "workbench", "int8" if "int8" in variant else "fp32", path,
+                             hint else label, "workbench", record.variant(variant).precision, path,
                              "sentence_embedding", **({"runtime": "openvino", "hint": hint} if hint else {})))
     return rows
 

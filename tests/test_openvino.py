@@ -17,7 +17,7 @@ from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner
-from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner
+from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner, bf16_problem
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
@@ -28,9 +28,11 @@ pytest.importorskip("openvino")
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    """The embedded model with fp32 only, the OpenVINO variant kept untimed (optimize.openvino=always) and served."""
+    """The embedded model with fp32 and bf16, the OpenVINO variants kept untimed (optimize.openvino=always; bf16 where
+    the CPU has it) and the fp32 one served."""
     root = tmp_path_factory.mktemp("openvino")
-    config = RunConfig.model_validate({"precisions": ["fp32"], "threads": 1, "optimize": {"openvino": "always"},
+    config = RunConfig.model_validate({"precisions": ["fp32", "bf16"], "threads": 1,
+                                       "optimize": {"openvino": "always"},
                                        "triton": {"repository_dir": str(root / "repos"), "variant": "openvino"}})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
@@ -66,11 +68,65 @@ def test_the_variant_matches_onnxruntime_fp32_on_the_embedded_model(minilm):
 
 
 def test_parity_checks_it_like_every_variant(minilm):
+    """openvino at fp32's gate; openvino_bf16, where this CPU has bf16, at fp16's."""
     _, config, record = minilm
     results = parity.run(config, record).metrics["variants"]
     result = results["openvino"]
     assert result["passed"] and result["precision"] == "fp32"
     assert result["outputs"]["sentence_embedding"]["min_cosine"] > 0.9999
+    tried = record.metric("optimize.openvino_bf16")
+    assert tried["kept"] == ("openvino_bf16" in results) == (bf16_problem() is None)
+    if tried["kept"]:
+        bf16 = results["openvino_bf16"]
+        assert bf16["passed"] and bf16["precision"] == "bf16"
+        assert bf16["outputs"]["sentence_embedding"]["tolerance"]["min_cosine"] == 0.999
+        error = bf16["outputs"]["token_embeddings"]["max_abs"]
+        assert 1e-4 < error < 5e-2, "computed in bf16: beyond fp32's gate, within fp16's"
+    else:
+        assert tried == {"kept": False, "reason": f"not tried: {bf16_problem()}"}
+
+
+def test_bf16_is_tried_only_where_the_cpu_has_it_and_the_run_asks(minilm, tmp_path, monkeypatch):
+    """An AVX2-only host (faked): not tried, and why. bf16 not among the precisions: not tried. A CPU said to have
+    bf16 races it against the openvino variant (auto) and keeps it only where clearly faster; where OpenVINO still
+    compiles f32 (the CPU has no bf16 after all) it is not kept, and the record says so."""
+    import shutil
+
+    _, config, shared = minilm
+    record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
+    host, export_info = target_for("host", False), record.export_info()
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: "this CPU has no bf16 instructions (faked)")
+    assert optimize.build_openvino_bf16(config, record, export_info, host) == {
+        "kept": False, "reason": "not tried: this CPU has no bf16 instructions (faked)"}
+    fp32_only = config.model_copy(update={"precisions": ["fp32"]})
+    assert optimize.build_openvino_bf16(fp32_only, record, export_info, host)["reason"] == \
+        "not tried: bf16 is not among the run's precisions"
+    assert optimize.openvino_bf16_line({"kept": False, "reason": "not tried: bf16 is not among the run's precisions"}) \
+        == "OpenVINO bf16 not tried: bf16 is not among the run's precisions"
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
+    auto = config.model_copy(update={"precisions": "auto"}, deep=True)
+    auto.optimize.openvino = "auto"
+    tried = optimize.build_openvino_bf16(auto, record, export_info, host)
+    dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
+    assert tried["against"] == "openvino" and dest.exists() == tried["kept"]
+    if bf16_problem():
+        assert tried["reason"] == "not kept: OpenVINO compiled it at f32" and not tried["kept"]
+    else:
+        assert set(tried["ms"]) == {"openvino", "openvino_bf16"} and "than the openvino graph" in tried["reason"]
+    if tried["kept"]:
+        assert onnxfiles.openvino_precision(dest) == "bf16" and record.variant("openvino_bf16").precision == "bf16"
+    else:
+        assert not list(dest.parent.glob("*openvino_bf16*"))
+
+
+def test_served_bf16_comes_before_fp32_and_after_int8():
+    pays = PrecisionDecision(built=True, pays=True, reason="pays")
+    pays_not = PrecisionDecision(built=True, pays=False, reason="does not pay")
+    int8_first, fp32_first = preference(Flavor.PYTHON_ORT, pays)[0], preference(Flavor.PYTHON_ORT, pays_not)[0]
+    assert int8_first.index("int8") < int8_first.index("openvino_bf16") < int8_first.index("openvino")
+    assert fp32_first.index("openvino_bf16") < fp32_first.index("openvino") < fp32_first.index("int8")
+    assert "openvino_bf16" not in preference(Flavor.ONNXRUNTIME, pays)[0], "ONNX Runtime would run it in fp32"
+    assert DEFAULT_TOLERANCES["bf16"] == DEFAULT_TOLERANCES["fp16"]
 
 
 def test_a_served_request_through_it_matches_encode(minilm):

@@ -34,7 +34,7 @@ RENAMED_SETTINGS = {
 SWITCHES = ("parity.repair",)
 # Graph outputs that were renamed: the old name, the new one.
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
-Precision = Literal["fp32", "fp16", "int8"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
 OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
 
 
@@ -366,8 +366,8 @@ class RunConfig(_Strict):
         "and max"))
     precisions: list[Precision] | Literal["auto"] = Field(default="auto", description=(
         "variants to build and check; auto: fp32, fp16 where the deployment serves it (a GPU, a CPU with "
-        "AVX512-FP16 or AMX-FP16, measured), int8 where it pays (measured against fp32 on this host, or a target "
-        "CPU with int8 dot-product instructions)"))
+        "AVX512-FP16 or AMX-FP16, measured), bf16 on OpenVINO where this CPU has bf16 and it runs faster, int8 where "
+        "it pays (measured against fp32 on this host, or a target CPU with int8 dot-product instructions)"))
     target: TargetSettings = TargetSettings()
     tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="per output name")
     corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")

@@ -128,6 +128,7 @@ class OptimizeMetrics(Metrics):
     variants: dict[str, Json] = Field(default_factory=dict)
     precisions: PrecisionChoice | None = None  # (older runs: none)
     openvino: Json | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
+    openvino_bf16: Json | None = None  # the exported graph run by OpenVINO in bf16: tried or why not, kept
     openvino_int8: Json | None = None  # NNCF's int8 run by OpenVINO: tried or why not, its timing, kept (older: none)
 
     def decision(self, precision: str) -> PrecisionDecision | None:

@@ -14,6 +14,13 @@ from workbench.precision.retrieval import TOP_K, retrieval_agreement
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
+HALF: dict[str, Tolerance] = {  # fp16 and bf16
+    "hidden": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.999),
+    "embedding": Tolerance(atol=2e-2, rtol=1e-2, min_cosine=0.999),
+    "logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
+    "token_logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
+    "scores": Tolerance(atol=2e-2, rtol=1e-2, min_agreement=0.98, min_kendall_tau=0.95),
+}
 # Task-aware defaults: precision class -> output kind -> tolerance. None means "not checked at this precision".
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
     "fp32": {
@@ -23,13 +30,10 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
         "token_logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
         "scores": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
     },
-    "fp16": {
-        "hidden": Tolerance(atol=5e-2, rtol=1e-2, min_cosine=0.999),
-        "embedding": Tolerance(atol=2e-2, rtol=1e-2, min_cosine=0.999),
-        "logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
-        "token_logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
-        "scores": Tolerance(atol=2e-2, rtol=1e-2, min_agreement=0.98, min_kendall_tau=0.95),
-    },
+    "fp16": HALF,
+    # bf16 (OpenVINO's float ops on a CPU with bf16) keeps 8 significant bits to fp16's 11 but accumulates in f32, and
+    # is held to fp16's gate: on all-MiniLM-L6-v2 its hidden states were within 0.021 of f32 (values up to 6.1).
+    "bf16": HALF,
     "int8": {
         "hidden": Tolerance(min_cosine=0.9),
         "embedding": Tolerance(min_cosine=0.99),

@@ -24,7 +24,7 @@ GOALS = ("latency", "throughput")
 # in the same cell of the same run: below it, the more precise one gives about the same speed with less accuracy loss.
 # The same rule decides which precisions `precisions: auto` builds (measure.precisions).
 PRECISION_MIN_GAIN = MIN_GAIN
-PRECISION_RANK = {"fp32": 0, "fp16": 1, "int8": 2}  # higher: less precise
+PRECISION_RANK = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2}  # higher: less precise
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
 # gates on outputs.<o>.retrieval (embeddings) or .ranking (a reranker's scores)

@@ -198,17 +198,11 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     why_not = openvino_skipped(config, target)
     if why_not:
         return {"kept": False, "reason": why_not}
-    from onnx import helper
-
     dest = record.run_dir / "onnx" / "openvino.onnx"
-    model = onnxfiles.load(record.artifact("onnx.original"))
-    helper.set_model_props(model, {onnxfiles.RUNTIME_KEY: "openvino"})
-    onnxfiles.save(model, dest)
-    del model
-    release_memory()
     untimed = "set by optimize.openvino=always" if config.optimize.openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
     try:
+        openvino_file(record, dest, "f32")
         with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
                 OpenVinoRunner("openvino", dest, config.threads) as openvino:
             tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
@@ -225,6 +219,55 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     return {"engine": engine, **tried.record()}
 
 
+def openvino_file(record: RunRecord, dest: Path, precision: str) -> None:
+    """The exported graph written to `dest`, its metadata telling the runners to run it with OpenVINO at the
+    inference `precision` ("f32" or "bf16")."""
+    from onnx import helper
+
+    model = onnxfiles.load(record.artifact("onnx.original"))
+    helper.set_model_props(model, {onnxfiles.RUNTIME_KEY: "openvino", onnxfiles.OPENVINO_PRECISION_KEY: precision})
+    onnxfiles.save(model, dest)
+    del model
+    release_memory()
+
+
+def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> dict[str, Any]:
+    """The exported graph run by OpenVINO with its float ops in bf16 (its default on a CPU with bf16, what
+    sentence-transformers' OpenVINO backend runs there), raced against the fastest fp32 graph kept (the openvino
+    variant, else fp32): kept as the `openvino_bf16` variant (precision bf16, which the parity step holds to fp16's
+    gate) where it is clearly faster here (optimize.openvino=auto) or always (optimize.openvino=always). What was
+    tried and why it was kept or not, for metrics.optimize.openvino_bf16."""
+    why_not = openvino_skipped(config, target) or (
+        "not tried: bf16 is not among the run's precisions" if config.precisions != "auto" and
+        "bf16" not in config.precisions else f"not tried: {bf16_problem()}" if bf16_problem() else None)
+    if why_not:
+        return {"kept": False, "reason": why_not}
+    dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
+    variants = record.variants()
+    against = "openvino" if "openvino" in variants else "fp32"
+    try:
+        openvino_file(record, dest, "bf16")
+        with open_variant(against, variants[against].path, config.device, config.threads) as default, \
+                OpenVinoRunner("openvino_bf16", dest, config.threads, "bf16") as challenger:
+            engine = challenger.providers[0]
+            if challenger.inference_precision != "bf16":
+                ms, kept, reason = {}, False, f"not kept: OpenVINO compiled it at {challenger.inference_precision}"
+            elif config.optimize.openvino == "always":
+                ms, kept, reason = {}, True, "set by optimize.openvino=always"
+            else:
+                ms, kept, reason = race(against, "openvino_bf16", {against: default, "openvino_bf16": challenger},
+                                        form_feeds(config, record, export), RUNTIME_ROUNDS)
+    except BaseException:  # interrupted or failed: no file the record does not name
+        onnxfiles.remove(dest)
+        raise
+    release_memory()
+    if kept:
+        record.add_artifact("onnx.openvino_bf16", dest, kind="onnx", variant="openvino_bf16", precision="bf16")
+    else:
+        onnxfiles.remove(dest)
+    return {"engine": engine, "against": against, "ms": ms, "kept": kept, "reason": reason}
+
+
 def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> list[Feed]:
     """NNCF's calibration data: CALIBRATION_TEXTS texts spread evenly over the run's corpus (all of them when it has
     fewer), one unpadded text each, cut at the model's limit."""
@@ -237,9 +280,10 @@ def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetric
 def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target,
                         int8: Decision | None) -> dict[str, Any]:
     """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
-    so far (ONNX Runtime's int8, else the openvino variant, else fp32): kept as the `openvino_int8` variant where it
-    is clearly faster here (optimize.openvino=auto) or always (optimize.openvino=always). Its accuracy is the parity
-    step's to judge (and repair). What was tried and why it was kept or not, for metrics.optimize.openvino_int8."""
+    so far (ONNX Runtime's int8, else openvino_bf16, else the openvino variant, else fp32): kept as the
+    `openvino_int8` variant where it is clearly faster here (optimize.openvino=auto) or always
+    (optimize.openvino=always). Its accuracy is the parity step's to judge (and repair). What was tried and why it
+    was kept or not, for metrics.optimize.openvino_int8."""
     why_not = openvino_skipped(config, target) or (
         "not tried: int8 is not among the run's precisions" if int8 is None or (
             config.precisions != "auto" and "int8" not in config.precisions) else
@@ -248,7 +292,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
         return {"kept": False, "reason": why_not}
     dest = record.run_dir / "onnx" / "openvino_int8.onnx"
     variants = record.variants()
-    against = next(v for v in ("int8", "openvino", "fp32") if v in variants)
+    against = next(v for v in ("int8", "openvino_bf16", "openvino", "fp32") if v in variants)
     feeds = calibration_feeds(config, record, export)
     try:
         seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
@@ -430,6 +474,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 record.set_metric(f"{STEP}.variants.{variant}", stats)
         record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
         record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target))
+        record.set_metric(f"{STEP}.openvino_bf16", build_openvino_bf16(config, record, export, target))
         record.set_metric(f"{STEP}.openvino_int8",
                           build_openvino_int8(config, record, export, target, decisions.get("int8")))
         record.set_metric(f"{STEP}.variants.original", fusions["original"])
@@ -457,6 +502,8 @@ def lines(record: RunRecord) -> list[str]:
         lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
     if optimize.openvino:
         lines.append(openvino_line(optimize.openvino))
+    if optimize.openvino_bf16:
+        lines.append(openvino_bf16_line(optimize.openvino_bf16))
     if optimize.openvino_int8:
         lines.append(openvino_int8_line(optimize.openvino_int8))
     return lines
@@ -470,6 +517,16 @@ def openvino_line(openvino: dict[str, Any]) -> str:
         return f"OpenVINO fp32 {openvino['reason']}"
     anyway = "; to keep it anyway: -p optimize.openvino=always" if openvino.get("matches") else ""
     return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
+
+
+def openvino_bf16_line(openvino_bf16: dict[str, Any]) -> str:
+    """OpenVINO in bf16 in one line: kept (its accuracy is the parity step's to judge), not kept and why, or not
+    tried and why."""
+    if openvino_bf16["kept"]:
+        return f"OpenVINO bf16 kept as the openvino_bf16 variant: {openvino_bf16['reason']}"
+    if not openvino_bf16.get("ms"):
+        return f"OpenVINO bf16 {openvino_bf16['reason']}"
+    return f"OpenVINO bf16 not kept: {openvino_bf16['reason']}; to keep it anyway: -p optimize.openvino=always"
 
 
 def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
@@ -497,6 +554,9 @@ def section(optimize: OptimizeMetrics) -> Parts:
     parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
     if optimize.openvino:
         parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
+    if optimize.openvino_bf16:
+        parts.append(("OpenVINO bf16, raced against the fastest fp32 graph",
+                      f"{openvino_bf16_line(optimize.openvino_bf16)}.", []))
     if optimize.openvino_int8:
         parts.append(("OpenVINO int8 (NNCF), raced against the fastest graph",
                       f"{openvino_int8_line(optimize.openvino_int8)}.", []))

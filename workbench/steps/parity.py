@@ -34,7 +34,7 @@ EXACT_VARIANTS = ("original", "fp32")
 REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity check repairs (`<name>_repaired`)
 # A repaired openvino_int8 keeps many of its activations in float: it is kept only where it still runs clearly
 # faster than the first of these that passed (serving.plan serves it ahead of them).
-RACED_AGAINST = ("int8_repaired", "int8", "openvino", "fp32", "original")
+RACED_AGAINST = ("int8_repaired", "int8", "openvino_bf16", "openvino", "fp32", "original")
 
 
 def repair_plan(config: RunConfig) -> RepairPlan:
