@@ -65,7 +65,8 @@ def _show_config(args: argparse.Namespace) -> int:
 
 def _list_steps(args: argparse.Namespace) -> int:
     for step in specs():
-        print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}")
+        settings = f" (settings: {step.settings}.*)" if step.settings else ""
+        print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}{settings}")
     return 0
 
 

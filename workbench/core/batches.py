@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
 
+Feed = dict[str, np.ndarray]  # one call's inputs (or outputs), by tensor name
+
+
 class Cell(NamedTuple):
     """A (batch, sequence) shape: `key` names it in run.json (`b8_s128`), `label` in text (`b8 s128`)."""
 

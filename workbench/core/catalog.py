@@ -45,7 +45,8 @@ class StepSpec:
     leaves on disk, in multiples of the model's weight bytes (preflight's size estimate); `takeaway`: its verdict line
     from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
     them; `settings`: its section of the run configuration (RunConfig's field of that name, e.g. `optimize`), the
-    settings only it reads."""
+    settings only it reads; `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
+    `variants`), which the record's `verdict` reads."""
 
     name: str
     number: int
@@ -62,6 +63,7 @@ class StepSpec:
     metrics: type[Metrics] = Metrics
     after: str | None = None
     settings: str | None = None
+    verdicts: str | None = None
 
     @property
     def notebook(self) -> str:

@@ -443,9 +443,9 @@ class RunRecord:
         return dotted_keys.get(self.data["metrics"], dotted, default)
 
     def verdict(self, variant: str) -> Verdict | None:
-        """The parity result of `variant` (an ONNX variant checked by the parity step, or an engine checked by the
-        tensorrt step) if the step that wrote it is ok now (not stale, failed or missing)."""
-        for dotted in (f"parity.variants.{variant}", f"tensorrt.parity.{variant}"):
+        """The parity result of `variant` (an ONNX variant or an engine, from the step that declares where it
+        records verdicts: `StepSpec.verdicts`) if the step that wrote it is ok now (not stale, failed or missing)."""
+        for dotted in (f"{where}.{variant}" for where in _verdict_paths()):
             writer = self._metric_writer(dotted)
             if writer is not None:
                 found = self.metric(dotted) if self.status(writer) == StepStatus.OK else None
@@ -454,8 +454,7 @@ class RunRecord:
 
     def verdicts(self) -> dict[str, Verdict]:
         """Every variant's and engine's current parity result (see `verdict`)."""
-        names = [*self.data["metrics"].get("parity", {}).get("variants", {}),
-                 *self.data["metrics"].get("tensorrt", {}).get("parity", {})]
+        names = [name for where in _verdict_paths() for name in dotted_keys.get(self.data["metrics"], where, {})]
         found = {name: self.verdict(name) for name in names}
         return {name: result for name, result in found.items() if result is not None}
 
@@ -563,3 +562,8 @@ def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
     except OSError as exc:
         raise OutputDirError(f"cannot write to {folder} ({setting}): {exc.strerror or exc}",
                              f"choose a writable folder with {setting}") from None
+
+
+def _verdict_paths() -> list[str]:
+    """Where the registered steps record a parity verdict per variant (`parity.variants`, `tensorrt.parity`)."""
+    return [f"{step.name}.{step.verdicts}" for step in catalog.specs() if step.verdicts]

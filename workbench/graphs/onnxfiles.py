@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.atomic import temporary_dir
+from workbench.core.batches import Feed
 from workbench.core.errors import OnnxModelError
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
@@ -95,7 +96,7 @@ def verify(path: Path | str) -> None:
         raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
-def tensor_values(model: Any, outputs: Any, feeds: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def tensor_values(model: Any, outputs: Any, feeds: list[Feed]) -> Iterator[Feed]:
     """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
     ONNX Runtime on the CPU; feed entries the model does not take are left out."""
     import onnxruntime as ort

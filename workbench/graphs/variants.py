@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
+from workbench.core.batches import Feed
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS, fuse_biased_attention, unpack_biased_attention
@@ -161,14 +162,14 @@ def smoothing_targets(model: Any) -> list[Any]:
             and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
 
 
-def activation_ranges(fp32: Path, feeds: list[dict[str, Any]]) -> dict[str, Any]:
+def activation_ranges(fp32: Path, feeds: list[Feed]) -> Feed:
     """Per smoothing target's input activation, the largest |value| each channel reaches in fp32 on `feeds`
     (measured once, for any strength of smoothing)."""
     model = onnxfiles.load(fp32)
     return channel_max(model, sorted({n.input[0] for n in smoothing_targets(model)}), feeds)
 
 
-def smooth_activations(fp32: Path, dest: Path, ranges: dict[str, Any], alpha: float,
+def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
                        exclude: Collection[str] = ()) -> list[str]:
     """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
     the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
@@ -258,11 +259,11 @@ def per_token_scales(fp32: Path, dest: Path) -> list[str]:
     return [n.name for n in targets]
 
 
-def channel_max(model: Any, tensors: list[str], feeds: list[dict[str, Any]]) -> dict[str, Any]:
+def channel_max(model: Any, tensors: list[str], feeds: list[Feed]) -> Feed:
     """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
     import numpy as np
 
-    found: dict[str, Any] = {}
+    found: Feed = {}
     for values in onnxfiles.tensor_values(model, tensors, feeds):
         for name, value in values.items():
             peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.core.batches import Feed
 from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import (
@@ -42,7 +43,7 @@ class BaseRecipe:
         return (f"{weights} weights" + (f", smoothed (alpha {self.alpha})" if self.alpha is not None else "")
                 + (", down projections scaled per token instead" if self.per_token else ""))
 
-    def source(self, fp32: Path, workdir: Path, ranges: Callable[[], dict[str, Any]]) -> Path:
+    def source(self, fp32: Path, workdir: Path, ranges: Callable[[], Feed]) -> Path:
         """The fp32 graph to quantize: `fp32` itself, or a smoothed (and per-token-scaled) copy in `workdir` (a
         candidate file, removed with the search's candidates), from the activation `ranges` (measured once)."""
         if self.alpha is None:
@@ -94,16 +95,16 @@ class ChosenBase:
         return any(r["chosen"] and r["passed"] for r in self.records)
 
 
-def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[dict[str, Any]],
+def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[Feed],
                 excluded: list[str], checker: Checker, budget: Budget, note: Callable[[str], None]) -> ChosenBase:
     """Build every recipe with nothing but `excluded` kept in fp32, check it on the search's batches (parity
     result, latency ms) and on the full lab the ones that pass there (`checker`), until one passes the full lab or
     `budget` is spent (one recipe at least). The base is the recipe that passed, else the one closest to the gate
     (smallest violation, then loss): accuracy decides, never a timing. `note` hears which recipe is being built."""
     records, sources = [], []
-    measured: list[dict[str, Any]] = []
+    measured: list[Feed] = []
 
-    def ranges() -> dict[str, Any]:
+    def ranges() -> Feed:
         """The fp32 activation ranges smoothing balances, measured on `feeds` the first time a recipe asks."""
         if not measured:
             measured.append(activation_ranges(fp32, feeds))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.batches import Batch
+from workbench.core.batches import Batch, Feed
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
@@ -21,7 +21,7 @@ from workbench.core.results import ExportMetrics, OptimizeMetrics
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
-from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, Feed, nncf_problem, quantize_openvino_int8, quantizer
+from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.variants import (
     BORROWED_RULES,
     GRAPH_FORMS,

@@ -190,4 +190,4 @@ SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, lines,
     sections=(Section("TensorRT shape profiles", section),),
     needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
-    metrics=TensorrtMetrics, after="parity", settings="tensorrt")
+    metrics=TensorrtMetrics, after="parity", settings="tensorrt", verdicts="parity")
