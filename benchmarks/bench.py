@@ -34,10 +34,10 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
+from workbench.core.results import BestRow, LatencyGrid
 from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
-from workbench.report import figures
 from workbench.report.recommend import candidates, pick
 from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
@@ -69,18 +69,18 @@ def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: P
     return result
 
 
-def _share(latency: dict, cell: str, name: str) -> float:
+def _share(latency: LatencyGrid, cell: str, name: str) -> float:
     """GFLOP/s of `name` in `cell` over the matmul peak of its precision measured in the same run (fp32-equivalent
     for int8)."""
-    return latency["cells"][cell][name]["peak_share"]
+    return latency.cells[cell][name].peak_share or 0.0
 
 
-def _row(latency: dict, cell: str, name: str) -> str:
-    stats = latency["cells"][cell].get(name)
+def _row(latency: LatencyGrid, cell: str, name: str) -> str:
+    stats = latency.cells[cell].get(name)
     if stats is None:
         return " " * COLUMN
-    speedup = f"{stats['speedup']:.2f}x" if stats["speedup"] is not None else "n/a"
-    text = f"{speedup} {_share(latency, cell, name):.0%} ({stats['p50']:.1f})"
+    speedup = f"{stats.speedup:.2f}x" if stats.speedup is not None else "n/a"
+    text = f"{speedup} {_share(latency, cell, name):.0%} ({stats.p50:.1f})"
     return f"{text:>{COLUMN}s}"
 
 
@@ -106,10 +106,10 @@ def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) ->
     return [(op, t / total) for op, t in time_by_op.most_common(8)]
 
 
-def print_served(latency: dict, served_result: dict) -> None:
+def print_served(latency: LatencyGrid, served_result: dict) -> None:
     """Items 3-5, per repository layout."""
     variant = served_result["variant"]
-    in_process = latency["cells"]["b1_s16"][variant]["p50"]
+    in_process = latency.cells["b1_s16"][variant].p50
     rates = served_result["in_process"]
     best_rate = rates["sequences_per_s"][str(rates["best_batch"])]
     for layout in LAYOUTS:
@@ -165,16 +165,16 @@ def measure_and_print() -> None:
     short = shaped_batch(tokenizer, ("input_ids",), texts, token_lengths(tokenizer, texts), 8, 16)
     served_result = None if args.in_process else served(config, record, [texts[i] for i in short.text_ids],
                                                          args.run / "bench")
-    print(f"\nrun: {args.run}  threads: {latency['threads']}  measured in {time.perf_counter() - start:.0f} s\n")
+    print(f"\nrun: {args.run}  threads: {latency.threads}  measured in {time.perf_counter() - start:.0f} s\n")
     features = cpu_features()
     int8 = features["int8_dot_product"]
-    peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency["peaks"].items())
+    peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency.peaks.items())
     print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; device: "
-          f"{latency['device']}; matmul peaks (GFLOP/s): {peaks}\n")
+          f"{latency.device}; matmul peaks (GFLOP/s): {peaks}\n")
     if busy > cores / 2:
         print(f"BUSY HOST: other processes kept {busy:.1f} of {cores} cores busy when measuring began: absolute "
               "times do not hold, and ratios only where the other work slowed every row alike; re-run on a quiet host")
-    for disturbance in latency["disturbed"]:
+    for disturbance in latency.disturbed:
         print(f"DISTURBED: {disturbance}: other work distorted this run; re-run on a quiet host")
     left_out = [c.key for c in CELLS if c.key not in cells]
     if left_out:
@@ -182,35 +182,35 @@ def measure_and_print() -> None:
               f"{run.sequence.max} (parity checked no further)")
     print("1. speedup over PyTorch eager fp32 on the same device and I/O / share of its precision's matmul peak "
           "(median ms in brackets); * = fails parity")
-    runners = list(dict.fromkeys(name for cell in cells for name in latency["cells"][cell]))
-    labels = {name: figures.row_label(latency, name) for name in runners}
+    runners = list(dict.fromkeys(name for cell in cells for name in latency.cells[cell]))
+    labels = {name: latency.label(name) for name in runners}
     width = max(len(label) for label in labels.values()) + 3
     print(f"   {'row':{width}s}" + "".join(f"{c + ': x, peak, (ms)':>{COLUMN}s}" for c in cells))
     for name in runners:
         row = "".join(_row(latency, c, name) for c in cells)
-        print(f"   {labels[name] + ('' if latency['passed'][name] else ' *'):{width}s}{row}")
-    for name, row in latency["runners"].items():
-        if "peak_memory_mb" in row:
-            print(f"   peak device memory, {row['label']}: {row['peak_memory_mb']:.0f} MiB")
-    for cell, outcome in latency.get("cuda_graph", {}).items():
+        print(f"   {labels[name] + ('' if latency.passed[name] else ' *'):{width}s}{row}")
+    for row in latency.runners.values():
+        if row.peak_memory_mb is not None:
+            print(f"   peak device memory, {row.label}: {row.peak_memory_mb:.0f} MiB")
+    for cell, outcome in latency.cuda_graph.items():
         print(f"   CUDA graphs at {cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items()))
     verdicts = record.verdicts()
     for cell in cells:
-        best = latency["best"].get(cell)
+        best = latency.best.get(cell)
         if best is None:
             print(f"   best passing at {cell}: no variant passes parity")
             continue
-        share = _share(latency, cell, best["variant"])
+        share = _share(latency, cell, best.variant)
         target = PEAK_SHARE_TARGETS[cell]
-        line = (f"   best passing at {cell}: {best['variant']} {share:.0%} of peak (target {target:.0%}) "
-                f"{'PASS' if share >= target else 'MISS'}, {best['speedup']:.2f}x PyTorch")
+        line = (f"   best passing at {cell}: {best.variant} {share:.0%} of peak (target {target:.0%}) "
+                f"{'PASS' if share >= target else 'MISS'}, {best.speedup:.2f}x PyTorch")
         if int8:
-            line += f" (target {TARGETS[cell]}x) {'PASS' if best['speedup'] >= TARGETS[cell] else 'MISS'}"
+            line += f" (target {TARGETS[cell]}x) {'PASS' if best.speedup >= TARGETS[cell] else 'MISS'}"
         print(line)
     print("   session settings per variant, screened at b1_s16, the fastest re-measured against the default at "
           "b1_s16 and b8_s128 (CPU: spinning measured alone, never applied: it takes the cores from everything "
           "else; CUDA: provider options, with I/O binding):")
-    for name, tuned in latency["sessions"].items():
+    for name, tuned in latency.sessions.items():
         beside = (f"spinning alone {tuned['spinning_gain']:.2f}x the default" if "spinning_gain" in tuned else
                   f"I/O binding {tuned['io_binding_gain']:.2f}x numpy in and out")
         print(f"   {name:16s} {tuned['reason']}; {beside} at b1_s16")
@@ -226,7 +226,7 @@ def measure_and_print() -> None:
               f"{repair['node_error']['spearman_vs_sensitivity']}")
     print("\n2. recommended (fastest passing; lower precision only where >= 1.2x a more precise one here):")
     for cell in cells:
-        choice = pick(cell, Cell.parse(cell), candidates(latency["cells"][cell], verdicts), int8)
+        choice = pick(cell, Cell.parse(cell), candidates(latency.cells[cell], verdicts), int8)
         print(f"   {cell}: {choice.variant} {choice.speedup:.2f}x, {choice.gate}: {choice.reason}")
     for name, verdict in verdicts.items():
         r = verdict.retrieval
@@ -236,12 +236,12 @@ def measure_and_print() -> None:
     if served_result is not None:
         print_served(latency, served_result)
     if args.profile:
-        best = latency["best"].get("b8_s128", {}).get("variant", "fp32")
+        best = (latency.best.get("b8_s128") or BestRow(variant="fp32", speedup=0.0)).variant
         path = record.variants()[best].path
-        feed = shaped_batch(tokenizer, tuple(record.export_info()["io"]["inputs"]), texts,
+        feed = shaped_batch(tokenizer, tuple(record.export_info().io.inputs), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed
         print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")
-        for op, part in profile(path, feed, latency["threads"], args.run / "bench"):
+        for op, part in profile(path, feed, latency.threads or 1, args.run / "bench"):
             print(f"   {op:28s} {part:6.1%}")
 
 

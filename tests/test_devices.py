@@ -13,6 +13,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.record import RunRecord
+from workbench.core.results import GridRunner
 from workbench.measure.latency import baseline_for, speedup, summarize
 from workbench.measure.sessions import cuda_candidates
 from workbench.models.loading import load_model
@@ -68,15 +69,15 @@ def test_io_binding_gives_what_session_run_gives(exported):
 
 
 def test_a_speedup_across_two_devices_is_refused():
-    cpu = {"label": "PyTorch eager fp32 · cpu", "device": "cpu", "io": "host", "reference": True}
-    cuda = {"label": "ONNX Runtime fp32 · cuda · end to end", "device": "cuda", "io": "host"}
+    cpu = GridRunner(label="PyTorch eager fp32 · cpu", device="cpu", reference=True)
+    cuda = GridRunner(label="ONNX Runtime fp32 · cuda · end to end", device="cuda")
     with pytest.raises(DeviceMismatchError, match="would compare cuda with cpu"):
         speedup(cpu, cuda, 5.0, 1.0)
-    assert speedup(cpu, {**cuda, "device": "cpu"}, 5.0, 2.0) == 2.5
+    assert speedup(cpu, cuda.model_copy(update={"device": "cpu"}), 5.0, 2.0) == 2.5
     rows = {"pytorch": cpu, "fp32": cuda}
     assert baseline_for("fp32", rows) is None, "no PyTorch on CUDA: no speedup, never one against the CPU"
     stats = summarize({"pytorch": [0.005] * 3, "fp32": [0.001] * 3}, 1, 16, rows)
-    assert stats["fp32"]["speedup"] is None and stats["pytorch"]["speedup"] == 1.0
+    assert stats["fp32"].speedup is None and stats["pytorch"].speedup == 1.0
 
 
 def test_cuda_sessions_screen_provider_options_never_thread_counts():
@@ -102,15 +103,15 @@ def test_torch_compile_is_a_peer_row_checked_like_a_variant(exported, tmp_path):
              "torch_compile": True}
     config = config.model_copy(update={"bench": config.bench.model_copy(update=bench), "corpus": str(corpus)})
     latency = run_latency_benchmark(config, record)
-    row = latency["runners"]["torch_compile"]
-    assert row["label"] == "torch.compile fp32 · cpu" and row["io"] == "host"
-    assert row["parity"]["passed"] and row["parity"]["outputs"]["sentence_embedding"]["max_abs"] < 1e-4
-    stats = latency["cells"]["b1_s16"]["torch_compile"]
-    assert stats["baseline"] == "pytorch" and stats["speedup"] > 0 and latency["passed"]["torch_compile"]
-    assert latency["device"] == "cpu" and set(latency["peaks"]) == {"fp32"} and not latency["cuda_graph"]
-    assert all(b["variant"] != "torch_compile" for b in latency["best"].values()), "a peer, not a variant to deploy"
+    row = latency.runners["torch_compile"]
+    assert row.label == "torch.compile fp32 · cpu" and row.io == "host"
+    assert row.parity and row.parity.passed and (row.parity.outputs["sentence_embedding"].max_abs or 0) < 1e-4
+    stats = latency.cells["b1_s16"]["torch_compile"]
+    assert stats.baseline == "pytorch" and (stats.speedup or 0) > 0 and latency.passed["torch_compile"]
+    assert latency.device == "cpu" and set(latency.peaks) == {"fp32"} and not latency.cuda_graph
+    assert all(b.variant != "torch_compile" for b in latency.best.values()), "a peer, not a variant to deploy"
     with record.step("bench"):
-        record.set_metric("bench.latency", latency)
+        record.set_metric("bench.latency", latency.recorded())
     page = build_report(record, tmp_path / "report.html", specs()).read_text()
     for label in ("PyTorch eager fp32 · cpu", "torch.compile fp32 · cpu", "ONNX Runtime fp32 · cpu"):
         assert json.dumps(label)[1:-1] in page, label  # as the figures' JSON spells it

@@ -38,7 +38,7 @@ def test_every_notebook_has_the_generated_parameters_cell():
         notebook = nbformat.read(NOTEBOOKS_DIR / step.notebook, as_version=4)
         cells = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
         assert [c.source for c in cells] == [parameters_cell()], \
-            f"{step.notebook}: run python -m workbench.report.notebook"
+            f"{step.notebook}: run workbench steps --write-parameter-cells"
         assert "verdict_line(" in notebook.cells[-1].source, step.notebook  # it ends with its verdict line
 
 

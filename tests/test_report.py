@@ -10,7 +10,7 @@ import pytest
 from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.core.results import BenchMetrics, Verdict
+from workbench.core.results import BenchMetrics, GridRunner, LatencyGrid, Verdict
 from workbench.core.timing import interleaved
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
@@ -60,7 +60,8 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
             assert runner["tokens_per_s"] == pytest.approx(runner["sequences_per_s"] * length)
     assert latency["peaks"]["fp32"] > 0  # measured; how fast is for benchmarks/, not a test
     assert latency["passed"]["pytorch"] and latency["passed"]["fp32"]
-    assert latency["disturbed"] == disturbances(latency["cells"], latency["flops"])  # recorded, read from the grid
+    grid = LatencyGrid.model_validate(latency)
+    assert grid.disturbed == disturbances(grid.cells, grid.flops)  # recorded, read from the grid
     # Session settings screened per ONNX variant, the fastest re-measured head to head; the chosen one never spins
     assert set(latency["sessions"]) == set(record.variants("onnx"))
     for tuned in latency["sessions"].values():
@@ -130,8 +131,9 @@ def test_report_is_self_contained(reported):
     assert ("int8 precision repair" in html) == bool(record.metric("parity.repair"))
     assert "ONNX Runtime session settings, measured at the smallest cell" in html
     sessions = record.metric("bench.latency.sessions")
-    assert list(figures.sessions_table(record.metric("bench.latency")).data[0].cells.values[2]) == [
-        tuned["reason"] for tuned in sessions.values()]
+    grid = LatencyGrid.model_validate(record.metric("bench.latency"))
+    reasons = [tuned["reason"] for tuned in sessions.values()]
+    assert list(figures.sessions_table(grid).data[0].cells.values[2]) == reasons
     assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"
     # Rendering again measures nothing: the bench step's numbers stay as they were, and stay current.
     before = record.step_entry("bench")
@@ -181,10 +183,9 @@ def test_interleaving_rotates_and_respects_the_budget():
     calls = {name: (lambda n=name: order.append(n)) for name in "abc"}
     samples = interleaved(calls, rounds=3, warmup=0)
     assert order == list("abcbcacab") and all(len(v) == 3 for v in samples.values())
-    rows = {name: {"label": name, "device": "cpu", "io": "host", "reference": name == "pytorch"}
-            for name in ("pytorch", "x")}
+    rows = {name: GridRunner(label=name, reference=name == "pytorch") for name in ("pytorch", "x")}
     stats = summarize({"pytorch": [0.02, 0.02], "x": [0.01, 0.01]}, rows=2, length=8, described=rows)
-    assert stats["x"]["speedup"] == pytest.approx(2.0) and stats["x"]["tokens_per_s"] == pytest.approx(1600)
+    assert stats["x"].speedup == pytest.approx(2.0) and stats["x"].tokens_per_s == pytest.approx(1600)
 
 
 def test_matmul_flops_match_minilm_counts():
@@ -329,7 +330,7 @@ def test_the_report_opens_with_the_recommendation_and_names_the_served_variant(b
 
 def test_the_speedup_heatmap_is_centred_on_1x(benched):
     _, record = benched
-    latency = record.metric("bench.latency")
+    latency = LatencyGrid.model_validate(record.metric("bench.latency"))
     heatmap = figures.speedup_figure(latency).data[0]
     assert heatmap.zmid == 0 and heatmap.zmin == -heatmap.zmax  # log2 of the ratio: 1x sits in the middle
     assert heatmap.colorbar.title.text == "speedup over PyTorch (x)"
@@ -345,7 +346,7 @@ def test_the_speedup_heatmap_is_centred_on_1x(benched):
 def test_figures_name_their_units(benched):
     _, record = benched
     axes = {
-        "latency": figures.latency_figure(record.metric("bench.latency")).layout.yaxis,
+        "latency": figures.latency_figure(LatencyGrid.model_validate(record.metric("bench.latency"))).layout.yaxis,
         "errors": figures.error_distribution(record.metric("parity.variants")).layout.yaxis,
         "fusions": figures.fusion_figure({"fp32": {"nodes": 120, "fused": {"Attention": 6}}}).layout.yaxis,
     }
@@ -400,7 +401,8 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
     verdict["outputs"]["sentence_embedding"]["retrieval"] = {"texts": 320, "agreement_at_1": 0.95,
                                                              "recall_at_10": 0.97, "spearman": 0.998}
     cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
-    choice = pick("latency", Cell(1, 16), candidates(cell, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
+    timed = LatencyGrid(cells={"b1_s16": cell}).cells["b1_s16"]
+    choice = pick("latency", Cell(1, 16), candidates(timed, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
     assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
 
 
@@ -431,19 +433,19 @@ def test_a_neighbour_gate_is_the_gate_it_is_judged_by():
 
 def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
     from workbench.measure.latency import disturbances
-    from workbench.report.page import disturbed_warning
     from workbench.steps import verdict_line
+    from workbench.steps.bench import disturbed_warning
 
     flops = {"b1_s16": 1.0, "b1_s128": 8.0, "b8_s16": 8.5, "b8_s128": 70.0}
     quiet = {"b1_s16": _cell({"pytorch": 7.8, "int8_repaired": 2.2}), "b1_s128": _cell({"pytorch": 22.5,
              "int8_repaired": 7.4}), "b8_s16": _cell({"pytorch": 30.0, "int8_repaired": 9.0}),
              "b8_s128": _cell({"pytorch": 145.7, "int8_repaired": 49.7})}
-    assert disturbances(quiet, flops) == []
+    assert disturbances(LatencyGrid(cells=quiet).cells, flops) == []
     # what a run beside a test suite and a busy loop measured: PyTorch's threads oversubscribed, ORT's not
     busy = {"b1_s16": _cell({"pytorch": 844.8, "int8_repaired": 2.22}), "b1_s128": _cell({"pytorch": 1273.4,
             "int8_repaired": 12.38}), "b8_s16": _cell({"pytorch": 1734.6, "int8_repaired": 10.8}),
             "b8_s128": _cell({"pytorch": 1007.0, "int8_repaired": 135.4})}
-    found = disturbances(busy, flops)
+    found = disturbances(LatencyGrid(cells=busy).cells, flops)
     assert found == ["pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
     assert disturbed_warning(BenchMetrics(latency={"disturbed": found})).startswith(
         f"DISTURBED TIMINGS: {found[0]}. Other")

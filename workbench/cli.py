@@ -64,6 +64,11 @@ def _show_config(args: argparse.Namespace) -> int:
 
 
 def _list_steps(args: argparse.Namespace) -> int:
+    if args.write_parameter_cells:
+        from workbench.report.notebook import write_parameter_cells
+
+        for written in write_parameter_cells():
+            print(f"rewrote the parameters cell of {written}", file=sys.stderr)
     for step in specs():
         settings = f" (settings: {step.settings}.*)" if step.settings else ""
         print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}{settings}")
@@ -174,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("config", help="print the resolved run configuration as YAML")
     _config_args(show)
     show.set_defaults(func=_show_config)
-    sub.add_parser("steps", help="list the pipeline steps").set_defaults(func=_list_steps)
+    steps = sub.add_parser("steps", help="list the pipeline steps")
+    steps.add_argument("--write-parameter-cells", action="store_true",
+                       help="rewrite the parameters cell of every step notebook from the run configuration's settings "
+                            "(after a setting changes), then list the steps")
+    steps.set_defaults(func=_list_steps)
     sub.add_parser("doctor", help="what this machine can run and why not: GPU, ONNX Runtime providers, TensorRT, "
                    "tritonserver, perf_analyzer, libraries, with versions").set_defaults(func=_doctor)
     sub.add_parser("install-perf-analyzer", help="put NVIDIA's perf_analyzer into this environment (tools/, and a "

@@ -46,7 +46,8 @@ class StepSpec:
     from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
     them; `settings`: its section of the run configuration (RunConfig's field of that name, e.g. `optimize`), the
     settings only it reads; `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
-    `variants`), which the record's `verdict` reads."""
+    `variants`), which the record's `verdict` reads; `headline` and `warning`: the lines and the warning report.html
+    opens with, from its metrics model."""
 
     name: str
     number: int
@@ -64,6 +65,8 @@ class StepSpec:
     after: str | None = None
     settings: str | None = None
     verdicts: str | None = None
+    headline: Callable[[Any], list[str]] | None = None
+    warning: Callable[[Any], str] | None = None
 
     @property
     def notebook(self) -> str:

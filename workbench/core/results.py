@@ -169,14 +169,80 @@ class TensorrtMetrics(Metrics):
     parity: dict[str, Verdict] = Field(default_factory=dict)
 
 
+class CellTiming(Metrics):
+    """One row of the latency grid at one cell: percentiles and mean (ms), throughput, the speedup over its device's
+    PyTorch row (`baseline`; None where it has none), GFLOP/s and their share of the matmul peak."""
+
+    p50: float
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    rounds: int | None = None
+    sequences_per_s: float | None = None
+    tokens_per_s: float | None = None
+    baseline: str | None = None
+    speedup: float | None = None
+    gflops: float | None = None
+    peak_share: float | None = None
+
+
+class GridRunner(Metrics):
+    """What a row of the grid ran (`Runner.describe`): its label, device, precision, providers, I/O; whether it is a
+    PyTorch reference, the variant it times, its peak device memory (CUDA) and, for a row only the bench checks
+    (torch.compile, PyTorch fp16), its parity verdict."""
+
+    label: str
+    device: str = "cpu"
+    precision: str = "fp32"
+    providers: list[str] = Field(default_factory=list)
+    io: str = "host"
+    reference: bool = False
+    variant: str | None = None
+    peak_memory_mb: float | None = None
+    parity: Verdict | None = None
+
+
+class BestRow(Metrics):
+    variant: str
+    speedup: float
+
+
+class LatencyGrid(Metrics):
+    """The in-process grid (`measure.latency.measure_grid`): per cell (`Cell.key`) and row its timing, the rows,
+    which passed parity, the session settings chosen, matmul peaks per precision, signs of disturbance."""
+
+    threads: int | None = None
+    device: str = "cpu"
+    cells: dict[str, dict[str, CellTiming]] = Field(default_factory=dict)
+    flops: dict[str, float] = Field(default_factory=dict)
+    passed: dict[str, bool] = Field(default_factory=dict)
+    runners: dict[str, GridRunner] = Field(default_factory=dict)
+    sessions: dict[str, Json] = Field(default_factory=dict)
+    cuda_graph: dict[str, dict[str, str]] = Field(default_factory=dict)
+    disturbed: list[str] = Field(default_factory=list)
+    best: dict[str, BestRow] = Field(default_factory=dict)
+    peaks: dict[str, float] = Field(default_factory=dict)
+    seconds: float | None = None
+
+    def rows(self) -> list[str]:
+        """Every row timed in some cell, in the order first timed (CUDA-graph rows exist per cell)."""
+        return list(dict.fromkeys(name for cell in self.cells.values() for name in cell))
+
+    def label(self, name: str) -> str:
+        """A row as a table names it: "PyTorch eager fp32 · cuda · on device" (its name in older runs)."""
+        runner = self.runners.get(name)
+        return runner.label if runner else name
+
+
 class BenchMetrics(Metrics):
     host: Json | None = None
-    latency: Json | None = None  # the grid: cells, runners, peaks per precision (`measure.latency.measure_grid`)
+    latency: LatencyGrid | None = None
     served: Json | None = None
 
     def disturbed(self) -> list[str]:
         """Signs that other work on the host disturbed the in-process grid (none: it looked quiet)."""
-        return list((self.latency or {}).get("disturbed") or [])
+        return list(self.latency.disturbed) if self.latency else []
 
 
 def migrate(data: Json) -> Json:

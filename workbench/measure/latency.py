@@ -11,6 +11,7 @@ import numpy as np
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
+from workbench.core.results import BestRow, CellTiming, GridRunner, LatencyGrid, Verdict
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
 
@@ -36,7 +37,7 @@ def percentiles_ms(samples: list[float]) -> dict[str, float]:
 DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
 
 
-def disturbances(cells: dict[str, dict[str, dict[str, Any]]], flops: dict[str, float]) -> list[str]:
+def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float]) -> list[str]:
     """Signs, read from the medians themselves, that other work on the host distorted the grid: a runner whose
     median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with at least as much work
     (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold either)."""
@@ -47,8 +48,8 @@ def disturbances(cells: dict[str, dict[str, dict[str, Any]]], flops: dict[str, f
                 continue
             for runner, stats in cells[small].items():
                 other = cells[large].get(runner)
-                if other and stats["p50"] > DISTURBANCE_FACTOR * other["p50"]:
-                    found.append(f"{runner} took {stats['p50']:.1f} ms at {small} but {other['p50']:.1f} ms at "
+                if other and stats.p50 > DISTURBANCE_FACTOR * other.p50:
+                    found.append(f"{runner} took {stats.p50:.1f} ms at {small} but {other.p50:.1f} ms at "
                                  f"{large}, which does more work")
     return found
 
@@ -114,34 +115,34 @@ def _ort_matmul(size: int, threads: int) -> Callable[[], object]:
     return lambda: session.run(None, feed)
 
 
-def baseline_for(name: str, rows: dict[str, dict[str, Any]]) -> str | None:
+def baseline_for(name: str, rows: dict[str, GridRunner]) -> str | None:
     """The PyTorch eager fp32 row a row's speedup is measured against: the one on the same device with the same
     I/O (None where the run has none, e.g. ONNX Runtime on CUDA beside a PyTorch without CUDA)."""
     row = rows[name]
-    return next((ref for ref, other in rows.items() if other.get("reference") and other["device"] == row["device"]
-                 and other["io"] == row["io"]), None)
+    return next((ref for ref, other in rows.items() if other.reference and other.device == row.device
+                 and other.io == row.io), None)
 
 
-def speedup(base: dict[str, Any], row: dict[str, Any], base_ms: float, row_ms: float) -> float:
-    """`row`'s speedup over `base`, two runner records (`Runner.describe`): only ever on the same device."""
-    if base["device"] != row["device"]:
+def speedup(base: GridRunner, row: GridRunner, base_ms: float, row_ms: float) -> float:
+    """`row`'s speedup over `base`: only ever on the same device."""
+    if base.device != row.device:
         raise DeviceMismatchError(
-            f"a speedup of {row['label']} over {base['label']} would compare {row['device']} with {base['device']}",
+            f"a speedup of {row.label} over {base.label} would compare {row.device} with {base.device}",
             "compare runners on the same device: the bench step measures a PyTorch baseline per device")
     return base_ms / row_ms
 
 
 def summarize(samples: dict[str, list[float]], rows: int, length: int,
-              described: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+              described: dict[str, GridRunner]) -> dict[str, CellTiming]:
     """Percentiles, throughput and the speedup over each row's baseline (`baseline_for`, ratio of medians)."""
     medians = {name: float(np.median(values)) for name, values in samples.items()}
     result = {}
     for name, values in samples.items():
         base = baseline_for(name, described)
-        result[name] = {**percentiles_ms(values), "rounds": len(values), "sequences_per_s": rows / medians[name],
-                        "tokens_per_s": rows * length / medians[name], "baseline": base,
-                        "speedup": speedup(described[base], described[name], medians[base], medians[name])
-                        if base in medians else None}
+        result[name] = CellTiming(**percentiles_ms(values), rounds=len(values), sequences_per_s=rows / medians[name],
+                                  tokens_per_s=rows * length / medians[name], baseline=base,
+                                  speedup=speedup(described[base], described[name], medians[base], medians[name])
+                                  if base in medians else None)
     return result
 
 
@@ -264,7 +265,7 @@ class Dimensions:
 
 
 def measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimensions, verdicts: dict[str, bool],
-                 lab: ParityLab | None = None) -> dict[str, Any]:
+                 lab: ParityLab | None = None) -> LatencyGrid:
     """The batch x sequence grid on real text; per cell and row: percentiles, throughput, speedup over the PyTorch
     row of its device; GFLOP/s against matmul peaks measured in the same run (per precision on CUDA); on CUDA,
     CUDA-graph rows per cell and each row's peak device memory. `verdicts`: which variants passed parity; `lab`
@@ -274,7 +275,7 @@ def measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimensi
 
 
 def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimensions, verdicts: dict[str, bool],
-                  lab: ParityLab | None, stack: ExitStack) -> dict[str, Any]:
+                  lab: ParityLab | None, stack: ExitStack) -> LatencyGrid:
     import torch
 
     from workbench.core.progress import track
@@ -288,13 +289,13 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
         list(factories.items()), "bench: device memory", "rows", note=lambda item: item[0])}
         if device == "cuda" else {})
     runners = {name: stack.enter_context(make()) for name, make in factories.items()}
-    described = {name: {**runner.describe(), "reference": name in REFERENCES, "variant": row_variant(name),
-                        **({"peak_memory_mb": memory[name]} if name in memory else {})}
+    described = {name: GridRunner(**runner.describe(), reference=name in REFERENCES, variant=row_variant(name),
+                                  peak_memory_mb=memory.get(name))
                  for name, runner in runners.items()}
     checked = check_rows(lab, runners)
     judged = {**verdicts, **{name: bool(verdict["passed"]) for name, verdict in checked.items()}}
     passed = {name: name in REFERENCES or judged.get(row_variant(name), False) for name in runners}
-    cells: dict[str, Any] = {}
+    cells: dict[str, dict[str, CellTiming]] = {}
     flops: dict[str, float] = {}
     graphs: dict[str, dict[str, str]] = {}
     shapes = [(size, length) for size in shape.batches for length in shape.sequences]
@@ -307,28 +308,28 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
                 captured, graphs[cell] = cuda_graph_runners(rows.variants, runners, batch, tuned, per_cell)
                 timed.update(captured)
                 for name, runner in captured.items():
-                    described[name] = {**runner.describe(), "reference": False, "variant": row_variant(name)}
+                    described[name] = GridRunner(**runner.describe(), variant=row_variant(name))
                     passed[name] = passed[row_variant(name)]
             samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, shape.rounds,
                                   shape.warmup, budget_s=shape.seconds_per_cell)
         cells[cell] = summarize(samples, size, length, described)
         flops[cell] = matmul_flops(dims.layers, dims.hidden, dims.intermediate, size, length)
         for stats in cells[cell].values():
-            stats["gflops"] = flops[cell] / (stats["p50"] / 1e3) / 1e9
+            stats.gflops = flops[cell] / (stats.p50 / 1e3) / 1e9
     peaks = matmul_peaks(device, rows.threads)
     for cell_stats in cells.values():
         for name, stats in cell_stats.items():
-            stats["peak_share"] = stats["gflops"] / peaks[peak_precision(described[name]["precision"], peaks)]
-    best = {cell: max((n for n in stats if passed[n] and stats[n]["speedup"] is not None and is_variant_row(n)),
-                      key=lambda n: stats[n]["speedup"], default=None)
+            stats.peak_share = (stats.gflops or 0.0) / peaks[peak_precision(described[name].precision, peaks)]
+    best = {cell: max((n for n in stats if passed[n] and stats[n].speedup is not None and is_variant_row(n)),
+                      key=lambda n: stats[n].speedup or 0.0, default=None)
             for cell, stats in cells.items()}
     for name, verdict in checked.items():
-        described[name]["parity"] = verdict
-    return {"threads": rows.threads, "device": device, "cells": cells, "flops": flops, "passed": passed,
-            "runners": described, "sessions": tuned, "cuda_graph": graphs, "disturbed": disturbances(cells, flops),
-            "best": {cell: {"variant": name, "speedup": cells[cell][name]["speedup"]}
-                     for cell, name in best.items() if name is not None},
-            "peaks": peaks}
+        described[name].parity = Verdict.model_validate(verdict)
+    return LatencyGrid(threads=rows.threads, device=device, cells=cells, flops=flops, passed=passed,
+                       runners=described, sessions=tuned, cuda_graph=graphs, disturbed=disturbances(cells, flops),
+                       best={cell: BestRow(variant=name, speedup=cells[cell][name].speedup or 0.0)
+                             for cell, name in best.items() if name is not None},
+                       peaks=peaks)
 
 
 def check_rows(lab: ParityLab | None, runners: dict[str, Runner]) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ from workbench.core.atomic import write_text
 from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
-from workbench.core.results import BenchMetrics
+from workbench.core.results import BenchMetrics, CellTiming
 from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
@@ -51,7 +51,7 @@ class Row:
     throughput_speedup: float | None = None
     served_rps: float | None = None
     served_p99_ms: float | None = None
-    cells: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    cells: dict[str, CellTiming] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def host_of(record: RunRecord) -> str:
 def rows_of(record: RunRecord, name: str) -> list[Row]:
     """Every variant with a parity verdict in the run, with what was measured of it."""
     bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
-    cells = (bench.latency or {}).get("cells", {}) if bench else {}
+    cells = bench.latency.cells if bench and bench.latency else {}
     served = (bench.served if bench else None) or {}
     try:
         deployment = record.deployment()
@@ -186,10 +186,10 @@ def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = No
     unmeasured = unmeasured or {}
     latency, throughput = _common_cells(rows)
     for row in rows:
-        at = row.cells.get(latency or "", {})
-        row.latency_ms, row.latency_speedup = at.get("p50"), at.get("speedup")
-        at = row.cells.get(throughput or "", {})
-        row.throughput, row.throughput_speedup = at.get("sequences_per_s"), at.get("speedup")
+        at = row.cells.get(latency or "")
+        row.latency_ms, row.latency_speedup = (at.p50, at.speedup) if at else (None, None)
+        at = row.cells.get(throughput or "")
+        row.throughput, row.throughput_speedup = (at.sequences_per_s, at.speedup) if at else (None, None)
     passing = [r for r in rows if r.passed]
     accurate = [r for r in passing if r.gate in ("min cosine", "label agreement") and (r.value or 0) >= floor]
     cell = latency.replace("_", " ") if latency else None

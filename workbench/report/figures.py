@@ -6,6 +6,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from workbench.core.results import LatencyGrid
 from workbench.runners.onnxruntime import SessionSettings
 
 _ROW_PX = 28
@@ -168,30 +169,30 @@ def _recall_cell(entry: dict[str, Any]) -> str:
     return f"{entry['retrieval']['recall_at_10']:.3f}" if entry.get("retrieval") else ""
 
 
-def runners_table(latency: dict[str, Any]) -> go.Figure:
+def runners_table(latency: LatencyGrid) -> go.Figure:
     """Every row of the grid: where and how it ran, its peak device memory (CUDA), and the parity verdict of rows
     only the bench step checks (torch.compile, PyTorch fp16)."""
     rows = []
-    for name, row in latency["runners"].items():
-        parity = row.get("parity")
-        if row.get("reference"):
+    for name, row in latency.runners.items():
+        parity = row.parity
+        if row.reference:
             verdict = "the reference"
         elif parity:
-            verdict = "pass (checked here)" if parity["passed"] else f"FAIL: {parity['failures'][0]}"
+            verdict = "pass (checked here)" if parity.passed else f"FAIL: {parity.failures[0]}"
         else:
-            verdict = f"{'pass' if latency['passed'].get(name) else 'FAIL'} ({row.get('variant', name)}, parity step)"
-        memory = f"{row['peak_memory_mb']:.0f} MiB" if "peak_memory_mb" in row else "n/a (CPU)"
-        rows.append([name, row["label"], row["precision"], ", ".join(row["providers"]), row["io"], memory, verdict])
+            verdict = f"{'pass' if latency.passed.get(name) else 'FAIL'} ({row.variant or name}, parity step)"
+        memory = f"{row.peak_memory_mb:.0f} MiB" if row.peak_memory_mb is not None else "n/a (CPU)"
+        rows.append([name, row.label, row.precision, ", ".join(row.providers), row.io, memory, verdict])
     header = ["row", "runner", "precision", "providers", "I/O", "peak device memory", "parity"]
     return table("What each row ran on", header, rows)
 
 
-def sessions_table(latency: dict[str, Any]) -> go.Figure:
+def sessions_table(latency: LatencyGrid) -> go.Figure:
     """Per ONNX variant: the session settings the grid ran with, why, and what spinning would have given."""
     rows = [[name, SessionSettings.from_record(tuned["chosen"]).label(), tuned["reason"],
              f"spinning alone (never applied) {tuned['spinning_gain']:.2f}x" if "spinning_gain" in tuned else
              f"I/O binding {tuned['io_binding_gain']:.2f}x numpy in and out"]
-            for name, tuned in latency.get("sessions", {}).items()]
+            for name, tuned in latency.sessions.items()]
     header = ["variant", "settings the grid ran", "why", "measured beside"]
     return table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
 
@@ -251,21 +252,14 @@ def batch_size_figure(burst: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def row_label(latency: dict[str, Any], name: str) -> str:
-    """A grid row as a table names it: "PyTorch eager fp32 · cuda · on device" (the row's name in older runs)."""
-    return latency.get("runners", {}).get(name, {}).get("label", name)
-
-
-def latency_figure(latency: dict[str, Any]) -> go.Figure:
+def latency_figure(latency: LatencyGrid) -> go.Figure:
     """Median latency per runner for every batch x sequence cell (log scale), p90 as the error bar."""
     figure = go.Figure()
-    cells = list(latency["cells"])
-    runners = list(dict.fromkeys(name for cell in latency["cells"].values() for name in cell))
-    for name in runners:  # CUDA-graph rows exist per cell: a row shows where it was measured
-        measured = [(c, latency["cells"][c][name]) for c in cells if name in latency["cells"][c]]
-        label = row_label(latency, name) + ("" if latency["passed"].get(name) else " (fails parity)")
-        figure.add_bar(name=label, x=[c for c, _ in measured], y=[s["p50"] for _, s in measured],
-                       error_y={"type": "data", "array": [s["p90"] - s["p50"] for _, s in measured],
+    for name in latency.rows():  # CUDA-graph rows exist per cell: a row shows where it was measured
+        measured = [(c, stats[name]) for c, stats in latency.cells.items() if name in stats]
+        label = latency.label(name) + ("" if latency.passed.get(name) else " (fails parity)")
+        figure.add_bar(name=label, x=[c for c, _ in measured], y=[s.p50 for _, s in measured],
+                       error_y={"type": "data", "array": [(s.p90 or s.p50) - s.p50 for _, s in measured],
                                 "visible": True})
     figure.update_layout(title="In-process latency (median, error bar to p90)", yaxis_type="log",
                          yaxis_title="latency per call (ms)", xaxis_title="batch x sequence (texts x tokens)",
@@ -273,18 +267,17 @@ def latency_figure(latency: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def speedup_figure(latency: dict[str, Any]) -> go.Figure:
+def speedup_figure(latency: LatencyGrid) -> go.Figure:
     """Speedup over PyTorch eager fp32 on the same device (and the same I/O) per runner and cell, coloured on log2
     of the ratio centred on 1x: red is slower than PyTorch, blue faster, equally far either way for halving and
     doubling. A row without a PyTorch baseline on its device stays blank."""
-    cells = list(latency["cells"])
-    runners = list(dict.fromkeys(name for cell in latency["cells"].values() for name in cell))
-    ratios = [[latency["cells"][c].get(n, {}).get("speedup") for c in cells] for n in runners]
+    cells, runners = list(latency.cells), latency.rows()
+    ratios = [[timing.speedup if (timing := latency.cells[c].get(n)) else None for c in cells] for n in runners]
     z = [[math.log2(v) if v else None for v in row] for row in ratios]
     reach = max([1, *(math.ceil(abs(v)) for row in z for v in row if v is not None)])
     ticks = list(range(-reach, reach + 1))
     figure = go.Figure(go.Heatmap(
-        z=z, x=cells, y=[row_label(latency, n) for n in runners], colorscale="RdBu", zmid=0, zmin=-reach, zmax=reach,
+        z=z, x=cells, y=[latency.label(n) for n in runners], colorscale="RdBu", zmid=0, zmin=-reach, zmax=reach,
         text=[[f"{v:.2f}x" if v else "" for v in row] for row in ratios], texttemplate="%{text}",
         hovertemplate="%{y} at %{x}: %{text} PyTorch<extra></extra>",
         colorbar={"title": {"text": "speedup over PyTorch (x)"}, "tickvals": ticks,

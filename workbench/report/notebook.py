@@ -1,6 +1,6 @@
 """What every step notebook does first: turn its parameters into a config and an open record.
 
-The parameters cell of every notebook is written from `PARAMETERS` (`python -m workbench.report.notebook` rewrites
+The parameters cell of every notebook is written from `PARAMETERS` (`workbench steps --write-parameter-cells` rewrites
 it), so papermill's `--help-notebook` lists typed, commented settings, and a value a user or papermill passes is
 checked here.
 """
@@ -10,7 +10,6 @@ import ast
 import difflib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ PARAMETERS = (
     Parameter("pooling", "pooling", "str", "feature-extraction: auto (the model's sentence-transformers files, else "
               "mean), mean, cls, max, lasttoken, ... or none"),
     Parameter("precisions", "precisions", "list or auto", "ONNX variants to build and check: a list of fp32, fp16, "
-              "int8; auto: fp32, and fp16/int8 where the deployment's target serves them faster"),
+              "bf16, int8; auto: fp32, and fp16/bf16/int8 where the deployment's target serves them faster"),
     Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),
     Parameter("batch_opt", "batch.opt", "int", "most frequent"),
     Parameter("batch_max", "batch.max", "int", "largest"),
@@ -172,7 +171,3 @@ def write_parameter_cells(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
             changed.append(path)
     return changed
 
-
-if __name__ == "__main__":
-    for written in write_parameter_cells():
-        print(f"rewrote the parameters cell of {written}", file=sys.stderr)

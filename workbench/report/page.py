@@ -1,6 +1,7 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -9,10 +10,7 @@ import jinja2
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import (
-    BenchMetrics,
-    TritonMetrics,
-)
+from workbench.core.results import TritonMetrics
 from workbench.report.recommend import recommend
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
@@ -24,6 +22,12 @@ class Declared(Protocol):
 
     @property
     def sections(self) -> tuple[Section, ...]: ...
+
+    @property
+    def headline(self) -> Callable[[Any], list[str]] | None: ...
+
+    @property
+    def warning(self) -> Callable[[Any], str] | None: ...
 
 
 def _fill(record: RunRecord, step: str) -> str:
@@ -92,49 +96,30 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
     return parts
 
 
-def disturbed_warning(bench: BenchMetrics) -> str:
-    """The warning the report opens with when the in-process grid's own medians show other work distorted it."""
-    disturbed = bench.disturbed()
-    if not disturbed:
-        return ""
-    more = f" (and {len(disturbed) - 1} more)" if disturbed[1:] else ""
-    return (f"DISTURBED TIMINGS: {disturbed[0]}{more}. Other work on the host distorted the in-process grid, ratios "
-            "included: do not compare or deploy by the speedups below; re-run the bench step on a quiet host.")
-
-
-def headline(bench: BenchMetrics) -> list[str]:
-    """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
-    the recommendation)."""
-    lines = []
-    host = bench.host
-    if host:  # runs before busy_before recorded only the load average, which counts the run's own earlier steps
-        busy, measure = ((host["busy_before"], "other work kept {:.1f} of {} cores busy") if "busy_before" in host
-                         else (host["load_before"], "load average {:.1f} on {} cores"))
-        if busy > host["cpu_count"] / 2:
-            lines.append(f"The host was busy when measuring began ({measure.format(busy, host['cpu_count'])}): "
-                         "absolute times do not hold; ratios hold only where the other "
-                         "work slowed every runner alike.")
-    served = bench.served or {}
-    if "batching_on" in served and "batching_off" in served:
-        top = str(max(served["levels"]))
-        on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
-        lines.append(f"Dynamic batching at concurrency {top}: {on['throughput']:.1f} vs {off['throughput']:.1f} "
-                     f"req/s ({on['throughput'] / off['throughput']:.2f}x).")
-    if "efficiency" in served:
-        efficiency = served["efficiency"]
-        lines.append(f"Serving efficiency at concurrency {efficiency['concurrency']}: "
-                     f"{efficiency['throughput_ratio']['batching_on']:.2f} of in-process throughput (batching on)"
-                     + (f"; p50 at concurrency 1 {efficiency['p50_ratio_c1']:.2f}x in process."
-                        if "p50_ratio_c1" in efficiency else "."))
-    return lines
+def opening(record: RunRecord, steps: tuple[Declared, ...]) -> tuple[list[str], list[str]]:
+    """What the page opens with: the lines and warnings the `steps` declare (`StepSpec.headline`, `.warning`), from
+    the metrics of those that are ok or stale (metrics that cannot be read open nothing: their section says why)."""
+    lines, warnings = [], []
+    for declared in steps:
+        if record.status(declared.name) not in (StepStatus.OK, StepStatus.STALE):
+            continue
+        try:
+            metrics = record.results(declared.name) if declared.headline or declared.warning else None
+        except (KeyError, TypeError, ValueError):  # metrics an older workbench wrote, or a damaged record
+            metrics = None
+        if metrics is None:
+            continue
+        lines += declared.headline(metrics) if declared.headline else []
+        warning = declared.warning(metrics) if declared.warning else ""
+        warnings += [warning] if warning else []
+    return lines, warnings
 
 
 def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
     """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one."""
     rows = []
-    bench = record.results_as("bench", BenchMetrics)
-    disturbed = " (disturbed timings)" if bench and bench.disturbed() else ""
     for choice in recommend(record):
+        disturbed = " (disturbed timings)" if choice.disturbed else ""
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.where, "variant": choice.variant or "none",
                      "speedup": f"{choice.speedup:.3g}x{disturbed}" if found else "",
@@ -176,14 +161,12 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
         rendered.append({"title": title, "text": text, "figures": html_parts})
     env = record.environment
     config = record.config
+    headline, warnings = opening(record, steps)
     steps = [step for step in record.step_entries() if step.status != StepStatus.RUNNING]
-    bench = record.step_entry("bench")
-    measured = BenchMetrics.model_validate(bench.metrics) if bench.status in (StepStatus.OK, StepStatus.STALE) else None
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
-        steps=steps, headline=headline(measured) if measured else [], sections=rendered,
-        warning=disturbed_warning(measured) if measured else "",
+        steps=steps, headline=headline, sections=rendered, warning=" ".join(warnings),
         recommendations=recommendation_rows(record), served=served_note(record))
     return write_text(dest, page)

@@ -7,14 +7,13 @@ engines) is a pass now. `candidates` lists what was measured, `pick` chooses amo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
 from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import Verdict
+from workbench.core.results import BenchMetrics, CellTiming, Verdict
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
 from workbench.serving.plan import int8_decision
@@ -87,6 +86,7 @@ class Recommendation:
     reason: str = ""
     steps: tuple[str, ...] = ()
     retrieval: dict[str, float] | None = None
+    disturbed: bool = False  # the speedup comes from a grid other work on the host disturbed
 
     @property
     def margin(self) -> float | None:
@@ -128,18 +128,18 @@ def gate(verdict: Verdict) -> Gate | None:
     return min(gates, key=lambda g: g.relative_margin, default=None)
 
 
-def candidates(cell: dict[str, Any], verdicts: dict[str, Verdict]) -> list[Candidate]:
+def candidates(cell: dict[str, CellTiming], verdicts: dict[str, Verdict]) -> list[Candidate]:
     """Every variant measured in `cell` end to end (PyTorch, torch.compile and the on-device rows left out: the
     deployment pays numpy in and out) with its current parity verdict."""
     measured = []
     for name, stats in cell.items():
-        if not is_variant_row(name) or stats.get("speedup") is None:
+        if not is_variant_row(name) or stats.speedup is None:
             continue
         verdict = verdicts.get(name)
         if verdict is None:
-            measured.append(Candidate(name, stats["speedup"], False, None, ("no parity verdict in this run",)))
+            measured.append(Candidate(name, stats.speedup, False, None, ("no parity verdict in this run",)))
         else:
-            measured.append(Candidate(name, stats["speedup"], verdict.passed, gate(verdict),
+            measured.append(Candidate(name, stats.speedup, verdict.passed, gate(verdict),
                                       tuple(verdict.failures), verdict.precision, verdict.retrieval))
     return measured
 
@@ -204,7 +204,8 @@ def recommend(record: RunRecord) -> list[Recommendation]:
     """One recommendation per goal from the bench step's in-process latency (when the step is ok) and the
     parity verdicts of this run."""
     bench = record.step_entry("bench")
-    cells = bench.metrics.get("latency", {}).get("cells", {}) if bench.status == StepStatus.OK else {}
+    measured = record.results_as("bench", BenchMetrics) if bench.status == StepStatus.OK else None
+    cells = measured.latency.cells if measured and measured.latency else {}
     shapes = [cell for name in cells if (cell := Cell.parse(name))]
     verdicts = {**record.verdicts(), **served_failures(record)}
     if not shapes:
@@ -218,9 +219,10 @@ def recommend(record: RunRecord) -> list[Recommendation]:
             recommendations.append(Recommendation(goal, None, reason="batch 1 was not measured; add 1 to "
                                                   "bench.batches", steps=("bench",)))
         else:
-            recommendations.append(pick(goal, shape, candidates(cells[shape.key], verdicts),
-                                        record.environment.get("cpu_features", {}).get("int8_dot_product"),
-                                        int8.reason if int8 else None))
+            choice = pick(goal, shape, candidates(cells[shape.key], verdicts),
+                          record.environment.get("cpu_features", {}).get("int8_dot_product"),
+                          int8.reason if int8 else None)
+            recommendations.append(replace(choice, disturbed=bool(measured and measured.disturbed())))
     return recommendations
 
 

@@ -13,7 +13,7 @@ from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import BenchMetrics
+from workbench.core.results import BenchMetrics, LatencyGrid
 from workbench.core.timing import timed
 from workbench.graphs.profiles import engine_profiles
 from workbench.measure.latency import (
@@ -30,7 +30,6 @@ from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, ser
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.report import figures
-from workbench.report.page import disturbed_warning
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
 from workbench.runners.files import open_variant
@@ -51,7 +50,7 @@ def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
                     config.bench.torch_compile)
 
 
-def latency(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     """The in-process grid of `config.bench` on the run's corpus, cells up to the exported sequence length, the
     variants judged by their parity verdicts (metrics.bench.latency)."""
     bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
@@ -107,9 +106,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         record.set_metric(f"{STEP}.host", {"cpu_count": os.cpu_count(), "busy_before": others_busy()})
         grid, seconds = timed(lambda: latency(config, record))
-        record.set_metric(f"{STEP}.latency", {**grid, "seconds": round(seconds, 1)})
-        if grid["disturbed"]:  # the step ran, but its speeds cannot be trusted: the summary says so
-            record.unverified(disturbance_note(grid["disturbed"]))
+        grid.seconds = round(seconds, 1)
+        record.set_metric(f"{STEP}.latency", grid.recorded())
+        if grid.disturbed:  # the step ran, but its speeds cannot be trusted: the summary says so
+            record.unverified(disturbance_note(grid.disturbed))
         served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else {
             "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
         record.set_metric(f"{STEP}.served", {**served, "seconds": round(seconds, 1)})
@@ -126,30 +126,67 @@ def lines(record: RunRecord) -> list[str]:
     return found
 
 
+def disturbed_warning(bench: BenchMetrics) -> str:
+    """The warning the report opens with when the in-process grid's own medians show other work distorted it."""
+    disturbed = bench.disturbed()
+    if not disturbed:
+        return ""
+    more = f" (and {len(disturbed) - 1} more)" if disturbed[1:] else ""
+    return (f"DISTURBED TIMINGS: {disturbed[0]}{more}. Other work on the host distorted the in-process grid, ratios "
+            "included: do not compare or deploy by the speedups below; re-run the bench step on a quiet host.")
+
+
+def headline(bench: BenchMetrics) -> list[str]:
+    """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
+    the recommendation)."""
+    lines = []
+    host = bench.host
+    if host:  # runs before busy_before recorded only the load average, which counts the run's own earlier steps
+        busy, measure = ((host["busy_before"], "other work kept {:.1f} of {} cores busy") if "busy_before" in host
+                         else (host["load_before"], "load average {:.1f} on {} cores"))
+        if busy > host["cpu_count"] / 2:
+            lines.append(f"The host was busy when measuring began ({measure.format(busy, host['cpu_count'])}): "
+                         "absolute times do not hold; ratios hold only where the other "
+                         "work slowed every runner alike.")
+    served = bench.served or {}
+    if "batching_on" in served and "batching_off" in served:
+        top = str(max(served["levels"]))
+        on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
+        lines.append(f"Dynamic batching at concurrency {top}: {on['throughput']:.1f} vs {off['throughput']:.1f} "
+                     f"req/s ({on['throughput'] / off['throughput']:.2f}x).")
+    if "efficiency" in served:
+        efficiency = served["efficiency"]
+        lines.append(f"Serving efficiency at concurrency {efficiency['concurrency']}: "
+                     f"{efficiency['throughput_ratio']['batching_on']:.2f} of in-process throughput (batching on)"
+                     + (f"; p50 at concurrency 1 {efficiency['p50_ratio_c1']:.2f}x in process."
+                        if "p50_ratio_c1" in efficiency else "."))
+    return lines
+
+
 def latency_section(bench: BenchMetrics) -> Parts:
     latency = bench.latency
     if not latency:
         return []
-    warning = f"{disturbed_warning(bench)} " if latency.get("disturbed") else ""
+    warning = f"{disturbed_warning(bench)} " if latency.disturbed else ""
     charts = [figures.latency_figure(latency), figures.speedup_figure(latency)]
-    if latency.get("runners"):
+    if latency.runners:
         charts.append(figures.runners_table(latency))
-    if latency.get("sessions"):
+    if latency.sessions:
         charts.append(figures.sessions_table(latency))
     return [("In-process latency", warning + latency_text(latency), charts)]
 
 
-def latency_text(latency: dict[str, Any]) -> str:
+def latency_text(latency: LatencyGrid) -> str:
     """How the grid was measured, on the device it ran on."""
-    if latency.get("device", "cpu") == "cpu":
-        threads = f"{latency['threads']} thread{'s' * (latency['threads'] != 1)}"
+    if latency.device == "cpu":
+        threads = f"{latency.threads} thread{'s' * (latency.threads != 1)}"
         return (f"Interleaved rounds, {threads} for PyTorch (ONNX Runtime: the settings in the "
                 "table below), median per call; speedup over PyTorch eager fp32 on the CPU. fp32 matmul peak "
                 "measured in the same run (the faster of PyTorch and ONNX Runtime): "
-                f"{latency['peaks']['fp32']:.0f} GFLOP/s.")
-    peaks = latency["peaks"]
+                f"{latency.peaks['fp32']:.0f} GFLOP/s.")
+    peaks = latency.peaks
     graphs = "; ".join(f"{cell}: " + ", ".join(f"{v} {o}" for v, o in outcome.items())
-                       for cell, outcome in latency.get("cuda_graph", {}).items())
+                       for cell, outcome in latency.cuda_graph.items())
     return ("Interleaved rounds on CUDA, median per call; every call ends when the GPU is done with it. End to end: "
             "numpy arrays in and out (what a server pays); on device: inputs copied to the GPU once per batch, "
             "outputs left there. Speedup over PyTorch eager fp32 on the same device with the same I/O (TF32 off). "
@@ -199,4 +236,4 @@ SPEC = StepSpec(
     lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
-    metrics=BenchMetrics, after="generation", settings="bench")
+    metrics=BenchMetrics, after="generation", settings="bench", headline=headline, warning=disturbed_warning)
