@@ -68,7 +68,8 @@ def test_misspelled_key_names_the_closest_setting():
     ("steps=[export, ship]", "unknown steps \\['ship'\\]"),
     ("batch.opt=64", "min <= opt <= max"),
     ("exporter=jit", "exporter"),
-    ("precisions=[fp8]", "configuration: precisions.0: Input should be 'fp32', 'fp16' or 'int8' \\(got 'fp8'\\)\n"),
+    ("precisions=[fp8]",
+     "configuration: precisions.0: Input should be 'fp32', 'fp16', 'bf16' or 'int8' \\(got 'fp8'\\)\n"),
     # the setting's path, not the union's inner types, nor the other alternative's "Input should be 'auto'"
     ("threads=0", "threads"),
 ])
