@@ -150,7 +150,7 @@ def compare(args: argparse.Namespace) -> None:
                                     f"optimize,parity`, then time them with --run {args.run}") from None
     record = ready_run(args.run)
     features = cpu_features()
-    half = [flag for flag in HALF_FLAGS if flag in cpu_flags()]
+    half = [flag for flag in HALF_FLAGS if flag in cpu_flags() and flag not in features["flags"]]
     model_dir = resolve_source(record.config.model).location
     work = args.run / "graphs"
     tokenizer = record.tokenizer()

@@ -85,7 +85,7 @@ def test_auto_keeps_the_borrowed_graph_only_when_measured_clearly_faster(mpnet_g
     ms = choice.trial.ms
     assert choice.trial.matches and set(ms) == {"basic", "borrowed"} and set(ms["basic"]) == set(feeds)
     assert choice.kept == forms.clearly_faster(ms, "basic", "borrowed")[0]
-    assert choice.reason.startswith("ran faster") if choice.kept else \
+    assert choice.reason.startswith("clearly faster") if choice.kept else \
         choice.reason.startswith(("not clearly faster", "faster than the basic graph at one cell, slower at another"))
     assert choice.record()["matches"] and choice.record()["ms"] == ms
 

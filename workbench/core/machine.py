@@ -39,7 +39,8 @@ def cpu_model() -> str:
 
 
 # The instruction-set features that decide how fast int8 (and fp32) matmuls run on a CPU.
-SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+               "amx_tile", "amx_int8", "amx_bf16")
 # Best first: the int8 matmul instructions ONNX Runtime's kernels use when the CPU has them.
 INT8_INSTRUCTIONS = (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"))
 

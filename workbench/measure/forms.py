@@ -154,7 +154,7 @@ def race(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[
     ms = _timed(runners, feeds, rounds)
     faster, shown = clearly_faster(ms, default, challenger)
     mixed = max(ms[default][cell] / ms[challenger][cell] for cell in ms[default]) >= MIN_GAIN
-    reason = (f"ran faster than the {default} graph: {shown}" if faster else
+    reason = (f"clearly faster than the {default} graph: {shown} ({RULE})" if faster else
               f"faster than the {default} graph at one cell, slower at another ({shown}; {RULE})" if mixed else
               f"not clearly faster than the {default} graph ({shown}; {RULE})")
     return ms, faster, reason
