@@ -167,3 +167,24 @@ def test_moved_settings_work_from_the_command_line_and_a_yaml_file(tmp_path):
     assert written.optimize.graph_form == "fused" and written.parity.repair.max_builds == 5
     assert written.parity.repair.budget_s == 30
     assert "openvino" not in RunConfig().to_params() and RunConfig().to_params()["optimize"]["openvino"] == "auto"
+
+
+def test_a_run_written_with_moved_keys_resumes_without_warnings(tmp_path):
+    """A record an older workbench wrote holds the old keys: the user never typed them, so resuming it takes them
+    at their new place silently, while the same keys typed by a user still warn."""
+    import json
+    import warnings
+
+    from workbench.core.record import RunRecord
+
+    old = {"threads": 1, "openvino": "always", "repair": False, "trt_profiles": 3}
+    (tmp_path / "run.json").write_text(json.dumps({"config": old, "steps": {}, "artifacts": {}, "metrics": {}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        resumed = RunRecord.load(tmp_path).config
+        based = RunConfig.load(base=old, overrides=["threads=1"])
+    for loaded in (resumed, based):
+        assert loaded.optimize.openvino == "always" and loaded.parity.repair.enabled is False
+        assert loaded.tensorrt.profiles == 3
+    with pytest.warns(FutureWarning, match="'openvino' is now 'optimize.openvino'"):
+        RunConfig.load(base=old, overrides=["openvino=never"])

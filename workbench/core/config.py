@@ -470,9 +470,10 @@ class RunConfig(_Strict):
     @classmethod
     def load(cls, path: Path | str | None = None, overrides: list[str] | None = None,
              base: dict[str, Any] | None = None) -> RunConfig:
-        """Defaults (or `base`), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
+        """Defaults (or `base`, a configuration the workbench wrote: a run's, whose moved keys are taken without a
+        warning), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
         data = cls().to_params()
-        _merge(data, moved(base or {}))
+        _merge(data, quietly_moved(base or {}))
         if path is not None:
             _merge(data, moved(_read_yaml(Path(path))))
         for item in overrides or []:
@@ -511,6 +512,14 @@ def moved(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(dotted.get(data, section), bool):
             dotted.put(data, section, {"enabled": dotted.get(data, section)})
     return data
+
+
+def quietly_moved(data: dict[str, Any]) -> dict[str, Any]:
+    """`moved` without its FutureWarnings: for a configuration an older workbench wrote (a run record's), which the
+    user did not type and need not change."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return moved(data)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
 from workbench.core.atomic import sha256_file, write_json
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, quietly_moved
 from workbench.core.data import corpus_sample, lowercase_inputs
 from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
@@ -167,7 +167,7 @@ class RunRecord:
 
     @property
     def config(self) -> RunConfig:
-        return RunConfig.from_dict(self.data["config"])
+        return RunConfig.from_dict(quietly_moved(self.data["config"]))
 
     def save(self) -> None:
         write_json(self.path, self.data)
