@@ -247,22 +247,35 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
     against = "openvino" if "openvino" in variants else "fp32"
     try:
         openvino_file(record, dest, "bf16")
-        with open_variant(against, variants[against].path, config.device, config.threads) as default, \
-                OpenVinoRunner("openvino_bf16", dest, config.threads, "bf16") as challenger:
+    except BaseException:  # interrupted or failed: no file the record does not name
+        onnxfiles.remove(dest)
+        raise
+    return raced("openvino_bf16", "bf16", dest, against, config, record, export, compiled_at="bf16")
+
+
+def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig, record: RunRecord,
+          export: ExportMetrics, compiled_at: str | None = None) -> dict[str, Any]:
+    """The OpenVINO file at `dest` raced against the kept variant `against` (`forms.race`) and recorded as the `name`
+    variant (of `precision`) where clearly faster (optimize.openvino=auto) or always (optimize.openvino=always);
+    never where OpenVINO compiles it at another inference precision than `compiled_at`. A file not kept, interrupted
+    or failed is removed. Its engine, timing and decision, for metrics.optimize.<name>."""
+    try:
+        with open_variant(against, record.variant(against).path, config.device, config.threads) as default, \
+                OpenVinoRunner(name, dest, config.threads, precision) as challenger:
             engine = challenger.providers[0]
-            if challenger.inference_precision != "bf16":
+            if compiled_at and challenger.inference_precision != compiled_at:
                 ms, kept, reason = {}, False, f"not kept: OpenVINO compiled it at {challenger.inference_precision}"
             elif config.optimize.openvino == "always":
                 ms, kept, reason = {}, True, "set by optimize.openvino=always"
             else:
-                ms, kept, reason = race(against, "openvino_bf16", {against: default, "openvino_bf16": challenger},
+                ms, kept, reason = race(against, name, {against: default, name: challenger},
                                         form_feeds(config, record, export), RUNTIME_ROUNDS)
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
         raise
     release_memory()
     if kept:
-        record.add_artifact("onnx.openvino_bf16", dest, kind="onnx", variant="openvino_bf16", precision="bf16")
+        record.add_artifact(f"onnx.{name}", dest, kind="onnx", variant=name, precision=precision)
     else:
         onnxfiles.remove(dest)
     return {"engine": engine, "against": against, "ms": ms, "kept": kept, "reason": reason}
@@ -304,24 +317,12 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     try:
         release_memory()
         computed_in = choose_openvino_precision(config, record, export, dest)
-        with open_variant(against, variants[against].path, config.device, config.threads) as default, \
-                OpenVinoRunner("openvino_int8", dest, config.threads, "int8") as challenger:
-            engine = challenger.providers[0]
-            if config.optimize.openvino == "always":
-                ms, kept, reason = {}, True, "set by optimize.openvino=always"
-            else:
-                ms, kept, reason = race(against, "openvino_int8", {against: default, "openvino_int8": challenger},
-                                        form_feeds(config, record, export), RUNTIME_ROUNDS)
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
         raise
-    release_memory()
-    if kept:
-        record.add_artifact("onnx.openvino_int8", dest, kind="onnx", variant="openvino_int8", precision="int8")
-    else:
-        onnxfiles.remove(dest)
-    return {"engine": engine, "quantizer": quantizer(), "calibration_texts": len(feeds), "seconds": round(seconds, 3),
-            "inference_precision": computed_in, "against": against, "ms": ms, "kept": kept, "reason": reason}
+    decided = raced("openvino_int8", "int8", dest, against, config, record, export)
+    return {"engine": decided.pop("engine"), "quantizer": quantizer(), "calibration_texts": len(feeds),
+            "seconds": round(seconds, 3), "inference_precision": computed_in, **decided}
 
 
 def choose_openvino_precision(config: RunConfig, record: RunRecord, export: ExportMetrics,
