@@ -90,7 +90,7 @@ UNTYPED = "its tables are still dicts as run.json records them (issue 42: typed 
 # Modules that may spell `dict[str, Any]`, at most so many times, and why: each reads or writes JSON or YAML, or
 # still builds an untyped table. A new module, or a new use in a listed one, fails; a count that falls is lowered.
 UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
-    "core/config.py": (8, "YAML files and -p settings before validation"),
+    "core/config.py": (10, "YAML files, -p settings and a run record's configuration before validation"),
     "core/dotted.py": (3, "dotted keys into JSON mappings"),
     "core/machine.py": (3, "the host's facts as run.json records them"),
     "core/record.py": (9, JSON),
@@ -128,7 +128,7 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "steps/bench.py": (3, UNTYPED),
     "steps/export.py": (1, "modules.json's pipeline"),
     "steps/generation.py": (3, UNTYPED),
-    "steps/optimize.py": (14, UNTYPED),
+    "steps/optimize.py": (15, UNTYPED),
     "steps/parity.py": (9, UNTYPED),
     "steps/tensorrt.py": (5, UNTYPED),
     "steps/triton.py": (7, UNTYPED),
