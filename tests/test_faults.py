@@ -15,6 +15,7 @@ import pytest
 from workbench.core.errors import OnnxModelError, RepositoryError, ServedError, ServerUnreachableError
 from workbench.core.flavor import Flavor
 from workbench.measure.load import asyncio_level
+from workbench.serving.backend.ort_batches import instances_folder
 from workbench.serving.client import AsyncTritonClient, TritonClient
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port
@@ -186,6 +187,9 @@ def test_a_server_killed_mid_load_is_named_by_every_call(plan, tmp_path):
         finally:
             answered[name].set()  # a load that failed early must not leave the kill waiting
 
+    stale = instances_folder(next((tmp_path / "repository").glob("*/[0-9]*")))
+    stale.mkdir(exist_ok=True)  # what an instance killed before it finalized leaves
+    (stale / "bert_0_0.lock").touch()
     with server:
         stubs = psutil.Process(server.pid).children(recursive=True)
         assert stubs and all(p.name() == "triton_python_backend_stub" for p in stubs), "a stub per Python model"
@@ -208,3 +212,4 @@ def test_a_server_killed_mid_load_is_named_by_every_call(plan, tmp_path):
                             "\\(exit status -9\\)", error.problem), f"{name}: {error.problem}"
     left = [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left and not server.group(), "no stub outlives the server"
+    assert not stale.exists(), "stopping the server takes its instances' lock folders with it"

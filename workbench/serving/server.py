@@ -336,7 +336,16 @@ class TritonServer:
             self._watchdog.kill()
             self._watchdog.wait()
             self._watchdog = None
+        self._drop_instance_locks()
         return self.stopped_with
+
+    def _drop_instance_locks(self) -> None:
+        """The lock folders of the repository's Python model instances (`ort_batches.Neighbours`), which an instance
+        killed before it finalized leaves under the temporary folder; none of the group is left to hold them."""
+        from workbench.serving.backend.ort_batches import instances_folder
+
+        for version in self.repository.glob("*/[0-9]*"):
+            shutil.rmtree(instances_folder(version), ignore_errors=True)
 
     def __enter__(self) -> TritonServer:
         return self.start()

@@ -70,6 +70,13 @@ def session(path, params, threads=None):
                                         disabled_optimizers=disabled)
 
 
+def instances_folder(version_folder):
+    """Where the instances of one model version keep their locks (`Neighbours`): under the temporary folder, never
+    in the repository, named after the version folder's path."""
+    key = hashlib.sha1(str(Path(version_folder).resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"workbench-instances-{key}"
+
+
 class Neighbours:
     """Whether the model's other instances are executing now. Each instance holds an exclusive lock (flock) on a
     file of its own while it executes, in a folder the instances of one model version share (under the temporary
@@ -77,8 +84,7 @@ class Neighbours:
     lock before they look, so two instances never both find the other idle."""
 
     def __init__(self, version_folder, instance, count):
-        key = hashlib.sha1(str(Path(version_folder).resolve()).encode()).hexdigest()[:16]
-        self.folder = Path(tempfile.gettempdir()) / f"workbench-instances-{key}"
+        self.folder = instances_folder(version_folder)
         self.folder.mkdir(exist_ok=True)
         self.path = self.folder / f"{instance}.lock"
         self.mine = open(self.path, "w")
