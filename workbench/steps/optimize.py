@@ -239,12 +239,12 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
     tried and why it was kept or not, for metrics.optimize.openvino_bf16."""
     why_not = openvino_skipped(config, target) or (
         "not tried: bf16 is not among the run's precisions" if config.precisions != "auto" and
-        "bf16" not in config.precisions else f"not tried: {bf16_problem()}" if bf16_problem() else None)
-    if why_not:
-        return {"kept": False, "reason": why_not}
+        "bf16" not in config.precisions else None)
+    problem = why_not or (f"not tried: {found}" if (found := bf16_problem()) else None)
+    if problem:
+        return {"kept": False, "reason": problem}
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
-    variants = record.variants()
-    against = "openvino" if "openvino" in variants else "fp32"
+    against = "openvino" if "openvino" in record.variants() else "fp32"
     try:
         openvino_file(record, dest, "bf16")
     except BaseException:  # interrupted or failed: no file the record does not name
