@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
@@ -34,7 +34,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
-from workbench.core.results import BestRow, LatencyGrid
+from workbench.core.results import BestRow, InProcessRates, LatencyGrid, ServedLevel
 from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.pipeline import run_pipeline
@@ -51,22 +51,31 @@ PEAK_SHARE_TARGETS = {"b1_s16": 0.75, "b1_s128": 0.9, "b8_s128": 0.9}  # best pa
 SERVED_OVERHEAD, BATCHING_GAIN, EFFICIENCY = 1.5, 3.0, 0.8
 
 
-def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: Path) -> dict:
+@dataclass(frozen=True)
+class ServedLoads:
+    """The loads measured per repository layout (`LOADS` names), and the same variant in process."""
+
+    variant: str
+    threads: int
+    in_process: InProcessRates
+    layouts: dict[str, dict[str, ServedLevel]]
+
+
+def served(config: RunConfig, record: RunRecord, short_texts: list[str], work: Path) -> ServedLoads:
     """One text per request, on a server with dynamic batching off, then on, for each repository layout; and the
     same variant in process on the same corpus texts."""
     plan, variant = serving_plan(config, record)
     texts = list(load_corpus())
     loads = [TextLoad("c1_short", short_texts, 1, 200, batching=(True,)), TextLoad("c16", texts, 16, 400),
              TextLoad("c16_short", short_texts, 16, 400)]
-    result = {"variant": variant, "threads": plan.threads,
-              "in_process": in_process_rates(config, record, plan, variant, texts)}
+    layouts = {}
     for layout in LAYOUTS:
         measured = measure_text_loads(replace(plan, layout=layout), loads, work / layout, load_tool(config.bench),
                                       seconds=30)
         off, on = measured["batching_off"], measured["batching_on"]
-        result[layout] = {"c1_short": on["c1_short"], "c16_off": off["c16"], "c16_on": on["c16"],
-                          "c16_short_off": off["c16_short"], "c16_short_on": on["c16_short"]}
-    return result
+        layouts[layout] = {"c1_short": on["c1_short"], "c16_off": off["c16"], "c16_on": on["c16"],
+                           "c16_short_off": off["c16_short"], "c16_short_on": on["c16_short"]}
+    return ServedLoads(variant, plan.threads, in_process_rates(config, record, plan, variant, texts), layouts)
 
 
 def _share(latency: LatencyGrid, cell: str, name: str) -> float:
@@ -106,28 +115,26 @@ def profile(path: Path, feed: dict, threads: int, dest: Path, runs: int = 10) ->
     return [(op, t / total) for op, t in time_by_op.most_common(8)]
 
 
-def print_served(latency: LatencyGrid, served_result: dict) -> None:
+def print_served(latency: LatencyGrid, loads: ServedLoads) -> None:
     """Items 3-5, per repository layout."""
-    variant = served_result["variant"]
-    in_process = latency.cells["b1_s16"][variant].p50
-    rates = served_result["in_process"]
-    best_rate = rates["sequences_per_s"][str(rates["best_batch"])]
-    for layout in LAYOUTS:
-        layout_result = served_result[layout]
-        ratio = layout_result["c1_short"]["p50"] / in_process
-        print(f"\n[{layout} layout]\n3. served p50 at concurrency 1 ({variant}, 16-token texts): "
-              f"{layout_result['c1_short']['p50']:.2f} ms over in-process {in_process:.2f} ms = {ratio:.2f}x "
+    in_process = latency.cells["b1_s16"][loads.variant].p50
+    rates = loads.in_process
+    for layout, measured in loads.layouts.items():
+        once = measured["c1_short"].p50
+        ratio = once / in_process
+        print(f"\n[{layout} layout]\n3. served p50 at concurrency 1 ({loads.variant}, 16-token texts): "
+              f"{once:.2f} ms over in-process {in_process:.2f} ms = {ratio:.2f}x "
               f"(target <= {SERVED_OVERHEAD}x) {'PASS' if ratio <= SERVED_OVERHEAD else 'MISS'}")
-        on, off = layout_result["c16_on"]["throughput"], layout_result["c16_off"]["throughput"]
+        on, off = measured["c16_on"].throughput, measured["c16_off"].throughput
         print(f"4. concurrency 16, corpus texts: {on:.1f} req/s with dynamic batching, {off:.1f} without = "
               f"{on / off:.2f}x (target >= {BATCHING_GAIN}x) {'PASS' if on / off >= BATCHING_GAIN else 'MISS'}")
-        short_on, short_off = layout_result["c16_short_on"]["throughput"], layout_result["c16_short_off"]["throughput"]
+        short_on, short_off = measured["c16_short_on"].throughput, measured["c16_short_off"].throughput
         print(f"   concurrency 16, 16-token texts: {short_on:.1f} vs {short_off:.1f} req/s = "
               f"{short_on / short_off:.2f}x")
-        efficiency = on / best_rate
-        print(f"5. serving efficiency, concurrency 16 corpus texts over in process at batch {rates['best_batch']} "
-              f"({best_rate:.1f} seq/s, {served_result['threads']} threads): batching on {efficiency:.2f}, "
-              f"off {off / best_rate:.2f} (target >= {EFFICIENCY}) {'PASS' if efficiency >= EFFICIENCY else 'MISS'}")
+        efficiency = on / rates.best
+        print(f"5. serving efficiency, concurrency 16 corpus texts over in process at batch {rates.best_batch} "
+              f"({rates.best:.1f} seq/s, {loads.threads} threads): batching on {efficiency:.2f}, "
+              f"off {off / rates.best:.2f} (target >= {EFFICIENCY}) {'PASS' if efficiency >= EFFICIENCY else 'MISS'}")
 
 
 def main() -> int:

@@ -37,11 +37,14 @@ CRDS = {  # kind -> the CRD schema file, from the projects' own CRD manifests at
     "InferenceService": "kserve-0.20.0-inferenceservice-v1beta1.json.gz",
     "ServiceMonitor": "prometheus-operator-0.93.0-servicemonitor-v1.json.gz",
 }
-LEVELS = {  # a served sweep as the bench step records it (metrics.bench.served.batching_on.text)
-    "1": {"throughput": 40.0, "p99": 30.0, "errors": 0},
-    "4": {"throughput": 90.0, "p99": 120.0, "errors": 0},
-    "8": {"throughput": 120.0, "p99": 900.0, "errors": 0},  # over the 500 ms p99 limit
-}
+def level(concurrency: int, throughput: float, p99: float) -> dict:
+    """A served level as the bench step records it (metrics.bench.served.batching_on.text.<concurrency>)."""
+    return {"concurrency": concurrency, "requests": 200, "errors": 0, "seconds": 200 / throughput,
+            "throughput": throughput, "p50": p99 / 2, "p90": p99 * 0.8, "p95": p99 * 0.9, "p99": p99, "mean": p99 / 2}
+
+
+LEVELS = {"1": level(1, 40.0, 30.0), "4": level(4, 90.0, 120.0),
+          "8": level(8, 120.0, 900.0)}  # the last over the 500 ms p99 limit
 
 
 def _strict(schema: object) -> object:

@@ -359,13 +359,16 @@ def test_a_kubernetes_job_of_local_models_warns_and_a_foreign_file_is_kept(tiny_
 
 def test_deploy_sizing_says_whether_a_served_bench_ran():
     from workbench.core.config import BenchSettings, TritonSettings
+    from workbench.core.results import ServedBenchmark
     from workbench.measure.capacity import plan_capacity
 
     never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
                                                                                  "not run")
     assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start; run "
                                      "--steps triton,bench,deploy to size it")
-    slow = {"batching_on": {"text": {"1": {"p99": 900.0, "throughput": 5.0, "errors": 0}}}}
+    slow = ServedBenchmark.model_validate({"batching_on": {"text": {"1": {
+        "concurrency": 1, "requests": 10, "seconds": 2.0, "throughput": 5.0, "p50": 800.0, "p90": 880.0, "p95": 890.0,
+        "p99": 900.0, "mean": 810.0}}}})
     assert plan_capacity(TritonSettings(), BenchSettings(), slow, "m", 0, "here").replicas_reason.startswith(
         "not measured (no served bench level kept p99 under 500 ms)")
 

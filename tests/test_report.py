@@ -10,7 +10,7 @@ import pytest
 from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.core.results import BenchMetrics, GridRunner, LatencyGrid, Verdict
+from workbench.core.results import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, Verdict
 from workbench.core.timing import interleaved
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
@@ -115,7 +115,7 @@ def test_text_loads_run_on_each_batching_setting(reported, tmp_path):
     assert {label: list(levels) for label, levels in measured.items()} == {"batching_off": ["four"],
                                                                           "batching_on": ["one", "four"]}
     for level in (*measured["batching_off"].values(), *measured["batching_on"].values()):
-        assert level["errors"] == 0 and level["requests"] >= 8 and 0 < level["p50"] <= level["p99"]
+        assert level.errors == 0 and level.requests >= 8 and 0 < level.p50 <= level.p99
     assert (tmp_path / "batching_on" / "server" / "tritonserver.log").is_file()
 
 
@@ -201,8 +201,10 @@ def test_stage_breakdown_and_pick():
                                               "compute_infer": {"ns": "13000000"}}})
     assert breakdown(before, after) == {"queue": 0.5, "compute_input": 0.0, "compute_infer": 2.0,
                                         "compute_output": 0.0, "requests": 4}
-    candidates = [{"throughput": 50, "p99": 90}, {"throughput": 80, "p99": 120}, {"throughput": 60, "p99": 99}]
-    assert pick(candidates, 100) == {"throughput": 60, "p99": 99}
+    candidates = [SearchCandidate(concurrency=8, requests=100, seconds=1.0, throughput=throughput, p50=p99 / 2,
+                                  p90=p99, p95=p99, p99=p99, mean=p99 / 2, max_queue_delay_us=delay, instances=1)
+                  for delay, throughput, p99 in ((0, 50, 90), (100, 80, 120), (4000, 60, 99))]
+    assert pick(candidates, 100) == candidates[2], "the highest throughput with p99 under the limit"
     assert pick(candidates, 10) is None
 
 
@@ -285,7 +287,7 @@ def test_a_variant_that_failed_served_parity_is_not_recommended(benched):
     _, record = benched
     failure = "served over http, grpc: sentence_embedding: min cosine 0.989409 < 0.99"
     with record.step("triton"):
-        verification = {"by": "parity step", "passed_over": {"int8_repaired": [failure]}}
+        verification = {"variant": "fp32", "by": "parity step", "passed_over": {"int8_repaired": [failure]}}
         record.set_metric("triton", {"name": "m", "flavor": "python-ort", "variant": "fp32", "verified": True,
                                      "verification": verification})
     latency, _ = recommend(record)

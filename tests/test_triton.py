@@ -187,7 +187,7 @@ def burst_batch_sizes(plan, root) -> dict[int, int]:
     waiting = replace(plan, max_queue_delay_us=2_000_000)
     with TritonServer(write_repository(waiting, root / "repository"), root / "server") as server:
         burst = observe_batching(server, waiting, ["a short text", "another one"], concurrency=32)
-    return burst["batch_sizes"][plan.working_models[-1]]  # the network's model (the fused model is the only one)
+    return burst.batch_sizes[plan.working_models[-1]]  # the network's model (the fused model is the only one)
 
 
 def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
@@ -201,8 +201,9 @@ def test_unstable_perf_analyzer_falls_back_to_asyncio(served, tmp_path):
         perf_analyzer_level(tool, server.http_url, "http", plan.name, [{"TEXT": text_array(["a"])}], 2, 8, 5,
                             tmp_path / "pa")
     level = text_level(tool, server.grpc_url, plan.name, ["a text", "another text"], 2, 8, 5, tmp_path / "pa")
-    assert level["tool"] == "asyncio" and "no stable window" in level["note"]
-    assert level["requests"] >= 8 and level["errors"] == 0 and 0 < level["p50"] <= level["p99"]
+    assert level.tool == "asyncio" and "no stable window" in (level.note or "")
+    assert level.requests >= 8 and level.errors == 0 and 0 < level.p50 <= level.p99
+
 
 @pytest.mark.parametrize("texts, message", [
     ([""], "TEXT\\[0\\] is empty"),

@@ -143,6 +143,29 @@ class ParityMetrics(Metrics):
     repair: dict[str, RepairOutcome] = Field(default_factory=dict)
 
 
+class Verification(Metrics):
+    """How the served variant was chosen: by which step's parity check (None: nobody, allow_unverified), in what
+    order, the candidates the triton step checked itself, and those passed over with their failures."""
+
+    variant: str
+    by: str | None = None
+    order: str = ""
+    checked_here: dict[str, Verdict] = Field(default_factory=dict)
+    passed_over: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class ServedCut(Metrics):
+    """The deployment's token limit against the library's: texts within and past it, whether the texts past it were
+    gated (both cut at the same length), and their comparison per protocol."""
+
+    deployment: int
+    library: int
+    texts_within: int | None = None
+    texts_beyond: int = 0
+    gated: bool = False
+    beyond: dict[str, Verdict] = Field(default_factory=dict)
+
+
 class TritonMetrics(Metrics):
     """What the triton step deployed and how it checked it (`plan`: the serving plan, `ServingPlan.record()`)."""
 
@@ -150,15 +173,26 @@ class TritonMetrics(Metrics):
     flavor: Flavor | None = None
     layout: str = "ensemble"
     variant: str | None = None
+    precision: str | None = None
+    models: list[str] = Field(default_factory=list)
+    max_batch_size: int | None = None
+    pad_to: list[int] = Field(default_factory=list)
+    repository: str | None = None  # where it is published (model_repository/<name>)
+    published: bool = False
     verified: bool = False
     plan: Json | None = None
+    server: str | None = None  # the tritonserver that served the check
+    ready_seconds: float | None = None
+    stop_seconds: float | None = None
     served_parity: dict[str, Verdict] | None = None  # None: not checked (the step stopped before serving)
     prompt_parity: dict[str, Verdict] = Field(default_factory=dict)
+    served_passed: dict[str, bool] = Field(default_factory=dict)  # each check served: protocol, long texts, prompts
     served_library: str | None = None
     served_reference: str | None = None
-    verification: Json | None = None  # how it was verified: by what, the variants passed over and why
-    cut: Json | None = None  # texts past the deployment's token limit, checked against the library's own cut
+    verification: Verification | None = None
+    cut: ServedCut | None = None  # texts past the deployment's token limit, checked against the library's own cut
     replaced: str | None = None  # the run whose deployment of the same name this one replaced
+    burst: BatchingBurst | None = None  # the dynamic batcher watched (older runs, and rerankers: none)
 
 
 class TensorrtMetrics(Metrics):
@@ -235,10 +269,144 @@ class LatencyGrid(Metrics):
         return runner.label if runner else name
 
 
+class ServedLevel(Metrics):
+    """One level of load: requests answered and failed, client-side throughput (requests/s) and latency (ms);
+    Triton's mean ms per request per stage and the Python models' own stages, per model; a reranker's pairs/s."""
+
+    concurrency: int
+    requests: int
+    errors: int = 0
+    seconds: float
+    throughput: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    mean: float
+    server: dict[str, dict[str, float]] = Field(default_factory=dict)
+    model_stages: dict[str, dict[str, float]] = Field(default_factory=dict)
+    tool: str | None = None  # the generator that measured it, where not the sweep's own (no stable window)
+    note: str | None = None
+    documents: int | None = None
+    pairs_per_s: float | None = None
+
+
+Levels = dict[str, ServedLevel]  # concurrency (as text) -> level
+
+
+class BatchingSweeps(Metrics):
+    """The sweeps on one batching setting: text over gRPC, the deployment over HTTP, and where tokenization runs
+    (token ids from the client against text, both through the asyncio generator)."""
+
+    text: Levels = Field(default_factory=dict)
+    text_http: Levels = Field(default_factory=dict)
+    text_asyncio: Levels = Field(default_factory=dict)
+    client_tokenization: Levels = Field(default_factory=dict)
+
+
+class SearchCandidate(ServedLevel):
+    """A batching setting tried by the search, measured at the search's concurrency."""
+
+    max_queue_delay_us: int
+    instances: int
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+
+
+class BatchingSearch(Metrics):
+    """The settings tried at one concurrency and the one with the highest throughput whose p99 stays under the
+    limit (None: none did)."""
+
+    concurrency: int
+    p99_limit_ms: float
+    candidates: list[SearchCandidate] = Field(default_factory=list)
+    chosen: SearchCandidate | None = None
+
+
+class InProcessRates(Metrics):
+    """The served variant in process on the served texts: sequences/s per batch size (as text), the best size, and
+    the median call at batch size 1 (ms)."""
+
+    sequences_per_s: dict[str, float]
+    best_batch: int
+    p50_ms: float | None = None
+
+    @property
+    def best(self) -> float:
+        return self.sequences_per_s[str(self.best_batch)]
+
+
+class Efficiency(Metrics):
+    """Served over in process on the same texts: throughput at the top concurrency per batching setting, and p50 at
+    concurrency 1 (None: not measured there)."""
+
+    concurrency: int
+    in_process: InProcessRates
+    throughput_ratio: dict[str, float]
+    p50_ratio_c1: float | None = None
+
+
+class MeasuredPlan(Metrics):
+    """The deployment the sweeps measured."""
+
+    flavor: str | None = None
+    layout: str = "ensemble"
+    max_batch_size: int | None = None
+    instances: int | None = None
+    threads: int | None = None
+    why: str | None = None
+
+
+class ServedBenchmark(Metrics):
+    """Everything under metrics.bench.served, or why it was not measured (`skipped`)."""
+
+    skipped: str | None = None
+    tool: str | None = None
+    protocol: str = "http"  # records from before the sweeps ran over gRPC measured over HTTP
+    levels: list[int] = Field(default_factory=list)
+    variant_plan: MeasuredPlan = Field(default_factory=MeasuredPlan)
+    batching_off: BatchingSweeps | None = None
+    batching_on: BatchingSweeps | None = None
+    layouts: dict[str, Levels] = Field(default_factory=dict)
+    search: BatchingSearch | None = None
+    efficiency: Efficiency | None = None
+    rerank: dict[str, Levels] | None = None  # a reranker: documents per request ("n16") -> "c<concurrency>" -> level
+    variant: str | None = None
+    verified: bool | None = None
+    seconds: float | None = None
+
+    def sweeps(self) -> dict[str, BatchingSweeps]:
+        """The sweeps per batching setting measured ("batching_off", "batching_on")."""
+        found = {"batching_off": self.batching_off, "batching_on": self.batching_on}
+        return {label: sweeps for label, sweeps in found.items() if sweeps is not None}
+
+    def best_level(self, p99_limit_ms: float) -> tuple[int, ServedLevel] | None:
+        """The deployed configuration's level (batching on, text in) with the highest throughput whose p99 stays
+        under the limit and that answered every request."""
+        levels = self.batching_on.text if self.batching_on else {}
+        within = [(int(c), level) for c, level in levels.items() if level.p99 <= p99_limit_ms and not level.errors]
+        return max(within, key=lambda item: item[1].throughput, default=None)
+
+
+class BatchingBurst(Metrics):
+    """A burst of concurrent one-text requests and the batch sizes each model executed for it (size -> count)."""
+
+    requests: int
+    batch_sizes: dict[str, dict[int, int]]
+
+
+class HostLoad(Metrics):
+    """The host when the bench began: its cores and the other work keeping them busy (cores' worth; older runs
+    recorded the load average, which counts the run's own earlier steps)."""
+
+    cpu_count: int | None = None
+    busy_before: float | None = None
+    load_before: float | None = None
+
+
 class BenchMetrics(Metrics):
-    host: Json | None = None
+    host: HostLoad | None = None
     latency: LatencyGrid | None = None
-    served: Json | None = None
+    served: ServedBenchmark | None = None
 
     def disturbed(self) -> list[str]:
         """Signs that other work on the host disturbed the in-process grid (none: it looked quiet)."""

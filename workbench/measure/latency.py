@@ -11,7 +11,7 @@ import numpy as np
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
-from workbench.core.results import BestRow, CellTiming, GridRunner, LatencyGrid, Verdict
+from workbench.core.results import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, Verdict
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
 
@@ -429,11 +429,12 @@ def cuda_matmul_gflops(precision: str, size: int = 8192, repeats: int = 10) -> f
     return 2 * size**3 / best / 1e9
 
 
-def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 3) -> dict[str, Any]:
+def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 3) -> InProcessRates:
     """What one in-process runner delivers on the served texts (`batches`: per batch size, the texts in order,
     tokenized beforehand as a client would): sequences/s of the fastest of `passes` passes per batch size, the
     best size, and at batch size 1 the median call in ms (the in-process side of served/in-process ratios)."""
-    rates: dict[str, Any] = {"sequences_per_s": {}}
+    rates: dict[str, float] = {}
+    p50_ms = None
     for size, sized in batches.items():
         texts = sum(len(batch.text_ids) for batch in sized)
         runner.infer(sized[0])  # warm-up
@@ -443,8 +444,8 @@ def corpus_rates(runner: Runner, batches: dict[int, list[Batch]], passes: int = 
             times = [elapsed(lambda batch=batch: runner.infer(batch)) for batch in sized]
             calls += times
             best = min(best, sum(times))
-        rates["sequences_per_s"][str(size)] = texts / best
+        rates[str(size)] = texts / best
         if size == 1:
-            rates["p50_ms"] = float(np.median(calls)) * 1e3
-    rates["best_batch"] = int(max(rates["sequences_per_s"], key=rates["sequences_per_s"].get))
-    return rates
+            p50_ms = float(np.median(calls)) * 1e3
+    return InProcessRates(sequences_per_s=rates, best_batch=int(max(rates, key=lambda size: rates[size])),
+                          p50_ms=p50_ms)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
+from workbench.core.results import ServedLevel
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
 from workbench.serving.client import AsyncTritonClient, rerank_arrays, run_async, text_array
 
@@ -48,6 +49,10 @@ class LevelResult:
 
     def record(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    def level(self, **extra: object) -> ServedLevel:
+        """As the record keeps it (rounded), with what else was measured beside it."""
+        return ServedLevel.model_validate({**self.record(), **extra})
 
 
 # ---- asyncio closed loop ---------------------------------------------------------------------------------------
@@ -156,20 +161,20 @@ def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str,
 
 
 def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str], concurrency: int, requests: int,
-               seconds: float, workdir: Path, protocol: str = "grpc") -> dict[str, Any]:
+               seconds: float, workdir: Path, protocol: str = "grpc") -> ServedLevel:
     """One level of one-text requests over `protocol` (`url` is the server's address for it): perf_analyzer when
     it is there and finds a stable window, else the asyncio generator."""
     note = {}
     if tool is not None:
         try:
             return perf_analyzer_level(tool, url, protocol, model, [{"TEXT": text_array([t])} for t in texts],
-                                       concurrency, requests, seconds, workdir).record()
+                                       concurrency, requests, seconds, workdir).level()
         except UnstableMeasurementError as error:
             note = {"tool": "asyncio", "note": f"{error.problem}; measured with the asyncio generator instead"}
 
     async def send(client: AsyncTritonClient, index: int) -> object:
         return await client.infer_texts(model, [texts[index % len(texts)]])
-    return {**asyncio_level(url, protocol, send, concurrency, requests, seconds).record(), **note}
+    return asyncio_level(url, protocol, send, concurrency, requests, seconds).level(**note)
 
 
 def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]:
@@ -179,14 +184,14 @@ def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]
 
 
 def rerank_level(url: str, model: str, texts: list[str], documents: int, concurrency: int, requests: int,
-                 seconds: float, protocol: str = "grpc") -> dict[str, Any]:
+                 seconds: float, protocol: str = "grpc") -> ServedLevel:
     """One level of reranker requests, each a corpus text as the query with the next `documents` texts
     (`request_texts`), over `protocol` with the asyncio generator: requests/s and pairs/s."""
     async def send(client: AsyncTritonClient, index: int) -> object:
         query, *chosen = request_texts(texts, index, documents)
         return await client.infer(model, rerank_arrays([query], chosen), ["scores"])
-    level = asyncio_level(url, protocol, send, concurrency, requests, seconds).record()
-    return {**level, "documents": documents, "pairs_per_s": round(level["throughput"] * documents, 1)}
+    level = asyncio_level(url, protocol, send, concurrency, requests, seconds)
+    return level.level(documents=documents, pairs_per_s=round(level.throughput * documents, 1))
 
 
 # ---- server-side breakdown -----------------------------------------------------------------------------------------

@@ -17,6 +17,17 @@ from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
+from workbench.core.results import (
+    BatchingSearch,
+    BatchingSweeps,
+    Efficiency,
+    InProcessRates,
+    Levels,
+    MeasuredPlan,
+    SearchCandidate,
+    ServedBenchmark,
+    ServedLevel,
+)
 from workbench.measure.load import (
     asyncio_level,
     breakdown,
@@ -60,7 +71,7 @@ class ServedBench:
         text = self.texts[index % len(self.texts)]
         return encode(self.tokenizer, [text], self.plan.input_names, max_length=self.plan.max_length)
 
-    def level(self, concurrency: int, client_tokenization: bool = False) -> dict[str, Any]:
+    def level(self, concurrency: int, client_tokenization: bool = False) -> ServedLevel:
         """One concurrency level; perf_analyzer (text path) when available, else the asyncio generator."""
         bench = self.config.bench
         before, own_before = self._stages(), self._own()
@@ -68,17 +79,19 @@ class ServedBench:
             async def send(client: Any, index: int) -> object:
                 return await client.infer(self.plan.model_name, self._ids(index))
             result = asyncio_level(self.url, self.protocol, send, concurrency, bench.requests_per_level,
-                                   bench.seconds_per_level).record()
+                                   bench.seconds_per_level).level()
         else:
             result = text_level(self.tool, self.url, self.plan.name, self.texts, concurrency,
                                 bench.requests_per_level, bench.seconds_per_level,
                                 self.workdir / f"perf_analyzer_{self.protocol}", self.protocol)
         after, own_after = self._stages(), self._own()
         own = {name: own_breakdown(own_before[name], own_after[name]) for name in own_after if own_after[name]}
-        return {**result, "server": {name: breakdown(before[name], after[name]) for name in before},
-                **({"model_stages": own} if own else {})}
+        result.server = {name: breakdown(before[name], after[name]) for name in before}
+        if own:
+            result.model_stages = own
+        return result
 
-    def sweep(self, levels: list[int], client_tokenization: bool = False) -> dict[str, dict[str, Any]]:
+    def sweep(self, levels: list[int], client_tokenization: bool = False) -> Levels:
         """`level` at each concurrency in turn, with progress: {"<concurrency>": level}."""
         sent = "token ids" if client_tokenization else "text"
         via = "perf_analyzer" if self.tool and not client_tokenization else "asyncio"
@@ -101,14 +114,14 @@ def _with_server(plan: ServingPlan, folder: Path, measure: Callable[[TritonServe
 RERANK_DOCUMENTS = (16, 64)  # documents per query a reranker is measured at: a short and a long candidate list
 
 
-def rerank_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[str], workdir: Path) -> dict[str, Any]:
+def rerank_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[str], workdir: Path) -> ServedBenchmark:
     """A served reranker at each of `bench.concurrency` with RERANK_DOCUMENTS documents per request, over gRPC:
     requests/s, pairs/s and latency per level."""
-    def measure(server: TritonServer) -> dict[str, Any]:
+    def measure(server: TritonServer) -> dict[str, Levels]:
         return {f"n{documents}": {f"c{level}": rerank_level(
             server.grpc_url, plan.name, texts, documents, level, bench.requests_per_level, bench.seconds_per_level)
             for level in bench.concurrency} for documents in RERANK_DOCUMENTS}
-    return {"rerank": _with_server(plan, workdir, measure), "protocol": "grpc", "tool": "asyncio"}
+    return ServedBenchmark(rerank=_with_server(plan, workdir, measure), protocol="grpc", tool="asyncio")
 
 
 def on_each_batching(plan: ServingPlan, workdir: Path,
@@ -144,11 +157,11 @@ class TextLoad:
 
 
 def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Path, tool: PerfAnalyzer | None,
-                       seconds: float) -> dict[str, dict[str, dict[str, Any]]]:
+                       seconds: float) -> dict[str, Levels]:
     """Each load, in order, on a server of `plan` with dynamic batching off, then on one with it on (perf_analyzer
     when `tool` is given and finds a stable window, else the asyncio generator; each level bounded by `seconds`):
     {"batching_off": {label: level}, "batching_on": {label: level}}."""
-    def measure(server: TritonServer, measured: ServingPlan, label: str) -> dict[str, dict[str, Any]]:
+    def measure(server: TritonServer, measured: ServingPlan, label: str) -> Levels:
         chosen = [load for load in loads if measured.dynamic_batching in load.batching]
         return {load.label: text_level(tool, server.grpc_url, measured.name, load.texts, load.concurrency,
                                        load.requests, seconds, workdir / label / "perf_analyzer" / load.label)
@@ -156,62 +169,67 @@ def measure_text_loads(plan: ServingPlan, loads: Sequence[TextLoad], workdir: Pa
     return on_each_batching(plan, workdir, measure)
 
 
-def serving_efficiency(served: dict[str, Any], in_process: dict[str, Any]) -> dict[str, Any]:
+def serving_efficiency(served: ServedBenchmark, in_process: InProcessRates) -> Efficiency:
     """Served against in process on the same texts: throughput at the top concurrency over the in-process
     throughput at its best batch size (batching off and on), and p50 at concurrency 1 over the in-process p50 at
     batch size 1."""
-    top = str(max(served["levels"]))
-    best = in_process["sequences_per_s"][str(in_process["best_batch"])]
-    result = {"concurrency": int(top), "in_process": in_process,
-              "throughput_ratio": {label: served[label]["text"][top]["throughput"] / best
-                                   for label in ("batching_off", "batching_on")}}
-    if "1" in served["batching_on"]["text"] and "p50_ms" in in_process:
-        result["p50_ratio_c1"] = served["batching_on"]["text"]["1"]["p50"] / in_process["p50_ms"]
-    return result
+    top = max(served.levels)
+    once = served.batching_on.text.get("1") if served.batching_on else None
+    return Efficiency(concurrency=top, in_process=in_process,
+                      throughput_ratio={label: sweeps.text[str(top)].throughput / in_process.best
+                                        for label, sweeps in served.sweeps().items()},
+                      p50_ratio_c1=once.p50 / in_process.p50_ms if once and in_process.p50_ms else None)
 
 
-def pick(candidates: list[dict[str, Any]], p99_limit_ms: float) -> dict[str, Any] | None:
+def pick(candidates: list[SearchCandidate], p99_limit_ms: float) -> SearchCandidate | None:
     """The highest throughput whose p99 stays under the limit (model_analyzer's objective)."""
-    within = [c for c in candidates if c["p99"] <= p99_limit_ms]
-    return max(within, key=lambda c: c["throughput"]) if within else None
+    within = [c for c in candidates if c.p99 <= p99_limit_ms]
+    return max(within, key=lambda c: c.throughput) if within else None
 
 
 def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
-                         workdir: Path) -> dict[str, Any]:
+                         workdir: Path) -> ServedBenchmark:
     """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
     where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""
     bench = config.bench
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
-    result: dict[str, Any] = {"tool": "perf_analyzer" if tool else "asyncio", "protocol": "grpc", "levels": levels,
-                              "variant_plan": {"flavor": plan.flavor.value, "layout": plan.layout,
-                                               "max_batch_size": plan.max_batch_size, "instances": plan.instances,
-                                               "threads": plan.threads, "why": plan.instances_reason}}
 
-    def tokenization(server: TritonServer, ensemble: ServingPlan, label: str) -> dict[str, Any]:
-        """Client-side tokenization against the text path, both through the asyncio generator (like with like)."""
-        runner = ServedBench(config, ensemble, server, texts, tokenizer, None, workdir / label)
-        return {"client_tokenization": runner.sweep(levels, client_tokenization=True),
-                "text_asyncio": runner.sweep(levels)}
-
-    def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> dict[str, Any]:
+    def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> BatchingSweeps:
         runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
-        out = {"text": runner.sweep(levels)}
-        if label == "batching_on" and measured_plan.layout == "ensemble":
-            out.update(tokenization(server, measured_plan, label))
+        out = BatchingSweeps(text=runner.sweep(levels))
+        if label == "batching_on" and measured_plan.layout == "ensemble":  # like with like: both via asyncio
+            generator = ServedBench(config, measured_plan, server, texts, tokenizer, None, workdir / label)
+            out.client_tokenization = generator.sweep(levels, client_tokenization=True)
+            out.text_asyncio = generator.sweep(levels)
         if label == "batching_on" and measured_plan.layout == plan.layout:  # the deployment over HTTP too
             http = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
-            out["text_http"] = http.sweep(sorted({levels[0], levels[-1]}))
+            out.text_http = http.sweep(sorted({levels[0], levels[-1]}))
         return out
 
-    result.update(on_each_batching(plan, workdir, sweep))
-    if plan.flavor is Flavor.PYTHON_ORT:  # the other layout, batching on, same load
+    sweeps = on_each_batching(plan, workdir, sweep)
+    result = ServedBenchmark(
+        tool="perf_analyzer" if tool else "asyncio", protocol="grpc", levels=levels,
+        variant_plan=MeasuredPlan(flavor=plan.flavor.value, layout=plan.layout, max_batch_size=plan.max_batch_size,
+                                  instances=plan.instances, threads=plan.threads, why=plan.instances_reason),
+        batching_off=sweeps["batching_off"], batching_on=sweeps["batching_on"])
+    if plan.flavor is Flavor.PYTHON_ORT and result.batching_on:  # the other layout, batching on, same load
         other = replace(plan, dynamic_batching=True, layout="ensemble" if plan.layout == "fused" else "fused")
         measured = _with_server(other, workdir / f"layout_{other.layout}",
                                 lambda server: sweep(server, other, "batching_on"))
-        result["layouts"] = {plan.layout: result["batching_on"]["text"], other.layout: measured.pop("text")}
-        result["batching_on"].update(measured)
-    top = max(levels)
+        result.layouts = {plan.layout: result.batching_on.text, other.layout: measured.text}
+        if measured.client_tokenization:  # the other layout is the ensemble: tokenization is compared on it
+            result.batching_on.client_tokenization = measured.client_tokenization
+            result.batching_on.text_asyncio = measured.text_asyncio
+    result.search = batching_search(config, plan, texts, tokenizer, tool, workdir, max(levels))
+    return result
+
+
+def batching_search(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
+                    tool: PerfAnalyzer | None, workdir: Path, top: int) -> BatchingSearch:
+    """Each queue delay x instance count of `config.bench` at concurrency `top`, the same cores in all; the one
+    kept is `pick`'s."""
+    bench = config.bench
     candidates = []
     settings = list(itertools.product(bench.search_queue_delays_us, bench.search_instances))
     for delay, instances in track(settings, f"batching search at concurrency {top}", "settings",
@@ -221,10 +239,8 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
         label = f"search_d{delay}_i{instances}"
         measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
                                 ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
-        candidates.append({"max_queue_delay_us": delay, "instances": instances,
-                           "preferred_batch_sizes": plan.preferred_batch_sizes, **measured})
-    chosen = pick(candidates, bench.p99_limit_ms)
-    result["search"] = {"concurrency": top, "p99_limit_ms": bench.p99_limit_ms, "candidates": candidates,
-                        "chosen": chosen}
-    return result
-
+        candidates.append(SearchCandidate.model_validate(
+            {"max_queue_delay_us": delay, "instances": instances,
+             "preferred_batch_sizes": plan.preferred_batch_sizes, **measured.recorded()}))
+    return BatchingSearch(concurrency=top, p99_limit_ms=bench.p99_limit_ms, candidates=candidates,
+                          chosen=pick(candidates, bench.p99_limit_ms))

@@ -20,7 +20,6 @@ from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.core.results import BenchMetrics, CellTiming
-from workbench.measure.capacity import best_level
 from workbench.measure.latency import is_variant_row
 from workbench.report import figures
 from workbench.report.recommend import gate, goal_cells
@@ -116,13 +115,13 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
     """Every variant with a parity verdict in the run, with what was measured of it."""
     bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
     cells = bench.latency.cells if bench and bench.latency else {}
-    served = (bench.served if bench else None) or {}
+    served = bench.served if bench else None
     try:
         deployment = record.deployment()
     except ValidationError:  # a damaged triton section: nothing is known to be deployed
         deployment = None
     deployed = deployment.variant if deployment else None
-    level = best_level(served, record.config.bench.p99_limit_ms) if "skipped" not in served else None
+    level = served.best_level(record.config.bench.p99_limit_ms) if served else None
     rows = []
     for variant, verdict in record.verdicts().items():
         least = gate(verdict)
@@ -132,8 +131,8 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
             least.metric if least else None, least.value if least else None, least.margin if least else None,
             (verdict.retrieval or {}).get("agreement_at_1"),
             round(size / 1e6, 2) if size else None,
-            served_rps=level[1]["throughput"] if level and variant == deployed else None,
-            served_p99_ms=level[1]["p99"] if level and variant == deployed else None,
+            served_rps=level[1].throughput if level and variant == deployed else None,
+            served_p99_ms=level[1].p99 if level and variant == deployed else None,
             cells={cell: stats[variant] for cell, stats in cells.items()
                    if variant in stats and is_variant_row(variant)}))
     return rows

@@ -6,8 +6,18 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from workbench.core.results import LatencyGrid
+from workbench.core.results import (
+    BatchingBurst,
+    BatchingSearch,
+    BatchingSweeps,
+    Efficiency,
+    LatencyGrid,
+    Levels,
+    ServedBenchmark,
+)
+from workbench.measure.capacity import Capacity
 from workbench.runners.onnxruntime import SessionSettings
+from workbench.serving.deploy import Scaling
 
 _ROW_PX = 28
 
@@ -240,13 +250,13 @@ def padding_figure(tensorrt: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def batch_size_figure(burst: dict[str, Any]) -> go.Figure:
+def batch_size_figure(burst: BatchingBurst) -> go.Figure:
     """How many executions each model ran at each batch size for a burst of one-text requests."""
     figure = go.Figure()
-    for model, sizes in burst["batch_sizes"].items():
-        ordered = sorted(sizes.items(), key=lambda kv: int(kv[0]))
+    for model, sizes in burst.batch_sizes.items():
+        ordered = sorted(sizes.items())
         figure.add_bar(name=model, x=[str(k) for k, _ in ordered], y=[v for _, v in ordered])
-    figure.update_layout(title=f"Dynamic batching: {burst['requests']} concurrent one-text requests",
+    figure.update_layout(title=f"Dynamic batching: {burst.requests} concurrent one-text requests",
                          xaxis_title="batch size executed (texts)", yaxis_title="executions (count)",
                          barmode="group")
     return figure
@@ -288,17 +298,17 @@ def speedup_figure(latency: LatencyGrid) -> go.Figure:
     return figure
 
 
-def throughput_figure(served: dict[str, Any]) -> go.Figure:
+def throughput_figure(served: ServedBenchmark) -> go.Figure:
     """Throughput and p99 against concurrency, with and without dynamic batching."""
     from plotly.subplots import make_subplots
 
     figure = make_subplots(rows=1, cols=2, subplot_titles=("throughput", "p99 latency"))
-    for label in ("batching_off", "batching_on"):
-        levels = served[label]["text"]
+    for label, sweeps in served.sweeps().items():
+        levels = sweeps.text
         x = [int(c) for c in levels]
-        figure.add_scatter(name=label.replace("_", " "), x=x, y=[v["throughput"] for v in levels.values()],
+        figure.add_scatter(name=label.replace("_", " "), x=x, y=[v.throughput for v in levels.values()],
                            mode="lines+markers", row=1, col=1)
-        figure.add_scatter(name=f"{label.replace('_', ' ')} p99", x=x, y=[v["p99"] for v in levels.values()],
+        figure.add_scatter(name=f"{label.replace('_', ' ')} p99", x=x, y=[v.p99 for v in levels.values()],
                            mode="lines+markers", row=1, col=2)
     figure.update_xaxes(title_text="concurrency (requests in flight)", type="log")
     figure.update_yaxes(title_text="throughput (requests/s)", row=1, col=1)
@@ -307,41 +317,40 @@ def throughput_figure(served: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def breakdown_figure(served: dict[str, Any]) -> go.Figure:
+def breakdown_figure(batching_on: BatchingSweeps) -> go.Figure:
     """Triton's own per-request time in each stage, per model, with batching on."""
     figure = go.Figure()
-    levels = served["batching_on"]["text"]
+    levels = batching_on.text
     for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
-        for model in next(iter(levels.values()))["server"]:
+        for model in next(iter(levels.values())).server:
             figure.add_bar(name=f"{model.rsplit('_', 1)[-1]} {stage}", x=[int(c) for c in levels],
-                           y=[v["server"][model][stage] for v in levels.values()], offsetgroup=model)
+                           y=[v.server[model][stage] for v in levels.values()], offsetgroup=model)
     figure.update_layout(title="Server-side time per request by stage (batching on)", barmode="stack",
                          xaxis_title="concurrency (requests in flight)", yaxis_title="time per request (ms)")
     return figure
 
 
-def search_figure(search: dict[str, Any]) -> go.Figure:
-    candidates = search["candidates"]
+def search_figure(search: BatchingSearch) -> go.Figure:
+    candidates = search.candidates
     figure = go.Figure(go.Scatter(
-        x=[c["p99"] for c in candidates], y=[c["throughput"] for c in candidates], mode="markers+text",
-        text=[f"delay {c['max_queue_delay_us']}us, x{c['instances']}" for c in candidates],
+        x=[c.p99 for c in candidates], y=[c.throughput for c in candidates], mode="markers+text",
+        text=[f"delay {c.max_queue_delay_us}us, x{c.instances}" for c in candidates],
         textposition="top center", marker={"size": 12}))
-    if search.get("chosen"):
-        figure.add_scatter(x=[search["chosen"]["p99"]], y=[search["chosen"]["throughput"]], mode="markers",
+    if search.chosen:
+        figure.add_scatter(x=[search.chosen.p99], y=[search.chosen.throughput], mode="markers",
                            marker={"symbol": "star", "size": 20}, name="chosen")
-    figure.add_vline(x=search["p99_limit_ms"], line_dash="dash", annotation_text="p99 limit")
-    figure.update_layout(title=f"Batching settings at concurrency {search['concurrency']}", showlegend=False,
+    figure.add_vline(x=search.p99_limit_ms, line_dash="dash", annotation_text="p99 limit")
+    figure.update_layout(title=f"Batching settings at concurrency {search.concurrency}", showlegend=False,
                          xaxis_title="p99 latency (ms)", yaxis_title="throughput (requests/s)")
     return figure
 
 
-def tokenization_figure(served: dict[str, Any]) -> go.Figure:
-    on = served["batching_on"]
-    text = on.get("text_asyncio", on["text"])
+def tokenization_figure(batching_on: BatchingSweeps) -> go.Figure:
+    text = batching_on.text_asyncio or batching_on.text
     figure = go.Figure()
     for label, levels in (("tokenizer in Triton (text in)", text), ("tokenized in the client (ids in)",
-                                                                    on["client_tokenization"])):
-        figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
+                                                                    batching_on.client_tokenization)):
+        figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v.throughput for v in levels.values()],
                            mode="lines+markers")
     figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency (requests in flight)",
                          yaxis_title="throughput (requests/s)", xaxis_type="log")
@@ -376,49 +385,48 @@ def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
     return [figure, generation_table(generation)]
 
 
-def layouts_figure(layouts: dict[str, Any]) -> go.Figure:
+def layouts_figure(layouts: dict[str, Levels]) -> go.Figure:
     """Throughput of each repository layout against concurrency (batching on, same texts)."""
     figure = go.Figure()
     for layout, levels in layouts.items():
-        figure.add_scatter(name=layout, x=[int(c) for c in levels], y=[v["throughput"] for v in levels.values()],
-                           mode="lines+markers", hovertext=[f"p50 {v['p50']:.1f} ms" for v in levels.values()])
+        figure.add_scatter(name=layout, x=[int(c) for c in levels], y=[v.throughput for v in levels.values()],
+                           mode="lines+markers", hovertext=[f"p50 {v.p50:.1f} ms" for v in levels.values()])
     figure.update_layout(title="Repository layouts: ensemble (tokenizer -> model) vs fused (one Python model)",
                          xaxis_title="concurrency (requests in flight)", xaxis_type="log",
                          yaxis_title="throughput (requests/s)")
     return figure
 
 
-def efficiency_table(efficiency: dict[str, Any]) -> go.Figure:
+def efficiency_table(efficiency: Efficiency) -> go.Figure:
     """Served against in process on the same texts and threads."""
-    rates = efficiency["in_process"]
-    best = rates["best_batch"]
-    rows = [[f"throughput at concurrency {efficiency['concurrency']}, batching {label.split('_')[1]}",
-             f"in process at batch {best}: {rates['sequences_per_s'][str(best)]:.1f} seq/s", f"{ratio:.2f}"]
-            for label, ratio in efficiency["throughput_ratio"].items()]
-    if "p50_ratio_c1" in efficiency:
-        rows.append(["p50 at concurrency 1", f"in process at batch 1: {rates['p50_ms']:.2f} ms",
-                     f"{efficiency['p50_ratio_c1']:.2f}"])
+    rates = efficiency.in_process
+    rows = [[f"throughput at concurrency {efficiency.concurrency}, batching {label.split('_')[1]}",
+             f"in process at batch {rates.best_batch}: {rates.best:.1f} seq/s", f"{ratio:.2f}"]
+            for label, ratio in efficiency.throughput_ratio.items()]
+    if efficiency.p50_ratio_c1 is not None:
+        rows.append(["p50 at concurrency 1", f"in process at batch 1: {rates.p50_ms:.2f} ms",
+                     f"{efficiency.p50_ratio_c1:.2f}"])
     return table("Serving efficiency: served / in process, same texts", ["served", "against", "ratio"], rows)
 
 
-def rerank_table(rerank: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
+def rerank_table(rerank: dict[str, Levels]) -> go.Figure:
     """A served reranker per documents per request and concurrency: requests/s, pairs/s, p50 and p99."""
-    rows = [[f"{level['documents']} documents, concurrency {level['concurrency']}", f"{level['throughput']:.1f}",
-             f"{level['pairs_per_s']:.0f}", f"{level['p50']:.1f}", f"{level['p99']:.1f}"]
+    rows = [[f"{level.documents} documents, concurrency {level.concurrency}", f"{level.throughput:.1f}",
+             f"{level.pairs_per_s or 0:.0f}", f"{level.p50:.1f}", f"{level.p99:.1f}"]
             for levels in rerank.values() for level in levels.values()]
     return table("Served reranker: one query and its documents per request",
                  ["load", "requests/s", "pairs/s", "p50 ms", "p99 ms"], rows)
 
 
-def capacity_table(capacity: dict[str, Any], scaling: dict[str, Any]) -> go.Figure:
+def capacity_table(capacity: Capacity, scaling: Scaling) -> go.Figure:
     """The capacity on paper and what each autoscaler keeps, with the reasons."""
-    per = capacity["per_replica_rps"]
-    rows = [["target load", f"{capacity['target_rps']:g} req/s", "triton.target_rps"],
+    per = capacity.per_replica_rps
+    rows = [["target load", f"{capacity.target_rps:g} req/s", "triton.target_rps"],
             ["one replica sustains", "not measured" if per is None else f"{per:.1f} req/s",
-             capacity["replicas_reason"]],
-            ["replicas (HPA / KServe)", f"{scaling['min_replicas']} to {scaling['max_replicas']}",
+             capacity.replicas_reason],
+            ["replicas (HPA / KServe)", f"{scaling.min_replicas} to {scaling.max_replicas}",
              "minimum for the target load; maximum = minimum x triton.burst_factor"],
-            ["HPA: queue time per request", f"{scaling['queue_target_us']} us", capacity["queue_reason"]],
-            ["KServe: requests in flight per replica", str(scaling["concurrency"]),
+            ["HPA: queue time per request", f"{scaling.queue_target_us} us", capacity.queue_reason],
+            ["KServe: requests in flight per replica", str(scaling.concurrency),
              "the load level that throughput was measured at"]]
     return table("Capacity on paper (one GPU per pod)", ["", "value", "why"], rows)

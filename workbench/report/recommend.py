@@ -191,9 +191,9 @@ def served_failures(record: RunRecord) -> dict[str, Verdict]:
         deployment = record.deployment()
     except ValidationError:  # a damaged triton section: its own section of the report says so
         deployment = None
-    verification = (deployment.verification if deployment else None) or {}
+    verification = deployment.verification if deployment else None
     found = {}
-    for variant, failures in verification.get("passed_over", {}).items():
+    for variant, failures in (verification.passed_over if verification else {}).items():
         verdict = record.verdict(variant)
         if verdict is not None and verdict.passed and failures and failures[0].startswith("served over"):
             found[variant] = verdict.model_copy(update={"passed": False, "failures": list(failures)})

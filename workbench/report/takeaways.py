@@ -3,10 +3,10 @@ the step's own module) or says why the step did not run; the phrases several ste
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import BenchMetrics
+from workbench.core.results import BenchMetrics, Verdict
 from workbench.measure.latency import disturbance_note
 
 
@@ -31,18 +31,18 @@ def takeaway(step: Declared, record: RunRecord) -> str:
                       *found])
 
 
-def cut_line(cut: dict[str, Any], library: str, beyond: dict[str, Any]) -> str:
-    """Where the run cuts texts against where the model's library does, in words: equal up to the run's cut, and
-    what the texts past it get (`beyond`: their comparison, when the run cuts shorter)."""
-    deployment, own, count = cut["deployment"], cut["library"], cut["texts_beyond"]
+def cut_line(deployment: int, own: int, count: int, library: str, beyond: Verdict | None) -> str:
+    """Where the run cuts texts (`deployment` tokens) against where the model's library does (`own`), in words:
+    equal up to the run's cut, and what the `count` texts past it get (`beyond`: their comparison, when the run
+    cuts shorter)."""
     if deployment >= own:
         return (f"texts are cut at {deployment} tokens, where {library} cuts them ({_texts(count)} longer, inside the "
                 "gate)")
     worst = ""
     if beyond:
-        primary = list(beyond["outputs"].values())[-1]
-        worst = f": min cosine {primary['min_cosine']:.4f}" if "min_cosine" in primary else \
-            f": max abs {primary['max_abs']:.3g}"
+        primary = list(beyond.outputs.values())[-1]
+        worst = f": min cosine {primary.min_cosine:.4f}" if primary.min_cosine is not None else \
+            f": max abs {primary.max_abs:.3g}"
     return (f"equal to {library} up to {deployment} tokens; longer texts are cut at {deployment} where {library} "
             f"cuts at {own} ({_texts(count)} longer{worst}; leave sequence.max at auto to cut where the library "
             "does)")

@@ -5,6 +5,7 @@ import asyncio
 import time
 from typing import Any
 
+from workbench.core.results import BatchingBurst
 from workbench.serving.client import AsyncTritonClient, TritonClient, run_async
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import TritonServer
@@ -25,7 +26,7 @@ def batch_sizes(stats: dict[str, Any]) -> dict[int, int]:
 
 
 def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
-                     concurrency: int, settle_seconds: float = 5.0) -> dict[str, Any]:
+                     concurrency: int, settle_seconds: float = 5.0) -> BatchingBurst:
     """Send `concurrency` one-text requests at once; report the batch sizes each model executed for them. Triton
     counts an execution once its responses are sent, so the counts are read until every request shows (or
     `settle_seconds` passed: then what showed)."""
@@ -43,5 +44,5 @@ def observe_batching(server: TritonServer, plan: ServingPlan, texts: list[str],
             found = executed(before, {name: batch_sizes(client.statistics(name)) for name in models})
             counted = min(sum(size * count for size, count in sizes.items()) for sizes in found.values())
             if counted >= concurrency or time.monotonic() > deadline:
-                return {"requests": concurrency, "batch_sizes": found}
+                return BatchingBurst(requests=concurrency, batch_sizes=found)
             time.sleep(0.05)

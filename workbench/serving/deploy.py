@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
 from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
+from workbench.core.results import Metrics
 from workbench.serving.repository import ServingPlan
 
 CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
@@ -29,10 +29,10 @@ FILES = {"dockerfile": "Dockerfile", "docker": "docker_run.sh", "kubernetes": "k
          "adapter": "prometheus-adapter.yaml", "kserve": "kserve.yaml", "readme": "README.md"}
 
 
-@dataclass(frozen=True)
-class Scaling:
+class Scaling(Metrics):
     """What the autoscalers keep: replicas between `min_replicas` and `max_replicas`, an average queue time per
-    request of `queue_target_us`, and (KServe) `concurrency` requests in flight per replica."""
+    request of `queue_target_us`, and (KServe) `concurrency` requests in flight per replica (run.json
+    `metrics.deploy.scaling`)."""
 
     min_replicas: int
     max_replicas: int

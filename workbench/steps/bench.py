@@ -3,7 +3,6 @@ a local Triton (batching off and on, a batching search, where tokenization runs)
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from workbench.core.batches import corpus_batches
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -13,7 +12,7 @@ from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import BenchMetrics, LatencyGrid
+from workbench.core.results import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.timing import timed
 from workbench.graphs.profiles import engine_profiles
 from workbench.measure.latency import (
@@ -64,32 +63,35 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     return measure_grid(rows, shape, text, dims, passed, lab)
 
 
-def served_benchmark(config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
     """The served measurements of what the triton step deployed, or why they were not taken (nothing deployed, no
     server, or a flavor this server cannot run)."""
     deployed = deployed_plan(record)
     if deployed is None:
-        return {"skipped": f"nothing deployed in this run (triton: {record.step_entry('triton').label}); run "
-                           "--steps triton,bench to measure serving"}
+        return ServedBenchmark(skipped=f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
+                                       "run --steps triton,bench to measure serving")
     plan, variant = deployed
     try:
         binary = find_tritonserver()
     except TritonNotFoundError as missing:
-        return {"skipped": str(missing)}
+        return ServedBenchmark(skipped=str(missing))
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
-        return {"skipped": f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}"}
+        return ServedBenchmark(skipped=f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}")
     texts, tokenizer = list(load_corpus(config.corpus, config.corpus_max_texts)), record.tokenizer()
     if plan.reranks:
-        return {**rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench"), "variant": variant}
+        result = rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench")
+        result.variant = variant
+        return result
     result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
-        result["efficiency"] = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
+        result.efficiency = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
     deployment = record.deployment()
-    return {**result, "variant": variant, "verified": bool(deployment and deployment.verified)}
+    result.variant, result.verified = variant, bool(deployment and deployment.verified)
+    return result
 
 
 def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str,
-                     texts: list[str]) -> dict[str, Any]:
+                     texts: list[str]) -> InProcessRates:
     """The served variant in process on the served texts, with the cores the deployment has (its instances' threads
     together: one in-process session is the fastest way to use them for one caller), at batch size 1 and the served
     preferred sizes."""
@@ -110,9 +112,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(f"{STEP}.latency", grid.recorded())
         if grid.disturbed:  # the step ran, but its speeds cannot be trusted: the summary says so
             record.unverified(disturbance_note(grid.disturbed))
-        served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else {
-            "skipped": "bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"})
-        record.set_metric(f"{STEP}.served", {**served, "seconds": round(seconds, 1)})
+        served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else ServedBenchmark(
+            skipped="bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"))
+        served.seconds = round(seconds, 1)
+        record.set_metric(f"{STEP}.served", served.recorded())
     return record.step_entry(STEP)
 
 
@@ -120,9 +123,8 @@ def lines(record: RunRecord) -> list[str]:
     """The verdict line: a disturbed grid, the recommendation per goal, a served bench that was skipped."""
     found = [*disturbed_lines(record), *(r.line() for r in recommend(record))]
     bench = record.results_as(STEP, BenchMetrics)
-    served = (bench.served if bench else None) or {}
-    if "skipped" in served:
-        found.append(f"served benchmark skipped: {served['skipped']}")
+    if bench and bench.served and bench.served.skipped:
+        found.append(f"served benchmark skipped: {bench.served.skipped}")
     return found
 
 
@@ -141,25 +143,25 @@ def headline(bench: BenchMetrics) -> list[str]:
     the recommendation)."""
     lines = []
     host = bench.host
-    if host:  # runs before busy_before recorded only the load average, which counts the run's own earlier steps
-        busy, measure = ((host["busy_before"], "other work kept {:.1f} of {} cores busy") if "busy_before" in host
-                         else (host["load_before"], "load average {:.1f} on {} cores"))
-        if busy > host["cpu_count"] / 2:
-            lines.append(f"The host was busy when measuring began ({measure.format(busy, host['cpu_count'])}): "
+    if host and host.cpu_count:  # older runs recorded only the load average, which counts the run's own steps
+        busy, measure = ((host.busy_before, "other work kept {:.1f} of {} cores busy") if host.busy_before is not None
+                         else (host.load_before or 0.0, "load average {:.1f} on {} cores"))
+        if busy > host.cpu_count / 2:
+            lines.append(f"The host was busy when measuring began ({measure.format(busy, host.cpu_count)}): "
                          "absolute times do not hold; ratios hold only where the other "
                          "work slowed every runner alike.")
-    served = bench.served or {}
-    if "batching_on" in served and "batching_off" in served:
-        top = str(max(served["levels"]))
-        on, off = served["batching_on"]["text"][top], served["batching_off"]["text"][top]
-        lines.append(f"Dynamic batching at concurrency {top}: {on['throughput']:.1f} vs {off['throughput']:.1f} "
-                     f"req/s ({on['throughput'] / off['throughput']:.2f}x).")
-    if "efficiency" in served:
-        efficiency = served["efficiency"]
-        lines.append(f"Serving efficiency at concurrency {efficiency['concurrency']}: "
-                     f"{efficiency['throughput_ratio']['batching_on']:.2f} of in-process throughput (batching on)"
-                     + (f"; p50 at concurrency 1 {efficiency['p50_ratio_c1']:.2f}x in process."
-                        if "p50_ratio_c1" in efficiency else "."))
+    served = bench.served or ServedBenchmark()
+    if served.batching_on and served.batching_off:
+        top = str(max(served.levels))
+        on, off = served.batching_on.text[top], served.batching_off.text[top]
+        lines.append(f"Dynamic batching at concurrency {top}: {on.throughput:.1f} vs {off.throughput:.1f} "
+                     f"req/s ({on.throughput / off.throughput:.2f}x).")
+    efficiency = served.efficiency
+    if efficiency:
+        lines.append(f"Serving efficiency at concurrency {efficiency.concurrency}: "
+                     f"{efficiency.throughput_ratio['batching_on']:.2f} of in-process throughput (batching on)"
+                     + (f"; p50 at concurrency 1 {efficiency.p50_ratio_c1:.2f}x in process."
+                        if efficiency.p50_ratio_c1 is not None else "."))
     return lines
 
 
@@ -196,39 +198,40 @@ def latency_text(latency: LatencyGrid) -> str:
 
 
 def served_section(bench: BenchMetrics) -> Parts:
-    served = bench.served or {}
-    if "skipped" in served:
-        return [("Served throughput and latency", f"Not measured: {served['skipped']}.", [])]
-    if "rerank" in served:
-        return [("Served throughput and latency", f"Load tool: {served['tool']} over {served['protocol']}; "
-                 f"measured: {served['variant']}.", [figures.rerank_table(served["rerank"])])]
-    if "batching_on" not in served:
+    served = bench.served or ServedBenchmark()
+    if served.skipped:
+        return [("Served throughput and latency", f"Not measured: {served.skipped}.", [])]
+    if served.rerank:
+        return [("Served throughput and latency", f"Load tool: {served.tool} over {served.protocol}; "
+                 f"measured: {served.variant}.", [figures.rerank_table(served.rerank)])]
+    if not served.batching_on:
         return []
-    measured = f"{served['variant']} in the " if "variant" in served else ""
-    parts: Parts = [("Served throughput and latency", f"Load tool: {served['tool']} over "
-                     f"{served.get('protocol', 'http')}; one text per request; measured: {measured}"
-                     f"{served['variant_plan'].get('layout', 'ensemble')} layout.",
-                     [figures.throughput_figure(served), figures.breakdown_figure(served)])]
-    if "efficiency" in served:
+    measured = f"{served.variant} in the " if served.variant else ""
+    parts: Parts = [("Served throughput and latency", f"Load tool: {served.tool} over {served.protocol}; one text "
+                     f"per request; measured: {measured}{served.variant_plan.layout} layout.",
+                     [figures.throughput_figure(served), figures.breakdown_figure(served.batching_on)])]
+    if served.efficiency:
         parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
                       "the same texts with the same threads (targets: throughput >= 0.8, p50 <= 1.5x).",
-                      [figures.efficiency_table(served["efficiency"])]))
-    if "layouts" in served:
+                      [figures.efficiency_table(served.efficiency)]))
+    if served.layouts:
         parts.append(("Repository layouts", "The same variant served as an ensemble and as one fused Python model, "
-                      "batching on.", [figures.layouts_figure(served["layouts"])]))
+                      "batching on.", [figures.layouts_figure(served.layouts)]))
+    if served.search:
+        parts.append(("Dynamic batching search", _search_text(served.search), [figures.search_figure(served.search)]))
     return parts + [
-        ("Dynamic batching search", _search_text(served["search"]), [figures.search_figure(served["search"])]),
         ("Where tokenization runs", "Text in, tokenized in Triton, against token ids sent straight to the ensemble's "
-         "network model (tokenized in the client), same concurrencies.", [figures.tokenization_figure(served)])]
+         "network model (tokenized in the client), same concurrencies.",
+         [figures.tokenization_figure(served.batching_on)])]
 
 
-def _search_text(search: dict[str, Any]) -> str:
-    chosen = search.get("chosen")
+def _search_text(search: BatchingSearch) -> str:
+    chosen = search.chosen
     if not chosen:
-        return f"No configuration kept p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}."
-    return (f"Best throughput with p99 under {search['p99_limit_ms']} ms at concurrency {search['concurrency']}: "
-            f"max_queue_delay {chosen['max_queue_delay_us']} us, {chosen['instances']} instance(s): "
-            f"{chosen['throughput']:.1f} req/s, p99 {chosen['p99']:.1f} ms.")
+        return f"No configuration kept p99 under {search.p99_limit_ms} ms at concurrency {search.concurrency}."
+    return (f"Best throughput with p99 under {search.p99_limit_ms} ms at concurrency {search.concurrency}: "
+            f"max_queue_delay {chosen.max_queue_delay_us} us, {chosen.instances} instance(s): "
+            f"{chosen.throughput:.1f} req/s, p99 {chosen.p99:.1f} ms.")
 
 
 SPEC = StepSpec(

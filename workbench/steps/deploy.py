@@ -2,13 +2,11 @@
 autoscaling on Triton's queue time, KServe), sized from what the served bench measured."""
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import BenchMetrics, Json, Metrics
+from workbench.core.results import BenchMetrics, Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of
@@ -22,8 +20,8 @@ class DeployMetrics(Metrics):
     """What the deploy step wrote: the image tag, the capacity on paper and the autoscalers' settings."""
 
     image: str | None = None
-    capacity: Json | None = None  # `measure.capacity.Capacity.record()`
-    scaling: Json | None = None  # `serving.deploy.Scaling`
+    capacity: Capacity | None = None
+    scaling: Scaling | None = None
     verified: bool = False
 
 
@@ -44,11 +42,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
         served = bench.served if bench else None
         unmeasured = (f"no served bench: bench step {record.step_entry('bench').label}" if not served
-                      else f"the served bench was skipped: {served['skipped']}" if "skipped" in served else "")
+                      else f"the served bench was skipped: {served.skipped}" if served.skipped else "")
         capacity = plan_capacity(config.triton, config.bench, None if unmeasured else served, network_model(plan),
                                  plan.max_queue_delay_us, f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
-        scaling = Scaling(capacity.min_replicas, capacity.max_replicas, round(capacity.queue_target_ms * 1000),
-                          capacity.concurrency or 1)
+        scaling = Scaling(min_replicas=capacity.min_replicas, max_replicas=capacity.max_replicas,
+                          queue_target_us=round(capacity.queue_target_ms * 1000), concurrency=capacity.concurrency or 1)
         repository = record.artifact("triton.repository")
         digest = record.artifact_sha256("triton.repository")
         files = deployment_files(config, plan, repository.relative_to(record.run_dir), digest, scaling,
@@ -59,8 +57,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")
-        record.set_metric(STEP, DeployMetrics(image=image_tag(config, plan, digest), capacity=capacity.record(),
-                                              scaling=asdict(scaling), verified=verified).recorded())
+        record.set_metric(STEP, DeployMetrics(image=image_tag(config, plan, digest), capacity=capacity,
+                                              scaling=scaling, verified=verified).recorded())
     return record.step_entry(STEP)
 
 
@@ -70,11 +68,11 @@ def lines(record: RunRecord) -> list[str]:
     if deploy is None or deploy.capacity is None or deploy.scaling is None:
         return ["nothing written"]
     capacity, scaling = deploy.capacity, deploy.scaling
-    per = capacity["per_replica_rps"]
+    per = capacity.per_replica_rps
     sized = "one replica (not measured)" if per is None else \
-        f"{scaling['min_replicas']} replica(s) of {per:.1f} req/s for {capacity['target_rps']:g} req/s"
-    return [f"image {deploy.image}: {sized}, autoscaled to {scaling['max_replicas']} on queue time "
-            f"{scaling['queue_target_us']} us per request (HPA) or {scaling['concurrency']} in flight (KServe)",
+        f"{scaling.min_replicas} replica(s) of {per:.1f} req/s for {capacity.target_rps:g} req/s"
+    return [f"image {deploy.image}: {sized}, autoscaled to {scaling.max_replicas} on queue time "
+            f"{scaling.queue_target_us} us per request (HPA) or {scaling.concurrency} in flight (KServe)",
             f"files: {record.run_dir / STEP} (README.md: build, push, apply, watch it scale)"]
 
 
@@ -85,7 +83,7 @@ def section(deploy: DeployMetrics) -> Parts:
     return [("Triton at scale: capacity and autoscaling",
              f"The image {deploy.image} (deploy/Dockerfile), Kubernetes with a HorizontalPodAutoscaler on Triton's "
              "queue time per request and a KServe InferenceService (deploy/README.md). Replicas for the target load "
-             f"from what one replica sustained in the served bench, measured on {deploy.capacity['measured_on']}.",
+             f"from what one replica sustained in the served bench, measured on {deploy.capacity.measured_on}.",
              [figures.capacity_table(deploy.capacity, deploy.scaling)])]
 
 

@@ -242,7 +242,10 @@ def _reference(check: dict[str, Any] | None) -> list[str]:
     line = f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs " \
         f"{primary['max_abs']:.2g}{cosine}"
     cut = check.get("cut")
-    return [line, cut_line(cut, check["library"], cut.get("beyond") or {})] if cut else [line]
+    if not cut:
+        return [line]
+    beyond = Verdict.model_validate(cut["beyond"]) if cut.get("beyond") else None
+    return [line, cut_line(cut["deployment"], cut["library"], cut["texts_beyond"], check["library"], beyond)]
 
 
 def _neighbours(verdict: Verdict) -> str:

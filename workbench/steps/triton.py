@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
@@ -10,7 +9,7 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Json, TensorrtMetrics, TritonMetrics, Verdict
+from workbench.core.results import Json, ServedCut, TensorrtMetrics, TritonMetrics, Verdict, Verification
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -42,54 +41,61 @@ STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
 
 
-def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, variant: str, precision: str,
-                    repository: Path, loaded: LoadedModel) -> dict[str, Any]:
+def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, metrics: TritonMetrics,
+                    repository: Path, loaded: LoadedModel) -> None:
+    """Serve `repository` from a real Triton server and record in `metrics` what it answered: parity over HTTP and
+    gRPC against the model's library, the texts past the deployment's token limit, each named prompt, and the
+    batch sizes a burst of requests ran at."""
     binary = find_tritonserver()
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
         raise DependencyMissingError(f"the {plan.flavor.value} flavor needs Triton's {plan.flavor.value} backend; the "
                                      "tritonserver bundled in nvidia-pytriton has only the Python backend",
                                      "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
+    precision = metrics.precision or "fp32"
     texts = lab_texts(config, loaded)
     reference = library_reference(config, loaded, texts)
-    served_reference = reference.call if reference else "the workbench's PyTorch module"
-    served_library = reference.library if reference else "PyTorch"
+    metrics.served_reference = reference.call if reference else "the workbench's PyTorch module"
+    metrics.served_library = reference.library if reference else "PyTorch"
     lab = ParityLab.corpus_only(config, loaded, texts, reference)  # the served answers against what users run today
     outputs = [o.name for o in plan.outputs]
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
-    result: dict[str, Any] = {"flavor": plan.flavor, "variant": variant, "server": str(binary.executable),
-                              "served_reference": served_reference, "served_library": served_library}
+    metrics.server = str(binary.executable)
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
-        result["ready_seconds"] = server.timings["ready_seconds"]
+        metrics.ready_seconds = server.timings["ready_seconds"]
         parity, beyond = {}, {}
         endpoints = (("http", server.http_url), ("grpc", server.grpc_url))
         for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
             with (TritonClient(url, protocol) as client,
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
-                parity[protocol] = lab.within().compare(runner, precision)
+                parity[protocol] = Verdict.model_validate(lab.within().compare(runner, precision))
                 if lab.beyond:
-                    beyond[protocol] = lab.subset(list(lab.beyond)).compare(runner, precision)
-        result["served_parity"] = parity
-        result["cut"] = {"deployment": loaded.sequence.max, "library": loaded.max_sequence,
-                         "texts_within": len(texts) - len(lab.beyond), "texts_beyond": len(lab.beyond),
-                         "gated": loaded.sequence.max == loaded.max_sequence, "beyond": beyond}
+                    beyond[protocol] = Verdict.model_validate(lab.subset(list(lab.beyond)).compare(runner, precision))
+        metrics.served_parity = parity
+        metrics.cut = ServedCut(deployment=loaded.sequence.max, library=loaded.max_sequence,
+                                texts_within=len(texts) - len(lab.beyond), texts_beyond=len(lab.beyond),
+                                gated=loaded.sequence.max == loaded.max_sequence, beyond=beyond)
         if plan.prompts:
-            result["prompt_parity"] = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
-                                                    precision)
+            metrics.prompt_parity = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
+                                                  precision)
         if not plan.reranks:  # a reranker's requests are not batched together: its documents are the batch
-            result["burst"] = observe_batching(server, plan, list(texts), concurrency=4 * plan.max_batch_size)
-    result["stop_seconds"] = server.timings["stop_seconds"]
-    result["served_passed"] = {protocol: parity[protocol]["passed"] for protocol in parity}
-    if result["cut"]["gated"]:  # both cut where the model does: the longer texts must match too
-        result["served_passed"].update({f"{protocol}, texts past {loaded.sequence.max} tokens": r["passed"]
-                                        for protocol, r in beyond.items()})
-    result["served_passed"].update({f"http, prompt_name={name!r}": r["passed"]
-                                    for name, r in result.get("prompt_parity", {}).items()})
-    return result
+            metrics.burst = observe_batching(server, plan, list(texts), 4 * plan.max_batch_size)
+    metrics.stop_seconds = server.timings["stop_seconds"]
+    metrics.served_passed = {protocol: verdict.passed for protocol, verdict in served_checks(metrics).items()}
+
+
+def served_checks(metrics: TritonMetrics) -> dict[str, Verdict]:
+    """Every served check by name: each protocol, each protocol on the texts past the token limit where the
+    deployment cuts where the library does (gated), each named prompt over HTTP."""
+    cut = metrics.cut
+    past = {f"{protocol}, texts past {cut.deployment} tokens": verdict for protocol, verdict in cut.beyond.items()} \
+        if cut and cut.gated else {}
+    return {**(metrics.served_parity or {}), **past,
+            **{f"http, prompt_name={name!r}": verdict for name, verdict in metrics.prompt_parity.items()}}
 
 
 def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url: str, texts: tuple[str, ...],
-                  precision: str) -> dict[str, Any]:
+                  precision: str) -> dict[str, Verdict]:
     """Per named prompt of the model, the served answers to requests naming it (`prompt_name`) against
     `encode(texts, prompt_name=...)`, over HTTP."""
     outputs = [o.name for o in plan.outputs]
@@ -98,12 +104,8 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
         lab = ParityLab.corpus_only(config, loaded, texts, library_reference(config, loaded, texts, name), name)
         with (TritonClient(url, "http") as client,
               ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
-            results[name] = lab.within().compare(runner, precision)
+            results[name] = Verdict.model_validate(lab.within().compare(runner, precision))
     return results
-
-
-def _failures(checks: dict[str, Any]) -> dict[str, list[str]]:
-    return {variant: result["failures"] for variant, result in checks.items() if not result["passed"]}
 
 
 def shape_profiles(record: RunRecord) -> list[Json]:
@@ -139,7 +141,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
 
 
 def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
-                     served_failures: dict[str, list[str]] | None = None) -> tuple[str, dict[str, Any]]:
+                     served_failures: dict[str, list[str]] | None = None) -> Verification:
     """The first candidate that passed parity in this run and did not fail it served (`served_failures`); a
     candidate no step has checked is checked here, on the parity step's lab and tolerances. Without one,
     UnverifiedError (unless triton.allow_unverified)."""
@@ -151,22 +153,20 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     order = "configured: triton.variant" if config.triton.variant else \
         preference(flavor, int8_decision(record))[1]
-    checks: dict[str, Any] = {}
+    checks: dict[str, Verdict] = {}
     lab: ParityLab | None = None
     for variant in candidates:
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
-            path, precision = built.path, built.precision
             lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
-            with open_variant(variant, path, config.device, config.threads) as runner:
-                checks[variant] = lab.compare(runner, precision)
-            verdict = Verdict.model_validate(checks[variant])
+            with open_variant(variant, built.path, config.device, config.threads) as runner:
+                verdict = checks[variant] = Verdict.model_validate(lab.compare(runner, built.precision))
         if verdict is not None and verdict.passed:
-            return variant, {"variant": variant, "by": "triton step" if variant in checks else "parity step",
-                             "order": order, "checked_here": checks,
-                             "passed_over": {**served_failures, **_failures(checks)}}
-    found = {v: Verdict.model_validate(checks[v]) if v in checks else record.verdict(v) for v in candidates}
+            failed_here = {v: c.failures for v, c in checks.items() if not c.passed}
+            return Verification(variant=variant, by="triton step" if variant in checks else "parity step",
+                                order=order, checked_here=checks, passed_over={**served_failures, **failed_here})
+    found = {v: checks.get(v) or record.verdict(v) for v in candidates}
     failures = {**served_failures, **{v: verdict.failures if verdict else ["not checked (needs a GPU)"]
                                       for v, verdict in found.items()}}
     if not config.triton.allow_unverified:
@@ -174,8 +174,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
                               "run --steps parity (its repair may fix the variant), serve another with "
                               "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
-    return candidates[0], {"variant": candidates[0], "by": None, "order": order, "checked_here": checks,
-                           "passed_over": {**served_failures, **failures}}
+    return Verification(variant=candidates[0], by=None, order=order, checked_here=checks, passed_over=failures)
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -196,57 +195,50 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
     """Write, serve and check the first candidate not in `served_failures`; publish it when its served answers
     pass. False (and its failure added to `served_failures`) when they fail and another candidate may be tried;
     UnverifiedError when none is left (a variant the user chose is not replaced)."""
-    variant, verification = verified_variant(config, record, flavor, loaded, served_failures)
-    plan, variant = serving_plan(config, record, variant)
+    verification = verified_variant(config, record, flavor, loaded, served_failures)
+    plan, variant = serving_plan(config, record, verification.variant)
     destination = repository_root(config.triton.repository_dir) / plan.name
     check_replaceable(destination, config.triton.overwrite)
     run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
     record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
                         variant=variant)
-    precision = record.variant(variant, plan.flavor.artifact_kind).precision
-    metrics: dict[str, Any] = {"name": plan.name, "flavor": plan.flavor.value, "layout": plan.layout,
-                               "variant": variant, "precision": precision,
-                               "models": sorted(read_repository(run_copy)),
-                               "max_batch_size": plan.max_batch_size, "pad_to": plan.pad_to,
-                               "repository": str(destination), "published": False, "plan": plan.record(),
-                               "verification": verification, "verified": verification["by"] is not None}
-    record.set_metric(STEP, metrics)
+    metrics = TritonMetrics(name=plan.name, flavor=plan.flavor, layout=plan.layout, variant=variant,
+                            precision=record.variant(variant, plan.flavor.artifact_kind).precision,
+                            models=sorted(read_repository(run_copy)), max_batch_size=plan.max_batch_size,
+                            pad_to=plan.pad_to, repository=str(destination), published=False, plan=plan.record(),
+                            verification=verification, verified=verification.by is not None)
+    record.set_metric(STEP, metrics.recorded())
 
     def publish() -> None:
         earlier = published_by(destination)
         if earlier is not None and Path(earlier) != record.run_dir.resolve():
-            metrics["replaced"] = earlier  # another run's deployment of the same name
+            metrics.replaced = earlier  # another run's deployment of the same name
         write_repository(plan, destination, overwrite=config.triton.overwrite, run=record.run_dir.resolve())
-        metrics["published"] = True
-        record.set_metric(STEP, metrics)
+        metrics.published = True
+        record.set_metric(STEP, metrics.recorded())
 
     try:
-        metrics.update(serve_and_check(config, record, plan, variant, precision, run_copy, loaded))
+        serve_and_check(config, record, plan, metrics, run_copy, loaded)
     except StepSkipped:
         publish()  # verified in process; this host cannot run the flavor's backend, the host it is for can
         raise
     except BaseException:
         record.remove_artifact("triton.repository")  # its check did not finish: nothing is left to serve
         raise
-    failed = [protocol for protocol, ok in metrics["served_passed"].items() if not ok]
-    metrics["verified"] = metrics["verified"] and not failed
-    record.set_metric(STEP, metrics)
+    failed = [check for check, ok in metrics.served_passed.items() if not ok]
+    metrics.verified = metrics.verified and not failed
+    record.set_metric(STEP, metrics.recorded())
     if failed and not config.triton.allow_unverified:
         record.remove_artifact("triton.repository")
-        checked = {**metrics["served_parity"],
-                   **{f"{protocol}, texts past {metrics['cut']['deployment']} tokens": result
-                      for protocol, result in metrics["cut"]["beyond"].items()},
-                   **{f"http, prompt_name={name!r}": result for name, result in
-                      metrics.get("prompt_parity", {}).items()}}
-        served_failures[variant] = [f"served over {', '.join(failed)}: {checked[failed[0]]['failures'][0]}"]
+        failures = served_checks(metrics)[failed[0]].failures
+        served_failures[variant] = [f"served over {', '.join(failed)}: {failures[0]}"]
         if config.triton.variant is None and len(candidate_variants(config, record, flavor)) > \
                 len(served_failures):
             return False
         raise UnverifiedError(
-            f"{variant} served by Triton fails parity over {', '.join(failed)}: "
-            f"{'; '.join(checked[failed[0]]['failures'])}; nothing was published to {destination}",
-            "read metrics.triton.served_parity in run.json; serve another variant (-p triton.variant=...) or "
-            "publish it anyway with -p triton.allow_unverified=true")
+            f"{variant} served by Triton fails parity over {', '.join(failed)}: {'; '.join(failures)}; nothing was "
+            f"published to {destination}", "read metrics.triton.served_parity in run.json; serve another variant "
+            "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     if failed:
         record.unverified(f"served parity failed over {', '.join(failed)}")
     publish()
@@ -266,13 +258,13 @@ def lines(record: RunRecord) -> list[str]:
                         for name, r in deployment.prompt_parity.items())
     flavor = deployment.flavor.value if deployment.flavor else "?"
     cut = deployment.cut
-    beyond = next(iter((cut or {}).get("beyond", {}).values()), {})
-    within = f" on texts up to {cut['deployment']} tokens" if cut and not cut["gated"] else ""
+    within = f" on texts up to {cut.deployment} tokens" if cut and not cut.gated else ""
     replaced = deployment.replaced
     runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
             f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
-            *([cut_line(cut, deployment.served_library or "the library", beyond)] if cut else []),
+            *([cut_line(cut.deployment, cut.library, cut.texts_beyond, deployment.served_library or "the library",
+                        next(iter(cut.beyond.values()), None))] if cut else []),
             *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
                "-p triton.name=... to keep both)"] if replaced else []),
             *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
