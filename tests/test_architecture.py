@@ -114,7 +114,6 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "report/figures.py": (19, f"draws run.json's tables; {UNTYPED}"),
     "report/notebook.py": (3, "papermill's parameters, a notebook's namespace"),
     "report/page.py": (1, "run.json's environment"),
-    "report/takeaways.py": (2, UNTYPED),
     "runners/__init__.py": (1, JSON),
     "runners/onnxruntime.py": (3, f"{JSON}; provider options"),
     "serving/batching.py": (1, "Triton's statistics JSON"),
@@ -128,7 +127,6 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "steps/optimize.py": (15, UNTYPED),
     "steps/parity.py": (9, UNTYPED),
     "steps/tensorrt.py": (5, UNTYPED),
-    "steps/triton.py": (7, UNTYPED),
     "sweep.py": (6, "sweep YAML settings and the Kubernetes Job it writes"),
 }
 
