@@ -357,34 +357,6 @@ def tokenization_figure(batching_on: BatchingSweeps) -> go.Figure:
     return figure
 
 
-def generation_table(generation: dict[str, Any]) -> go.Figure:
-    """HF generate vs CTranslate2 per task and concurrency: tokens/s, words/s, p50/p99, and token identity."""
-    rows = []
-    for task, result in generation.items():
-        identical = result["in_process"]["identical"], result["in_process"]["sequences"]
-        for engine, levels in result["load"].items():
-            served = result["served"][engine]
-            for concurrency, level in levels.items():
-                rows.append([task, engine, concurrency, f"{level['tokens_per_s']:.0f}", f"{level['words_per_s']:.0f}",
-                             f"{level['p50']:.1f}", f"{level['p99']:.1f}",
-                             f"{served['identical_to_hf_in_process']}/{served['sequences']} served, "
-                             f"{identical[0]}/{identical[1]} in process"])
-    header = ["task", "engine", "concurrency", "tokens/s", "words/s", "p50 ms", "p99 ms", "greedy ids = HF"]
-    return table("Generation served through Triton: transformers vs CTranslate2", header, rows)
-
-
-def generation_figures(generation: dict[str, Any]) -> list[go.Figure]:
-    """Generated tokens/s against concurrency per task, both engines, and the table."""
-    figure = go.Figure()
-    for task, result in generation.items():
-        for engine, levels in result["load"].items():
-            figure.add_scatter(name=f"{task} {engine}", x=[int(c) for c in levels], mode="lines+markers",
-                               y=[v["tokens_per_s"] for v in levels.values()])
-    figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency (requests in flight)",
-                         xaxis_type="log", yaxis_title="throughput (generated tokens/s)", yaxis_type="log")
-    return [figure, generation_table(generation)]
-
-
 def layouts_figure(layouts: dict[str, Levels]) -> go.Figure:
     """Throughput of each repository layout against concurrency (batching on, same texts)."""
     figure = go.Figure()

@@ -3,9 +3,11 @@ CTranslate2, greedy outputs checked token for token, then a load test of both.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import plotly.graph_objects as go
+from pydantic import Field
 
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
@@ -13,12 +15,12 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Metrics
+from workbench.core.results import Json, Metrics, ServedLevel
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
 from workbench.report import figures
 from workbench.serving.backend import generation_core as core
-from workbench.serving.client import TritonClient, text_array
+from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
 from workbench.serving.generation import (
     GEN_TASKS,
     GenTask,
@@ -40,6 +42,58 @@ if TYPE_CHECKING:
 
 STEP = "generation"
 REQUEST_TEXTS = 4  # texts per request when checking served answers
+
+
+class GenerationLevel(ServedLevel):
+    """A load level of one-text generation requests, with generated tokens/s and words/s."""
+
+    tokens_per_s: float
+    words_per_s: float
+
+
+class GreedyComparison(Metrics):
+    """transformers generate against CTranslate2 in process, greedy: sequences identical token for token, the
+    seconds and tokens each took, and the first that differs."""
+
+    sequences: int
+    identical: int
+    hf_seconds: float | None = None
+    ct2_seconds: float | None = None
+    hf_tokens: int | None = None
+    ct2_tokens: int | None = None
+    first_difference: Json | None = None
+
+
+class ServedIdentity(Metrics):
+    """An engine served through Triton: its sequences identical to transformers' in process."""
+
+    identical_to_hf_in_process: int
+    sequences: int
+
+
+class GenerationTask(Metrics):
+    """One generation model end to end (run.json `metrics.generation.<task>`)."""
+
+    model: str
+    kind: str
+    name: str
+    target_language: str | None = None
+    conversion: Json = Field(default_factory=dict)
+    compute_type: str | None = None
+    max_new_tokens: int | None = None
+    in_process: GreedyComparison
+    served: dict[str, ServedIdentity] = Field(default_factory=dict)
+    load: dict[str, dict[str, GenerationLevel]] = Field(default_factory=dict)  # engine -> concurrency -> level
+    ready_seconds: float | None = None
+    ct2_over_hf_tokens_per_s: float | None = None
+    seconds: float | None = None
+
+
+class GenerationMetrics(Metrics):
+    """One table per task, keyed by the task's name ("translation", "text-generation")."""
+
+    def tasks(self) -> dict[str, GenerationTask]:
+        return {name: GenerationTask.model_validate(table) for name, table in (self.model_extra or {}).items()}
 
 
 def short_texts(tokenizer: Tokenizer, count: int, limit: int) -> list[str]:
@@ -66,7 +120,7 @@ def served_ids(server: TritonServer, model: str, texts: list[str], language: str
 
 
 def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[str],
-              language: str | None) -> dict[str, Any]:
+              language: str | None) -> dict[str, GenerationLevel]:
     """Generated tokens/s, words/s and latency per concurrency, one text per request."""
     gen = config.generation
     results = {}
@@ -74,7 +128,7 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
                              note=lambda c: f"concurrency {c}"):
         counted = {"tokens": 0, "words": 0}
 
-        async def send(client: Any, index: int) -> None:
+        async def send(client: AsyncTritonClient, index: int) -> None:
             out = await client.infer(model, request_arrays([texts[index % len(texts)]], language,
                                                            gen.max_new_tokens))
             counted["tokens"] += int(out["OUTPUT_LENGTHS"].sum())
@@ -82,12 +136,13 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
 
         level = asyncio_level(server.grpc_url, "grpc", send, concurrency, gen.requests_per_level,
                               gen.seconds_per_level, after_warmup=lambda c=counted: c.update(tokens=0, words=0))
-        results[str(concurrency)] = {**level.record(), "tokens_per_s": counted["tokens"] / level.seconds,
-                                     "words_per_s": counted["words"] / level.seconds}
+        results[str(concurrency)] = GenerationLevel.model_validate({
+            **level.record(), "tokens_per_s": counted["tokens"] / level.seconds,
+            "words_per_s": counted["words"] / level.seconds})
     return results
 
 
-def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> dict[str, Any]:
+def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> GenerationTask:
     gen = config.generation
     language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
     work = record.run_dir / "generation" / task.name
@@ -98,8 +153,8 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
     limit = max_input_tokens(model, tokenizer, gen.max_input_tokens)
     texts = short_texts(tokenizer, gen.texts, limit)
     sequences = prepared_inputs(tokenizer, texts, language, limit)
-    in_process = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
-    reference = in_process.pop("hf_ids")
+    compared = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
+    reference = compared.pop("hf_ids")
     plan = GenerationPlan(name=model_name_for(f"{Path(name).name}_{task.name}"), kind=task.kind, hf_dir=folder,
                           ct2_dir=work / "ct2", max_input_tokens=limit, max_new_tokens=gen.max_new_tokens,
                           max_new_tokens_limit=gen.max_new_tokens_limit, max_batch_size=gen.max_batch_size,
@@ -109,20 +164,21 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
     shared = repository_root(config.triton.repository_dir)
     write_models(models, shared / plan.name, overwrite=config.triton.overwrite, about={"name": plan.name})
     record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
-    result: dict[str, Any] = {"model": name, "kind": task.kind, "target_language": language, "name": plan.name,
-                              "conversion": conversion, "compute_type": gen.ct2_compute_type,
-                              "max_new_tokens": gen.max_new_tokens, "in_process": in_process, "served": {}, "load": {}}
+    result = GenerationTask(model=name, kind=task.kind, target_language=language, name=plan.name,
+                            conversion=conversion, compute_type=gen.ct2_compute_type,
+                            max_new_tokens=gen.max_new_tokens, in_process=GreedyComparison.model_validate(compared),
+                            served={}, load={})
     with TritonServer(repository, work / "server") as server:
-        result["ready_seconds"] = server.timings["ready_seconds"]
+        result.ready_seconds = server.timings["ready_seconds"]
         for engine_name in ENGINES:
             ensemble = f"{plan.name}_{engine_name}_text"
             got = served_ids(server, ensemble, texts, language, gen.max_new_tokens)
-            result["served"][engine_name] = {"identical_to_hf_in_process": sum(a == b for a, b in zip(got, reference)),
-                                             "sequences": len(reference)}
-            result["load"][engine_name] = load_test(config, server, ensemble, texts, language)
+            result.served[engine_name] = ServedIdentity(
+                identical_to_hf_in_process=sum(a == b for a, b in zip(got, reference)), sequences=len(reference))
+            result.load[engine_name] = load_test(config, server, ensemble, texts, language)
     top = str(max(gen.concurrency))
-    result["ct2_over_hf_tokens_per_s"] = (result["load"]["ct2"][top]["tokens_per_s"]
-                                          / max(result["load"]["hf"][top]["tokens_per_s"], 1e-9))
+    result.ct2_over_hf_tokens_per_s = (result.load["ct2"][top].tokens_per_s
+                                       / max(result.load["hf"][top].tokens_per_s, 1e-9))
     return result
 
 
@@ -134,8 +190,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             name = getattr(config.generation, task.setting)
             if name:
                 result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record))
-                results[task.name] = {**result, "seconds": round(seconds, 1)}
-                record.set_metric(f"{STEP}.{task.name}", results[task.name])
+                result.seconds = round(seconds, 1)
+                results[task.name] = result
+                record.set_metric(f"{STEP}.{task.name}", result.recorded())
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
                               "and/or -p generation.text_generation_model=<id>")
@@ -145,27 +202,52 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     """The verdict line per task: greedy HF against CTranslate2, and CTranslate2's served speed over HF's."""
     found = []
-    recorded = record.results(STEP)  # one table per task, keyed by its name
-    for task, outcome in ((recorded.model_extra or {}) if recorded else {}).items():
-        same = outcome["in_process"]
-        speed = outcome.get("ct2_over_hf_tokens_per_s")
-        found.append(f"{task} ({outcome['model']}): greedy HF = CTranslate2 on {same['identical']}/{same['sequences']} "
+    recorded = record.results_as(STEP, GenerationMetrics)
+    for task, outcome in (recorded.tasks() if recorded else {}).items():
+        same, speed = outcome.in_process, outcome.ct2_over_hf_tokens_per_s
+        found.append(f"{task} ({outcome.model}): greedy HF = CTranslate2 on {same.identical}/{same.sequences} "
                      f"texts; CTranslate2 {'n/a' if speed is None else f'{speed:.4g}'}x HF tokens/s served")
     return found or ["no generation model configured"]
 
 
-def section(generation: Metrics) -> Parts:
+def generation_table(tasks: dict[str, GenerationTask]) -> go.Figure:
+    """HF generate vs CTranslate2 per task and concurrency: tokens/s, words/s, p50/p99, and token identity."""
+    rows = []
+    for task, result in tasks.items():
+        same = result.in_process
+        for engine, levels in result.load.items():
+            served = result.served[engine]
+            rows += [[task, engine, concurrency, f"{level.tokens_per_s:.0f}", f"{level.words_per_s:.0f}",
+                      f"{level.p50:.1f}", f"{level.p99:.1f}",
+                      f"{served.identical_to_hf_in_process}/{served.sequences} served, "
+                      f"{same.identical}/{same.sequences} in process"] for concurrency, level in levels.items()]
+    header = ["task", "engine", "concurrency", "tokens/s", "words/s", "p50 ms", "p99 ms", "greedy ids = HF"]
+    return figures.table("Generation served through Triton: transformers vs CTranslate2", header, rows)
+
+
+def generation_figures(tasks: dict[str, GenerationTask]) -> list[go.Figure]:
+    """Generated tokens/s against concurrency per task, both engines, and the table."""
+    figure = go.Figure()
+    for task, result in tasks.items():
+        for engine, levels in result.load.items():
+            figure.add_scatter(name=f"{task} {engine}", x=[int(c) for c in levels], mode="lines+markers",
+                               y=[v.tokens_per_s for v in levels.values()])
+    figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency (requests in flight)",
+                         xaxis_type="log", yaxis_title="throughput (generated tokens/s)", yaxis_type="log")
+    return [figure, generation_table(tasks)]
+
+
+def section(generation: GenerationMetrics) -> Parts:
     """The report's generation figures, one set per task."""
-    tasks = generation.recorded()
+    tasks = generation.tasks()
     if not tasks:
         return []
     return [("Translation and text generation", "transformers generate against CTranslate2, both served through "
-             "Triton's Python backend; greedy decoding, one text per request.",
-             figures.generation_figures(tasks))]
+             "Triton's Python backend; greedy decoding, one text per request.", generation_figures(tasks))]
 
 
 SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
-    after="triton", settings="generation")
+    metrics=GenerationMetrics, after="triton", settings="generation")
