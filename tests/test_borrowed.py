@@ -75,19 +75,19 @@ def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
     broken = onnxfiles.save(model, tmp_path / "broken.onnx")
     choice = forms.choose_borrowed({"basic": files["basic"], "borrowed": broken}, feeds, CPU, 1, "cpu", {}, "",
                                    BORROWED_RULES, untimed="set by optimize.borrowed_rules=always")
-    assert not choice.kept and not choice.trial.matches and choice.trial.max_abs > 1e-3 and not choice.trial.ms
+    assert not choice.kept and not choice.matches and choice.max_abs > 1e-3 and not choice.ms
     assert "beyond the fp32 gate" in choice.reason
 
 
 def test_auto_keeps_the_borrowed_graph_only_when_measured_clearly_faster(mpnet_graphs):
     files, _, feeds = mpnet_graphs
     choice = forms.choose_borrowed(files, feeds, CPU, 1, "cpu", {"Attention": 2}, "fused", BORROWED_RULES)
-    ms = choice.trial.ms
-    assert choice.trial.matches and set(ms) == {"basic", "borrowed"} and set(ms["basic"]) == set(feeds)
+    ms = choice.ms
+    assert choice.matches and set(ms) == {"basic", "borrowed"} and set(ms["basic"]) == set(feeds)
     assert choice.kept == forms.clearly_faster(ms, "basic", "borrowed")[0]
     assert choice.reason.startswith("clearly faster") if choice.kept else \
         choice.reason.startswith(("not clearly faster", "faster than the basic graph at one cell, slower at another"))
-    assert choice.record()["matches"] and choice.record()["ms"] == ms
+    assert choice.recorded()["matches"] and choice.recorded()["ms"] == ms
 
 
 def test_clearly_faster_needs_a_gain_at_one_cell_and_no_loss_at_the_other():

@@ -11,7 +11,7 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision
+from workbench.core.results import PrecisionDecision, Trial
 from workbench.graphs import onnxfiles
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
@@ -96,24 +96,24 @@ def test_bf16_is_tried_only_where_the_cpu_has_it_and_the_run_asks(minilm, tmp_pa
     record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
     host, export_info = target_for("host", False), record.export_info()
     monkeypatch.setattr(optimize, "bf16_problem", lambda: "this CPU has no bf16 instructions (faked)")
-    assert optimize.build_openvino_bf16(config, record, export_info, host) == {
+    assert optimize.build_openvino_bf16(config, record, export_info, host).recorded() == {
         "kept": False, "reason": "not tried: this CPU has no bf16 instructions (faked)"}
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})
-    assert optimize.build_openvino_bf16(fp32_only, record, export_info, host)["reason"] == \
+    assert optimize.build_openvino_bf16(fp32_only, record, export_info, host).reason == \
         "not tried: bf16 is not among the run's precisions"
-    assert optimize.openvino_bf16_line({"kept": False, "reason": "not tried: bf16 is not among the run's precisions"}) \
+    assert optimize.openvino_bf16_line(Trial(kept=False, reason="not tried: bf16 is not among the run's precisions")) \
         == "OpenVINO bf16 not tried: bf16 is not among the run's precisions"
     monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
     auto = config.model_copy(update={"precisions": "auto"}, deep=True)
     auto.optimize.openvino = "auto"
     tried = optimize.build_openvino_bf16(auto, record, export_info, host)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
-    assert tried["against"] == "openvino" and dest.exists() == tried["kept"]
+    assert tried.against == "openvino" and dest.exists() == tried.kept
     if bf16_problem():
-        assert tried["reason"] == "not kept: OpenVINO compiled it at f32" and not tried["kept"]
+        assert tried.reason == "not kept: OpenVINO compiled it at f32" and not tried.kept
     else:
-        assert set(tried["ms"]) == {"openvino", "openvino_bf16"} and "than the openvino graph" in tried["reason"]
-    if tried["kept"]:
+        assert set(tried.ms) == {"openvino", "openvino_bf16"} and "than the openvino graph" in tried.reason
+    if tried.kept:
         assert onnxfiles.openvino_precision(dest) == "bf16" and record.variant("openvino_bf16").precision == "bf16"
     else:
         assert not list(dest.parent.glob("*openvino_bf16*"))

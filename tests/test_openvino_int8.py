@@ -159,8 +159,8 @@ def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
     dest = tmp_path / "openvino_int8_repaired.onnx"
     onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
     raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, {"int8": {"passed": True}})
-    assert raced == {"against": "int8", "ms": {}, "kept": False,
-                     "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
+    assert raced.recorded() == {"against": "int8", "ms": {}, "kept": False,
+                                "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
 
 
 def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, tmp_path, monkeypatch):
@@ -186,17 +186,17 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     config, record = quantized
     host = Target("host", frozenset({"avx2"}))
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    assert optimize.build_openvino_int8(config, record, record.export_info(), host, None) == {
+    assert optimize.build_openvino_int8(config, record, record.export_info(), host, None).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})  # int8 decided: not in the precisions
-    assert optimize.build_openvino_int8(fp32_only, record, record.export_info(), host, decision) == {
+    assert optimize.build_openvino_int8(fp32_only, record, record.export_info(), host, decision).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     never = config.model_copy(deep=True)
     never.optimize.openvino = "never"
-    assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision)["reason"] == \
+    assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision).reason == \
         "not tried (optimize.openvino=never)"
     monkeypatch.setattr(optimize, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
-    reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision)["reason"]
+    reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision).reason
     assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
 
 
@@ -227,20 +227,20 @@ def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(qu
     dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
     monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
     chosen = optimize.choose_openvino_precision(auto, record, record.export_info(), dest)
-    assert onnxfiles.openvino_precision(dest) == chosen["chosen"] and onnxfiles.runtime(dest) == "openvino"
-    if "ms" in chosen:
-        assert set(chosen["ms"]) == {"f32", "bf16"}
+    assert onnxfiles.openvino_precision(dest) == chosen.chosen and onnxfiles.runtime(dest) == "openvino"
+    if chosen.ms:
+        assert set(chosen.ms) == {"f32", "bf16"}
         default = "OpenVINO's default on this CPU; f32 "
-        assert chosen["reason"].startswith("f32 " if chosen["chosen"] == "f32" else default)
+        assert chosen.reason.startswith("f32 " if chosen.chosen == "f32" else default)
     else:
-        assert chosen == {"chosen": "f32", "reason": "bf16 not tried: OpenVINO compiled it at f32"}
+        assert chosen.recorded() == {"chosen": "f32", "reason": "bf16 not tried: OpenVINO compiled it at f32"}
     with OpenVinoRunner("openvino_int8", dest, 1, "int8") as runner:
-        assert runner.inference_precision == chosen["chosen"]
+        assert runner.inference_precision == chosen.chosen
         batch = Batch("corpus", [0, 1, 2, 3], encode(record.tokenizer(), list(load_corpus()[:4]),
                                                      runner.input_names, max_length=64))
         want = runner.infer(batch)["sentence_embedding"]
-    served = ort_batches.session(dest, {"runtime": "openvino", "openvino_precision": chosen["chosen"]}, 1)
-    assert served.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == chosen["chosen"]
+    served = ort_batches.session(dest, {"runtime": "openvino", "openvino_precision": chosen.chosen}, 1)
+    assert served.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == chosen.chosen
     np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
 
 
@@ -315,9 +315,9 @@ def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path,
 
     monkeypatch.setattr(optimize, "quantize_openvino_int8", refused)
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    assert optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False), decision) \
-        == {"kept": False, "reason": "not built: NNCF could not quantize this graph (AttributeError: 'NoneType' "
-                                     "object has no attribute 'shape')"}
+    built = optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False), decision)
+    assert built.recorded() == {"kept": False, "reason": "not built: NNCF could not quantize this graph "
+                                                         "(AttributeError: 'NoneType' object has no attribute 'shape')"}
 
 
 def test_shared_layer_weights_are_quantized_once_and_restored(tmp_path):

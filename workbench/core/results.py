@@ -79,7 +79,7 @@ class RepairOutcome(Metrics):
     bases: list[Json] = Field(default_factory=list)
     recipes: list[Json] = Field(default_factory=list)
     node_error: Json = Field(default_factory=dict)
-    race: Json | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)
+    race: Trial | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)
 
 
 class GraphIO(Metrics):
@@ -106,6 +106,89 @@ class ExportMetrics(Metrics):
     opset: int | None = None
 
 
+Timings = dict[str, dict[str, float]]  # graph -> cell name -> median ms
+
+
+class Trial(Metrics):
+    """A challenger graph tried against a default one (`measure.forms.trial`, `race`): its largest difference from
+    the default's outputs on the same real text (None: not compared), whether that is within the fp32 gate, the
+    timing of both, whether it was kept and why; for an OpenVINO graph, the device that ran it and what it raced."""
+
+    kept: bool = False
+    reason: str = ""
+    max_abs: float | None = None
+    matches: bool | None = None
+    ms: Timings = Field(default_factory=dict)
+    engine: str | None = None
+    against: str | None = None
+
+
+class Borrowed(Trial):
+    """Borrowed fusion rules tried on a family without its own: what fused, how attention fused (or why not), and
+    the trial of the fused graph against the basic one."""
+
+    rules: str
+    fused: dict[str, int] = Field(default_factory=dict)
+    attention: str = ""
+
+
+class FormChoice(Metrics):
+    """The layer-norm form of the fused fp32 graph chosen by measurement, why, and the timing of each form."""
+
+    chosen: str
+    reason: str
+    ms: Timings = Field(default_factory=dict)
+
+
+class InferencePrecision(Metrics):
+    """The precision OpenVINO computes an int8 file's float ops in, why, and the race that decided it."""
+
+    chosen: str
+    reason: str
+    ms: Timings = Field(default_factory=dict)
+
+
+class OpenvinoInt8(Trial):
+    """NNCF's int8 run by OpenVINO: the quantizer, its calibration texts and seconds, the precision of its float
+    ops, and the race against the fastest graph kept."""
+
+    quantizer: str | None = None
+    calibration_texts: int | None = None
+    seconds: float | None = None
+    inference_precision: InferencePrecision | None = None  # older records: none (f32)
+
+
+class Unavailable(Metrics):
+    """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why."""
+
+    fusions: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+
+class SmokeTest(Metrics):
+    """A built graph loaded in ONNX Runtime with two real texts run through it: the providers, each output's shape."""
+
+    providers: list[str] = Field(default_factory=list)
+    outputs: dict[str, list[int]] = Field(default_factory=dict)
+
+
+class GraphStats(Metrics):
+    """A built graph (run.json `metrics.optimize.variants.<variant>`): nodes, fused-operator counts, whether every
+    layer's attention fused and why not; its build seconds, size, layer-norm form, borrowed rules, smoke test."""
+
+    nodes: int
+    fused: dict[str, int] = Field(default_factory=dict)
+    attention_fused: bool | None = None
+    unavailable: Unavailable | None = None
+    warning: str | None = None
+    seconds: float | None = None
+    megabytes: float | None = None
+    form: FormChoice | None = None
+    borrowed: Borrowed | None = None
+    shapes: str | None = None  # the symbolic-shape graph: how its shapes were inferred
+    smoke_test: SmokeTest | None = None
+
+
 class PrecisionDecision(Metrics):
     """Whether the optimize step built a reduced precision, why, and whether it pays against fp32 (measured here,
     else assumed from the target's instructions; None: neither); the serving order follows it."""
@@ -125,11 +208,11 @@ class PrecisionChoice(Metrics):
 
 
 class OptimizeMetrics(Metrics):
-    variants: dict[str, Json] = Field(default_factory=dict)
+    variants: dict[str, GraphStats] = Field(default_factory=dict)
     precisions: PrecisionChoice | None = None  # (older runs: none)
-    openvino: Json | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
-    openvino_bf16: Json | None = None  # the exported graph run by OpenVINO in bf16: tried or why not, kept
-    openvino_int8: Json | None = None  # NNCF's int8 run by OpenVINO: tried or why not, its timing, kept (older: none)
+    openvino: Trial | None = None  # the OpenVINO variant: tried or why not, its check and timing, kept (older: none)
+    openvino_bf16: Trial | None = None  # the exported graph run by OpenVINO in bf16: tried or why not, kept
+    openvino_int8: OpenvinoInt8 | None = None  # NNCF's int8 run by OpenVINO: tried or why not, kept (older: none)
 
     def decision(self, precision: str) -> PrecisionDecision | None:
         """The decision on `precision` (None: the run recorded none)."""

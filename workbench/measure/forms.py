@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from workbench.core.batches import Batch, cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
-from workbench.core.results import ExportMetrics
+from workbench.core.results import Borrowed, ExportMetrics, FormChoice, Timings, Trial
 from workbench.core.timing import cell_medians_ms
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners import IO, Runner
@@ -35,54 +34,7 @@ RUNTIME_ROUNDS = 15
 RULE = f"needs {MIN_GAIN:.2f}x at one cell and no loss over {MAX_LOSS:.2f}x at the other"
 
 
-@dataclass(frozen=True)
-class FormChoice:
-    chosen: str
-    reason: str
-    ms: dict[str, dict[str, float]]  # form -> cell name -> median ms
-
-    def record(self) -> dict[str, Any]:
-        return {"chosen": self.chosen, "reason": self.reason, "ms": self.ms}
-
-
-@dataclass(frozen=True)
-class Trial:
-    """A challenger graph tried against the default one: the check of its outputs against the default's on the same
-    real text, the timing, and whether it was kept and why."""
-
-    max_abs: float  # largest difference from the default graph's outputs on the same text
-    matches: bool  # within the fp32 gate
-    ms: dict[str, dict[str, float]]  # graph -> cell -> median ms; empty when not timed
-    kept: bool
-    reason: str
-
-    def record(self) -> dict[str, Any]:
-        return {"max_abs": self.max_abs, "matches": self.matches, "ms": self.ms, "kept": self.kept,
-                "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class Borrowed:
-    """Borrowed fusion rules tried on a family without its own: what fused, and the trial against the basic graph."""
-
-    rules: str
-    fused: dict[str, int]
-    attention: str  # how attention fused, or why it did not
-    trial: Trial
-
-    @property
-    def kept(self) -> bool:
-        return self.trial.kept
-
-    @property
-    def reason(self) -> str:
-        return self.trial.reason
-
-    def record(self) -> dict[str, Any]:
-        return {"rules": self.rules, "fused": self.fused, "attention": self.attention, **self.trial.record()}
-
-
-def clearly_faster(ms: dict[str, dict[str, float]], default: str, challenger: str) -> tuple[bool, str]:
+def clearly_faster(ms: Timings, default: str, challenger: str) -> tuple[bool, str]:
     """Whether `challenger` is `MIN_GAIN` faster than `default` at one cell and at most `MAX_LOSS` slower at the
     other (median ms per graph and cell), and the gains as text."""
     gains = {cell: ms[default][cell] / ms[challenger][cell] for cell in ms[default]}
@@ -90,7 +42,7 @@ def clearly_faster(ms: dict[str, dict[str, float]], default: str, challenger: st
     return max(gains.values()) >= MIN_GAIN and min(gains.values()) >= 1 / MAX_LOSS, shown
 
 
-def decide(ms: dict[str, dict[str, float]]) -> tuple[str, str]:
+def decide(ms: Timings) -> tuple[str, str]:
     """The form to keep from median ms per form and cell: "separate" when it is clearly faster than "fused"
     (`clearly_faster`), else "fused" (ONNX Runtime's default)."""
     faster, shown = clearly_faster(ms, "fused", "separate")
@@ -111,7 +63,7 @@ def open_files(files: dict[str, Path], providers: list[Any], threads: int | None
 
 
 def _timed(runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
-           rounds: int) -> dict[str, dict[str, float]]:
+           rounds: int) -> Timings:
     """Median ms per runner (by name) and cell, interleaved (at most `rounds`, or CELL_SECONDS a cell: a base-size
     model's largest cell takes seconds a call)."""
     def calls(cell: str) -> dict[str, Callable[[], object]]:
@@ -140,15 +92,16 @@ def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: dict
     not."""
     largest, matches = largest_difference(runners[default], runners[challenger], feeds)
     if not matches:
-        return Trial(largest, False, {}, False, f"its outputs differ from the {default} graph's by up to "
-                                                f"{largest:.2g} on the same text, beyond the fp32 gate")
+        return Trial(max_abs=largest, matches=False, ms={}, kept=False, reason=f"its outputs differ from the {default} "
+                     f"graph's by up to {largest:.2g} on the same text, beyond the fp32 gate")
     if untimed:
-        return Trial(largest, True, {}, True, untimed)
-    return Trial(largest, True, *race(default, challenger, runners, feeds, rounds))
+        return Trial(max_abs=largest, matches=True, ms={}, kept=True, reason=untimed)
+    ms, kept, reason = race(default, challenger, runners, feeds, rounds)
+    return Trial(max_abs=largest, matches=True, ms=ms, kept=kept, reason=reason)
 
 
 def race(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
-         rounds: int = 5) -> tuple[dict[str, dict[str, float]], bool, str]:
+         rounds: int = 5) -> tuple[Timings, bool, str]:
     """`challenger` timed against `default` (interleaved, at every cell of `feeds`): the median ms, whether it is
     clearly faster (`clearly_faster`) and why."""
     ms = _timed(runners, feeds, rounds)
@@ -165,7 +118,8 @@ def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarra
                     untimed: str | None = None, rounds: int = 5) -> Borrowed:
     """The graph fused with borrowed `rules` (`files["borrowed"]`) tried against `files["basic"]` (`trial`)."""
     with open_files(files, providers, threads, device) as runners:
-        return Borrowed(rules, fused, attention, trial("basic", "borrowed", runners, feeds, untimed, rounds))
+        tried = trial("basic", "borrowed", runners, feeds, untimed, rounds)
+        return Borrowed(rules=rules, fused=fused, attention=attention, **tried.recorded())
 
 
 def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
@@ -174,7 +128,7 @@ def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]],
     with open_files(files, providers, threads, device) as runners:
         ms = _timed(runners, feeds, rounds)
     chosen, reason = decide(ms)
-    return FormChoice(chosen, reason, ms)
+    return FormChoice(chosen=chosen, reason=reason, ms=ms)
 
 
 def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:

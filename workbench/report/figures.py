@@ -11,6 +11,7 @@ from workbench.core.results import (
     BatchingSearch,
     BatchingSweeps,
     Efficiency,
+    GraphStats,
     LatencyGrid,
     Levels,
     ServedBenchmark,
@@ -41,21 +42,20 @@ def io_table(export: dict[str, Any]) -> go.Figure:
                   f"(opset {export['opset']}): {export['nodes']} nodes", ["", "name", "shape"], rows)
 
 
-def fusion_figure(fusions: dict[str, Any]) -> go.Figure:
+def fusion_figure(fusions: dict[str, GraphStats]) -> go.Figure:
     """Fused-operator counts per variant (bars) and node counts (in the legend names)."""
-    ops = sorted({op for stats in fusions.values() for op in stats["fused"]})
+    ops = sorted({op for stats in fusions.values() for op in stats.fused})
     figure = go.Figure()
     for variant, stats in fusions.items():
-        figure.add_bar(name=f"{variant} ({stats['nodes']} nodes)", x=ops, y=[stats["fused"].get(op, 0) for op in ops])
+        figure.add_bar(name=f"{variant} ({stats.nodes} nodes)", x=ops, y=[stats.fused.get(op, 0) for op in ops])
     figure.update_layout(title="Fused operators per variant", barmode="group", xaxis_title="fused operator",
                          yaxis_title="fused nodes (count)", legend_title="variant (nodes in the graph)")
     return figure
 
 
-def size_figure(fusions: dict[str, Any]) -> go.Figure:
-    variants = [v for v, s in fusions.items() if "megabytes" in s]
-    figure = go.Figure(go.Bar(x=variants, y=[fusions[v]["megabytes"] for v in variants],
-                              text=[f"{fusions[v]['megabytes']:.1f} MB" for v in variants]))
+def size_figure(fusions: dict[str, GraphStats]) -> go.Figure:
+    sizes = {variant: stats.megabytes for variant, stats in fusions.items() if stats.megabytes is not None}
+    figure = go.Figure(go.Bar(x=list(sizes), y=list(sizes.values()), text=[f"{mb:.1f} MB" for mb in sizes.values()]))
     figure.update_layout(title="File size per variant", xaxis_title="variant", yaxis_title="file size (MB)")
     return figure
 

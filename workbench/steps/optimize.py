@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch, Feed
@@ -17,7 +17,18 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ExportMetrics, OptimizeMetrics
+from workbench.core.results import (
+    Borrowed,
+    ExportMetrics,
+    FormChoice,
+    GraphStats,
+    InferencePrecision,
+    OpenvinoInt8,
+    OptimizeMetrics,
+    SmokeTest,
+    Trial,
+    Unavailable,
+)
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
@@ -33,9 +44,6 @@ from workbench.graphs.variants import (
 )
 from workbench.measure.forms import (
     RUNTIME_ROUNDS,
-    Borrowed,
-    FormChoice,
-    Trial,
     choose_borrowed,
     choose_form,
     form_feeds,
@@ -66,28 +74,25 @@ TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormali
 EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "GemmFastGelu")}
 
 
-def fusion_stats(model: Any, num_layers: int | None = None,
-                 unavailable: dict[str, Any] | None = None) -> dict[str, Any]:
+def fusion_stats(model: ModelProto, num_layers: int | None = None,
+                 unavailable: Unavailable | None = None) -> GraphStats:
     """Node count, fused-operator counts and, given `num_layers`, whether every layer's attention fused; the
     fusions `unavailable` to this family replace the advice on unfused attention."""
     counts = onnxfiles.op_counts(model)
-    stats: dict[str, Any] = {
-        "nodes": len(model.graph.node),
-        "fused": {op: counts[op] for op in FUSED_OPS if counts.get(op)},
-    }
+    stats = GraphStats(nodes=len(model.graph.node), fused={op: counts[op] for op in FUSED_OPS if counts.get(op)})
     if num_layers is None:
         return stats
     attention = sum(counts.get(op, 0) for op in ATTENTION_OPS)
-    stats["attention_fused"] = attention >= num_layers
+    stats.attention_fused = attention >= num_layers
     if unavailable:
-        stats["unavailable"] = unavailable
+        stats.unavailable = unavailable
     elif attention < num_layers:
-        stats["warning"] = (f"Attention fused in {attention} of {num_layers} layers: export with "
-                            "attn_implementation=eager and exporter=legacy for full fusion")
+        stats.warning = (f"Attention fused in {attention} of {num_layers} layers: export with "
+                         "attn_implementation=eager and exporter=legacy for full fusion")
     return stats
 
 
-def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dict[str, Any] | None:
+def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> Unavailable | None:
     """The transformer fusions a family without ONNX Runtime fusion rules does not get, and why (`borrowed`: the
     borrowed rules' outcome, None when not tried)."""
     if export.optimizer_model_type:
@@ -97,17 +102,18 @@ def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> dic
     basic = ("the graph got ONNX Runtime's basic optimizations only (constant folding, redundant nodes removed), "
              "with standard ONNX operators")
     if borrowed is None:
-        return {"fusions": list(TRANSFORMER_FUSIONS), "reason": f"{none}; {basic} (optimize.borrowed_rules=never)"}
+        return Unavailable(fusions=list(TRANSFORMER_FUSIONS),
+                           reason=f"{none}; {basic} (optimize.borrowed_rules=never)")
     if not borrowed.kept:
-        return {"fusions": list(TRANSFORMER_FUSIONS),
-                "reason": f"{none}; {borrowed.rules}'s rules were tried and not kept, {borrowed.reason}; {basic}"}
+        return Unavailable(fusions=list(TRANSFORMER_FUSIONS), reason=f"{none}; {borrowed.rules}'s rules were tried "
+                                                                    f"and not kept, {borrowed.reason}; {basic}")
     missing = [op for op in TRANSFORMER_FUSIONS  # attention must fuse in every layer; the others anywhere
                if sum(borrowed.fused.get(o, 0) for o in EQUIVALENT.get(op, (op,))) < (
                    export.num_layers if op == "Attention" else 1)]
     if not missing:
         return None
-    return {"fusions": missing, "reason": f"{none}; with {borrowed.rules}'s rules borrowed these did not fuse "
-                                          f"(attention: {borrowed.attention})"}
+    return Unavailable(fusions=missing, reason=f"{none}; with {borrowed.rules}'s rules borrowed these did not fuse "
+                                               f"(attention: {borrowed.attention})")
 
 
 def attention_outcome(fused_ops: dict[str, int], layers: int, biased: int, rules: str) -> str:
@@ -121,14 +127,14 @@ def attention_outcome(fused_ops: dict[str, int], layers: int, biased: int, rules
             "softmax(Q K^T / c + bias + mask) V with an additive bias")
 
 
-def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> dict[str, Any]:
+def smoke_test(record: RunRecord, config: RunConfig, name: str, path: Path) -> SmokeTest:
     """Load the variant in ONNX Runtime and run two real texts through it."""
     tokenizer = record.tokenizer()
     with OrtRunner(name, path, providers_for(config.device), config.threads) as runner:
         feed = encode(tokenizer, list(load_corpus()[:2]), runner.input_names, max_length=64)
         outputs = runner.infer(Batch("smoke", [0, 1], feed))
     record.note_providers(runner.providers)
-    return {"providers": runner.providers, "outputs": {k: list(v.shape) for k, v in outputs.items()}}
+    return SmokeTest(providers=runner.providers, outputs={k: list(v.shape) for k, v in outputs.items()})
 
 
 def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunConfig, record: RunRecord,
@@ -143,7 +149,7 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
         form = config.optimize.graph_form if config.optimize.graph_form != "auto" else "fused"
         why = (f"set by optimize.graph_form={form}" if config.optimize.graph_form != "auto" else
                f"ONNX Runtime's default: {target.name} is not this host, whose timing would not tell")
-        return optimize_fp32(original, dest, export, form), FormChoice(form, why, {}), None
+        return optimize_fp32(original, dest, export, form), FormChoice(chosen=form, reason=why, ms={}), None
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
     try:
         files = {form: workdir / f"{form}.onnx" for form in GRAPH_FORMS}
@@ -173,7 +179,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         optimize_fp32(original, files["basic"], export)
         release_memory()
         model, biased = borrowed_fp32(original, files["borrowed"], export)
-        fused = fusion_stats(model)["fused"]
+        fused = fusion_stats(model).fused
         attention = attention_outcome(fused, export.num_layers, biased, BORROWED_RULES)
         del model
         release_memory()
@@ -191,13 +197,13 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
     return chosen, borrowed
 
 
-def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> dict[str, Any]:
+def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> Trial:
     """The exported graph run by OpenVINO (`runners.openvino`), tried against the fused fp32 graph in ONNX Runtime
     (`forms.trial`): kept as the `openvino` variant where its outputs match and (optimize.openvino=auto) it runs clearly
     faster here; what was tried and why it was kept or not, for metrics.optimize.openvino."""
     why_not = openvino_skipped(config, target)
     if why_not:
-        return {"kept": False, "reason": why_not}
+        return Trial(kept=False, reason=why_not)
     dest = record.run_dir / "onnx" / "openvino.onnx"
     untimed = "set by optimize.openvino=always" if config.optimize.openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
@@ -216,7 +222,8 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
         record.add_artifact("onnx.openvino", dest, kind="onnx", variant="openvino", precision="fp32")
     else:
         onnxfiles.remove(dest)
-    return {"engine": engine, **tried.record()}
+    tried.engine = engine
+    return tried
 
 
 def openvino_file(record: RunRecord, dest: Path, precision: str) -> None:
@@ -231,7 +238,7 @@ def openvino_file(record: RunRecord, dest: Path, precision: str) -> None:
     release_memory()
 
 
-def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> dict[str, Any]:
+def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target) -> Trial:
     """The exported graph run by OpenVINO with its float ops in bf16 (its default on a CPU with bf16, what
     sentence-transformers' OpenVINO backend runs there), raced against the fastest fp32 graph kept (the openvino
     variant, else fp32): kept as the `openvino_bf16` variant (precision bf16, which the parity step holds to fp16's
@@ -242,7 +249,7 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
         "bf16" not in config.precisions else None)
     problem = why_not or (f"not tried: {found}" if (found := bf16_problem()) else None)
     if problem:
-        return {"kept": False, "reason": problem}
+        return Trial(kept=False, reason=problem)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
     against = "openvino" if "openvino" in record.variants() else "fp32"
     try:
@@ -254,7 +261,7 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
 
 
 def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig, record: RunRecord,
-          export: ExportMetrics, compiled_at: str | None = None) -> dict[str, Any]:
+          export: ExportMetrics, compiled_at: str | None = None) -> Trial:
     """The OpenVINO file at `dest` raced against the kept variant `against` (`forms.race`) and recorded as the `name`
     variant (of `precision`) where clearly faster (optimize.openvino=auto) or always (optimize.openvino=always);
     never where OpenVINO compiles it at another inference precision than `compiled_at`. A file not kept, interrupted
@@ -278,7 +285,7 @@ def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig
         record.add_artifact(f"onnx.{name}", dest, kind="onnx", variant=name, precision=precision)
     else:
         onnxfiles.remove(dest)
-    return {"engine": engine, "against": against, "ms": ms, "kept": kept, "reason": reason}
+    return Trial(engine=engine, against=against, ms=ms, kept=kept, reason=reason)
 
 
 def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> list[Feed]:
@@ -291,7 +298,7 @@ def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetric
 
 
 def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetrics, target: Target,
-                        int8: Decision | None) -> dict[str, Any]:
+                        int8: Decision | None) -> OpenvinoInt8:
     """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
     so far (ONNX Runtime's int8, else openvino_bf16, else the openvino variant, else fp32): kept as the
     `openvino_int8` variant where it is clearly faster here (optimize.openvino=auto) or always
@@ -302,7 +309,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
             config.precisions != "auto" and "int8" not in config.precisions) else
         f"not tried: {nncf_problem()}; {INSTALL}" if nncf_problem() else None)
     if why_not:
-        return {"kept": False, "reason": why_not}
+        return OpenvinoInt8(kept=False, reason=why_not)
     dest = record.run_dir / "onnx" / "openvino_int8.onnx"
     variants = record.variants()
     against = next(v for v in ("int8", "openvino_bf16", "openvino", "fp32") if v in variants)
@@ -312,8 +319,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     except Exception as exc:  # noqa: BLE001 - NNCF may refuse a graph it does not know: a finding, kept
         onnxfiles.remove(dest)
         problem = (str(exc).strip().splitlines() or [""])[-1]
-        return {"kept": False, "reason": f"not built: NNCF could not quantize this graph ({type(exc).__name__}: "
-                                         f"{problem})"}
+        return OpenvinoInt8(kept=False, reason=f"not built: NNCF could not quantize this graph "
+                                               f"({type(exc).__name__}: {problem})")
     try:
         release_memory()
         computed_in = choose_openvino_precision(config, record, export, dest)
@@ -321,12 +328,12 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
         onnxfiles.remove(dest)
         raise
     decided = raced("openvino_int8", "int8", dest, against, config, record, export)
-    return {"engine": decided.pop("engine"), "quantizer": quantizer(), "calibration_texts": len(feeds),
-            "seconds": round(seconds, 3), "inference_precision": computed_in, **decided}
+    return OpenvinoInt8(quantizer=quantizer(), calibration_texts=len(feeds), seconds=round(seconds, 3),
+                        inference_precision=computed_in, **decided.recorded())
 
 
 def choose_openvino_precision(config: RunConfig, record: RunRecord, export: ExportMetrics,
-                              dest: Path) -> dict[str, Any]:
+                              dest: Path) -> InferencePrecision:
     """The precision OpenVINO computes the float ops of the int8 file at `dest` in. Where the CPU has bf16 that is
     OpenVINO's own default there (what its own int8 deployment runs), bf16, unless the file compiled at f32 runs
     clearly faster (`forms.race`, interleaved); bf16 is written into the file's metadata. Elsewhere f32. Timed under
@@ -334,17 +341,18 @@ def choose_openvino_precision(config: RunConfig, record: RunRecord, export: Expo
     step's to judge, with the file's. What was tried, for metrics.optimize.openvino_int8.inference_precision."""
     problem = bf16_problem()
     if problem:
-        return {"chosen": "f32", "reason": f"bf16 not tried: {problem}"}
+        return InferencePrecision(chosen="f32", reason=f"bf16 not tried: {problem}")
     with OpenVinoRunner("bf16", dest, config.threads, "int8", "bf16") as bf16, \
             OpenVinoRunner("f32", dest, config.threads, "int8", "f32") as f32:
         if bf16.inference_precision != "bf16":
-            return {"chosen": "f32", "reason": f"bf16 not tried: OpenVINO compiled it at {bf16.inference_precision}"}
+            return InferencePrecision(chosen="f32",
+                                      reason=f"bf16 not tried: OpenVINO compiled it at {bf16.inference_precision}")
         ms, faster, reason = race("bf16", "f32", {"bf16": bf16, "f32": f32}, form_feeds(config, record, export),
                                   RUNTIME_ROUNDS)
     if faster:
-        return {"chosen": "f32", "ms": ms, "reason": f"f32 {reason}"}
+        return InferencePrecision(chosen="f32", ms=ms, reason=f"f32 {reason}")
     onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
-    return {"chosen": "bf16", "ms": ms, "reason": f"OpenVINO's default on this CPU; f32 {reason}"}
+    return InferencePrecision(chosen="bf16", ms=ms, reason=f"OpenVINO's default on this CPU; f32 {reason}")
 
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
@@ -411,7 +419,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         original = record.artifact("onnx.original")
         layers = export.num_layers
         onnx_dir = record.run_dir / "onnx"
-        fusions: dict[str, Any] = {"original": fusion_stats(onnxfiles.load(original, False))}
+        unfused = fusion_stats(onnxfiles.load(original, False))
         form: FormChoice | None = None
         borrowed: Borrowed | None = None
         target, decisions = decide_precisions(config, record)
@@ -423,7 +431,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
         shapes_by = None
 
-        def tensorrt(dest: Path) -> Any:
+        def tensorrt(dest: Path) -> ModelProto:
             nonlocal shapes_by
             model, shapes_by = infer_shapes(original, dest)
             return model
@@ -437,7 +445,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "tensorrt": tensorrt,
         }
         wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
-        built: dict[str, dict[str, Any]] = {}
+        built: dict[str, GraphStats] = {}
         with unrecorded_removed(onnx_dir, wanted):  # an interrupt leaves no file the record lacks
             for variant in wanted:
                 start = time.perf_counter()
@@ -446,14 +454,12 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 fused = variant != "tensorrt"
                 stats = fusion_stats(model, layers, unavailable_fusions(export, borrowed)) if fused else \
                     fusion_stats(model)
-                stats["seconds"] = round(time.perf_counter() - start, 3)
-                stats["megabytes"] = round(dest.stat().st_size / 1e6, 2)
-                if variant == "fp32" and form is not None:
-                    stats["form"] = form.record()
-                if variant == "fp32" and borrowed is not None:
-                    stats["borrowed"] = borrowed.record()
+                stats.seconds = round(time.perf_counter() - start, 3)
+                stats.megabytes = round(dest.stat().st_size / 1e6, 2)
+                if variant == "fp32":
+                    stats.form, stats.borrowed = form, borrowed
                 if variant == "tensorrt":
-                    stats["shapes"] = shapes_by
+                    stats.shapes = shapes_by
                 built[variant] = stats
                 del model
                 release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
@@ -466,19 +472,18 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                     onnxfiles.remove(dest)  # measured here and found not to pay
                     continue
                 if variant != "tensorrt":
-                    stats["smoke_test"] = smoke_test(record, config, variant, dest)
-                if "warning" in stats:
-                    warnings.warn(f"{variant}: {stats['warning']}", stacklevel=2)
+                    stats.smoke_test = smoke_test(record, config, variant, dest)
+                if stats.warning:
+                    warnings.warn(f"{variant}: {stats.warning}", stacklevel=2)
                 precision = "fp32" if variant in ("fp32", "tensorrt") else variant
                 record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
-                fusions[variant] = stats
-                record.set_metric(f"{STEP}.variants.{variant}", stats)
+                record.set_metric(f"{STEP}.variants.{variant}", stats.recorded())
         record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
-        record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target))
-        record.set_metric(f"{STEP}.openvino_bf16", build_openvino_bf16(config, record, export, target))
+        record.set_metric(f"{STEP}.openvino", build_openvino(config, record, export, target).recorded())
+        record.set_metric(f"{STEP}.openvino_bf16", build_openvino_bf16(config, record, export, target).recorded())
         record.set_metric(f"{STEP}.openvino_int8",
-                          build_openvino_int8(config, record, export, target, decisions.get("int8")))
-        record.set_metric(f"{STEP}.variants.original", fusions["original"])
+                          build_openvino_int8(config, record, export, target, decisions.get("int8")).recorded())
+        record.set_metric(f"{STEP}.variants.original", unfused.recorded())
     return record.step_entry(STEP)
 
 
@@ -486,21 +491,23 @@ def lines(record: RunRecord) -> list[str]:
     optimize = record.results_as(STEP, OptimizeMetrics) or OptimizeMetrics()
     export = record.export_info()
     variants, layers = optimize.variants, export.num_layers
-    fp32 = variants.get("fp32", {})
-    attention = sum(fp32.get("fused", {}).get(op, 0) for op in ATTENTION_OPS)
+    fp32 = variants.get("fp32") or GraphStats(nodes=0)
+    attention = sum(fp32.fused.get(op, 0) for op in ATTENTION_OPS)
     fused = (f"Attention fused in {attention} of {layers} layers" if layers else f"{attention} Attention nodes fused")
-    unavailable = fp32.get("unavailable")
-    if unavailable and "Attention" in unavailable["fusions"]:
-        fused = f"no attention fusion for this family: {unavailable['reason']}"
-    borrowed = fp32.get("borrowed")
-    if borrowed and borrowed["kept"]:
-        fused += f" ({borrowed['rules']}'s rules borrowed, attention {borrowed['attention']}; {borrowed['reason']})"
-    sizes = ", ".join(f"{name} {stats['megabytes']:.0f} MB" for name, stats in variants.items() if "megabytes" in stats)
-    lines = [f"{fused}; fp32 graph {export.nodes} -> {fp32.get('nodes')} nodes", f"variants built: {sizes}"]
+    unavailable = fp32.unavailable
+    if unavailable and "Attention" in unavailable.fusions:
+        fused = f"no attention fusion for this family: {unavailable.reason}"
+    borrowed = fp32.borrowed
+    if borrowed and borrowed.kept:
+        fused += f" ({borrowed.rules}'s rules borrowed, attention {borrowed.attention}; {borrowed.reason})"
+    sizes = ", ".join(f"{name} {stats.megabytes:.0f} MB" for name, stats in variants.items()
+                      if stats.megabytes is not None)
+    lines = [f"{fused}; fp32 graph {export.nodes} -> {fp32.nodes if 'fp32' in variants else None} nodes",
+             f"variants built: {sizes}"]
     decisions = optimize.precisions.decisions if optimize.precisions else {}
     lines += [f"{precision} {'built' if d.built else 'not built'}: {d.reason}" for precision, d in decisions.items()]
-    if fp32.get("form"):
-        lines.append(f"layer norms {fp32['form']['chosen']}: {fp32['form']['reason']}")
+    if fp32.form:
+        lines.append(f"layer norms {fp32.form.chosen}: {fp32.form.reason}")
     if optimize.openvino:
         lines.append(openvino_line(optimize.openvino))
     if optimize.openvino_bf16:
@@ -510,38 +517,37 @@ def lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def openvino_line(openvino: dict[str, Any]) -> str:
+def openvino_line(openvino: Trial) -> str:
     """The OpenVINO trial in one line: kept, not kept and why (with how to keep it anyway), or not tried and why."""
-    if openvino["kept"]:
-        return f"OpenVINO fp32 kept as the openvino variant: {openvino['reason']}"
-    if "ms" not in openvino:
-        return f"OpenVINO fp32 {openvino['reason']}"
-    anyway = "; to keep it anyway: -p optimize.openvino=always" if openvino.get("matches") else ""
-    return f"OpenVINO fp32 not kept: {openvino['reason']}{anyway}"
+    if openvino.kept:
+        return f"OpenVINO fp32 kept as the openvino variant: {openvino.reason}"
+    if openvino.matches is None:
+        return f"OpenVINO fp32 {openvino.reason}"
+    anyway = "; to keep it anyway: -p optimize.openvino=always" if openvino.matches else ""
+    return f"OpenVINO fp32 not kept: {openvino.reason}{anyway}"
 
 
-def openvino_bf16_line(openvino_bf16: dict[str, Any]) -> str:
+def openvino_bf16_line(openvino_bf16: Trial) -> str:
     """OpenVINO in bf16 in one line: kept (its accuracy is the parity step's to judge), not kept and why, or not
     tried and why."""
-    if openvino_bf16["kept"]:
-        return f"OpenVINO bf16 kept as the openvino_bf16 variant: {openvino_bf16['reason']}"
-    if not openvino_bf16.get("ms"):
-        return f"OpenVINO bf16 {openvino_bf16['reason']}"
-    return f"OpenVINO bf16 not kept: {openvino_bf16['reason']}; to keep it anyway: -p optimize.openvino=always"
+    if openvino_bf16.kept:
+        return f"OpenVINO bf16 kept as the openvino_bf16 variant: {openvino_bf16.reason}"
+    if not openvino_bf16.ms:
+        return f"OpenVINO bf16 {openvino_bf16.reason}"
+    return f"OpenVINO bf16 not kept: {openvino_bf16.reason}; to keep it anyway: -p optimize.openvino=always"
 
 
-def openvino_int8_line(openvino_int8: dict[str, Any]) -> str:
+def openvino_int8_line(openvino_int8: OpenvinoInt8) -> str:
     """NNCF's int8 on OpenVINO in one line: kept (its accuracy is the parity step's to judge), not kept and why, or
     not tried and why."""
-    if openvino_int8["kept"]:
-        computed_in = openvino_int8.get("inference_precision")  # older records: none (f32)
-        how = f", its float ops in {computed_in['chosen']} ({computed_in['reason']})" if computed_in else ""
-        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant{how}: {openvino_int8['reason']}"
-    if "ms" not in openvino_int8:
-        return f"OpenVINO int8 (NNCF) {openvino_int8['reason']}"
-    computed_in = openvino_int8.get("inference_precision")
-    timed = f" (timed with its float ops in {computed_in['chosen']})" if computed_in else ""
-    return (f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8['reason']}; to keep it anyway: "
+    computed_in = openvino_int8.inference_precision  # older records: none (f32)
+    if openvino_int8.kept:
+        how = f", its float ops in {computed_in.chosen} ({computed_in.reason})" if computed_in else ""
+        return f"OpenVINO int8 (NNCF) kept as the openvino_int8 variant{how}: {openvino_int8.reason}"
+    if openvino_int8.against is None:
+        return f"OpenVINO int8 (NNCF) {openvino_int8.reason}"
+    timed = f" (timed with its float ops in {computed_in.chosen})" if computed_in else ""
+    return (f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8.reason}; to keep it anyway: "
             "-p optimize.openvino=always")
 
 

@@ -13,7 +13,7 @@ from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ParityMetrics, Verdict
+from workbench.core.results import ParityMetrics, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
@@ -60,8 +60,9 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
     if outcome.blocked is not None and name == "openvino_int8":
-        outcome.result["race"] = race_repaired(repaired, dest, config, record, results)
-        if not outcome.result["race"]["kept"]:
+        race = race_repaired(repaired, dest, config, record, results)
+        outcome.result["race"] = race.recorded()
+        if not race.kept:
             onnxfiles.remove(dest)
             outcome.blocked = None
     record.set_metric(f"{STEP}.repair.{name}", outcome.result)
@@ -88,13 +89,13 @@ def raced_against(results: dict[str, Any]) -> str:
 
 
 def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
-                  results: dict[str, Any]) -> dict[str, Any]:
+                  results: dict[str, Any]) -> Trial:
     """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
     (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or
     optimize.openvino=always; its record."""
     against = raced_against(results)
     if config.optimize.openvino == "always":
-        return {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
+        return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
     built = record.variant(against)
     other, precision = built.path, built.precision
     with open_variant(against, other, config.device, config.threads, precision) as default, \
@@ -102,8 +103,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
         ms, kept, reason = race(against, name, {against: default, name: challenger},
                                 form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
     release_memory()
-    return {"against": against, "ms": ms, "kept": kept,
-            "reason": f"kept: {reason}" if kept else f"not kept (its file removed): {reason}"}
+    return Trial(against=against, ms=ms, kept=kept,
+                 reason=f"kept: {reason}" if kept else f"not kept (its file removed): {reason}")
 
 
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
@@ -220,7 +221,7 @@ def lines(record: RunRecord) -> list[str]:
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
                          f"{base} ({built} candidate{'s' if built != 1 else ''} built{stopped}"
                          f"{'; ' + spent if spent else ''})"
-                         + (f"; {outcome.race['reason']}" if outcome.race else ""))
+                         + (f"; {outcome.race.reason}" if outcome.race else ""))
         else:
             more = ""
             if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
