@@ -138,14 +138,16 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert errors and set(errors) <= set(repair["sensitivity"]) and all(n.endswith("MatMul") for n in errors)
     assert all(e["weight_sqnr_db_per_channel"] > 20 and e["input_sqnr_db"] > 0 for e in errors.values())
     assert -1 <= repair["node_error"]["spearman_vs_sensitivity"] <= 1
+    from workbench.core.results import RepairOutcome
     from workbench.report import figures
 
-    traces = {t.name: t for t in figures.repair_tradeoff(repair).data}
+    outcome = RepairOutcome.model_validate(repair)
+    traces = {t.name: t for t in figures.repair_tradeoff(outcome).data}
     assert list(traces["whole-graph recipes (weights, smoothing)"].y) == [b["min_cosine"] for b in bases]
-    table = figures.recipes_table(repair).data[0].cells.values
+    table = figures.recipes_table(outcome).data[0].cells.values
     assert list(table[0][:len(bases)]) == [("base: " if b["chosen"] else "") + b["recipe"] for b in bases]
     assert list(table[3][:len(bases)]) == [f"{b['min_cosine']:.4f}" for b in bases]
-    noise = {t.name: t for t in figures.node_error_figure(repair).data}
+    noise = {t.name: t for t in figures.node_error_figure(outcome).data}
     assert sorted(noise["input activation"].x) == sorted(e["input_sqnr_db"] for e in errors.values())
     # The kept MatMuls tried as 8-bit block-quantized weights instead of fp32: every recipe recorded, won or lost.
     fp32_only = min((c for c in repair["candidates"] if c["passed"] and len(c["blocked"]) < repair["units"]),

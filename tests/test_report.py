@@ -10,7 +10,15 @@ import pytest
 from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.core.results import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, Verdict
+from workbench.core.results import (
+    BenchMetrics,
+    GraphStats,
+    GridRunner,
+    LatencyGrid,
+    ParityMetrics,
+    SearchCandidate,
+    Verdict,
+)
 from workbench.core.timing import interleaved
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
@@ -211,7 +219,7 @@ def test_stage_breakdown_and_pick():
 def test_tables_leave_room_for_every_row():
     outputs = {"sentence_embedding": {"kind": "embedding", "passed": False, "max_abs": 0.2, "mean_abs": 0.01,
                                       "min_cosine": 0.95, "failures": ["min cosine 0.950000 < 0.99"]}}
-    results = {f"variant_{i}": {"precision": "int8", "outputs": outputs} for i in range(2)}
+    results = {f"variant_{i}": Verdict(passed=False, precision="int8", outputs=outputs) for i in range(2)}
     figure = figures.parity_table(results)
     table = figure.data[0]
     margin = figure.layout.margin
@@ -349,8 +357,8 @@ def test_figures_name_their_units(benched):
     _, record = benched
     axes = {
         "latency": figures.latency_figure(LatencyGrid.model_validate(record.metric("bench.latency"))).layout.yaxis,
-        "errors": figures.error_distribution(record.metric("parity.variants")).layout.yaxis,
-        "fusions": figures.fusion_figure({"fp32": {"nodes": 120, "fused": {"Attention": 6}}}).layout.yaxis,
+        "errors": figures.error_distribution(record.results_as("parity", ParityMetrics).variants).layout.yaxis,
+        "fusions": figures.fusion_figure({"fp32": GraphStats(nodes=120, fused={"Attention": 6})}).layout.yaxis,
     }
     assert {name: axis.title.text for name, axis in axes.items()} == {
         "latency": "latency per call (ms)", "errors": "absolute error |variant - PyTorch| (output units)",

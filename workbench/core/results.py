@@ -28,13 +28,25 @@ class OutputResult(Metrics):
     """One output's parity: its verdict and headline errors (the full statistics are kept as recorded)."""
 
     passed: bool
+    kind: str | None = None  # the output's kind (embedding, hidden, logits, scores, ...)
     max_abs: float | None = None
+    mean_abs: float | None = None
     min_cosine: float | None = None
     agreement: float | None = None
+    quantiles: dict[str, float] = Field(default_factory=dict)  # absolute error at each quantile ("p50", ...)
     failures: list[str] = Field(default_factory=list)
     tolerance: dict[str, float | int] = Field(default_factory=dict)
     retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
     ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)
+
+
+class WorstText(Metrics):
+    """A text a variant got most wrong: its corpus id, the text (shortened), the per-text metric and its value."""
+
+    text_id: int
+    text: str
+    metric: str
+    error: float
 
 
 class Verdict(Metrics):
@@ -45,6 +57,12 @@ class Verdict(Metrics):
     failures: list[str] = Field(default_factory=list)
     precision: str | None = None
     outputs: dict[str, OutputResult] = Field(default_factory=dict)
+    worst_texts: list[WorstText] = Field(default_factory=list)
+
+    @property
+    def primary(self) -> str:
+        """The output users read: the embedding, else the first."""
+        return next((n for n, o in self.outputs.items() if o.kind == "embedding"), next(iter(self.outputs), ""))
 
     @property
     def retrieval(self) -> dict[str, float | int] | None:
@@ -61,6 +79,24 @@ class RepairCandidate(Metrics):
     latency_ms: float | None = None
     min_cosine: float | None = None
     max_abs: float | None = None
+    retrieval: dict[str, float | int] | None = None
+
+
+class RecipeResult(RepairCandidate):
+    """A quantization recipe the repair measured: whole-graph (a base; `chosen`: the one the search started from)
+    or block-wise on top of the search's result, and the batches it was checked on."""
+
+    recipe: str
+    checked_on: str = ""
+    chosen: bool | None = None
+
+
+class NodeError(Metrics):
+    """qdq_loss_debug's quantization noise per MatMul (SQNR in dB) and its rank agreement with the measured
+    sensitivity (None: not computed)."""
+
+    per_node: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    spearman_vs_sensitivity: float | None = None
 
 
 class RepairOutcome(Metrics):
@@ -75,10 +111,12 @@ class RepairOutcome(Metrics):
     chosen: RepairCandidate | None = None
     before: RepairCandidate | None = None
     base: str | None = None
-    candidates: list[Json] = Field(default_factory=list)
-    bases: list[Json] = Field(default_factory=list)
-    recipes: list[Json] = Field(default_factory=list)
-    node_error: Json = Field(default_factory=dict)
+    candidates: list[RepairCandidate] = Field(default_factory=list)
+    bases: list[RecipeResult] = Field(default_factory=list)
+    recipes: list[RecipeResult] = Field(default_factory=list)
+    sensitivity: dict[str, float] = Field(default_factory=dict)  # per unit: loss removed when it alone stays fp32
+    latency_feed: list[int] | None = None  # the batch x sequence the latencies were measured at
+    node_error: NodeError = Field(default_factory=NodeError)
     race: Trial | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)
 
 

@@ -206,7 +206,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     parity = record.results_as(STEP, ParityMetrics) or ParityMetrics()
     passed = [name for name, v in parity.variants.items() if v.passed]
-    lines = [*_reference(parity.reference),
+    lines = [*reference_lines(parity.reference),
              f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
     lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}"
               for name, v in parity.variants.items()]
@@ -232,7 +232,7 @@ def lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def _reference(check: dict[str, Any] | None) -> list[str]:
+def reference_lines(check: dict[str, Any] | None) -> list[str]:
     """The PyTorch module against the model's own library, in one line."""
     if not check:
         return []
@@ -274,7 +274,7 @@ def section(parity: ParityMetrics) -> Parts:
     parts: Parts = []
     checked = f"{reference_text(parity.reference)} " if parity.reference else ""
     if parity.variants:
-        variants = {name: verdict.recorded() for name, verdict in parity.variants.items()}
+        variants = parity.variants
         parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
                       "padding excluded.", [figures.parity_table(variants), figures.error_distribution(variants)]))
     elif checked:
@@ -284,12 +284,11 @@ def section(parity: ParityMetrics) -> Parts:
         kept = (f"{len(chosen.blocked)} of {outcome.units} ({', '.join(chosen.blocked) or 'none'})"
                 if chosen else f"none of {outcome.units}")
         base = f" Quantized as: {outcome.base}." if outcome.base else ""
-        recorded = outcome.recorded()
-        charts = [figures.repair_tradeoff(recorded)]
+        charts = [figures.repair_tradeoff(outcome)]
         if outcome.bases or outcome.recipes:
-            charts.append(figures.recipes_table(recorded))
-        if outcome.node_error.get("per_node"):
-            charts.append(figures.node_error_figure(recorded))
+            charts.append(figures.recipes_table(outcome))
+        if outcome.node_error.per_node:
+            charts.append(figures.node_error_figure(outcome))
         parts.append((f"{precision} precision repair", f"Outcome: {outcome.outcome}; units kept in fp32: "
                       f"{kept}.{base}", charts))
     return parts

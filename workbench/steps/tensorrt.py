@@ -182,7 +182,7 @@ def section(tensorrt: TensorrtMetrics) -> Parts:
                      [figures.length_histogram(recorded), figures.padding_figure(recorded)])]
     if tensorrt.parity:
         parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
-                      [figures.parity_table({name: v.recorded() for name, v in tensorrt.parity.items()})]))
+                      [figures.parity_table(tensorrt.parity)]))
     return parts
 
 

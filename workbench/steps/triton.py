@@ -275,8 +275,8 @@ def section(triton: TritonMetrics) -> Parts:
     if triton.served_parity is None:
         return []
     against = triton.served_reference or "PyTorch"
-    served = {f"served {p}": r.recorded() for p, r in triton.served_parity.items()}
-    served.update({f"served, prompt_name={name!r}": r.recorded() for name, r in triton.prompt_parity.items()})
+    served = {f"served {p}": r for p, r in triton.served_parity.items()}
+    served.update({f"served, prompt_name={name!r}": r for name, r in triton.prompt_parity.items()})
     return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
 
