@@ -142,6 +142,8 @@ class ExportMetrics(Metrics):
     sentence_pipeline: Json | None = None
     parameters: int | None = None
     opset: int | None = None
+    exporter: str | None = None
+    export_seconds: float | None = None
 
 
 Timings = dict[str, dict[str, float]]  # graph -> cell name -> median ms
@@ -316,11 +318,36 @@ class TritonMetrics(Metrics):
     burst: BatchingBurst | None = None  # the dynamic batcher watched (older runs, and rerankers: none)
 
 
+class Histogram(Metrics):
+    counts: list[int]
+    edges: list[float]
+
+
+class LengthStats(Metrics):
+    """The corpus's token lengths (special tokens included): count, range, percentiles and a histogram."""
+
+    count: int
+    min: int
+    max: int
+    percentiles: dict[str, float] = Field(default_factory=dict)
+    histogram: Histogram
+
+
+class PaddingWaste(Metrics):
+    """The share of padded token slots: each batch padded to its longest text, and padded to its profile's max."""
+
+    dynamic: float
+    to_profile_max: float
+
+
 class TensorrtMetrics(Metrics):
     """The shape profiles designed from the corpus (the triton step serves them), and each engine's check against
     PyTorch (on a GPU)."""
 
+    lengths: LengthStats | None = None
+    padding_waste: dict[str, PaddingWaste] = Field(default_factory=dict)  # profiles (as text) -> waste
     profiles: list[Json] = Field(default_factory=list)
+    engines: dict[str, Json] = Field(default_factory=dict)  # per engine: its spec, trtexec command, build
     parity: dict[str, Verdict] = Field(default_factory=dict)
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
@@ -11,13 +11,16 @@ from workbench.core.results import (
     BatchingSearch,
     BatchingSweeps,
     Efficiency,
+    ExportMetrics,
     GraphStats,
+    Histogram,
     LatencyGrid,
     Levels,
     RecipeResult,
     RepairCandidate,
     RepairOutcome,
     ServedBenchmark,
+    TensorrtMetrics,
     Verdict,
 )
 from workbench.measure.capacity import Capacity
@@ -27,7 +30,7 @@ from workbench.serving.deploy import Scaling
 _ROW_PX = 28
 
 
-def table(title: str, header: list[str], rows: list[list[Any]]) -> go.Figure:
+def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(row[i]) for row in texts]) + 2 for i, h in enumerate(header)]
@@ -38,12 +41,12 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> go.Figure:
     return figure
 
 
-def io_table(export: dict[str, Any]) -> go.Figure:
+def io_table(export: ExportMetrics) -> go.Figure:
     """Graph inputs and outputs with their symbolic shapes."""
-    rows = [(kind[:-1], name, " x ".join(map(str, shape)))
-            for kind in ("inputs", "outputs") for name, shape in export["io"][kind].items()]
-    return table(f"{export['architecture']} exported with {export['exporter']} "
-                  f"(opset {export['opset']}): {export['nodes']} nodes", ["", "name", "shape"], rows)
+    sides = (("input", export.io.inputs), ("output", export.io.outputs))
+    rows = [(kind, name, " x ".join(map(str, shape))) for kind, found in sides for name, shape in found.items()]
+    return table(f"{export.architecture} exported with {export.exporter} (opset {export.opset}): {export.nodes} nodes",
+                 ["", "name", "shape"], rows)
 
 
 def fusion_figure(fusions: dict[str, GraphStats]) -> go.Figure:
@@ -218,13 +221,13 @@ def node_error_figure(repair: RepairOutcome) -> go.Figure:
     return figure
 
 
-def length_histogram(tensorrt: dict[str, Any]) -> go.Figure:
+def length_histogram(tensorrt: TensorrtMetrics) -> go.Figure:
     """Token lengths of the corpus with the chosen profiles' sequence ranges and opt points."""
-    hist = tensorrt["lengths"]["histogram"]
-    edges = hist["edges"]
-    figure = go.Figure(go.Bar(x=[(a + b) / 2 for a, b in zip(edges, edges[1:])], y=hist["counts"],
+    hist = tensorrt.lengths.histogram if tensorrt.lengths else Histogram(counts=[], edges=[])
+    edges = hist.edges
+    figure = go.Figure(go.Bar(x=[(a + b) / 2 for a, b in zip(edges, edges[1:])], y=hist.counts,
                               width=[b - a for a, b in zip(edges, edges[1:])], name="texts"))
-    for index, profile in enumerate(tensorrt["profiles"]):
+    for index, profile in enumerate(tensorrt.profiles):
         low, opt, high = profile["sequence"]
         figure.add_vrect(x0=low, x1=high, opacity=0.08, line_width=0, fillcolor="green" if index % 2 else "blue",
                          annotation_text=f"profile {index}: {low}-{high}", annotation_position="top left")
@@ -234,12 +237,13 @@ def length_histogram(tensorrt: dict[str, Any]) -> go.Figure:
     return figure
 
 
-def padding_figure(tensorrt: dict[str, Any]) -> go.Figure:
+def padding_figure(tensorrt: TensorrtMetrics) -> go.Figure:
     """Share of padded token slots with one profile vs the length buckets."""
-    waste = tensorrt["padding_waste"]
+    waste = tensorrt.padding_waste
     figure = go.Figure()
-    for kind, label in (("dynamic", "batch padded to its longest"), ("to_profile_max", "padded to profile max")):
-        figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[w[kind] * 100 for w in waste.values()])
+    for label, share in (("batch padded to its longest", lambda w: w.dynamic),
+                         ("padded to profile max", lambda w: w.to_profile_max)):
+        figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[share(w) * 100 for w in waste.values()])
     figure.update_layout(title="Padding waste", xaxis_title="TensorRT profiles (length buckets)",
                          yaxis_title="padding (% of token slots)", barmode="group")
     return figure

@@ -16,7 +16,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ParityMetrics, TensorrtMetrics
+from workbench.core.results import Histogram, LengthStats, ParityMetrics, TensorrtMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -38,11 +38,11 @@ def default_cache_dir() -> Path:
     return root / "transformer-workbench" / "tensorrt"
 
 
-def length_stats(lengths: np.ndarray, bins: int = 40) -> dict[str, Any]:
+def length_stats(lengths: np.ndarray, bins: int = 40) -> LengthStats:
     counts, edges = np.histogram(lengths, bins=bins)
-    return {"count": int(lengths.size), "min": int(lengths.min()), "max": int(lengths.max()),
-            "percentiles": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 95, 99)},
-            "histogram": {"counts": counts.tolist(), "edges": edges.tolist()}}
+    return LengthStats(count=int(lengths.size), min=int(lengths.min()), max=int(lengths.max()),
+                       percentiles={f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 95, 99)},
+                       histogram=Histogram(counts=counts.tolist(), edges=edges.tolist()))
 
 
 def fp16_repair_pins(record: RunRecord) -> list[str]:
@@ -131,7 +131,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence)
         single = design_profiles(lengths, 1, config.batch, sequence)
         metrics: dict[str, Any] = {
-            "lengths": length_stats(lengths),
+            "lengths": length_stats(lengths).recorded(),
             "profiles": [p.record() for p in profiles],
             "padding_waste": {"1": padding_waste(lengths, single, config.batch.opt),
                               str(len(profiles)): padding_waste(lengths, profiles, config.batch.opt)},
@@ -177,9 +177,8 @@ def section(tensorrt: TensorrtMetrics) -> Parts:
     """The report's token-length histogram, padding waste and engine checks."""
     if not tensorrt.profiles:
         return []
-    recorded = tensorrt.recorded()
     parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
-                     [figures.length_histogram(recorded), figures.padding_figure(recorded)])]
+                     [figures.length_histogram(tensorrt), figures.padding_figure(tensorrt)])]
     if tensorrt.parity:
         parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
                       [figures.parity_table(tensorrt.parity)]))
