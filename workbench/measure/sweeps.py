@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from workbench.core.config import BenchSettings, RunConfig
+from workbench.core.config import BenchSettings
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
@@ -53,9 +53,9 @@ class ServedBench:
     """Measures one running server over `protocol` (gRPC unless told): text to the served model, or token ids
     (tokenized here) straight to the ensemble's network model."""
 
-    def __init__(self, config: RunConfig, plan: ServingPlan, server: TritonServer, texts: list[str],
+    def __init__(self, bench: BenchSettings, plan: ServingPlan, server: TritonServer, texts: list[str],
                  tokenizer: Tokenizer, tool: PerfAnalyzer | None, workdir: Path, protocol: str = "grpc") -> None:
-        self.config, self.plan, self.server, self.texts = config, plan, server, texts
+        self.bench, self.plan, self.server, self.texts = bench, plan, server, texts
         self.tokenizer, self.tool, self.workdir, self.protocol = tokenizer, tool, workdir, protocol
         self.url = server.grpc_url if protocol == "grpc" else server.http_url
 
@@ -73,7 +73,7 @@ class ServedBench:
 
     def level(self, concurrency: int, client_tokenization: bool = False) -> ServedLevel:
         """One concurrency level; perf_analyzer (text path) when available, else the asyncio generator."""
-        bench = self.config.bench
+        bench = self.bench
         before, own_before = self._stages(), self._own()
         if client_tokenization:
             async def send(client: Any, index: int) -> object:
@@ -187,23 +187,22 @@ def pick(candidates: list[SearchCandidate], p99_limit_ms: float) -> SearchCandid
     return max(within, key=lambda c: c.throughput) if within else None
 
 
-def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
+def run_served_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
                          workdir: Path) -> ServedBenchmark:
     """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
     where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""
-    bench = config.bench
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
 
     def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> BatchingSweeps:
-        runner = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label)
+        runner = ServedBench(bench, measured_plan, server, texts, tokenizer, tool, workdir / label)
         out = BatchingSweeps(text=runner.sweep(levels))
         if label == "batching_on" and measured_plan.layout == "ensemble":  # like with like: both via asyncio
-            generator = ServedBench(config, measured_plan, server, texts, tokenizer, None, workdir / label)
+            generator = ServedBench(bench, measured_plan, server, texts, tokenizer, None, workdir / label)
             out.client_tokenization = generator.sweep(levels, client_tokenization=True)
             out.text_asyncio = generator.sweep(levels)
         if label == "batching_on" and measured_plan.layout == plan.layout:  # the deployment over HTTP too
-            http = ServedBench(config, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
+            http = ServedBench(bench, measured_plan, server, texts, tokenizer, tool, workdir / label, "http")
             out.text_http = http.sweep(sorted({levels[0], levels[-1]}))
         return out
 
@@ -221,15 +220,14 @@ def run_served_benchmark(config: RunConfig, plan: ServingPlan, texts: list[str],
         if measured.client_tokenization:  # the other layout is the ensemble: tokenization is compared on it
             result.batching_on.client_tokenization = measured.client_tokenization
             result.batching_on.text_asyncio = measured.text_asyncio
-    result.search = batching_search(config, plan, texts, tokenizer, tool, workdir, max(levels))
+    result.search = batching_search(bench, plan, texts, tokenizer, tool, workdir, max(levels))
     return result
 
 
-def batching_search(config: RunConfig, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
+def batching_search(bench: BenchSettings, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
                     tool: PerfAnalyzer | None, workdir: Path, top: int) -> BatchingSearch:
-    """Each queue delay x instance count of `config.bench` at concurrency `top`, the same cores in all; the one
-    kept is `pick`'s."""
-    bench = config.bench
+    """Each queue delay x instance count of `bench` at concurrency `top`, the same cores in all; the one kept is
+    `pick`'s."""
     candidates = []
     settings = list(itertools.product(bench.search_queue_delays_us, bench.search_instances))
     for delay, instances in track(settings, f"batching search at concurrency {top}", "settings",
@@ -238,7 +236,7 @@ def batching_search(config: RunConfig, plan: ServingPlan, texts: list[str], toke
                             threads=max(1, plan.threads * plan.instances // instances))  # the same cores in all
         label = f"search_d{delay}_i{instances}"
         measured = _with_server(candidate, workdir / label, lambda server, p=candidate, name=label:
-                                ServedBench(config, p, server, texts, tokenizer, tool, workdir / name).level(top))
+                                ServedBench(bench, p, server, texts, tokenizer, tool, workdir / name).level(top))
         candidates.append(SearchCandidate.model_validate(
             {"max_queue_delay_us": delay, "instances": instances,
              "preferred_batch_sizes": plan.preferred_batch_sizes, **measured.recorded()}))

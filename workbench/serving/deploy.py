@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from workbench.core.atomic import write_text
-from workbench.core.config import RunConfig
+from workbench.core.config import TritonSettings
 from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.core.results import Metrics
@@ -70,24 +70,24 @@ def packages(plan: ServingPlan) -> list[str]:
     return [pin(name) for name in (*CONTAINER_PACKAGES, *runtimes)]
 
 
-def dockerfile(config: RunConfig, plan: ServingPlan) -> str:
+def dockerfile(triton: TritonSettings, plan: ServingPlan) -> str:
     """The image: NVIDIA's Triton container, the pinned packages, the repository copied in (not mounted: the image
     is the unit that was verified, and a pod starts without a volume to fill or a package index to reach)."""
     requirements = " ".join(shlex.quote(p) for p in packages(plan))
     return (f"# The verified Triton repository {plan.name!r} and the Python packages its models import, pinned as\n"
             "# the workbench pins them. Build it with the repository folder as the context (deploy/README.md).\n"
-            f"FROM {config.triton.container_image}\n"
+            f"FROM {triton.container_image}\n"
             f"RUN python3 -m pip install --no-cache-dir {requirements}\n"
             "COPY . /models\n"
             f"EXPOSE {' '.join(str(port) for _, port in PORTS)}\n"
             'CMD ["tritonserver", "--model-repository=/models", "--allow-metrics=true"]\n')
 
 
-def image_tag(config: RunConfig, plan: ServingPlan, repository_sha256: str) -> str:
+def image_tag(triton: TritonSettings, plan: ServingPlan, repository_sha256: str) -> str:
     """`<registry>/<name>:<12 hex digits>` of the repository's content and the image recipe: a new tag whenever
     either changes, never a mutable `latest`."""
-    digest = hashlib.sha256(f"{repository_sha256}\n{dockerfile(config, plan)}".encode()).hexdigest()[:12]
-    return f"{config.triton.image_registry.rstrip('/')}/{app_name(plan)}:{digest}"
+    digest = hashlib.sha256(f"{repository_sha256}\n{dockerfile(triton, plan)}".encode()).hexdigest()[:12]
+    return f"{triton.image_registry.rstrip('/')}/{app_name(plan)}:{digest}"
 
 
 def docker_script(image: str) -> str:
@@ -146,7 +146,7 @@ def adapter_rule(plan: ServingPlan) -> dict[str, Any]:
             "metricsQuery": f"{rate(QUEUE_COUNTER)} / clamp_min({rate(SUCCESS_COUNTER)}, 0.001)"}
 
 
-def inference_service(config: RunConfig, plan: ServingPlan, image: str, scaling: Scaling) -> dict[str, Any]:
+def inference_service(triton: TritonSettings, plan: ServingPlan, image: str, scaling: Scaling) -> dict[str, Any]:
     """KServe's Triton runtime serving the repository from `triton.storage_uri`, in this image (for the packages
     its Python models import), scaled by requests in flight per replica."""
     name = app_name(plan)
@@ -156,26 +156,26 @@ def inference_service(config: RunConfig, plan: ServingPlan, image: str, scaling:
                 "minReplicas": scaling.min_replicas, "maxReplicas": scaling.max_replicas,
                 "scaleMetric": "concurrency", "scaleTarget": scaling.concurrency,
                 "model": {"modelFormat": {"name": "triton"}, "protocolVersion": "v2", "runtime": KSERVE_RUNTIME,
-                          "storageUri": config.triton.storage_uri or f"pvc://{name}-models/",
+                          "storageUri": triton.storage_uri or f"pvc://{name}-models/",
                           "image": image,
                           "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
                                         "limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}}}}}
 
 
-def deployment_files(config: RunConfig, plan: ServingPlan, repository: Path, repository_sha256: str,
+def deployment_files(triton: TritonSettings, plan: ServingPlan, repository: Path, repository_sha256: str,
                      scaling: Scaling, capacity: list[str], folder: Path) -> dict[str, Path]:
     """Every file in `folder` (deploy/), by FILES key; `capacity` is the README's lines on how the numbers were
     chosen."""
-    image = image_tag(config, plan, repository_sha256)
-    texts = {"dockerfile": dockerfile(config, plan), "docker": docker_script(image),
+    image = image_tag(triton, plan, repository_sha256)
+    texts = {"dockerfile": dockerfile(triton, plan), "docker": docker_script(image),
              "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling)),
              "adapter": _yaml({"rules": {"default": False, "custom": [adapter_rule(plan)]}}),
-             "kserve": _yaml(inference_service(config, plan, image, scaling)),
-             "readme": readme(config, plan, repository, image, scaling, capacity)}
+             "kserve": _yaml(inference_service(triton, plan, image, scaling)),
+             "readme": readme(plan, repository, image, scaling, capacity)}
     return {key: write_text(folder / FILES[key], text) for key, text in texts.items()}
 
 
-def readme(config: RunConfig, plan: ServingPlan, repository: Path, image: str, scaling: Scaling,
+def readme(plan: ServingPlan, repository: Path, image: str, scaling: Scaling,
            capacity: list[str]) -> str:
     name = app_name(plan)
     bullets = "\n".join(f"- {line}" for line in capacity)

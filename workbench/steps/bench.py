@@ -82,7 +82,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
         result = rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench")
         result.variant = variant
         return result
-    result = run_served_benchmark(config, plan, texts, tokenizer, record.run_dir / "served-bench")
+    result = run_served_benchmark(config.bench, plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result.efficiency = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
     deployment = record.deployment()

@@ -49,7 +49,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                           queue_target_us=round(capacity.queue_target_ms * 1000), concurrency=capacity.concurrency or 1)
         repository = record.artifact("triton.repository")
         digest = record.artifact_sha256("triton.repository")
-        files = deployment_files(config, plan, repository.relative_to(record.run_dir), digest, scaling,
+        files = deployment_files(config.triton, plan, repository.relative_to(record.run_dir), digest, scaling,
                                  capacity_lines(capacity), record.run_dir / STEP)
         for key, path in files.items():
             record.add_artifact(f"{STEP}.{key}", path, kind="deployment")
@@ -57,7 +57,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")
-        record.set_metric(STEP, DeployMetrics(image=image_tag(config, plan, digest), capacity=capacity,
+        record.set_metric(STEP, DeployMetrics(image=image_tag(config.triton, plan, digest), capacity=capacity,
                                               scaling=scaling, verified=verified).recorded())
     return record.step_entry(STEP)
 
