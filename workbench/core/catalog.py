@@ -47,7 +47,8 @@ class StepSpec:
     them; `settings`: its section of the run configuration (RunConfig's field of that name, e.g. `optimize`), the
     settings only it reads; `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
     `variants`), which the record's `verdict` reads; `headline` and `warning`: the lines and the warning report.html
-    opens with, from its metrics model."""
+    opens with, from its metrics model; `served` and `served_differs`, for the step that deploys: what the served
+    sections open with, and a note where it serves another variant than the recommended one ("" where not)."""
 
     name: str
     number: int
@@ -67,6 +68,8 @@ class StepSpec:
     verdicts: str | None = None
     headline: Callable[[Any], list[str]] | None = None
     warning: Callable[[Any], str] | None = None
+    served: Callable[[RunRecord], str] | None = None
+    served_differs: Callable[[RunRecord, str], str] | None = None
 
     @property
     def notebook(self) -> str:

@@ -10,7 +10,6 @@ import jinja2
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import TritonMetrics
 from workbench.report.recommend import recommend
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
@@ -29,14 +28,26 @@ class Declared(Protocol):
     @property
     def warning(self) -> Callable[[Any], str] | None: ...
 
+    @property
+    def served(self) -> Callable[[RunRecord], str] | None: ...
 
-def _fill(record: RunRecord, step: str) -> str:
+    @property
+    def served_differs(self) -> Callable[[RunRecord, str], str] | None: ...
+
+
+def served_note(record: RunRecord, steps: tuple[Declared, ...]) -> str:
+    """What the served sections open with: what the step that deploys says it serves (`StepSpec.served`)."""
+    return next((step.served(record) for step in steps if step.served), "")
+
+
+def resume_command(record: RunRecord, step: str) -> str:
+    """The command that runs `step` (steps, comma-separated) again into the record's run folder."""
     return f"`workbench run --resume --output-dir {record.run_dir} --steps {step}`"
 
 
 def _missing(record: RunRecord, step: StepEntry) -> str:
     """Why a section of `step` is empty, and how to fill it."""
-    fill = f"run {_fill(record, step.name)} to fill it"
+    fill = f"run {resume_command(record, step.name)} to fill it"
     if step.status is None:
         return f"Not in this run: the {step.name} step did not run; {fill}."
     if step.status == StepStatus.OK:
@@ -46,34 +57,12 @@ def _missing(record: RunRecord, step: StepEntry) -> str:
     return f"The {step.name} step {state}" + (f" ({step.detail})" if step.detail else "") + f"; {fill}."
 
 
-def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
-    """The triton step's deployment when that step is ok now, or why its record cannot be read (damaged, or
-    written by a workbench this one cannot read)."""
-    try:
-        return record.deployment()
-    except ValueError as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-
-
-def served_note(record: RunRecord) -> str:
-    """What Triton serves from this run (the triton step's deployment, when that step is ok now)."""
-    deployment = readable_deployment(record)
-    if isinstance(deployment, str):
-        return f"Served: unknown, the triton step's record is unreadable ({deployment}); run " \
-               f"{_fill(record, 'triton')} to deploy again."
-    if deployment is None:
-        return (f"Served: nothing current (triton: {record.step_entry('triton').label}); run "
-                f"{_fill(record, 'triton')} to deploy.")
-    unverified = "" if deployment.verified else " (unverified)"
-    return f"Served: {deployment.variant} via the {deployment.layout} layout{unverified}."
-
-
 def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
     """Every section the `steps` declare, in their order: its figures, or why it is empty. A skipped step shows
     what it measured before it stopped (the tensorrt step's profiles on a host without a GPU); a stale one says so
     first."""
     parts: Parts = []
-    served = served_note(record)
+    served = served_note(record, steps)
     for section, step in ((section, record.step_entry(declared.name)) for declared in steps
                           for section in declared.sections):
         try:
@@ -82,14 +71,14 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
             rendered = section.render(typed) if typed is not None else []
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
-                                        f"{exc}); run {_fill(record, step.name)} to measure again.", [])]
+                                        f"{exc}); run {resume_command(record, step.name)} to measure again.", [])]
         else:
             if rendered and section.served:
                 title, text, made = rendered[0]
                 rendered[0] = (title, f"{served} {text}", made)
         if rendered and step.status in (StepStatus.STALE, StepStatus.SKIPPED):
             title, text, made = rendered[0]
-            note = (f"STALE: {step.detail}; these figures are from before, run {_fill(record, step.name)} to "
+            note = (f"STALE: {step.detail}; these figures are from before, run {resume_command(record, step.name)} to "
                     "refresh them." if step.status == StepStatus.STALE else f"Skipped: {step.detail}.")
             rendered[0] = (title, f"{note} {text}", made)
         parts += rendered or [(section.title, _missing(record, step), [])]
@@ -115,10 +104,13 @@ def opening(record: RunRecord, steps: tuple[Declared, ...]) -> tuple[list[str], 
     return lines, warnings
 
 
-def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
-    """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one."""
+def recommendation_rows(record: RunRecord, steps: tuple[Declared, ...]) -> list[dict[str, str]]:
+    """The recommendation table: per goal the variant, its speedup and parity margin, or what to run to get one,
+    and where the deployment serves another variant, what the step that deploys says (`StepSpec.served_differs`)."""
+    differs = next((step.served_differs for step in steps if step.served_differs), None)
     rows = []
     for choice in recommend(record):
+        run = ",".join(choice.steps)
         disturbed = " (disturbed timings)" if choice.disturbed else ""
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.where, "variant": choice.variant or "none",
@@ -126,8 +118,8 @@ def recommendation_rows(record: RunRecord) -> list[dict[str, str]]:
                      "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
                      + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "
                         f"top-10 {choice.retrieval['recall_at_10']:.1%}" if choice.retrieval else ""),
-                     "why": choice.reason + ("" if found else f"; run {_fill(record, ','.join(choice.steps))}.")
-                     + _served_differs(record, choice.variant)})
+                     "why": choice.reason + ("" if found else f"; run {resume_command(record, run)}.")
+                     + (differs(record, choice.variant) if differs and choice.variant else "")})
     return rows
 
 
@@ -137,15 +129,6 @@ def _features(env: dict[str, Any]) -> str:
     if features is None:
         return ""
     return f"; {' '.join(features['flags']) or 'no AVX2'}; int8 dot product: {features['int8_dot_product'] or 'none'}"
-
-
-def _served_differs(record: RunRecord, variant: str | None) -> str:
-    """A note when Triton serves another variant than the one recommended (the triton step chose before bench)."""
-    deployment = readable_deployment(record)
-    if variant is None or not isinstance(deployment, TritonMetrics) or deployment.variant == variant:
-        return ""
-    return (f". Triton serves {deployment.variant} (the triton step's order, chosen before bench measured); to "
-            f"serve {variant}: {_fill(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
 
 
 def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> Path:
@@ -162,11 +145,11 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
     env = record.environment
     config = record.config
     headline, warnings = opening(record, steps)
-    steps = [step for step in record.step_entries() if step.status != StepStatus.RUNNING]
+    entries = [entry for entry in record.step_entries() if entry.status != StepStatus.RUNNING]
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
                     f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
-        steps=steps, headline=headline, sections=rendered, warning=" ".join(warnings),
-        recommendations=recommendation_rows(record), served=served_note(record))
+        steps=entries, headline=headline, sections=rendered, warning=" ".join(warnings),
+        recommendations=recommendation_rows(record, steps), served=served_note(record, steps))
     return write_text(dest, page)

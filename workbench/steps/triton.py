@@ -13,6 +13,7 @@ from workbench.core.results import Json, ServedCut, TensorrtMetrics, TritonMetri
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
+from workbench.report.page import resume_command
 from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
@@ -281,9 +282,40 @@ def section(triton: TritonMetrics) -> Parts:
              "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
 
 
+def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
+    """The deployment when this step is ok now, or why its record cannot be read (damaged, or written by a
+    workbench this one cannot read)."""
+    try:
+        return record.deployment()
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def served_note(record: RunRecord) -> str:
+    """What Triton serves from this run, for the report's served sections."""
+    deployment = readable_deployment(record)
+    if isinstance(deployment, str):
+        return f"Served: unknown, the triton step's record is unreadable ({deployment}); run " \
+               f"{resume_command(record, STEP)} to deploy again."
+    if deployment is None:
+        return (f"Served: nothing current (triton: {record.step_entry(STEP).label}); run "
+                f"{resume_command(record, STEP)} to deploy.")
+    unverified = "" if deployment.verified else " (unverified)"
+    return f"Served: {deployment.variant} via the {deployment.layout} layout{unverified}."
+
+
+def served_differs(record: RunRecord, variant: str) -> str:
+    """A note when Triton serves another variant than the recommended `variant` (this step chose before bench)."""
+    deployment = readable_deployment(record)
+    if not isinstance(deployment, TritonMetrics) or deployment.variant == variant:
+        return ""
+    return (f". Triton serves {deployment.variant} (the triton step's order, chosen before bench measured); to "
+            f"serve {variant}: {resume_command(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
+
+
 SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
     sections=(Section("Served parity", section, served=True),),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
     owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt",
-    settings="triton")
+    settings="triton", served=served_note, served_differs=served_differs)
