@@ -32,7 +32,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
-from workbench.measure.load import LevelResult
+from workbench.core.results import ServedLevel
 from workbench.serving.endpoints import text_endpoints
 from workbench.serving.server import TritonServer, free_port
 
@@ -120,7 +120,7 @@ def compare() -> None:
             fronted = dataclasses.replace(direct, name="front", url=direct.url.replace(server.http_url, front_url))
             print(f"a non-JSON body: tritonserver answers {bad_body_status(direct.url)}")
             print(f"                 the front answers {bad_body_status(fronted.url)}")
-            results: dict[tuple[str, int], list[LevelResult]] = {}
+            results: dict[tuple[str, int], list[ServedLevel]] = {}
             for _ in range(args.rounds):
                 for concurrency in LEVELS:
                     for path in (direct, fronted):

@@ -63,8 +63,8 @@ from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
+from workbench.core.results import ServedLevel
 from workbench.measure.load import (
-    LevelResult,
     asyncio_level,
     breakdown,
     own_breakdown,
@@ -176,7 +176,7 @@ def compare(args: argparse.Namespace) -> None:
             for concurrency in levels:
                 print(f"repeat {repeat + 1}/{args.repeats}, concurrency {concurrency}", flush=True)
                 for embedder in embedders:
-                    def load(e: Embedder = embedder, c: int = concurrency) -> LevelResult:
+                    def load(e: Embedder = embedder, c: int = concurrency) -> ServedLevel:
                         return http_level(e, texts, c, args.requests, args.seconds)
                     deployed = embedder is embedders[0]  # where its time goes is read on the deployment only
                     level = measured_stages(deployed_server, plan, stages, f"http c{concurrency}", load) \
@@ -292,14 +292,14 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
 
 
 def grpc_level(server: TritonServer, plan: ServingPlan, texts: list[str], concurrency: int,
-               args: argparse.Namespace) -> LevelResult:
+               args: argparse.Namespace) -> ServedLevel:
     async def send(client: AsyncTritonClient, index: int) -> object:
         return await client.infer_texts(plan.name, [texts[index % len(texts)]], ["sentence_embedding"])
     return asyncio_level(server.grpc_url, "grpc", send, concurrency, args.requests, args.seconds)
 
 
 def measured_stages(server: TritonServer, plan: ServingPlan, stages: dict[str, Any], label: str,
-                    measure: Any) -> LevelResult:
+                    measure: Any) -> ServedLevel:
     """`measure()`, with where the server's time went meanwhile (Triton's stages, the Python model's own) kept
     in `stages[label]` (one entry per repeat)."""
     with TritonClient(server.grpc_url) as client:

@@ -98,7 +98,7 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "graphs/engines.py": (3, f"{JSON}; TensorRT provider options, which ONNX Runtime takes as a dict"),
     "graphs/profiles.py": (2, JSON),
     "measure/latency.py": (5, UNTYPED),
-    "measure/load.py": (5, f"perf_analyzer's JSON input data and Triton's statistics; {UNTYPED}"),
+    "measure/load.py": (4, f"perf_analyzer's JSON input data and Triton's statistics; {UNTYPED}"),
     "measure/precisions.py": (2, JSON),
     "measure/sessions.py": (1, UNTYPED),
     "models/loading.py": (2, "config.json's auto_map"),

@@ -20,13 +20,14 @@ from peerlib.peers import (
     table,
 )
 
-from workbench.measure.load import LevelResult
+from workbench.core.results import ServedLevel
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def level(concurrency: int, throughput: float, p50: float, p99: float) -> LevelResult:
-    return LevelResult(concurrency, 1000, 0, 1000 / throughput, throughput, p50, p50, p99, p99, p50)
+def level(concurrency: int, throughput: float, p50: float, p99: float) -> ServedLevel:
+    return ServedLevel(concurrency=concurrency, requests=1000, errors=0, seconds=1000 / throughput,
+                       throughput=throughput, p50=p50, p90=p50, p95=p99, p99=p99, mean=p50)
 
 
 def test_the_table_gives_medians_the_range_over_repeats_and_accuracy():

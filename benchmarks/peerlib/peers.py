@@ -24,7 +24,8 @@ import numpy as np
 
 from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError, WorkbenchError
 from workbench.core.pins import pin
-from workbench.measure.load import LevelResult, closed_loop_level, request_texts
+from workbench.core.results import ServedLevel
+from workbench.measure.load import closed_loop_level, request_texts
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement
@@ -298,7 +299,7 @@ def infinity_reranker(name: str, precision: str, server: InfinityServer) -> Embe
 
 
 def http_level(embedder: Embedder, texts: Sequence[str], concurrency: int, requests: int,
-               seconds: float, documents: int = 0) -> LevelResult:
+               seconds: float, documents: int = 0) -> ServedLevel:
     """One closed-loop level over HTTP JSON (each answer read and parsed, as a client would) of one-text requests,
     or of a query with `documents` documents each."""
     async def send(session: aiohttp.ClientSession, index: int) -> object:
@@ -382,7 +383,7 @@ class PeerRow:
 
     name: str
     precision: str
-    levels: dict[int, list[LevelResult]] = field(default_factory=dict)
+    levels: dict[int, list[ServedLevel]] = field(default_factory=dict)
     accuracy: dict[str, float] = field(default_factory=dict)
     rss_bytes: int = 0
 
@@ -396,7 +397,7 @@ class PeerRow:
     def record(self) -> dict[str, Any]:
         return {"name": self.name, "precision": self.precision, "accuracy": self.accuracy,
                 "rss_bytes": self.rss_bytes,
-                "levels": {str(c): [level.record() for level in runs] for c, runs in self.levels.items()}}
+                "levels": {str(c): [level.recorded() for level in runs] for c, runs in self.levels.items()}}
 
 
 def cell(row: PeerRow, concurrency: int) -> str:

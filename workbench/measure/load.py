@@ -11,7 +11,6 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -32,35 +31,12 @@ class Closable(Protocol):
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
-@dataclass
-class LevelResult:
-    """One concurrency level: client-side throughput and latency percentiles."""
-
-    concurrency: int
-    requests: int
-    errors: int
-    seconds: float
-    throughput: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    mean: float
-
-    def record(self) -> dict[str, Any]:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-    def level(self, **extra: object) -> ServedLevel:
-        """As the record keeps it (rounded), with what else was measured beside it."""
-        return ServedLevel.model_validate({**self.record(), **extra})
-
-
 # ---- asyncio closed loop ---------------------------------------------------------------------------------------
 Client = TypeVar("Client", bound=Closable)
 
 
 async def _closed_loop(open_client: Callable[[], Client], send: Callable[[Client, int], Awaitable[object]],
-                       concurrency: int, requests: int, seconds: float, where: str) -> LevelResult:
+                       concurrency: int, requests: int, seconds: float, where: str) -> ServedLevel:
     """A server that gives no answer stops the level with its ServerUnreachableError; other failed requests are
     counted as errors, and a level where every request failed is a ServedError, not a measurement."""
     client = open_client()
@@ -98,13 +74,15 @@ async def _closed_loop(open_client: Callable[[], Client], send: Callable[[Client
         raise ServedError(f"all {len(failures)} requests at concurrency {concurrency} to {where} failed; the first: "
                           f"{first}", "fix what the first error names; a level without one answer measures nothing")
     values = np.asarray(latencies) * 1e3
-    return LevelResult(concurrency, len(latencies), len(failures), elapsed, len(latencies) / elapsed,
-                       *(float(np.percentile(values, q)) for q in (50, 90, 95, 99)), float(values.mean()))
+    p50, p90, p95, p99 = (float(np.percentile(values, q)) for q in (50, 90, 95, 99))
+    return ServedLevel(concurrency=concurrency, requests=len(latencies), errors=len(failures), seconds=elapsed,
+                       throughput=len(latencies) / elapsed, p50=p50, p90=p90, p95=p95, p99=p99,
+                       mean=float(values.mean()))
 
 
 def closed_loop_level(open_client: Callable[[], Client], send: Callable[[Client, int], Awaitable[object]],
                       concurrency: int, requests: int, seconds: float, where: str,
-                      after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> LevelResult:
+                      after_warmup: Callable[[], None] | None = None, warmup: int | None = None) -> ServedLevel:
     """A warm-up of `warmup` requests (default: `concurrency`), then up to `requests` requests (or `seconds`) with
     `concurrency` in flight on one client from `open_client`, each sent as soon as the previous one of its worker
     returned (`send(client, index)`). `after_warmup` runs in between (to reset whatever `send` counts)."""
@@ -116,7 +94,7 @@ def closed_loop_level(open_client: Callable[[], Client], send: Callable[[Client,
 
 def asyncio_level(url: str, protocol: str, send: Callable[[AsyncTritonClient, int], Awaitable[object]],
                   concurrency: int, requests: int, seconds: float, after_warmup: Callable[[], None] | None = None,
-                  warmup: int | None = None) -> LevelResult:
+                  warmup: int | None = None) -> ServedLevel:
     """`closed_loop_level` on a tritonclient asyncio client of `url` over `protocol`. A server that stops
     answering raises ServerUnreachableError."""
     return closed_loop_level(lambda: AsyncTritonClient(url, protocol), send, concurrency, requests, seconds, url,
@@ -135,7 +113,7 @@ def write_input_data(path: Path, data: list[dict[str, Any]]) -> Path:
 
 
 def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
-                        concurrency: int, requests: int, seconds: float, workdir: Path) -> LevelResult:
+                        concurrency: int, requests: int, seconds: float, workdir: Path) -> ServedLevel:
     """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""
     workdir.mkdir(parents=True, exist_ok=True)
     inputs = write_input_data(workdir / "inputs.json", data)
@@ -156,25 +134,28 @@ def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str,
     ms = {k: float(row[f"{k} latency"]) / 1e3 for k in ("p50", "p90", "p95", "p99", "Avg")}  # CSV is in usec
     throughput = float(row["Inferences/Second"])
     elapsed = time.perf_counter() - start
-    return LevelResult(concurrency, requests, 0, elapsed, throughput, ms["p50"], ms["p90"], ms["p95"],
-                       ms["p99"], ms["Avg"])
+    return ServedLevel(concurrency=concurrency, requests=requests, errors=0, seconds=elapsed, throughput=throughput,
+                       p50=ms["p50"], p90=ms["p90"], p95=ms["p95"], p99=ms["p99"], mean=ms["Avg"])
 
 
 def text_level(tool: PerfAnalyzer | None, url: str, model: str, texts: list[str], concurrency: int, requests: int,
                seconds: float, workdir: Path, protocol: str = "grpc") -> ServedLevel:
     """One level of one-text requests over `protocol` (`url` is the server's address for it): perf_analyzer when
     it is there and finds a stable window, else the asyncio generator."""
-    note = {}
+    note = ""
     if tool is not None:
         try:
             return perf_analyzer_level(tool, url, protocol, model, [{"TEXT": text_array([t])} for t in texts],
-                                       concurrency, requests, seconds, workdir).level()
+                                       concurrency, requests, seconds, workdir)
         except UnstableMeasurementError as error:
-            note = {"tool": "asyncio", "note": f"{error.problem}; measured with the asyncio generator instead"}
+            note = f"{error.problem}; measured with the asyncio generator instead"
 
     async def send(client: AsyncTritonClient, index: int) -> object:
         return await client.infer_texts(model, [texts[index % len(texts)]])
-    return asyncio_level(url, protocol, send, concurrency, requests, seconds).level(**note)
+    level = asyncio_level(url, protocol, send, concurrency, requests, seconds)
+    if note:
+        level.tool, level.note = "asyncio", note
+    return level
 
 
 def request_texts(texts: Sequence[str], index: int, documents: int) -> list[str]:
@@ -191,7 +172,8 @@ def rerank_level(url: str, model: str, texts: list[str], documents: int, concurr
         query, *chosen = request_texts(texts, index, documents)
         return await client.infer(model, rerank_arrays([query], chosen), ["scores"])
     level = asyncio_level(url, protocol, send, concurrency, requests, seconds)
-    return level.level(documents=documents, pairs_per_s=round(level.throughput * documents, 1))
+    level.documents, level.pairs_per_s = documents, round(level.throughput * documents, 1)
+    return level
 
 
 # ---- server-side breakdown -----------------------------------------------------------------------------------------

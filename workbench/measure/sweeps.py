@@ -79,7 +79,7 @@ class ServedBench:
             async def send(client: Any, index: int) -> object:
                 return await client.infer(self.plan.model_name, self._ids(index))
             result = asyncio_level(self.url, self.protocol, send, concurrency, bench.requests_per_level,
-                                   bench.seconds_per_level).level()
+                                   bench.seconds_per_level)
         else:
             result = text_level(self.tool, self.url, self.plan.name, self.texts, concurrency,
                                 bench.requests_per_level, bench.seconds_per_level,

@@ -137,7 +137,7 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
         level = asyncio_level(server.grpc_url, "grpc", send, concurrency, gen.requests_per_level,
                               gen.seconds_per_level, after_warmup=lambda c=counted: c.update(tokens=0, words=0))
         results[str(concurrency)] = GenerationLevel.model_validate({
-            **level.record(), "tokens_per_s": counted["tokens"] / level.seconds,
+            **level.recorded(), "tokens_per_s": counted["tokens"] / level.seconds,
             "words_per_s": counted["words"] / level.seconds})
     return results
 
