@@ -62,8 +62,8 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
+from workbench.core.measured import ServedLevel
 from workbench.core.record import RunRecord
-from workbench.core.results import ServedLevel
 from workbench.measure.load import (
     asyncio_level,
     breakdown,

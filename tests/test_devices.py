@@ -12,8 +12,8 @@ from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DeviceMismatchError
+from workbench.core.measured import GridRunner
 from workbench.core.record import RunRecord
-from workbench.core.results import GridRunner
 from workbench.measure.latency import baseline_for, speedup, summarize
 from workbench.measure.sessions import cuda_candidates
 from workbench.models.loading import load_model

@@ -20,7 +20,7 @@ from peerlib.peers import (
     table,
 )
 
-from workbench.core.results import ServedLevel
+from workbench.core.measured import ServedLevel
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,16 +9,9 @@ import pytest
 
 from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
+from workbench.core.measured import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate
 from workbench.core.record import RunRecord
-from workbench.core.results import (
-    BenchMetrics,
-    GraphStats,
-    GridRunner,
-    LatencyGrid,
-    ParityMetrics,
-    SearchCandidate,
-    Verdict,
-)
+from workbench.core.results import GraphStats, ParityMetrics, Verdict
 from workbench.core.timing import interleaved
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals

@@ -23,8 +23,8 @@ import aiohttp
 import numpy as np
 
 from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError, WorkbenchError
+from workbench.core.measured import ServedLevel
 from workbench.core.pins import pin
-from workbench.core.results import ServedLevel
 from workbench.measure.load import closed_loop_level, request_texts
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement

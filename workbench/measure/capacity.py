@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from workbench.core.config import BenchSettings, TritonSettings
-from workbench.core.results import Metrics, ServedBenchmark
+from workbench.core.measured import ServedBenchmark
+from workbench.core.results import Metrics
 
 MIN_QUEUE_TARGET_MS = 1.0  # below this the autoscaler would chase noise
 

@@ -11,7 +11,8 @@ import numpy as np
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
-from workbench.core.results import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, Verdict
+from workbench.core.measured import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid
+from workbench.core.results import Verdict
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
 

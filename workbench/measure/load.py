@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
-from workbench.core.results import ServedLevel
+from workbench.core.measured import ServedLevel
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
 from workbench.serving.client import AsyncTritonClient, rerank_arrays, run_async, text_array
 

@@ -16,8 +16,7 @@ from workbench.core.config import BenchSettings
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
-from workbench.core.progress import track
-from workbench.core.results import (
+from workbench.core.measured import (
     BatchingSearch,
     BatchingSweeps,
     Efficiency,
@@ -28,6 +27,7 @@ from workbench.core.results import (
     ServedBenchmark,
     ServedLevel,
 )
+from workbench.core.progress import track
 from workbench.measure.load import (
     asyncio_level,
     breakdown,

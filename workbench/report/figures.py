@@ -6,20 +6,15 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from workbench.core.measured import BatchingSearch, BatchingSweeps, Efficiency, LatencyGrid, Levels, ServedBenchmark
 from workbench.core.results import (
     BatchingBurst,
-    BatchingSearch,
-    BatchingSweeps,
-    Efficiency,
     ExportMetrics,
     GraphStats,
     Histogram,
-    LatencyGrid,
-    Levels,
     RecipeResult,
     RepairCandidate,
     RepairOutcome,
-    ServedBenchmark,
     TensorrtMetrics,
     Verdict,
 )

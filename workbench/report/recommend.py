@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from workbench.core.batches import Cell
+from workbench.core.measured import BenchMetrics, CellTiming
 from workbench.core.record import RunRecord, StepStatus
-from workbench.core.results import BenchMetrics, CellTiming, Verdict
+from workbench.core.results import Verdict
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
 from workbench.serving.plan import int8_decision

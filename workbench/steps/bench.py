@@ -11,8 +11,8 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
+from workbench.core.measured import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.timing import timed
 from workbench.graphs.profiles import engine_profiles
 from workbench.measure.latency import (

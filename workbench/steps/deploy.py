@@ -5,8 +5,9 @@ from __future__ import annotations
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
+from workbench.core.measured import BenchMetrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import BenchMetrics, Metrics
+from workbench.core.results import Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of
