@@ -351,3 +351,21 @@ def test_shared_layer_weights_are_quantized_once_and_restored(tmp_path):
     want, got = outputs(original, record), outputs(tmp_path / "float.onnx", record)
     cosine = np.sum(want["sentence_embedding"] * got["sentence_embedding"], axis=1)
     assert cosine.min() > 0.99999
+
+
+def test_optimize_run_again_reads_no_file_a_later_step_wrote(quantized, tmp_path, monkeypatch):
+    """Optimize run again into a folder where parity had repaired a variant: it picks the graph to race by name, so
+    the repaired file is not among its inputs (reading it made optimize stale after every parity run, and each
+    re-run of one step made the other stale; fresh-clone trial)."""
+    import shutil
+
+    config, shared = quantized
+    record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
+    repaired = onnxfiles.save(onnx.load(record.variant("int8").path), record.run_dir / "onnx" / "int8_repaired.onnx")
+    with record.step("parity"):
+        record.add_artifact("onnx.int8_repaired", repaired, kind="onnx", variant="int8_repaired", precision="int8")
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: NO_BF16)
+    assert optimize.run(config, record).status == "ok"
+    inputs = record.data["steps"]["optimize"]["inputs"]
+    assert "onnx.original" in inputs and not [key for key in inputs if key.startswith("onnx.int8_repaired")]
+    assert record.status("optimize") == "ok"

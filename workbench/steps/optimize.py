@@ -251,7 +251,7 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
     if problem:
         return Trial(kept=False, reason=problem)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
-    against = "openvino" if "openvino" in record.variants() else "fp32"
+    against = "openvino" if "openvino" in record.variant_names() else "fp32"  # names only: no file read
     try:
         openvino_file(record, dest, "bf16")
     except BaseException:  # interrupted or failed: no file the record does not name
@@ -311,7 +311,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     if why_not:
         return OpenvinoInt8(kept=False, reason=why_not)
     dest = record.run_dir / "onnx" / "openvino_int8.onnx"
-    variants = record.variants()
+    variants = record.variant_names()  # names only: reading a file would make it an input (a repair's, parity's)
     against = next(v for v in ("int8", "openvino_bf16", "openvino", "fp32") if v in variants)
     feeds = calibration_feeds(config, record, export)
     try:
