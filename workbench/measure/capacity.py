@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from workbench.core.config import BenchSettings, TritonSettings
-from workbench.core.measured import ServedBenchmark
+from workbench.core.measured import ServedBenchmark, ServedLevel
 from workbench.core.results import Metrics
 
 MIN_QUEUE_TARGET_MS = 1.0  # below this the autoscaler would chase noise
@@ -29,16 +29,16 @@ class Capacity(Metrics):
     unmeasured: str = ""  # why no served bench was there to size it, where none was
 
 
-def replicas_reason(target_rps: float, best: tuple[int, float, float] | None, p99_limit_ms: float, measured_on: str,
+def replicas_reason(target_rps: float, best: tuple[int, ServedLevel] | None, p99_limit_ms: float, measured_on: str,
                     minimum: int, unmeasured: str) -> str:
-    """Why that many replicas: the target over what one sustained (`best`: concurrency, throughput, p99), or why
+    """Why that many replicas: the target over what one sustained (`best`: its concurrency and level), or why
     nothing was measured."""
     if best is None:
         why = unmeasured or f"no served bench level kept p99 under {p99_limit_ms:g} ms"
         return f"not measured ({why}): one replica to start; run --steps triton,bench,deploy to size it"
-    concurrency, per_replica, p99 = best
-    return (f"{target_rps:g} req/s / {per_replica:.1f} req/s per replica (concurrency {concurrency}, p99 {p99:.1f} "
-            f"ms <= {p99_limit_ms:g} ms, measured on {measured_on}) = {minimum}")
+    concurrency, level = best
+    return (f"{target_rps:g} req/s / {level.throughput:.1f} req/s per replica (concurrency {concurrency}, p99 "
+            f"{level.p99:.1f} ms <= {p99_limit_ms:g} ms, measured on {measured_on}) = {minimum}")
 
 
 def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: ServedBenchmark | None, model: str,
@@ -63,8 +63,7 @@ def plan_capacity(triton: TritonSettings, bench: BenchSettings, served: ServedBe
                   f"({measured_queue:.3f} ms), at least {floor:g} ms")
     else:
         queue, reason = floor, f"not measured: {floor:g} ms (the batcher's delay, at least {MIN_QUEUE_TARGET_MS:g} ms)"
-    why = replicas_reason(triton.target_rps, None if best is None else (best[0], best[1].throughput, best[1].p99),
-                          bench.p99_limit_ms, measured_on, minimum, unmeasured)
+    why = replicas_reason(triton.target_rps, best, bench.p99_limit_ms, measured_on, minimum, unmeasured)
     return Capacity(target_rps=triton.target_rps, per_replica_rps=per_replica, concurrency=concurrency, p99_ms=p99,
                     p99_limit_ms=bench.p99_limit_ms, measured_on=measured_on, min_replicas=minimum,
                     max_replicas=max(minimum + 1, math.ceil(minimum * triton.burst_factor)),
