@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.batches import Feed
-from workbench.graphs import onnxfiles
+from workbench.graphs import onnxfiles, shared_tables
 
 if TYPE_CHECKING:
     from onnx import ModelProto, NodeProto, TensorProto
@@ -53,21 +53,12 @@ class Quantizer:
     dequantizes: tuple[NodeProto, ...]
 
 
-def _readers(model: ModelProto) -> dict[str, list[NodeProto]]:
-    """Per tensor, the nodes that read it."""
-    readers: dict[str, list[NodeProto]] = {}
-    for node in model.graph.node:
-        for tensor in node.input:
-            readers.setdefault(tensor, []).append(node)
-    return readers
-
-
 def quantizers(model: ModelProto) -> dict[str, Quantizer]:
     """The graph's quantizers by node name: each QuantizeLinear with the DequantizeLinear nodes that read it, and
     each DequantizeLinear of a stored table that only Gathers read (MatMul weights are stored quantized too, and
     come back with the MatMul a repair restores)."""
     stored = {tensor.name for tensor in model.graph.initializer}
-    readers = _readers(model)
+    readers = shared_tables.readers(model)
     found = {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear":
@@ -84,7 +75,7 @@ def keep_in_float(quantized: Path, original: Path, dest: Path, names: Sequence[s
     their dequantized values is restored as `original` has it (its unquantized inputs, its float weights, and the
     bias NNCF's bias correction changed in the node that adds it), or, without a counterpart there, reads the
     unquantized activation; the nodes nothing reads any more are dropped."""
-    model, source = onnxfiles.load(quantized), untied(original)
+    model, source = onnxfiles.load(quantized), shared_tables.untied(original)
     found = quantizers(model)
     undone = {dequantize.output[0]: found[name].source for name in names for dequantize in found[name].dequantizes}
     counterparts = {node.name: node for node in source.graph.node}
@@ -127,7 +118,7 @@ def quantizer_costs(quantized: Path, costs: dict[str, float]) -> dict[str, float
     """Per quantizer, the compute it feeds: the summed `costs` (by node name) of the nodes that read its dequantized
     values."""
     model = onnxfiles.load(quantized, load_external_data=False)
-    readers = _readers(model)
+    readers = shared_tables.readers(model)
     return {name: sum(costs.get(reader.name, 0.0) for dequantize in found.dequantizes
                       for reader in readers.get(dequantize.output[0], []))
             for name, found in quantizers(model).items()}
@@ -151,7 +142,7 @@ def noise_order(quantized: Path, original: Path, feeds: Sequence[Feed]) -> dict[
 
     model = onnxfiles.load(quantized)
     found = quantizers(model)
-    tables = _original_tables(model, untied(original), found)
+    tables = _original_tables(model, shared_tables.untied(original), found)
     pairs = {name: (q.source, q.dequantizes[0].output[0])
              for name, q in found.items() if q.dequantizes and (q.source or name in tables)}
     exact_tables = {name: numpy_helper.to_array(table).astype(np.float64) for name, table in tables.items()}
@@ -170,7 +161,7 @@ def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Qua
     """Per stored-table quantizer, the float table its first reader reads in the original graph."""
     counterparts = {node.name: node for node in source.graph.node}
     weights = {tensor.name: tensor for tensor in source.graph.initializer}
-    readers = _readers(model)
+    readers = shared_tables.readers(model)
     tables = {}
     for name, quantizer in found.items():
         first = readers.get(quantizer.dequantizes[0].output[0]) if quantizer.source is None else None
@@ -178,39 +169,6 @@ def _original_tables(model: ModelProto, source: ModelProto, found: dict[str, Qua
         if twin is not None and twin.input[0] in weights:
             tables[name] = weights[twin.input[0]]
     return tables
-
-
-def untied(path: Path) -> ModelProto:
-    """The graph at `path` with no stored table behind an Identity node (the exporter's form of a weight several
-    layers reuse: ALBERT's shared layers), where NNCF looks for weights and finds none. A table that only MatMuls
-    read, as their weight, is read by them directly: NNCF quantizes it once, skips smoothing it (its rule for a
-    shared weight) and the int8 graph stores it once. Any other shared table is copied per Identity, under the
-    Identity's output name."""
-    from onnx import TensorProto
-
-    model = onnxfiles.load(path)
-    stored = {tensor.name: tensor for tensor in model.graph.initializer}
-    readers = _readers(model)
-    shares: dict[str, list[NodeProto]] = {}
-    for node in model.graph.node:
-        if node.op_type == "Identity" and node.input[0] in stored:
-            shares.setdefault(node.input[0], []).append(node)
-    for table, identities in shares.items():
-        names = {table, *(node.output[0] for node in identities)}
-        users = [user for name in names for user in readers.get(name, []) if user not in identities]
-        as_weight = all(user.op_type == "MatMul" and user.input[1] in names and user.input[0] not in names
-                        for user in users)
-        for node in identities:
-            if as_weight:
-                for user in readers.get(node.output[0], []):
-                    user.input[:] = [table if tensor == node.output[0] else tensor for tensor in user.input]
-            else:
-                copy = TensorProto()
-                copy.CopyFrom(stored[table])
-                copy.name = node.output[0]
-                model.graph.initializer.append(copy)
-            model.graph.node.remove(node)
-    return model
 
 
 def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) -> None:
@@ -224,7 +182,7 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
     from onnx import helper
 
     nncf.set_log_level(logging.ERROR)
-    model = untied(original)
+    model = shared_tables.untied(original)
     with redirect_stdout(io.StringIO()):  # NNCF's own progress bars; the step has its own
         quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(feeds))
@@ -242,7 +200,7 @@ def unsigned_activations(model: ModelProto) -> None:
     from onnx import TensorProto, numpy_helper
 
     stored = {tensor.name: tensor for tensor in model.graph.initializer}
-    readers = _readers(model)
+    readers = shared_tables.readers(model)
     declared = {info.name: info for info in model.graph.value_info}
     replaced = set()
     for node in model.graph.node:

@@ -30,7 +30,7 @@ from workbench.core.results import (
     Unavailable,
 )
 from workbench.core.timing import elapsed
-from workbench.graphs import onnxfiles
+from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.variants import (
@@ -227,11 +227,13 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
 
 
 def openvino_file(record: RunRecord, dest: Path, precision: str) -> None:
-    """The exported graph written to `dest`, its metadata telling the runners to run it with OpenVINO at the
-    inference `precision` ("f32" or "bf16")."""
+    """The exported graph written to `dest`, its shared weights in the form OpenVINO packs once
+    (`shared_tables.transposed_once`), its metadata telling the runners to run it with OpenVINO at the inference
+    `precision` ("f32" or "bf16")."""
     from onnx import helper
 
-    model = onnxfiles.load(record.artifact("onnx.original"))
+    model = shared_tables.untied(record.artifact("onnx.original"))
+    shared_tables.transposed_once(model)
     helper.set_model_props(model, {onnxfiles.RUNTIME_KEY: "openvino", onnxfiles.OPENVINO_PRECISION_KEY: precision})
     onnxfiles.save(model, dest)
     del model
