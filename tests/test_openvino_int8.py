@@ -362,7 +362,8 @@ def test_optimize_run_again_reads_no_file_a_later_step_wrote(quantized, tmp_path
     config, shared = quantized
     record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
     with record.step("parity"):  # entered first: it drops what an earlier parity run on the shared run wrote
-        repaired = onnxfiles.save(onnx.load(record.variant("int8").path), record.run_dir / "onnx" / "int8_repaired.onnx")
+        repaired = record.run_dir / "onnx" / "int8_repaired.onnx"
+        onnxfiles.save(onnx.load(record.variant("int8").path), repaired)
         record.add_artifact("onnx.int8_repaired", repaired, kind="onnx", variant="int8_repaired", precision="int8")
     monkeypatch.setattr(optimize, "bf16_problem", lambda: NO_BF16)
     assert optimize.run(config, record).status == "ok"
