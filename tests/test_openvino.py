@@ -56,7 +56,7 @@ def test_the_variant_matches_onnxruntime_fp32_on_the_embedded_model(minilm):
     assert onnxfiles.runtime(path) == "openvino" and precision == "fp32"
     assert onnxfiles.runtime(record.artifact("onnx.fp32")) == "onnxruntime"
     gate = DEFAULT_TOLERANCES["fp32"]["hidden"]
-    with open_variant("openvino", path, "cpu", 1) as openvino, \
+    with open_variant(built, "cpu", 1) as openvino, \
             OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"], 1) as fp32:
         assert isinstance(openvino, OpenVinoRunner) and openvino.providers[0].startswith("OpenVINO")
         batch = corpus_batch(record, fp32.input_names)

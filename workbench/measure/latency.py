@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -182,14 +181,14 @@ def row_variant(name: str) -> str:
 @dataclass(frozen=True)
 class GridRows:
     """What the grid's rows are made from: the PyTorch model (the reference), the ONNX variants and TensorRT
-    engines (name -> path, precision; engines with their shape profiles), the device and the threads."""
+    engines (by name; engines with their shape profiles), the device and the threads."""
 
     model: LoadedModel
     specs: tuple[OutputSpec, ...]
     device: Device
     threads: int
     variants: dict[str, Variant]
-    engines: dict[str, tuple[Path, str, list[Profile]]] = field(default_factory=dict)
+    engines: dict[str, tuple[Variant, list[Profile]]] = field(default_factory=dict)
     torch_compile: bool = False
 
     def factories(self, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Callable[[], Runner]]:
@@ -213,13 +212,12 @@ class GridRows:
             rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
         for name, built in self.variants.items():
             settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
-            path, precision = built.path, built.precision
-            rows[name] = lambda n=name, p=path, q=precision, s=settings: open_variant(n, p, self.device, threads, q, s)
+            rows[name] = lambda v=built, s=settings: open_variant(v, self.device, threads, s)
             if self.device == "cuda":
-                rows[f"{name}{ON_DEVICE}"] = lambda n=name, p=path, q=precision, s=settings: OrtRunner(
-                    f"{n}{ON_DEVICE}", p, providers, threads, s, q, io="device")
-        for name, (path, precision, profiles) in self.engines.items():
-            rows[name] = lambda n=name, p=path, q=precision, f=profiles: TrtEngineRunner(n, p, f, q)
+                rows[f"{name}{ON_DEVICE}"] = lambda v=built, s=settings: OrtRunner(
+                    f"{v.name}{ON_DEVICE}", v.path, providers, threads, s, v.precision, io="device")
+        for name, (engine, profiles) in self.engines.items():
+            rows[name] = lambda v=engine, f=profiles: TrtEngineRunner(v.name, v.path, f, v.precision)
         return rows
 
     def open(self, stack: ExitStack, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:

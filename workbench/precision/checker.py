@@ -2,9 +2,11 @@
 variant gets most wrong, with a latency), on the full parity lab, and in a short summary of the primary output."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from workbench.core.record import Variant
 from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
@@ -17,19 +19,19 @@ RANKING_KEYS = ("kendall_tau", "agreement_at_1")  # a reranker's scores: each qu
 
 
 class Checker:
-    """Checks one variant's candidate files (`name`, at `precision`) against `lab`, each run by the runtime its file
-    names (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
-    start as those of the texts `unrepaired` gets most wrong and grow with `add_failing`."""
+    """Checks candidate files of one `variant` against `lab`, each run by the runtime its file names
+    (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
+    start as those of the texts the variant's own file gets most wrong and grow with `add_failing`."""
 
-    def __init__(self, lab: ParityLab, name: str, precision: str, device: str, threads: int | None,
-                 unrepaired: Path) -> None:
-        self.lab, self.name, self.precision, self.device, self.threads = lab, name, precision, device, threads
+    def __init__(self, lab: ParityLab, variant: Variant, device: str, threads: int | None) -> None:
+        self.lab, self.variant, self.device, self.threads = lab, variant, device, threads
+        self.name, self.precision = variant.name, variant.precision
         self.hard: list[int] = []
         self.batch = lab.latency_batch()
-        self.add_failing(self.collect(unrepaired), only_failing=False)
+        self.add_failing(self.collect(variant.path), only_failing=False)
 
     def runner(self, path: Path) -> Runner:
-        return open_variant(self.name, path, self.device, self.threads, self.precision)
+        return open_variant(dataclasses.replace(self.variant, path=path), self.device, self.threads)
 
     def collect(self, path: Path) -> dict[str, OutputParity]:
         """Per output, every text's parity on the full lab."""

@@ -42,8 +42,7 @@ STEP = "bench"
 
 def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
     """The grid's rows for this run: PyTorch on the run's device, its ONNX variants and TensorRT engines."""
-    engines = {name: (engine.path, engine.precision, engine_profiles(record, name))
-               for name, engine in record.variants("engine").items()}
+    engines = {name: (engine, engine_profiles(record, name)) for name, engine in record.variants("engine").items()}
     return GridRows(load_model(config), config.output_specs, device_for(config.device),
                     config.threads or os.cpu_count() or 1, record.variants("onnx"), engines,
                     config.bench.torch_compile)
@@ -95,9 +94,8 @@ def in_process_rates(config: RunConfig, record: RunRecord, plan: ServingPlan, va
     """The served variant in process on the served texts, with the cores the deployment has (its instances' threads
     together: one in-process session is the fastest way to use them for one caller), at batch size 1 and the served
     preferred sizes."""
-    path = record.variant(variant).path
     tokenizer = record.tokenizer()
-    with open_variant(variant, path, config.device, plan.threads * plan.instances) as runner:
+    with open_variant(record.variant(variant), config.device, plan.threads * plan.instances) as runner:
         batches = {size: corpus_batches(tokenizer, runner.input_names, texts, size, plan.max_length)
                    for size in sorted({1, *plan.preferred_batch_sizes})}
         return corpus_rates(runner, batches)

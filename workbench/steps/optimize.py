@@ -269,7 +269,7 @@ def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig
     never where OpenVINO compiles it at another inference precision than `compiled_at`. A file not kept, interrupted
     or failed is removed. Its engine, timing and decision, for metrics.optimize.<name>."""
     try:
-        with open_variant(against, record.variant(against).path, config.device, config.threads) as default, \
+        with open_variant(record.variant(against), config.device, config.threads) as default, \
                 OpenVinoRunner(name, dest, config.threads, precision) as challenger:
             engine = challenger.providers[0]
             if compiled_at and challenger.inference_precision != compiled_at:

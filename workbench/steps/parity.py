@@ -12,7 +12,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
-from workbench.core.record import RunRecord, StepEntry
+from workbench.core.record import RunRecord, StepEntry, Variant
 from workbench.core.results import ParityMetrics, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
@@ -26,7 +26,6 @@ from workbench.precision.repair import repair as repair_variant
 from workbench.report import figures
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
-from workbench.runners import Runner
 from workbench.runners.files import open_variant
 
 STEP = "parity"
@@ -51,7 +50,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     built = record.variant(name)
     path, precision = built.path, built.precision
     with Progress(f"repair {name}", config.parity.repair.max_builds, "candidates") as bar:
-        checker = Checker(lab, name, precision, config.device, config.threads, path)
+        checker = Checker(lab, built, config.device, config.threads)
         problem = None
         if name == "openvino_int8":
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
@@ -77,9 +76,7 @@ def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Any], check
     """The variant a raced repair must beat (the first of RACED_AGAINST that passed) and its median ms on the
     checker's latency batch, measured as the checker measures candidates."""
     against = raced_against(results)
-    built = record.variant(against)
-    path, precision = built.path, built.precision
-    with open_variant(against, path, config.device, config.threads, precision) as runner:
+    with open_variant(record.variant(against), config.device, config.threads) as runner:
         return against, median_ms(lambda: runner.infer(checker.batch), repeats=5, warmup=1)
 
 
@@ -96,10 +93,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
     against = raced_against(results)
     if config.optimize.openvino == "always":
         return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
-    built = record.variant(against)
-    other, precision = built.path, built.precision
-    with open_variant(against, other, config.device, config.threads, precision) as default, \
-            open_variant(name, path, config.device, config.threads, "int8") as challenger:
+    with open_variant(record.variant(against), config.device, config.threads) as default, \
+            open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
                                 form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
     release_memory()
@@ -110,17 +105,12 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
     """Variant `name` against the lab's reference (metrics.parity.variants.<name>)."""
     built = record.variant(name)
-    path, precision = built.path, built.precision
-    with _runner(name, path, config) as runner:
+    with open_variant(built, config.device, config.threads) as runner:
         record.note_providers(runner.providers)
-        result = lab.compare(runner, precision)
+        result = lab.compare(runner, built.precision)
     release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
     record.set_metric(f"{STEP}.variants.{name}", result)
     return result
-
-
-def _runner(name: str, path: Path, config: RunConfig) -> Runner:
-    return open_variant(name, path, config.device, config.threads)
 
 
 def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:

@@ -161,7 +161,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
-            with open_variant(variant, built.path, config.device, config.threads) as runner:
+            with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = Verdict.model_validate(lab.compare(runner, built.precision))
         if verdict is not None and verdict.passed:
             failed_here = {v: c.failures for v, c in checks.items() if not c.passed}
