@@ -5,6 +5,7 @@ import pytest
 
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
+from workbench.core.results import Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
 from workbench.precision.ranking import same_top
@@ -89,7 +90,7 @@ def test_parity_error_names_the_worst_output_and_values():
     result.update(verdict(result["outputs"]))
     with pytest.raises(ParityError, match="fp32 fails parity on sentence_embedding.*text 8.*got 3.0, reference 0.0") \
             as info:
-        raise_if_failed("fp32", result)
+        raise_if_failed("fp32", Verdict.model_validate(result))
     assert info.value.worst["position"] == [5] and info.value.output == "sentence_embedding"
 
 

@@ -13,7 +13,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision
+from workbench.core.results import PrecisionDecision, Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.measure.precisions import Target, target_for
@@ -142,7 +142,8 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     repair = results["repair"]["openvino_int8"]
     assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
     assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
-    against = parity.raced_against(results["variants"])  # ONNX Runtime's int8 as this host repaired it, or not
+    verdicts = {name: Verdict.model_validate(verdict) for name, verdict in results["variants"].items()}
+    against = parity.raced_against(verdicts)  # ONNX Runtime's int8 as this host repaired it, or not
     assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
     built = record.variant("openvino_int8_repaired")
@@ -158,7 +159,7 @@ def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
     monkeypatch.setattr(parity, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
     dest = tmp_path / "openvino_int8_repaired.onnx"
     onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
-    raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, {"int8": {"passed": True}})
+    raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, {"int8": Verdict(passed=True)})
     assert raced.recorded() == {"against": "int8", "ms": {}, "kept": False,
                                 "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
 
@@ -270,7 +271,7 @@ class CountingChecker:
     def assess(self, path):
         blocked = set(path.read_text().split())
         passed = self.needed <= blocked
-        return {"passed": passed, "violation": 0.0 if passed else 1.0}, 1.0 + len(blocked)
+        return Verdict(passed=passed, violation=0.0 if passed else 1.0), 1.0 + len(blocked)
 
     def summarize(self, result):
         return {}

@@ -16,6 +16,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import InputMismatchError, ParityError, ShapeError
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
+from workbench.core.results import Verdict
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
@@ -84,7 +85,7 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     assert not before["passed"]
     assert before["outputs"]["sentence_embedding"]["non_finite"] > 0
     with pytest.raises(ParityError, match="fp16 fails parity on .*NaN/Inf"):
-        raise_if_failed("fp16", before)
+        raise_if_failed("fp16", Verdict.model_validate(before))
     repair = record.data["metrics"]["parity"]["repair"]["fp16"]
     assert repair["outcome"] == "repaired" and repair["ranked_by"] == RANKED_BY
     blocked = repair["chosen"]["blocked"]

@@ -83,7 +83,7 @@ def test_the_parity_lab_closes_its_reference_and_compares_what_a_runner_returns(
         lab.reference.infer(lab.batches[0])
     with OrtRunner("original", record.artifact("onnx.original"), [CPU]) as runner:
         result = lab.compare(runner, "fp32")
-    assert result["passed"] and tuple(result["outputs"]) == OUTPUTS[model]
+    assert result.passed and tuple(result.outputs) == OUTPUTS[model]
 
 
 class FakeClient:
@@ -115,7 +115,7 @@ def test_a_served_runner_is_compared_through_the_same_infer(exported):
         result = lab.compare(runner, "fp32")
     assert tuple(got) == runner.output_names == tuple(outputs)
     assert all(v.shape[:2] == lab.batches[0].shape for v in got.values() if v.ndim == 3)
-    assert result["passed"] and tuple(result["outputs"]) == OUTPUTS[model]
+    assert result.passed and tuple(result.outputs) == OUTPUTS[model]
 
 
 def test_benchmark_runners_are_all_closed_even_when_one_fails_to_load(exported, monkeypatch):

@@ -35,6 +35,8 @@ class OutputResult(Metrics):
     agreement: float | None = None
     quantiles: dict[str, float] = Field(default_factory=dict)  # absolute error at each quantile ("p50", ...)
     failures: list[str] = Field(default_factory=list)
+    violation: float = 0.0  # how far past its gate (0 where it passes)
+    worst: Json = Field(default_factory=dict)  # the worst value: its text, batch, row, position, got and want
     tolerance: dict[str, float | int] = Field(default_factory=dict)
     retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
     ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)

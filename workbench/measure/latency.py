@@ -292,7 +292,7 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
                                   peak_memory_mb=memory.get(name))
                  for name, runner in runners.items()}
     checked = check_rows(lab, runners)
-    judged = {**verdicts, **{name: bool(verdict["passed"]) for name, verdict in checked.items()}}
+    judged = {**verdicts, **{name: verdict.passed for name, verdict in checked.items()}}
     passed = {name: name in REFERENCES or judged.get(row_variant(name), False) for name in runners}
     cells: dict[str, dict[str, CellTiming]] = {}
     flops: dict[str, float] = {}
@@ -323,7 +323,7 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
                       key=lambda n: stats[n].speedup or 0.0, default=None)
             for cell, stats in cells.items()}
     for name, verdict in checked.items():
-        described[name].parity = Verdict.model_validate(verdict)
+        described[name].parity = verdict
     return LatencyGrid(threads=rows.threads, device=device, cells=cells, flops=flops, passed=passed,
                        runners=described, sessions=tuned, cuda_graph=graphs, disturbed=disturbances(cells, flops),
                        best={cell: BestRow(variant=name, speedup=cells[cell][name].speedup or 0.0)
@@ -331,7 +331,7 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
                        peaks=peaks)
 
 
-def check_rows(lab: ParityLab | None, runners: dict[str, Runner]) -> dict[str, dict[str, Any]]:
+def check_rows(lab: ParityLab | None, runners: dict[str, Runner]) -> dict[str, Verdict]:
     """The rows no other step checked (torch.compile, PyTorch in fp16), each on `lab` with the gate for its
     precision, so they are judged like the variants."""
     from workbench.core.progress import track

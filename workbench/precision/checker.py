@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.record import Variant
+from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
@@ -46,19 +47,19 @@ class Checker:
         self.checks = self.lab.subset(self.hard)
         return found
 
-    def assess(self, path: Path) -> tuple[dict[str, Any], float]:
+    def assess(self, path: Path) -> tuple[Verdict, float]:
         """The parity result on the search's batches and the median latency (ms) of the lab's latency batch."""
         with self.runner(path) as runner:
             return (self.checks.compare(runner, self.precision),
                     median_ms(lambda: runner.infer(self.batch), repeats=5, warmup=1))
 
-    def confirm(self, path: Path) -> dict[str, Any]:
+    def confirm(self, path: Path) -> Verdict:
         """The parity result on the full lab."""
         with self.runner(path) as runner:
             return self.lab.compare(runner, self.precision)
 
-    def summarize(self, result: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, result: Verdict) -> dict[str, Any]:
         """The failures and the primary output's headline metrics of a parity result."""
-        primary = result["outputs"][self.lab.primary.name]
+        primary = result.outputs[self.lab.primary.name].recorded()
         ranking = {k: primary["ranking"][k] for k in RANKING_KEYS if k in primary.get("ranking", {})}
-        return {"failures": result["failures"], **{k: primary[k] for k in SUMMARY_KEYS if k in primary}, **ranking}
+        return {"failures": result.failures, **{k: primary[k] for k in SUMMARY_KEYS if k in primary}, **ranking}

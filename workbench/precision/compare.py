@@ -8,6 +8,7 @@ import numpy as np
 
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
+from workbench.core.results import Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
@@ -257,15 +258,15 @@ def verdict(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def raise_if_failed(variant: str, result: dict[str, Any]) -> None:
+def raise_if_failed(variant: str, result: Verdict) -> None:
     """ParityError naming the worst failing output, its input and both values."""
-    failing = {name: o for name, o in result["outputs"].items() if not o["passed"]}
+    failing = {name: o for name, o in result.outputs.items() if not o.passed}
     if not failing:
         return
-    name, out = max(failing.items(), key=lambda item: item[1]["violation"])
-    w = out["worst"]
+    name, out = max(failing.items(), key=lambda item: item[1].violation)
+    w = out.worst
     raise ParityError(
-        f"{variant} fails parity on {name}: {'; '.join(out['failures'])}; worst value at text {w.get('text_id')} "
+        f"{variant} fails parity on {name}: {'; '.join(out.failures)}; worst value at text {w.get('text_id')} "
         f"(batch {w.get('batch')}, row {w.get('row')}, position {w.get('position')}): got {w.get('got')}, "
         f"reference {w.get('want')}",
         "keep more nodes in higher precision (see the precision repair), or loosen `tolerances` in the config",

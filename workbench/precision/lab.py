@@ -13,6 +13,7 @@ from workbench.core.atomic import atomic_path
 from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
+from workbench.core.results import Verdict
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
@@ -137,15 +138,17 @@ class ParityLab:
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs
 
-    def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None
-                ) -> dict[str, Any]:
+    def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None) -> Verdict:
+        """`runner`'s verdict on every batch (`collect`), with its providers, the seconds it took and the texts it
+        got most wrong on the primary output."""
         start = time.perf_counter()
         outputs = self.collect(runner, precision, tolerances)
         seconds = time.perf_counter() - start
         summaries = {name: parity.summary() for name, parity in outputs.items()}
-        return {**verdict(summaries), "precision": precision, "providers": list(runner.providers),
-                "seconds": round(seconds, 3), "outputs": summaries,
-                "worst_texts": self._worst_texts(outputs[self.primary.name])}
+        return Verdict.model_validate({
+            **verdict(summaries), "precision": precision, "providers": list(runner.providers),
+            "seconds": round(seconds, 3), "outputs": summaries,
+            "worst_texts": self._worst_texts(outputs[self.primary.name])})
 
     def _worst_texts(self, parity: OutputParity) -> list[dict[str, Any]]:
         return [{"text_id": i, "text": shown(self.texts[i])[:160], "metric": parity.per_text_metric,
@@ -210,7 +213,7 @@ def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...
     call, library = reference.call, reference.library
     lab = ParityLab.corpus_only(config, loaded, texts, reference, cut=loaded.max_sequence)
     with TorchRunner(loaded, lab.specs) as module:
-        result = lab.compare(module, "fp32", tolerances={})
+        result = lab.compare(module, "fp32", tolerances={}).recorded()
         cut = cut_row(loaded, lab, module)
     check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result, "cut": cut,
              "reference_cached": lab.reference_cached}
@@ -227,5 +230,5 @@ def cut_row(loaded: LoadedModel, lab: ParityLab, runner: Runner) -> dict[str, An
     row: dict[str, Any] = {"deployment": loaded.sequence.max, "library": loaded.max_sequence,
                            "texts_beyond": len(lab.beyond)}
     if lab.beyond and loaded.sequence.max < loaded.max_sequence:
-        row["beyond"] = lab.past_cut().compare(runner, "fp32", tolerances={})
+        row["beyond"] = lab.past_cut().compare(runner, "fp32", tolerances={}).recorded()
     return row

@@ -77,9 +77,9 @@ def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: 
     seconds = elapsed(build)
     result, latency_ms = checker.assess(path)
     checked_on = "the search's batches"
-    if result["passed"]:
+    if result.passed:
         result, checked_on = checker.confirm(path), "full lab"
-    return {"recipe": name, "passed": result["passed"], "violation": result["violation"], "checked_on": checked_on,
+    return {"recipe": name, "passed": result.passed, "violation": result.violation, "checked_on": checked_on,
             "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **checker.summarize(result)}
 
 

@@ -95,7 +95,7 @@ class RepairSearch:
         self.problem.build(list(blocked), path)
         seconds = time.perf_counter() - start
         result, latency_ms = self.checker.assess(path)
-        candidate = Candidate(tuple(sorted(blocked)), result["passed"], result["violation"], latency_ms,
+        candidate = Candidate(tuple(sorted(blocked)), result.passed, result.violation, latency_ms,
                               seconds, self.checker.summarize(result))
         self.candidates[key] = candidate
         self.history.append({**self.describe(candidate), "round": self.round})

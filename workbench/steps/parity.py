@@ -42,7 +42,7 @@ def repair_plan(config: RunConfig) -> RepairPlan:
                       int8.nodes_to_exclude, int8.per_channel)
 
 
-def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Any]) -> str | None:
+def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> str | None:
     """Repair the failing variant `name` (metrics.parity.repair.<name>); the repaired variant's name when one
     passed (and, for openvino_int8, kept its speed: `race_repaired`), its file recorded."""
     repaired = f"{name}_repaired"
@@ -72,7 +72,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     return None
 
 
-def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Any], checker: Checker) -> tuple[str, float]:
+def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Verdict], checker: Checker) -> tuple[str, float]:
     """The variant a raced repair must beat (the first of RACED_AGAINST that passed) and its median ms on the
     checker's latency batch, measured as the checker measures candidates."""
     against = raced_against(results)
@@ -80,13 +80,13 @@ def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Any], check
         return against, median_ms(lambda: runner.infer(checker.batch), repeats=5, warmup=1)
 
 
-def raced_against(results: dict[str, Any]) -> str:
+def raced_against(results: dict[str, Verdict]) -> str:
     """The first of RACED_AGAINST that passed parity (`results`, by variant)."""
-    return next((v for v in RACED_AGAINST if results.get(v, {}).get("passed")), "fp32")
+    return next((v for v in RACED_AGAINST if v in results and results[v].passed), "fp32")
 
 
 def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
-                  results: dict[str, Any]) -> Trial:
+                  results: dict[str, Verdict]) -> Trial:
     """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
     (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or
     optimize.openvino=always; its record."""
@@ -102,18 +102,18 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
                  reason=f"kept: {reason}" if kept else f"not kept (its file removed): {reason}")
 
 
-def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> dict[str, Any]:
+def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> Verdict:
     """Variant `name` against the lab's reference (metrics.parity.variants.<name>)."""
     built = record.variant(name)
     with open_variant(built, config.device, config.threads) as runner:
         record.note_providers(runner.providers)
         result = lab.compare(runner, built.precision)
     release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
-    record.set_metric(f"{STEP}.variants.{name}", result)
+    record.set_metric(f"{STEP}.variants.{name}", result.recorded())
     return result
 
 
-def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Any]) -> Path:
+def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: dict[str, Verdict]) -> Path:
     """A shell script that re-runs each ONNX variant against the saved PyTorch outputs with Polygraphy."""
     lines = ["#!/usr/bin/env bash",
              "# Re-run each variant on the saved corner-batch inputs and compare with the saved PyTorch outputs.",
@@ -124,15 +124,15 @@ def reproduce_script(record: RunRecord, inputs: Path, reference: Path, results: 
     for name, result in results.items():
         if name not in variants:
             continue
-        outputs = result["outputs"]
+        outputs = result.outputs
         path = variants[name].path.relative_to(record.run_dir)
         command = ["polygraphy run", shlex.quote(str(path)), "--onnxrt --providers cpu",
                    "--load-inputs", str(inputs.relative_to(record.run_dir)),
                    "--load-outputs", str(reference.relative_to(record.run_dir)), "--check-error-stat max"]
         lines.append(f"echo '== {name}'")
-        if all("atol" in o["tolerance"] for o in outputs.values()):
-            command += ["--atol", *(f"{n}:{o['tolerance']['atol']:g}" for n, o in outputs.items()),
-                        "--rtol", *(f"{n}:{o['tolerance'].get('rtol', 0):g}" for n, o in outputs.items())]
+        if all("atol" in o.tolerance for o in outputs.values()):
+            command += ["--atol", *(f"{n}:{o.tolerance['atol']:g}" for n, o in outputs.items()),
+                        "--rtol", *(f"{n}:{o.tolerance.get('rtol', 0):g}" for n, o in outputs.items())]
             lines.append(" ".join(command) + " || status=1")
         else:
             lines.append(f"# {name} is judged by cosine / label agreement, not an absolute tolerance: "
@@ -178,7 +178,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference_cached": lab.reference_cached})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
         for name in REPAIRABLE:
-            if config.parity.repair.enabled and name in results and not results[name]["passed"]:
+            if config.parity.repair.enabled and name in results and not results[name].passed:
                 repaired = repair(name, config, record, lab, results)
                 if repaired is not None:
                     results[repaired] = compare(repaired, config, record, lab)

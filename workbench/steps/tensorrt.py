@@ -116,7 +116,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
     lab = ParityLab.build(config, loaded, lab_texts(config, loaded))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
-            metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision)
+            metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision).recorded()
             record.set_metric(STEP, metrics)
 
 

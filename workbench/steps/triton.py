@@ -69,9 +69,9 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
         for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
             with (TritonClient(url, protocol) as client,
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
-                parity[protocol] = Verdict.model_validate(lab.within().compare(runner, precision))
+                parity[protocol] = lab.within().compare(runner, precision)
                 if lab.beyond:
-                    beyond[protocol] = Verdict.model_validate(lab.subset(list(lab.beyond)).compare(runner, precision))
+                    beyond[protocol] = lab.subset(list(lab.beyond)).compare(runner, precision)
         metrics.served_parity = parity
         metrics.cut = ServedCut(deployment=loaded.sequence.max, library=loaded.max_sequence,
                                 texts_within=len(texts) - len(lab.beyond), texts_beyond=len(lab.beyond),
@@ -105,7 +105,7 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
         lab = ParityLab.corpus_only(config, loaded, texts, library_reference(config, loaded, texts, name), name)
         with (TritonClient(url, "http") as client,
               ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
-            results[name] = Verdict.model_validate(lab.within().compare(runner, precision))
+            results[name] = lab.within().compare(runner, precision)
     return results
 
 
@@ -162,7 +162,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
             built = record.variant(variant)
             lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
             with open_variant(built, config.device, config.threads) as runner:
-                verdict = checks[variant] = Verdict.model_validate(lab.compare(runner, built.precision))
+                verdict = checks[variant] = lab.compare(runner, built.precision)
         if verdict is not None and verdict.passed:
             failed_here = {v: c.failures for v, c in checks.items() if not c.passed}
             return Verification(variant=variant, by="triton step" if variant in checks else "parity step",
