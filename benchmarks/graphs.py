@@ -42,6 +42,7 @@ from peerlib.peers import (
     find_openvino,
     install_infinity,
     install_openvino,
+    openvino_hint,
     require_positive,
 )
 
@@ -123,12 +124,18 @@ def refuse_early(args: argparse.Namespace) -> None:
                                    "parity steps are done")
     if args.model is not None:
         model_folder(args.model)
-    if not (args.peer_venv / "bin" / "optimum-cli").is_file():
-        raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
-                                    f"{sys.executable} {Path(__file__).resolve()} --install --peer-venv "
-                                    f"{args.peer_venv.resolve()} (a virtual environment of about 1.5 GB, about a "
-                                    "minute)")
-    find_openvino(args.openvino_venv)
+    if (args.peer_venv / "bin" / "optimum-cli").is_file():
+        find_openvino(args.openvino_venv)
+        return
+    try:
+        find_openvino(args.openvino_venv)
+    except PeerNotInstalledError:
+        raise PeerNotInstalledError(f"neither Optimum ({args.peer_venv}) nor OpenVINO ({args.openvino_venv}) is "
+                                    "installed", openvino_hint(args.openvino_venv) + f", with --peer-venv "
+                                    f"{args.peer_venv}") from None
+    raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
+                                f"{sys.executable} {Path(__file__).resolve()} --install --peer-venv "
+                                f"{args.peer_venv.resolve()} (a virtual environment of about 1.5 GB, about a minute)")
 
 
 def compare(args: argparse.Namespace) -> None:

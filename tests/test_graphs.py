@@ -113,6 +113,12 @@ def test_a_missing_optimum_and_bad_arguments_are_refused_before_anything_runs(tm
                              text=True, cwd=tmp_path)
     assert missing.returncode == 2
     assert "PeerNotInstalledError" in missing.stderr and "--install" in missing.stderr
+    neither = subprocess.run([sys.executable, script, "--peer-venv", str(tmp_path / "none"), "--openvino-venv",
+                              str(tmp_path / "none2")], capture_output=True, text=True, cwd=tmp_path)
+    assert neither.returncode == 2 and (f"neither Optimum ({tmp_path / 'none'}) nor OpenVINO ({tmp_path / 'none2'}) "
+                                        "is installed") in neither.stderr  # a fresh-clone trial: it named Optimum only
+    assert f"--install --openvino-venv {tmp_path / 'none2'}" in neither.stderr
+    assert f"--peer-venv {tmp_path / 'none'}" in neither.stderr
     bad = subprocess.run([sys.executable, script, "--rounds", "0", "--run", str(run)], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "ConfigError" in bad.stderr and "--rounds must be positive" in bad.stderr

@@ -465,3 +465,16 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
     warning = html.index('<div class="warning"><p>DISTURBED TIMINGS: pytorch took 1734.6 ms at b8_s16')
     table = html.index('<table class="summary recommendation">')
     assert warning < table and "<td>2.5x (disturbed timings)</td>" in html[table:]
+
+
+def test_the_bench_verdict_says_when_other_work_loaded_the_host(tmp_path):
+    """A fresh-clone trial beside a test suite: 2.0 of 2 cores busy, PyTorch's medians 84 ms at b1 s16 and 877 at
+    b1 s128, no cell 1.5x off another, and the verdict line printed "22.1x faster than PyTorch" with no caveat."""
+    _, record = _benched(tmp_path, {"fp32": 0.99999, "int8": 0.9995, "int8_repaired": 0.9999})
+    assert not any("busy" in line for line in bench.lines(record))
+    record.set_metric("bench.host", {"cpu_count": 2, "busy_before": 2.0})  # as the bench step writes it
+    lines = bench.lines(record)
+    assert lines[0] == ("the host was busy when measuring began (other work kept 2.0 of 2 cores busy): read the "
+                        "speedups below as this host's under load")
+    assert lines[1:] == [choice.line() for choice in recommend(record)] and "x faster than PyTorch" in lines[1]
+    assert bench.headline(record.results_as("bench", BenchMetrics))[0].startswith("The host was busy")

@@ -118,9 +118,12 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 
 def lines(record: RunRecord) -> list[str]:
-    """The verdict line: a disturbed grid, the recommendation per goal, a served bench that was skipped."""
-    found = [*disturbed_lines(record), *(r.line() for r in recommend(record))]
+    """The verdict line: a busy host or a disturbed grid, the recommendation per goal, a served bench that was
+    skipped."""
     bench = record.results_as(STEP, BenchMetrics)
+    busy = busy_note(bench) if bench else ""
+    found = [*([f"{busy}: read the speedups below as this host's under load"] if busy else []),
+             *disturbed_lines(record), *(r.line() for r in recommend(record))]
     if bench and bench.served and bench.served.skipped:
         found.append(f"served benchmark skipped: {bench.served.skipped}")
     return found
@@ -136,18 +139,25 @@ def disturbed_warning(bench: BenchMetrics) -> str:
             "included: do not compare or deploy by the speedups below; re-run the bench step on a quiet host.")
 
 
+def busy_note(bench: BenchMetrics) -> str:
+    """"the host was busy when measuring began (...)" where other work kept more than half its cores busy then
+    (older runs recorded only the load average, which counts the run's own steps), else ""."""
+    host = bench.host
+    if not host or not host.cpu_count:
+        return ""
+    busy, measure = ((host.busy_before, "other work kept {:.1f} of {} cores busy") if host.busy_before is not None
+                     else (host.load_before or 0.0, "load average {:.1f} on {} cores"))
+    if busy <= host.cpu_count / 2:
+        return ""
+    return f"the host was busy when measuring began ({measure.format(busy, host.cpu_count)})"
+
+
 def headline(bench: BenchMetrics) -> list[str]:
     """A warning when other work loaded the host, then what batching and serving delivered (the speedups are in
     the recommendation)."""
-    lines = []
-    host = bench.host
-    if host and host.cpu_count:  # older runs recorded only the load average, which counts the run's own steps
-        busy, measure = ((host.busy_before, "other work kept {:.1f} of {} cores busy") if host.busy_before is not None
-                         else (host.load_before or 0.0, "load average {:.1f} on {} cores"))
-        if busy > host.cpu_count / 2:
-            lines.append(f"The host was busy when measuring began ({measure.format(busy, host.cpu_count)}): "
-                         "absolute times do not hold; ratios hold only where the other "
-                         "work slowed every runner alike.")
+    busy = busy_note(bench)
+    lines = [f"{busy[0].upper()}{busy[1:]}: absolute times do not hold; ratios hold only where the other work slowed "
+             "every runner alike."] if busy else []
     served = bench.served or ServedBenchmark()
     if served.batching_on and served.batching_off:
         top = str(max(served.levels))

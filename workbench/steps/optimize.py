@@ -72,6 +72,7 @@ FUSED_OPS = (
 TRANSFORMER_FUSIONS = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
 # Fused operators that do one of those fusions' work (a tanh-approximated GELU fuses as FastGelu).
 EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "GemmFastGelu")}
+OPENVINO_BUILDS = ("openvino", "openvino_bf16", "openvino_int8")  # the OpenVINO variants this step may keep
 
 
 def fusion_stats(model: ModelProto, num_layers: int | None = None,
@@ -502,8 +503,10 @@ def lines(record: RunRecord) -> list[str]:
     borrowed = fp32.borrowed
     if borrowed and borrowed.kept:
         fused += f" ({borrowed.rules}'s rules borrowed, attention {borrowed.attention}; {borrowed.reason})"
-    sizes = ", ".join(f"{name} {stats.megabytes:.0f} MB" for name, stats in variants.items()
-                      if stats.megabytes is not None)
+    megabytes = {name: stats.megabytes for name, stats in variants.items() if stats.megabytes is not None}
+    megabytes.update({name: (record.artifact_bytes(f"onnx.{name}") or 0) / 1e6
+                      for name in record.variant_names() if name in OPENVINO_BUILDS})
+    sizes = ", ".join(f"{name} {size:.3g} MB" for name, size in megabytes.items())
     lines = [f"{fused}; fp32 graph {export.nodes} -> {fp32.nodes if 'fp32' in variants else None} nodes",
              f"variants built: {sizes}"]
     decisions = optimize.precisions.decisions if optimize.precisions else {}
