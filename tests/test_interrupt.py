@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -18,10 +21,12 @@ pytestmark = pytest.mark.slow
 SMALL = ["-p", "batch.opt=4", "-p", "batch.max=8", "-p", "sequence.opt=32", "-p", "sequence.max=64", "--quiet"]
 
 
-def _start(model: Path, run_dir: Path, steps: str, *params: str) -> subprocess.Popen:
+def _start(model: Path, run_dir: Path, steps: str, *params: str, temp: Path | None = None) -> subprocess.Popen:
+    """`workbench run` on `model`; with `temp`, its temporary files (its kernels' socket folders) go there."""
     command = [str(Path(sys.executable).parent / "workbench"), "run", "--model", str(model), "--steps", steps,
                "--output-dir", str(run_dir), *SMALL, *params]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "TMPDIR": str(temp)} if temp else None
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _wait_for(condition, what: str, seconds: float = 300) -> None:
@@ -114,12 +119,21 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, tmp_path):
+@pytest.fixture
+def temp() -> Iterator[Path]:
+    """A temporary folder of the test's own, short enough for Unix socket paths: any other workbench process on the
+    host clears a dead run's kernel folder from the shared one (a suite beside a fresh-clone trial lost it so)."""
+    folder = Path(tempfile.mkdtemp(prefix="wb-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, tmp_path, temp, monkeypatch):
     """Nothing can run in a SIGKILLed process: the kernel leaves when its parent is gone, and the server's watchdog
     stops the server and its stubs when the kernel is gone."""
     run_dir = tmp_path / "run"
     run = _start(tiny_bert, run_dir, "export,optimize,triton", "-p", "precisions=[fp32]",
-                 "-p", f"triton.repository_dir={tmp_path / 'repos'}")
+                 "-p", f"triton.repository_dir={tmp_path / 'repos'}", temp=temp)
     try:
         _wait_for_server(run_dir)
         started = psutil.Process(run.pid).children(recursive=True)
@@ -132,7 +146,8 @@ def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, t
     finally:
         run.kill()
     assert not _processes_of(run_dir)
-    left = list(Path(tempfile.gettempdir()).glob(f"{KERNEL_FOLDER_PREFIX}{run.pid}-*"))
+    left = list(temp.glob(f"{KERNEL_FOLDER_PREFIX}{run.pid}-*"))
     assert left, "a SIGKILLed run cannot remove its kernel's socket folder itself"
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with kernel_folder():  # the next notebook's kernel folder: a dead run's are removed first
         assert not any(folder.exists() for folder in left)
