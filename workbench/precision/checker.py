@@ -26,10 +26,13 @@ class Checker:
 
     def __init__(self, lab: ParityLab, variant: Variant, device: str, threads: int | None) -> None:
         self.lab, self.variant, self.device, self.threads = lab, variant, device, threads
-        self.name, self.precision = variant.name, variant.precision
         self.hard: list[int] = []
         self.batch = lab.latency_batch()
         self.add_failing(self.collect(variant.path), only_failing=False)
+
+    @property
+    def precision(self) -> str:
+        return self.variant.precision
 
     def runner(self, path: Path) -> Runner:
         return open_variant(dataclasses.replace(self.variant, path=path), self.device, self.threads)
