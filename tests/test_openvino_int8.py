@@ -2,6 +2,7 @@
 fastest graph kept before it, checked by the parity lab, repaired by undoing activation quantizers, served first."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -12,6 +13,7 @@ from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
+from workbench.core.machine import OthersBusy
 from workbench.core.record import RunRecord
 from workbench.core.results import PrecisionDecision, Verdict
 from workbench.graphs import nncf_int8, onnxfiles
@@ -243,6 +245,47 @@ def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(qu
     served = ort_batches.session(dest, {"runtime": "openvino", "openvino_precision": chosen.chosen}, 1)
     assert served.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name() == chosen.chosen
     np.testing.assert_allclose(served.run(["sentence_embedding"], batch.feed)[0], want, atol=1e-6)
+
+
+class Compiled:
+    """Stands in for an OpenVINO compile that honours the precision asked for (what a CPU with bf16 does)."""
+
+    def __init__(self, _name: str, _path: object, _threads: int | None, _precision: str, inference: str = "f32"):
+        self.inference_precision = inference
+
+    def __enter__(self) -> Compiled:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("others", [0.0, 64.0])
+def test_f32_that_wins_the_race_is_kept_only_where_the_host_was_quiet(quantized, tmp_path, monkeypatch, others):
+    """A race f32 wins clearly decides only where other work left the host mostly idle while it ran; on a busy host
+    the file keeps OpenVINO's default, bf16, and the record says why. The race's outcome and the host's load are
+    both faked: no timing here can be made to come out one way on every host."""
+    config, record = quantized
+    dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
+    won = {"bf16": {"b1_s16": 2.0, "b8_s128": 20.0}, "f32": {"b1_s16": 1.0, "b8_s128": 10.0}}
+
+    class Load(OthersBusy):
+        def __exit__(self, *_: object) -> None:
+            self.cores = others
+
+    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
+    monkeypatch.setattr(optimize, "OpenVinoRunner", Compiled)
+    monkeypatch.setattr(optimize, "OthersBusy", Load)
+    monkeypatch.setattr(optimize, "race", lambda *_, **__: (won, True, "clearly faster than the bf16 graph: 2.00x"))
+    chosen = optimize.choose_openvino_precision(config, record, record.export_info(), dest)
+    assert chosen.ms == won
+    if others:
+        assert chosen.chosen == "bf16" and onnxfiles.openvino_precision(dest) == "bf16"
+        assert f"but other work kept 64.0 of {os.cpu_count()} cores busy during the race" in chosen.reason
+        assert "re-run the optimize step on a quiet host" in chosen.reason
+    else:
+        assert chosen.chosen == "f32" and onnxfiles.openvino_precision(dest) == "f32"
+        assert chosen.reason == "f32 clearly faster than the bf16 graph: 2.00x"
 
 
 def test_a_bf16_file_is_compiled_at_bf16_where_the_cpu_has_it(quantized, tmp_path):

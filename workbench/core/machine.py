@@ -167,17 +167,40 @@ def _busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+class OthersBusy:
+    """How many cores other processes kept busy while the `with` block ran (`cores`, set on leaving it): the cores
+    busy in all, less this process's own CPU time, all its threads included. The 1-minute load average where
+    /proc/stat is missing."""
+
+    cores: float = 0.0
+    _start: float | None
+    _own: os.times_result
+    _wall: float
+
+    def __enter__(self) -> OthersBusy:
+        self._start, self._own, self._wall = _busy_seconds(), os.times(), time.monotonic()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._start is None:
+            self.cores = os.getloadavg()[0]
+            return
+        end, now = _busy_seconds() or self._start, os.times()
+        own = (now.user + now.system) - (self._own.user + self._own.system)
+        self.cores = max(0.0, (end - self._start - own) / max(time.monotonic() - self._wall, 1e-3))
+
+    def too_busy(self) -> str:
+        """"other work kept X of N cores busy" where that is more than half the host's cores, else ""."""
+        cores = os.cpu_count() or 1
+        return f"other work kept {self.cores:.1f} of {cores} cores busy" if self.cores > cores / 2 else ""
+
+
 def others_busy(seconds: float = 1.0) -> float:
     """How many cores other processes kept busy over the next `seconds`, this process idle meanwhile: unlike the
-    load average, it does not count the work this process itself has just done. The 1-minute load average where
-    /proc/stat is missing."""
-    start, own = _busy_seconds(), os.times()
-    if start is None:
-        return os.getloadavg()[0]
-    time.sleep(seconds)
-    end, now = _busy_seconds() or start, os.times()
-    own_seconds = (now.user + now.system) - (own.user + own.system)
-    return max(0.0, (end - start - own_seconds) / seconds)
+    load average, it does not count the work this process itself has just done."""
+    with OthersBusy() as others:
+        time.sleep(seconds)
+    return others.cores
 
 
 def release_memory() -> None:
