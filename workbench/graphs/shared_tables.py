@@ -55,24 +55,32 @@ def untied(path: Path) -> ModelProto:
     return model
 
 
-def transposed_once(model: ModelProto) -> int:
+def transposed_once(model: ModelProto) -> None:
     """Each 2-D table that several MatMuls read as their weight stored transposed, once, each reader given a
-    Transpose of it, in place; how many tables. OpenVINO folds a Transpose into its FullyConnected layer's
-    transposed operand and packs such a weight once for all its readers, where it packs a plain MatMul weight once
-    per reader: ALBERT-base compiled at bf16 held 475 MB instead of 161 MB and ran 1.34x OpenVINO's own IR's time
-    at b1 s16 (0.99x with one table; 2 threads, AMD EPYC with avx512_bf16)."""
-    from onnx import helper, numpy_helper
+    Transpose of it, in place. OpenVINO folds a Transpose into its FullyConnected layer's transposed operand and
+    packs such a weight once for all its readers, where it packs a plain MatMul weight once per reader: ALBERT-base
+    compiled at bf16 held 475 MB instead of 161 MB and ran 1.34x OpenVINO's own IR's time at b1 s16 (0.99x with one
+    table; 2 threads, AMD EPYC with avx512_bf16)."""
+    from onnx import NodeProto, helper, numpy_helper
 
     stored = {tensor.name: tensor for tensor in model.graph.initializer}
     shared = {name: users for name, users in readers(model).items()
               if name in stored and len(stored[name].dims) == 2 and len(users) > 1
               and all(user.op_type == "MatMul" and list(user.input).index(name) == 1 for user in users)}
+    if not shared:
+        return
+    views: dict[str, NodeProto] = {}  # by the output of the reader it goes before
     for name, users in shared.items():
         table = stored[name]
         table.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(table).T), f"{name}.T"))
         for number, user in enumerate(users):
             view = f"{name}.T.{number}"
-            model.graph.node.insert(list(model.graph.node).index(user),
-                                    helper.make_node("Transpose", [f"{name}.T"], [view], name=view, perm=[1, 0]))
+            views[user.output[0]] = helper.make_node("Transpose", [f"{name}.T"], [view], name=view, perm=[1, 0])
             user.input[1] = view
-    return len(shared)
+    ordered = []
+    for node in model.graph.node:
+        copy = NodeProto()
+        copy.CopyFrom(node)
+        ordered.extend([views[node.output[0]], copy] if node.output and node.output[0] in views else [copy])
+    model.graph.ClearField("node")
+    model.graph.node.extend(ordered)
