@@ -78,7 +78,7 @@ def test_an_error_inside_the_block_still_releases_the_session(exported):
 
 def test_the_parity_lab_closes_its_reference_and_compares_what_a_runner_returns(exported):
     model, config, record, loaded, _ = exported
-    lab = ParityLab.corpus_only(config, loaded, tuple(TEXTS))
+    lab = ParityLab.corpus_only(config.lab, loaded, tuple(TEXTS))
     with pytest.raises(RunnerClosedError):
         lab.reference.infer(lab.batches[0])
     with OrtRunner("original", record.artifact("onnx.original"), [CPU]) as runner:
@@ -108,7 +108,7 @@ class FakeClient:
 
 def test_a_served_runner_is_compared_through_the_same_infer(exported):
     model, config, _, loaded, _ = exported
-    lab = ParityLab.corpus_only(config, loaded, tuple(TEXTS))
+    lab = ParityLab.corpus_only(config.lab, loaded, tuple(TEXTS))
     outputs = [*OUTPUTS[model], "truncated"]
     with ServedRunner(FakeClient(loaded, config), "served", tuple(TEXTS), loaded.input_names, outputs) as runner:
         got = runner.infer(lab.batches[0])

@@ -5,6 +5,7 @@ import difflib
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -343,6 +344,23 @@ class GenerationSettings(_Strict):
     seconds_per_level: float = Field(default=10.0, gt=0)
 
 
+@dataclass(frozen=True)
+class LabSettings:
+    """What the parity lab reads from a run's configuration (`RunConfig.lab`): the outputs it compares and their
+    tolerances, the batch range and seed of its corner batches, the device its reference runs on, where reference
+    outputs are kept between runs, whether the model's own code may run, and the corpus."""
+
+    specs: tuple[OutputSpec, ...]
+    tolerances: dict[str, Tolerance]
+    batch: ShapeRange
+    seed: int
+    device: str
+    cache_dir: str | None
+    trust_remote_code: bool
+    corpus: str | None
+    corpus_max_texts: int
+
+
 class RunConfig(_Strict):
     """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
 
@@ -450,6 +468,12 @@ class RunConfig(_Strict):
     def output_specs(self) -> tuple[OutputSpec, ...]:
         """The graph outputs this configuration exports, in order."""
         return TASKS[self.task].outputs(self.pooling != "none", self.token_embeddings)
+
+    @property
+    def lab(self) -> LabSettings:
+        """What the parity lab reads from this configuration."""
+        return LabSettings(self.output_specs, self.tolerances, self.batch, self.seed, self.device,
+                           self.parity.reference_cache_dir, self.trust_remote_code, self.corpus, self.corpus_max_texts)
 
     @property
     def model_slug(self) -> str:

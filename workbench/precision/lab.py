@@ -11,7 +11,7 @@ import numpy as np
 
 from workbench.core.atomic import atomic_path
 from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
-from workbench.core.config import RunConfig, Tolerance
+from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.results import Verdict
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
@@ -36,20 +36,20 @@ class ParityLab:
     is the workbench's PyTorch module unless another runner is given (the model's own library). `beyond`: the texts
     longer than the run's sequence.max, in batches of their own."""
 
-    def __init__(self, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...], batches: list[Batch],
+    def __init__(self, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...], batches: list[Batch],
                  corners: int, reference: Runner | None = None, beyond: tuple[int, ...] = (),
                  prompt_tokens: int = 0) -> None:
-        self.config = config
+        self.settings = settings
         self.loaded = loaded
         self.texts = texts
         self.groups = query_groups(texts)
         self.beyond, self.prompt_tokens = beyond, prompt_tokens
-        self.specs: tuple[OutputSpec, ...] = config.output_specs
+        self.specs: tuple[OutputSpec, ...] = settings.specs
         self.batches = batches
         self.corners = batches[:corners]
-        with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(config.device))) as runner:
+        with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(settings.device))) as runner:
             start = time.perf_counter()
-            folder = config.parity.reference_cache_dir
+            folder = settings.cache_dir
             cache = ReferenceCache(Path(folder) if folder else default_folder())
             key = cache_key(runner.identity, batches) if runner.identity else None
             kept = cache.load(key, len(batches)) if key else None
@@ -61,16 +61,17 @@ class ParityLab:
         self.reference = runner  # closed: its name and input names describe `expected`
 
     @classmethod
-    def build(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...]) -> ParityLab:
+    def build(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...]) -> ParityLab:
         """The shape corners of the run's ranges, then every text once in mixed-length batches cut at the run's
         sequence.max."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
-        corners = corner_batches(loaded.tokenizer, names, prompted, config.batch, loaded.sequence, config.seed, prompt)
-        sweep = corpus_batches(loaded.tokenizer, names, prompted, config.batch.opt, loaded.sequence.max, prompt)
-        return cls(config, loaded, tuple(prompted), corners + sweep, len(corners))
+        corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
+                                 prompt)
+        sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
+        return cls(settings, loaded, tuple(prompted), corners + sweep, len(corners))
 
     @classmethod
-    def corpus_only(cls, config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...],
+    def corpus_only(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
                     reference: Runner | None = None, prompt_name: str | None = None,
                     cut: int | None = None) -> ParityLab:
         """Every text once, whole up to `cut` tokens (default: the run's sequence.max): what a served model, or the
@@ -81,9 +82,9 @@ class ParityLab:
         beyond = [i for i, length in enumerate(lengths) if length > loaded.sequence.max]
         within = [i for i, length in enumerate(lengths) if length <= loaded.sequence.max]
         prompt = loaded.prompt_tokens(prompt_name)
-        batch = partial(corpus_batches, loaded.tokenizer, loaded.input_names, prompted, config.batch.opt,
+        batch = partial(corpus_batches, loaded.tokenizer, loaded.input_names, prompted, settings.batch.opt,
                         cut or loaded.sequence.max, prompt)
-        return cls(config, loaded, tuple(prompted), batch(ids=within) + batch(ids=beyond), 0, reference,
+        return cls(settings, loaded, tuple(prompted), batch(ids=within) + batch(ids=beyond), 0, reference,
                    tuple(beyond), prompt)
 
     def subset(self, text_ids: list[int]) -> ParityLab:
@@ -129,7 +130,7 @@ class ParityLab:
         """Run every batch through `runner` and accumulate the comparison of each output it returns, against the
         task-aware default tolerances with `tolerances` (default: the run configuration's) on top."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
-        overrides = self.config.tolerances if tolerances is None else tolerances
+        overrides = self.settings.tolerances if tolerances is None else tolerances
         outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides), self.groups)
                    for s in self.specs if s.name in runner.output_names}
         for batch, expected in zip(self.batches, self.expected):
@@ -156,7 +157,7 @@ class ParityLab:
 
     def latency_batch(self) -> Batch:
         """The corner batch at the configuration's optimal batch size and sequence length."""
-        name = Cell(self.config.batch.opt, self.loaded.sequence.opt).key
+        name = Cell(self.settings.batch.opt, self.loaded.sequence.opt).key
         return next(b for b in self.corners if b.name == name)
 
     def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:
@@ -176,12 +177,12 @@ class ParityLab:
         return inputs, reference
 
 
-def lab_texts(config: RunConfig, loaded: LoadedModel) -> tuple[Text, ...]:
+def lab_texts(settings: LabSettings, loaded: LoadedModel) -> tuple[Text, ...]:
     """The run's corpus texts and, past them, texts joined from them to lengths the corpus may lack: between the
     run's sequence.max and the model's own limit (when the run cuts shorter) and past that limit, so every check
     sees texts both cuts apply to. A reranker's: pairs of them (`lab_pairs`), the long texts as one query's
     documents."""
-    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    texts = load_corpus(settings.corpus, settings.corpus_max_texts)
     cut, limit = loaded.sequence.max, loaded.max_sequence
     targets = ([(cut + limit) // 2 + 1] if cut < limit else []) + ([limit + limit // 4] if limit <= LONGEST else [])
     longer = long_texts(loaded.tokenizer, texts, targets)
@@ -190,28 +191,28 @@ def lab_texts(config: RunConfig, loaded: LoadedModel) -> tuple[Text, ...]:
     return texts + longer
 
 
-def library_reference(config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...],
+def library_reference(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
                       prompt_name: str | None = None) -> LibraryRunner | None:
     """What the model's users run today on `texts` (raw: the library adds the prompt itself, `prompt_name` or the
     model's default), as the model ships (cut at its own limit); None where no library call returns the task's
     outputs."""
-    names = tuple(spec.name for spec in config.output_specs)
-    return library_runner(loaded, texts, names, loaded.max_sequence, config.trust_remote_code, prompt_name)
+    names = tuple(spec.name for spec in settings.specs)
+    return library_runner(loaded, texts, names, loaded.max_sequence, settings.trust_remote_code, prompt_name)
 
 
-def library_check(config: RunConfig, loaded: LoadedModel, texts: tuple[Text, ...]) -> dict[str, Any]:
+def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...]) -> dict[str, Any]:
     """The workbench's PyTorch module against the model's own library as it ships, on every text whole up to the
     model's limit, at the default fp32 gate (the run's `tolerances` are for its variants): the module the graph is
     exported from must return what the model's users get today. Where the run cuts texts shorter than the model
     does, `cut` says what that changes on the texts longer than the run's cut (not gated: the verdict names it)."""
-    reference = library_reference(config, loaded, texts)
+    reference = library_reference(settings, loaded, texts)
     if reference is None:
         return {"checked": False, "library": f"transformers {loaded.task.auto_class}",
                 "reference": f"transformers {loaded.task.auto_class}",
                 "reason": f"{loaded.task.name}: the transformers pipeline returns each token's best label, not "
                           "logits; the module is transformers' own model"}
     call, library = reference.call, reference.library
-    lab = ParityLab.corpus_only(config, loaded, texts, reference, cut=loaded.max_sequence)
+    lab = ParityLab.corpus_only(settings, loaded, texts, reference, cut=loaded.max_sequence)
     with TorchRunner(loaded, lab.specs) as module:
         result = lab.compare(module, "fp32", tolerances={}).recorded()
         cut = cut_row(loaded, lab, module)

@@ -57,7 +57,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     texts = list(load_corpus(config.corpus, config.corpus_max_texts))
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
-    lab = ParityLab.build(config, rows.model, tuple(texts)) if needs_lab(rows) else None
+    lab = ParityLab.build(config.lab, rows.model, tuple(texts)) if needs_lab(rows) else None
     passed = {name: verdict.passed for name, verdict in record.verdicts().items()}
     return measure_grid(rows, shape, text, dims, passed, lab)
 

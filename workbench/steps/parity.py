@@ -147,7 +147,7 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     library); recorded, and the step fails here when they differ: every verdict after would be against the wrong
     reference."""
     with Progress("module vs the model's own library", 1, "checks") as bar:
-        check = library_check(config, loaded, texts)
+        check = library_check(config.lab, loaded, texts)
         release_memory()  # the library's own copy of the model
         bar.update(1, note="pass" if check.get("passed", True) else "FAIL")
     record.set_metric(f"{STEP}.reference", check)
@@ -168,9 +168,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
                                        "run the export and optimize steps first: --steps export,optimize,parity")
         loaded = load_model(config)
-        texts = lab_texts(config, loaded)
+        texts = lab_texts(config.lab, loaded)
         check_module(config, record, loaded, texts)
-        lab = ParityLab.build(config, loaded, texts)
+        lab = ParityLab.build(config.lab, loaded, texts)
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "corpus_texts": len(load_corpus(config.corpus, config.corpus_max_texts)),
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],

@@ -113,7 +113,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
     from workbench.runners.tensorrt import TrtEngineRunner
 
     loaded = load_model(config)
-    lab = ParityLab.build(config, loaded, lab_texts(config, loaded))
+    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
             metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision).recorded()

@@ -54,11 +54,11 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
                                      "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
     precision = metrics.precision or "fp32"
-    texts = lab_texts(config, loaded)
-    reference = library_reference(config, loaded, texts)
+    texts = lab_texts(config.lab, loaded)
+    reference = library_reference(config.lab, loaded, texts)
     metrics.served_reference = reference.call if reference else "the workbench's PyTorch module"
     metrics.served_library = reference.library if reference else "PyTorch"
-    lab = ParityLab.corpus_only(config, loaded, texts, reference)  # the served answers against what users run today
+    lab = ParityLab.corpus_only(config.lab, loaded, texts, reference)  # the served answers against what users run today
     outputs = [o.name for o in plan.outputs]
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
     metrics.server = str(binary.executable)
@@ -102,7 +102,7 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
     outputs = [o.name for o in plan.outputs]
     results = {}
     for name in track(list(plan.prompts), "served prompts", "prompts", note=lambda prompt: prompt):
-        lab = ParityLab.corpus_only(config, loaded, texts, library_reference(config, loaded, texts, name), name)
+        lab = ParityLab.corpus_only(config.lab, loaded, texts, library_reference(config.lab, loaded, texts, name), name)
         with (TritonClient(url, "http") as client,
               ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
             results[name] = lab.within().compare(runner, precision)
@@ -160,7 +160,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
-            lab = lab or ParityLab.build(config, loaded, lab_texts(config, loaded))
+            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded))
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.compare(runner, built.precision)
         if verdict is not None and verdict.passed:
