@@ -96,7 +96,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
+                                form_feeds(config.bench, load_corpus(config.corpus, config.corpus_max_texts),
+                                           record.tokenizer(), record.export_info()), RUNTIME_ROUNDS)
     release_memory()
     return Trial(against=against, ms=ms, kept=kept,
                  reason=f"kept: {reason}" if kept else f"not kept (its file removed): {reason}")
