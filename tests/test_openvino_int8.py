@@ -15,7 +15,7 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.machine import OthersBusy
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision, Verdict
+from workbench.core.results import PrecisionDecision, RepairCandidate, Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.measure.precisions import Target, target_for
@@ -317,7 +317,7 @@ class CountingChecker:
         return Verdict(passed=passed, violation=0.0 if passed else 1.0), 1.0 + len(blocked)
 
     def summarize(self, result):
-        return {}
+        return RepairCandidate(passed=result.passed, violation=result.violation)
 
 
 def search_for(tmp_path, ceiling):
@@ -335,8 +335,8 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
     from workbench.precision.search import run_search
 
     stopped = run_search(search_for(tmp_path / "a", ("int8_repaired", 4.0)))
-    assert stopped["chosen"] is None and stopped["stopped"] == stopped["outcome"]
-    assert stopped["outcome"] == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.5x "
+    assert stopped.chosen is None and stopped.stopped == stopped.outcome
+    assert stopped.outcome == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.5x "
                                   "int8_repaired's 4.0 ms: no pruned repair would be served ahead of it")
     assert not list((tmp_path / "a").rglob("candidate-*"))
     closest = search_for(tmp_path / "c", None)
@@ -344,7 +344,7 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
         closest.try_blocked(blocked)
     assert closest.closest().blocked == tuple("abcdefg"), "passing alike: the one keeping fewer units in fp32"
     pruned = run_search(search_for(tmp_path / "b", None))
-    assert pruned["outcome"] == "repaired" and pruned["chosen"]["blocked"] == ["a", "f", "g"]
+    assert pruned.outcome == "repaired" and pruned.chosen is not None and pruned.chosen.blocked == ["a", "f", "g"]
 
 
 def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path, monkeypatch):

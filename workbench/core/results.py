@@ -73,14 +73,21 @@ class Verdict(Metrics):
 
 
 class RepairCandidate(Metrics):
-    """A candidate (or recipe) of a repair: the nodes it keeps in fp32 and its verdict on the checked batches."""
+    """A candidate (or recipe) of a repair: the nodes it keeps in fp32, its verdict on the checked batches and the
+    primary output's headline numbers (a reranker's ranking numbers are kept as recorded)."""
 
     blocked: list[str] = Field(default_factory=list)
     passed: bool
     violation: float = 0.0
+    failures: list[str] = Field(default_factory=list)
     latency_ms: float | None = None
+    build_seconds: float | None = None
+    fp32_cost: float | None = None  # weight elements per token it keeps in fp32 (search candidates)
+    round: int | None = None  # the search round that built it
     min_cosine: float | None = None
     max_abs: float | None = None
+    agreement: float | None = None
+    loss: float | None = None
     retrieval: dict[str, float | int] | None = None
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from workbench.core.record import Variant
-from workbench.core.results import Verdict
+from workbench.core.results import RepairCandidate, Verdict
 from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
@@ -61,8 +60,10 @@ class Checker:
         with self.runner(path) as runner:
             return self.lab.compare(runner, self.precision)
 
-    def summarize(self, result: Verdict) -> dict[str, Any]:
-        """The failures and the primary output's headline metrics of a parity result."""
+    def summarize(self, result: Verdict) -> RepairCandidate:
+        """A parity result as a repair records it: passed, how far past the gate, the failures and the primary
+        output's headline metrics."""
         primary = result.outputs[self.lab.primary.name].recorded()
         ranking = {k: primary["ranking"][k] for k in RANKING_KEYS if k in primary.get("ranking", {})}
-        return {"failures": result.failures, **{k: primary[k] for k in SUMMARY_KEYS if k in primary}, **ranking}
+        return RepairCandidate(passed=result.passed, violation=result.violation, failures=result.failures,
+                               **{k: primary[k] for k in SUMMARY_KEYS if k in primary}, **ranking)

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from workbench.core.batches import Feed
+from workbench.core.results import RecipeResult
 from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import (
@@ -71,7 +72,7 @@ def base_recipes(per_channel: bool) -> list[BaseRecipe]:
             *(BaseRecipe(per_channel, alpha, per_token=True) for alpha in SMOOTHING_ALPHAS)]
 
 
-def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: Checker) -> dict[str, Any]:
+def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: Checker) -> RecipeResult:
     """A recipe's record: `build` it to `path` (timed), check it on the search's batches (parity result, latency
     ms) and, when it passes there, on the full lab."""
     seconds = elapsed(build)
@@ -79,20 +80,20 @@ def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: 
     checked_on = "the search's batches"
     if result.passed:
         result, checked_on = checker.confirm(path), "full lab"
-    return {"recipe": name, "passed": result.passed, "violation": result.violation, "checked_on": checked_on,
-            "latency_ms": round(latency_ms, 3), "build_seconds": round(seconds, 3), **checker.summarize(result)}
+    return RecipeResult(recipe=name, checked_on=checked_on, latency_ms=round(latency_ms, 3),
+                        build_seconds=round(seconds, 3), **checker.summarize(result).recorded())
 
 
 @dataclass
 class ChosenBase:
     recipe: BaseRecipe
     source: Path  # the fp32 graph (smoothed or not) the repair quantizes
-    records: list[dict[str, Any]]
+    records: list[RecipeResult]
 
     @property
     def passed(self) -> bool:
         """The base passed the full lab with nothing kept in fp32."""
-        return any(r["chosen"] and r["passed"] for r in self.records)
+        return any(r.chosen and r.passed for r in self.records)
 
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[Feed],
@@ -101,7 +102,8 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
     result, latency ms) and on the full lab the ones that pass there (`checker`), until one passes the full lab or
     `budget` is spent (one recipe at least). The base is the recipe that passed, else the one closest to the gate
     (smallest violation, then loss): accuracy decides, never a timing. `note` hears which recipe is being built."""
-    records, sources = [], []
+    records: list[RecipeResult] = []
+    sources: list[Path] = []
     measured: list[Feed] = []
 
     def ranges() -> Feed:
@@ -111,7 +113,7 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
         return measured[0]
 
     for index, recipe in enumerate(recipes):
-        if records and (records[-1]["passed"] or budget.spent):
+        if records and (records[-1].passed or budget.spent):
             break
         note(f"whole-graph recipe {index + 1} of {len(recipes)}: {recipe.name}")
         path = workdir / f"candidate-base-{index}.onnx"
@@ -120,14 +122,13 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
             sources.append(recipe.source(fp32, workdir, ranges))
             recipe.build(sources[-1], path, excluded)
 
-        records.append({**measure_recipe(recipe.name, build, path, checker),
-                        "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha,
-                        "per_token": recipe.per_token})
+        records.append(measure_recipe(recipe.name, build, path, checker).model_copy(update={
+            "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha, "per_token": recipe.per_token}))
         onnxfiles.remove(path)
-    best = min(range(len(records)), key=lambda i: (not records[i]["passed"], records[i]["violation"],
-                                                    records[i].get("loss", 0.0), i))
+    best = min(range(len(records)), key=lambda i: (not records[i].passed, records[i].violation,
+                                                    records[i].loss or 0.0, i))
     for index, record in enumerate(records):
-        record["chosen"] = index == best
+        record.chosen = index == best
         if index != best and sources[index] != fp32:
             onnxfiles.remove(sources[index])
     return ChosenBase(recipes[best], sources[best], records)

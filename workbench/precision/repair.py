@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from workbench.core.progress import Progress
+from workbench.core.results import NodeError, RecipeResult, RepairCandidate, RepairOutcome
 from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 from workbench.graphs.nncf_int8 import keep_in_float, noise_order, quantizer_costs
@@ -54,7 +54,7 @@ class Repaired:
     """A repair's record (run.json metrics.parity.repair.<precision>) and, when one passed, the nodes the file
     written to the destination keeps in fp32 and the int8 recipe it was built with."""
 
-    result: dict[str, Any]
+    result: RepairOutcome
     blocked: list[str] | None = None
     recipe: str | None = None
 
@@ -119,8 +119,7 @@ def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, de
     budget = Budget(settings.budget_s)
     precision, lab = checker.precision, checker.lab
     workdir.mkdir(parents=True, exist_ok=True)
-    repaired = Repaired({})
-    search: RepairSearch | None = None
+    blocked: list[str] | None = None
     try:
         base = None
         if precision == "int8" and problem is None:
@@ -135,36 +134,33 @@ def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, de
         if base is not None and not base.passed and problem.sensitivity and not budget.spent:
             bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
             errors = node_errors(base.source, workdir, feeds, problem.units)
-        result["checked_batches"] = len(checker.checks.batches)
+        result.checked_batches = len(checker.checks.batches)
         if base is not None:
-            result["base"], result["bases"] = base.recipe.name, base.records
+            result.base, result.bases = base.recipe.name, base.records
         if errors:
-            agreement = agreement_with_sensitivity(errors, result["sensitivity"])
-            result["node_error"] = {"tool": "onnxruntime.quantization.qdq_loss_debug", "per_node": errors,
-                                    "spearman_vs_sensitivity": agreement}
-        repaired.result = result
+            agreement = agreement_with_sensitivity(errors, result.sensitivity)
+            result.node_error = NodeError(tool="onnxruntime.quantization.qdq_loss_debug", per_node=errors,
+                                          spearman_vs_sensitivity=agreement)
         if search.best is not None and confirmed:
             candidate, path = search.best
             blocked = list(candidate.blocked)
             if base is not None and not budget.spent:
-                result["recipes"] = blockwise_recipes(settings, base, search, checker)
-                winner = next((r for r in result["recipes"] if r["passed"]), None)
-                if winner is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
-                    result["chosen"], path, blocked = winner, Path(winner.pop("path")), winner["blocked"]
+                result.recipes, kept = blockwise_recipes(settings, base, search, checker)
+                if kept is not None:  # fewer weight elements kept in fp32 than the fp32-only repair
+                    result.chosen, path, blocked = result.recipes[0], kept, result.recipes[0].blocked
             onnxfiles.save(onnxfiles.load(path), dest)
             onnxfiles.remove(path)
-            repaired.blocked, repaired.recipe = blocked, base.recipe.name if base is not None else None
+        baseline = search.candidates.get(frozenset())
+        result.before = baseline.record() if baseline else None
+        result.latency_feed = list(checker.batch.shape)
+        result.seconds = round(budget.used(), 2)  # the whole repair: recipes, rounds, diagnostics
+        result.budget_s = settings.budget_s
     finally:
         remove_candidates(workdir)  # no candidate file outlives the step, even when it is interrupted
-    baseline = search.candidates.get(frozenset()) if search else None
-    repaired.result["before"] = baseline.record() if baseline else None
-    repaired.result["latency_feed"] = list(checker.batch.shape)
-    repaired.result["seconds"] = round(budget.used(), 2)  # the whole repair: recipes, rounds, diagnostics
-    repaired.result["budget_s"] = settings.budget_s
-    return repaired
+    return Repaired(result, blocked, base.recipe.name if base is not None and blocked is not None else None)
 
 
-def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | None) -> tuple[dict[str, Any], bool]:
+def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | None) -> tuple[RepairOutcome, bool]:
     """The search's rounds (a winner failing the full lab adds the texts it fails on), then the outcome: whether the
     best candidate passed the full lab (`confirmed`), else why not and how close the closest candidate came."""
     confirmed = False
@@ -178,67 +174,69 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         if search.best is None:
             break
         confirmed = not checker.add_failing(checker.collect(search.best[1]))
-        if confirmed or result["outcome"] != "repaired":
+        if confirmed or result.outcome != "repaired":
             break
         search.reset_results()
     else:
-        result["outcome"] = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
-    if not confirmed and (search.best is not None or result["stopped"]):
+        result.outcome = f"no candidate passed the full check after {REPAIR_ROUNDS} rounds"
+    if not confirmed and (search.best is not None or result.stopped):
         if search.best is not None:
             search.discard()
-        return unrepaired(search, result["outcome"], result, base, result["stopped"]), False
-    if confirmed and result["stopped"]:  # a bound ended the search: its best passed the full lab
-        result["outcome"] = "repaired"
+        return unrepaired(search, result.outcome, result, base, result.stopped), False
+    if confirmed and result.stopped:  # a bound ended the search: its best passed the full lab
+        result.outcome = "repaired"
     return result, confirmed
 
 
-def unrepaired(search: RepairSearch, why: str, result: dict[str, Any] | None = None,
-               base: ChosenBase | None = None, stopped: str | None = None) -> dict[str, Any]:
+def unrepaired(search: RepairSearch, why: str, result: RepairOutcome | None = None,
+               base: ChosenBase | None = None, stopped: str | None = None) -> RepairOutcome:
     """The record of a repair that wrote nothing: why (a bound spent, `stopped`, or no candidate passing the full
     lab) and the closest candidate's numbers (the chosen whole-graph recipe's, when the search built none)."""
-    result = dict(result or {"precision": search.problem.precision, "ordering": search.problem.ordering,
-                             "ranked_by": RANKED_BY, "units": len(search.problem.units), "chosen": None,
-                             "candidates": search.history, "sensitivity": search.problem.sensitivity})
-    result["chosen"] = None
     closest = search.closest()
-    found = search.describe(closest) if closest else next((r for r in (base.records if base else []) if r["chosen"]),
-                                                          None)
+    found: RepairCandidate | None = search.describe(closest) if closest else next(
+        (r for r in (base.records if base else []) if r.chosen), None)
     reached = ""
     if found is not None:
-        metric = next((f"{words} {found[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in found),
-                      f"violation {found['violation']:.3g}")
-        what = f"{len(found['blocked'])} units in fp32" if "blocked" in found else f"recipe: {found['recipe']}"
+        metric = next((f"{words} {value:{spec}}" for key, words, spec in NOTED_METRICS
+                       if (value := getattr(found, key, None)) is not None), f"violation {found.violation:.3g}")
+        what = f"recipe: {found.recipe}" if isinstance(found, RecipeResult) else f"{len(found.blocked)} units in fp32"
         reached = f": the closest candidate ({what}) reached {metric}"
-    result["outcome"] = f"not repaired: {why}{reached}"
-    result["closest"], result["stopped"] = found, stopped
+    outcome = f"not repaired: {why}{reached}"
+    if result is None:
+        result = RepairOutcome(precision=search.problem.precision, ordering=search.problem.ordering,
+                               ranked_by=RANKED_BY, units=len(search.problem.units), chosen=None,
+                               candidates=search.history, sensitivity=search.problem.sensitivity, outcome=outcome)
+    else:
+        result = result.model_copy(update={"chosen": None, "outcome": outcome})
+    result.closest, result.stopped = found, stopped
     return result
 
 
 def blockwise_recipes(settings: RepairPlan, base: ChosenBase, search: RepairSearch,
-                      checker: Checker) -> list[dict[str, Any]]:
+                      checker: Checker) -> tuple[list[RecipeResult], Path | None]:
     """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
     on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;
     passing ones come first, fewest fp32 weight elements first (from the graph), and only the first one's file is
-    kept (its "path"). None when the repair kept no MatMul in fp32."""
+    kept (returned with them where it passed). None when the repair kept no MatMul in fp32."""
     assert search.best is not None, "block-quantized recipes replace a repair's fp32 MatMuls"
     chosen = search.best[0]
     graph = onnxfiles.load(base.source, load_external_data=False)
     matmuls = [n.name for n in graph.graph.node if n.name in chosen.blocked and n.op_type == "MatMul"]
     if not matmuls:
-        return []
+        return [], None
     still_fp32 = tuple(u for u in chosen.blocked if u not in matmuls)
-    recipes = []
+    recipes: list[tuple[RecipeResult, Path]] = []
     excluded = settings.int8_nodes_to_exclude + list(chosen.blocked)
     for block, level in BLOCKWISE_RECIPES:
         path = search.workdir / f"candidate-blockwise-{block}.onnx"  # removed with the candidates if interrupted
         name = f"{len(matmuls)} MatMul{'s' * (len(matmuls) > 1)} as 8-bit block-{block} weights (MatMulNBits, " \
                f"accuracy level {level})"
-        recipes.append({**measure_recipe(name, lambda path=path, block=block, level=level: quantize_int8_blockwise(
-            base.source, path, base.recipe.per_channel, excluded, matmuls, block, level), path, checker),
-            "blocked": list(still_fp32), "blockwise": matmuls, "fp32_cost": search.cost(still_fp32),
-            "path": str(path)})
-    recipes.sort(key=lambda r: (not r["passed"], r["fp32_cost"], r["violation"]))
-    for index, recipe in enumerate(recipes):
-        if index > 0 or not recipe["passed"]:
-            onnxfiles.remove(Path(recipe.pop("path")))
-    return recipes
+        measured = measure_recipe(name, lambda path=path, block=block, level=level: quantize_int8_blockwise(
+            base.source, path, base.recipe.per_channel, excluded, matmuls, block, level), path, checker)
+        recipes.append((measured.model_copy(update={"blocked": list(still_fp32), "blockwise": matmuls,
+                                                    "fp32_cost": search.cost(still_fp32)}), path))
+    recipes.sort(key=lambda r: (not r[0].passed, r[0].fp32_cost or 0.0, r[0].violation))
+    for index, (recipe, path) in enumerate(recipes):
+        if index > 0 or not recipe.passed:
+            onnxfiles.remove(path)
+    return [recipe for recipe, _ in recipes], recipes[0][1] if recipes[0][0].passed else None

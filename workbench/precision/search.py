@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.progress import Progress
+from workbench.core.results import RepairCandidate, RepairOutcome
 from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 
@@ -34,17 +35,24 @@ NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("kendall_tau", "Kendall t
 
 @dataclass
 class Candidate:
+    """A built candidate: the units it keeps in fp32, its timing and its verdict on the search's batches."""
+
     blocked: tuple[str, ...]
-    passed: bool
-    violation: float
     latency_ms: float
     build_seconds: float
-    summary: dict[str, Any]
+    summary: RepairCandidate
 
-    def record(self) -> dict[str, Any]:
-        return {"blocked": list(self.blocked), "passed": self.passed, "violation": self.violation,
-                "latency_ms": round(self.latency_ms, 3), "build_seconds": round(self.build_seconds, 3),
-                **self.summary}
+    @property
+    def passed(self) -> bool:
+        return self.summary.passed
+
+    @property
+    def violation(self) -> float:
+        return self.summary.violation
+
+    def record(self) -> RepairCandidate:
+        return self.summary.model_copy(update={"blocked": list(self.blocked), "latency_ms": round(self.latency_ms, 3),
+                                               "build_seconds": round(self.build_seconds, 3)})
 
 
 @dataclass
@@ -77,7 +85,7 @@ class RepairSearch:
         self.progress = progress
         self.candidates: dict[frozenset[str], Candidate] = {}
         self.best: tuple[Candidate, Path] | None = None
-        self.history: list[dict[str, Any]] = []
+        self.history: list[RepairCandidate] = []
         self.round = 0
         self.phase = ""  # what the builds are for, while no repair has been found
         workdir.mkdir(parents=True, exist_ok=True)
@@ -95,10 +103,9 @@ class RepairSearch:
         self.problem.build(list(blocked), path)
         seconds = time.perf_counter() - start
         result, latency_ms = self.checker.assess(path)
-        candidate = Candidate(tuple(sorted(blocked)), result.passed, result.violation, latency_ms,
-                              seconds, self.checker.summarize(result))
+        candidate = Candidate(tuple(sorted(blocked)), latency_ms, seconds, self.checker.summarize(result))
         self.candidates[key] = candidate
-        self.history.append({**self.describe(candidate), "round": self.round})
+        self.history.append(self.describe(candidate).model_copy(update={"round": self.round}))
         self._keep_if_best(candidate, path)
         if self.progress:
             self.progress.update(1, note=self.best_so_far())
@@ -113,7 +120,8 @@ class RepairSearch:
         blocked, summary = self.best[0].blocked, self.best[0].summary
         total = sum(self.problem.costs.values())
         share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
-        metric = next((f"; {words} {summary[key]:{spec}}" for key, words, spec in NOTED_METRICS if key in summary), "")
+        metric = next((f"; {words} {value:{spec}}" for key, words, spec in NOTED_METRICS
+                       if (value := getattr(summary, key, None)) is not None), "")
         return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}{left}"
 
     def closest(self) -> Candidate | None:
@@ -136,8 +144,8 @@ class RepairSearch:
     def _rank(self, candidate: Candidate) -> tuple[float, int, tuple[str, ...]]:
         return self.cost(candidate.blocked), len(candidate.blocked), candidate.blocked
 
-    def describe(self, candidate: Candidate) -> dict[str, Any]:
-        return {**candidate.record(), "fp32_cost": self.cost(candidate.blocked)}
+    def describe(self, candidate: Candidate) -> RepairCandidate:
+        return candidate.record().model_copy(update={"fp32_cost": self.cost(candidate.blocked)})
 
     def is_repair(self, candidate: Candidate) -> bool:
         """Passes while keeping at least one unit in reduced precision."""
@@ -176,7 +184,7 @@ class BudgetSpent(Exception):
     which)."""
 
 
-def run_search(search: RepairSearch) -> dict[str, Any]:
+def run_search(search: RepairSearch) -> RepairOutcome:
     """Bisect the shortest passing prefix of the unit order, then prune it; returns what was found."""
     units = search.problem.units
     start = time.perf_counter()
@@ -205,18 +213,10 @@ def run_search(search: RepairSearch) -> dict[str, Any]:
     chosen = search.best[0] if search.best else None
     if chosen is None and outcome == "repaired":
         outcome = "unrepairable: passes only with every candidate node in fp32"
-    return {
-        "precision": search.problem.precision,
-        "ordering": search.problem.ordering,
-        "ranked_by": RANKED_BY,
-        "units": len(units),
-        "outcome": outcome,
-        "stopped": stopped,  # the bound that ended the search, if one did
-        "chosen": search.describe(chosen) if chosen else None,
-        "candidates": search.history,
-        "sensitivity": search.problem.sensitivity,
-        "seconds": round(time.perf_counter() - start, 2),
-    }
+    return RepairOutcome(precision=search.problem.precision, ordering=search.problem.ordering, ranked_by=RANKED_BY,
+                         units=len(units), outcome=outcome, stopped=stopped,
+                         chosen=search.describe(chosen) if chosen else None, candidates=search.history,
+                         sensitivity=search.problem.sensitivity, seconds=round(time.perf_counter() - start, 2))
 
 
 def too_slow(search: RepairSearch, kept: list[str]) -> None:
@@ -235,9 +235,9 @@ def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str
     """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
     (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
     search.phase = f"measuring each of {len(search.problem.units)} units alone in fp32"
-    baseline = search.try_blocked([]).summary["loss"]
+    baseline = search.try_blocked([]).summary.loss or 0.0
     for unit in search.problem.units:
-        search.problem.sensitivity[unit] = baseline - search.try_blocked([unit]).summary["loss"]
+        search.problem.sensitivity[unit] = baseline - (search.try_blocked([unit]).summary.loss or 0.0)
     search.phase = ""
     floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
     return sorted(search.problem.units,

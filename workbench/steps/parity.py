@@ -60,11 +60,11 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
                                  record.run_dir / "repair" / name, dest, bar, problem)
     if outcome.blocked is not None and name == "openvino_int8":
         race = race_repaired(repaired, dest, config, record, results)
-        outcome.result["race"] = race.recorded()
+        outcome.result.race = race
         if not race.kept:
             onnxfiles.remove(dest)
             outcome.blocked = None
-    record.set_metric(f"{STEP}.repair.{name}", outcome.result)
+    record.set_metric(f"{STEP}.repair.{name}", outcome.result.recorded())
     if outcome.blocked is not None:
         record.add_artifact(f"onnx.{repaired}", dest, kind="onnx", variant=repaired, precision=precision,
                             blocked=outcome.blocked, **({"recipe": outcome.recipe} if outcome.recipe else {}))
