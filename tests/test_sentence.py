@@ -161,10 +161,10 @@ def test_an_override_is_noted_and_checked_against_the_library_pooling_that_way(c
     assert loaded.pipeline.describe("mean", True)["override"] == \
         "pooling mean instead of the declared cls (pooling_override)"
     check = library_check(config.lab, loaded, load_corpus()[:24])
-    assert check["passed"] and check["reference"] == (
+    assert check.passed and check.reference == (
         f"model = SentenceTransformer({str(cls_dense)!r}); model[1] = Pooling(32, pooling_mode='mean'); "
         "model.encode(texts)"), "the model as it ships: cut where it cuts, not at the run's sequence.max"
-    assert check["library"] == "SentenceTransformer.encode() with mean pooling (pooling_override)"
+    assert check.library == "SentenceTransformer.encode() with mean pooling (pooling_override)"
 
 
 def test_a_module_pooled_the_wrong_way_fails_the_check_against_encode(cls_dense):
@@ -174,8 +174,8 @@ def test_a_module_pooled_the_wrong_way_fails_the_check_against_encode(cls_dense)
     loaded = load_model(config)
     loaded.head = torch.nn.Sequential(Pooling(loaded.hidden_size, "mean"), loaded.head[1]).eval()
     check = library_check(config.lab, loaded, load_corpus()[:24])
-    assert check["checked"] and not check["passed"]
-    assert any("sentence_embedding: min cosine" in failure for failure in check["failures"])
+    assert check.checked and not check.passed
+    assert any("sentence_embedding: min cosine" in failure for failure in check.failures)
 
 
 def test_models_without_sentence_transformers_files_keep_working(tiny_models):
@@ -183,18 +183,18 @@ def test_models_without_sentence_transformers_files_keep_working(tiny_models):
     loaded = load_model(embedding)
     assert not loaded.pipeline.declared and loaded.pooling == "mean"
     check = library_check(embedding.lab, loaded, load_corpus()[:24])
-    assert check["passed"] and check["reference"] == (
+    assert check.passed and check.reference == (
         f"model = SentenceTransformer(modules=[Transformer({str(tiny_models['bert'])!r}), Pooling(32, "
         "pooling_mode='mean')]); model.encode(texts)")
     classifier = RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), **SMALL,
                                            "task": "sequence-classification"})
     check = library_check(classifier.lab, load_model(classifier), load_corpus()[:24])
-    assert check["passed"] and check["reference"].startswith("pipeline('text-classification'")
-    assert check["outputs"]["logits"]["agreement"] == 1.0 and check["outputs"]["logits"]["max_abs"] < 1e-5
+    assert check.passed and check.reference.startswith("pipeline('text-classification'")
+    assert check.outputs["logits"].agreement == 1.0 and check.outputs["logits"].max_abs < 1e-5
     tokens = RunConfig.model_validate({"model": str(tiny_models["bert-tokcls"]), **SMALL,
                                        "task": "token-classification"})
     check = library_check(tokens.lab, load_model(tokens), load_corpus()[:24])
-    assert not check["checked"] and "returns each token's best label" in check["reason"]
+    assert not check.checked and "returns each token's best label" in check.reason
 
 
 def test_a_module_the_graph_cannot_hold_is_refused_by_name(cls_dense, tmp_path):

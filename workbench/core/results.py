@@ -268,8 +268,36 @@ class OptimizeMetrics(Metrics):
         return self.precisions.decisions.get(precision) if self.precisions else None
 
 
+class ReferenceCut(Metrics):
+    """The run's token limit against the model's own on the lab's texts: both lengths, how many texts are longer
+    than the run's, and the module on those texts cut at the run's length against the reference cut at the model's
+    (never gated; None where the run cuts where the model does)."""
+
+    deployment: int
+    library: int
+    texts_beyond: int = 0
+    beyond: Verdict | None = None
+
+
+class LibraryCheck(Metrics):
+    """The PyTorch module against the model's own library as it ships (its verdict's other fields are kept as
+    recorded), or why no library call was checked (`reason`)."""
+
+    checked: bool
+    library: str
+    reference: str  # the library call, as code
+    reason: str | None = None
+    texts: int | None = None
+    passed: bool | None = None
+    failures: list[str] = Field(default_factory=list)
+    outputs: dict[str, OutputResult] = Field(default_factory=dict)
+    cut: ReferenceCut | None = None
+    norms: list[float] | None = None  # the library's sentence embedding norms, min and max
+    reference_cached: bool | None = None
+
+
 class ParityMetrics(Metrics):
-    reference: Json | None = None
+    reference: LibraryCheck | None = None
     inputs: Json | None = None
     variants: dict[str, Verdict] = Field(default_factory=dict)
     repair: dict[str, RepairOutcome] = Field(default_factory=dict)

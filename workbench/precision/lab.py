@@ -13,7 +13,7 @@ from workbench.core.atomic import atomic_path
 from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
-from workbench.core.results import Verdict
+from workbench.core.results import LibraryCheck, ReferenceCut, Verdict
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
@@ -200,36 +200,35 @@ def library_reference(settings: LabSettings, loaded: LoadedModel, texts: tuple[T
     return library_runner(loaded, texts, names, loaded.max_sequence, settings.trust_remote_code, prompt_name)
 
 
-def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...]) -> dict[str, Any]:
+def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...]) -> LibraryCheck:
     """The workbench's PyTorch module against the model's own library as it ships, on every text whole up to the
     model's limit, at the default fp32 gate (the run's `tolerances` are for its variants): the module the graph is
     exported from must return what the model's users get today. Where the run cuts texts shorter than the model
     does, `cut` says what that changes on the texts longer than the run's cut (not gated: the verdict names it)."""
     reference = library_reference(settings, loaded, texts)
     if reference is None:
-        return {"checked": False, "library": f"transformers {loaded.task.auto_class}",
-                "reference": f"transformers {loaded.task.auto_class}",
-                "reason": f"{loaded.task.name}: the transformers pipeline returns each token's best label, not "
-                          "logits; the module is transformers' own model"}
+        return LibraryCheck(checked=False, library=f"transformers {loaded.task.auto_class}",
+                            reference=f"transformers {loaded.task.auto_class}",
+                            reason=f"{loaded.task.name}: the transformers pipeline returns each token's best label, "
+                                   "not logits; the module is transformers' own model")
     call, library = reference.call, reference.library
     lab = ParityLab.corpus_only(settings, loaded, texts, reference, cut=loaded.max_sequence)
     with TorchRunner(loaded, lab.specs) as module:
         result = lab.compare(module, "fp32", tolerances={}).recorded()
         cut = cut_row(loaded, lab, module)
-    check = {"checked": True, "library": library, "reference": call, "texts": len(texts), **result, "cut": cut,
-             "reference_cached": lab.reference_cached}
+    check = LibraryCheck(checked=True, library=library, reference=call, texts=len(texts), **result, cut=cut,
+                         reference_cached=lab.reference_cached)
     if any(spec.name == SENTENCE_EMBEDDING for spec in lab.specs):
         norms = np.concatenate([np.linalg.norm(e[SENTENCE_EMBEDDING], axis=-1) for e in lab.expected])
-        check["norms"] = [float(norms.min()), float(norms.max())]
+        check.norms = [float(norms.min()), float(norms.max())]
     return check
 
 
-def cut_row(loaded: LoadedModel, lab: ParityLab, runner: Runner) -> dict[str, Any]:
+def cut_row(loaded: LoadedModel, lab: ParityLab, runner: Runner) -> ReferenceCut:
     """The run's cut against the model's own (run.json `cut`): both lengths, how many of the lab's texts are longer
     than the run's, and, where the run cuts shorter, `runner` on those texts cut at the run's length against the
     reference at the model's (what the shorter cut changes; never gated)."""
-    row: dict[str, Any] = {"deployment": loaded.sequence.max, "library": loaded.max_sequence,
-                           "texts_beyond": len(lab.beyond)}
+    row = ReferenceCut(deployment=loaded.sequence.max, library=loaded.max_sequence, texts_beyond=len(lab.beyond))
     if lab.beyond and loaded.sequence.max < loaded.max_sequence:
-        row["beyond"] = lab.past_cut().compare(runner, "fp32", tolerances={}).recorded()
+        row.beyond = lab.past_cut().compare(runner, "fp32", tolerances={})
     return row

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -13,7 +12,7 @@ from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
-from workbench.core.results import ParityMetrics, Trial, Verdict
+from workbench.core.results import LibraryCheck, ParityMetrics, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
@@ -150,12 +149,12 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     with Progress("module vs the model's own library", 1, "checks") as bar:
         check = library_check(config.lab, loaded, texts)
         release_memory()  # the library's own copy of the model
-        bar.update(1, note="pass" if check.get("passed", True) else "FAIL")
-    record.set_metric(f"{STEP}.reference", check)
-    if check["checked"] and not check["passed"]:
+        bar.update(1, note="FAIL" if check.checked and not check.passed else "pass")
+    record.set_metric(f"{STEP}.reference", check.recorded())
+    if check.checked and not check.passed:
         raise ReferenceMismatchError(
-            f"the workbench's PyTorch module does not return what {check['reference']} returns on the same texts: "
-            f"{'; '.join(check['failures'])}",
+            f"the workbench's PyTorch module does not return what {check.reference} returns on the same texts: "
+            f"{'; '.join(check.failures)}",
             "read metrics.parity.reference in run.json; check the model's sentence-transformers files (modules.json, "
             "1_Pooling/config.json) and -p pooling, or report the model: the export would not serve what its users "
             "get today")
@@ -223,21 +222,20 @@ def lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def reference_lines(check: dict[str, Any] | None) -> list[str]:
+def reference_lines(check: LibraryCheck | None) -> list[str]:
     """The PyTorch module against the model's own library, in one line."""
     if not check:
         return []
-    if not check["checked"]:
-        return [f"reference: {check['library']} (not checked against a library call: {check['reason']})"]
-    primary = list(check["outputs"].values())[-1]
-    cosine = f", min cosine {primary['min_cosine']:.6f}" if "min_cosine" in primary else ""
-    line = f"PyTorch module vs {check['library']}: {'pass' if check['passed'] else 'FAIL'}, max abs " \
-        f"{primary['max_abs']:.2g}{cosine}"
-    cut = check.get("cut")
+    if not check.checked:
+        return [f"reference: {check.library} (not checked against a library call: {check.reason})"]
+    primary = list(check.outputs.values())[-1]
+    cosine = f", min cosine {primary.min_cosine:.6f}" if primary.min_cosine is not None else ""
+    line = f"PyTorch module vs {check.library}: {'pass' if check.passed else 'FAIL'}, max abs " \
+        f"{primary.max_abs:.2g}{cosine}"
+    cut = check.cut
     if not cut:
         return [line]
-    beyond = Verdict.model_validate(cut["beyond"]) if cut.get("beyond") else None
-    return [line, cut_line(cut["deployment"], cut["library"], cut["texts_beyond"], check["library"], beyond)]
+    return [line, cut_line(cut.deployment, cut.library, cut.texts_beyond, check.library, cut.beyond)]
 
 
 def _neighbours(verdict: Verdict) -> str:
@@ -250,15 +248,15 @@ def _gate_on(judged: Gate | None) -> str:
     return f"{judged} on {judged.output}" if judged else "no gate"
 
 
-def reference_text(check: dict[str, Any]) -> str:
+def reference_text(check: LibraryCheck) -> str:
     """What the PyTorch module every variant is compared with was checked against, and how close it came."""
-    if not check["checked"]:
-        return f"Reference: {check['reference']} ({check['reason']})."
-    parts = [f"{name} max abs {o['max_abs']:.2g}" + (f", min cosine {o['min_cosine']:.8f}" if "min_cosine" in o
-                                                       else "") for name, o in check["outputs"].items()]
-    norms = f"; embedding norms {check['norms'][0]:.6f}-{check['norms'][1]:.6f}" if "norms" in check else ""
-    return (f"The PyTorch module against {check['reference']} on {check['texts']} texts: "
-            f"{'pass' if check['passed'] else 'FAIL'} ({'; '.join(parts)}{norms}).")
+    if not check.checked:
+        return f"Reference: {check.reference} ({check.reason})."
+    parts = [f"{name} max abs {o.max_abs:.2g}" + (f", min cosine {o.min_cosine:.8f}" if o.min_cosine is not None
+                                                   else "") for name, o in check.outputs.items()]
+    norms = f"; embedding norms {check.norms[0]:.6f}-{check.norms[1]:.6f}" if check.norms else ""
+    return (f"The PyTorch module against {check.reference} on {check.texts} texts: "
+            f"{'pass' if check.passed else 'FAIL'} ({'; '.join(parts)}{norms}).")
 
 
 def section(parity: ParityMetrics) -> Parts:
