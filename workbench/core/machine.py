@@ -190,9 +190,14 @@ class OthersBusy:
         self.cores = max(0.0, (end - self._start - own) / max(time.monotonic() - self._wall, 1e-3))
 
     def too_busy(self) -> str:
-        """"other work kept X of N cores busy" where that is more than half the host's cores, else ""."""
-        cores = os.cpu_count() or 1
-        return f"other work kept {self.cores:.1f} of {cores} cores busy" if self.cores > cores / 2 else ""
+        """`too_busy` of what other work kept busy while the block ran."""
+        return too_busy(self.cores)
+
+
+def too_busy(others: float) -> str:
+    """"other work kept X of N cores busy" where `others` (cores) is more than half this host's cores, else ""."""
+    cores = os.cpu_count() or 1
+    return f"other work kept {others:.1f} of {cores} cores busy" if others > cores / 2 else ""
 
 
 def others_busy(seconds: float = 1.0) -> float:

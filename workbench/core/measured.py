@@ -59,6 +59,7 @@ class LatencyGrid(Metrics):
     runners: dict[str, GridRunner] = Field(default_factory=dict)
     sessions: dict[str, Json] = Field(default_factory=dict)
     cuda_graph: dict[str, dict[str, str]] = Field(default_factory=dict)
+    others_busy: float | None = None  # cores other work kept busy while the grid ran (older runs: not measured)
     disturbed: list[str] = Field(default_factory=list)
     best: dict[str, BestRow] = Field(default_factory=dict)
     peaks: dict[str, float] = Field(default_factory=dict)

@@ -10,6 +10,7 @@ import numpy as np
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
+from workbench.core.machine import OthersBusy, too_busy
 from workbench.core.measured import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid
 from workbench.core.results import Verdict
 from workbench.core.timing import elapsed, interleaved
@@ -37,11 +38,16 @@ def percentiles_ms(samples: list[float]) -> dict[str, float]:
 DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
 
 
-def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float]) -> list[str]:
-    """Signs, read from the medians themselves, that other work on the host distorted the grid: a runner whose
-    median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with at least as much work
-    (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold either)."""
-    found = []
+def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float],
+                 others_busy: float | None = None) -> list[str]:
+    """Signs that other work on the host distorted the grid: it kept more than half the cores busy while the grid
+    ran (`others_busy`, cores: it can slow one runner uniformly, PyTorch's spinning threads 30x and ONNX Runtime's
+    sleeping ones far less, which no comparison of a runner's own medians shows), or, read from the medians
+    themselves, a runner whose median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with
+    at least as much work (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold
+    either)."""
+    load = too_busy(others_busy) if others_busy is not None else ""
+    found = [f"{load} while the grid ran"] if load else []
     for small in cells:
         for large in cells:
             if small == large or flops[large] < flops[small]:
@@ -298,23 +304,24 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
     flops: dict[str, float] = {}
     graphs: dict[str, dict[str, str]] = {}
     shapes = [(size, length) for size in shape.batches for length in shape.sequences]
-    for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: Cell(*s).key):
-        batch = text.batch(size, length)
-        cell = Cell(size, length).key
-        with ExitStack() as per_cell:
-            timed: dict[str, Runner] = dict(runners)
-            if device == "cuda":
-                captured, graphs[cell] = cuda_graph_runners(rows.variants, runners, batch, tuned, per_cell)
-                timed.update(captured)
-                for name, runner in captured.items():
-                    described[name] = GridRunner(**runner.describe(), variant=row_variant(name))
-                    passed[name] = passed[row_variant(name)]
-            samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, shape.rounds,
-                                  shape.warmup, budget_s=shape.seconds_per_cell)
-        cells[cell] = summarize(samples, size, length, described)
-        flops[cell] = matmul_flops(dims.layers, dims.hidden, dims.intermediate, size, length)
-        for stats in cells[cell].values():
-            stats.gflops = flops[cell] / (stats.p50 / 1e3) / 1e9
+    with OthersBusy() as others:  # what other work did to the host while the grid ran
+        for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: Cell(*s).key):
+            batch = text.batch(size, length)
+            cell = Cell(size, length).key
+            with ExitStack() as per_cell:
+                timed: dict[str, Runner] = dict(runners)
+                if device == "cuda":
+                    captured, graphs[cell] = cuda_graph_runners(rows.variants, runners, batch, tuned, per_cell)
+                    timed.update(captured)
+                    for name, runner in captured.items():
+                        described[name] = GridRunner(**runner.describe(), variant=row_variant(name))
+                        passed[name] = passed[row_variant(name)]
+                samples = interleaved({name: runner.timed(batch) for name, runner in timed.items()}, shape.rounds,
+                                      shape.warmup, budget_s=shape.seconds_per_cell)
+            cells[cell] = summarize(samples, size, length, described)
+            flops[cell] = matmul_flops(dims.layers, dims.hidden, dims.intermediate, size, length)
+            for stats in cells[cell].values():
+                stats.gflops = flops[cell] / (stats.p50 / 1e3) / 1e9
     peaks = matmul_peaks(device, rows.threads)
     for cell_stats in cells.values():
         for name, stats in cell_stats.items():
@@ -325,7 +332,8 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
     for name, verdict in checked.items():
         described[name].parity = verdict
     return LatencyGrid(threads=rows.threads, device=device, cells=cells, flops=flops, passed=passed,
-                       runners=described, sessions=tuned, cuda_graph=graphs, disturbed=disturbances(cells, flops),
+                       runners=described, sessions=tuned, cuda_graph=graphs, others_busy=round(others.cores, 2),
+                       disturbed=disturbances(cells, flops, others.cores),
                        best={cell: BestRow(variant=name, speedup=cells[cell][name].speedup or 0.0)
                              for cell, name in best.items() if name is not None},
                        peaks=peaks)
