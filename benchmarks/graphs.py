@@ -53,6 +53,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFou
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
+from workbench.core.results import OptimizeMetrics
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.models.loading import resolve_source
@@ -131,8 +132,7 @@ def refuse_early(args: argparse.Namespace) -> None:
         find_openvino(args.openvino_venv)
     except PeerNotInstalledError:
         raise PeerNotInstalledError(f"neither Optimum ({args.peer_venv}) nor OpenVINO ({args.openvino_venv}) is "
-                                    "installed", openvino_hint(args.openvino_venv) + f", with --peer-venv "
-                                    f"{args.peer_venv}") from None
+                                    "installed", openvino_hint(args.openvino_venv, args.peer_venv)) from None
     raise PeerNotInstalledError(f"Optimum is not installed in {args.peer_venv}",
                                 f"{sys.executable} {Path(__file__).resolve()} --install --peer-venv "
                                 f"{args.peer_venv.resolve()} (a virtual environment of about 1.5 GB, about a minute)")
@@ -181,7 +181,7 @@ def compare(args: argparse.Namespace) -> None:
     for index, row in enumerate(rows):
         if row.ms:
             row.accuracy = accuracy(found[str(index)], reference)
-    lines = verdicts(rows, PAIRS, OURS["int8_repaired"]) + targets(rows)
+    lines = absent_lines(record) + verdicts(rows, PAIRS, OURS["int8_repaired"]) + targets(rows)
     result = {"host": {**features, "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
                        "cores": os.cpu_count(), "busy_before": busy},
               "model": model_dir, "run": str(args.run), "threads": args.threads, "rounds": args.rounds,
@@ -218,6 +218,21 @@ def our_rows(record: RunRecord) -> list[GraphRow]:
                              hint else label, "workbench", record.variant(variant).precision, path,
                              "sentence_embedding", **({"runtime": "openvino", "hint": hint} if hint else {})))
     return rows
+
+
+def absent_lines(record: RunRecord) -> list[str]:
+    """Each OpenVINO variant the run did not keep, with the optimize step's reason and how to time it anyway."""
+    optimize = record.results_as("optimize", OptimizeMetrics)
+    if optimize is None:
+        return []
+    again = (f"to time it: workbench run --resume --output-dir {record.run_dir} --steps optimize,parity "
+             "-p optimize.openvino=always")
+    tried = {"openvino": optimize.openvino, "openvino_bf16": optimize.openvino_bf16,
+             "openvino_int8": optimize.openvino_int8}
+    return [f"not in this run: {OURS[name]}: {trial.reason}" + ("" if trial.reason.startswith("not tried") else
+                                                                 f"; {again}")
+            for name, trial in tried.items()
+            if trial is not None and not trial.kept and f"onnx.{name}" not in record.data["artifacts"]]
 
 
 def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: dict[str, Any]) -> list[GraphRow]:

@@ -52,9 +52,9 @@ def test_auto_instances_overlap_tokenizing_with_inference_on_a_cpu_only():
 def test_misspelled_key_names_the_closest_setting():
     with pytest.raises(ConfigError, match="unknown setting 'opest'.*did you mean 'opset'"):
         RunConfig.load(None, ["opest=17"])
-    with pytest.raises(ConfigError, match="unknown setting 'batch.maxx' \\(did you mean 'max'\\?\\)"):
+    with pytest.raises(ConfigError, match="unknown setting 'batch.maxx' \\(did you mean 'batch.max'\\?\\)"):
         RunConfig.load(None, ["batch.maxx=4"])
-    with pytest.raises(ConfigError, match="unknown setting 'triton.flavour' \\(did you mean 'flavor'\\?\\)"):
+    with pytest.raises(ConfigError, match="unknown setting 'triton.flavour' \\(did you mean 'triton.flavor'\\?\\)"):
         RunConfig.load(None, ["triton.flavour=auto"])
     with pytest.raises(ConfigError, match="'parityy': did you mean 'parity'"):
         RunConfig.load(None, ["steps=[parityy]"])
@@ -96,7 +96,7 @@ def test_a_tolerance_for_an_output_the_task_lacks_is_refused_with_the_closest_na
     with pytest.raises(ConfigError, match="unknown outputs \\['sentence_embeding'\\] \\('sentence_embeding': did you "
                                           "mean 'sentence_embedding'\\?\\)"):
         RunConfig.load(overrides=["tolerances.sentence_embeding.min_cosine=0.999"])
-    with pytest.raises(ConfigError, match="did you mean 'min_recall_at_10'"):
+    with pytest.raises(ConfigError, match="did you mean 'tolerances.sentence_embedding.min_recall_at_10'"):
         RunConfig.load(overrides=["tolerances.sentence_embedding.min_recal_at_10=0.9"])
     assert RunConfig.load(overrides=["tolerances.sentence_embedding.min_recall_at_10=0.9"]).tolerances[
         "sentence_embedding"].min_recall_at_10 == 0.9

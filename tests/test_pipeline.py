@@ -58,7 +58,9 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     assert "fp32: pass, min cosine" in verdict_lines["03_parity.ipynb"]
     served = "served parity against SentenceTransformer.encode() on texts up to 64 tokens: HTTP pass and gRPC pass"
     assert served in verdict_lines["05_triton.ipynb"]
-    assert verdict_lines["07_bench.ipynb"].startswith("latency: ")
+    bench = [line for line in verdict_lines["07_bench.ipynb"].splitlines()  # a word on the host's load comes first
+             if not line.startswith(("the host was busy", "timings disturbed by other work"))]
+    assert bench[0].startswith("latency: "), verdict_lines["07_bench.ipynb"]
     # The deploy step sized the deployment from the bench's real served sweep (one level: concurrency 2).
     level = record["metrics"]["bench"]["served"]["batching_on"]["text"]["2"]
     capacity = record["metrics"]["deploy"]["capacity"]

@@ -40,10 +40,12 @@ INSTALL_HINT = ".venv/bin/python benchmarks/peers.py --install  (a virtual envir
 OPENVINO_PIN = "sentence-transformers[openvino]==6.2.0"
 
 
-def openvino_hint(venv: Path) -> str:
-    """How to make the OpenVINO environment `venv` (the same command makes Optimum's, at its --peer-venv)."""
-    return (f".venv/bin/python benchmarks/graphs.py --install --openvino-venv {venv}  (OpenVINO's environment there "
-            "and Optimum's at --peer-venv: about 6 GB and 1.5 GB, several minutes)")
+def openvino_hint(venv: Path, peer: Path | None = None) -> str:
+    """How to make the OpenVINO environment `venv` (the same command makes Optimum's, at `peer`)."""
+    both = f" --peer-venv {peer}" if peer else ""
+    return (f".venv/bin/python benchmarks/graphs.py --install --openvino-venv {venv}{both} (it makes OpenVINO's "
+            "environment there and Optimum's at --peer-venv: about 6 GB and 1.5 GB, several minutes); or point "
+            "--openvino-venv and --peer-venv at environments that already have them")
 
 
 class PeerBuildError(WorkbenchError):

@@ -626,9 +626,10 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
         if err["type"] == "extra_forbidden":
             field = str(err["loc"][-1])
             close = difflib.get_close_matches(field, _fields_at(err["loc"][:-1]), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            section = loc.rpartition(".")[0]
+            hint = f" (did you mean {'.'.join(filter(None, (section, close[0])))!r}?)" if close else ""
             lines.append(f"unknown setting {loc!r}{hint}")
-            fixes.append(REMOVED.get(loc, "remove or rename it; `workbench config` prints every setting"))
+            fixes.append(REMOVED.get(loc, f"remove or rename {loc}; `workbench config` prints every setting"))
         else:
             lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
             fixes.append(f"set {loc} to a valid value")
