@@ -263,7 +263,10 @@ def lines(record: RunRecord) -> list[str]:
     replaced = deployment.replaced
     runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
-            f"layout ({flavor}{runtime})", f"served parity{against}{within}: {parity or 'not checked'}",
+            f"layout ({flavor}{runtime})",
+            *([f"serving order: {deployment.verification.order}"] if deployment.verification and
+              deployment.verification.order else []),
+            f"served parity{against}{within}: {parity or 'not checked'}",
             *([cut_line(cut.deployment, cut.library, cut.texts_beyond, deployment.served_library or "the library",
                         next(iter(cut.beyond.values()), None))] if cut else []),
             *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
