@@ -189,10 +189,6 @@ class OthersBusy:
         own = (now.user + now.system) - (self._own.user + self._own.system)
         self.cores = max(0.0, (end - self._start - own) / max(time.monotonic() - self._wall, 1e-3))
 
-    def too_busy(self) -> str:
-        """`too_busy` of what other work kept busy while the block ran."""
-        return too_busy(self.cores)
-
 
 def too_busy(others: float) -> str:
     """"other work kept X of N cores busy" where `others` (cores) is more than half this host's cores, else ""."""

@@ -17,13 +17,13 @@ from workbench.precision.checker import Checker
 from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.precision.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
 from workbench.precision.search import (
-    NOTED_METRICS,
     RANKED_BY,
     BudgetSpent,
     RepairProblem,
     RepairSearch,
     activation_order,
     matmul_costs,
+    noted_metric,
     remove_candidates,
     run_search,
     sensitivity_order,
@@ -197,8 +197,7 @@ def unrepaired(search: RepairSearch, why: str, result: RepairOutcome | None = No
         (r for r in (base.records if base else []) if r.chosen), None)
     reached = ""
     if found is not None:
-        metric = next((f"{words} {value:{spec}}" for key, words, spec in NOTED_METRICS
-                       if (value := getattr(found, key, None)) is not None), f"violation {found.violation:.3g}")
+        metric = noted_metric(found) or f"violation {found.violation:.3g}"
         what = f"recipe: {found.recipe}" if isinstance(found, RecipeResult) else f"{len(found.blocked)} units in fp32"
         reached = f": the closest candidate ({what}) reached {metric}"
     outcome = f"not repaired: {why}{reached}"

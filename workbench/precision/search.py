@@ -33,6 +33,12 @@ NOTED_METRICS = (("min_cosine", "min cosine", ".6f"), ("kendall_tau", "Kendall t
                  ("agreement", "agreement", ".4f"), ("max_abs", "max abs", ".3g"))
 
 
+def noted_metric(candidate: RepairCandidate) -> str:
+    """The candidate's primary metric in words, the first of `NOTED_METRICS` it has ("" if none)."""
+    return next((f"{words} {value:{spec}}" for key, words, spec in NOTED_METRICS
+                 if (value := getattr(candidate, key, None)) is not None), "")
+
+
 @dataclass
 class Candidate:
     """A built candidate: the units it keeps in fp32, its timing and its verdict on the search's batches."""
@@ -120,8 +126,8 @@ class RepairSearch:
         blocked, summary = self.best[0].blocked, self.best[0].summary
         total = sum(self.problem.costs.values())
         share = f", {self.cost(blocked) / total:.0%} of their compute" if total else ""
-        metric = next((f"; {words} {value:{spec}}" for key, words, spec in NOTED_METRICS
-                       if (value := getattr(summary, key, None)) is not None), "")
+        shown = noted_metric(summary)
+        metric = f"; {shown}" if shown else ""
         return f"best so far: {len(blocked)} of {len(self.problem.units)} units in fp32{share}{metric}{left}"
 
     def closest(self) -> Candidate | None:

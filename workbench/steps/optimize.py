@@ -15,7 +15,7 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
-from workbench.core.machine import OthersBusy, release_memory
+from workbench.core.machine import OthersBusy, release_memory, too_busy
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import (
     Borrowed,
@@ -360,7 +360,7 @@ def choose_openvino_precision(config: RunConfig, record: RunRecord, export: Expo
         with OthersBusy() as others:
             ms, faster, reason = race("bf16", "f32", {"bf16": bf16, "f32": f32}, timing_feeds(config, record, export),
                                       RUNTIME_ROUNDS)
-    busy = others.too_busy()
+    busy = too_busy(others.cores)
     if faster and not busy:
         return InferencePrecision(chosen="f32", ms=ms, reason=f"f32 {reason}")
     onnxfiles.set_metadata(dest, {onnxfiles.OPENVINO_PRECISION_KEY: "bf16"})
