@@ -14,8 +14,9 @@ sentence-transformers exports, compiled at f32 and, where it differs, at the CPU
 on this host, and that IR after NNCF int8 calibrated on the corpus texts. A peer that cannot build a graph for the
 family leaves a row saying why. Then one process (benchmarks/peer_timing.py, run by OpenVINO's environment, which
 holds the workbench's onnxruntime too) times every graph with N threads (ONNX Runtime's sleep when idle and apply
-every graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, all graphs
-interleaved; PyTorch eager in phases of its own before and after them (the lower kept) as the speedup's reference.
+every graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, the graphs
+of each precision class interleaved together; PyTorch eager in phases of its own before and after them (the lower
+kept) as the speedup's reference.
 Every graph's sentence embedding of the corpus is checked against `SentenceTransformer(folder).encode()` (a peer's
 per-token output pooled by the library's own modules, outside the timed call). Prints the table and issues #26's
 and #39's checks (PASS/MISS, never an assertion), writes <run>/graphs/graphs.json, exits 0.

@@ -6,7 +6,6 @@ import pytest
 from onnx import numpy_helper
 
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
@@ -31,7 +30,7 @@ def mpnet_graphs(tmp_path_factory):
     files = {"basic": root / "basic.onnx", "borrowed": root / "borrowed.onnx"}
     optimize_fp32(record.artifact("onnx.original"), files["basic"], info)
     _, biased = borrowed_fp32(record.artifact("onnx.original"), files["borrowed"], info)
-    return files, biased, form_feeds(config.bench, load_corpus(), record.tokenizer(), info)
+    return files, biased, form_feeds(config, record, info)
 
 
 def difference(files, feeds):

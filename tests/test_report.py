@@ -464,6 +464,8 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
     latency = record.metric("bench.latency")
     with record.step("bench"):
         record.set_metric("bench.latency", {**latency, "disturbed": found})
+        record.set_metric("bench.host", {"cpu_count": 2, "busy_before": 2.0})  # busy before too: one warning
+    assert not any("busy when measuring" in line for line in verdict_line("bench", record).splitlines())
     assert verdict_line("bench", record).splitlines()[0] == (
         f"timings disturbed by other work on the host ({found[0]}): re-run the bench step on a quiet host before "
         "trusting the speeds below")

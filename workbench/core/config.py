@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from workbench.core import dotted
+from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.flavor import Flavor
 from workbench.core.tasks import TASKS, OutputSpec
@@ -474,6 +475,10 @@ class RunConfig(_Strict):
         """What the parity lab reads from this configuration."""
         return LabSettings(self.output_specs, self.tolerances, self.batch, self.seed, self.device,
                            self.parity.reference_cache_dir, self.trust_remote_code, self.corpus, self.corpus_max_texts)
+
+    def texts(self) -> tuple[str, ...]:
+        """The run's corpus: `corpus` (default: the shipped one), at most `corpus_max_texts` texts."""
+        return load_corpus(self.corpus, self.corpus_max_texts)
 
     @property
     def model_slug(self) -> str:

@@ -7,12 +7,15 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_path
 from workbench.core.errors import DependencyMissingError, GpuRequiredError, OnnxModelError
 from workbench.core.machine import gpu_name
 from workbench.graphs.profiles import Profile
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 GPU_FIX = ("run this step on an NVIDIA GPU host with the [gpu] extra: `bash engines/build_engines.sh` there, or "
            "`workbench run --resume --output-dir <this run> --steps tensorrt`")
@@ -132,7 +135,8 @@ def build_engine(onnx_path: Path, spec: EngineSpec, input_names: tuple[str, ...]
             "tensorrt": trt.__version__}
 
 
-def original_nodes_for(blocked: list[str], optimized: Any, original: Any, limit: int = 40) -> dict[str, list[str]]:
+def original_nodes_for(blocked: list[str], optimized: ModelProto, original: ModelProto,
+                       limit: int = 40) -> dict[str, list[str]]:
     """Map nodes of the ORT-fused graph to the nodes of the exported graph they replaced.
 
     A node that kept its name maps to itself; a fused node maps to the original nodes between its input and output

@@ -7,11 +7,14 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Feed
 from workbench.core.errors import OnnxModelError
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, ValueInfoProto
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 REEXPORT = "re-export, or report the exporter bug"
@@ -96,7 +99,7 @@ def verify(path: Path | str) -> None:
         raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
-def tensor_values(model: Any, outputs: Any, feeds: list[Feed]) -> Iterator[Feed]:
+def tensor_values(model: ModelProto, outputs: list[str] | str, feeds: list[Feed]) -> Iterator[Feed]:
     """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
     ONNX Runtime on the CPU; feed entries the model does not take are left out."""
     import onnxruntime as ort
@@ -110,7 +113,7 @@ def tensor_values(model: Any, outputs: Any, feeds: list[Feed]) -> Iterator[Feed]
         yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in wanted})))
 
 
-def save(model: Any, dest: Path | str) -> Path:
+def save(model: ModelProto, dest: Path | str) -> Path:
     """Save a ModelProto atomically, with external data when it would exceed 2 GB."""
     import onnx
 
@@ -177,14 +180,14 @@ def remove(path: Path) -> None:
     Path(f"{path}.data").unlink(missing_ok=True)
 
 
-def op_counts(model: Any) -> dict[str, int]:
+def op_counts(model: ModelProto) -> dict[str, int]:
     """Node count per op type in the main graph."""
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 
-def io_shapes(model: Any) -> dict[str, dict[str, list[int | str]]]:
+def io_shapes(model: ModelProto) -> dict[str, dict[str, list[int | str]]]:
     """Input and output names with their (symbolic) shapes."""
-    def shape(value: Any) -> list[int | str]:
+    def shape(value: ValueInfoProto) -> list[int | str]:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
     return {

@@ -15,7 +15,7 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS, fuse_biased_attention, unpack_biased_attention
 
 if TYPE_CHECKING:
-    from onnx import ModelProto
+    from onnx import GraphProto, ModelProto, NodeProto
 
 BASIC_LEVEL = 1  # ORT_ENABLE_BASIC: constant folding and redundant-node removal, standard ONNX operators only
 # The layer norms of a fused encoder, as ONNX Runtime's transformer optimizer writes them ("fused": the residual Add
@@ -88,7 +88,7 @@ def convert_fp16(fp32: Path, dest: Path, op_block_list: list[str], node_block_li
     return model.model
 
 
-def _drop_repeated_nodes(graph: Any) -> None:
+def _drop_repeated_nodes(graph: GraphProto) -> None:
     """Remove exact repeats of a node (the converter inserts the same Cast twice when a tensor feeds two
     fp32-blocked consumers; ONNX Runtime then refuses the duplicate node name)."""
     seen, keep = set(), []
@@ -155,7 +155,7 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
     return model, method
 
 
-def smoothing_targets(model: Any) -> list[Any]:
+def smoothing_targets(model: ModelProto) -> list[NodeProto]:
     """The nodes smoothing applies to: every MatMul / Attention with a 2-D weight and an activation input."""
     weights = {i.name: i for i in model.graph.initializer}
     return [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
@@ -214,7 +214,7 @@ def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
     return smoothed
 
 
-def down_projections(model: Any) -> list[Any]:
+def down_projections(model: ModelProto) -> list[NodeProto]:
     """The MatMuls with a 2-D weight of more input than output channels (a transformer's feed-forward output)."""
     weights = {i.name: i for i in model.graph.initializer}
     return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
@@ -259,7 +259,7 @@ def per_token_scales(fp32: Path, dest: Path) -> list[str]:
     return [n.name for n in targets]
 
 
-def channel_max(model: Any, tensors: list[str], feeds: list[Feed]) -> Feed:
+def channel_max(model: ModelProto, tensors: list[str], feeds: list[Feed]) -> Feed:
     """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
     import numpy as np
 

@@ -8,23 +8,21 @@ graph's outputs on the same real text within the fp32 gate, then be clearly fast
 variants are built from the chosen file, so they inherit its form; the parity step checks every variant."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from workbench.core.batches import Batch, cell_feeds
-from workbench.core.config import BenchSettings
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord
 from workbench.core.results import Borrowed, ExportMetrics, FormChoice, Timings, Trial
 from workbench.core.timing import cell_medians_ms
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners import IO, Runner
 from workbench.runners.onnxruntime import OrtRunner
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
@@ -132,9 +130,10 @@ def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]],
     return FormChoice(chosen=chosen, reason=reason, ms=ms)
 
 
-def form_feeds(bench: BenchSettings, texts: Sequence[str], tokenizer: Tokenizer,
-               export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
-    """`texts` filling the bench's smallest and largest cell (sequences capped at the model's limit)."""
+def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
+    """The run's corpus filling the bench's smallest and largest cell (sequences capped at the model's limit): what
+    the races of the optimize and parity steps time."""
+    bench = config.bench
     cells = sorted({(min(bench.batches), min(min(bench.sequences), export.max_sequence)),
                     (max(bench.batches), min(max(bench.sequences), export.max_sequence))})
-    return cell_feeds(tokenizer, tuple(export.io.inputs), list(texts), cells)
+    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), list(config.texts()), cells)

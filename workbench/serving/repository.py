@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -20,6 +20,11 @@ from workbench.core.errors import RepositoryError
 from workbench.core.flavor import Flavor
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
+
+if TYPE_CHECKING:
+    from google.protobuf.internal.containers import RepeatedCompositeFieldContainer as Repeated
+
+    Tensors = Repeated[mc.ModelInput] | Repeated[mc.ModelOutput]  # a config's inputs or outputs
 
 MODELS_SOURCE = Path(__file__).parent / "backend"
 MARKER = ".workbench.json"
@@ -116,7 +121,7 @@ def model_name_for(text: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
 
 
-def add_tensor(message: Any, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
+def add_tensor(message: Tensors, name: str, data_type: int, dims: list[int], ragged: bool = False) -> None:
     tensor = message.add(name=name, data_type=data_type, dims=dims)
     if ragged:
         tensor.allow_ragged_batch = True
@@ -131,7 +136,7 @@ def graph_output_dims(io_outputs: dict[str, list[int | str]]) -> dict[str, list[
     return {name: [d if isinstance(d, int) and d > 0 else -1 for d in dims[1:]] for name, dims in io_outputs.items()}
 
 
-def _prompt_parameters(config: Any, plan: ServingPlan) -> None:
+def _prompt_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """The model's prompts, which a request picks by its `prompt_name` parameter (the default one otherwise)."""
     if plan.prompts:
         config.parameters["prompts"].string_value = json.dumps(plan.prompts)
@@ -139,13 +144,13 @@ def _prompt_parameters(config: Any, plan: ServingPlan) -> None:
         config.parameters["default_prompt_name"].string_value = plan.default_prompt_name
 
 
-def _limits(config: Any, plan: ServingPlan) -> None:
+def _limits(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """What one request may send (text_input.Limits): more is refused with a 400 naming the setting."""
     config.parameters["max_texts"].string_value = str(plan.max_texts)
     config.parameters["max_text_chars"].string_value = str(plan.max_text_chars)
 
 
-def _batching(config: Any, plan: ServingPlan) -> None:
+def _batching(config: mc.ModelConfig, plan: ServingPlan) -> None:
     config.max_batch_size = plan.max_batch_size
     if plan.dynamic_batching:
         config.dynamic_batching.preferred_batch_size.extend(plan.preferred_batch_sizes)
@@ -153,11 +158,11 @@ def _batching(config: Any, plan: ServingPlan) -> None:
     config.version_policy.latest.num_versions = 1
 
 
-def _instances(config: Any, plan: ServingPlan, kind: int) -> None:
+def _instances(config: mc.ModelConfig, plan: ServingPlan, kind: int) -> None:
     config.instance_group.add(count=plan.instances, kind=kind)
 
 
-def tokenizer_config(plan: ServingPlan) -> Any:
+def tokenizer_config(plan: ServingPlan) -> mc.ModelConfig:
     config = mc.ModelConfig(name=plan.tokenizer_name, backend="python")
     _batching(config, plan)
     add_tensor(config.input, "TEXT", STRING, [1])
@@ -173,7 +178,7 @@ def tokenizer_config(plan: ServingPlan) -> Any:
     return config
 
 
-def model_config(plan: ServingPlan) -> Any:
+def model_config(plan: ServingPlan) -> mc.ModelConfig:
     """The network itself, in the chosen flavor."""
     ragged = plan.flavor is Flavor.PYTHON_ORT
     config = mc.ModelConfig(name=plan.model_name)
@@ -208,7 +213,7 @@ def model_config(plan: ServingPlan) -> Any:
     return config
 
 
-def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
+def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """What a Python model running ONNX Runtime (or, for the OpenVINO variant, OpenVINO) needs: providers and the
     graph optimizers its file leaves out (OpenVINO: the inference precision it names), threads per instance (and all
     the instances' threads, for an instance whose neighbours are idle), the pad token."""
@@ -228,7 +233,7 @@ def _onnxruntime_parameters(config: Any, plan: ServingPlan) -> None:
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)
 
 
-def _text_outputs(config: Any, plan: ServingPlan) -> None:
+def _text_outputs(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """What text-in models answer: the task outputs, label and score for classifiers, and `truncated`."""
     for spec in plan.outputs:
         add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
@@ -239,7 +244,7 @@ def _text_outputs(config: Any, plan: ServingPlan) -> None:
     add_tensor(config.output, "truncated", BOOL, [1])
 
 
-def fused_config(plan: ServingPlan) -> Any:
+def fused_config(plan: ServingPlan) -> mc.ModelConfig:
     """Text in, task outputs out, in one Python model."""
     config = mc.ModelConfig(name=plan.name, backend="python")
     _batching(config, plan)
@@ -256,7 +261,7 @@ def fused_config(plan: ServingPlan) -> Any:
     return config
 
 
-def rerank_config(plan: ServingPlan) -> Any:
+def rerank_config(plan: ServingPlan) -> mc.ModelConfig:
     """A query (or one per document) and its documents in, one request at a time (its documents are the batch): the
     scores in the documents' order and, for a request asking TOP_K, the best documents' indices and scores."""
     config = mc.ModelConfig(name=plan.name, backend="python", max_batch_size=0)
@@ -277,7 +282,7 @@ def rerank_config(plan: ServingPlan) -> Any:
     return config
 
 
-def postprocess_config(plan: ServingPlan) -> Any:
+def postprocess_config(plan: ServingPlan) -> mc.ModelConfig:
     config = mc.ModelConfig(name=plan.postprocess_name, backend="python")
     _batching(config, plan)
     logits = next(o for o in plan.outputs if o.name == "logits")
@@ -290,7 +295,7 @@ def postprocess_config(plan: ServingPlan) -> Any:
     return config
 
 
-def ensemble_config(plan: ServingPlan) -> Any:
+def ensemble_config(plan: ServingPlan) -> mc.ModelConfig:
     """Text in, task outputs out: tokenizer -> model (-> postprocess)."""
     config = mc.ModelConfig(name=plan.name, platform="ensemble", max_batch_size=plan.max_batch_size)
     add_tensor(config.input, "TEXT", STRING, [1])
@@ -313,11 +318,11 @@ def ensemble_config(plan: ServingPlan) -> Any:
     return config
 
 
-def to_pbtxt(config: Any) -> str:
+def to_pbtxt(config: mc.ModelConfig) -> str:
     return text_format.MessageToString(config)
 
 
-def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
+def parse_pbtxt(text: str, where: str = "config.pbtxt") -> mc.ModelConfig:
     """Parse with Triton's own ModelConfig message; a misspelled field or enum is an error with line:col."""
     try:
         return text_format.Parse(text, mc.ModelConfig())
@@ -326,7 +331,7 @@ def parse_pbtxt(text: str, where: str = "config.pbtxt") -> Any:
                               "fix the field or enum named in the message (see model_config.proto)") from None
 
 
-def configs(plan: ServingPlan) -> dict[str, Any]:
+def configs(plan: ServingPlan) -> dict[str, mc.ModelConfig]:
     if plan.layout not in LAYOUTS:
         raise RepositoryError(f"unknown repository layout {plan.layout!r}", f"use one of {', '.join(LAYOUTS)}")
     if plan.reranks:
@@ -367,7 +372,7 @@ def encoder_json(tokenizer_dir: Path, max_length: int, lowercase: bool = False) 
     return encoder.to_str().encode("utf-8")
 
 
-def model_files(plan: ServingPlan) -> dict[str, tuple[Any, dict[str, Path | bytes]]]:
+def model_files(plan: ServingPlan) -> dict[str, tuple[mc.ModelConfig, dict[str, Path | bytes]]]:
     """Every model of the plan: its config and the files of its version folder (name there -> source file or
     folder, or the bytes to write)."""
     network = {"model.plan" if plan.flavor is Flavor.TENSORRT_PLAN else "model.onnx": plan.model_file}
@@ -416,7 +421,7 @@ def _copy_tree(source: Path, target: Path) -> None:
             shutil.copyfile(path, target / path.relative_to(source))
 
 
-def _fill(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], root: Path) -> None:
+def _fill(models: Mapping[str, tuple[mc.ModelConfig, Mapping[str, Path | bytes]]], root: Path) -> None:
     for name, (config, files) in models.items():
         folder = root / name
         (folder / "1").mkdir(parents=True)
@@ -483,8 +488,8 @@ def published_by(root: Path) -> str | None:
         return None
 
 
-def write_models(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], root: Path, overwrite: bool = False,
-                 about: dict[str, Any] | None = None) -> Path:
+def write_models(models: Mapping[str, tuple[mc.ModelConfig, Mapping[str, Path | bytes]]], root: Path,
+                 overwrite: bool = False, about: dict[str, Any] | None = None) -> Path:
     """Write a repository into `root` atomically; an existing folder is replaced only if we wrote it and nobody
     changed it since, or `overwrite` says so."""
     root = Path(root)
@@ -496,7 +501,7 @@ def write_models(models: Mapping[str, tuple[Any, Mapping[str, Path | bytes]]], r
     return root
 
 
-def read_repository(root: Path) -> dict[str, Any]:
+def read_repository(root: Path) -> dict[str, mc.ModelConfig]:
     """Parse every config.pbtxt under `root` and check that the ensemble's steps name models that exist."""
     parsed = {p.parent.name: parse_pbtxt(p.read_text(encoding="utf-8"), str(p))
               for p in sorted(Path(root).glob("*/config.pbtxt"))}

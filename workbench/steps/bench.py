@@ -7,7 +7,6 @@ import os
 from workbench.core.batches import corpus_batches
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
@@ -54,7 +53,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
     shape = GridShape(list(bench.batches), [s for s in bench.sequences if s <= export.max_sequence],
                       bench.rounds, bench.warmup, bench.seconds_per_cell, bench.tune_sessions)
-    texts = list(load_corpus(config.corpus, config.corpus_max_texts))
+    texts = list(config.texts())
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
     lab = ParityLab.build(config.lab, rows.model, tuple(texts)) if needs_lab(rows) else None
@@ -76,7 +75,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
         return ServedBenchmark(skipped=str(missing))
     if plan.flavor is not Flavor.PYTHON_ORT and binary.origin == "nvidia-pytriton":
         return ServedBenchmark(skipped=f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}")
-    texts, tokenizer = list(load_corpus(config.corpus, config.corpus_max_texts)), record.tokenizer()
+    texts, tokenizer = list(config.texts()), record.tokenizer()
     if plan.reranks:
         result = rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench")
         result.variant = variant
@@ -141,9 +140,10 @@ def disturbed_warning(bench: BenchMetrics) -> str:
 
 def busy_note(bench: BenchMetrics) -> str:
     """"the host was busy when measuring began (...)" where other work kept more than half its cores busy then
-    (older runs recorded only the load average, which counts the run's own steps), else ""."""
+    (older runs recorded only the load average, which counts the run's own steps), else "". A grid that other work
+    disturbed has its own, stronger warning (`disturbed_warning`), which stands alone."""
     host = bench.host
-    if not host or not host.cpu_count:
+    if not host or not host.cpu_count or bench.disturbed():
         return ""
     busy, measure = ((host.busy_before, "other work kept {:.1f} of {} cores busy") if host.busy_before is not None
                      else (host.load_before or 0.0, "load average {:.1f} on {} cores"))

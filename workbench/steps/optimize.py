@@ -157,7 +157,7 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
         for form, path in files.items():  # one model in memory at a time: a base-size graph is 0.4 GB
             optimize_fp32(original, path, export, form)
             release_memory()
-        choice = choose_form(files, timing_feeds(config, record, export), providers_for(config.device),
+        choice = choose_form(files, form_feeds(config, record, export), providers_for(config.device),
                              config.threads, device_for(config.device))
         release_memory()
         chosen = onnxfiles.load(files[choice.chosen])
@@ -187,7 +187,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         untimed = ("set by optimize.borrowed_rules=always" if config.optimize.borrowed_rules == "always" else
                    f"kept as its outputs match: {target.name} is not this host, whose timing would not tell"
                    if target.kind == "cpu" else None)
-        borrowed = choose_borrowed(files, timing_feeds(config, record, export), providers_for(config.device),
+        borrowed = choose_borrowed(files, form_feeds(config, record, export), providers_for(config.device),
                                    config.threads, device_for(config.device), fused, attention, BORROWED_RULES,
                                    untimed)
         release_memory()
@@ -213,7 +213,7 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
         with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
                 OpenVinoRunner("openvino", dest, config.threads) as openvino:
             tried: Trial = trial("fp32", "openvino", {"fp32": fp32, "openvino": openvino},
-                                 timing_feeds(config, record, export), untimed, RUNTIME_ROUNDS)
+                                 form_feeds(config, record, export), untimed, RUNTIME_ROUNDS)
             engine = openvino.providers[0]
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
@@ -279,7 +279,7 @@ def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig
                 ms, kept, reason = {}, True, "set by optimize.openvino=always"
             else:
                 ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                        timing_feeds(config, record, export), RUNTIME_ROUNDS)
+                                        form_feeds(config, record, export), RUNTIME_ROUNDS)
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
         raise
@@ -291,16 +291,10 @@ def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig
     return Trial(engine=engine, against=against, ms=ms, kept=kept, reason=reason)
 
 
-def timing_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, Feed]:
-    """The run's corpus filling the bench's smallest and largest cell (`forms.form_feeds`): what the step's races
-    time."""
-    return form_feeds(config.bench, load_corpus(config.corpus, config.corpus_max_texts), record.tokenizer(), export)
-
-
 def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> list[Feed]:
     """NNCF's calibration data: CALIBRATION_TEXTS texts spread evenly over the run's corpus (all of them when it has
     fewer), one unpadded text each, cut at the model's limit."""
-    texts = load_corpus(config.corpus, config.corpus_max_texts)
+    texts = config.texts()
     step = max(1, len(texts) // CALIBRATION_TEXTS)
     return [encode(record.tokenizer(), [text], tuple(export.io.inputs), max_length=export.max_sequence)
             for text in list(texts[::step][:CALIBRATION_TEXTS])]
@@ -358,7 +352,7 @@ def choose_openvino_precision(config: RunConfig, record: RunRecord, export: Expo
             return InferencePrecision(chosen="f32",
                                       reason=f"bf16 not tried: OpenVINO compiled it at {bf16.inference_precision}")
         with OthersBusy() as others:
-            ms, faster, reason = race("bf16", "f32", {"bf16": bf16, "f32": f32}, timing_feeds(config, record, export),
+            ms, faster, reason = race("bf16", "f32", {"bf16": bf16, "f32": f32}, form_feeds(config, record, export),
                                       RUNTIME_ROUNDS)
     busy = too_busy(others.cores)
     if faster and not busy:
@@ -407,7 +401,7 @@ def measure_against_fp32(config: RunConfig, record: RunRecord, export: ExportMet
                          decisions: dict[str, Decision], files: dict[str, Path]) -> None:
     """Each plain reduced-precision variant (`files`, by precision) timed against fp32 at the goal cells on this
     host, in pairs (two sessions in memory at a time), and its decision settled (auto keeps only those that pay)."""
-    feeds = timing_feeds(config, record, export)
+    feeds = form_feeds(config, record, export)
     for precision, path in files.items():
         speedups, ms = paired_speedups({"fp32": record.run_dir / "onnx" / "fp32.onnx", precision: path}, feeds,
                                        providers_for(config.device), config.threads, device_for(config.device))

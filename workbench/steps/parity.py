@@ -7,7 +7,6 @@ from pathlib import Path
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
@@ -95,8 +94,7 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                form_feeds(config.bench, load_corpus(config.corpus, config.corpus_max_texts),
-                                           record.tokenizer(), record.export_info()), RUNTIME_ROUNDS)
+                                form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
     release_memory()
     return Trial(against=against, ms=ms, kept=kept,
                  reason=f"kept: {reason}" if kept else f"not kept (its file removed): {reason}")
@@ -172,7 +170,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         check_module(config, record, loaded, texts)
         lab = ParityLab.build(config.lab, loaded, texts)
         record.set_metric(f"{STEP}.inputs", {
-            "texts": len(lab.texts), "corpus_texts": len(load_corpus(config.corpus, config.corpus_max_texts)),
+            "texts": len(lab.texts), "corpus_texts": len(config.texts()),
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})

@@ -13,7 +13,6 @@ from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Histogram, LengthStats, ParityMetrics, TensorrtMetrics
@@ -126,7 +125,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         export = record.export_info()
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
-        lengths = token_lengths(tokenizer, list(load_corpus(config.corpus, config.corpus_max_texts)))
+        lengths = token_lengths(tokenizer, list(config.texts()))
         sequence = config.sequence.resolve(export.max_sequence)
         profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence)
         single = design_profiles(lengths, 1, config.batch, sequence)
