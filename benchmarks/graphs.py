@@ -15,7 +15,8 @@ on this host, and that IR after NNCF int8 calibrated on the corpus texts. A peer
 family leaves a row saying why. Then one process (benchmarks/peer_timing.py, run by OpenVINO's environment, which
 holds the workbench's onnxruntime too) times every graph with N threads (ONNX Runtime's sleep when idle and apply
 every graph optimization): median ms of one call at b1 s16, b1 s128 and b8 s128 filled with real text, the graphs
-of each precision class interleaved together; PyTorch eager in phases of its own before and after them (the lower
+of each precision class interleaved together, one of them timed twice (two copies, an A/A control whose ratio is
+the run's noise); PyTorch eager in phases of its own before and after them (the lower
 kept) as the speedup's reference.
 Every graph's sentence embedding of the corpus is checked against `SentenceTransformer(folder).encode()` (a peer's
 per-token output pooled by the library's own modules, outside the timed call). Prints the table and issues #26's
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from peerlib.graph_checks import accuracy, table, targets, verdicts
+from peerlib.graph_checks import Control, accuracy, control_lines, table, targets, verdicts
 from peerlib.graphs import GraphRow
 from peerlib.peers import (
     PeerNotInstalledError,
@@ -175,18 +176,20 @@ def compare(args: argparse.Namespace) -> None:
                for start in range(0, len(texts), BATCH)]
     busy = others_busy()
     before = pytorch_ms(library, feeds, args.threads, args.rounds)
-    found = time_in_one_process(args, model_dir, rows, feeds, batches, work / "timing")
+    found, controls = time_in_one_process(args, model_dir, rows, feeds, batches, work / "timing")
     after = pytorch_ms(library, feeds, args.threads, args.rounds)  # a spell of load hits one phase, rarely both
     torch_ms = {cell: min(before[cell], after[cell]) for cell in feeds}
     reference = library.encode(texts, batch_size=BATCH)
     for index, row in enumerate(rows):
         if row.ms:
             row.accuracy = accuracy(found[str(index)], reference)
-    lines = absent_lines(record) + verdicts(rows, PAIRS, OURS["int8_repaired"]) + targets(rows)
+    spreads = {precision: control["spread"] for precision, control in controls.items()}
+    lines = (absent_lines(record) + control_lines(controls) + verdicts(rows, PAIRS, OURS["int8_repaired"], spreads)
+             + targets(rows, spreads))
     result = {"host": {**features, "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
                        "cores": os.cpu_count(), "busy_before": busy},
               "model": model_dir, "run": str(args.run), "threads": args.threads, "rounds": args.rounds,
-              "pytorch_ms": torch_ms, "rows": [row.record() for row in rows], "checks": lines}
+              "pytorch_ms": torch_ms, "rows": [row.record() for row in rows], "controls": controls, "checks": lines}
     (work / "graphs.json").write_text(json.dumps(result, indent=2))
     report(result, rows, torch_ms, lines)
 
@@ -294,10 +297,10 @@ def default_precision(python: Path) -> str:
 
 def time_in_one_process(args: argparse.Namespace, model_dir: str, rows: list[GraphRow],
                         feeds: dict[str, dict[str, np.ndarray]], batches: list[dict[str, np.ndarray]],
-                        work: Path) -> dict[str, np.ndarray]:
+                        work: Path) -> tuple[dict[str, np.ndarray], dict[str, Control]]:
     """Every row timed interleaved in one process of the OpenVINO environment (benchmarks/peer_timing.py); the rows
-    take its medians, what OpenVINO computed in and any problem; each row's sentence embeddings of the texts of
-    `batches`, by row index."""
+    take its medians, what OpenVINO computed in and any problem. Each row's sentence embeddings of the texts of
+    `batches`, by row index, and each precision class's A/A control."""
     work.mkdir(parents=True, exist_ok=True)
     arrays = {f"cell/{cell}/{name}": array for cell, feed in feeds.items() for name, array in feed.items()}
     arrays.update({f"batch/{k}/{name}": array for k, feed in enumerate(batches) for name, array in feed.items()})
@@ -314,11 +317,11 @@ def time_in_one_process(args: argparse.Namespace, model_dir: str, rows: list[Gra
         raise PeerNotInstalledError(f"the timing process in {args.openvino_venv} failed (exit {done.returncode})",
                                     f"read its output above; rebuild the environment with {sys.executable} "
                                     f"{Path(__file__).resolve()} --install")
-    timed = json.loads((work / "timed.json").read_text())["rows"]
-    for row, data in zip(rows, timed):
+    timed = json.loads((work / "timed.json").read_text())
+    for row, data in zip(rows, timed["rows"]):
         row.ms, row.computed_in, row.problem = data["ms"], data["computed_in"], data["problem"]
     with np.load(work / "embeddings.npz") as found:
-        return {key: found[key] for key in found.files}
+        return {key: found[key] for key in found.files}, timed["controls"]
 
 
 def pytorch_ms(library: SentenceTransformer, feeds: dict[str, dict[str, np.ndarray]], threads: int,

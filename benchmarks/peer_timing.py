@@ -12,14 +12,15 @@ model's own sentence-transformers modules, which this environment holds too).
 The graphs of one precision class (fp32, bf16, int8) are open together and interleaved; each class's are closed
 before the next opens. The ratios that matter compare graphs of one class, and a dozen base-size graphs resident at
 once skewed them: RoBERTa-base's two OpenVINO fp32 graphs timed 1.08 apart at b1 s16 among all 13 of its graphs,
-0.99 apart among 4 (issue #39).
+0.99 apart among 4 (issue #39). Each class also times one of its graphs twice, two copies opened apart (an A/A
+control): how far apart they time is this run's noise, written to timed.json's "controls" by class.
 """
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
-from peerlib.graphs import GraphRow, embeddings, open_graphs, outputs, time_graphs
+from peerlib.graphs import GraphRow, control_spread, embeddings, open_control, open_graphs, outputs, time_graphs
 
 
 def grouped(arrays: np.lib.npyio.NpzFile, kind: str) -> dict[str, dict[str, np.ndarray]]:
@@ -41,19 +42,24 @@ def main(work_dir: str) -> None:
 
     library = SentenceTransformer(plan["model"], device="cpu")
     ordered = [batches[str(k)] for k in range(len(batches))]
-    found = {}
+    found, controls = {}, {}
     for precision in dict.fromkeys(row.precision for row in rows):
         group = [row for row in rows if row.precision == precision]
         opened = open_graphs(group, plan["threads"])
-        print(f"timing {len(opened)} {precision} graphs, {plan['rounds']} interleaved rounds per cell", flush=True)
-        time_graphs(group, opened, {cell: cells[cell] for cell in plan["cells"]}, plan["rounds"])
+        control = open_control(group, opened, plan["threads"])
+        print(f"timing {len(opened)} {precision} graphs ({control or 'no graph'} twice, the A/A control), "
+              f"{plan['rounds']} interleaved rounds per cell", flush=True)
+        medians = time_graphs(group, opened, {cell: cells[cell] for cell in plan["cells"]}, plan["rounds"])
+        if control:
+            controls[precision] = {"graph": control, "spread": control_spread(medians, control)}
         for row in group:
             if row.name in opened:
                 row.computed_in = opened[row.name].inference_precision
                 found[str(rows.index(row))] = embeddings(row, outputs(opened[row.name], ordered), ordered, library)
         del opened
     np.savez(work / "embeddings.npz", **found)
-    (work / "timed.json").write_text(json.dumps({"rows": [row.record() for row in rows]}, indent=2))
+    (work / "timed.json").write_text(json.dumps({"rows": [row.record() for row in rows], "controls": controls},
+                                                indent=2))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from peerlib.graph_checks import accuracy, table, targets, verdicts
-from peerlib.graphs import GraphRow, embeddings, open_graphs, outputs
+from peerlib.graph_checks import accuracy, control_lines, table, targets, verdicts
+from peerlib.graphs import GraphRow, again, control_spread, embeddings, open_control, open_graphs, outputs, time_graphs
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
@@ -40,6 +40,14 @@ def test_a_per_token_graph_is_pooled_as_the_library_pools(tiny_models, tmp_path)
     got = embeddings(hidden, outputs(opened["pooled here"], batches), batches, library)
     assert got.shape == (40, library.get_embedding_dimension())
     assert accuracy(got, library.encode(texts, batch_size=16))["min_cosine"] == pytest.approx(1.0, abs=1e-5)
+    # the A/A control: the one graph that opened, opened again and timed beside itself
+    assert open_control([hidden, broken], opened, threads=1) == "pooled here" and len(opened) == 2
+    medians = time_graphs([hidden, broken], opened, {"b1 s16": batches[0]}, rounds=2)
+    assert set(medians) == {"pooled here", again("pooled here")} and hidden.ms == medians["pooled here"]
+    spread = control_spread(medians, "pooled here")["b1 s16"]
+    assert spread == round(max(medians["pooled here"]["b1 s16"], medians[again("pooled here")]["b1 s16"])
+                           / min(medians["pooled here"]["b1 s16"], medians[again("pooled here")]["b1 s16"]), 4)
+    assert open_control([broken], {}, threads=1) is None
 
 
 def row(name: str, family: str, precision: str, ms: list[float], min_cosine: float, below: int) -> GraphRow:
@@ -101,6 +109,15 @@ def test_issue_39_compares_the_fastest_passing_graph_with_the_fastest_peer_at_ea
     rows[7].accuracy["min_cosine"] = 0.995  # OpenVINO's int8 now passes and is faster at b1 s128
     assert targets(rows)[3].endswith("b1 s128 OV int8 5.50 ms, b8 s128 ours int8_repaired 33.00 ms (target: the "
                                      "workbench's) MISS")
+    # a run whose A/A control timed 1.10 apart at b1 s128 cannot tell 5.50 from 6.00 ms (1.09), nor 1.09 from 1.03
+    spreads = {"int8": {"b1 s16": 1.01, "b1 s128": 1.10, "b8 s128": 1.01}}
+    assert targets(rows, spreads)[3].endswith("(target: the workbench's) MISS within this run's A/A spread (not "
+                                              "resolved)")
+    assert "(target <= 1.03) MISS within this run's A/A spread (not resolved)" in targets(rows, spreads)[2]
+    assert targets(rows, {"int8": {"b1 s16": 1.01, "b1 s128": 1.05, "b8 s128": 1.01}})[3].endswith("MISS")
+    assert control_lines({"int8": {"graph": "OV int8", "spread": spreads["int8"]}}) == [
+        "A/A control, int8: OV int8 opened twice timed b1 s16 1.010, b1 s128 1.100, b8 s128 1.010 apart (this run's "
+        "noise: ratios within it are not resolved)"]
     rows[6].accuracy["min_cosine"] = 0.98
     assert "no workbench int8 graph reaches min cosine 0.99 MISS" in targets(rows)[2]
     rows[3].ms["b1 s16"] = 1.0  # OpenVINO's fp32 now beats every int8 at b1 s16: int8 does not pay there

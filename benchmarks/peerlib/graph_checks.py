@@ -4,6 +4,7 @@ precision; the fastest accurate int8), and the markdown table. Never an assertio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import numpy as np
 
@@ -13,6 +14,13 @@ from workbench.precision.compare import cosine
 MIN_COSINE = 0.99
 SAME_SPEED = 1.03  # "at least as fast": within 3%
 PEERS = ("optimum", "openvino")
+
+
+class Control(TypedDict):
+    """A precision class's A/A control: the graph timed twice and, per cell, the slower over the faster median."""
+
+    graph: str
+    spread: dict[str, float]
 
 
 def accuracy(got: np.ndarray, want: np.ndarray, limit: float = MIN_COSINE) -> dict[str, float]:
@@ -35,43 +43,62 @@ def shown(ratio: float) -> str:
     return f"{ratio:.3f}" if ratio > SAME_SPEED and round(ratio, 2) <= SAME_SPEED else f"{ratio:.2f}"
 
 
-def ratios_line(ratios: dict[str, float]) -> str:
+def ratios_line(ratios: dict[str, float], spread: dict[str, float] | None = None) -> str:
+    """The ratios per cell and PASS/MISS; a MISS whose every ratio stays within the target times this run's A/A
+    `spread` at its cell says that the run cannot tell it from a PASS."""
     fast = max(ratios.values()) <= SAME_SPEED
+    unresolved = not fast and spread is not None and all(
+        ratio <= SAME_SPEED * spread.get(cell, 1.0) for cell, ratio in ratios.items())
     return (", ".join(f"{cell} {shown(ratio)}" for cell, ratio in ratios.items())
-            + f" (target <= {SAME_SPEED}) {'PASS' if fast else 'MISS'}")
+            + f" (target <= {SAME_SPEED}) {'PASS' if fast else 'MISS'}"
+            + (" within this run's A/A spread (not resolved)" if unresolved else ""))
+
+
+def control_lines(controls: dict[str, Control]) -> list[str]:
+    """Per precision class, how far apart its A/A control (one graph opened twice, both timed) timed."""
+    return [f"A/A control, {precision}: {control['graph']} opened twice timed "
+            + ", ".join(f"{cell} {ratio:.3f}" for cell, ratio in control["spread"].items())
+            + " apart (this run's noise: ratios within it are not resolved)"
+            for precision, control in controls.items()]
 
 
 def fastest(rows: Sequence[GraphRow], cell: str) -> GraphRow:
     return min(rows, key=lambda row: row.ms[cell])
 
 
-def verdicts(rows: Sequence[GraphRow], pairs: Sequence[tuple[str, str]], repaired: str) -> list[str]:
+def verdicts(rows: Sequence[GraphRow], pairs: Sequence[tuple[str, str]], repaired: str,
+             spreads: dict[str, dict[str, float]] | None = None) -> list[str]:
     """Issue #26: each (ours, Optimum's) pair measured within `SAME_SPEED` at every cell; `repaired` within it of
-    Optimum's fastest int8 at every cell, with no text below `MIN_COSINE`. A pair missing a row is left out."""
+    Optimum's fastest int8 at every cell, with no text below `MIN_COSINE`. A pair missing a row is left out.
+    `spreads`: each precision class's A/A spread (`ratios_line`)."""
+    spreads = spreads or {}
     by_name = {row.name: row for row in measured(rows)}
     lines = []
     for ours, theirs in pairs:
         if ours in by_name and theirs in by_name:
             mine, peer = by_name[ours], by_name[theirs]
-            lines.append(f"{ours} / {theirs} time: "
-                         + ratios_line({cell: mine.ms[cell] / peer.ms[cell] for cell in mine.ms}))
+            lines.append(f"{ours} / {theirs} time: " + ratios_line(
+                {cell: mine.ms[cell] / peer.ms[cell] for cell in mine.ms}, spreads.get(mine.precision)))
     theirs_int8 = [row for row in by_name.values() if row.family == "optimum" and row.precision == "int8"]
     if repaired in by_name and theirs_int8:
         mine = by_name[repaired]
         below = mine.accuracy["below"]
         verdict = "PASS" if accurate(mine) and below == 0 else "MISS"
         lines.append(f"{repaired} / Optimum's fastest int8 per cell, time: "
-                     + ratios_line({cell: mine.ms[cell] / fastest(theirs_int8, cell).ms[cell] for cell in mine.ms})
+                     + ratios_line({cell: mine.ms[cell] / fastest(theirs_int8, cell).ms[cell] for cell in mine.ms},
+                                   spreads.get("int8"))
                      + f"; min cosine {mine.accuracy['min_cosine']:.4f}, {below} text{'s' * (below != 1)} below "
                      f"{MIN_COSINE} (target: none) {verdict}")
     return lines
 
 
-def targets(rows: Sequence[GraphRow]) -> list[str]:
+def targets(rows: Sequence[GraphRow], spreads: dict[str, dict[str, float]] | None = None) -> list[str]:
     """Issue #39, per precision: the workbench's fastest graph with min cosine >= `MIN_COSINE` within `SAME_SPEED`
     of the fastest of Optimum's and OpenVINO's graphs at every cell (a peer precision the workbench builds no graph
     at is named, not judged); int8: the fastest graph with min cosine >= `MIN_COSINE` is the workbench's at every
-    cell, judged where int8 pays (its fastest graph beats the fastest fp32 at every cell)."""
+    cell, judged where int8 pays (its fastest graph beats the fastest fp32 at every cell). `spreads`: each precision
+    class's A/A spread (`ratios_line`)."""
+    spreads = spreads or {}
     done = measured(rows)
     cells = list(done[0].ms) if done else []
     lines = []
@@ -90,8 +117,9 @@ def targets(rows: Sequence[GraphRow]) -> list[str]:
             lines.append(head + f"no workbench {precision} graph reaches min cosine {MIN_COSINE} MISS")
         else:
             lines.append(head + "time: " + ratios_line({c: fastest(passing, c).ms[c] / fastest(theirs, c).ms[c]
-                                                        for c in cells}) + gate_note(passing, theirs, cells))
-    lines.extend(int8_target(done, cells))
+                                                        for c in cells}, spreads.get(precision))
+                         + gate_note(passing, theirs, cells))
+    lines.extend(int8_target(done, cells, spreads.get("int8")))
     return lines
 
 
@@ -109,7 +137,10 @@ def gate_note(passing: Sequence[GraphRow], theirs: Sequence[GraphRow], cells: Se
     return f"; the fastest peer graph misses the {MIN_COSINE} gate: {said}; {against}"
 
 
-def int8_target(done: Sequence[GraphRow], cells: Sequence[str]) -> list[str]:
+def int8_target(done: Sequence[GraphRow], cells: Sequence[str], spread: dict[str, float] | None = None) -> list[str]:
+    """int8 where it pays: the fastest graph with min cosine >= `MIN_COSINE` is the workbench's at every cell; a MISS
+    whose peer winners are faster than the workbench's fastest passing int8 by no more than this run's A/A `spread`
+    says that the run cannot tell it from a PASS."""
     int8 = [row for row in done if row.precision == "int8"]
     fp32 = [row for row in done if row.precision == "fp32"]
     if not int8 or not fp32:
@@ -124,6 +155,10 @@ def int8_target(done: Sequence[GraphRow], cells: Sequence[str]) -> list[str]:
         return [line + ("none reaches it" + unjudged if not pays else "none reaches it MISS")]
     winners = {c: fastest(good, c) for c in cells}
     verdict = "PASS" if all(row.family == "workbench" for row in winners.values()) else "MISS"
+    mine = [row for row in good if row.family == "workbench"]
+    if verdict == "MISS" and mine and spread and all(
+            fastest(mine, c).ms[c] / row.ms[c] <= spread.get(c, 1.0) for c, row in winners.items()):
+        verdict += " within this run's A/A spread (not resolved)"
     return [line + ", ".join(f"{c} {row.name} {row.ms[c]:.2f} ms" for c, row in winners.items())
             + (f" (target: the workbench's) {verdict}" if pays else unjudged)]
 

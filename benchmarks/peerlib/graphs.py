@@ -6,7 +6,7 @@ Python (benchmarks/peer_timing.py); the checks and the table are in `graph_check
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -110,14 +110,40 @@ def own_inputs(graph: OpenedGraph, feed: Feed) -> Feed:
 
 
 def time_graphs(rows: Sequence[GraphRow], opened: dict[str, OpenedGraph], feeds: dict[str, Feed], rounds: int,
-                block: int = 3) -> None:
-    """Median ms of one call of each opened graph per cell into `row.ms`: all interleaved, rotating, per cell."""
+                block: int = 3) -> dict[str, dict[str, float]]:
+    """Median ms of one call of each opened graph per cell into `row.ms`: all interleaved, rotating, per cell. The
+    medians by opened name (an A/A control's second copy included)."""
     def calls(cell: str) -> dict[str, Callable[[], object]]:
         return {name: (lambda g=graph, f=own_inputs(graph, feeds[cell]): g.run(f)) for name, graph in opened.items()}
     medians = cell_medians_ms(calls, list(feeds), rounds, warmup=2, block=block)
     for row in rows:
         if row.name in medians:
             row.ms = medians[row.name]
+    return medians
+
+
+def again(name: str) -> str:
+    """The name of a graph's second copy, opened as an A/A control."""
+    return f"{name} (opened again)"
+
+
+def open_control(rows: Sequence[GraphRow], opened: dict[str, OpenedGraph], threads: int) -> str | None:
+    """A second copy of one opened graph (an OpenVINO one where the class has any: their pairs differ the most),
+    added to `opened` under `again(name)`: the same file timed twice, whose ratio is this run's noise. The graph's
+    name, or None where nothing is open or the copy does not open."""
+    ready = [row for row in rows if row.name in opened]
+    if not ready:
+        return None
+    row = next((row for row in ready if row.runtime == "openvino"), ready[0])
+    copy = replace(row, name=again(row.name), problem=None)
+    opened.update(open_graphs([copy], threads))
+    return row.name if copy.name in opened else None
+
+
+def control_spread(medians: dict[str, dict[str, float]], name: str) -> dict[str, float]:
+    """Per cell, the slower over the faster median of a graph and its second copy (1.0: no noise)."""
+    first, second = medians[name], medians[again(name)]
+    return {cell: round(max(first[cell], second[cell]) / min(first[cell], second[cell]), 4) for cell in first}
 
 
 def outputs(graph: OpenedGraph, batches: Sequence[Feed]) -> list[np.ndarray]:
