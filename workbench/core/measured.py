@@ -47,6 +47,21 @@ class BestRow(Metrics):
     speedup: float
 
 
+class SessionTuning(Metrics):
+    """One variant's session settings as `measure.sessions.tune` chose them: the device, the settings chosen
+    (`SessionSettings.record()`) and why, the head-to-head medians at the smallest and largest cell, every
+    candidate's screening median; on the CPU the spinning gain (measured, never applied), on CUDA what I/O binding
+    gains over numpy in and out."""
+
+    device: str = "cpu"
+    chosen: Json = Field(default_factory=dict)
+    reason: str = ""
+    head_to_head: list[Json] = Field(default_factory=list)
+    screen: list[Json] = Field(default_factory=list)
+    spinning_gain: float | None = None
+    io_binding_gain: float | None = None
+
+
 class LatencyGrid(Metrics):
     """The in-process grid (`measure.latency.measure_grid`): per cell (`Cell.key`) and row its timing, the rows,
     which passed parity, the session settings chosen, matmul peaks per precision, signs of disturbance."""
@@ -57,7 +72,7 @@ class LatencyGrid(Metrics):
     flops: dict[str, float] = Field(default_factory=dict)
     passed: dict[str, bool] = Field(default_factory=dict)
     runners: dict[str, GridRunner] = Field(default_factory=dict)
-    sessions: dict[str, Json] = Field(default_factory=dict)
+    sessions: dict[str, SessionTuning] = Field(default_factory=dict)
     cuda_graph: dict[str, dict[str, str]] = Field(default_factory=dict)
     others_busy: float | None = None  # cores other work kept busy while the grid ran (older runs: not measured)
     disturbed: list[str] = Field(default_factory=list)

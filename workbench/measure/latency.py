@@ -4,14 +4,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.machine import OthersBusy, too_busy
-from workbench.core.measured import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid
+from workbench.core.measured import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
 from workbench.core.results import Verdict
 from workbench.core.timing import elapsed, interleaved
 from workbench.runners import Device
@@ -153,7 +153,7 @@ def summarize(samples: dict[str, list[float]], rows: int, length: int,
 
 
 def tune_sessions(variants: dict[str, Variant], device: Device, small: Batch, large: Batch,
-                  threads: int) -> dict[str, dict[str, Any]]:
+                  threads: int) -> dict[str, SessionTuning]:
     """Per ONNX variant ONNX Runtime runs, the session settings measured fastest at `small` (the grid's smallest
     cell, where per-op overhead dominates) and no slower at `large` (its largest), with every median
     (`measure.sessions.tune`): CPU threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
@@ -197,7 +197,7 @@ class GridRows:
     engines: dict[str, tuple[Variant, list[Profile]]] = field(default_factory=dict)
     torch_compile: bool = False
 
-    def factories(self, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Callable[[], Runner]]:
+    def factories(self, tuned: dict[str, SessionTuning] | None = None) -> dict[str, Callable[[], Runner]]:
         """Every row of the grid, by name, as a function that opens its runner. On the CPU: PyTorch eager (the
         reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with `torch_compile`,
         torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
@@ -217,7 +217,7 @@ class GridRows:
         if self.torch_compile:
             rows["torch_compile"] = lambda: TorchRunner(loaded, specs, "torch_compile", on, compiled=True)
         for name, built in self.variants.items():
-            settings = SessionSettings.from_record(tuned[name]["chosen"]) if tuned and name in tuned else None
+            settings = SessionSettings.from_record(tuned[name].chosen) if tuned and name in tuned else None
             rows[name] = lambda v=built, s=settings: open_variant(v, self.device, threads, s)
             if self.device == "cuda":
                 rows[f"{name}{ON_DEVICE}"] = lambda v=built, s=settings: OrtRunner(
@@ -226,7 +226,7 @@ class GridRows:
             rows[name] = lambda v=engine, f=profiles: TrtEngineRunner(v.name, v.path, f, v.precision)
         return rows
 
-    def open(self, stack: ExitStack, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Runner]:
+    def open(self, stack: ExitStack, tuned: dict[str, SessionTuning] | None = None) -> dict[str, Runner]:
         """Every row's runner, each closed when `stack` closes (also those opened before one that fails to open)."""
         return {name: stack.enter_context(make()) for name, make in self.factories(tuned).items()}
 
@@ -360,7 +360,7 @@ def needs_lab(rows: GridRows) -> bool:
 
 
 def cuda_graph_runners(variants: dict[str, Variant], runners: dict[str, Runner], batch: Batch,
-                       tuned: dict[str, dict[str, Any]], stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
+                       tuned: dict[str, SessionTuning], stack: ExitStack) -> tuple[dict[str, Runner], dict[str, str]]:
     """Per ONNX variant, a CUDA-graph session captured at `batch` (its own row, `<variant>@cuda_graph`), opened on
     `stack`; and, per variant, "captured" or ONNX Runtime's reason for refusing the graph."""
     from workbench.runners.onnxruntime import CudaGraphRunner, SessionSettings
@@ -369,7 +369,7 @@ def cuda_graph_runners(variants: dict[str, Variant], runners: dict[str, Runner],
     outcome: dict[str, str] = {}
     for name, built in variants.items():
         shapes = {k: tuple(v.shape) for k, v in runners[name].infer(batch).items()}
-        settings = SessionSettings.from_record(tuned[name]["chosen"]) if name in tuned else None
+        settings = SessionSettings.from_record(tuned[name].chosen) if name in tuned else None
         try:
             opened[f"{name}@cuda_graph"] = stack.enter_context(
                 CudaGraphRunner(f"{name}@cuda_graph", built.path, batch, shapes, settings, built.precision))

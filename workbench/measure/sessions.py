@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from workbench.core.measured import SessionTuning
 from workbench.core.timing import interleaved
 from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+
+    Sessions = Callable[[SessionSettings], InferenceSession]  # a new session with the given settings
 
 # CUDA provider options screened on CUDA sessions, ONNX Runtime's default first.
 CUDA_OPTIONS = {"cudnn_conv_use_max_workspace": ("1", "0"),
@@ -49,7 +55,7 @@ def cuda_candidates() -> list[SessionSettings]:
     return [default, *(s for s in grid if s != default)]
 
 
-def call_for(session: Any, feed: dict[str, np.ndarray], device: str) -> Callable[[], object]:
+def call_for(session: InferenceSession, feed: dict[str, np.ndarray], device: str) -> Callable[[], object]:
     """One call of `session` on `feed` as it is timed: numpy in and out on the CPU; on CUDA with the inputs bound on
     the device once and the outputs left there, returning once the device is done."""
     if device == "cpu":
@@ -91,7 +97,7 @@ def _medians_ms(samples: dict[SessionSettings, list[float]]) -> dict[SessionSett
     return {s: float(np.median(v)) * 1e3 for s, v in samples.items()}
 
 
-def spinning_gain(make_session: Callable[[SessionSettings], Any], feed: dict[str, np.ndarray],
+def spinning_gain(make_session: Sessions, feed: dict[str, np.ndarray],
                   default: SessionSettings, calls: int = 40) -> float:
     """Default median over spinning median at `feed`, measured in separate phases (default, spinning, default)
     with the spinning session dropped before the last: its threads would slow whatever runs after it."""
@@ -100,15 +106,15 @@ def spinning_gain(make_session: Callable[[SessionSettings], Any], feed: dict[str
     return (before + after) / 2 / spinning
 
 
-def _alone(make_session: Callable[[SessionSettings], Any], settings: SessionSettings, feed: dict[str, np.ndarray],
+def _alone(make_session: Sessions, settings: SessionSettings, feed: dict[str, np.ndarray],
            calls: int) -> float:
     """Median ms of `calls` calls of a session of its own, released on return (its threads with it)."""
     session = make_session(settings)
     return _medians_ms(interleaved({settings: lambda: session.run(None, feed)}, 1, block=calls))[settings]
 
 
-def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.ndarray], large: dict[str, np.ndarray],
-         threads: int, device: str = "cpu", rounds: int = 5, block: int = 8) -> dict[str, Any]:
+def tune(make_session: Sessions, small: dict[str, np.ndarray], large: dict[str, np.ndarray],
+         threads: int, device: str = "cpu", rounds: int = 5, block: int = 8) -> SessionTuning:
     """Screen every candidate for `device` at `small` (the smallest cell), re-measure the fastest head to head with
     the default at `small` and `large`, and choose (`choose`). Returns the device, the choice, why and every median;
     on the CPU the spinning gain, on CUDA what I/O binding gains over numpy in and out (the default's median of
@@ -124,15 +130,16 @@ def tune(make_session: Callable[[SessionSettings], Any], small: dict[str, np.nda
     small_ms = _medians_ms(interleaved({s: small_calls[s] for s in pair}, 2 * rounds, block=block))
     large_ms = _medians_ms(interleaved({s: call_for(sessions[s], large, device) for s in pair}, rounds, block=3))
     if device == "cpu":
-        extra = {"spinning_gain": round(spinning_gain(make_session, small, default), 3)}  # measured, never applied
+        gains = {"spinning_gain": round(spinning_gain(make_session, small, default), 3)}  # measured, never applied
     else:
         host_calls = {default: call_for(sessions[default], small, "cpu")}
         host = _medians_ms(interleaved(host_calls, rounds, block=block))[default]
-        extra = {"io_binding_gain": round(host / small_ms[default], 3)}
+        gains = {"io_binding_gain": round(host / small_ms[default], 3)}
     del sessions, small_calls
     chosen, reason = choose(default, challenger, small_ms, large_ms)
-    return {"device": device, "chosen": chosen.record(), "reason": reason,
-            "head_to_head": [{**s.record(), "small_ms": round(small_ms[s], 4), "large_ms": round(large_ms[s], 4)}
-                             for s in pair], **extra,
-            "screen": [{**s.record(), "p50_ms": round(screen[s], 4)} for s in options]}
+    return SessionTuning(
+        device=device, chosen=chosen.record(), reason=reason,
+        head_to_head=[{**s.record(), "small_ms": round(small_ms[s], 4), "large_ms": round(large_ms[s], 4)}
+                      for s in pair], **gains,
+        screen=[{**s.record(), "p50_ms": round(screen[s], 4)} for s in options])
 

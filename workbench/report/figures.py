@@ -192,9 +192,9 @@ def runners_table(latency: LatencyGrid) -> go.Figure:
 
 def sessions_table(latency: LatencyGrid) -> go.Figure:
     """Per ONNX variant: the session settings the grid ran with, why, and what spinning would have given."""
-    rows = [[name, SessionSettings.from_record(tuned["chosen"]).label(), tuned["reason"],
-             f"spinning alone (never applied) {tuned['spinning_gain']:.2f}x" if "spinning_gain" in tuned else
-             f"I/O binding {tuned['io_binding_gain']:.2f}x numpy in and out"]
+    rows = [[name, SessionSettings.from_record(tuned.chosen).label(), tuned.reason,
+             f"spinning alone (never applied) {tuned.spinning_gain:.2f}x" if tuned.spinning_gain is not None else
+             f"I/O binding {tuned.io_binding_gain or 0:.2f}x numpy in and out"]
             for name, tuned in latency.sessions.items()]
     header = ["variant", "settings the grid ran", "why", "measured beside"]
     return table("ONNX Runtime session settings, measured at the smallest cell", header, rows)
