@@ -25,6 +25,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirEr
 from workbench.core.results import (
     SCHEMA_VERSION,
     ExportMetrics,
+    HostEnvironment,
     Metrics,
     TritonMetrics,
     Verdict,
@@ -505,8 +506,8 @@ class RunRecord:
         return self.data["created"]
 
     @property
-    def environment(self) -> dict[str, Any]:
-        return self.data["environment"]
+    def environment(self) -> HostEnvironment:
+        return HostEnvironment.model_validate(self.data["environment"])
 
     def refresh_environment(self) -> None:
         """Record this machine again (a resumed run may continue on another host)."""

@@ -24,6 +24,30 @@ class Metrics(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
+class CpuFeatures(Metrics):
+    """The speed-relevant flags of a CPU and its best int8 dot-product instructions (`machine.cpu_features`)."""
+
+    flags: list[str] = Field(default_factory=list)
+    int8_dot_product: str | None = None
+
+
+class HostEnvironment(Metrics):
+    """The machine a run ran on (`machine.collect_environment`); runs recorded before the CPU features were have
+    none."""
+
+    python: str = ""
+    platform: str = ""
+    cpu: str = ""
+    cpu_count: int | None = None
+    cpu_features: CpuFeatures | None = None
+    gpu: str | None = None
+    packages: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def int8_dot_product(self) -> str | None:
+        return self.cpu_features.int8_dot_product if self.cpu_features else None
+
+
 class OutputResult(Metrics):
     """One output's parity: its verdict and headline errors (the full statistics are kept as recorded)."""
 

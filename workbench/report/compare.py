@@ -106,9 +106,9 @@ def run_labels(run_dirs: list[Path]) -> dict[Path, str]:
 def host_of(record: RunRecord) -> str:
     """The machine and device a run measured on: runs are compared only with runs on the same one."""
     env = record.environment
-    int8 = env.get("cpu_features", {}).get("int8_dot_product") or "no int8 dot product"
-    device = record.config.device if record.config.device != "auto" else ("cuda" if env.get("gpu") else "cpu")
-    return f"{env.get('cpu')} ({env.get('cpu_count')} cores, {int8}), GPU {env.get('gpu') or 'none'}, {device}"
+    int8 = env.int8_dot_product or "no int8 dot product"
+    device = record.config.device if record.config.device != "auto" else ("cuda" if env.gpu else "cpu")
+    return f"{env.cpu} ({env.cpu_count} cores, {int8}), GPU {env.gpu or 'none'}, {device}"
 
 
 def rows_of(record: RunRecord, name: str) -> list[Row]:

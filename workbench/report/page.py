@@ -10,6 +10,7 @@ import jinja2
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
+from workbench.core.results import HostEnvironment
 from workbench.report.recommend import recommend
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
@@ -123,12 +124,12 @@ def recommendation_rows(record: RunRecord, steps: tuple[Declared, ...]) -> list[
     return rows
 
 
-def _features(env: dict[str, Any]) -> str:
+def _features(env: HostEnvironment) -> str:
     """The CPU flags that decide int8 and fp32 speed (runs recorded before they were, say nothing)."""
-    features = env.get("cpu_features")
+    features = env.cpu_features
     if features is None:
         return ""
-    return f"; {' '.join(features['flags']) or 'no AVX2'}; int8 dot product: {features['int8_dot_product'] or 'none'}"
+    return f"; {' '.join(features.flags) or 'no AVX2'}; int8 dot product: {features.int8_dot_product or 'none'}"
 
 
 def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> Path:
@@ -148,8 +149,8 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
     entries = [entry for entry in record.step_entries() if entry.status != StepStatus.RUNNING]
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
         title=f"{config.model} · {config.task}", created=record.created,
-        environment=f"{env['cpu']} ({env['cpu_count']} cores{_features(env)}), GPU: {env['gpu'] or 'none'}, "
-                    f"onnxruntime {env['packages'].get('onnxruntime') or env['packages'].get('onnxruntime-gpu')}",
+        environment=f"{env.cpu} ({env.cpu_count} cores{_features(env)}), GPU: {env.gpu or 'none'}, "
+                    f"onnxruntime {env.packages.get('onnxruntime') or env.packages.get('onnxruntime-gpu')}",
         steps=entries, headline=headline, sections=rendered, warning=" ".join(warnings),
         recommendations=recommendation_rows(record, steps), served=served_note(record, steps))
     return write_text(dest, page)

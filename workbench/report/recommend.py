@@ -221,7 +221,7 @@ def recommend(record: RunRecord) -> list[Recommendation]:
                                                   "bench.batches", steps=("bench",)))
         else:
             choice = pick(goal, shape, candidates(cells[shape.key], verdicts),
-                          record.environment.get("cpu_features", {}).get("int8_dot_product"),
+                          record.environment.int8_dot_product,
                           int8.reason if int8 else None)
             recommendations.append(replace(choice, disturbed=bool(measured and measured.disturbed())))
     return recommendations
