@@ -63,6 +63,16 @@ def test_misspelled_key_names_the_closest_setting():
     assert "--steps report re-renders" in removed.value.fix
 
 
+def test_a_bad_value_s_fix_lists_the_values_the_setting_takes():
+    """A fresh-clone trial: `-p precisions=fp64` said only "set precisions to a valid value"."""
+    with pytest.raises(ConfigError) as bad:
+        RunConfig.load(None, ["precisions=fp64"])
+    assert bad.value.fix == "set precisions to a valid value: a list of fp32, fp16, bf16, int8, or auto"
+    with pytest.raises(ConfigError) as bad:
+        RunConfig.load(None, ["target.cpu=foo"])
+    assert bad.value.fix == "set target.cpu to a valid value: host, avx2, avx512, avx512_vnni, avx_vnni, amx"
+
+
 @pytest.mark.parametrize("override, message", [
     ("task=summarization", "unknown task 'summarization'"),
     ("steps=[export, ship]", "unknown steps \\['ship'\\]"),

@@ -456,9 +456,21 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
             "int8_repaired": 12.38}), "b8_s16": _cell({"pytorch": 1734.6, "int8_repaired": 10.8}),
             "b8_s128": _cell({"pytorch": 1007.0, "int8_repaired": 135.4})}
     found = disturbances(LatencyGrid(cells=busy).cells, flops)
-    assert found == ["pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
+    assert found == ["pytorch took 1007.0 ms at b8_s128, 8.8x the work of b1_s128, where it took 1273.4 ms: it was "
+                     "waiting, not computing",
+                     "pytorch took 1734.6 ms at b8_s16 but 1007.0 ms at b8_s128, which does more work"]
+    # a fresh-clone demo beside a test suite: PyTorch as slow at b1 s128 as at b1 s16, no cell 1.5x off another,
+    # other work at 0.98 of 2 cores, and the summary printed "152x faster than PyTorch" with no warning
+    flat = {"b1_s16": _cell({"pytorch": 398.0, "int8_repaired": 2.6}), "b1_s128": _cell({"pytorch": 379.0,
+            "int8_repaired": 9.1}), "b8_s16": _cell({"pytorch": 478.0, "int8_repaired": 11.0}),
+            "b8_s128": _cell({"pytorch": 1171.0, "int8_repaired": 107.0})}
+    assert disturbances(LatencyGrid(cells=flat).cells, flops) == [
+        "pytorch took 379.0 ms at b1_s128, 8.0x the work of b1_s16, where it took 398.0 ms: it was waiting, not "
+        "computing"]
+    tiny = {cell: _cell({"pytorch": 3.0, "int8_repaired": 0.5}) for cell in flops}  # per-call overhead alone
+    assert disturbances(LatencyGrid(cells=tiny).cells, flops) == []
     assert disturbed_warning(BenchMetrics(latency={"disturbed": found})).startswith(
-        f"DISTURBED TIMINGS: {found[0]}. Other")
+        f"DISTURBED TIMINGS: {found[0]} (and 1 more). Other")
     assert disturbed_warning(BenchMetrics(latency={"disturbed": []})) == ""
     config, record = _benched(tmp_path, PASSING)
     latency = record.metric("bench.latency")
@@ -471,7 +483,7 @@ def test_medians_that_fall_with_more_work_mark_the_grid_disturbed(tmp_path):
         "trusting the speeds below")
     report.run(config, record)
     html = record.artifact("report").read_text()
-    warning = html.index('<div class="warning"><p>DISTURBED TIMINGS: pytorch took 1734.6 ms at b8_s16')
+    warning = html.index('<div class="warning"><p>DISTURBED TIMINGS: pytorch took 1007.0 ms at b8_s128')
     table = html.index('<table class="summary recommendation">')
     assert warning < table and "<td>2.5x (disturbed timings)</td>" in html[table:]
 

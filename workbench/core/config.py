@@ -5,9 +5,11 @@ import difflib
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -583,9 +585,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def _fields_at(path: tuple[Any, ...]) -> list[str]:
-    """The setting names one level below `path` (e.g. ("batch",) -> min, opt, max)."""
-    model: Any = RunConfig
+def _model_at(path: Sequence[int | str]) -> type[BaseModel] | None:
+    """The settings model at `path` (e.g. ("batch",) -> ShapeRange), None where `path` names no model."""
+    model: type[BaseModel] = RunConfig
     parts = list(path)
     while parts:
         field = model.model_fields.get(str(parts.pop(0)))
@@ -594,9 +596,39 @@ def _fields_at(path: tuple[Any, ...]) -> list[str]:
             parts.pop(0)
             annotation = get_args(annotation)[1]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
+            return None
         model = annotation
-    return list(model.model_fields)
+    return model
+
+
+def _fields_at(path: Sequence[int | str]) -> list[str]:
+    """The setting names one level below `path` (e.g. ("batch",) -> min, opt, max)."""
+    model = _model_at(path)
+    return list(model.model_fields) if model else []
+
+
+def _choices(annotation: object) -> str:
+    """The values a Literal annotation allows, in words (a list of them, or one of several forms); "" for others."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return ", ".join(str(arg) for arg in args)
+    if origin in (list, tuple) and args:
+        inner = _choices(args[0])
+        return f"a list of {inner}" if inner else ""
+    if origin in (Union, UnionType):
+        return ", or ".join(found for arg in args if (found := _choices(arg)))
+    return ""
+
+
+def _valid(path: Sequence[int | str]) -> str:
+    """What the setting at `path` takes (a list item: its list's): its allowed values, else its description."""
+    names = [part for part in path if isinstance(part, str)]
+    model = _model_at(names[:-1]) if names else None
+    field = model.model_fields.get(names[-1]) if model else None
+    if field is None:
+        return ""
+    choices = _choices(field.annotation)
+    return f": {choices}" if choices else f" ({field.description})" if field.description else ""
 
 
 def _setting_path(err: ErrorDetails) -> list[int | str]:
@@ -637,5 +669,5 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             fixes.append(REMOVED.get(loc, f"remove or rename {loc}; `workbench config` prints every setting"))
         else:
             lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
-            fixes.append(f"set {loc} to a valid value")
-    return ConfigError(f"invalid value in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))
+            fixes.append(f"set {loc} to a valid value{_valid(_setting_path(err))}")
+    return ConfigError(f"invalid settings in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))

@@ -36,6 +36,10 @@ def percentiles_ms(samples: list[float]) -> dict[str, float]:
 
 
 DISTURBANCE_FACTOR = 1.5  # a runner this much slower on less work than elsewhere was not measuring itself
+# A runner no slower at a cell with at least FLAT_WORK times the work of another, where it took FLAT_MS or more at
+# the smaller one, was waiting, not computing: no per-call overhead is that long (a fresh-clone demo beside a test
+# suite: PyTorch 398 ms at b1 s16 and 379 ms at b1 s128, and the summary printed "152x faster than PyTorch").
+FLAT_WORK, FLAT_MS = 4.0, 20.0
 
 
 def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float],
@@ -45,7 +49,7 @@ def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float
     sleeping ones far less, which no comparison of a runner's own medians shows), or, read from the medians
     themselves, a runner whose median in one cell is more than `DISTURBANCE_FACTOR` times its median in a cell with
     at least as much work (oversubscribed threads can slow one runner 50x and not another, so ratios do not hold
-    either)."""
+    either), or no longer in a cell with `FLAT_WORK` times the work where it took `FLAT_MS` or more in the smaller."""
     load = too_busy(others_busy) if others_busy is not None else ""
     found = [f"{load} while the grid ran"] if load else []
     for small in cells:
@@ -54,9 +58,15 @@ def disturbances(cells: dict[str, dict[str, CellTiming]], flops: dict[str, float
                 continue
             for runner, stats in cells[small].items():
                 other = cells[large].get(runner)
-                if other and stats.p50 > DISTURBANCE_FACTOR * other.p50:
+                if not other:
+                    continue
+                if stats.p50 > DISTURBANCE_FACTOR * other.p50:
                     found.append(f"{runner} took {stats.p50:.1f} ms at {small} but {other.p50:.1f} ms at "
                                  f"{large}, which does more work")
+                elif stats.p50 >= FLAT_MS and other.p50 <= stats.p50 and flops[large] >= FLAT_WORK * flops[small]:
+                    found.append(f"{runner} took {other.p50:.1f} ms at {large}, {flops[large] / flops[small]:.1f}x "
+                                 f"the work of {small}, where it took {stats.p50:.1f} ms: it was waiting, not "
+                                 "computing")
     return found
 
 
