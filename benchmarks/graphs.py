@@ -55,7 +55,7 @@ from peerlib.peers import (
 
 from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import encode
 from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError, RunInterruptedError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
@@ -169,7 +169,7 @@ def compare(args: argparse.Namespace) -> None:
     model_dir = resolve_source(record.config.model).location
     work = args.run / "graphs"
     tokenizer = record.tokenizer()
-    texts = list(load_corpus(record.config.corpus))
+    texts = list(record.config.texts())
     from sentence_transformers import SentenceTransformer
 
     library = SentenceTransformer(model_dir, device="cpu")

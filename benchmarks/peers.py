@@ -58,7 +58,6 @@ from peerlib.peers import (
 )
 
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
@@ -138,7 +137,7 @@ def compare(args: argparse.Namespace) -> None:
         return
     record, plan, variant = deployed_run(args, RunConfig(), "peers")
     levels = args.levels
-    texts = list(load_corpus(record.config.corpus))
+    texts = list(record.config.texts())
     work = args.run / "peers"
     features = cpu_features()
     busy = others_busy()
@@ -239,7 +238,7 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
     config = RunConfig() if args.run else RunConfig(task="rerank", model=str(stand_in_reranker(
         ROOT / "outputs" / f"reranker-{time.strftime('%Y%m%d-%H%M%S')}")))  # --run names its own model
     record, plan, variant = deployed_run(args, config, "peers-rerank")
-    texts, work = list(load_corpus(record.config.corpus)), args.run / "peers"
+    texts, work = list(record.config.texts()), args.run / "peers"
     features, busy = cpu_features(), others_busy()
     preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
     model_dir = resolve_source(record.config.model).location

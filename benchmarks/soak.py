@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from workbench.core.config import RunConfig
-from workbench.core.data import load_corpus
 from workbench.core.errors import MissingArtifactError, ServedError
 from workbench.core.record import RunRecord
 from workbench.measure.load import asyncio_level
@@ -42,7 +41,7 @@ def deployed(run: Path) -> tuple[Path, str, list[str]]:
         raise MissingArtifactError(f"the triton step of {run} is {record.status('triton') or 'not run'}, not ok",
                                    f"run it: workbench run --resume --output-dir {run} --steps triton, or leave "
                                    "out --run")
-    return record.artifact("triton.repository"), deployment.name, list(load_corpus(record.config.corpus))
+    return record.artifact("triton.repository"), deployment.name, list(record.config.texts())
 
 
 def probe(server: TritonServer, model: str) -> dict[str, np.ndarray]:

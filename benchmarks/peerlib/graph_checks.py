@@ -43,15 +43,18 @@ def shown(ratio: float) -> str:
     return f"{ratio:.3f}" if ratio > SAME_SPEED and round(ratio, 2) <= SAME_SPEED else f"{ratio:.2f}"
 
 
+def miss(ratios: dict[str, float], target: float, spread: dict[str, float] | None) -> str:
+    """"MISS", and where every ratio stays within `target` times this run's A/A `spread` at its cell, that the run
+    cannot tell it from a PASS."""
+    unresolved = spread is not None and all(ratio <= target * spread.get(cell, 1.0) for cell, ratio in ratios.items())
+    return "MISS within this run's A/A spread (not resolved)" if unresolved else "MISS"
+
+
 def ratios_line(ratios: dict[str, float], spread: dict[str, float] | None = None) -> str:
-    """The ratios per cell and PASS/MISS; a MISS whose every ratio stays within the target times this run's A/A
-    `spread` at its cell says that the run cannot tell it from a PASS."""
+    """The ratios per cell and PASS or `miss`."""
     fast = max(ratios.values()) <= SAME_SPEED
-    unresolved = not fast and spread is not None and all(
-        ratio <= SAME_SPEED * spread.get(cell, 1.0) for cell, ratio in ratios.items())
     return (", ".join(f"{cell} {shown(ratio)}" for cell, ratio in ratios.items())
-            + f" (target <= {SAME_SPEED}) {'PASS' if fast else 'MISS'}"
-            + (" within this run's A/A spread (not resolved)" if unresolved else ""))
+            + f" (target <= {SAME_SPEED}) {'PASS' if fast else miss(ratios, SAME_SPEED, spread)}")
 
 
 def control_lines(controls: dict[str, Control]) -> list[str]:
@@ -154,11 +157,10 @@ def int8_target(done: Sequence[GraphRow], cells: Sequence[str], spread: dict[str
     if not good:
         return [line + ("none reaches it" + unjudged if not pays else "none reaches it MISS")]
     winners = {c: fastest(good, c) for c in cells}
-    verdict = "PASS" if all(row.family == "workbench" for row in winners.values()) else "MISS"
     mine = [row for row in good if row.family == "workbench"]
-    if verdict == "MISS" and mine and spread and all(
-            fastest(mine, c).ms[c] / row.ms[c] <= spread.get(c, 1.0) for c, row in winners.items()):
-        verdict += " within this run's A/A spread (not resolved)"
+    verdict = ("PASS" if all(row.family == "workbench" for row in winners.values()) else
+               miss({c: fastest(mine, c).ms[c] / row.ms[c] for c, row in winners.items()}, 1.0, spread) if mine else
+               "MISS")
     return [line + ", ".join(f"{c} {row.name} {row.ms[c]:.2f} ms" for c, row in winners.items())
             + (f" (target: the workbench's) {verdict}" if pays else unjudged)]
 
