@@ -9,9 +9,14 @@ from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.record import RunRecord
+from workbench.doctor import check_tensorrt
 from workbench.models.loading import load_model
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT, OrtRunner, tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
+
+TENSORRT_LIBRARY = check_tensorrt()
+pytestmark = pytest.mark.skipif(not TENSORRT_LIBRARY.available,
+                                reason=f"needs TensorRT: tensorrt {TENSORRT_LIBRARY.reason}")
 
 SETTINGS = {"batch": {"min": 1, "opt": 8, "max": 32}, "sequence": {"min": 1, "opt": 128, "max": 256},
             "precisions": ["fp32", "fp16"], "tensorrt": {"profiles": 2}, "device": "cuda"}
