@@ -101,8 +101,6 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "measure/precisions.py": (2, JSON),
     "models/loading.py": (2, "config.json's auto_map"),
     "models/sentence.py": (3, "the library's JSON files (modules.json, sentence_bert_config.json)"),
-    "precision/compare.py": (8, UNTYPED),
-    "precision/lab.py": (1, UNTYPED),
     "report/compare.py": (1, "compare.json's rows"),
     "report/notebook.py": (3, "papermill's parameters, a notebook's namespace"),
     "runners/__init__.py": (1, JSON),

@@ -5,7 +5,6 @@ import pytest
 
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
-from workbench.core.results import Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
 from workbench.precision.ranking import same_top
@@ -26,12 +25,12 @@ def test_padded_positions_never_count():
     parity = OutputParity(HIDDEN, Tolerance(atol=0.02, min_cosine=0.99))
     parity.add("b", [10, 11], got, want, MASK)
     summary = parity.summary()
-    assert summary["passed"], summary["failures"]
-    assert summary["max_abs"] == pytest.approx(0.01, rel=1e-3)
-    assert summary["compared_values"] == 5 * 8
-    assert summary["worst"] == {"batch": "b", "row": 0, "text_id": 10, "position": [1, 3],
-                                "got": pytest.approx(float(got[0, 1, 3])), "want": pytest.approx(float(want[0, 1, 3])),
-                                "abs_error": pytest.approx(0.01, rel=1e-3)}
+    assert summary.passed, summary.failures
+    assert summary.max_abs == pytest.approx(0.01, rel=1e-3)
+    assert summary.compared_values == 5 * 8
+    assert summary.worst.recorded() == {
+        "batch": "b", "row": 0, "text_id": 10, "position": [1, 3], "got": pytest.approx(float(got[0, 1, 3])),
+        "want": pytest.approx(float(want[0, 1, 3])), "abs_error": pytest.approx(0.01, rel=1e-3)}
 
 
 def test_nan_fails_with_a_count_and_infinite_violation():
@@ -41,9 +40,9 @@ def test_nan_fails_with_a_count_and_infinite_violation():
     parity = OutputParity(EMBEDDING, Tolerance(atol=0.1, min_cosine=0.9))
     parity.add("b", [0, 1], got, want, MASK)
     summary = parity.summary()
-    assert not summary["passed"]
-    assert summary["non_finite"] == 1 and "1 NaN/Inf values" in summary["failures"]
-    assert summary["violation"] == float("inf")
+    assert not summary.passed
+    assert summary.non_finite == 1 and "1 NaN/Inf values" in summary.failures
+    assert summary.violation == float("inf")
 
 
 def test_cosine_threshold_and_violation():
@@ -53,9 +52,9 @@ def test_cosine_threshold_and_violation():
     parity.add("b", [0, 1, 2, 3], got, want, np.ones((4, 5)))
     summary = parity.summary()
     cos = np.sum(got * want, 1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-    assert summary["min_cosine"] == pytest.approx(cos.min())
-    assert summary["failures"] == [f"min cosine {cos.min():.6f} < 0.999"]
-    assert summary["violation"] == pytest.approx((0.999 - cos.min()) / 0.001)
+    assert summary.min_cosine == pytest.approx(cos.min())
+    assert summary.failures == [f"min cosine {cos.min():.6f} < 0.999"]
+    assert summary.violation == pytest.approx((0.999 - cos.min()) / 0.001)
     assert parity.hardest(1) == [int(np.argmin(cos))]
 
 
@@ -64,13 +63,13 @@ def test_label_agreement_for_sequence_and_token_logits():
     got = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
     parity = OutputParity(LOGITS, Tolerance(min_agreement=0.9))
     parity.add("b", [0, 1], got, want, np.ones((2, 3)))
-    assert parity.summary()["agreement"] == 0.5
+    assert parity.summary().agreement == 0.5
     tokens = OutputParity(TOKENS, Tolerance(min_agreement=1.0))
     want_t = RNG.normal(size=(2, 4, 3))
     got_t = want_t.copy()
     got_t[1, 3] = -want_t[1, 3]  # a padded position: ignored
     tokens.add("b", [0, 1], got_t, want_t, MASK)
-    assert tokens.summary()["agreement"] == 1.0 and tokens.summary()["passed"]
+    assert tokens.summary().agreement == 1.0 and tokens.summary().passed
 
 
 def test_tolerance_defaults_and_overrides():
@@ -86,11 +85,9 @@ def test_parity_error_names_the_worst_output_and_values():
     got[1, 5] = 3.0
     parity = OutputParity(EMBEDDING, Tolerance(atol=0.1))
     parity.add("corpus_000", [7, 8], got, want, MASK)
-    result = {"outputs": {"sentence_embedding": parity.summary()}}
-    result.update(verdict(result["outputs"]))
     with pytest.raises(ParityError, match="fp32 fails parity on sentence_embedding.*text 8.*got 3.0, reference 0.0") \
             as info:
-        raise_if_failed("fp32", Verdict.model_validate(result))
+        raise_if_failed("fp32", verdict({"sentence_embedding": parity.summary()}))
     assert info.value.worst["position"] == [5] and info.value.output == "sentence_embedding"
 
 
@@ -117,9 +114,9 @@ def test_a_retrieval_gate_fails_a_variant_whose_neighbours_change():
     gated = OutputParity(EMBEDDING, Tolerance(min_cosine=0.5, min_recall_at_10=0.99))
     gated.add("corpus", list(range(30)), got, want, np.ones((30, 4)))
     summary = gated.summary()
-    recall = summary["retrieval"]["recall_at_10"]
-    assert recall < 0.99 and summary["failures"] == [f"recall at 10 {recall:.4f} < 0.99"]
-    assert summary["violation"] == pytest.approx((0.99 - recall) / 0.01)
+    recall = summary.retrieval["recall_at_10"]
+    assert recall < 0.99 and summary.failures == [f"recall at 10 {recall:.4f} < 0.99"]
+    assert summary.violation == pytest.approx((0.99 - recall) / 0.01)
 
 
 def test_classifier_parity_reports_the_largest_probability_shift():
@@ -127,7 +124,7 @@ def test_classifier_parity_reports_the_largest_probability_shift():
     got = np.array([[2.0, 0.0], [1.0, 0.0]])  # second row: 0.5/0.5 -> 0.731/0.269
     parity = OutputParity(LOGITS, Tolerance(min_agreement=0.0))
     parity.add("b", [0, 1], got, want, MASK)
-    assert parity.summary()["max_prob_shift"] == pytest.approx(1 / (1 + np.exp(-1)) - 0.5)
+    assert parity.summary().max_prob_shift == pytest.approx(1 / (1 + np.exp(-1)) - 0.5)
 
 
 def test_a_label_the_reference_scores_level_with_its_top_agrees_and_a_real_swap_does_not():

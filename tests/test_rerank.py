@@ -102,9 +102,9 @@ def test_ranking_agreement_and_its_gate():
     gated.add("b", list(range(8)), np.array([[flipped[i]] for i in range(8)], np.float32),
               np.array([[want[i]] for i in range(8)], np.float32), np.ones((8, 4)))
     summary = gated.summary()
-    assert not summary["passed"]
-    assert any(f.startswith("kendall tau") for f in summary["failures"])
-    assert any(f.startswith("agreement at 1 0.5000") for f in summary["failures"])
+    assert not summary.passed
+    assert any(f.startswith("kendall tau") for f in summary.failures)
+    assert any(f.startswith("agreement at 1 0.5000") for f in summary.failures)
 
 
 def test_a_cross_encoder_folder_read_for_embeddings_is_refused_with_the_rerank_task(rerankers):

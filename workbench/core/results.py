@@ -48,22 +48,45 @@ class HostEnvironment(Metrics):
         return self.cpu_features.int8_dot_product if self.cpu_features else None
 
 
-class OutputResult(Metrics):
-    """One output's parity: its verdict and headline errors (the full statistics are kept as recorded)."""
+class WorstValue(Metrics):
+    """The value an output got most wrong: its batch, row, text, position in the output, both values, the error."""
 
-    passed: bool
+    batch: str | None = None
+    row: int | None = None
+    text_id: int | None = None
+    position: list[int] = Field(default_factory=list)
+    got: float | None = None
+    want: float | None = None
+    abs_error: float = 0.0
+
+
+class OutputResult(Metrics):
+    """One output's parity: its verdict, errors, cosine or label agreement, and neighbour or document order."""
+
+    passed: bool = False
     kind: str | None = None  # the output's kind (embedding, hidden, logits, scores, ...)
     max_abs: float | None = None
     mean_abs: float | None = None
-    min_cosine: float | None = None
-    agreement: float | None = None
+    max_rel: float | None = None
     quantiles: dict[str, float] = Field(default_factory=dict)  # absolute error at each quantile ("p50", ...)
-    failures: list[str] = Field(default_factory=list)
-    violation: float = 0.0  # how far past its gate (0 where it passes)
-    worst: Json = Field(default_factory=dict)  # the worst value: its text, batch, row, position, got and want
+    non_finite: int = 0
+    compared_values: int | None = None
+    worst: WorstValue = Field(default_factory=WorstValue)
     tolerance: dict[str, float | int] = Field(default_factory=dict)
+    loss: float | None = None  # what the repair minimises: 1 - mean cosine, else the mean absolute error
+    min_cosine: float | None = None
+    mean_cosine: float | None = None
+    agreement: float | None = None
+    max_prob_shift: float | None = None
     retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
     ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)
+    failures: list[str] = Field(default_factory=list)
+    violation: float = 0.0  # how far past its gate (0 where it passes)
+
+    @property
+    def order(self) -> dict[str, float | int]:
+        """The neighbour or document-order metrics: retrieval for embeddings, ranking for rerankers."""
+        return self.retrieval or self.ranking or {}
 
 
 class WorstText(Metrics):

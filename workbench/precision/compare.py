@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
-from workbench.core.results import Verdict
+from workbench.core.results import OutputResult, Verdict, WorstValue
 from workbench.core.tasks import OutputSpec
 from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
@@ -87,7 +86,7 @@ class OutputParity:
     max_rel: float = 0.0
     tolerance_violations: int = 0
     non_finite: int = 0
-    worst: dict[str, Any] = field(default_factory=dict)
+    worst: WorstValue | None = None
     per_text: dict[int, dict[str, float]] = field(default_factory=dict)
     vectors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # embeddings: text -> got, want
     max_prob_shift: float = 0.0
@@ -154,84 +153,79 @@ class OutputParity:
                      want: np.ndarray) -> None:
         flat = int(np.argmax(masked))
         value = float(masked.flat[flat])
-        if self.worst and value <= self.worst["abs_error"]:
+        if self.worst is not None and value <= self.worst.abs_error:
             return
         index = np.unravel_index(flat, masked.shape)
-        self.worst = {
-            "batch": batch, "row": int(index[0]), "text_id": int(text_ids[index[0]]),
-            "position": [int(i) for i in index[1:]], "got": float(got[index]), "want": float(want[index]),
-            "abs_error": value,
-        }
+        self.worst = WorstValue(batch=batch, row=int(index[0]), text_id=int(text_ids[index[0]]),
+                                position=[int(i) for i in index[1:]], got=float(got[index]),
+                                want=float(want[index]), abs_error=value)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> OutputResult:
+        """The output's result over every batch added: errors, cosine or agreement, order metrics, its verdict."""
         errors = np.concatenate(self.errors) if self.errors else np.zeros(1)
         finite = errors[np.isfinite(errors)]
-        result: dict[str, Any] = {
-            "kind": self.spec.kind,
-            "max_abs": float(errors.max()) if errors.size else 0.0,
-            "mean_abs": float(finite.mean()) if finite.size else float("inf"),
-            "max_rel": self.max_rel,
-            "quantiles": {f"p{q * 100:g}": float(np.quantile(finite, q)) if finite.size else float("inf")
-                          for q in QUANTILES},
-            "non_finite": self.non_finite,
-            "compared_values": int(errors.size),
-            "worst": self.worst,
-            "tolerance": self.tolerance.model_dump(exclude_none=True),
-        }
-        result["loss"] = result["mean_abs"]
+        mean_abs = float(finite.mean()) if finite.size else float("inf")
+        result = OutputResult(
+            kind=self.spec.kind, max_abs=float(errors.max()) if errors.size else 0.0, mean_abs=mean_abs,
+            max_rel=self.max_rel,
+            quantiles={f"p{q * 100:g}": float(np.quantile(finite, q)) if finite.size else float("inf")
+                       for q in QUANTILES},
+            non_finite=self.non_finite, compared_values=int(errors.size), worst=self.worst or WorstValue(),
+            tolerance=self.tolerance.model_dump(exclude_none=True), loss=mean_abs)
         if self.cosines:
             cos = np.concatenate(self.cosines)
-            result.update(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()), loss=1.0 - float(cos.mean()))
+            result.min_cosine, result.mean_cosine = float(cos.min()), float(cos.mean())
+            result.loss = 1.0 - float(cos.mean())
         if self.agreements:
-            result["agreement"] = float(np.concatenate(self.agreements).mean())
-            result["max_prob_shift"] = self.max_prob_shift
+            result.agreement = float(np.concatenate(self.agreements).mean())
+            result.max_prob_shift = self.max_prob_shift
         if self.vectors:
             ids = sorted(self.vectors)
             retrieval = retrieval_agreement(np.stack([self.vectors[i][0] for i in ids]),
                                             np.stack([self.vectors[i][1] for i in ids]))
             if retrieval:
-                result["retrieval"] = retrieval
+                result.retrieval = retrieval
         if self.scores:
             ranking = ranking_agreement({i: g for i, (g, _) in self.scores.items()},
                                         {i: w for i, (_, w) in self.scores.items()}, self.groups)
             if ranking:
-                result["ranking"] = ranking
-        result["failures"] = self._failures(result)
-        result["passed"] = not result["failures"]
-        result["violation"] = self._violation(result)
+                result.ranking = ranking
+        result.failures = self._failures(result)
+        result.passed = not result.failures
+        result.violation = self._violation(result)
         return result
 
-    def _failures(self, r: dict[str, Any]) -> list[str]:
+    def _failures(self, r: OutputResult) -> list[str]:
         tol, failures = self.tolerance, []
-        if r["non_finite"]:
-            failures.append(f"{r['non_finite']} NaN/Inf values")
+        if r.non_finite:
+            failures.append(f"{r.non_finite} NaN/Inf values")
         if tol.atol is not None and self.tolerance_violations:
             failures.append(f"{self.tolerance_violations} values beyond atol {tol.atol:g} + rtol {tol.rtol or 0:g}"
-                            f"*|ref| (max abs {r['max_abs']:.3g})")
-        if tol.min_cosine is not None and "min_cosine" in r and not r["min_cosine"] >= tol.min_cosine:
-            failures.append(f"min cosine {r['min_cosine']:.6f} < {tol.min_cosine}")
-        if tol.min_agreement is not None and "agreement" in r and not r["agreement"] >= tol.min_agreement:
-            failures.append(f"label agreement {r['agreement']:.4f} < {tol.min_agreement}")
+                            f"*|ref| (max abs {r.max_abs:.3g})")
+        if tol.min_cosine is not None and r.min_cosine is not None and not r.min_cosine >= tol.min_cosine:
+            failures.append(f"min cosine {r.min_cosine:.6f} < {tol.min_cosine}")
+        if tol.min_agreement is not None and r.agreement is not None and not r.agreement >= tol.min_agreement:
+            failures.append(f"label agreement {r.agreement:.4f} < {tol.min_agreement}")
         for key, limit in _order_gates(tol):
-            value = _order(r).get(key)
+            value = r.order.get(key)
             if value is not None and not value >= limit:
                 failures.append(f"{key.replace('_', ' ')} {value:.4f} < {limit}")
         return failures
 
-    def _violation(self, r: dict[str, Any]) -> float:
+    def _violation(self, r: OutputResult) -> float:
         """0 when passing, else how far past the tolerance (relative), summed over criteria; inf for NaN/Inf."""
         tol = self.tolerance
-        if r["non_finite"]:
+        if r.non_finite:
             return float("inf")
         total = 0.0
-        if tol.atol is not None:
-            total += max(0.0, r["max_abs"] - tol.atol) / max(tol.atol, 1e-12) if self.tolerance_violations else 0.0
-        if tol.min_cosine is not None and "min_cosine" in r:
-            total += max(0.0, tol.min_cosine - r["min_cosine"]) / max(1.0 - tol.min_cosine, 1e-12)
-        if tol.min_agreement is not None and "agreement" in r:
-            total += max(0.0, tol.min_agreement - r["agreement"]) / max(1.0 - tol.min_agreement, 1e-12)
+        if tol.atol is not None and self.tolerance_violations and r.max_abs is not None:
+            total += max(0.0, r.max_abs - tol.atol) / max(tol.atol, 1e-12)
+        if tol.min_cosine is not None and r.min_cosine is not None:
+            total += max(0.0, tol.min_cosine - r.min_cosine) / max(1.0 - tol.min_cosine, 1e-12)
+        if tol.min_agreement is not None and r.agreement is not None:
+            total += max(0.0, tol.min_agreement - r.agreement) / max(1.0 - tol.min_agreement, 1e-12)
         for key, limit in _order_gates(tol):
-            value = _order(r).get(key)
+            value = r.order.get(key)
             if value is not None:
                 total += max(0.0, limit - value) / max(1.0 - limit, 1e-12)
         return total
@@ -244,18 +238,11 @@ def _order_gates(tol: Tolerance) -> list[tuple[str, float]]:
     return [(key, limit) for key, limit in gates.items() if limit is not None]
 
 
-def _order(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary's neighbour or document-order metrics: retrieval for embeddings, ranking for rerankers."""
-    return summary.get("retrieval") or summary.get("ranking") or {}
-
-
-def verdict(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Variant-level pass/fail and violation from per-output summaries."""
-    return {
-        "passed": all(o["passed"] for o in outputs.values()),
-        "violation": sum(o["violation"] for o in outputs.values()),
-        "failures": [f"{name}: {f}" for name, o in outputs.items() for f in o["failures"]],
-    }
+def verdict(outputs: dict[str, OutputResult]) -> Verdict:
+    """Variant-level pass/fail and violation from per-output results."""
+    return Verdict(passed=all(o.passed for o in outputs.values()),
+                   violation=sum(o.violation for o in outputs.values()),
+                   failures=[f"{name}: {f}" for name, o in outputs.items() for f in o.failures], outputs=outputs)
 
 
 def raise_if_failed(variant: str, result: Verdict) -> None:
@@ -266,9 +253,8 @@ def raise_if_failed(variant: str, result: Verdict) -> None:
     name, out = max(failing.items(), key=lambda item: item[1].violation)
     w = out.worst
     raise ParityError(
-        f"{variant} fails parity on {name}: {'; '.join(out.failures)}; worst value at text {w.get('text_id')} "
-        f"(batch {w.get('batch')}, row {w.get('row')}, position {w.get('position')}): got {w.get('got')}, "
-        f"reference {w.get('want')}",
+        f"{variant} fails parity on {name}: {'; '.join(out.failures)}; worst value at text {w.text_id} "
+        f"(batch {w.batch}, row {w.row}, position {w.position}): got {w.got}, reference {w.want}",
         "keep more nodes in higher precision (see the precision repair), or loosen `tolerances` in the config",
-        variant, name, w,
+        variant, name, w.recorded(),
     )

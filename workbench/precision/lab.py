@@ -5,7 +5,6 @@ import copy
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -13,7 +12,7 @@ from workbench.core.atomic import atomic_path
 from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
-from workbench.core.results import LibraryCheck, ReferenceCut, Verdict
+from workbench.core.results import LibraryCheck, ReferenceCut, Verdict, WorstText
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
@@ -145,15 +144,14 @@ class ParityLab:
         start = time.perf_counter()
         outputs = self.collect(runner, precision, tolerances)
         seconds = time.perf_counter() - start
-        summaries = {name: parity.summary() for name, parity in outputs.items()}
-        return Verdict.model_validate({
-            **verdict(summaries), "precision": precision, "providers": list(runner.providers),
-            "seconds": round(seconds, 3), "outputs": summaries,
-            "worst_texts": self._worst_texts(outputs[self.primary.name])})
+        result = verdict({name: parity.summary() for name, parity in outputs.items()})
+        return result.model_copy(update={"precision": precision, "providers": list(runner.providers),
+                                         "seconds": round(seconds, 3),
+                                         "worst_texts": self._worst_texts(outputs[self.primary.name])})
 
-    def _worst_texts(self, parity: OutputParity) -> list[dict[str, Any]]:
-        return [{"text_id": i, "text": shown(self.texts[i])[:160], "metric": parity.per_text_metric,
-                 "error": parity.per_text_error(i), **parity.per_text[i]} for i in parity.hardest(WORST_TEXTS)]
+    def _worst_texts(self, parity: OutputParity) -> list[WorstText]:
+        return [WorstText(text_id=i, text=shown(self.texts[i])[:160], metric=parity.per_text_metric,
+                          error=parity.per_text_error(i), **parity.per_text[i]) for i in parity.hardest(WORST_TEXTS)]
 
     def latency_batch(self) -> Batch:
         """The corner batch at the configuration's optimal batch size and sequence length."""
