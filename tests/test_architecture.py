@@ -108,7 +108,6 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "serving/batching.py": (1, "Triton's statistics JSON"),
     "serving/client.py": (6, "Triton's HTTP/JSON answers"),
     "serving/deploy.py": (4, "Kubernetes manifests written as YAML"),
-    "serving/generation.py": (2, UNTYPED),
     "serving/plan.py": (3, "the host's CPU facts and shape profiles as run.json records them"),
     "serving/repository.py": (3, f"{JSON}; a repository read back as JSON"),
     "steps/export.py": (1, "modules.json's pipeline"),

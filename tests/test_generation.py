@@ -45,12 +45,12 @@ def built(tmp_path_factory):
         model, tokenizer = load_hf(task, folder, threads=1)
         engine = load_ct2(task, root / name / "ct2", threads=1)
         sequences = prepared_inputs(tokenizer, TEXTS, language, 128)
-        greedy = compare_greedy(task, model, engine, tokenizer, sequences, 24, language)
+        greedy, hf_ids = compare_greedy(task, model, engine, tokenizer, sequences, 24, language)
         plan = GenerationPlan(name=name.replace("-", "_"), kind=task.kind, hf_dir=folder, ct2_dir=root / name / "ct2",
                               max_input_tokens=128, max_new_tokens=24, max_new_tokens_limit=64, max_batch_size=8,
                               threads=1, max_queue_delay_us=2000)
         models.update(generation_models(plan))
-        cases[name] = {"plan": plan, "greedy": greedy, "language": language, "tokenizer": tokenizer}
+        cases[name] = {"plan": plan, "greedy": greedy, "hf_ids": hf_ids, "language": language, "tokenizer": tokenizer}
     repository = write_models(models, root / "repository")
     with TritonServer(repository, root / "server") as server:
         yield cases, server
@@ -68,9 +68,9 @@ def arrays(texts, language, max_new_tokens=None):
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_fp32_is_identical_in_process(built, case):
     greedy = built[0][case]["greedy"]
-    assert greedy["identical"] == greedy["sequences"] == len(TEXTS), greedy["first_difference"]
-    assert greedy["hf_tokens"] == greedy["ct2_tokens"] > len(TEXTS)
-    assert len({tuple(ids) for ids in greedy["hf_ids"]}) > 1, "outputs vary with the input"
+    assert greedy.identical == greedy.sequences == len(TEXTS), greedy.first_difference
+    assert greedy.hf_tokens == greedy.ct2_tokens > len(TEXTS)
+    assert len({tuple(ids) for ids in built[0][case]["hf_ids"]}) > 1, "outputs vary with the input"
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -80,8 +80,8 @@ def test_served_engines_answer_like_hf_in_process(built, case):
     with TritonClient(server.http_url, "http") as client:
         for engine in ("hf", "ct2"):
             out = client.infer(f"{info['plan'].name}_{engine}_text", arrays(TEXTS[:5], info["language"]))
-            assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == info["greedy"]["hf_ids"][:5], engine
-            decoded = info["tokenizer"].batch_decode(info["greedy"]["hf_ids"][:5], skip_special_tokens=True)
+            assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == info["hf_ids"][:5], engine
+            decoded = info["tokenizer"].batch_decode(info["hf_ids"][:5], skip_special_tokens=True)
             assert [t.decode() for t in out["OUTPUT_TEXT"].ravel()] == decoded
 
 
@@ -102,7 +102,7 @@ def test_requests_of_different_lengths_batch_together_and_stay_exact(built):
         answers = asyncio.run(concurrently())
         after = batch_sizes(client.statistics(f"{name}_hf"))
     got = [core.unpack(a["OUTPUT_IDS"], a["OUTPUT_LENGTHS"])[0] for a in answers]
-    assert got == info["greedy"]["hf_ids"], "left padding and masks keep batched answers exact"
+    assert got == info["hf_ids"], "left padding and masks keep batched answers exact"
     assert any(size > 1 and after[size] > before.get(size, 0) for size in after), after
 
 
@@ -111,7 +111,7 @@ def test_max_new_tokens_cuts_the_answer(built):
     info = cases["translation"]
     with TritonClient(server.http_url, "http") as client:
         out = client.infer(f"{info['plan'].name}_ct2_text", arrays(TEXTS[:3], info["language"], 5))
-    assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == [ids[:5] for ids in info["greedy"]["hf_ids"][:3]]
+    assert core.unpack(out["OUTPUT_IDS"], out["OUTPUT_LENGTHS"]) == [ids[:5] for ids in info["hf_ids"][:3]]
 
 
 @pytest.mark.parametrize("case, request_arrays, message", [

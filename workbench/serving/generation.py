@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_dir
 from workbench.core.errors import ConfigError, DependencyMissingError
+from workbench.core.results import Metrics
 from workbench.models.loading import ModelSource, resolve_source
 from workbench.models.tiny import TINY
 from workbench.serving.backend import generation_core as core
@@ -76,7 +77,35 @@ def load_hf(task: GenTask, folder: Path, threads: int | None = None) -> tuple[An
     return model, tokenizer
 
 
-def convert_ct2(folder: Path, dest: Path, quantization: str | None = None) -> dict[str, Any]:
+class Conversion(Metrics):
+    """A CTranslate2 conversion: the seconds it took and the CTranslate2 version that wrote it."""
+
+    seconds: float
+    ctranslate2: str
+
+
+class FirstDifference(Metrics):
+    """The first sequence transformers and CTranslate2 decoded differently: its index and both token ids."""
+
+    index: int
+    hf: list[int]
+    ct2: list[int]
+
+
+class GreedyComparison(Metrics):
+    """transformers generate against CTranslate2 in process, greedy: sequences identical token for token, the
+    seconds and tokens each took, and the first that differs."""
+
+    sequences: int
+    identical: int
+    hf_seconds: float | None = None
+    ct2_seconds: float | None = None
+    hf_tokens: int | None = None
+    ct2_tokens: int | None = None
+    first_difference: FirstDifference | None = None
+
+
+def convert_ct2(folder: Path, dest: Path, quantization: str | None = None) -> Conversion:
     """CTranslate2's own converter, written atomically; the tokenizer files go beside the converted model."""
     try:
         import ctranslate2
@@ -90,7 +119,7 @@ def convert_ct2(folder: Path, dest: Path, quantization: str | None = None) -> di
         converter.convert(str(tmp), quantization=None if quantization in (None, "float32") else quantization,
                           force=True)
         transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(tmp / "tokenizer")
-    return {"seconds": round(time.perf_counter() - start, 3), "ctranslate2": ctranslate2.__version__}
+    return Conversion(seconds=round(time.perf_counter() - start, 3), ctranslate2=ctranslate2.__version__)
 
 
 def load_ct2(task: GenTask, folder: Path, compute_type: str = "float32", threads: int | None = None) -> Any:
@@ -122,8 +151,9 @@ def prepared_inputs(tokenizer: Tokenizer, texts: list[str], language: str | None
 
 
 def compare_greedy(task: GenTask, model: Any, engine: Any, tokenizer: Tokenizer, sequences: list[list[int]],
-                   max_new_tokens: int, language: str | None, batch: int = 8) -> dict[str, Any]:
-    """Greedy HF generate vs CTranslate2 on the same token ids, in batches (padded and masked)."""
+                   max_new_tokens: int, language: str | None, batch: int = 8
+                   ) -> tuple[GreedyComparison, list[list[int]]]:
+    """Greedy HF generate vs CTranslate2 on the same token ids, in batches (padded and masked); transformers' ids."""
     style, _ = core.language_style(tokenizer)
     hf, ct2 = [], []
     start = time.perf_counter()
@@ -137,7 +167,7 @@ def compare_greedy(task: GenTask, model: Any, engine: Any, tokenizer: Tokenizer,
     ct2_seconds = time.perf_counter() - start
     same = [a == b for a, b in zip(hf, ct2)]
     first = next((i for i, s in enumerate(same) if not s), None)
-    return {"sequences": len(sequences), "identical": sum(same), "hf_seconds": round(hf_seconds, 3),
-            "ct2_seconds": round(ct2_seconds, 3), "hf_tokens": sum(map(len, hf)), "ct2_tokens": sum(map(len, ct2)),
-            "first_difference": None if first is None else {"index": first, "hf": hf[first], "ct2": ct2[first]},
-            "hf_ids": hf}
+    return GreedyComparison(
+        sequences=len(sequences), identical=sum(same), hf_seconds=round(hf_seconds, 3),
+        ct2_seconds=round(ct2_seconds, 3), hf_tokens=sum(map(len, hf)), ct2_tokens=sum(map(len, ct2)),
+        first_difference=None if first is None else FirstDifference(index=first, hf=hf[first], ct2=ct2[first])), hf

@@ -16,7 +16,7 @@ from workbench.core.errors import StepSkipped
 from workbench.core.measured import ServedLevel
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Json, Metrics
+from workbench.core.results import Metrics
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
 from workbench.report import figures
@@ -24,7 +24,9 @@ from workbench.serving.backend import generation_core as core
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
 from workbench.serving.generation import (
     GEN_TASKS,
+    Conversion,
     GenTask,
+    GreedyComparison,
     compare_greedy,
     convert_ct2,
     load_ct2,
@@ -52,19 +54,6 @@ class GenerationLevel(ServedLevel):
     words_per_s: float
 
 
-class GreedyComparison(Metrics):
-    """transformers generate against CTranslate2 in process, greedy: sequences identical token for token, the
-    seconds and tokens each took, and the first that differs."""
-
-    sequences: int
-    identical: int
-    hf_seconds: float | None = None
-    ct2_seconds: float | None = None
-    hf_tokens: int | None = None
-    ct2_tokens: int | None = None
-    first_difference: Json | None = None
-
-
 class ServedIdentity(Metrics):
     """An engine served through Triton: its sequences identical to transformers' in process."""
 
@@ -79,7 +68,7 @@ class GenerationTask(Metrics):
     kind: str
     name: str
     target_language: str | None = None
-    conversion: Json = Field(default_factory=dict)
+    conversion: Conversion | None = None
     compute_type: str | None = None
     max_new_tokens: int | None = None
     in_process: GreedyComparison
@@ -154,8 +143,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
     limit = max_input_tokens(model, tokenizer, gen.max_input_tokens)
     texts = short_texts(tokenizer, gen.texts, limit)
     sequences = prepared_inputs(tokenizer, texts, language, limit)
-    compared = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
-    reference = compared.pop("hf_ids")
+    compared, reference = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
     plan = GenerationPlan(name=model_name_for(f"{Path(name).name}_{task.name}"), kind=task.kind, hf_dir=folder,
                           ct2_dir=work / "ct2", max_input_tokens=limit, max_new_tokens=gen.max_new_tokens,
                           max_new_tokens_limit=gen.max_new_tokens_limit, max_batch_size=gen.max_batch_size,
@@ -167,7 +155,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
     record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
     result = GenerationTask(model=name, kind=task.kind, target_language=language, name=plan.name,
                             conversion=conversion, compute_type=gen.ct2_compute_type,
-                            max_new_tokens=gen.max_new_tokens, in_process=GreedyComparison.model_validate(compared),
+                            max_new_tokens=gen.max_new_tokens, in_process=compared,
                             served={}, load={})
     with TritonServer(repository, work / "server") as server:
         result.ready_seconds = server.timings["ready_seconds"]
