@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from workbench.core.batches import Feed
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
 from workbench.core.measured import ServedLevel
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
@@ -102,17 +103,16 @@ def asyncio_level(url: str, protocol: str, send: Callable[[AsyncTritonClient, in
 
 
 # ---- perf_analyzer (found and installed by workbench.measure.perf_analyzer) ----------------------------------------
-def write_input_data(path: Path, data: list[dict[str, Any]]) -> Path:
+def write_input_data(path: Path, data: list[Feed]) -> Path:
     """perf_analyzer's --input-data file: one entry per request (`data`: a dict of arrays each, batch axis first)."""
-    def tensor(value: Any) -> dict[str, Any]:
-        array = np.asarray(value)
+    def tensor(array: np.ndarray) -> dict[str, list[str] | list[int]]:
         content = [x.decode() for x in array.ravel()] if array.dtype == object else array.ravel().tolist()
         return {"content": content, "shape": list(array.shape[1:])}
     path.write_text(json.dumps({"data": [{name: tensor(v) for name, v in item.items()} for item in data]}))
     return path
 
 
-def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[dict[str, Any]],
+def perf_analyzer_level(tool: PerfAnalyzer, url: str, protocol: str, model: str, data: list[Feed],
                         concurrency: int, requests: int, seconds: float, workdir: Path) -> ServedLevel:
     """One perf_analyzer measurement at `concurrency` over real inputs (`data`: one dict of arrays per request)."""
     workdir.mkdir(parents=True, exist_ok=True)
