@@ -174,9 +174,9 @@ def measure_and_print() -> None:
                                                          args.run / "bench")
     print(f"\nrun: {args.run}  threads: {latency.threads}  measured in {time.perf_counter() - start:.0f} s\n")
     features = cpu_features()
-    int8 = features["int8_dot_product"]
+    int8 = features.int8_dot_product
     peaks = ", ".join(f"{precision} {gflops:.0f}" for precision, gflops in latency.peaks.items())
-    print(f"host CPU flags: {' '.join(features['flags'])}; int8 dot product: {int8 or 'none'}; device: "
+    print(f"host CPU flags: {' '.join(features.flags)}; int8 dot product: {int8 or 'none'}; device: "
           f"{latency.device}; matmul peaks (GFLOP/s): {peaks}\n")
     if busy > cores / 2:
         print(f"BUSY HOST: other processes kept {busy:.1f} of {cores} cores busy when measuring began: absolute "

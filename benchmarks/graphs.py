@@ -60,7 +60,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFou
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
-from workbench.core.results import OptimizeMetrics
+from workbench.core.results import CpuFeatures, OptimizeMetrics
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.models.loading import resolve_source
@@ -165,7 +165,7 @@ def compare(args: argparse.Namespace) -> None:
                                     f"optimize,parity`, then time them with --run {args.run}") from None
     record = ready_run(args.run)
     features = cpu_features()
-    half = [flag for flag in HALF_FLAGS if flag in cpu_flags() and flag not in features["flags"]]
+    half = [flag for flag in HALF_FLAGS if flag in cpu_flags() and flag not in features.flags]
     model_dir = resolve_source(record.config.model).location
     work = args.run / "graphs"
     tokenizer = record.tokenizer()
@@ -192,7 +192,7 @@ def compare(args: argparse.Namespace) -> None:
     spreads = {precision: control["spread"] for precision, control in controls.items()}
     lines = (absent_lines(record) + control_lines(controls) + verdicts(rows, PAIRS, OURS["int8_repaired"], spreads)
              + targets(rows, spreads))
-    result = {"host": {**features, "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
+    result = {"host": {**features.recorded(), "half_precision_flags": half, "date": time.strftime("%Y-%m-%d"),
                        "cores": os.cpu_count(), "busy_before": busy},
               "model": model_dir, "run": str(args.run), "threads": args.threads, "rounds": args.rounds,
               "pytorch_ms": torch_ms, "rows": [row.record() for row in rows], "controls": controls, "checks": lines}
@@ -245,8 +245,8 @@ def absent_lines(record: RunRecord) -> list[str]:
             if trial is not None and not trial.kept and f"onnx.{name}" not in record.data["artifacts"]]
 
 
-def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: dict[str, Any]) -> list[GraphRow]:
-    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+def optimum_rows(args: argparse.Namespace, model_dir: str, work: Path, features: CpuFeatures) -> list[GraphRow]:
+    preset = "avx512_vnni" if "avx512_vnni" in features.flags else "avx2"
     status = build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py", model_dir,
                            work / "optimum", preset, list(THEIRS))
     rows = []

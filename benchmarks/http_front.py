@@ -112,7 +112,7 @@ def compare() -> None:
     repository = args.repository or default_repository()
     endpoint = text_endpoints(repository)[0]
     texts = list(load_corpus())
-    print(f"host: {cpu_features()}; other processes kept {others_busy():.1f} cores busy before")
+    print(f"host: {cpu_features().recorded()}; other processes kept {others_busy():.1f} cores busy before")
     with tempfile.TemporaryDirectory() as workdir, TritonServer(repository, Path(workdir)) as server:
         process, front_url = start_front(server.http_url)
         try:

@@ -141,7 +141,7 @@ def compare(args: argparse.Namespace) -> None:
     work = args.run / "peers"
     features = cpu_features()
     busy = others_busy()
-    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    preset = "avx512_vnni" if "avx512_vnni" in features.flags else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum"
     require_built(build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py",
@@ -155,7 +155,7 @@ def compare(args: argparse.Namespace) -> None:
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
         plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32").path), "fp32")
-    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
+    result: dict[str, Any] = {"host": {**features.recorded(), "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
                                        "cores": os.cpu_count()}, "run": str(args.run),
                               "deployed": variant, "levels": levels, "requests": args.requests,
                               "repeats": args.repeats}
@@ -240,7 +240,7 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
     record, plan, variant = deployed_run(args, config, "peers-rerank")
     texts, work = list(record.config.texts()), args.run / "peers"
     features, busy = cpu_features(), others_busy()
-    preset = "avx512_vnni" if "avx512_vnni" in features["flags"] else "avx2"
+    preset = "avx512_vnni" if "avx512_vnni" in features.flags else "avx2"
     model_dir = resolve_source(record.config.model).location
     optimum = work / "optimum-rerank"
     require_built(build_optimum(args.peer_venv / "bin" / "python", ROOT / "benchmarks" / "peer_optimum.py",
@@ -253,7 +253,7 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
     plans = {f"workbench Triton {variant}": (plan, variant)}
     if variant != "fp32":
         plans["workbench Triton fp32"] = (replace(plan, model_file=record.variant("fp32").path), "fp32")
-    result: dict[str, Any] = {"host": {**features, "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
+    result: dict[str, Any] = {"host": {**features.recorded(), "date": time.strftime("%Y-%m-%d"), "busy_before": busy,
                                        "cores": os.cpu_count()}, "run": str(args.run), "deployed": variant,
                               "levels": args.levels, "requests": args.requests, "repeats": args.repeats,
                               "documents": args.documents}
@@ -276,7 +276,7 @@ def compare_rerank(args: argparse.Namespace, infinity: Path) -> None:
     result["rows"] = [row.record() for row in rows.values()]
     work.mkdir(parents=True, exist_ok=True)
     (work / "peers-rerank.json").write_text(json.dumps(result, indent=2))
-    print(f"\n{result['host']['date']}; CPU flags: {' '.join(features['flags'])}; {args.repeats} interleaved "
+    print(f"\n{result['host']['date']}; CPU flags: {' '.join(features.flags)}; {args.repeats} interleaved "
           f"repeats of {args.requests} requests per level, each a query with {args.documents} documents (pairs/s = "
           "req/s x documents); req/s (range over repeats) / p50 ms / p99 ms\n")
     if busy > (os.cpu_count() or 1) / 2:

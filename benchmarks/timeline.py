@@ -188,8 +188,8 @@ def measure(models: list[str], out_dir: str | None, overrides: list[str], warm_c
         out = Path(out_dir or scratch)
         out.mkdir(parents=True, exist_ok=True)
         features, busy = cpu_features(), others_busy()
-        print(f"host: {cpu_model()}, {os.cpu_count()} vCPUs, flags {' '.join(features['flags'])}; int8 dot "
-              f"product: {features['int8_dot_product'] or 'none'}; other processes busy: {busy:.1f} cores")
+        print(f"host: {cpu_model()}, {os.cpu_count()} vCPUs, flags {' '.join(features.flags)}; int8 dot "
+              f"product: {features.int8_dot_product or 'none'}; other processes busy: {busy:.1f} cores")
         results = []
         for name in models:
             model = "sentence-transformers/all-MiniLM-L6-v2" if name == "minilm" else str(build_base(out / "base"))

@@ -158,7 +158,7 @@ def test_an_override_is_noted_and_checked_against_the_library_pooling_that_way(c
                                        "pooling_override": True})
     loaded = load_model(config)
     assert loaded.pooling == "mean" and loaded.pooling_overridden
-    assert loaded.pipeline.describe("mean", True)["override"] == \
+    assert loaded.pipeline.describe("mean", True).override == \
         "pooling mean instead of the declared cls (pooling_override)"
     check = library_check(config.lab, loaded, load_corpus()[:24])
     assert check.passed and check.reference == (

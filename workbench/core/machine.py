@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from workbench.core.results import CpuFeatures
+
 PACKAGES = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt", "polygraphy",
             "tritonclient", "nvidia-pytriton", "ctranslate2", "numpy")
 
@@ -49,11 +51,11 @@ def cpu_flags() -> set[str]:
     return set((_cpuinfo("flags") or "").split())
 
 
-def cpu_features(flags: set[str] | None = None) -> dict[str, Any]:
+def cpu_features(flags: set[str] | None = None) -> CpuFeatures:
     """The speed-relevant flags this CPU has, and its best int8 dot-product instructions (None: none of them)."""
     flags = cpu_flags() if flags is None else flags
     int8 = next((name for flag, name in INT8_INSTRUCTIONS if flag in flags), None)
-    return {"flags": [f for f in SPEED_FLAGS if f in flags], "int8_dot_product": int8}
+    return CpuFeatures(flags=[f for f in SPEED_FLAGS if f in flags], int8_dot_product=int8)
 
 
 GPU_FINDING = "NVIDIA GPU"  # what `workbench doctor` calls the GPU among its findings
@@ -80,7 +82,7 @@ def collect_environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_features": cpu_features(),
+        "cpu_features": cpu_features().recorded(),
         "gpu": gpu_name(),
         "packages": {name: version for name in PACKAGES if (version := package_version(name))},
     }

@@ -474,7 +474,8 @@ class RunRecord:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
-        if (self.export_info().sentence_pipeline or {}).get("do_lower_case"):
+        pipeline = self.export_info().sentence_pipeline
+        if pipeline and pipeline.do_lower_case:
             lowercase_inputs(tokenizer)
         return tokenizer
 

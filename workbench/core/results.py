@@ -183,6 +183,26 @@ class GraphIO(Metrics):
     outputs: dict[str, list[str | int]]
 
 
+class PipelineSummary(Metrics):
+    """The sentence-transformers pipeline the exported graph runs, as run.json records it
+    (`models.sentence.SentencePipeline.describe`)."""
+
+    declared: bool = True  # from modules.json (False: what SentenceTransformer builds for a plain encoder)
+    source: str = ""
+    steps: list[str] = Field(default_factory=list)
+    pooling: str | None = None
+    declared_pooling: str | None = None
+    normalize: bool | None = None
+    dense_layers: int = 0
+    max_seq_length: int | None = None
+    prompts: dict[str, str] = Field(default_factory=dict)
+    include_prompt: bool = True
+    do_lower_case: bool = False
+    default_prompt_name: str | None = None
+    similarity: str = "cosine"
+    override: str | None = None  # the pooling_override, said in words
+
+
 class ExportMetrics(Metrics):
     architecture: str
     optimizer_model_type: str | None = None
@@ -195,7 +215,7 @@ class ExportMetrics(Metrics):
     sequence: Json | None = None  # the run's tokens per text, resolved (min, opt, max) with their `sources`
     nodes: int | None = None
     io: GraphIO
-    sentence_pipeline: Json | None = None
+    sentence_pipeline: PipelineSummary | None = None
     parameters: int | None = None
     opset: int | None = None
     exporter: str | None = None
@@ -424,13 +444,20 @@ class PaddingWaste(Metrics):
     to_profile_max: float
 
 
+class ShapeProfile(Metrics):
+    """One TensorRT optimization profile as recorded: (min, opt, max) of the batch and of the sequence."""
+
+    batch: list[int]
+    sequence: list[int]
+
+
 class TensorrtMetrics(Metrics):
     """The shape profiles designed from the corpus (the triton step serves them), and each engine's check against
     PyTorch (on a GPU)."""
 
     lengths: LengthStats | None = None
     padding_waste: dict[str, PaddingWaste] = Field(default_factory=dict)  # profiles (as text) -> waste
-    profiles: list[Json] = Field(default_factory=list)
+    profiles: list[ShapeProfile] = Field(default_factory=list)
     engines: dict[str, Json] = Field(default_factory=dict)  # per engine: its spec, trtexec command, build
     parity: dict[str, Verdict] = Field(default_factory=dict)
 

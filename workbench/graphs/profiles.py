@@ -1,8 +1,8 @@
 """TensorRT shape profiles designed from token-length data: K length buckets that minimise padding."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -25,11 +25,11 @@ class Profile:
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
         return tuple((b, s) for b, s in zip(self.batch, self.sequence))  # type: ignore[return-value]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, list[int]]:
         return {"batch": list(self.batch), "sequence": list(self.sequence)}
 
     @classmethod
-    def from_record(cls, data: dict[str, Any]) -> Profile:
+    def from_record(cls, data: Mapping[str, Sequence[int]]) -> Profile:
         return cls(tuple(data["batch"]), tuple(data["sequence"]))  # type: ignore[arg-type]
 
 

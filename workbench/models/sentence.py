@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
+from workbench.core.results import PipelineSummary
 
 if TYPE_CHECKING:
     import torch
@@ -73,18 +74,18 @@ class SentencePipeline:
         prefix = self.prompt(name)
         return tuple(prefix + text for text in texts)
 
-    def describe(self, mode: str, overridden: bool) -> dict[str, Any]:
+    def describe(self, mode: str, overridden: bool) -> PipelineSummary:
         """What run.json records: where the pipeline comes from and what the exported graph runs."""
         where = (f"{self.location}/modules.json" if self.declared else
                  "no sentence-transformers files: what SentenceTransformer builds for a plain transformers model")
-        result: dict[str, Any] = {
-            "declared": self.declared, "source": where, "steps": self.steps(mode), "pooling": mode,
-            "declared_pooling": self.pooling, "normalize": self.normalized, "dense_layers": self.dense_layers,
-            "max_seq_length": self.max_seq_length, "prompts": self.prompts, "include_prompt": self.include_prompt,
-            "do_lower_case": self.do_lower_case,
-            "default_prompt_name": self.default_prompt_name, "similarity": self.similarity}
+        result = PipelineSummary(
+            declared=self.declared, source=where, steps=self.steps(mode), pooling=mode,
+            declared_pooling=self.pooling, normalize=self.normalized, dense_layers=self.dense_layers,
+            max_seq_length=self.max_seq_length, prompts=self.prompts, include_prompt=self.include_prompt,
+            do_lower_case=self.do_lower_case, default_prompt_name=self.default_prompt_name,
+            similarity=self.similarity)
         if overridden:
-            result["override"] = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
+            result.override = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
         return result
 
 

@@ -223,7 +223,7 @@ def length_histogram(tensorrt: TensorrtMetrics) -> go.Figure:
     figure = go.Figure(go.Bar(x=[(a + b) / 2 for a, b in zip(edges, edges[1:])], y=hist.counts,
                               width=[b - a for a, b in zip(edges, edges[1:])], name="texts"))
     for index, profile in enumerate(tensorrt.profiles):
-        low, opt, high = profile["sequence"]
+        low, opt, high = profile.sequence
         figure.add_vrect(x0=low, x1=high, opacity=0.08, line_width=0, fillcolor="green" if index % 2 else "blue",
                          annotation_text=f"profile {index}: {low}-{high}", annotation_position="top left")
         figure.add_vline(x=opt, line_dash="dot", annotation_text=f"opt {opt}")

@@ -6,14 +6,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from workbench.core.config import ShapeRange, TritonSettings
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
-from workbench.core.results import ExportMetrics, OptimizeMetrics, PrecisionDecision, Verdict
+from workbench.core.results import (
+    ExportMetrics,
+    OptimizeMetrics,
+    PipelineSummary,
+    PrecisionDecision,
+    ShapeProfile,
+    Verdict,
+)
 from workbench.core.tasks import OutputSpec
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
@@ -44,25 +51,22 @@ def int8_decision(record: RunRecord) -> PrecisionDecision | None:
     return optimize.decision("int8") if optimize else None
 
 
-def preference(flavor: Flavor, int8: PrecisionDecision | None = None,
-               features: dict[str, Any] | None = None) -> tuple[tuple[str, ...], str]:
+def preference(flavor: Flavor, int8: PrecisionDecision | None = None) -> tuple[tuple[str, ...], str]:
     """The variants `flavor` serves, best first, and why in that order: on a CPU, int8 first where it pays, as the
-    optimize step decided (`int8`: its decision), else where the CPU (`features`, default this host's) has int8
-    dot-product instructions."""
+    optimize step decided (`int8`: its decision), else where this CPU has int8 dot-product instructions."""
     if flavor in GPU_PREFERENCE and (flavor is Flavor.TENSORRT_PLAN or gpu_name()):
         return GPU_PREFERENCE[flavor], f"{flavor.value} on a GPU"
-    order, reason = _cpu_preference(int8, features)
+    order, reason = _cpu_preference(int8)
     if flavor is not Flavor.PYTHON_ORT:
         order = tuple(v for v in order if v not in OPENVINO_VARIANTS)
     return order, reason
 
 
-def _cpu_preference(int8: PrecisionDecision | None,
-                    features: dict[str, Any] | None) -> tuple[tuple[str, ...], str]:
+def _cpu_preference(int8: PrecisionDecision | None) -> tuple[tuple[str, ...], str]:
     if int8 is not None and int8.pays is not None:
         first = CPU_INT8_FIRST if int8.pays else CPU_FP32_FIRST
         return first, f"{'int8' if int8.pays else 'fp32'} first: int8 {int8.reason}"
-    instructions = (features or cpu_features())["int8_dot_product"]
+    instructions = cpu_features().int8_dot_product
     if instructions is None:
         return CPU_FP32_FIRST, ("fp32 first: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
                                 "AMX), so int8 would serve about the same speed with less accuracy")
@@ -172,7 +176,7 @@ class ServingRequest:
     pad_token_id: int
     id2label: dict[str, str]
     outputs: tuple[OutputSpec, ...]
-    profiles: list[dict[str, Any]]
+    profiles: list[ShapeProfile]
     triton: TritonSettings
     batch: ShapeRange
     sequence_max: int
@@ -182,7 +186,7 @@ class ServingRequest:
 def build_plan(request: ServingRequest) -> ServingPlan:
     """The plan that serves what `request` asks for."""
     flavor, triton, batch, profiles = request.flavor, request.triton, request.batch, request.profiles
-    pipeline = request.export.sentence_pipeline or {}
+    pipeline = request.export.sentence_pipeline or PipelineSummary()
     python = flavor is Flavor.PYTHON_ORT
     gpu = not python and gpu_name() is not None
     instances = instances_for(triton.instances, request.threads, flavor, gpu)
@@ -196,13 +200,13 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         instances=instances.count, instances_reason=instances.reason, gpu=gpu,
         gpu_accelerator=triton.gpu_accelerator, fp16=request.variant.precision == "fp16",
         # Fixed-shape backends batch only equal shapes: pad each request up to its length bucket (the profiles).
-        pad_to=[p["sequence"][2] for p in profiles] if not python else [],
+        pad_to=[p.sequence[2] for p in profiles] if not python else [],
         profiles=len(profiles) if flavor is Flavor.TENSORRT_PLAN else 1,
         pad_token_id=request.pad_token_id, threads=instances.threads, id2label=request.id2label,
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
         max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
-        prompts=dict(pipeline.get("prompts") or {}), default_prompt_name=pipeline.get("default_prompt_name"),
-        lowercase=bool(pipeline.get("do_lower_case")))
+        prompts=dict(pipeline.prompts), default_prompt_name=pipeline.default_prompt_name,
+        lowercase=pipeline.do_lower_case)
 
 
 def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:

@@ -16,7 +16,7 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
 from workbench.core.quiet import quiet_tracer
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ExportMetrics
+from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
@@ -122,7 +122,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "max_sequence": loaded.max_sequence,
             "max_sequence_source": loaded.limit.source,
             "sequence": {**loaded.sequence.model_dump(), "sources": config.sequence.sources(loaded.limit.source)},
-            **({"sentence_pipeline": loaded.pipeline.describe(loaded.pooling, loaded.pooling_overridden)}
+            **({"sentence_pipeline": loaded.pipeline.describe(loaded.pooling, loaded.pooling_overridden).recorded()}
                if loaded.pipeline else {}),
             "parameters": sum(p.numel() for p in loaded.model.parameters()),
             "exporter": config.exporter,
@@ -150,26 +150,26 @@ def lines(record: RunRecord) -> list[str]:
                      f"{sequence['sources']['max']}; the model takes {info.max_sequence}")
     pipeline = info.sentence_pipeline
     if pipeline:
-        override = f"; {pipeline['override']}" if pipeline.get("override") else ""
-        options = ["lowercased first (do_lower_case)"] if pipeline.get("do_lower_case") else []
-        if pipeline.get("include_prompt") is False:
+        override = f"; {pipeline.override}" if pipeline.override else ""
+        options = ["lowercased first (do_lower_case)"] if pipeline.do_lower_case else []
+        if not pipeline.include_prompt:
             options.append("pooled without the prompt's tokens (include_prompt: false)")
-        lines.append(f"in the graph: {' -> '.join(pipeline['steps'])} "
-                     f"({'from modules.json' if pipeline['declared'] else 'no sentence-transformers files'}), "
-                     f"similarity {pipeline['similarity']}{override}"
+        lines.append(f"in the graph: {' -> '.join(pipeline.steps)} "
+                     f"({'from modules.json' if pipeline.declared else 'no sentence-transformers files'}), "
+                     f"similarity {pipeline.similarity}{override}"
                      + "".join(f"; {option}" for option in options))
     return lines
 
 
-def pipeline_text(pipeline: dict[str, Any]) -> str:
+def pipeline_text(pipeline: PipelineSummary) -> str:
     """The sentence-transformers pipeline the graph runs, and the similarity function the model declares."""
-    prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline["prompts"].items()) or "none"
-    default = f", default {pipeline['default_prompt_name']}" if pipeline.get("default_prompt_name") else ""
-    override = f" OVERRIDDEN: {pipeline['override']}." if pipeline.get("override") else ""
-    return (f"The graph runs {' -> '.join(pipeline['steps'])} ({pipeline['source']}), so its sentence_embedding is "
+    prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline.prompts.items()) or "none"
+    default = f", default {pipeline.default_prompt_name}" if pipeline.default_prompt_name else ""
+    override = f" OVERRIDDEN: {pipeline.override}." if pipeline.override else ""
+    return (f"The graph runs {' -> '.join(pipeline.steps)} ({pipeline.source}), so its sentence_embedding is "
             f"what SentenceTransformer.encode() returns.{override} Similarity function the model declares: "
-            f"{pipeline['similarity']}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
-            f"sequence length: {pipeline['max_seq_length'] or 'the tokenizer and position table'}.")
+            f"{pipeline.similarity}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
+            f"sequence length: {pipeline.max_seq_length or 'the tokenizer and position table'}.")
 
 
 def section(export: ExportMetrics) -> Parts:

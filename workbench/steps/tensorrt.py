@@ -166,8 +166,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     """The verdict line: the profiles' sequence ranges and the engines checked."""
     tensorrt = record.results_as(STEP, TensorrtMetrics) or TensorrtMetrics()
-    shapes = "; ".join(f"sequence {p['sequence'][0]}-{p['sequence'][2]} (opt {p['sequence'][1]})"
-                       for p in tensorrt.profiles)
+    shapes = "; ".join(f"sequence {p.sequence[0]}-{p.sequence[2]} (opt {p.sequence[1]})" for p in tensorrt.profiles)
     checked = ", ".join(f"{name} {'pass' if v.passed else 'FAIL'}" for name, v in tensorrt.parity.items())
     return [f"{len(tensorrt.profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
 

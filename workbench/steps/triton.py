@@ -9,7 +9,7 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Json, ServedCut, TensorrtMetrics, TritonMetrics, Verdict, Verification
+from workbench.core.results import ServedCut, ShapeProfile, TensorrtMetrics, TritonMetrics, Verdict, Verification
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -109,7 +109,7 @@ def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url
     return results
 
 
-def shape_profiles(record: RunRecord) -> list[Json]:
+def shape_profiles(record: RunRecord) -> list[ShapeProfile]:
     """The shape profiles the tensorrt step designed (none when it did not run)."""
     found = record.results_as("tensorrt", TensorrtMetrics)
     return list(found.profiles) if found else []
