@@ -451,6 +451,28 @@ class ShapeProfile(Metrics):
     sequence: list[int]
 
 
+class EngineBuild(Metrics):
+    """How an engine came to be: its cache key and file, whether the cache held it, and (built here) the seconds,
+    the layers pinned to fp32 and the TensorRT version."""
+
+    key: str
+    cache_hit: bool
+    cache: str
+    pinned_layers: int | None = None
+    seconds: float | None = None
+    tensorrt: str | None = None
+
+
+class EngineRecord(Metrics):
+    """One engine: its spec, the trtexec line that builds it, ONNX Runtime's TensorRT provider options for the same
+    engine, and its build (none where no GPU was found)."""
+
+    spec: Json
+    trtexec: str
+    ort_provider_options: dict[str, str | int | bool] = Field(default_factory=dict)
+    build: EngineBuild | None = None
+
+
 class TensorrtMetrics(Metrics):
     """The shape profiles designed from the corpus (the triton step serves them), and each engine's check against
     PyTorch (on a GPU)."""
@@ -458,7 +480,8 @@ class TensorrtMetrics(Metrics):
     lengths: LengthStats | None = None
     padding_waste: dict[str, PaddingWaste] = Field(default_factory=dict)  # profiles (as text) -> waste
     profiles: list[ShapeProfile] = Field(default_factory=list)
-    engines: dict[str, Json] = Field(default_factory=dict)  # per engine: its spec, trtexec command, build
+    fp16_pins: dict[str, list[str]] = Field(default_factory=dict)  # fused-graph node -> exported nodes kept fp32
+    engines: dict[str, EngineRecord] = Field(default_factory=dict)
     parity: dict[str, Verdict] = Field(default_factory=dict)
 
 

@@ -88,9 +88,18 @@ def layer_matches(layer_name: str, node: str) -> bool:
             or f"[ONNX Layer: {node}]" in layer_name)
 
 
-def build_engine(onnx_path: Path, spec: EngineSpec, input_names: tuple[str, ...],
-                 timing_cache: Path) -> dict[str, Any]:
-    """Build with TensorRT's Python API; returns {"engine": bytes, "pinned_layers": n, "seconds": ...}."""
+@dataclass(frozen=True)
+class BuiltEngine:
+    """A serialized engine built here, the layers pinned to fp32 in it, the build's seconds, TensorRT's version."""
+
+    engine: bytes
+    pinned_layers: int
+    seconds: float
+    tensorrt: str
+
+
+def build_engine(onnx_path: Path, spec: EngineSpec, input_names: tuple[str, ...], timing_cache: Path) -> BuiltEngine:
+    """Build with TensorRT's Python API."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -131,8 +140,7 @@ def build_engine(onnx_path: Path, spec: EngineSpec, input_names: tuple[str, ...]
         raise OnnxModelError(f"TensorRT failed to build {spec.name} from {onnx_path}", "read the TensorRT log above")
     with atomic_path(timing_cache) as tmp:
         tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
-    return {"engine": bytes(serialized), "pinned_layers": pinned, "seconds": round(time.perf_counter() - start, 2),
-            "tensorrt": trt.__version__}
+    return BuiltEngine(bytes(serialized), pinned, round(time.perf_counter() - start, 2), trt.__version__)
 
 
 def original_nodes_for(blocked: list[str], optimized: ModelProto, original: ModelProto,
@@ -169,7 +177,8 @@ def original_nodes_for(blocked: list[str], optimized: ModelProto, original: Mode
     return mapping
 
 
-def ort_tensorrt_options(spec: EngineSpec, input_names: tuple[str, ...], cache_dir: Path) -> dict[str, Any]:
+def ort_tensorrt_options(spec: EngineSpec, input_names: tuple[str, ...],
+                         cache_dir: Path) -> dict[str, str | int | bool]:
     """Provider options for ONNX Runtime's TensorRT execution provider with the same profiles and caches."""
     def shapes(which: int) -> str:
         return ",".join(shape_arg(input_names, profile.shapes()[which]) for profile in spec.profiles)

@@ -99,7 +99,7 @@ def device_for(device: str) -> Device:
     return "cuda" if CUDA in providers_for(device) else "cpu"
 
 
-def tensorrt_providers(options: dict[str, Any]) -> list[Any]:
+def tensorrt_providers(options: dict[str, str | int | bool]) -> list[Any]:
     """ONNX Runtime's TensorRT EP first (options from `engines.ort_tensorrt_options`), CUDA and CPU for the rest."""
     import onnxruntime
 

@@ -5,7 +5,6 @@ import os
 import shlex
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -15,7 +14,7 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Histogram, LengthStats, ParityMetrics, TensorrtMetrics
+from workbench.core.results import EngineBuild, EngineRecord, Histogram, LengthStats, ParityMetrics, TensorrtMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -84,17 +83,17 @@ def write_build_script(record: RunRecord, commands: dict[str, list[str]]) -> Pat
 
 
 def build_or_reuse(spec: EngineSpec, source: Path, input_names: tuple[str, ...], cache_dir: Path,
-                   dest: Path) -> dict[str, Any]:
+                   dest: Path) -> EngineBuild:
     """Build the engine unless the cache holds one for the same key; link (or copy) it into the run."""
     trt = require_tensorrt()
     key = cache_key(sha256_file(source), trt.__version__, gpu_name() or "", spec)
     cached = cache_dir / f"{key}.plan"
-    info: dict[str, Any] = {"key": key, "cache_hit": cached.is_file(), "cache": str(cached)}
+    info = EngineBuild(key=key, cache_hit=cached.is_file(), cache=str(cached))
     if not cached.is_file():
         built = build_engine(source, spec, input_names, cache_dir / "timing.cache")
         with atomic_path(cached) as tmp:
-            tmp.write_bytes(built.pop("engine"))
-        info.update(built)
+            tmp.write_bytes(built.engine)
+        info.pinned_layers, info.seconds, info.tensorrt = built.pinned_layers, built.seconds, built.tensorrt
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.unlink(missing_ok=True)
     try:
@@ -105,7 +104,7 @@ def build_or_reuse(spec: EngineSpec, source: Path, input_names: tuple[str, ...],
 
 
 def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[Path, EngineSpec]],
-                  metrics: dict[str, Any]) -> None:
+                  metrics: TensorrtMetrics) -> None:
     """Compare each engine with PyTorch on the parity lab; results in metrics.tensorrt.parity.<engine>."""
     from workbench.models.loading import load_model
     from workbench.precision.lab import ParityLab, lab_texts
@@ -115,8 +114,8 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
     lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
-            metrics.setdefault("parity", {})[name] = lab.compare(runner, spec.precision).recorded()
-            record.set_metric(STEP, metrics)
+            metrics.parity = {**metrics.parity, name: lab.compare(runner, spec.precision)}
+            record.set_metric(STEP, metrics.recorded())
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -129,13 +128,13 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         sequence = config.sequence.resolve(export.max_sequence)
         profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence)
         single = design_profiles(lengths, 1, config.batch, sequence)
-        metrics: dict[str, Any] = {
+        metrics = TensorrtMetrics.model_validate({
             "lengths": length_stats(lengths).recorded(),
             "profiles": [p.record() for p in profiles],
             "padding_waste": {"1": padding_waste(lengths, single, config.batch.opt),
                               str(len(profiles)): padding_waste(lengths, profiles, config.batch.opt)},
-        }
-        record.set_metric(STEP, metrics)
+        })
+        record.set_metric(STEP, metrics.recorded())
         pins = fp16_pins(config, record)
         specs = engine_specs(config, profiles, pins)
         input_names = tuple(export.io.inputs)
@@ -146,19 +145,20 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                                Path("engines/reports")) for spec in specs}
         script = write_build_script(record, commands)
         record.add_artifact("tensorrt.build_script", script, kind="script")
-        metrics["fp16_pins"] = pins
-        metrics["engines"] = {spec.name: {"spec": spec.record(), "trtexec": " ".join(commands[spec.name]),
-                                          "ort_provider_options": ort_tensorrt_options(spec, input_names, cache_dir)}
-                              for spec in specs}
-        record.set_metric(STEP, metrics)
+        metrics.fp16_pins = pins
+        metrics.engines = {spec.name: EngineRecord(spec=spec.record(), trtexec=" ".join(commands[spec.name]),
+                                                   ort_provider_options=ort_tensorrt_options(spec, input_names,
+                                                                                             cache_dir))
+                           for spec in specs}
+        record.set_metric(STEP, metrics.recorded())
         built = {}
         for spec in specs:
             dest = engines_dir / f"{spec.name}.plan"
-            metrics["engines"][spec.name]["build"] = build_or_reuse(spec, source, input_names, cache_dir, dest)
+            metrics.engines[spec.name].build = build_or_reuse(spec, source, input_names, cache_dir, dest)
             record.add_artifact(f"engine.{spec.name}", dest, kind="engine", variant=spec.name,
                                 precision=spec.precision, profiles=[p.record() for p in spec.profiles])
             built[spec.name] = (dest, spec)
-            record.set_metric(STEP, metrics)
+            record.set_metric(STEP, metrics.recorded())
         check_engines(config, record, built, metrics)
     return record.step_entry(STEP)
 
