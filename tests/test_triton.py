@@ -419,15 +419,16 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
 
 
 def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_instructions():
+    from workbench.core.results import CpuFeatures
     from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 
     slow = PrecisionDecision(built=False, pays=False, reason="does not pay on this host: 0.95x fp32 at b1 s16")
-    order, why = preference(Flavor.PYTHON_ORT, slow, {"int8_dot_product": "AMX"})
+    order, why = preference(Flavor.PYTHON_ORT, slow, CpuFeatures(int8_dot_product="AMX"))
     assert order == CPU_FP32_FIRST and why == f"fp32 first: int8 {slow.reason}", "the measurement beats the flags"
     fast = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.3x fp32 at b8 s128")
-    order, why = preference(Flavor.PYTHON_ORT, fast, {"int8_dot_product": None})
+    order, why = preference(Flavor.PYTHON_ORT, fast, CpuFeatures(int8_dot_product=None))
     assert order == CPU_INT8_FIRST and why == f"int8 first: int8 {fast.reason}"
-    order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": None})  # a record without the decision
+    order, why = preference(Flavor.PYTHON_ORT, None, CpuFeatures())  # a record without the decision
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
-    order, why = preference(Flavor.PYTHON_ORT, None, {"int8_dot_product": "AMX"})
+    order, why = preference(Flavor.PYTHON_ORT, None, CpuFeatures(int8_dot_product="AMX"))
     assert order == CPU_INT8_FIRST and why == "int8 first: this CPU has AMX"

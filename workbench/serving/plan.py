@@ -14,6 +14,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
 from workbench.core.results import (
+    CpuFeatures,
     ExportMetrics,
     OptimizeMetrics,
     PipelineSummary,
@@ -51,22 +52,24 @@ def int8_decision(record: RunRecord) -> PrecisionDecision | None:
     return optimize.decision("int8") if optimize else None
 
 
-def preference(flavor: Flavor, int8: PrecisionDecision | None = None) -> tuple[tuple[str, ...], str]:
+def preference(flavor: Flavor, int8: PrecisionDecision | None = None,
+               features: CpuFeatures | None = None) -> tuple[tuple[str, ...], str]:
     """The variants `flavor` serves, best first, and why in that order: on a CPU, int8 first where it pays, as the
-    optimize step decided (`int8`: its decision), else where this CPU has int8 dot-product instructions."""
+    optimize step decided (`int8`: its decision), else where the CPU (`features`, default this host's) has int8
+    dot-product instructions."""
     if flavor in GPU_PREFERENCE and (flavor is Flavor.TENSORRT_PLAN or gpu_name()):
         return GPU_PREFERENCE[flavor], f"{flavor.value} on a GPU"
-    order, reason = _cpu_preference(int8)
+    order, reason = _cpu_preference(int8, features or cpu_features())
     if flavor is not Flavor.PYTHON_ORT:
         order = tuple(v for v in order if v not in OPENVINO_VARIANTS)
     return order, reason
 
 
-def _cpu_preference(int8: PrecisionDecision | None) -> tuple[tuple[str, ...], str]:
+def _cpu_preference(int8: PrecisionDecision | None, features: CpuFeatures) -> tuple[tuple[str, ...], str]:
     if int8 is not None and int8.pays is not None:
         first = CPU_INT8_FIRST if int8.pays else CPU_FP32_FIRST
         return first, f"{'int8' if int8.pays else 'fp32'} first: int8 {int8.reason}"
-    instructions = cpu_features().int8_dot_product
+    instructions = features.int8_dot_product
     if instructions is None:
         return CPU_FP32_FIRST, ("fp32 first: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or "
                                 "AMX), so int8 would serve about the same speed with less accuracy")
