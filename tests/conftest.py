@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,24 @@ def _single_thread_torch():
     import torch
 
     torch.set_num_threads(1)
+
+
+SESSION_FOLDERS = ("tiny-models",)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_folders_go(tmp_path_factory):
+    """A module's folders (runs, repositories, servers: gigabytes over the suite) go when the module ends.
+
+    pytest keeps every `tmp_path_factory.mktemp` folder until the session ends; on a CI machine with little disk
+    the later modules then fail with "No space left on device". Session fixtures' folders stay.
+    """
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    for folder in set(base.iterdir()) - before:
+        if folder.is_dir() and not folder.name.startswith(SESSION_FOLDERS):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
