@@ -121,8 +121,9 @@ def test_run_prints_the_kernel_lines_unless_quiet(progress, fails, tmp_path, mon
     monkeypatch.setattr("workbench.pipeline.run_notebook", kernel_stand_in)
     config = RunConfig.model_validate({"steps": ["report"]})
     if fails:
-        with pytest.raises(StepFailedError, match="the step failed"):
+        with pytest.raises(StepFailedError, match="the step failed") as failed:
             run_pipeline(config, tmp_path / "run", progress=progress)
+        assert failed.value.fix.endswith(f"--resume --output-dir {tmp_path / 'run'} --steps report"), failed.value.fix
     else:
         run_pipeline(config, tmp_path / "run", progress=progress)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(INDENT)]

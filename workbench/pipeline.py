@@ -197,7 +197,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                     raise full from None
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
                                       f"read {run_dir / 'notebooks' / spec(step).notebook} and "
-                                      f"{run_dir / RECORD_NAME}") from None
+                                      f"{run_dir / RECORD_NAME}; once the cause is mended, {again}") from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
     return record
