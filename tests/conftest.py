@@ -25,15 +25,18 @@ SESSION_FOLDERS = ("tiny-models",)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _module_folders_go(tmp_path_factory):
-    """A module's folders (runs, repositories, servers: gigabytes over the suite) go when the module ends.
+def _module_folders_go(request, tmp_path_factory):
+    """A module's folders (runs, repositories, servers: gigabytes over the suite) go when its tests all passed.
 
     pytest keeps every `tmp_path_factory.mktemp` folder until the session ends; on a CI machine with little disk
-    the later modules then fail with "No space left on device". Session fixtures' folders stay.
+    the later modules then fail with "No space left on device". Session fixtures' folders stay, and so do those
+    of a module with a failed test, to be read.
     """
     base = tmp_path_factory.getbasetemp()
-    before = set(base.iterdir())
+    before, failed = set(base.iterdir()), request.session.testsfailed
     yield
+    if request.session.testsfailed > failed:
+        return
     for folder in set(base.iterdir()) - before:
         if folder.is_dir() and not folder.name.startswith(SESSION_FOLDERS):
             shutil.rmtree(folder, ignore_errors=True)

@@ -329,9 +329,14 @@ def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_pa
 
 @pytest.mark.slow
 def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path):
-    """The embedded model's int8 loses accuracy on short texts; the repair must bring min cosine to >= 0.99."""
+    """The embedded model's int8 loses accuracy on short texts; the repair must bring min cosine to >= 0.99.
+
+    On an AVX2-only CPU ONNX Runtime's int8 fails the gate under every whole-graph recipe and the repair searches;
+    the search is bounded by builds, not seconds, so a slow or busy host reaches the same candidates.
+    """
     settings = {"batch": {"min": 1, "opt": 8, "max": 8}, "sequence": {"min": 1, "opt": 64, "max": 128},
-                "precisions": ["fp32", "int8"], "threads": 2}
+                "precisions": ["fp32", "int8"], "threads": 2,
+                "parity": {"repair": {"budget_s": 7200, "max_builds": 40}}}
     record, results = pipeline("sentence-transformers/all-MiniLM-L6-v2", tmp_path, **settings)
     before = results["int8"]["outputs"]["sentence_embedding"]["min_cosine"]
     after = results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"]

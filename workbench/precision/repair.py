@@ -168,7 +168,8 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         try:
             search.problem.units = sensitivity_order(search, search.problem.costs)
         except BudgetSpent as spent:
-            return unrepaired(search, str(spent), base=base, stopped=str(spent)), False
+            if search.best is None:  # else a unit alone in fp32 passed the search: the rounds confirm it
+                return unrepaired(search, str(spent), base=base, stopped=str(spent)), False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
         if search.best is None:
