@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
-from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, optimize_fp32, quantize_int8
+from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, keep_in_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
 from workbench.measure.forms import form_feeds
 from workbench.models.tiny import build_encoder
@@ -65,6 +65,26 @@ def test_int8_quantizes_the_projections_and_keeps_the_position_bias(mpnet_graphs
     quantize_int8(files["borrowed"], tmp_path / "kept.onnx", True, ["Attention_0"])
     kept = [n.name for n in onnxfiles.load(tmp_path / "kept.onnx").graph.node if n.op_type == "Attention"]
     assert kept == ["Attention_0"], "a node the repair keeps in fp32 stays packed"
+
+
+def test_a_node_kept_in_fp32_by_splicing_is_what_requantizing_without_it_builds(mpnet_graphs, tmp_path):
+    """The int8 repair's candidates splice nodes' fp32 form into one quantized graph (`keep_in_fp32`) instead of
+    quantizing again without them: the outputs are the same to the bit, a packed attention with its position bias
+    included (the quantized graph has it unpacked)."""
+    files, _, feeds = mpnet_graphs
+    quantize_int8(files["borrowed"], tmp_path / "int8.onnx", True, [])
+    quantized, source = onnxfiles.load(tmp_path / "int8.onnx"), onnxfiles.load(files["borrowed"])
+    ops = {n.name: n.op_type for n in source.graph.node}
+    matmuls, gather = [n for n, op in ops.items() if op == "MatMul"], next(n for n, op in ops.items() if op == "Gather")
+    for blocked in (["Attention_0"], matmuls[:2], [gather, matmuls[-1], "Attention_1"]):
+        spliced = onnxfiles.save(keep_in_fp32(quantized, source, blocked), tmp_path / "spliced.onnx")
+        quantize_int8(files["borrowed"], tmp_path / "rebuilt.onnx", True, blocked)
+        kept = {n.name: n.op_type for n in onnxfiles.load(spliced).graph.node}
+        assert all(kept.get(name) == ops[name] for name in blocked), "each is back as the source has it"
+        assert difference({"rebuilt": tmp_path / "rebuilt.onnx", "spliced": spliced}, feeds) == (0.0, True)
+    assert len(keep_in_fp32(quantized, source, []).graph.node) == len(quantized.graph.node), "nothing to undo"
+    with pytest.raises(ValueError, match=r"nodes \['nope'\] are not in the graph that was quantized"):
+        keep_in_fp32(quantized, source, ["nope"])
 
 
 def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):

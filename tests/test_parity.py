@@ -104,6 +104,32 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     assert re.search(rf"; min cosine {repair['chosen']['min_cosine']:.6f}; \d+ s left\)$", repair_lines[-1])
 
 
+def test_a_spliced_candidate_is_the_requantized_one_shared_weights_included(bert_parity, tmp_path):
+    """Tiny BERT's fused graph shares one LayerNorm weight between EmbedLayerNormalization (quantized, so the table
+    is stored quantized and dequantized for the other readers) and the SkipLayerNormalizations: keeping the embedding
+    in fp32 by splicing gives the same outputs as quantizing again without it."""
+    import onnxruntime as ort
+    from polygraphy.json import load_json
+
+    from workbench.graphs import onnxfiles
+    from workbench.graphs.variants import keep_in_fp32, quantize_int8
+
+    record, _ = bert_parity
+    fp32 = record.artifact("onnx.fp32")
+    quantize_int8(fp32, tmp_path / "int8.onnx", True, [])
+    quantized, source = onnxfiles.load(tmp_path / "int8.onnx"), onnxfiles.load(fp32)
+    assert any(n.op_type == "DequantizeLinear" and n.output[0] in {i.name for i in source.graph.initializer}
+               for n in quantized.graph.node), "a weight the quantized graph dequantizes for its float readers"
+    batch = load_json(str(record.run_dir / "parity" / "inputs.json"))[-1]
+    units = [n.name for n in source.graph.node if n.op_type in ("EmbedLayerNormalization", "Attention", "MatMul")]
+    for blocked in (units[:1], units[:3], units[2:]):
+        spliced = onnxfiles.save(keep_in_fp32(quantized, source, blocked), tmp_path / "spliced.onnx")
+        quantize_int8(fp32, tmp_path / "rebuilt.onnx", True, blocked)
+        got, want = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, batch)
+                     for path in (spliced, tmp_path / "rebuilt.onnx"))
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), blocked
+
+
 def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"]}
     record, results = pipeline(tiny_models["bert"], tmp_path, **strict)

@@ -73,8 +73,8 @@ def fuse_biased_attention(model: ModelProto, num_heads: int) -> int:
         producer = produced[match.output]
         producer.output[0] = f"{match.output}_unfused"  # the old merge of heads now feeds nothing
     if matches:
-        _topological(graph)  # the fused nodes were appended last; dead nodes are found walking back in order
-        _remove_dead(graph)
+        topological(graph)  # the fused nodes were appended last; dead nodes are found walking back in order
+        remove_dead(graph)
         if not any(o.domain == MS_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return len(matches)
@@ -115,8 +115,8 @@ def unpack_biased_attention(model: ModelProto, keep: Collection[str] = ()) -> in
         graph.node.remove(node)
         unpacked += 1
     if unpacked:
-        _topological(graph)
-        _remove_dead(graph)
+        topological(graph)
+        remove_dead(graph)
     return unpacked
 
 
@@ -195,7 +195,7 @@ def _match(softmax: NodeProto, produced: dict[str, NodeProto], consumers: dict[s
                  masked.input[1], reshape[0].output[0])
 
 
-def _remove_dead(graph: GraphProto) -> None:
+def remove_dead(graph: GraphProto) -> None:
     """Drop nodes no graph output depends on (what the fused nodes replaced), then unused initializers."""
     needed = {o.name for o in graph.output}
     keep: list[NodeProto] = []
@@ -212,7 +212,7 @@ def _remove_dead(graph: GraphProto) -> None:
     graph.initializer.extend(initializers)
 
 
-def _topological(graph: GraphProto) -> None:
+def topological(graph: GraphProto) -> None:
     """Order the nodes so each comes after the producers of its inputs."""
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     pending, ordered = list(graph.node), []

@@ -12,7 +12,13 @@ from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Feed
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
-from workbench.graphs.attention import ATTENTION_OPS, fuse_biased_attention, unpack_biased_attention
+from workbench.graphs.attention import (
+    ATTENTION_OPS,
+    fuse_biased_attention,
+    remove_dead,
+    topological,
+    unpack_biased_attention,
+)
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
@@ -122,6 +128,35 @@ def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: l
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     return onnxfiles.load(dest, load_external_data=False)
+
+
+def keep_in_fp32(quantized: ModelProto, source: ModelProto, names: Collection[str]) -> ModelProto:
+    """A copy of `quantized` (`quantize_int8` of `source`) with the nodes `names` back as `source` has them: each
+    takes the place of what computed its outputs in int8, with its float weights, and what nothing reads any more
+    is dropped. Dynamic int8 quantizes each node on its own, so this is the graph `quantize_int8` builds with
+    `names` excluded, in one edit instead of a new quantization."""
+    from onnx import ModelProto as Model
+
+    originals = {node.name: node for node in source.graph.node}
+    missing = [name for name in names if name not in originals]
+    if missing:
+        raise ValueError(f"nodes {missing} are not in the graph that was quantized: name nodes of that graph")
+    restored = [originals[name] for name in names]
+    weights = {tensor.name: tensor for tensor in source.graph.initializer}
+    read = list(dict.fromkeys(t for node in restored for t in node.input if t in weights))
+    # what the restored nodes compute, and the float weights they read where the quantized graph computes them
+    # (a weight shared with a quantized node is stored quantized and dequantized for its other readers)
+    replaced = {output for node in restored for output in node.output if output} | set(read)
+    model = Model()
+    model.CopyFrom(quantized)
+    kept = [node for node in model.graph.node if not replaced.intersection(node.output)]
+    del model.graph.node[:]
+    model.graph.node.extend([*kept, *restored])
+    present = {tensor.name for tensor in model.graph.initializer}
+    model.graph.initializer.extend(weights[name] for name in read if name not in present)
+    topological(model.graph)
+    remove_dead(model.graph)
+    return model
 
 
 def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str],

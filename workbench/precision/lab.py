@@ -86,16 +86,19 @@ class ParityLab:
         return cls(settings, loaded, tuple(prompted), batch(ids=within) + batch(ids=beyond), 0, reference,
                    tuple(beyond), prompt)
 
-    def subset(self, text_ids: list[int]) -> ParityLab:
-        """The corner batches plus the corpus batches holding `text_ids`, with the reference outputs reused.
+    def subset(self, text_ids: list[int], corners: bool = True) -> ParityLab:
+        """The corner batches (unless `corners` is False) plus the corpus batches holding `text_ids`, with the
+        reference outputs reused.
 
         Whole batches, not texts: dynamic int8 quantizes activations per batch, so a text's error depends on
         which texts share its batch.
         """
         wanted = set(text_ids)
-        keep = [i for i, b in enumerate(self.batches) if i < len(self.corners) or wanted & set(b.text_ids)]
+        keep = [i for i, b in enumerate(self.batches)
+                if (i < len(self.corners) and corners) or (i >= len(self.corners) and wanted & set(b.text_ids))]
         view = copy.copy(self)
         view.batches = [self.batches[i] for i in keep]
+        view.corners = self.corners if corners else []
         view.expected = [self.expected[i] for i in keep]
         return view
 

@@ -4,6 +4,7 @@ search for nodes to keep in fp32 (`search`), each candidate judged by a `Checker
 batches and the search goes on."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from workbench.core.results import NodeError, RecipeResult, RepairCandidate, Rep
 from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 from workbench.graphs.nncf_int8 import keep_in_float, noise_order, quantizer_costs
-from workbench.graphs.variants import convert_fp16, quantize_int8_blockwise
+from workbench.graphs.variants import convert_fp16, keep_in_fp32, quantize_int8_blockwise
 from workbench.precision.checker import Checker
 from workbench.precision.nodeerror import agreement_with_sensitivity, node_errors
 from workbench.precision.recipes import ChosenBase, base_recipes, choose_base, measure_recipe
@@ -85,10 +86,29 @@ def repair_problem(precision: str, settings: RepairPlan, fp32: Path, checker: Ch
     units = [n.name for n in graph.graph.node  # a Gather is quantized only where it reads a table (embeddings)
              if n.op_type in IntegerOpsRegistry and n.name not in settings.int8_nodes_to_exclude
              and (n.op_type != "Gather" or n.input[0] in weights)]
-    return RepairProblem("int8", units, lambda blocked, dest: base.recipe.build(
-        base.source, dest, settings.int8_nodes_to_exclude + blocked),
-        ordering="largest parity gain per weight element when kept in fp32 alone first",
-        costs=matmul_costs(graph, units))
+    return RepairProblem("int8", units, int8_builder(base, settings.int8_nodes_to_exclude),
+                         ordering="largest parity gain per weight element when kept in fp32 alone first (measured "
+                                  "on the hard texts' batches)",
+                         costs=matmul_costs(graph, units))
+
+
+def int8_builder(base: ChosenBase, excluded: list[str]) -> Callable[[list[str], Path], None]:
+    """Builds an int8 candidate keeping `blocked` nodes in fp32: `base`'s recipe quantizes the graph once (on the
+    first build, into the search's folder), then each candidate splices its nodes' fp32 form into that graph
+    (`variants.keep_in_fp32`), a graph edit instead of a new quantization."""
+    from onnx import ModelProto
+
+    loaded: list[ModelProto] = []
+
+    def build(blocked: list[str], dest: Path) -> None:
+        if not loaded:
+            quantized = dest.with_name("candidate-int8-base.onnx")  # removed with the candidates if interrupted
+            base.recipe.build(base.source, quantized, excluded)
+            loaded.extend([onnxfiles.load(quantized), onnxfiles.load(base.source)])
+            onnxfiles.remove(quantized)
+        onnxfiles.save(keep_in_fp32(loaded[0], loaded[1], blocked), dest)
+
+    return build
 
 
 def openvino_int8_problem(quantized: Path, original: Path, checker: Checker) -> RepairProblem:
@@ -168,8 +188,7 @@ def search_rounds(search: RepairSearch, checker: Checker, base: ChosenBase | Non
         try:
             search.problem.units = sensitivity_order(search, search.problem.costs)
         except BudgetSpent as spent:
-            if search.best is None:  # else a unit alone in fp32 passed the search: the rounds confirm it
-                return unrepaired(search, str(spent), base=base, stopped=str(spent)), False
+            return unrepaired(search, str(spent), base=base, stopped=str(spent)), False
     for _ in range(REPAIR_ROUNDS):
         result = run_search(search)
         if search.best is None:

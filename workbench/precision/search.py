@@ -95,17 +95,37 @@ class RepairSearch:
         self.best: tuple[Candidate, Path] | None = None
         self.history: list[RepairCandidate] = []
         self.round = 0
+        self.probes = 0  # builds measured by `probe`
         self.phase = ""  # what the builds are for, while no repair has been found
         workdir.mkdir(parents=True, exist_ok=True)
+
+    def _bounds(self) -> None:
+        """BudgetSpent where another build would pass a bound: builds (candidates and probes) or seconds."""
+        if len(self.history) + self.probes >= self.max_builds:
+            raise BudgetSpent(f"its {self.max_builds} builds were spent (parity.repair.max_builds)")
+        if self.budget.spent:
+            raise BudgetSpent(f"its {self.budget.seconds:g} s ran out (parity.repair.budget_s)")
+
+    def probe(self, blocked: list[str]) -> float:
+        """The loss with `blocked` kept in fp32 on the checker's probe batches (`Checker.probe`): built like a
+        candidate and counted against the same bounds, but neither judged nor kept."""
+        self._bounds()
+        path = self.workdir / "candidate-probe.onnx"
+        try:
+            self.problem.build(list(blocked), path)
+            loss = self.checker.probe(path)
+        finally:
+            onnxfiles.remove(path)
+        self.probes += 1
+        if self.progress:
+            self.progress.update(1, note=self.best_so_far())
+        return loss
 
     def try_blocked(self, blocked: list[str]) -> Candidate:
         key = frozenset(blocked)
         if key in self.candidates:
             return self.candidates[key]
-        if len(self.history) >= self.max_builds:
-            raise BudgetSpent(f"its {self.max_builds} builds were spent (parity.repair.max_builds)")
-        if self.budget.spent:
-            raise BudgetSpent(f"its {self.budget.seconds:g} s ran out (parity.repair.budget_s)")
+        self._bounds()
         path = self.workdir / f"candidate-{len(self.history):03d}.onnx"
         start = time.perf_counter()
         self.problem.build(list(blocked), path)
@@ -241,11 +261,12 @@ def too_slow(search: RepairSearch, kept: list[str]) -> None:
 
 def sensitivity_order(search: RepairSearch, costs: dict[str, float]) -> list[str]:
     """Units ordered by error removed per unit of compute moved back to fp32: keeping each node alone in fp32
-    (one build each) measures the error it removes; `costs` says what that node computes (its weight size)."""
+    (one probe each, on the hard texts' batches: `RepairSearch.probe`) measures the error it removes; `costs` says
+    what that node computes (its weight size)."""
     search.phase = f"measuring each of {len(search.problem.units)} units alone in fp32"
-    baseline = search.try_blocked([]).summary.loss or 0.0
+    baseline = search.probe([])
     for unit in search.problem.units:
-        search.problem.sensitivity[unit] = baseline - (search.try_blocked([unit]).summary.loss or 0.0)
+        search.problem.sensitivity[unit] = baseline - search.probe([unit])
     search.phase = ""
     floor = max(min((c for c in costs.values() if c > 0), default=1.0), 1.0)
     return sorted(search.problem.units,
