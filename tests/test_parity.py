@@ -136,6 +136,7 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert not results["int8"]["passed"]
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
     assert set(repair["sensitivity"]) and len(repair["sensitivity"]) == repair["units"]
+    assert repair["probes"] == repair["units"] + 1, "each unit alone, and the base, probed on the hard texts' batches"
     assert repair["outcome"] == "repaired" and repair["ranked_by"] == RANKED_BY
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995

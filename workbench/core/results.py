@@ -171,6 +171,7 @@ class RepairOutcome(Metrics):
     bases: list[RecipeResult] = Field(default_factory=list)
     recipes: list[RecipeResult] = Field(default_factory=list)
     sensitivity: dict[str, float] = Field(default_factory=dict)  # per unit: loss removed when it alone stays fp32
+    probes: int = 0  # builds that measured sensitivity on the hard texts' batches (not in `candidates`)
     latency_feed: list[int] | None = None  # the batch x sequence the latencies were measured at
     node_error: NodeError = Field(default_factory=NodeError)
     race: Trial | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)

@@ -155,6 +155,7 @@ def repair(checker: Checker, settings: RepairPlan, fp32: Path, workdir: Path, de
             bar.update(0, note="qdq_loss_debug: int8 noise per MatMul")
             errors = node_errors(base.source, workdir, feeds, problem.units)
         result.checked_batches = len(checker.checks.batches)
+        result.probes = search.probes
         if base is not None:
             result.base, result.bases = base.recipe.name, base.records
         if errors:

@@ -206,8 +206,9 @@ def lines(record: RunRecord) -> list[str]:
             base = f", quantized as {outcome.base}" if outcome.base else ""
             stopped = f"; the search stopped early: {outcome.stopped}" if outcome.stopped else ""
             built = len(outcome.candidates)
+            probes = f", {outcome.probes} probes" if outcome.probes else ""
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
-                         f"{base} ({built} candidate{'s' if built != 1 else ''} built{stopped}"
+                         f"{base} ({built} candidate{'s' if built != 1 else ''} built{probes}{stopped}"
                          f"{'; ' + spent if spent else ''})"
                          + (f"; {outcome.race.reason}" if outcome.race else ""))
         else:
