@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision
+from workbench.core.results import ParityMetrics, PrecisionDecision
 from workbench.measure import precisions as precisions_module
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity, verdict_line
@@ -112,6 +112,10 @@ def test_a_repair_out_of_time_says_so_and_publishes_nothing_as_repaired(tiny_ber
     assert repair["closest"]["min_cosine"] < 0.9999999 and repair["chosen"] is None
     assert repair["stopped"] == "its 0.5 s ran out (parity.repair.budget_s)", "the record names the bound"
     assert "int8_repaired" not in record.variants()
+    report = dict((title, text) for title, text, _ in parity.section(record.results_as("parity", ParityMetrics)))
+    assert report["int8 precision repair"].endswith(f"units kept in fp32: none of {repair['units']}. Nothing was "
+                                                    f"written; the search started from the base recipe: "
+                                                    f"{repair['base']}."), "no file reads as produced"
     line = verdict_line("parity", record)
     resume = f"workbench run --resume --output-dir {record.run_dir} --steps parity -p parity.repair.budget_s=180"
     assert resume in line, \

@@ -194,6 +194,8 @@ def test_the_triton_step_serves_only_what_passed_parity(tiny_models, tmp_path):
     assert metrics["verification"]["by"] == "triton step"
     checked = metrics["verification"]["checked_here"]
     assert checked["int8"]["passed"] is False and checked["fp32"]["passed"] is True
+    order = next(line for line in triton.lines(record) if line.startswith("serving order: "))
+    assert "; passed over: int8 (sentence_embedding: min cosine " in order, "the summary says why fp32 is served"
     assert "verified" not in record.data["steps"]["triton"]
     assert all(metrics["served_parity"][p]["passed"] for p in ("http", "grpc"))
 

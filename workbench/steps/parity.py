@@ -271,7 +271,10 @@ def section(parity: ParityMetrics) -> Parts:
         chosen = outcome.chosen
         kept = (f"{len(chosen.blocked)} of {outcome.units} ({', '.join(chosen.blocked) or 'none'})"
                 if chosen else f"none of {outcome.units}")
-        base = f" Quantized as: {outcome.base}." if outcome.base else ""
+        base = ""
+        if outcome.base:
+            base = (f" Quantized as: {outcome.base}." if chosen
+                    else f" Nothing was written; the search started from the base recipe: {outcome.base}.")
         charts = [figures.repair_tradeoff(outcome)]
         if outcome.bases or outcome.recipes:
             charts.append(figures.recipes_table(outcome))

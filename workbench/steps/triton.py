@@ -164,18 +164,27 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.compare(runner, built.precision)
         if verdict is not None and verdict.passed:
-            failed_here = {v: c.failures for v, c in checks.items() if not c.passed}
+            ahead = failures_of({v: checks.get(v) or record.verdict(v) for v in candidates[:candidates.index(variant)]})
             return Verification(variant=variant, by="triton step" if variant in checks else "parity step",
-                                order=order, checked_here=checks, passed_over={**served_failures, **failed_here})
-    found = {v: checks.get(v) or record.verdict(v) for v in candidates}
-    failures = {**served_failures, **{v: verdict.failures if verdict else ["not checked (needs a GPU)"]
-                                      for v, verdict in found.items()}}
+                                order=order, checked_here=checks, passed_over={**served_failures, **ahead})
+    failures = {**served_failures, **failures_of({v: checks.get(v) or record.verdict(v) for v in candidates})}
     if not config.triton.allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
                               "run --steps parity (its repair may fix the variant), serve another with "
                               "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
     return Verification(variant=candidates[0], by=None, order=order, checked_here=checks, passed_over=failures)
+
+
+def failures_of(verdicts: dict[str, Verdict | None]) -> dict[str, list[str]]:
+    """Each variant's parity failures ("not checked" without a verdict: a TensorRT plan on a host without a GPU)."""
+    return {v: verdict.failures if verdict else ["not checked (needs a GPU)"] for v, verdict in verdicts.items()}
+
+
+def passed_over(verification: Verification) -> str:
+    """The variants ahead of the served one in the serving order, and why each was passed over ("" if none)."""
+    skipped = [f"{variant} ({'; '.join(failures)})" for variant, failures in verification.passed_over.items()]
+    return f"; passed over: {', '.join(skipped)}" if skipped else ""
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
@@ -264,8 +273,8 @@ def lines(record: RunRecord) -> list[str]:
     runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
             f"layout ({flavor}{runtime})",
-            *([f"serving order: {deployment.verification.order}"] if deployment.verification and
-              deployment.verification.order else []),
+            *([f"serving order: {deployment.verification.order}{passed_over(deployment.verification)}"]
+              if deployment.verification and deployment.verification.order else []),
             f"served parity{against}{within}: {parity or 'not checked'}",
             *([cut_line(cut.deployment, cut.library, cut.texts_beyond, deployment.served_library or "the library",
                         next(iter(cut.beyond.values()), None))] if cut else []),
