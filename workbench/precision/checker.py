@@ -21,7 +21,7 @@ RANKING_KEYS = ("kendall_tau", "agreement_at_1")  # a reranker's scores: each qu
 class Checker:
     """Checks candidate files of one `variant` against `lab`, each run by the runtime its file names
     (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
-    start as those of the texts the variant's own file gets most wrong and grow with `add_failing`; `probes` are the
+    start as those of the texts the variant's own file gets most wrong and grow with `add_failing`; `probe_lab` is the
     same without the corner batches."""
 
     def __init__(self, lab: ParityLab, variant: Variant, device: str, threads: int | None) -> None:
@@ -48,14 +48,14 @@ class Checker:
                  for i in output.hardest(HARD_TEXTS)]
         self.hard += [i for i in found if i not in self.hard]
         self.checks = self.lab.subset(self.hard)
-        self.probes = self.lab.subset(self.hard, corners=False)
+        self.probe_lab = self.lab.subset(self.hard, corners=False)
         return found
 
     def probe(self, path: Path) -> float:
         """The primary output's loss on the hard texts' batches alone (no corners, no latency): a quick measure of
         how much an edit helps, for ordering, never a verdict."""
         with self.runner(path) as runner:
-            return self.summarize(self.probes.compare(runner, self.precision)).loss or 0.0
+            return self.summarize(self.probe_lab.compare(runner, self.precision)).loss or 0.0
 
     def assess(self, path: Path) -> tuple[Verdict, float]:
         """The parity result on the search's batches and the median latency (ms) of the lab's latency batch."""

@@ -95,7 +95,7 @@ class ParityLab:
         """
         wanted = set(text_ids)
         keep = [i for i, b in enumerate(self.batches)
-                if (i < len(self.corners) and corners) or (i >= len(self.corners) and wanted & set(b.text_ids))]
+                if (corners if i < len(self.corners) else wanted & set(b.text_ids))]
         view = copy.copy(self)
         view.batches = [self.batches[i] for i in keep]
         view.corners = self.corners if corners else []

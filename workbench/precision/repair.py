@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from workbench.core.progress import Progress
@@ -98,15 +99,18 @@ def int8_builder(base: ChosenBase, excluded: list[str]) -> Callable[[list[str], 
     (`variants.keep_in_fp32`), a graph edit instead of a new quantization."""
     from onnx import ModelProto
 
-    loaded: list[ModelProto] = []
+    @cache
+    def graphs(folder: Path) -> tuple[ModelProto, ModelProto]:
+        """The base quantized (built in `folder`, removed with the candidates if interrupted) and its source."""
+        quantized = folder / "candidate-int8-base.onnx"
+        base.recipe.build(base.source, quantized, excluded)
+        try:
+            return onnxfiles.load(quantized), onnxfiles.load(base.source)
+        finally:
+            onnxfiles.remove(quantized)
 
     def build(blocked: list[str], dest: Path) -> None:
-        if not loaded:
-            quantized = dest.with_name("candidate-int8-base.onnx")  # removed with the candidates if interrupted
-            base.recipe.build(base.source, quantized, excluded)
-            loaded.extend([onnxfiles.load(quantized), onnxfiles.load(base.source)])
-            onnxfiles.remove(quantized)
-        onnxfiles.save(keep_in_fp32(loaded[0], loaded[1], blocked), dest)
+        onnxfiles.save(keep_in_fp32(*graphs(dest.parent), blocked), dest)
 
     return build
 

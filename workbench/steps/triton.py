@@ -155,6 +155,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
     order = "configured: triton.variant" if config.triton.variant else \
         preference(flavor, int8_decision(record))[1]
     checks: dict[str, Verdict] = {}
+    seen: dict[str, Verdict | None] = {}  # the candidates ahead, by their verdict
     lab: ParityLab | None = None
     for variant in candidates:
         verdict = record.verdict(variant)
@@ -164,10 +165,10 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.compare(runner, built.precision)
         if verdict is not None and verdict.passed:
-            ahead = failures_of({v: checks.get(v) or record.verdict(v) for v in candidates[:candidates.index(variant)]})
             return Verification(variant=variant, by="triton step" if variant in checks else "parity step",
-                                order=order, checked_here=checks, passed_over={**served_failures, **ahead})
-    failures = {**served_failures, **failures_of({v: checks.get(v) or record.verdict(v) for v in candidates})}
+                                order=order, checked_here=checks, passed_over={**served_failures, **failures_of(seen)})
+        seen[variant] = verdict
+    failures = {**served_failures, **failures_of(seen)}
     if not config.triton.allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
                               "run --steps parity (its repair may fix the variant), serve another with "
