@@ -54,19 +54,23 @@ class Checker:
     def probe(self, path: Path) -> float:
         """The primary output's loss on the hard texts' batches alone (no corners, no latency): a quick measure of
         how much an edit helps, for ordering, never a verdict."""
-        with self.runner(path) as runner:
-            return self.summarize(self.probe_lab.compare(runner, self.precision)).loss or 0.0
+        return self.summarize(self.check(path, self.probe_lab)).loss or 0.0
 
-    def assess(self, path: Path) -> tuple[Verdict, float]:
-        """The parity result on the search's batches and the median latency (ms) of the lab's latency batch."""
+    def assess(self, path: Path, lab: ParityLab | None = None) -> tuple[Verdict, float]:
+        """The parity result on `lab` (default: the search's batches) and the median latency (ms) of the lab's
+        latency batch."""
         with self.runner(path) as runner:
-            return (self.checks.compare(runner, self.precision),
+            return ((lab or self.checks).compare(runner, self.precision),
                     median_ms(lambda: runner.infer(self.batch), repeats=5, warmup=1))
+
+    def check(self, path: Path, lab: ParityLab) -> Verdict:
+        """The parity result on `lab`: `self.lab` (the full lab), `self.checks` or `self.probe_lab`."""
+        with self.runner(path) as runner:
+            return lab.compare(runner, self.precision)
 
     def confirm(self, path: Path) -> Verdict:
         """The parity result on the full lab."""
-        with self.runner(path) as runner:
-            return self.lab.compare(runner, self.precision)
+        return self.check(path, self.lab)
 
     def summarize(self, result: Verdict) -> RepairCandidate:
         """A parity result as a repair records it: passed, how far past the gate, the failures and the primary

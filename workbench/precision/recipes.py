@@ -1,8 +1,8 @@
 """Whole-graph int8 recipes the repair measures before its node search: weights per channel or per tensor,
 activations smoothed first (SmoothQuant-style, at several strengths) or not, and smoothed except for the down
 projections, whose activations get per-token scales instead. Each is built from the fp32 graph,
-checked on the search's batches (then on the full lab when it passes there) and timed; the most accurate one is the
-base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones too."""
+checked on the hard texts' batches and timed (then, while it passes, with the corner batches and on the full lab); the
+most accurate one is the base the search keeps nodes in fp32 from. Every recipe is recorded, lost ones too."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from workbench.precision.checker import Checker
 
 SMOOTHING_ALPHAS = (0.5, 0.7, 0.85)  # how much of an outlier channel's range moves from activation to weight
+# Where a recipe is checked, each while it passes the one before: its record's `checked_on` names the last.
+STAGES = ("the hard texts' batches", "the search's batches", "full lab")
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,23 @@ def base_recipes(per_channel: bool) -> list[BaseRecipe]:
 
 
 def measure_recipe(name: str, build: Callable[[], object], path: Path, checker: Checker) -> RecipeResult:
-    """A recipe's record: `build` it to `path` (timed), check it on the search's batches (parity result, latency
-    ms) and, when it passes there, on the full lab."""
+    """A recipe's record: `build` it to `path` (timed), check it on the hard texts' batches (parity result, latency
+    ms) and, as long as it passes, on the search's batches (the corners too) and on the full lab (`STAGES`)."""
     seconds = elapsed(build)
-    result, latency_ms = checker.assess(path)
-    checked_on = "the search's batches"
-    if result.passed:
-        result, checked_on = checker.confirm(path), "full lab"
+    result, latency_ms = checker.assess(path, checker.probe_lab)
+    checked_on = STAGES[0]
+    for stage, lab in zip(STAGES[1:], (checker.checks, checker.lab), strict=True):
+        if not result.passed:
+            break
+        result, checked_on = checker.check(path, lab), stage
     return RecipeResult(recipe=name, checked_on=checked_on, latency_ms=round(latency_ms, 3),
                         build_seconds=round(seconds, 3), **checker.summarize(result).recorded())
+
+
+def rank(record: RecipeResult, index: int) -> tuple[bool, int, float, float, int]:
+    """How close a recipe came to the gate: passed, then the furthest stage reached, then the violation and loss
+    measured there (so recipes are compared on the same batches), then the order tried."""
+    return (not record.passed, -STAGES.index(record.checked_on), record.violation, record.loss or 0.0, index)
 
 
 @dataclass
@@ -98,10 +108,10 @@ class ChosenBase:
 
 def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: list[Feed],
                 excluded: list[str], checker: Checker, budget: Budget, note: Callable[[str], None]) -> ChosenBase:
-    """Build every recipe with nothing but `excluded` kept in fp32, check it on the search's batches (parity
-    result, latency ms) and on the full lab the ones that pass there (`checker`), until one passes the full lab or
-    `budget` is spent (one recipe at least). The base is the recipe that passed, else the one closest to the gate
-    (smallest violation, then loss): accuracy decides, never a timing. `note` hears which recipe is being built."""
+    """Build every recipe with nothing but `excluded` kept in fp32 and measure it (`measure_recipe`, `checker`),
+    until one passes the full lab or `budget` is spent (one recipe at least). The base is the recipe that passed,
+    else the one closest to the gate (`rank`): accuracy decides, never a timing. `note` hears which recipe is being
+    built."""
     records: list[RecipeResult] = []
     sources: list[Path] = []
     measured: list[Feed] = []
@@ -125,8 +135,7 @@ def choose_base(recipes: list[BaseRecipe], fp32: Path, workdir: Path, feeds: lis
         records.append(measure_recipe(recipe.name, build, path, checker).model_copy(update={
             "per_channel": recipe.per_channel, "smoothing_alpha": recipe.alpha, "per_token": recipe.per_token}))
         onnxfiles.remove(path)
-    best = min(range(len(records)), key=lambda i: (not records[i].passed, records[i].violation,
-                                                    records[i].loss or 0.0, i))
+    best = min(range(len(records)), key=lambda i: rank(records[i], i))
     for index, record in enumerate(records):
         record.chosen = index == best
         if index != best and sources[index] != fp32:

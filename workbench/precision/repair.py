@@ -238,8 +238,8 @@ def unrepaired(search: RepairSearch, why: str, result: RepairOutcome | None = No
 
 def blockwise_recipes(settings: RepairPlan, base: ChosenBase, search: RepairSearch,
                       checker: Checker) -> tuple[list[RecipeResult], Path | None]:
-    """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe: checked
-    on the search's batches, then (if it passes there) on the full lab. Every recipe is recorded, lost ones too;
+    """The int8 repair's MatMuls as 8-bit block-quantized weights instead of fp32, one candidate per recipe, measured
+    as a whole-graph recipe is (`recipes.measure_recipe`). Every recipe is recorded, lost ones too;
     passing ones come first, fewest fp32 weight elements first (from the graph), and only the first one's file is
     kept (returned with them where it passed). None when the repair kept no MatMul in fp32."""
     assert search.best is not None, "block-quantized recipes replace a repair's fp32 MatMuls"
