@@ -206,6 +206,21 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
     assert not (tmp_path / "run" / "repair").exists() or not any((tmp_path / "run" / "repair").rglob("*.onnx"))
 
 
+def test_a_recipe_that_got_further_is_the_closer_base():
+    from workbench.core.results import RecipeResult
+    from workbench.precision.recipes import rank
+
+    def recipe(checked_on: str, passed: bool, violation: float) -> RecipeResult:
+        return RecipeResult(recipe=checked_on, checked_on=checked_on, passed=passed, violation=violation, loss=0.01)
+
+    # failing the corner batches after passing the hard ones beats failing the hard ones by less: the violations
+    # were measured on different batches, so the stage reached decides first
+    records = [recipe(STAGES[0], False, 0.001), recipe(STAGES[1], False, 0.2), recipe(STAGES[0], False, 0.0005),
+               recipe(STAGES[2], False, 0.3)]
+    assert sorted(range(len(records)), key=lambda i: rank(records[i], i)) == [3, 1, 2, 0]
+    assert min(range(5), key=lambda i: rank((records + [recipe(STAGES[2], True, 0.0)])[i], i)) == 4
+
+
 def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models, tmp_path):
     import onnxruntime
 
