@@ -99,8 +99,8 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     lines = progress.read_text().splitlines()
     assert "parity: 3/3 variants (fp16)" in lines
     repair_lines = [line for line in lines if line.startswith("repair fp16: ")]
-    assert repair_lines[0] == "repair fp16: 0/80 candidates"
-    assert repair_lines[-1].startswith(f"repair fp16: {len(repair['candidates'])}/80 candidates (best so far: "
+    assert repair_lines[0] == "repair fp16: 0/80 builds"
+    assert repair_lines[-1].startswith(f"repair fp16: {len(repair['candidates'])}/80 builds (best so far: "
                                        f"{len(blocked)} of {repair['units']} units in fp32, ")
     assert re.search(rf"; min cosine {repair['chosen']['min_cosine']:.6f}; \d+ s left\)$", repair_lines[-1])
 

@@ -47,7 +47,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
     path, precision = built.path, built.precision
-    with Progress(f"repair {name}", config.parity.repair.max_builds, "candidates") as bar:
+    with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
         checker = Checker(lab, built, config.device, config.threads)
         problem = None
         if name == "openvino_int8":
