@@ -145,7 +145,7 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
     assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
     verdicts = {name: Verdict.model_validate(verdict) for name, verdict in results["variants"].items()}
-    against = parity.raced_against(verdicts)  # ONNX Runtime's int8 as this host repaired it, or not
+    against = parity.raced_against(verdicts, record)  # ONNX Runtime's int8 as this host repaired it, or not
     assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
     built = record.variant("openvino_int8_repaired")

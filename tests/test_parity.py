@@ -14,9 +14,10 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import InputMismatchError, ParityError, ShapeError
+from workbench.core.flavor import Flavor
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
-from workbench.core.results import Verdict
+from workbench.core.results import PrecisionDecision, Verdict
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
@@ -24,7 +25,7 @@ from workbench.precision.lab import ParityLab
 from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
-from workbench.steps import export, optimize, parity
+from workbench.steps import export, optimize, parity, triton
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -132,8 +133,11 @@ def test_a_spliced_candidate_is_the_requantized_one_shared_weights_included(bert
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), blocked
 
 
-def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
+def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path, monkeypatch):
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"]}
+    pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
+    for step in (parity, triton):  # as where int8 pays: int8 is served first
+        monkeypatch.setattr(step, "int8_decision", lambda record: pays)
     record, results = pipeline(tiny_models["bert"], tmp_path, **strict)
     assert not results["int8"]["passed"]
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
@@ -172,6 +176,16 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path):
             assert chosen_base["min_cosine"] == pytest.approx(before, abs=1e-6)
         elif chosen_base["checked_on"] == STAGES[0]:
             assert chosen_base["min_cosine"] >= before - 1e-6
+    # served ahead of the variants that passed, so timed against the first of them: served after it unless clearly
+    # faster, and its file stays either way
+    race = repair["race"]
+    assert race["against"] == next(v for v in parity.RACED_AGAINST[2:] if v in results and results[v]["passed"])
+    assert set(race["ms"]) == {race["against"], "int8_repaired"} and all(len(ms) == 2 for ms in race["ms"].values())
+    assert race["reason"].startswith("kept: " if race["kept"] else f"served after {race['against']}: ")
+    assert race["reason"] in verdict_line("parity", record)
+    order = triton.candidate_variants(RunConfig(model=str(tiny_models["bert"])), record, Flavor.PYTHON_ORT)
+    assert (order.index("int8_repaired") < order.index(race["against"])) is race["kept"]
+    assert record.variant("int8_repaired").path.exists()
     builds = sum(c["build_seconds"] for c in repair["candidates"] + bases + repair["recipes"])
     assert builds < repair["seconds"] < record.data["steps"]["parity"]["seconds"]  # the whole repair's time
     # qdq_loss_debug's per-node error, for every MatMul unit, beside the measured sensitivity

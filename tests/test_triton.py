@@ -432,3 +432,30 @@ def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_
     assert order == CPU_FP32_FIRST and "no int8 dot-product instructions" in why
     order, why = preference(Flavor.PYTHON_ORT, None, CpuFeatures(int8_dot_product="AMX"))
     assert order == CPU_INT8_FIRST and why == "int8 first: this CPU has AMX"
+
+
+def test_a_repaired_int8_that_lost_its_race_is_served_after_the_variant_it_lost_to(tiny_bert, tmp_path):
+    from workbench.core.results import CpuFeatures, Trial, Verdict
+    from workbench.serving.plan import CPU_INT8_FIRST, candidates, lost_races, preference
+
+    fast = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
+    lost = {"int8_repaired": "fp32"}
+    order, why = preference(Flavor.PYTHON_ORT, fast, CpuFeatures(), lost)
+    assert order == tuple(v for v in CPU_INT8_FIRST if v != "int8_repaired")[:-1] + ("int8_repaired", "original")
+    assert why.endswith("; int8_repaired after fp32: it was not clearly faster (metrics.parity.repair)")
+    assert preference(Flavor.PYTHON_ORT, fast, CpuFeatures(), {"int8_repaired": "gone"})[0] == CPU_INT8_FIRST
+    verdicts = {"fp32": Verdict(passed=True), "int8": Verdict(passed=False), "int8_repaired": Verdict(passed=True)}
+    available = set(verdicts) | {"original"}
+    assert candidates(available, verdicts.get, Flavor.PYTHON_ORT, None, fast)[:2] == ["int8_repaired", "fp32"]
+    assert candidates(available, verdicts.get, Flavor.PYTHON_ORT, None, fast, lost)[:2] == ["fp32", "int8_repaired"]
+    assert candidates(available, verdicts.get, Flavor.PYTHON_ORT, "int8_repaired", fast, lost) == ["int8_repaired"]
+
+    record = RunRecord.create(tmp_path / "run", RunConfig(model=str(tiny_bert)))
+    assert lost_races(record) == {}
+    race = Trial(against="fp32", ms={"fp32": {"b1 s16": 6.71}, "int8_repaired": {"b1 s16": 8.57}}, kept=False,
+                 reason="served after fp32: faster than the fp32 graph at one cell, slower at another")
+    record.set_metric("parity.repair.int8", {"precision": "int8", "outcome": "repaired", "units": 27,
+                                             "race": race.recorded()})
+    record.set_metric("parity.repair.openvino_int8", {"precision": "int8", "outcome": "repaired", "units": 39,
+                                                      "race": Trial(against="fp32", kept=True).recorded()})
+    assert lost_races(record) == lost

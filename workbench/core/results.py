@@ -174,7 +174,7 @@ class RepairOutcome(Metrics):
     probes: int = 0  # builds that measured sensitivity on the hard texts' batches (not in `candidates`)
     latency_feed: list[int] | None = None  # the batch x sequence the latencies were measured at
     node_error: NodeError = Field(default_factory=NodeError)
-    race: Trial | None = None  # a repaired OpenVINO int8 timed against the variant served after it (older: none)
+    race: Trial | None = None  # a repaired int8 timed against the variant served after it (none: not timed)
 
 
 class GraphIO(Metrics):

@@ -17,6 +17,7 @@ from workbench.core.results import (
     CpuFeatures,
     ExportMetrics,
     OptimizeMetrics,
+    ParityMetrics,
     PipelineSummary,
     PrecisionDecision,
     ShapeProfile,
@@ -52,16 +53,31 @@ def int8_decision(record: RunRecord) -> PrecisionDecision | None:
     return optimize.decision("int8") if optimize else None
 
 
-def preference(flavor: Flavor, int8: PrecisionDecision | None = None,
-               features: CpuFeatures | None = None) -> tuple[tuple[str, ...], str]:
+def lost_races(record: RunRecord) -> dict[str, str]:
+    """Repaired variants the parity step timed against the variant served after them and found not clearly faster,
+    each with that variant (`preference` serves them after it)."""
+    parity = record.results_as("parity", ParityMetrics)
+    repairs = parity.repair.items() if parity else ()
+    return {f"{precision}_repaired": outcome.race.against for precision, outcome in repairs
+            if outcome.race and not outcome.race.kept and outcome.race.against}
+
+
+def preference(flavor: Flavor, int8: PrecisionDecision | None = None, features: CpuFeatures | None = None,
+               lost: dict[str, str] | None = None) -> tuple[tuple[str, ...], str]:
     """The variants `flavor` serves, best first, and why in that order: on a CPU, int8 first where it pays, as the
     optimize step decided (`int8`: its decision), else where the CPU (`features`, default this host's) has int8
-    dot-product instructions."""
+    dot-product instructions; a repaired variant that `lost` its race goes after the variant it lost to."""
     if flavor in GPU_PREFERENCE and (flavor is Flavor.TENSORRT_PLAN or gpu_name()):
         return GPU_PREFERENCE[flavor], f"{flavor.value} on a GPU"
     order, reason = _cpu_preference(int8, features or cpu_features())
     if flavor is not Flavor.PYTHON_ORT:
         order = tuple(v for v in order if v not in OPENVINO_VARIANTS)
+    for variant, winner in (lost or {}).items():
+        if variant in order and winner in order and order.index(variant) < order.index(winner):
+            rest = [v for v in order if v != variant]
+            rest.insert(rest.index(winner) + 1, variant)
+            order = tuple(rest)
+            reason += f"; {variant} after {winner}: it was not clearly faster (metrics.parity.repair)"
     return order, reason
 
 
@@ -126,10 +142,11 @@ def instances_for(setting: int | Literal["auto"], threads: int | None, flavor: F
 
 
 def candidates(available: set[str], verdict: Callable[[str], Verdict | None], flavor: Flavor,
-               configured: str | None, int8: PrecisionDecision | None = None) -> list[str]:
+               configured: str | None, int8: PrecisionDecision | None = None,
+               lost: dict[str, str] | None = None) -> list[str]:
     """Variants that could be served, best first: the `configured` one, else those of the flavor's preference
-    (`preference`, with the optimize step's `int8` decision) among the `available` ones, the ones whose `verdict`
-    passed ahead of the unchecked (failed ones are left out)."""
+    (`preference`, with the optimize step's `int8` decision and the races `lost`) among the `available` ones, the
+    ones whose `verdict` passed ahead of the unchecked (failed ones are left out)."""
     kind = flavor.artifact_kind
     if configured:
         if configured not in available:
@@ -137,7 +154,7 @@ def candidates(available: set[str], verdict: Callable[[str], Verdict | None], fl
                 f"triton.variant={configured!r} has no {kind} file in this run (have {sorted(available)})",
                 "run the step that builds it (optimize, parity or tensorrt), or choose one of those")
         return [configured]
-    order, _ = preference(flavor, int8)
+    order, _ = preference(flavor, int8, lost=lost)
     preferred = [v for v in order if v in available]
     verdicts = {v: verdict(v) for v in preferred}
     passed = [v for v in preferred if (found := verdicts[v]) and found.passed]

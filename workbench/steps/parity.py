@@ -8,6 +8,7 @@ from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
+from workbench.core.flavor import Flavor
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
@@ -25,12 +26,14 @@ from workbench.report import figures
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
+from workbench.serving.plan import int8_decision, lost_races, preference
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
 REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity check repairs (`<name>_repaired`)
-# A repaired openvino_int8 keeps many of its activations in float: it is kept only where it still runs clearly
-# faster than the first of these that passed (serving.plan serves it ahead of them).
+# A repaired int8 keeps units in fp32 and runs slower than the plain int8 whose speed put int8 first: it is timed
+# against the first of these that passed (served after it). A repaired openvino_int8 that is not clearly faster is
+# removed; an int8_repaired that is not is served after the variant it lost to (serving.plan.lost_races).
 RACED_AGAINST = ("int8_repaired", "int8", "openvino_bf16", "openvino", "fp32", "original")
 
 
@@ -62,6 +65,9 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
         if not race.kept:
             onnxfiles.remove(dest)
             outcome.blocked = None
+    elif outcome.blocked is not None and name == "int8" and \
+            served_ahead(repaired, raced_against(results, record), record):
+        outcome.result.race = race_repaired(repaired, dest, config, record, results)
     record.set_metric(f"{STEP}.repair.{name}", outcome.result.recorded())
     if outcome.blocked is not None:
         record.add_artifact(f"onnx.{repaired}", dest, kind="onnx", variant=repaired, precision=precision,
@@ -73,31 +79,41 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
 def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Verdict], checker: Checker) -> tuple[str, float]:
     """The variant a raced repair must beat (the first of RACED_AGAINST that passed) and its median ms on the
     checker's latency batch, measured as the checker measures candidates."""
-    against = raced_against(results)
+    against = raced_against(results, record)
     with open_variant(record.variant(against), config.device, config.threads) as runner:
         return against, median_ms(lambda: runner.infer(checker.batch), repeats=5, warmup=1)
 
 
-def raced_against(results: dict[str, Verdict]) -> str:
-    """The first of RACED_AGAINST that passed parity (`results`, by variant)."""
-    return next((v for v in RACED_AGAINST if v in results and results[v].passed), "fp32")
+def raced_against(results: dict[str, Verdict], record: RunRecord) -> str:
+    """The first of RACED_AGAINST that passed parity (`results`, by variant), past a repaired one that lost its own
+    race (served after the variant it lost to)."""
+    lost = lost_races(record)
+    return next((v for v in RACED_AGAINST if v in results and results[v].passed and v not in lost), "fp32")
+
+
+def served_ahead(name: str, against: str, record: RunRecord) -> bool:
+    """Whether the serving order (python-ort's, with the optimize step's int8 decision) puts `name` ahead of
+    `against`: only then does its speed against it decide anything."""
+    order, _ = preference(Flavor.PYTHON_ORT, int8_decision(record))
+    return name in order and against in order and order.index(name) < order.index(against)
 
 
 def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
                   results: dict[str, Verdict]) -> Trial:
-    """The repaired OpenVINO int8 (`path`) timed against the variant served after it that passed parity here
-    (`RACED_AGAINST`, first present): kept only where it is clearly faster (`forms.race`) or
-    optimize.openvino=always; its record."""
-    against = raced_against(results)
-    if config.optimize.openvino == "always":
+    """The repaired int8 (`path`) timed against the variant served after it that passed parity here
+    (`RACED_AGAINST`, first present), its record: an OpenVINO one is kept only where it is clearly faster
+    (`forms.race`) or optimize.openvino=always; an ONNX Runtime one that is not clearly faster is served after it."""
+    against = raced_against(results, record)
+    openvino = name.startswith("openvino")
+    if openvino and config.optimize.openvino == "always":
         return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
                                 form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
     release_memory()
-    return Trial(against=against, ms=ms, kept=kept,
-                 reason=f"kept: {reason}" if kept else f"not kept (its file removed): {reason}")
+    lost = "not kept (its file removed)" if openvino else f"served after {against}"
+    return Trial(against=against, ms=ms, kept=kept, reason=f"{'kept' if kept else lost}: {reason}")
 
 
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> Verdict:

@@ -24,6 +24,7 @@ from workbench.serving.plan import (
     candidates,
     choose_flavor,
     int8_decision,
+    lost_races,
     preference,
     repository_root,
     served_outputs,
@@ -118,7 +119,7 @@ def shape_profiles(record: RunRecord) -> list[ShapeProfile]:
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
     return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant,
-                      int8_decision(record))
+                      int8_decision(record), lost_races(record))
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
@@ -153,7 +154,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
                               "read metrics.triton.served_parity in run.json; serve another variant "
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     order = "configured: triton.variant" if config.triton.variant else \
-        preference(flavor, int8_decision(record))[1]
+        preference(flavor, int8_decision(record), lost=lost_races(record))[1]
     checks: dict[str, Verdict] = {}
     seen: dict[str, Verdict | None] = {}  # the candidates ahead, by their verdict
     lab: ParityLab | None = None
