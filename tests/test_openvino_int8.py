@@ -350,6 +350,9 @@ def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path)
     for blocked in (list("abcdefgh"), list("abcdefg")):
         closest.try_blocked(blocked)
     assert closest.closest().blocked == tuple("abcdefg"), "passing alike: the one keeping fewer units in fp32"
+    everything = search_for(tmp_path / "d", None)
+    everything.try_blocked(list("abcdefgh"))
+    assert everything.closest() is None, "keeping every unit in fp32 is no repair, however close it comes"
     pruned = run_search(search_for(tmp_path / "b", None))
     assert pruned.outcome == "repaired" and pruned.chosen is not None and pruned.chosen.blocked == ["a", "f", "g"]
 

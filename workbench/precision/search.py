@@ -154,9 +154,9 @@ class RepairSearch:
 
     def closest(self) -> Candidate | None:
         """The candidate nearest the gate among all built (the smallest violation, then the least kept in fp32),
-        passing or not."""
-        return min(self.candidates.values(), key=lambda c: (c.violation, self.cost(c.blocked), len(c.blocked)),
-                   default=None)
+        passing or not; one that keeps every unit in fp32 is no repair, so it is not one."""
+        repairs = [c for c in self.candidates.values() if len(c.blocked) < len(self.problem.units)]
+        return min(repairs, key=lambda c: (c.violation, self.cost(c.blocked), len(c.blocked)), default=None)
 
     def reset_results(self) -> None:
         """Forget verdicts (the check set changed); the build budget and history carry on."""
