@@ -45,7 +45,7 @@ def repair_plan(config: RunConfig) -> RepairPlan:
 
 def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> str | None:
     """Repair the failing variant `name` (metrics.parity.repair.<name>); the repaired variant's name when one
-    passed (and, for openvino_int8, kept its speed: `race_repaired`), its file recorded."""
+    passed (and, for openvino_int8, kept its speed where it is served ahead: `race_repaired`), its file recorded."""
     repaired = f"{name}_repaired"
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
@@ -59,15 +59,12 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
             problem.ceiling = None if always else ceiling(config, record, results, checker)
         outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
-    if outcome.blocked is not None and name == "openvino_int8":
-        race = race_repaired(repaired, dest, config, record, results)
-        outcome.result.race = race
-        if not race.kept:
+    against = raced_against(results, record)
+    if outcome.blocked is not None and precision == "int8" and served_ahead(repaired, against, record):
+        race = outcome.result.race = race_repaired(repaired, dest, config, record, against)
+        if not race.kept and name == "openvino_int8":
             onnxfiles.remove(dest)
             outcome.blocked = None
-    elif outcome.blocked is not None and name == "int8" and \
-            served_ahead(repaired, raced_against(results, record), record):
-        outcome.result.race = race_repaired(repaired, dest, config, record, results)
     record.set_metric(f"{STEP}.repair.{name}", outcome.result.recorded())
     if outcome.blocked is not None:
         record.add_artifact(f"onnx.{repaired}", dest, kind="onnx", variant=repaired, precision=precision,
@@ -98,12 +95,10 @@ def served_ahead(name: str, against: str, record: RunRecord) -> bool:
     return name in order and against in order and order.index(name) < order.index(against)
 
 
-def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord,
-                  results: dict[str, Verdict]) -> Trial:
-    """The repaired int8 (`path`) timed against the variant served after it that passed parity here
-    (`RACED_AGAINST`, first present), its record: an OpenVINO one is kept only where it is clearly faster
-    (`forms.race`) or optimize.openvino=always; an ONNX Runtime one that is not clearly faster is served after it."""
-    against = raced_against(results, record)
+def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, against: str) -> Trial:
+    """The repaired int8 (`path`) timed against `against`, the variant served after it that passed parity here
+    (`raced_against`), its record: an OpenVINO one is kept only where it is clearly faster (`forms.race`) or
+    optimize.openvino=always; an ONNX Runtime one that is not clearly faster is served after it."""
     openvino = name.startswith("openvino")
     if openvino and config.optimize.openvino == "always":
         return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
