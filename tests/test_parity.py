@@ -18,10 +18,11 @@ from workbench.core.flavor import Flavor
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
 from workbench.core.results import PrecisionDecision, Verdict
+from workbench.graphs import onnxfiles
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
-from workbench.precision.lab import ParityLab
+from workbench.precision.lab import ParityLab, lab_texts
 from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
@@ -63,6 +64,48 @@ def test_inputs_cover_the_shape_corners(bert_parity):
     assert shapes["b8_s64"] == (8, 64) and shapes["b4_s32"] == (4, 32)
     assert any(n.startswith("b1_s") and s[1] < 10 for n, s in shapes.items()), "the shortest real text"
     assert {"mixed_b4", "mixed_b8"} <= set(shapes)
+
+
+def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_parity):
+    """Dynamic int8 quantizes activations with one scale per batch, so a text's output depends on its batch-mates:
+    the lab judges such a variant again in the groups the served model forms from one request holding the corpus,
+    each text at the worse of its two groupings; other variants skip those batches."""
+    import onnxruntime
+
+    from workbench.core.batches import served_batches
+    from workbench.serving.backend.ort_batches import MAX_PADDING, PaddedRunner
+
+    record, results = bert_parity
+    config, loaded = record.config, load_model(record.config)
+    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=True)
+    int8, fp32 = record.variant("int8"), record.variant("fp32")
+    assert onnxfiles.batch_dependent(int8.path) and not onnxfiles.batch_dependent(fp32.path)
+    served = lab.batches[-lab.regrouped:]
+    assert [b.name for b in served] == [b.name for b in served_batches(
+        loaded.tokenizer, loaded.input_names, lab.texts, loaded.sequence.max)]
+    assert sorted(i for b in served for i in b.text_ids) == list(range(len(lab.texts)))
+    assert len(served) < len(lab.sweep) - lab.regrouped, "fewer, larger groups than the corpus sweep's"
+    assert [b.name for b in lab.for_variant(False).batches] == [b.name for b in lab.batches[:-lab.regrouped]]
+    recorded = [b["name"] for b in record.data["metrics"]["parity"]["inputs"]["batches"]]
+    assert recorded == [b.name for b in lab.batches], "the parity step regrouped: the run has a dynamic int8"
+
+    # the served model's own grouping of per-text parts (its PaddedRunner) gives the lab's regrouped outputs
+    session = onnxruntime.InferenceSession(str(int8.path), providers=["CPUExecutionProvider"])
+    parts = [{name: np.asarray([ids], dtype=np.int64) for name, ids in loaded.tokenizer(
+        text, truncation=True, max_length=loaded.sequence.max).items() if name in loaded.input_names}
+        for text in lab.texts]
+    answers = PaddedRunner(session, ["sentence_embedding"], [], loaded.tokenizer.pad_token_id, MAX_PADDING).run(parts)
+    with OrtRunner("int8", int8.path, ["CPUExecutionProvider"]) as runner:
+        for batch in served:
+            got = runner.infer(batch)["sentence_embedding"]
+            want = np.concatenate([answers[i]["sentence_embedding"] for i in batch.text_ids])
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=batch.name)
+        both = lab.for_variant(True).collect(runner, "int8")["sentence_embedding"].per_text
+        alone = lab.for_variant(False).collect(runner, "int8")["sentence_embedding"].per_text
+    assert all(both[i]["min_cosine"] <= alone[i]["min_cosine"] for i in alone)
+    assert any(both[i]["min_cosine"] < alone[i]["min_cosine"] for i in alone), "some text fares worse in its group"
+    worst = min(both[i]["min_cosine"] for i in both)
+    assert results["int8"]["outputs"]["sentence_embedding"]["min_cosine"] == pytest.approx(worst, abs=1e-6)
 
 
 def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):

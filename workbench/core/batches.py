@@ -114,6 +114,20 @@ def corpus_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Se
     return batches
 
 
+def served_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], cut: int,
+                   prompt_tokens: int = 0) -> list[Batch]:
+    """Every text once, grouped as the served model groups one request holding them all (`length_groups`: by length,
+    a new group where padding would pass MAX_PADDING), cut at `cut` tokens: fewer, larger batches than
+    `corpus_batches`, so each text meets more and other batch-mates."""
+    from workbench.serving.backend.ort_batches import MAX_PADDING, length_groups
+
+    lengths = np.minimum(token_lengths(tokenizer, texts), cut)
+    groups = length_groups([(1, int(length)) for length in lengths], MAX_PADDING)
+    return [Batch(f"served_{group[0]:04d}", group, encode(tokenizer, [texts[i] for i in group], input_names,
+                                                          max_length=cut, prompt_tokens=prompt_tokens))
+            for group in groups]
+
+
 def long_texts(tokenizer: Tokenizer, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:
     """One text per target token count: consecutive corpus texts joined by spaces until the joined text holds at
     least that many tokens (the corpus read round again if needed), for checks past a length cut."""

@@ -24,6 +24,7 @@ RUNTIME_KEY = "workbench.runtime"  # the runtime a variant is run by: ONNX Runti
 # OpenVINO's inference precision for the ops a variant leaves in float: "f32" unless it says "bf16".
 OPENVINO_PRECISION_KEY = "workbench.openvino_precision"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
+DYNAMIC_QUANTIZATION = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})  # one activation scale per batch
 
 
 @contextmanager
@@ -178,6 +179,12 @@ def remove(path: Path) -> None:
     """Delete an ONNX file and its external-data file, if there."""
     path.unlink(missing_ok=True)
     Path(f"{path}.data").unlink(missing_ok=True)
+
+
+def batch_dependent(path: Path | str) -> bool:
+    """Whether a text's outputs from this file depend on the texts batched with it: the graph quantizes activations
+    dynamically, one scale over every row of the batch (ONNX Runtime's dynamic int8)."""
+    return any(node.op_type in DYNAMIC_QUANTIZATION for node in load(path, load_external_data=False).graph.node)
 
 
 def op_counts(model: ModelProto) -> dict[str, int]:

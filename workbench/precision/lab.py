@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from workbench.core.atomic import atomic_path
-from workbench.core.batches import Batch, Cell, corner_batches, corpus_batches, long_texts, token_lengths
+from workbench.core.batches import (
+    Batch,
+    Cell,
+    corner_batches,
+    corpus_batches,
+    long_texts,
+    served_batches,
+    token_lengths,
+)
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.results import LibraryCheck, ReferenceCut, Verdict, WorstText
@@ -33,16 +41,18 @@ class ParityLab:
     `texts` are tokenized as the model's users get them (after its default prompt, if it declares one, whose first
     `prompt_tokens` tokens pooling leaves out where the model says so), or (query, document) pairs; the reference
     is the workbench's PyTorch module unless another runner is given (the model's own library). `beyond`: the texts
-    longer than the run's sequence.max, in batches of their own."""
+    longer than the run's sequence.max, in batches of their own. `regrouped`: how many of the last batches hold the
+    corpus again in other groups (`served_batches`), which only variants whose outputs depend on a text's batch-mates
+    are judged on (`for_variant`)."""
 
     def __init__(self, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...], batches: list[Batch],
                  corners: int, reference: Runner | None = None, beyond: tuple[int, ...] = (),
-                 prompt_tokens: int = 0) -> None:
+                 prompt_tokens: int = 0, regrouped: int = 0) -> None:
         self.settings = settings
         self.loaded = loaded
         self.texts = texts
         self.groups = query_groups(texts)
-        self.beyond, self.prompt_tokens = beyond, prompt_tokens
+        self.beyond, self.prompt_tokens, self.regrouped = beyond, prompt_tokens, regrouped
         self.specs: tuple[OutputSpec, ...] = settings.specs
         self.batches = batches
         self.corners = batches[:corners]
@@ -60,14 +70,17 @@ class ParityLab:
         self.reference = runner  # closed: its name and input names describe `expected`
 
     @classmethod
-    def build(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...]) -> ParityLab:
-        """The shape corners of the run's ranges, then every text once in mixed-length batches cut at the run's
-        sequence.max."""
+    def build(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
+              regroup: bool = False) -> ParityLab:
+        """The shape corners of the run's ranges, then every text once in batches of like length cut at the run's
+        sequence.max; with `regroup`, every text again as the served model groups one request holding them all, for
+        the variants whose outputs depend on a text's batch-mates (dynamic int8)."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
         corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
                                  prompt)
         sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
-        return cls(settings, loaded, tuple(prompted), corners + sweep, len(corners))
+        served = served_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, prompt) if regroup else []
+        return cls(settings, loaded, tuple(prompted), corners + sweep + served, len(corners), regrouped=len(served))
 
     @classmethod
     def corpus_only(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
@@ -96,10 +109,24 @@ class ParityLab:
         wanted = set(text_ids)
         keep = [i for i, b in enumerate(self.batches)
                 if (corners if i < len(self.corners) else wanted & set(b.text_ids))]
+        return self._view(keep, corners)
+
+    def for_variant(self, batch_dependent: bool) -> ParityLab:
+        """The lab a variant is judged on: all of it where its outputs depend on a text's batch-mates (dynamic int8
+        quantizes activations with one scale per batch, so each text counts at the worse of its two groupings),
+        else without the regrouped batches, which would repeat the same outputs."""
+        if batch_dependent or not self.regrouped:
+            return self
+        return self._view(list(range(len(self.batches) - self.regrouped)), True)
+
+    def _view(self, keep: list[int], corners: bool) -> ParityLab:
+        """This lab on the batches numbered `keep` (with the corner batches unless `corners` is False), the reference
+        outputs reused."""
         view = copy.copy(self)
         view.batches = [self.batches[i] for i in keep]
         view.corners = self.corners if corners else []
         view.expected = [self.expected[i] for i in keep]
+        view.regrouped = sum(i >= len(self.batches) - self.regrouped for i in keep)
         return view
 
     def within(self) -> ParityLab:

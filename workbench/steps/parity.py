@@ -51,7 +51,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     built = record.variant(name)
     path, precision = built.path, built.precision
     with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
-        checker = Checker(lab, built, config.device, config.threads)
+        checker = Checker(lab.for_variant(onnxfiles.batch_dependent(path)), built, config.device, config.threads)
         problem = None
         if name == "openvino_int8":
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
@@ -116,7 +116,7 @@ def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> 
     built = record.variant(name)
     with open_variant(built, config.device, config.threads) as runner:
         record.note_providers(runner.providers)
-        result = lab.compare(runner, built.precision)
+        result = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(runner, built.precision)
     release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
     record.set_metric(f"{STEP}.variants.{name}", result.recorded())
     return result
@@ -179,7 +179,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         loaded = load_model(config)
         texts = lab_texts(config.lab, loaded)
         check_module(config, record, loaded, texts)
-        lab = ParityLab.build(config.lab, loaded, texts)
+        lab = ParityLab.build(config.lab, loaded, texts,
+                              regroup=any(onnxfiles.batch_dependent(v.path) for v in variants.values()))
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "corpus_texts": len(config.texts()),
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],

@@ -10,6 +10,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ServedCut, ShapeProfile, TensorrtMetrics, TritonMetrics, Verdict, Verification
+from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -162,9 +163,10 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
-            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded))
+            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=True)
             with open_variant(built, config.device, config.threads) as runner:
-                verdict = checks[variant] = lab.compare(runner, built.precision)
+                verdict = checks[variant] = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(
+                    runner, built.precision)
         if verdict is not None and verdict.passed:
             return Verification(variant=variant, by="triton step" if variant in checks else "parity step",
                                 order=order, checked_here=checks, passed_over={**served_failures, **failures_of(seen)})

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
-from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402
+from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402
 from stages import StageClock  # noqa: E402
 from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402
 
@@ -35,7 +35,7 @@ class TritonPythonModel:
         self.outputs = json.loads(params["model_outputs"])
         per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", "0.25")), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)

@@ -7,7 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
+from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
 
 
 class TritonPythonModel:
@@ -18,7 +18,7 @@ class TritonPythonModel:
         outputs = [o["name"] for o in config["output"]]  # the outputs served, a subset of the graph's
         per_token = [o["name"] for o in config["output"] if len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, outputs, per_token, int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", "0.25")), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
 
     def finalize(self):
         if self.neighbours is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+MAX_PADDING = 0.25  # a group's share of padded token slots past which the next, longer part starts a new group
+
 
 def model_args(args):
     """What Triton passes `initialize`, unpacked: the model config, its string parameters, the version folder."""

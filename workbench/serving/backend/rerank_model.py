@@ -10,7 +10,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_batches import PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
+from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
 from stages import StageClock  # noqa: E402
 from text_input import Limits, TextEncoder, decode  # noqa: E402
 
@@ -33,7 +33,7 @@ class TritonPythonModel:
         self.tokenizer = TextEncoder(folder, self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
         self.runner = PaddedRunner(model, self.outputs, [], int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", "0.25")), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
