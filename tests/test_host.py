@@ -110,6 +110,8 @@ def test_a_repair_out_of_time_says_so_and_publishes_nothing_as_repaired(tiny_ber
     assert repair["outcome"].startswith(
         "not repaired: its 0.5 s ran out (parity.repair.budget_s): the closest candidate")
     assert repair["closest"]["min_cosine"] < 0.9999999 and repair["chosen"] is None
+    assert f"the closest candidate (recipe: {repair['base']}" in repair["outcome"], \
+        "the recipe named whether the search built the candidate or only the recipes were built"
     assert repair["stopped"] == "its 0.5 s ran out (parity.repair.budget_s)", "the record names the bound"
     assert "int8_repaired" not in record.variants()
     report = dict((title, text) for title, text, _ in parity.section(record.results_as("parity", ParityMetrics)))

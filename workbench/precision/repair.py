@@ -223,7 +223,9 @@ def unrepaired(search: RepairSearch, why: str, result: RepairOutcome | None = No
     reached = ""
     if found is not None:
         metric = noted_metric(found) or f"violation {found.violation:.3g}"
-        what = f"recipe: {found.recipe}" if isinstance(found, RecipeResult) else f"{len(found.blocked)} units in fp32"
+        recipe = next((r.recipe for r in (base.records if base else []) if r.chosen), None)
+        what = f"recipe: {found.recipe}" if isinstance(found, RecipeResult) else \
+            ", ".join([*([f"recipe: {recipe}"] if recipe else []), f"{len(found.blocked)} units in fp32"])
         reached = f": the closest candidate ({what}) reached {metric}"
     outcome = f"not repaired: {why}{reached}"
     if result is None:

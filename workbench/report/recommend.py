@@ -110,7 +110,9 @@ class Recommendation:
         pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
         neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"
                       if self.retrieval else "")
-        return f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.where}, {gate}{neighbours}"
+        caveat = " (disturbed timings)" if self.disturbed else ""
+        return (f"{self.goal}: {self.variant}, {self.speedup:.3g}x {pace} PyTorch at {self.where}{caveat}, {gate}"
+                f"{neighbours}")
 
 
 def gate(verdict: Verdict) -> Gate | None:
