@@ -72,17 +72,15 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
     each text at the worse of its two groupings; other variants skip those batches."""
     import onnxruntime
 
-    from workbench.core.batches import served_batches
     from workbench.serving.backend.ort_batches import MAX_PADDING, PaddedRunner
+    from workbench.serving.plan import served_groups
 
     record, results = bert_parity
     config, loaded = record.config, load_model(record.config)
-    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=True)
+    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=served_groups)
     int8, fp32 = record.variant("int8"), record.variant("fp32")
     assert onnxfiles.batch_dependent(int8.path) and not onnxfiles.batch_dependent(fp32.path)
     served = lab.batches[-lab.regrouped:]
-    assert [b.name for b in served] == [b.name for b in served_batches(
-        loaded.tokenizer, loaded.input_names, lab.texts, loaded.sequence.max)]
     assert sorted(i for b in served for i in b.text_ids) == list(range(len(lab.texts)))
     assert len(served) < len(lab.sweep) - lab.regrouped, "fewer, larger groups than the corpus sweep's"
     assert [b.name for b in lab.for_variant(False).batches] == [b.name for b in lab.batches[:-lab.regrouped]]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 
 Feed = dict[str, np.ndarray]  # one call's inputs (or outputs), by tensor name
+Grouping = Callable[[list[int]], list[list[int]]]  # token counts -> groups of their indices, one batch each
 
 
 class Cell(NamedTuple):
@@ -114,18 +115,14 @@ def corpus_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Se
     return batches
 
 
-def served_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], cut: int,
-                   prompt_tokens: int = 0) -> list[Batch]:
-    """Every text once, grouped as the served model groups one request holding them all (`length_groups`: by length,
-    a new group where padding would pass MAX_PADDING), cut at `cut` tokens: fewer, larger batches than
-    `corpus_batches`, so each text meets more and other batch-mates."""
-    from workbench.serving.backend.ort_batches import MAX_PADDING, length_groups
-
+def grouped_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], cut: int,
+                    grouping: Grouping, prompt_tokens: int = 0) -> list[Batch]:
+    """Every text once, in the groups `grouping` makes of their token counts (cut at `cut`): e.g. the served model's
+    (`serving.plan.served_groups`), whose groups are fewer and larger than `corpus_batches`'."""
     lengths = np.minimum(token_lengths(tokenizer, texts), cut)
-    groups = length_groups([(1, int(length)) for length in lengths], MAX_PADDING)
-    return [Batch(f"served_{group[0]:04d}", group, encode(tokenizer, [texts[i] for i in group], input_names,
-                                                          max_length=cut, prompt_tokens=prompt_tokens))
-            for group in groups]
+    return [Batch(f"grouped_{group[0]:04d}", group, encode(tokenizer, [texts[i] for i in group], input_names,
+                                                           max_length=cut, prompt_tokens=prompt_tokens))
+            for group in grouping([int(length) for length in lengths])]
 
 
 def long_texts(tokenizer: Tokenizer, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:

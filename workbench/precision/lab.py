@@ -12,10 +12,11 @@ from workbench.core.atomic import atomic_path
 from workbench.core.batches import (
     Batch,
     Cell,
+    Grouping,
     corner_batches,
     corpus_batches,
+    grouped_batches,
     long_texts,
-    served_batches,
     token_lengths,
 )
 from workbench.core.config import LabSettings, Tolerance
@@ -42,7 +43,7 @@ class ParityLab:
     `prompt_tokens` tokens pooling leaves out where the model says so), or (query, document) pairs; the reference
     is the workbench's PyTorch module unless another runner is given (the model's own library). `beyond`: the texts
     longer than the run's sequence.max, in batches of their own. `regrouped`: how many of the last batches hold the
-    corpus again in other groups (`served_batches`), which only variants whose outputs depend on a text's batch-mates
+    corpus again in other groups (`grouped_batches`), which only variants whose outputs depend on a text's batch-mates
     are judged on (`for_variant`)."""
 
     def __init__(self, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...], batches: list[Batch],
@@ -71,16 +72,17 @@ class ParityLab:
 
     @classmethod
     def build(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
-              regroup: bool = False) -> ParityLab:
+              regroup: Grouping | None = None) -> ParityLab:
         """The shape corners of the run's ranges, then every text once in batches of like length cut at the run's
-        sequence.max; with `regroup`, every text again as the served model groups one request holding them all, for
-        the variants whose outputs depend on a text's batch-mates (dynamic int8)."""
+        sequence.max; with `regroup` (the served model's grouping, `serving.plan.served_groups`), every text again in
+        its groups, for the variants whose outputs depend on a text's batch-mates (dynamic int8)."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
         corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
                                  prompt)
         sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
-        served = served_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, prompt) if regroup else []
-        return cls(settings, loaded, tuple(prompted), corners + sweep + served, len(corners), regrouped=len(served))
+        again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, prompt) \
+            if regroup else []
+        return cls(settings, loaded, tuple(prompted), corners + sweep + again, len(corners), regrouped=len(again))
 
     @classmethod
     def corpus_only(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],

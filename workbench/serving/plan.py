@@ -237,3 +237,11 @@ def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
         return None
     path = record.variant(deployment.variant, deployment.flavor.artifact_kind).path
     return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
+
+
+def served_groups(lengths: list[int]) -> list[list[int]]:
+    """The groups the served model runs one request's texts of these token counts in (serving/backend/ort_batches.py:
+    by length, a new group where padding would pass MAX_PADDING), as indices into `lengths`."""
+    from workbench.serving.backend.ort_batches import MAX_PADDING, length_groups
+
+    return length_groups([(1, length) for length in lengths], MAX_PADDING)

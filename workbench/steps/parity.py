@@ -26,7 +26,7 @@ from workbench.report import figures
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
-from workbench.serving.plan import int8_decision, lost_races, preference
+from workbench.serving.plan import int8_decision, lost_races, preference, served_groups
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
@@ -180,7 +180,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         texts = lab_texts(config.lab, loaded)
         check_module(config, record, loaded, texts)
         lab = ParityLab.build(config.lab, loaded, texts,
-                              regroup=any(onnxfiles.batch_dependent(v.path) for v in variants.values()))
+                              regroup=served_groups if any(onnxfiles.batch_dependent(v.path)
+                                                           for v in variants.values()) else None)
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "corpus_texts": len(config.texts()),
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],

@@ -28,6 +28,7 @@ from workbench.serving.plan import (
     lost_races,
     preference,
     repository_root,
+    served_groups,
     served_outputs,
 )
 from workbench.serving.repository import (
@@ -163,7 +164,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = record.verdict(variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
-            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=True)
+            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=served_groups)
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(
                     runner, built.precision)
