@@ -1,4 +1,4 @@
-"""Real-text batches: at the shape corners of the run configuration, and the whole corpus in mixed batches."""
+"""Real-text batches: at the shape corners of the run configuration, and the whole corpus in batches of like length."""
 from __future__ import annotations
 
 import re
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 Feed = dict[str, np.ndarray]  # one call's inputs (or outputs), by tensor name
-Grouping = Callable[[list[int]], list[list[int]]]  # token counts -> groups of their indices, one batch each
+Grouping = Callable[[list[int], int], list[list[int]]]  # token counts, most rows -> groups of their indices
 
 
 class Cell(NamedTuple):
@@ -116,13 +116,13 @@ def corpus_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Se
 
 
 def grouped_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], cut: int,
-                    grouping: Grouping, prompt_tokens: int = 0) -> list[Batch]:
-    """Every text once, in the groups `grouping` makes of their token counts (cut at `cut`): e.g. the served model's
-    (`serving.plan.served_groups`), whose groups are fewer and larger than `corpus_batches`'."""
+                    grouping: Grouping, rows: int, prompt_tokens: int = 0) -> list[Batch]:
+    """Every text once, in the groups of at most `rows` texts that `grouping` makes of their token counts (cut at
+    `cut`): e.g. the served model's (`serving.plan.served_groups`)."""
     lengths = np.minimum(token_lengths(tokenizer, texts), cut)
     return [Batch(f"grouped_{group[0]:04d}", group, encode(tokenizer, [texts[i] for i in group], input_names,
                                                            max_length=cut, prompt_tokens=prompt_tokens))
-            for group in grouping([int(length) for length in lengths])]
+            for group in grouping([int(length) for length in lengths], rows) if group]
 
 
 def long_texts(tokenizer: Tokenizer, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:

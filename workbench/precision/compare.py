@@ -116,7 +116,7 @@ class OutputParity:
             cos = cosine(np.nan_to_num(got64), want64)
             self.cosines.append(cos[mask.astype(bool)] if self.spec.per_token else cos)
             row_cos = np.where(mask.astype(bool), cos, np.inf).min(axis=1) if self.spec.per_token else cos
-            if self.spec.kind == "embedding":  # a text's last batch wins: the corpus sweep holds it whole
+            if self.spec.kind == "embedding":  # a text's last batch wins: the sweep, or the regrouped, hold it whole
                 self.vectors.update({int(t): (g, w) for t, g, w in zip(text_ids, got64, want64)})
         else:
             agree = same_top(got64, want64)

@@ -80,8 +80,8 @@ class ParityLab:
         corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
                                  prompt)
         sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
-        again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, prompt) \
-            if regroup else []
+        again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, settings.batch.max,
+                                prompt) if regroup else []
         return cls(settings, loaded, tuple(prompted), corners + sweep + again, len(corners), regrouped=len(again))
 
     @classmethod
@@ -115,8 +115,8 @@ class ParityLab:
 
     def for_variant(self, batch_dependent: bool) -> ParityLab:
         """The lab a variant is judged on: all of it where its outputs depend on a text's batch-mates (dynamic int8
-        quantizes activations with one scale per batch, so each text counts at the worse of its two groupings),
-        else without the regrouped batches, which would repeat the same outputs."""
+        quantizes activations with one scale per batch, so each text's cosine and error count at the worse of its two
+        groupings), else without the regrouped batches, which would repeat about the same outputs."""
         if batch_dependent or not self.regrouped:
             return self
         return self._view(list(range(len(self.batches) - self.regrouped)), True)
@@ -149,7 +149,8 @@ class ParityLab:
 
     @property
     def sweep(self) -> list[Batch]:
-        return self.batches[len(self.corners):]
+        """The corpus batches, every text once (the regrouped ones left out)."""
+        return self.batches[len(self.corners):len(self.batches) - self.regrouped]
 
     @property
     def primary(self) -> OutputSpec:

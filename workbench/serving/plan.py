@@ -239,9 +239,11 @@ def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
     return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
 
 
-def served_groups(lengths: list[int]) -> list[list[int]]:
-    """The groups the served model runs one request's texts of these token counts in (serving/backend/ort_batches.py:
-    by length, a new group where padding would pass MAX_PADDING), as indices into `lengths`."""
+def served_groups(lengths: list[int], rows: int) -> list[list[int]]:
+    """The groups the served Python model (serving/backend/ort_batches.py) runs texts of these token counts in when
+    they arrive together, as indices into `lengths`: by length, a new group where padding would pass MAX_PADDING, and
+    at most `rows` texts (the model's max_batch_size, the most Triton's dynamic batcher puts together)."""
     from workbench.serving.backend.ort_batches import MAX_PADDING, length_groups
 
-    return length_groups([(1, length) for length in lengths], MAX_PADDING)
+    return [group[start:start + rows] for group in length_groups([(1, length) for length in lengths], MAX_PADDING)
+            for start in range(0, len(group), rows)]
