@@ -17,9 +17,13 @@ from workbench.core.errors import (
     ShapeError,
     UnverifiedError,
 )
+from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.models.loading import load_model
 from workbench.pipeline import prepare_run_dir, run_pipeline
+from workbench.precision.lab import ParityLab, lab_texts
 from workbench.report.page import build_report
+from workbench.runners.files import open_variant
 from workbench.steps import export, optimize, parity, specs, triton
 
 from .conftest import export_metrics
@@ -139,6 +143,10 @@ def test_parity_with_nothing_to_compare_is_refused_before_loading_the_model(tmp_
     assert record.status("parity") == "failed"
 
 
+# An impossible gate on the token states, which the deployment does not serve: no variant may fail on them.
+NO_TOKEN_ERROR = {"token_embeddings": {"atol": 0.0, "rtol": 0.0}}
+
+
 @pytest.fixture(scope="module")
 def checked_run(tiny_models, tmp_path_factory) -> tuple[RunConfig, RunRecord]:
     config = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL, "precisions": ["fp32"]})
@@ -146,6 +154,45 @@ def checked_run(tiny_models, tmp_path_factory) -> tuple[RunConfig, RunRecord]:
     export.run(config, record)
     optimize.run(config, record)
     parity.run(config, record)
+    return config, record
+
+
+def test_a_verdict_is_decided_on_the_outputs_the_deployment_serves(checked_run):
+    """The token states are measured and shown; only the served outputs gate, here and in the triton step, which
+    checks again a pass recorded before triton.outputs named more."""
+    config, record = checked_run
+    settings = config.model_dump(exclude_unset=True)
+    strict = RunConfig.model_validate({**settings, "tolerances": NO_TOKEN_ERROR})
+    served_tokens = RunConfig.model_validate({**settings, "tolerances": NO_TOKEN_ERROR,
+                                              "triton": {"outputs": ["token_embeddings", "sentence_embedding"]}})
+    assert (strict.lab.gated, served_tokens.lab.gated) == (("sentence_embedding",),
+                                                            ("token_embeddings", "sentence_embedding"))
+    loaded = load_model(strict)
+    texts = lab_texts(strict.lab, loaded)
+    with open_variant(record.variant("fp32"), "cpu", 1) as runner:
+        served = ParityLab.build(strict.lab, loaded, texts).compare(runner, "fp32")
+        both = ParityLab.build(served_tokens.lab, loaded, texts).compare(runner, "fp32")
+    tokens = served.outputs["token_embeddings"]
+    assert tokens.max_abs > 0 and not tokens.passed and not tokens.gated, "measured past its gate"
+    assert served.passed and served.gated_on == ["sentence_embedding"] and served.failures == []
+    assert served.ungated[0].startswith("token_embeddings: ") and served.violation == 0.0
+    assert not both.passed and both.failures[0].startswith("token_embeddings: ")
+    record.set_metric("parity.variants.fp32", served.recorded())
+    assert triton.recorded_verdict(strict, record, "fp32").passed
+    assert triton.recorded_verdict(served_tokens, record, "fp32") is None, "gated on less than is served"
+    with pytest.raises(UnverifiedError, match="fp32.*token_embeddings: "):
+        triton.verified_variant(served_tokens, record, Flavor.PYTHON_ORT, loaded)
+    line = next(line for line in parity.lines(record) if line.startswith("  fp32: "))
+    assert "gated on sentence_embedding (served); not gated: token_embeddings: " in line
+
+
+def _optimized(model: Path, root: Path, **settings) -> tuple[RunConfig, RunRecord]:
+    config = RunConfig.model_validate({"model": str(model), **SMALL, "threads": 1, **settings,
+                                       "triton": {"repository_dir": str(root / "repos"),
+                                                  **settings.get("triton", {})}})
+    record = RunRecord.create(root / "run", config)
+    export.run(config, record)
+    optimize.run(config, record)
     return config, record
 
 
@@ -172,18 +219,8 @@ def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
 
 
 # int8 first in the serving order on any host: the target is named (not measured), with int8 dot-product instructions
-STRICT = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
-          "target": {"cpu": "avx512_vnni"}}
-
-
-def _optimized(model: Path, root: Path, **settings) -> tuple[RunConfig, RunRecord]:
-    config = RunConfig.model_validate({"model": str(model), **SMALL, "threads": 1, **settings,
-                                       "triton": {"repository_dir": str(root / "repos"),
-                                                  **settings.get("triton", {})}})
-    record = RunRecord.create(root / "run", config)
-    export.run(config, record)
-    optimize.run(config, record)
-    return config, record
+STRICT = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}, **NO_TOKEN_ERROR},
+          "precisions": ["fp32", "int8"], "target": {"cpu": "avx512_vnni"}}
 
 
 @pytest.mark.slow
@@ -194,6 +231,7 @@ def test_the_triton_step_serves_only_what_passed_parity(tiny_models, tmp_path):
     assert metrics["verification"]["by"] == "triton step"
     checked = metrics["verification"]["checked_here"]
     assert checked["int8"]["passed"] is False and checked["fp32"]["passed"] is True
+    assert checked["fp32"]["ungated"][0].startswith("token_embeddings: "), "served though past the unserved gate"
     order = next(line for line in triton.lines(record) if line.startswith("serving order: "))
     assert "; passed over: int8 (sentence_embedding: min cosine " in order, "the summary says why fp32 is served"
     assert "verified" not in record.data["steps"]["triton"]

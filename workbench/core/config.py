@@ -19,7 +19,7 @@ from workbench.core import dotted
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.flavor import Flavor
-from workbench.core.tasks import TASKS, OutputSpec
+from workbench.core.tasks import TASKS, OutputSpec, served_outputs
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Settings that existed once, and what replaces them.
@@ -349,11 +349,13 @@ class GenerationSettings(_Strict):
 
 @dataclass(frozen=True)
 class LabSettings:
-    """What the parity lab reads from a run's configuration (`RunConfig.lab`): the outputs it compares and their
-    tolerances, the batch range and seed of its corner batches, the device its reference runs on, where reference
-    outputs are kept between runs, whether the model's own code may run, and the corpus."""
+    """What the parity lab reads from a run's configuration (`RunConfig.lab`): the outputs it compares, those that
+    gate a verdict (the outputs the deployment serves) and their tolerances, the batch range and seed of its corner
+    batches, the device its reference runs on, where reference outputs are kept between runs, whether the model's
+    own code may run, and the corpus."""
 
     specs: tuple[OutputSpec, ...]
+    gated: tuple[str, ...]
     tolerances: dict[str, Tolerance]
     batch: ShapeRange
     seed: int
@@ -444,6 +446,10 @@ class RunConfig(_Strict):
             hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
             raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
+        unserved = [name for name in self.triton.outputs or () if name not in outputs]
+        if unserved:
+            raise ValueError(f"triton.outputs names {unserved}, which {self.task} with pooling {self.pooling} does "
+                             f"not produce; choose among: {', '.join(outputs)}")
         return self
 
     @model_validator(mode="after")
@@ -473,9 +479,16 @@ class RunConfig(_Strict):
         return TASKS[self.task].outputs(self.pooling != "none", self.token_embeddings)
 
     @property
+    def served_specs(self) -> tuple[OutputSpec, ...]:
+        """The outputs the deployment returns (`triton.outputs`, else the sentence embedding alone where there is
+        one): the ones a variant's parity verdict is decided on."""
+        return served_outputs(self.output_specs, self.triton.outputs)
+
+    @property
     def lab(self) -> LabSettings:
         """What the parity lab reads from this configuration."""
-        return LabSettings(self.output_specs, self.tolerances, self.batch, self.seed, self.device,
+        return LabSettings(self.output_specs, tuple(o.name for o in self.served_specs), self.tolerances, self.batch,
+                           self.seed, self.device,
                            self.parity.reference_cache_dir, self.trust_remote_code, self.corpus, self.corpus_max_texts)
 
     def texts(self) -> tuple[str, ...]:

@@ -82,6 +82,7 @@ class OutputResult(Metrics):
     ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)
     failures: list[str] = Field(default_factory=list)
     violation: float = 0.0  # how far past its gate (0 where it passes)
+    gated: bool = True  # whether it decides the variant's verdict: the deployment serves it
 
     @property
     def order(self) -> dict[str, float | int]:
@@ -99,11 +100,13 @@ class WorstText(Metrics):
 
 
 class Verdict(Metrics):
-    """A variant's or engine's parity against the reference: pass/fail, how far past the gate, per output."""
+    """A variant's or engine's parity against the reference: pass/fail and how far past the gate on the outputs that
+    gate (those served), per output; `ungated`: what the other outputs missed, measured and shown only."""
 
     passed: bool
     violation: float = 0.0
     failures: list[str] = Field(default_factory=list)
+    ungated: list[str] = Field(default_factory=list)
     precision: str | None = None
     outputs: dict[str, OutputResult] = Field(default_factory=dict)
     worst_texts: list[WorstText] = Field(default_factory=list)
@@ -112,6 +115,11 @@ class Verdict(Metrics):
     def primary(self) -> str:
         """The output users read: the embedding, else the first."""
         return next((n for n, o in self.outputs.items() if o.kind == "embedding"), next(iter(self.outputs), ""))
+
+    @property
+    def gated_on(self) -> list[str]:
+        """The outputs that decided the verdict."""
+        return [name for name, output in self.outputs.items() if output.gated]
 
     @property
     def retrieval(self) -> dict[str, float | int] | None:

@@ -106,6 +106,16 @@ class TokenClassification(Task):
         return {"logits": model(**inputs).logits}
 
 
+def served_outputs(outputs: tuple[OutputSpec, ...], chosen: list[str] | None) -> tuple[OutputSpec, ...]:
+    """What a deployment returns of `outputs`: the names `chosen` (triton.outputs), else the sentence embedding alone
+    where there is one (token states are batch x sequence x hidden floats per request), else every output. Parity
+    gates a variant on these; the others are measured and shown."""
+    if chosen is None:
+        embeddings = tuple(o for o in outputs if o.kind == "embedding")
+        return embeddings or outputs
+    return tuple(o for o in outputs if o.name in chosen)
+
+
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (

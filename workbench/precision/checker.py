@@ -43,8 +43,10 @@ class Checker:
             return self.lab.collect(runner, self.precision)
 
     def add_failing(self, collected: dict[str, OutputParity], only_failing: bool = True) -> list[int]:
-        """Add the hardest texts of the (failing) outputs to the search's batches; returns the texts found."""
-        found = [i for output in collected.values() if not only_failing or not output.summary().passed
+        """Add the hardest texts of the (failing) outputs that gate to the search's batches; returns the texts
+        found."""
+        found = [i for output in collected.values()
+                 if output.gated and (not only_failing or not output.summary().passed)
                  for i in output.hardest(HARD_TEXTS)]
         self.hard += [i for i in found if i not in self.hard]
         self.checks = self.lab.subset(self.hard)

@@ -75,11 +75,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @dataclass
 class OutputParity:
     """Accumulates one output's comparison over batches; padded positions never count. `groups`: the ids of pairs
-    that share a query, whose scores are ranked (`ranking_agreement`)."""
+    that share a query, whose scores are ranked (`ranking_agreement`); `gated`: the output decides the verdict."""
 
     spec: OutputSpec
     tolerance: Tolerance
     groups: list[list[int]] = field(default_factory=list)
+    gated: bool = True
     errors: list[np.ndarray] = field(default_factory=list)
     cosines: list[np.ndarray] = field(default_factory=list)
     agreements: list[np.ndarray] = field(default_factory=list)
@@ -171,7 +172,7 @@ class OutputParity:
             quantiles={f"p{q * 100:g}": float(np.quantile(finite, q)) if finite.size else float("inf")
                        for q in QUANTILES},
             non_finite=self.non_finite, compared_values=int(errors.size), worst=self.worst or WorstValue(),
-            tolerance=self.tolerance.model_dump(exclude_none=True), loss=mean_abs)
+            tolerance=self.tolerance.model_dump(exclude_none=True), loss=mean_abs, gated=self.gated)
         if self.cosines:
             cos = np.concatenate(self.cosines)
             result.min_cosine, result.mean_cosine = float(cos.min()), float(cos.mean())
@@ -239,15 +240,18 @@ def _order_gates(tol: Tolerance) -> list[tuple[str, float]]:
 
 
 def verdict(outputs: dict[str, OutputResult]) -> Verdict:
-    """Variant-level pass/fail and violation from per-output results."""
-    return Verdict(passed=all(o.passed for o in outputs.values()),
-                   violation=sum(o.violation for o in outputs.values()),
-                   failures=[f"{name}: {f}" for name, o in outputs.items() for f in o.failures], outputs=outputs)
+    """Variant-level pass/fail and violation from the results of the outputs that gate; the others' failures are
+    kept apart (`ungated`)."""
+    gated = {name: o for name, o in outputs.items() if o.gated}
+    return Verdict(passed=all(o.passed for o in gated.values()), violation=sum(o.violation for o in gated.values()),
+                   failures=[f"{name}: {f}" for name, o in gated.items() for f in o.failures],
+                   ungated=[f"{name}: {f}" for name, o in outputs.items() if not o.gated for f in o.failures],
+                   outputs=outputs)
 
 
 def raise_if_failed(variant: str, result: Verdict) -> None:
-    """ParityError naming the worst failing output, its input and both values."""
-    failing = {name: o for name, o in result.outputs.items() if not o.passed}
+    """ParityError naming the worst failing output that gates, its input and both values."""
+    failing = {name: o for name, o in result.outputs.items() if o.gated and not o.passed}
     if not failing:
         return
     name, out = max(failing.items(), key=lambda item: item[1].violation)

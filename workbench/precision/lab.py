@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
@@ -157,13 +158,15 @@ class ParityLab:
         """The output users read: the sentence embedding, or a reranker's scores, when there is one."""
         return next((s for s in self.specs if s.kind in ("embedding", "scores")), self.specs[0])
 
-    def collect(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None
-                ) -> dict[str, OutputParity]:
+    def collect(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None,
+                gated: Collection[str] | None = None) -> dict[str, OutputParity]:
         """Run every batch through `runner` and accumulate the comparison of each output it returns, against the
-        task-aware default tolerances with `tolerances` (default: the run configuration's) on top."""
+        task-aware default tolerances with `tolerances` (default: the run configuration's) on top; the outputs
+        `gated` (default: those the deployment serves) decide the verdict."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
         overrides = self.settings.tolerances if tolerances is None else tolerances
-        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides), self.groups)
+        deciding = self.settings.gated if gated is None else gated
+        outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides), self.groups, s.name in deciding)
                    for s in self.specs if s.name in runner.output_names}
         for batch, expected in zip(self.batches, self.expected):
             got = runner.infer(batch)
@@ -171,11 +174,12 @@ class ParityLab:
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs
 
-    def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None) -> Verdict:
+    def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None,
+                gated: Collection[str] | None = None) -> Verdict:
         """`runner`'s verdict on every batch (`collect`), with its providers, the seconds it took and the texts it
         got most wrong on the primary output."""
         start = time.perf_counter()
-        outputs = self.collect(runner, precision, tolerances)
+        outputs = self.collect(runner, precision, tolerances, gated)
         seconds = time.perf_counter() - start
         result = verdict({name: parity.summary() for name, parity in outputs.items()})
         return result.model_copy(update={"precision": precision, "providers": list(runner.providers),
@@ -245,7 +249,7 @@ def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text,
     call, library = reference.call, reference.library
     lab = ParityLab.corpus_only(settings, loaded, texts, reference, cut=loaded.max_sequence)
     with TorchRunner(loaded, lab.specs) as module:
-        result = lab.compare(module, "fp32", tolerances={}).recorded()
+        result = lab.compare(module, "fp32", tolerances={}, gated=[s.name for s in lab.specs]).recorded()
         cut = cut_row(loaded, lab, module)
     check = LibraryCheck(checked=True, library=library, reference=call, texts=len(texts), **result, cut=cut,
                          reference_cached=lab.reference_cached)

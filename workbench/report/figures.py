@@ -67,7 +67,9 @@ def parity_table(results: dict[str, Verdict]) -> go.Figure:
     rows = []
     for variant, result in results.items():
         for name, out in result.outputs.items():
-            rows.append([variant, result.precision, name, "pass" if out.passed else "FAIL",
+            shown = ("pass" if out.passed else "FAIL") if out.gated else \
+                f"{'within' if out.passed else 'past'} its gate (not served: not gated)"
+            rows.append([variant, result.precision, name, shown,
                          _number(out.max_abs, ".2e"), _number(out.mean_abs, ".2e"), _number(out.min_cosine, ".6f"),
                          _number(out.agreement, ".4f"), _retrieval_cell(out.retrieval), "; ".join(out.failures)])
     header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement",

@@ -116,10 +116,12 @@ class Recommendation:
 
 
 def gate(verdict: Verdict) -> Gate | None:
-    """The criterion with the least relative margin over every output: min cosine or label agreement where the
-    tolerance sets one, else max abs error against atol."""
+    """The criterion with the least relative margin over the outputs that gate: min cosine or label agreement where
+    the tolerance sets one, else max abs error against atol."""
     gates = []
     for output, result in verdict.outputs.items():
+        if not result.gated:
+            continue
         tolerance, retrieval = result.tolerance, result.retrieval or result.ranking or {}
         found = [Gate(name, output, measured, tolerance[key], True) for key, value, name in _AT_LEAST
                  if key in tolerance and (measured := getattr(result, value)) is not None]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from workbench.core.config import ShapeRange, TritonSettings
-from workbench.core.errors import ConfigError, MissingArtifactError
+from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
@@ -166,19 +166,6 @@ def candidates(available: set[str], verdict: Callable[[str], Verdict | None], fl
             "run the optimize/parity (or tensorrt) steps first, or set -p triton.variant=<one of those> "
             "with -p triton.allow_unverified=true")
     return passed + unchecked
-
-
-def served_outputs(outputs: tuple[OutputSpec, ...], chosen: list[str] | None, task: str) -> tuple[OutputSpec, ...]:
-    """Token states are large (batch x sequence x hidden floats per request): an embedding service sends the
-    sentence embedding alone unless `chosen` (triton.outputs) asks for more."""
-    if chosen is None:
-        embeddings = tuple(o for o in outputs if o.kind == "embedding")
-        return embeddings or outputs
-    unknown = set(chosen) - {o.name for o in outputs}
-    if unknown:
-        raise ConfigError(f"triton.outputs names {sorted(unknown)}, which {task} does not produce",
-                          f"choose among {[o.name for o in outputs]}")
-    return tuple(o for o in outputs if o.name in chosen)
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ def lines(record: RunRecord) -> list[str]:
     passed = [name for name, v in parity.variants.items() if v.passed]
     lines = [*reference_lines(parity.reference),
              f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
-    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}"
+    lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}{_ungated(v)}"
               for name, v in parity.variants.items()]
     for precision, outcome in parity.repair.items():
         chosen = outcome.chosen
@@ -253,6 +253,15 @@ def reference_lines(check: LibraryCheck | None) -> list[str]:
 def _neighbours(verdict: Verdict) -> str:
     retrieval = verdict.retrieval
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
+
+
+def _ungated(verdict: Verdict) -> str:
+    """The outputs measured but not served, which do not decide the verdict, and what they missed."""
+    measured = [name for name, output in verdict.outputs.items() if not output.gated]
+    if not measured:
+        return ""
+    missed = '; '.join(verdict.ungated) or f"{', '.join(measured)} within their gates"
+    return f"; gated on {', '.join(verdict.gated_on)} (served); not gated: {missed}"
 
 
 def _gate_on(judged: Gate | None) -> str:

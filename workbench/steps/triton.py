@@ -1,6 +1,7 @@
 """The triton step: generate the model repository, serve it from a real Triton server, prove the served answers."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -29,7 +30,6 @@ from workbench.serving.plan import (
     preference,
     repository_root,
     served_groups,
-    served_outputs,
 )
 from workbench.serving.repository import (
     ServingPlan,
@@ -118,10 +118,18 @@ def shape_profiles(record: RunRecord) -> list[ShapeProfile]:
     return list(found.profiles) if found else []
 
 
+def recorded_verdict(config: RunConfig, record: RunRecord, variant: str) -> Verdict | None:
+    """`variant`'s current parity verdict, where it holds for what this deployment serves: a pass gated on fewer
+    outputs than are served (triton.outputs changed since the parity step) is no verdict, and is checked again."""
+    found = record.verdict(variant)
+    served = {o.name for o in config.served_specs}
+    return None if found is not None and found.passed and not served <= set(found.gated_on) else found
+
+
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
-    return candidates(set(record.variant_names(flavor.artifact_kind)), record.verdict, flavor, config.triton.variant,
-                      int8_decision(record), lost_races(record))
+    return candidates(set(record.variant_names(flavor.artifact_kind)), partial(recorded_verdict, config, record),
+                      flavor, config.triton.variant, int8_decision(record), lost_races(record))
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
@@ -130,7 +138,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
 
     flavor = choose_flavor(config.triton.flavor, config.device, config.task)
     variant = variant or candidate_variants(config, record, flavor)[0]
-    outputs = served_outputs(config.output_specs, config.triton.outputs, config.task)
+    outputs = config.served_specs
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
     id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
@@ -161,7 +169,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
     seen: dict[str, Verdict | None] = {}  # the candidates ahead, by their verdict
     lab: ParityLab | None = None
     for variant in candidates:
-        verdict = record.verdict(variant)
+        verdict = recorded_verdict(config, record, variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
             lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=served_groups)
