@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -26,6 +28,19 @@ def test_step_statuses_and_seconds(tmp_path):
     assert RunRecord.load(tmp_path).step_entry("tensorrt").detail == (
         "building an engine needs an NVIDIA GPU; `workbench doctor` shows what this machine can run")
     assert steps["optimize"]["status"] == "failed" and steps["optimize"]["error"] == "ValueError: boom"
+
+
+def test_a_step_records_the_memory_its_process_tree_held_at_its_peak(tmp_path):
+    """Peak memory counts the processes a step starts (a server, its stubs), however the step ends."""
+    record = RunRecord.create(tmp_path, RunConfig())
+    with record.step("export"):
+        pass
+    alone = record.step_entry("export").peak_mb
+    held = "import time; block = bytearray(300 * 2**20); block[::4096] = b'x' * len(block[::4096]); time.sleep(1.5)"
+    with pytest.raises(subprocess.CalledProcessError), record.step("triton"):
+        subprocess.run([sys.executable, "-c", held + "; raise SystemExit(3)"], check=True)
+    assert 0 < alone < record.step_entry("triton").peak_mb - 250, "the child's 300 MB are counted"
+    assert json.loads((tmp_path / "run.json").read_text())["steps"]["triton"]["peak_mb"] > 300
 
 
 def test_artifacts_carry_size_and_sha256(tmp_path):

@@ -50,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     config = _load_config(args)
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
     for step in record.step_entries():
-        print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {step.detail}")
+        peak = f"{step.peak_mb:.0f} MB" if step.peak_mb else ""
+        print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {peak:>8} {step.detail}")
         if step.status == StepStatus.OK:  # what it found: its notebook's last cell
             for line in verdict_line(step.name, record).splitlines():
                 print(f"{'':12s} {line}")

@@ -22,7 +22,7 @@ from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, remove_inside
-from workbench.preflight import preflight
+from workbench.preflight import preflight_apart
 from workbench.steps import spec, specs
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -171,7 +171,7 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
 
 def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool, resume: bool,
                notebooks_dir: Path) -> RunRecord:
-    preflight(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
+    preflight_apart(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True)
         record.refresh_environment()  # the resumed steps may run on another machine

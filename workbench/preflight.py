@@ -38,6 +38,16 @@ def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
     problems.raise_all()
 
 
+def preflight_apart(config: RunConfig, resumed: RunRecord | None = None) -> None:
+    """`preflight` in a child process: what it loads to read the model (transformers, and torch with it: 0.4 GB)
+    goes with the child instead of staying in the process that waits on the steps' kernels for the whole run."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        child.submit(preflight, config, resumed).result()
+
+
 def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
     """The run's folder has room for what the selected steps leave (their declared multiples of the model's weight
     bytes) and, while a step writes graphs, one candidate graph more; unknown for a hub id, so not checked."""

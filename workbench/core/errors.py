@@ -21,6 +21,19 @@ class WorkbenchError(Exception):
         """The message's first line, the one that one-line summaries (`workbench run`'s step table) show."""
         return self.problem
 
+    def __reduce__(self) -> tuple[Callable[..., WorkbenchError], tuple[type[WorkbenchError], tuple[object, ...],
+                                                                      dict[str, object]]]:
+        """Pickled as it is, whatever its subclass's constructor takes: raised in a child process (preflight), it
+        reaches the parent whole."""
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(kind: type[WorkbenchError], args: tuple[object, ...], state: dict[str, object]) -> WorkbenchError:
+    error = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(WorkbenchError):
     """The run configuration is invalid."""

@@ -22,6 +22,7 @@ from workbench.core.config import RunConfig, quietly_moved
 from workbench.core.data import corpus_sample, lowercase_inputs
 from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
+from workbench.core.memory import PeakMemory
 from workbench.core.results import (
     SCHEMA_VERSION,
     ExportMetrics,
@@ -71,7 +72,8 @@ class StepStatus(str, Enum):
 
 @dataclass(frozen=True)
 class StepEntry:
-    """One step as the record has it: status (None: never run), why, seconds, and what it wrote (metrics.<step>)."""
+    """One step as the record has it: status (None: never run), why, seconds, what it wrote (metrics.<step>) and
+    the most memory its process tree held (MB; None in records from before it was measured)."""
 
     name: str
     status: StepStatus | None
@@ -79,6 +81,7 @@ class StepEntry:
     seconds: float | None
     verified: bool | None
     metrics: dict[str, Any]
+    peak_mb: float | None = None
 
     @property
     def label(self) -> str:
@@ -183,6 +186,7 @@ class RunRecord:
         or fails.
         """
         start = time.perf_counter()
+        peak = PeakMemory().__enter__()  # stopped by _finish, however the step ends
         self._drop_outputs(name)
         self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
                                     "inputs": {}, "metrics": []}
@@ -199,13 +203,13 @@ class RunRecord:
             entry = {"status": StepStatus.FAILED, "error": f"{type(typed).__name__}: {typed}",
                      "traceback": traceback.format_exc(limit=8)}
             with disk_full_typed(self.run_dir):  # the record itself may find no room
-                self._finish(name, start, entry)
+                self._finish(name, start, entry, peak)
             if typed is not exc:
                 raise typed from None
             raise
         else:
             entry = {"status": StepStatus.OK}
-        self._finish(name, start, entry)
+        self._finish(name, start, entry, peak)
 
     def _type_metrics(self, name: str) -> None:
         """Write step `name`'s metrics as its declared model has them (a step that recorded something its model
@@ -227,14 +231,16 @@ class RunRecord:
             raise TypeError(f"the {name} step declares {type(found).__name__} for its metrics, not {model.__name__}")
         return found
 
-    def _finish(self, name: str, start: float, entry: dict[str, Any]) -> None:
+    def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
         self._current = None
+        peak.__exit__(None, None, None)
         if entry["status"] == StepStatus.FAILED:
             self._drop_artifacts(name)
         previous = self.data["steps"][name]
         kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
                 if k in previous}
-        self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3)}
+        self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3),
+                                    "peak_mb": round(peak.mb, 1)}
         self._refresh_stale()
 
     def mark(self, name: str, status: StepStatus, reason: str) -> None:
@@ -262,7 +268,7 @@ class RunRecord:
         detail = (step.get("unverified_reason") if verified is False else None) or step.get("reason") \
             or step.get("error") or ""
         return StepEntry(name, self.status(name), detail.split("\n")[0], step.get("seconds"), verified,
-                         self.metric(name) or {})
+                         self.metric(name) or {}, step.get("peak_mb"))
 
     def step_entries(self) -> list[StepEntry]:
         """Every step the record has, in pipeline order."""

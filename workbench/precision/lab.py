@@ -31,7 +31,6 @@ from workbench.precision.ranking import lab_pairs, query_groups
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.onnxruntime import device_for
-from workbench.runners.torch import TorchRunner, torch_device
 
 WORST_TEXTS = 10
 LONGEST = 4096  # tokens: models taking more get no text past their limit (one would cost minutes)
@@ -58,6 +57,8 @@ class ParityLab:
         self.specs: tuple[OutputSpec, ...] = settings.specs
         self.batches = batches
         self.corners = batches[:corners]
+        from workbench.runners.torch import TorchRunner, torch_device
+
         with reference or TorchRunner(loaded, self.specs, device=torch_device(device_for(settings.device))) as runner:
             start = time.perf_counter()
             folder = settings.cache_dir
@@ -248,6 +249,8 @@ def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text,
                                    "not logits; the module is transformers' own model")
     call, library = reference.call, reference.library
     lab = ParityLab.corpus_only(settings, loaded, texts, reference, cut=loaded.max_sequence)
+    from workbench.runners.torch import TorchRunner
+
     with TorchRunner(loaded, lab.specs) as module:
         result = lab.compare(module, "fp32", tolerances={}, gated=[s.name for s in lab.specs]).recorded()
         cut = cut_row(loaded, lab, module)

@@ -5,9 +5,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_dir
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -20,7 +18,11 @@ from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
-from workbench.runners.torch import GraphModule
+
+if TYPE_CHECKING:
+    import torch
+
+    from workbench.runners.torch import GraphModule
 
 STEP = "export"
 # Opsets each exporter writes natively (torch.onnx limits; dynamo starts at 18).
@@ -38,6 +40,8 @@ def check_opset(exporter: str, opset: int) -> None:
 
 def sample_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     """Two real texts of different lengths, so no axis is traced as a constant 1."""
+    import torch
+
     corpus = load_corpus()
     texts = [corpus[0], max(corpus[:50], key=len)]
     arrays = encode(loaded.tokenizer, texts, loaded.input_names, max_length=64)
@@ -46,6 +50,10 @@ def sample_inputs(loaded: LoadedModel) -> dict[str, torch.Tensor]:
 
 def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
     """Write `dest` with torch.onnx.export and return the loaded ModelProto (without weights)."""
+    import torch
+
+    from workbench.runners.torch import GraphModule
+
     outputs = config.output_specs
     module = GraphModule(loaded, outputs).eval()
     inputs = sample_inputs(loaded)
@@ -84,6 +92,8 @@ def fixed_sizes(module: GraphModule, args: tuple[torch.Tensor, ...], outputs: tu
 @contextmanager
 def _export_errors(loaded: LoadedModel, config: RunConfig) -> Iterator[None]:
     """torch.onnx's refusal to export this family with these settings, as a typed error naming the reason."""
+    import torch
+
     try:
         yield
     except torch.onnx.OnnxExporterError as exc:
