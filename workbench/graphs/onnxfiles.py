@@ -100,13 +100,15 @@ def verify(path: Path | str) -> None:
         raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
-def tensor_values(model: ModelProto, outputs: list[str] | str, feeds: list[Feed]) -> Iterator[Feed]:
+def tensor_values(model: ModelProto, outputs: list[str] | str, feeds: list[Feed], owned: bool = False
+                  ) -> Iterator[Feed]:
     """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
-    ONNX Runtime on the CPU; feed entries the model does not take are left out."""
+    ONNX Runtime on the CPU; feed entries the model does not take are left out. `owned`: the caller reads `model`
+    for nothing else, so the outputs are marked on it instead of on a copy (a base-size graph's is 0.4 GB)."""
     import onnxruntime as ort
     from polygraphy.backend.onnx import modify_outputs
 
-    marked = modify_outputs(model, outputs=outputs, copy=True)
+    marked = modify_outputs(model, outputs=outputs, copy=not owned)
     session = ort.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
@@ -114,11 +116,12 @@ def tensor_values(model: ModelProto, outputs: list[str] | str, feeds: list[Feed]
         yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in wanted})))
 
 
-def save(model: ModelProto, dest: Path | str) -> Path:
-    """Save a ModelProto atomically, with external data when it would exceed 2 GB."""
+def save(model: ModelProto, dest: Path | str, external: bool = False) -> Path:
+    """Save a ModelProto atomically, its weights in one external-data file beside it (`<name>.data`) when it would
+    exceed 2 GB, or `external`: a reader may then load the graph without them."""
     import onnx
 
-    external = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    external = external or model.ByteSize() > EXTERNAL_DATA_THRESHOLD
     with onnx_destination(dest) as tmp:
         onnx.save_model(model, str(tmp), save_as_external_data=external,
                         location=f"{Path(dest).name}.data" if external else None)

@@ -4,6 +4,7 @@ with nodes kept in fp32."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,10 +192,14 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
 
 
 def smoothing_targets(model: ModelProto) -> list[NodeProto]:
-    """The nodes smoothing applies to: every MatMul / Attention with a 2-D weight and an activation input."""
+    """The nodes smoothing applies to: every MatMul / Attention with a 2-D weight of its own and an activation
+    input. A weight several nodes read (ALBERT's shared layers) is left as it is: one scale cannot suit every
+    reader's activations, and a copy per reader would store it that many times."""
     weights = {i.name: i for i in model.graph.initializer}
+    readers = Counter(name for n in model.graph.node for name in n.input)
     return [n for n in model.graph.node if n.op_type in ("MatMul", "Attention") and len(n.input) > 1
-            and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights]
+            and n.input[1] in weights and len(weights[n.input[1]].dims) == 2 and n.input[0] not in weights
+            and readers[n.input[1]] == 1]
 
 
 def activation_ranges(fp32: Path, feeds: list[Feed]) -> Feed:
@@ -205,12 +210,12 @@ def activation_ranges(fp32: Path, feeds: list[Feed]) -> Feed:
 
 
 def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
-                       exclude: Collection[str] = ()) -> list[str]:
+                       exclude: Collection[str] = (), external: bool = False) -> list[str]:
     """SmoothQuant-style smoothing for dynamic int8: before each MatMul / Attention with a 2-D weight, a Mul divides
     the activation's channels by s and the weight's rows are multiplied by s (the product is unchanged), with
     s = max|x|^alpha / max|w|^(1 - alpha) per input channel, `max|x|` as `ranges` has it (`activation_ranges`).
     Outlier channels then no longer set the per-tensor activation scale alone. Nodes named in `exclude` are left as
-    they are. Returns the smoothed nodes' names.
+    they are; `external`: the weights saved beside the graph (`onnxfiles.save`). Returns the smoothed nodes' names.
 
     Hand-written because ONNX Runtime's own SmoothQuant (quantize_static's SmoothQuant option) needs Intel's
     neural-compressor 2.x and applies to static quantization only."""
@@ -245,7 +250,7 @@ def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
     kept = [i for i in model.graph.initializer if i.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    onnxfiles.save(model, dest)
+    onnxfiles.save(model, dest, external)
     return smoothed
 
 
@@ -295,11 +300,12 @@ def per_token_scales(fp32: Path, dest: Path) -> list[str]:
 
 
 def channel_max(model: ModelProto, tensors: list[str], feeds: list[Feed]) -> Feed:
-    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`."""
+    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds` (`tensors` are
+    marked as outputs of `model` itself)."""
     import numpy as np
 
     found: Feed = {}
-    for values in onnxfiles.tensor_values(model, tensors, feeds):
+    for values in onnxfiles.tensor_values(model, tensors, feeds, owned=True):
         for name, value in values.items():
             peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             found[name] = np.maximum(found[name], peak) if name in found else peak

@@ -297,7 +297,7 @@ def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candi
 
     model = onnxfiles.load(model_path)
     peak: dict[str, float] = {}
-    for values in onnxfiles.tensor_values(model, constants.MARK_ALL, feeds):
+    for values in onnxfiles.tensor_values(model, constants.MARK_ALL, feeds, owned=True):
         for name, value in values.items():
             if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
                 peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
