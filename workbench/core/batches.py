@@ -64,20 +64,28 @@ def token_lengths(tokenizer: Tokenizer, texts: Sequence[Text]) -> np.ndarray:
 
 
 def corner_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], batch: ShapeRange,
-                   sequence: ShapeRange, seed: int = 0, prompt_tokens: int = 0) -> list[Batch]:
-    """Every (batch, sequence) corner filled with the texts nearest that length, plus mixed-length batches."""
+                   sequence: ShapeRange, seed: int = 0, prompt_tokens: int = 0,
+                   max_tokens: int | None = None) -> list[Batch]:
+    """Every (batch, sequence) corner filled with the texts nearest that length, plus mixed-length batches; a corner
+    past `max_tokens` padded tokens holds as many texts as fit (one at least)."""
     lengths = token_lengths(tokenizer, texts)
     shortest = int(lengths.min())
+    corners = sorted({(within(rows, length, max_tokens), length) for rows in {batch.min, batch.opt, batch.max}
+                      for length in {max(sequence.min, min(shortest, sequence.max)), sequence.opt, sequence.max}})
     batches = [shaped_batch(tokenizer, input_names, texts, lengths, rows, length, prompt_tokens)
-               for rows in sorted({batch.min, batch.opt, batch.max})
-               for length in sorted({max(sequence.min, min(shortest, sequence.max)), sequence.opt, sequence.max})]
+               for rows, length in corners]
     rng = np.random.default_rng(seed)
-    for rows in sorted({batch.opt, batch.max}):
+    for rows in sorted({within(rows, sequence.max, max_tokens) for rows in (batch.opt, batch.max)}):
         ids = [int(i) for i in rng.choice(len(texts), size=rows, replace=rows > len(texts))]
         feed = encode(tokenizer, [texts[i] for i in ids], input_names, max_length=sequence.max,
                       prompt_tokens=prompt_tokens)
         batches.append(Batch(f"mixed_b{rows}", ids, feed))
     return batches
+
+
+def within(rows: int, length: int, max_tokens: int | None) -> int:
+    """`rows` texts of `length` tokens, fewer where they would pass `max_tokens` padded tokens (one at least)."""
+    return rows if max_tokens is None else max(1, min(rows, max_tokens // length))
 
 
 def shaped_batch(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], lengths: np.ndarray,

@@ -86,6 +86,46 @@ class ShapeRange(_Strict):
         return self
 
 
+# The activations one batch may hold when batch.max_tokens is auto. A token costs about ACTIVATION_FACTOR x 4 bytes
+# x (heads x sequence.max + intermediate + hidden) at a layer's peak (the attention scores and the feed-forward
+# activations live together): measured with ONNX Runtime on all-mpnet-base-v2 (unfused attention), 32 x 384 tokens,
+# 2.1 GB over the session's weights, about 4 such vectors a token.
+ACTIVATION_BYTES = 2**30
+ACTIVATION_FACTOR = 4
+
+
+class BatchRange(ShapeRange):
+    """Texts per batch, and the padded tokens one batch may hold (`max_tokens`; auto follows the model's shape:
+    `token_budget`)."""
+
+    max_tokens: int | Literal["auto"] = Field(default="auto", description=(
+        "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners stay within it; auto: "
+        "about 1 GiB of activations for the model's shape at sequence.max, at least one text at sequence.max"))
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _positive(cls, value: int | Literal["auto"]) -> int | Literal["auto"]:
+        if value != "auto" and value < 1:
+            raise ValueError(f"batch.max_tokens must be at least 1 (or auto), got {value}")
+        return value
+
+    def token_budget(self, per_token: int, sequence_max: int) -> tuple[int, str]:
+        """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)
+        ACTIVATION_BYTES over `per_token` (a token's activation bytes at a layer's peak), never below one text at
+        `sequence_max` nor above `max` texts of it."""
+        if self.max_tokens != "auto":
+            return self.max_tokens, "configured (batch.max_tokens)"
+        tokens = min(max(sequence_max, ACTIVATION_BYTES // per_token), self.max * sequence_max)
+        return tokens, (f"auto: about {ACTIVATION_BYTES / 2**30:g} GiB of activations at {per_token / 1024:.0f} KiB "
+                        f"a token ({ACTIVATION_FACTOR} x 4 bytes x (heads x sequence.max + intermediate + hidden)), "
+                        f"at least one text of sequence.max={sequence_max}, at most batch.max={self.max} of them")
+
+
+def activation_bytes_per_token(heads: int, hidden: int, intermediate: int, sequence_max: int) -> int:
+    """About what one padded token costs in activations at a layer's peak (`ACTIVATION_FACTOR`)."""
+    return ACTIVATION_FACTOR * 4 * (heads * sequence_max + intermediate + hidden)
+
+
 AUTO_OPT = 128  # sequence.opt when auto: the corpus's common lengths lie below it, and max caps it
 
 
@@ -357,7 +397,7 @@ class LabSettings:
     specs: tuple[OutputSpec, ...]
     gated: tuple[str, ...]
     tolerances: dict[str, Tolerance]
-    batch: ShapeRange
+    batch: BatchRange
     seed: int
     device: str
     cache_dir: str | None
@@ -383,7 +423,7 @@ class RunConfig(_Strict):
     exporter: Literal["legacy", "dynamo"] = "legacy"
     opset: int = 17
     attn_implementation: Literal["eager", "sdpa"] = "eager"
-    batch: ShapeRange = ShapeRange(min=1, opt=8, max=32)
+    batch: BatchRange = BatchRange(min=1, opt=8, max=32)
     sequence: SequenceSetting = Field(default_factory=SequenceSetting, description=(
         "tokens per text; auto: max is the model's own limit (what its library cuts at), opt the smaller of 128 "
         "and max"))

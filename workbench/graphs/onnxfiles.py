@@ -178,6 +178,13 @@ def set_metadata(path: Path, entries: dict[str, str]) -> None:
     save(model, path)
 
 
+def total_bytes(path: Path | str) -> int:
+    """The bytes of an ONNX file and its external-data file, if there (0 for a path that is not a file: an engine's
+    folder)."""
+    found = [Path(path), Path(f"{path}.data")]
+    return sum(p.stat().st_size for p in found if p.is_file())
+
+
 def remove(path: Path) -> None:
     """Delete an ONNX file and its external-data file, if there."""
     path.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.core.atomic import tree_checksum
-from workbench.core.config import RunConfig, ShapeRange
+from workbench.core.config import BatchRange, RunConfig, ShapeRange, activation_bytes_per_token
 from workbench.core.data import Text, lowercase_inputs
 from workbench.core.errors import (
     ModelLoadError,
@@ -183,6 +183,32 @@ class LoadedModel:
     @property
     def hidden_size(self) -> int:
         return int(self.hf_config.hidden_size)
+
+    @property
+    def intermediate_size(self) -> int:
+        """The feed-forward width (DistilBERT calls it hidden_dim; 4 x hidden where the config names neither)."""
+        return int(getattr(self.hf_config, "intermediate_size", None) or getattr(self.hf_config, "hidden_dim", None)
+                   or 4 * self.hidden_size)
+
+    def drop_weights(self) -> None:
+        """Free the module's weights once nothing will run it (moved to PyTorch's meta device, which keeps their
+        shapes only): a base-size model holds 0.4 GB."""
+        from workbench.core.machine import release_memory
+
+        self.model.to("meta")
+        release_memory()
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the module can run (`drop_weights` was not called)."""
+        return not any(parameter.is_meta for parameter in self.model.parameters())
+
+    def token_budget(self, batch: BatchRange) -> tuple[int, str]:
+        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget`, with this
+        model's shape at the run's sequence.max)."""
+        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size,
+                                               self.sequence.max)
+        return batch.token_budget(per_token, self.sequence.max)
 
     @property
     def max_positions(self) -> int | None:

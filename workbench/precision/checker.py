@@ -12,6 +12,7 @@ from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
 from workbench.runners import Runner
 from workbench.runners.files import open_variant
+from workbench.runners.onnxruntime import SessionSettings
 
 HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
 SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")
@@ -35,7 +36,8 @@ class Checker:
         return self.variant.precision
 
     def runner(self, path: Path) -> Runner:
-        return open_variant(dataclasses.replace(self.variant, path=path), self.device, self.threads)
+        return open_variant(dataclasses.replace(self.variant, path=path), self.device, self.threads,
+                            SessionSettings(self.threads, arena=False))
 
     def collect(self, path: Path) -> dict[str, OutputParity]:
         """Per output, every text's parity on the full lab."""

@@ -19,6 +19,7 @@ from workbench.core.batches import (
     grouped_batches,
     long_texts,
     token_lengths,
+    within,
 )
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
@@ -75,12 +76,13 @@ class ParityLab:
     @classmethod
     def build(cls, settings: LabSettings, loaded: LoadedModel, texts: tuple[Text, ...],
               regroup: Grouping | None = None) -> ParityLab:
-        """The shape corners of the run's ranges, then every text once in batches of like length cut at the run's
+        """The shape corners of the run's ranges (within the model's token budget, `LoadedModel.token_budget`), then
+        every text once in batches of like length cut at the run's
         sequence.max; with `regroup` (the served model's grouping, `serving.plan.served_groups`), every text again in
         its groups, for the variants whose outputs depend on a text's batch-mates (dynamic int8)."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
         corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
-                                 prompt)
+                                 prompt, loaded.token_budget(settings.batch)[0])
         sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
         again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, settings.batch.max,
                                 prompt) if regroup else []
@@ -193,7 +195,9 @@ class ParityLab:
 
     def latency_batch(self) -> Batch:
         """The corner batch at the configuration's optimal batch size and sequence length."""
-        name = Cell(self.settings.batch.opt, self.loaded.sequence.opt).key
+        length = self.loaded.sequence.opt
+        name = Cell(within(self.settings.batch.opt, length, self.loaded.token_budget(self.settings.batch)[0]),
+                    length).key
         return next(b for b in self.corners if b.name == name)
 
     def save_polygraphy_data(self, folder: Path) -> tuple[Path, Path]:

@@ -24,6 +24,7 @@ from workbench.core.results import (
     Verdict,
 )
 from workbench.core.tasks import OutputSpec
+from workbench.graphs import onnxfiles
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
@@ -113,6 +114,15 @@ def choose_layout(setting: str, flavor: Flavor) -> str:
     return "fused" if flavor is Flavor.PYTHON_ORT else "ensemble"
 
 
+# A second instance on a CPU runs its own session and, in each instance, a wide one for when the other is idle
+# (serving/backend/ort_batches.py `sessions`): three sessions more than one instance has. A session holds about
+# 1.7 bytes per byte of its file (OpenVINO's compiled all-mpnet-base-v2: 725 MB for a 436 MB file), before its
+# activations. Two instances are served only where those sessions stay within SECOND_INSTANCE_BYTES.
+ADDED_SESSIONS = 3
+SESSION_BYTES_PER_FILE_BYTE = 1.7
+SECOND_INSTANCE_BYTES = 2**29
+
+
 @dataclass(frozen=True)
 class Instances:
     """How many model instances serve, with how many ONNX Runtime intra-op threads each, and why."""
@@ -123,13 +133,20 @@ class Instances:
 
 
 def instances_for(setting: int | Literal["auto"], threads: int | None, flavor: Flavor, gpu: bool,
-                  cores: int | None = None) -> Instances:
-    """The instances of `setting` (auto: two for python-ort on a CPU with two or more cores, else one), each with
-    `threads` intra-op threads, else its share of the cores (every instance taking all of them would have them fight
-    over the CPU)."""
+                  cores: int | None = None, model_bytes: int = 0) -> Instances:
+    """The instances of `setting` (auto: two for python-ort on a CPU with two or more cores where the sessions they
+    add, of a `model_bytes` file, stay within SECOND_INSTANCE_BYTES; else one), each with `threads` intra-op threads,
+    else its share of the cores (every instance taking all of them would have them fight over the CPU)."""
     cores = cores or os.cpu_count() or 1
+    added = ADDED_SESSIONS * SESSION_BYTES_PER_FILE_BYTE * model_bytes
     if setting != "auto":
         count, reason = setting, f"{setting} instance(s), as configured (triton.instances)"
+    elif flavor is Flavor.PYTHON_ORT and not gpu and cores >= 2 and added > SECOND_INSTANCE_BYTES:
+        count, reason = 1, (
+            f"one instance with every core: a second would add {ADDED_SESSIONS} sessions of this "
+            f"{model_bytes / 1e6:.0f} MB model (about {added / 2**30:.1f} GiB, over {SECOND_INSTANCE_BYTES / 2**30:g} "
+            "GiB): it overlaps tokenizing and answering with inference, which pays for a small model and little for "
+            "this one; -p triton.instances=2 to have it anyway")
     elif flavor is Flavor.PYTHON_ORT and not gpu and cores >= 2:
         count = 2
         reason = (f"two instances sharing {cores} cores: while one runs ONNX Runtime the other decodes, tokenizes "
@@ -196,7 +213,8 @@ def build_plan(request: ServingRequest) -> ServingPlan:
     pipeline = request.export.sentence_pipeline or PipelineSummary()
     python = flavor is Flavor.PYTHON_ORT
     gpu = not python and gpu_name() is not None
-    instances = instances_for(triton.instances, request.threads, flavor, gpu)
+    instances = instances_for(triton.instances, request.threads, flavor, gpu,
+                              model_bytes=onnxfiles.total_bytes(request.variant.path))
     return ServingPlan(
         name=model_name_for(request.name), flavor=flavor, input_names=tuple(request.export.io.inputs),
         outputs=request.outputs, output_dims=graph_output_dims(request.export.io.outputs),

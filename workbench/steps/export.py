@@ -126,8 +126,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "num_heads": loaded.num_heads,
             "hidden_size": loaded.hidden_size,
             "num_layers": int(loaded.hf_config.num_hidden_layers),
-            "intermediate_size": int(getattr(loaded.hf_config, "intermediate_size", None)
-                                     or getattr(loaded.hf_config, "hidden_dim", 4 * loaded.hidden_size)),
+            "intermediate_size": loaded.intermediate_size,
             "max_positions": loaded.max_positions,
             "max_sequence": loaded.max_sequence,
             "max_sequence_source": loaded.limit.source,

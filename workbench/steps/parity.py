@@ -26,6 +26,7 @@ from workbench.report import figures
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
+from workbench.runners.onnxruntime import SessionSettings
 from workbench.serving.plan import int8_decision, lost_races, preference, served_groups
 
 STEP = "parity"
@@ -114,7 +115,7 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
 def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> Verdict:
     """Variant `name` against the lab's reference (metrics.parity.variants.<name>)."""
     built = record.variant(name)
-    with open_variant(built, config.device, config.threads) as runner:
+    with open_variant(built, config.device, config.threads, SessionSettings(config.threads, arena=False)) as runner:
         record.note_providers(runner.providers)
         result = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(runner, built.precision)
     release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
@@ -182,8 +183,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         lab = ParityLab.build(config.lab, loaded, texts,
                               regroup=served_groups if any(onnxfiles.batch_dependent(v.path)
                                                            for v in variants.values()) else None)
+        loaded.drop_weights()  # the reference outputs are computed: nothing runs the module again
+        tokens, source = loaded.token_budget(config.batch)
         record.set_metric(f"{STEP}.inputs", {
-            "texts": len(lab.texts), "corpus_texts": len(config.texts()),
+            "texts": len(lab.texts), "corpus_texts": len(config.texts()), "max_tokens": tokens,
+            "max_tokens_source": source,
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})

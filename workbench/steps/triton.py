@@ -62,9 +62,11 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
     metrics.served_reference = reference.call if reference else "the workbench's PyTorch module"
     metrics.served_library = reference.library if reference else "PyTorch"
     lab = ParityLab.corpus_only(config.lab, loaded, texts, reference)  # the served answers against what users run today
+    prompts = prompt_labs(config, loaded, plan, texts[:PROMPT_TEXTS])
     outputs = [o.name for o in plan.outputs]
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
     metrics.server = str(binary.executable)
+    loaded.drop_weights()  # the references are the library's (or computed): the server gets the memory
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
         metrics.ready_seconds = server.timings["ready_seconds"]
         parity, beyond = {}, {}
@@ -79,8 +81,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
         metrics.cut = ServedCut(deployment=loaded.sequence.max, library=loaded.max_sequence,
                                 texts_within=len(texts) - len(lab.beyond), texts_beyond=len(lab.beyond),
                                 gated=loaded.sequence.max == loaded.max_sequence, beyond=beyond)
-        if plan.prompts:
-            metrics.prompt_parity = prompt_parity(config, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
+        if prompts:
+            metrics.prompt_parity = prompt_parity(prompts, loaded, plan, server.http_url, texts[:PROMPT_TEXTS],
                                                   precision)
         if not plan.reranks:  # a reranker's requests are not batched together: its documents are the batch
             metrics.burst = observe_batching(server, plan, list(texts), 4 * plan.max_batch_size)
@@ -98,17 +100,24 @@ def served_checks(metrics: TritonMetrics) -> dict[str, Verdict]:
             **{f"http, prompt_name={name!r}": verdict for name, verdict in metrics.prompt_parity.items()}}
 
 
-def prompt_parity(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, url: str, texts: tuple[str, ...],
-                  precision: str) -> dict[str, Verdict]:
-    """Per named prompt of the model, the served answers to requests naming it (`prompt_name`) against
-    `encode(texts, prompt_name=...)`, over HTTP."""
+def prompt_labs(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, texts: tuple[str, ...]
+                ) -> dict[str, ParityLab]:
+    """Per named prompt of the model, `texts` and `encode(texts, prompt_name=...)`'s answers, computed before the
+    server starts (the library's copy of the model is gone by then)."""
+    return {name: ParityLab.corpus_only(config.lab, loaded, texts, library_reference(config.lab, loaded, texts, name),
+                                        name) for name in plan.prompts}
+
+
+def prompt_parity(labs: dict[str, ParityLab], loaded: LoadedModel, plan: ServingPlan, url: str,
+                  texts: tuple[str, ...], precision: str) -> dict[str, Verdict]:
+    """Per named prompt (`prompt_labs`, on `texts`), the served answers to requests naming it (`prompt_name`) over
+    HTTP."""
     outputs = [o.name for o in plan.outputs]
     results = {}
-    for name in track(list(plan.prompts), "served prompts", "prompts", note=lambda prompt: prompt):
-        lab = ParityLab.corpus_only(config.lab, loaded, texts, library_reference(config.lab, loaded, texts, name), name)
+    for name in track(list(labs), "served prompts", "prompts", note=lambda prompt: prompt):
         with (TritonClient(url, "http") as client,
               ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
-            results[name] = lab.within().compare(runner, precision)
+            results[name] = labs[name].within().compare(runner, precision)
     return results
 
 
@@ -172,7 +181,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         verdict = recorded_verdict(config, record, variant)
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
-            lab = lab or ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=served_groups)
+            reference = loaded if loaded.has_weights else load_model(config)  # dropped while a server ran
+            lab = lab or ParityLab.build(config.lab, reference, lab_texts(config.lab, loaded), regroup=served_groups)
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(
                     runner, built.precision)
