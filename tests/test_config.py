@@ -47,6 +47,23 @@ def test_auto_instances_overlap_tokenizing_with_inference_on_a_cpu_only():
     assert (cpu.count, cpu.threads) == (2, 1) and "tokenizes" in cpu.reason
     assert (instances_for("auto", None, Flavor.PYTHON_ORT, False, cores=1).count,
             instances_for("auto", None, Flavor.ONNXRUNTIME, True, cores=8).count) == (1, 1)
+    base = instances_for("auto", None, Flavor.PYTHON_ORT, False, cores=2, model_bytes=436_000_000)
+    assert (base.count, base.threads) == (1, 2) and "a second would add 3 sessions" in base.reason
+    assert instances_for("auto", None, Flavor.PYTHON_ORT, False, cores=2, model_bytes=90_000_000).count == 2
+
+
+def test_budgets_follow_the_model_where_auto():
+    config = RunConfig()
+    assert config.parity.repair.budget(2.0) == (180.0, "auto: at least 180 s (under 12 times the variant's 2.0 s "
+                                                       "check on the lab)")
+    assert config.parity.repair.budget(21.5) == (258.0, "auto: 12 times the variant's 21.5 s check on the lab")
+    assert RunConfig.load(None, ["parity.repair.budget_s=90"]).parity.repair.budget(21.5)[0] == 90
+    per_token = 16 * (12 * 384 + 3072 + 768)  # all-mpnet-base-v2 at 384 tokens: 135 KiB a token
+    assert config.batch.token_budget(per_token, 384)[0] == 2**30 // per_token
+    assert config.batch.token_budget(16 * (16 * 8192 + 4096 + 1024), 8192)[0] == 8192, "one text at the max"
+    assert config.batch.token_budget(16 * 1000, 128)[0] == 32 * 128, "never past batch.max texts"
+    assert RunConfig.load(None, ["batch.max_tokens=512"]).batch.token_budget(per_token, 384) == (
+        512, "configured (batch.max_tokens)")
 
 
 def test_misspelled_key_names_the_closest_setting():
@@ -82,6 +99,8 @@ def test_a_bad_value_s_fix_lists_the_values_the_setting_takes():
      "configuration: precisions.0: Input should be 'fp32', 'fp16', 'bf16' or 'int8' \\(got 'fp8'\\)\n"),
     # the setting's path, not the union's inner types, nor the other alternative's "Input should be 'auto'"
     ("threads=0", "threads"),
+    ("parity.repair.budget_s=.inf", "parity.repair.budget_s"),
+    ("batch.max_tokens=0", "batch.max_tokens must be at least 1"),
 ])
 def test_invalid_values_are_typed_errors(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -285,14 +285,32 @@ class TargetSettings(_Strict):
         "instruction set of another CPU the deployment is for (avx2, avx512, avx512_vnni, avx_vnni, amx)"))
 
 
+REPAIR_LAB_PASSES = 12  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
+REPAIR_MIN_SECONDS = 180.0  # and at least this (a small model's builds and sessions cost more than its lab pass)
+
+
 class RepairSettings(_Strict):
     """Precision repair of a failing fp16/int8 variant, and its bounds."""
 
     enabled: bool = True
-    budget_s: float = Field(default=180.0, gt=0, description=(
+    budget_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | Literal["auto"] = Field(default="auto", description=(
         "seconds the repair of one precision may take: it ends with the best passing candidate found by then, or "
-        "says it found none (the best candidate's numbers and how to give it more time)"))
+        "says it found none (the best candidate's numbers and how to give it more time); auto: "
+        f"{REPAIR_LAB_PASSES} times the failing variant's own check on the parity lab, at least "
+        f"{REPAIR_MIN_SECONDS:g} s"))
     max_builds: int = Field(default=80, ge=2, description="candidate files one repair may build")
+
+    def budget(self, lab_seconds: float | None) -> tuple[float, str]:
+        """The repair's seconds and where the number comes from: the setting, or (auto) REPAIR_LAB_PASSES times
+        `lab_seconds` (the failing variant's own check on the lab; a model's size and the host's load both show in
+        it), at least REPAIR_MIN_SECONDS."""
+        if self.budget_s != "auto":
+            return self.budget_s, "configured (parity.repair.budget_s)"
+        passes = REPAIR_LAB_PASSES * (lab_seconds or 0.0)
+        if passes <= REPAIR_MIN_SECONDS:
+            return REPAIR_MIN_SECONDS, (f"auto: at least {REPAIR_MIN_SECONDS:g} s (under {REPAIR_LAB_PASSES} times "
+                                        f"the variant's {lab_seconds or 0:.1f} s check on the lab)")
+        return round(passes, 1), f"auto: {REPAIR_LAB_PASSES} times the variant's {lab_seconds:.1f} s check on the lab"
 
 
 class Fp16Settings(_Strict):

@@ -108,6 +108,7 @@ class Verdict(Metrics):
     failures: list[str] = Field(default_factory=list)
     ungated: list[str] = Field(default_factory=list)
     precision: str | None = None
+    seconds: float | None = None  # the check's time (on the lab)
     outputs: dict[str, OutputResult] = Field(default_factory=dict)
     worst_texts: list[WorstText] = Field(default_factory=list)
 
@@ -170,6 +171,7 @@ class RepairOutcome(Metrics):
     outcome: str
     units: int
     budget_s: float | None = None  # the repair's seconds (older records: not bounded)
+    budget_source: str | None = None  # where budget_s comes from (the setting, or auto from the variant's lab check)
     seconds: float | None = None  # what the whole repair took
     stopped: str | None = None  # the bound that ended the search early (its best passed, or nothing was written)
     chosen: RepairCandidate | None = None

@@ -12,7 +12,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
-from workbench.core.results import LibraryCheck, ParityMetrics, Trial, Verdict
+from workbench.core.results import LibraryCheck, ParityMetrics, RepairOutcome, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
@@ -27,7 +27,7 @@ from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import SessionSettings
-from workbench.serving.plan import int8_decision, lost_races, preference, served_groups
+from workbench.serving.plan import choose_flavor, int8_decision, lost_races, preference, served_groups
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
@@ -38,10 +38,33 @@ REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity chec
 RACED_AGAINST = ("int8_repaired", "int8", "openvino_bf16", "openvino", "fp32", "original")
 
 
-def repair_plan(config: RunConfig) -> RepairPlan:
+def repair_plan(config: RunConfig, budget_s: float) -> RepairPlan:
     repair, fp16, int8 = config.parity.repair, config.optimize.fp16, config.optimize.int8
-    return RepairPlan(repair.max_builds, repair.budget_s, fp16.op_block_list, fp16.node_block_list,
+    return RepairPlan(repair.max_builds, budget_s, fp16.op_block_list, fp16.node_block_list,
                       int8.nodes_to_exclude, int8.per_channel)
+
+
+def serving_order(config: RunConfig, record: RunRecord) -> tuple[str, ...]:
+    """The variants the run's deployment would serve, best first (`serving.plan.preference`)."""
+    flavor = choose_flavor(config.triton.flavor, config.device, config.task)
+    return preference(flavor, int8_decision(record), lost=lost_races(record))[0]
+
+
+def repair_order(failing: list[str], config: RunConfig, record: RunRecord) -> list[str]:
+    """The failing variants to repair, the one whose repair would be served first first: once it passes, the
+    repairs served after it are not needed."""
+    order = serving_order(config, record)
+    return sorted(failing, key=lambda name: order.index(f"{name}_repaired") if f"{name}_repaired" in order
+                  else len(order))
+
+
+def served_ahead_of(repaired: str, results: dict[str, Verdict], config: RunConfig, record: RunRecord) -> str | None:
+    """A variant that passed parity (`results`, repaired ones included) and that the deployment serves ahead of
+    `repaired`, which then could never be served: its repair is not needed."""
+    order = serving_order(config, record)
+    if repaired not in order:
+        return None
+    return next((v for v in order[:order.index(repaired)] if v in results and results[v].passed), None)
 
 
 def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> str | None:
@@ -51,6 +74,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
     path, precision = built.path, built.precision
+    budget_s, budget_source = config.parity.repair.budget(results[name].seconds)
     with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
         checker = Checker(lab.for_variant(onnxfiles.batch_dependent(path)), built, config.device, config.threads)
         problem = None
@@ -58,8 +82,9 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
             always = config.optimize.openvino == "always"
             problem.ceiling = None if always else ceiling(config, record, results, checker)
-        outcome = repair_variant(checker, repair_plan(config), record.artifact("onnx.fp32"),
+        outcome = repair_variant(checker, repair_plan(config, budget_s), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
+    outcome.result.budget_source = budget_source
     against = raced_against(results, record)
     if outcome.blocked is not None and precision == "int8" and served_ahead(repaired, against, record):
         race = outcome.result.race = race_repaired(repaired, dest, config, record, against)
@@ -192,11 +217,17 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
         results = {name: compare(name, config, record, lab) for name in track(list(variants), STEP, "variants")}
-        for name in REPAIRABLE:
-            if config.parity.repair.enabled and name in results and not results[name].passed:
-                repaired = repair(name, config, record, lab, results)
-                if repaired is not None:
-                    results[repaired] = compare(repaired, config, record, lab)
+        failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
+        for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
+            ahead = served_ahead_of(f"{name}_repaired", results, config, record)
+            if ahead:
+                record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
+                    precision=record.variant(name).precision, units=0,
+                    outcome=f"not needed: {ahead} passed parity and is served ahead of {name}_repaired").recorded())
+                continue
+            repaired = repair(name, config, record, lab, results)
+            if repaired is not None:
+                results[repaired] = compare(repaired, config, record, lab)
         inputs, reference = lab.save_polygraphy_data(record.run_dir / "parity")
         script = reproduce_script(record, inputs, reference, results)
         record.add_artifact("parity.inputs", inputs, kind="polygraphy-inputs")
@@ -231,9 +262,10 @@ def lines(record: RunRecord) -> list[str]:
         else:
             more = ""
             if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
-                budget = max(2 * outcome.budget_s, RepairSettings.model_fields["budget_s"].default)
+                checked = parity.variants.get(precision)
+                auto, _ = RepairSettings().budget(checked.seconds if checked else None)
                 more = (f" (more time: workbench run --resume --output-dir {record.run_dir} --steps parity "
-                        f"-p parity.repair.budget_s={budget:g})")
+                        f"-p parity.repair.budget_s={max(2 * outcome.budget_s, auto):g})")
             lines.append(f"{precision} repair: {outcome.outcome}{more}")
     return lines
 
@@ -301,7 +333,7 @@ def section(parity: ParityMetrics) -> Parts:
         if outcome.base:
             base = (f" Quantized as: {outcome.base}." if chosen
                     else f" Nothing was written; the search started from the base recipe: {outcome.base}.")
-        charts = [figures.repair_tradeoff(outcome)]
+        charts = [figures.repair_tradeoff(outcome)] if outcome.candidates or outcome.bases else []
         if outcome.bases or outcome.recipes:
             charts.append(figures.recipes_table(outcome))
         if outcome.node_error.per_node:
