@@ -41,7 +41,8 @@ def family_run(request, tmp_path_factory):
 
 def test_fp32_variants_match_pytorch(family_run):
     family, _, _, _, results = family_run
-    for variant in ("original", "fp32"):
+    assert "original" not in results, "checked only where the fused graph fails"
+    for variant in ("fp32",):
         for name, out in results[variant]["outputs"].items():
             assert out["passed"] and out["max_abs"] < 1e-4, (family, variant, name, out["max_abs"])
             if out.get("min_cosine") is not None:

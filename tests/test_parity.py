@@ -48,7 +48,9 @@ def bert_parity(tiny_models, tmp_path_factory):
 
 def test_fp32_variants_match_pytorch_everywhere(bert_parity):
     record, results = bert_parity
-    for variant in ("original", "fp32"):
+    assert "original" not in results, "the exported graph is checked only where the fused one fails"
+    assert "original: not checked: the fused fp32 graph built from it passed" in "\n".join(parity.lines(record))
+    for variant in ("fp32",):
         for name, out in results[variant]["outputs"].items():
             assert out["passed"] and out["max_abs"] < 1e-5 and out["min_cosine"] > 0.99999, (variant, name)
     assert results["fp16"]["passed"] and 1e-5 < results["fp16"]["outputs"]["token_embeddings"]["max_abs"] < 0.05
@@ -115,7 +117,7 @@ def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("PASSED | Runtime") >= 3  # original, fp32, fp16
+    assert done.stdout.count("PASSED | Runtime") >= 2  # fp32, fp16 (original: not checked, fp32 passed)
     assert "Pass Rate: 100.00%" in done.stdout
 
 
@@ -191,13 +193,13 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path, monkeypatch
     assert results["int8_repaired"]["passed"]
     assert results["int8_repaired"]["outputs"]["sentence_embedding"]["min_cosine"] >= 0.999995
     assert all(c["latency_ms"] > 0 for c in repair["candidates"])
-    # Whole-graph recipes first: per-channel (configured), per-tensor, smoothed at three strengths, then smoothed with
-    # per-token scales on the down projections; the base is the one closest to the gate, and the repaired file
-    # records it.
+    # Whole-graph recipes first: per-channel (configured), smoothed with per-token scales on the down projections
+    # at three strengths, smoothed alone at three, per-tensor; the base is the one closest to the gate, and the
+    # repaired file records it.
     bases = repair["bases"]
     assert [(b["per_channel"], b["smoothing_alpha"], b["per_token"]) for b in bases] == [
-        (True, None, False), (False, None, False), (True, 0.5, False), (True, 0.7, False), (True, 0.85, False),
-        (True, 0.5, True), (True, 0.7, True), (True, 0.85, True)]
+        (True, None, False), (True, 0.7, True), (True, 0.85, True), (True, 0.5, True), (True, 0.7, False),
+        (True, 0.85, False), (True, 0.5, False), (False, None, False)]
     assert [b["chosen"] for b in bases].count(True) == 1
     chosen_base = next(b for b in bases if b["chosen"])
     # checked on the hard texts' batches, then while passing with the corners and on the full lab: the base got
@@ -213,13 +215,13 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path, monkeypatch
     assert (f"int8_repaired keeps {len(repair['chosen']['blocked'])} of {repair['units']} units in fp32, quantized as "
             f"{repair['base']} (") in verdict_line("parity", record)
     if all(c["round"] == 0 for c in repair["candidates"]):
-        # the search's unrepaired candidate is the chosen base rebuilt, checked on the search's batches: the same
-        # result there, and no worse on the hard texts' batches alone (a subset of them)
+        # the search's unrepaired candidate is the chosen base rebuilt, checked in round 0 on the hard texts'
+        # batches alone: the same result as the base's there, no worse than on those with the corners
         before = repair["before"]["min_cosine"]
-        if chosen_base["checked_on"] == STAGES[1]:
+        if chosen_base["checked_on"] == STAGES[0]:
             assert chosen_base["min_cosine"] == pytest.approx(before, abs=1e-6)
-        elif chosen_base["checked_on"] == STAGES[0]:
-            assert chosen_base["min_cosine"] >= before - 1e-6
+        elif chosen_base["checked_on"] == STAGES[1]:
+            assert before >= chosen_base["min_cosine"] - 1e-6
     # served ahead of the variants that passed, so timed against the first of them: served after it unless clearly
     # faster, and its file stays either way
     race = repair["race"]

@@ -22,12 +22,14 @@ RANKING_KEYS = ("kendall_tau", "agreement_at_1")  # a reranker's scores: each qu
 class Checker:
     """Checks candidate files of one `variant` against `lab`, each run by the runtime its file names
     (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
-    start as those of the texts the variant's own file gets most wrong and grow with `add_failing`; `probe_lab` is the
-    same without the corner batches."""
+    (`checks`) start as those of the texts the variant's own file gets most wrong and grow with `add_failing`; the
+    corner batches join them once a search's winner failed the full lab (`probe_lab` is the same without them):
+    accuracy is decided on the hard texts, the shapes at confirmation, so a base-size candidate is judged in seconds."""
 
     def __init__(self, lab: ParityLab, variant: Variant, device: str, threads: int | None) -> None:
         self.lab, self.variant, self.device, self.threads = lab, variant, device, threads
         self.hard: list[int] = []
+        self.corners = False  # whether the search's batches hold the corner batches
         self.batch = lab.latency_batch()
         self.add_failing(self.collect(variant.path), only_failing=False)
 
@@ -51,8 +53,10 @@ class Checker:
                  if output.gated and (not only_failing or not output.summary().passed)
                  for i in output.hardest(HARD_TEXTS)]
         self.hard += [i for i in found if i not in self.hard]
-        self.checks = self.lab.subset(self.hard)
+        self.corners = self.corners or only_failing  # a winner failed the full lab: the shapes join the search
+        self.checks = self.lab.subset(self.hard, corners=self.corners)
         self.probe_lab = self.lab.subset(self.hard, corners=False)
+        self.with_corners = self.lab.subset(self.hard)
         return found
 
     def probe(self, path: Path) -> float:
@@ -68,7 +72,8 @@ class Checker:
                     median_ms(lambda: runner.infer(self.batch), repeats=5, warmup=1))
 
     def check(self, path: Path, lab: ParityLab) -> Verdict:
-        """The parity result on `lab`: `self.lab` (the full lab), `self.checks` or `self.probe_lab`."""
+        """The parity result on `lab`: `self.lab` (the full lab), `self.checks`, `self.probe_lab` or
+        `self.with_corners`."""
         with self.runner(path) as runner:
             return lab.compare(runner, self.precision)
 
