@@ -144,7 +144,7 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     assert repair["before"]["passed"] is False
     assert not (tmp_path / "run" / "repair").exists(), "candidate files and their folders are cleaned up"
     lines = progress.read_text().splitlines()
-    assert "parity: 3/3 variants (fp16)" in lines
+    assert "parity: 2/2 variants (fp16)" in lines, "fp32 first; the exported graph not checked: fp32 passed"
     repair_lines = [line for line in lines if line.startswith("repair fp16: ")]
     assert repair_lines[0] == "repair fp16: 0/80 builds"
     assert repair_lines[-1].startswith(f"repair fp16: {len(repair['candidates'])}/80 builds (best so far: "
@@ -324,8 +324,8 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
     want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
     got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
     np.testing.assert_allclose(got, want, atol=2e-5)  # x/s times s*W is x*W
-    before = channel_max(onnxfiles.load(fp32), [n.input[0] for n in muls.values()], [feed])
-    after = channel_max(graph, [n.output[0] for n in muls.values()], [feed])
+    before = channel_max(fp32, [n.input[0] for n in muls.values()], [feed])
+    after = channel_max(dest, [n.output[0] for n in muls.values()], [feed])
     spread = [float(b.max() / b.min()) for b in before.values()]
     flattened = [float(a.max() / a.min()) for a in after.values()]
     assert max(flattened) < max(spread)  # the outlier channels no longer set the range alone

@@ -150,13 +150,14 @@ def noise_order(quantized: Path, original: Path, feeds: Sequence[Feed]) -> dict[
 
     model = onnxfiles.load(quantized)
     found = quantizers(model)
-    tables = _original_tables(model, shared_tables.untied(original), found)
+    exact_tables = {name: numpy_helper.to_array(table).astype(np.float64)
+                    for name, table in _original_tables(model, shared_tables.untied(original), found).items()}
     pairs = {name: (q.source, q.dequantizes[0].output[0])
-             for name, q in found.items() if q.dequantizes and (q.source or name in tables)}
-    exact_tables = {name: numpy_helper.to_array(table).astype(np.float64) for name, table in tables.items()}
+             for name, q in found.items() if q.dequantizes and (q.source or name in exact_tables)}
+    del model, found  # the session reads the file again: one graph in memory at a time
     marked = sorted({t for pair in pairs.values() for t in pair if t})
     signal, noise = dict.fromkeys(pairs, 0.0), dict.fromkeys(pairs, 0.0)
-    for values in onnxfiles.tensor_values(model, marked, list(feeds), owned=True):
+    for values in onnxfiles.tensor_values(quantized, marked, list(feeds)):
         for name, (before, after) in pairs.items():
             exact = exact_tables[name] if before is None else values[before].astype(np.float64)
             signal[name] += float(np.sum(exact ** 2))

@@ -100,16 +100,20 @@ def verify(path: Path | str) -> None:
         raise OnnxModelError(f"{path} does not load in ONNX Runtime: {_first_line(exc)}", CORRUPT) from None
 
 
-def tensor_values(model: ModelProto, outputs: list[str] | str, feeds: list[Feed], owned: bool = False
-                  ) -> Iterator[Feed]:
-    """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when `model` runs in
-    ONNX Runtime on the CPU; feed entries the model does not take are left out. `owned`: the caller reads `model`
-    for nothing else, so the outputs are marked on it instead of on a copy (a base-size graph's is 0.4 GB)."""
+def tensor_values(model: ModelProto | Path, outputs: list[str] | str, feeds: list[Feed]) -> Iterator[Feed]:
+    """Per feed, the values of `outputs` (tensor names, or Polygraphy's `constants.MARK_ALL`) when the graph runs in
+    ONNX Runtime on the CPU; feed entries the graph does not take are left out. Given a `model`, its outputs are
+    marked on a copy; given a file, on the graph read from it, which is dropped once the session holds it (a
+    base-size graph and its serialized copy are 0.4 GB each)."""
     import onnxruntime as ort
     from polygraphy.backend.onnx import modify_outputs
 
-    marked = modify_outputs(model, outputs=outputs, copy=not owned)
-    session = ort.InferenceSession(marked.SerializeToString(), providers=["CPUExecutionProvider"])
+    owned = not hasattr(model, "graph")
+    marked = modify_outputs(load(model) if owned else model, outputs=outputs, copy=not owned)
+    data = marked.SerializeToString()
+    del marked
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    del data
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
     for feed in feeds:

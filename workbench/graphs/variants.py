@@ -205,8 +205,7 @@ def smoothing_targets(model: ModelProto) -> list[NodeProto]:
 def activation_ranges(fp32: Path, feeds: list[Feed]) -> Feed:
     """Per smoothing target's input activation, the largest |value| each channel reaches in fp32 on `feeds`
     (measured once, for any strength of smoothing)."""
-    model = onnxfiles.load(fp32)
-    return channel_max(model, sorted({n.input[0] for n in smoothing_targets(model)}), feeds)
+    return channel_max(fp32, sorted({n.input[0] for n in smoothing_targets(onnxfiles.load(fp32))}), feeds)
 
 
 def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
@@ -299,13 +298,13 @@ def per_token_scales(fp32: Path, dest: Path) -> list[str]:
     return [n.name for n in targets]
 
 
-def channel_max(model: ModelProto, tensors: list[str], feeds: list[Feed]) -> Feed:
-    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds` (`tensors` are
-    marked as outputs of `model` itself)."""
+def channel_max(path: Path, tensors: list[str], feeds: list[Feed]) -> Feed:
+    """Per last-dimension channel, the largest |value| each of `tensors` reaches in fp32 on `feeds`, run from the
+    graph at `path`."""
     import numpy as np
 
     found: Feed = {}
-    for values in onnxfiles.tensor_values(model, tensors, feeds, owned=True):
+    for values in onnxfiles.tensor_values(path, tensors, feeds):
         for name, value in values.items():
             peak = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             found[name] = np.maximum(found[name], peak) if name in found else peak

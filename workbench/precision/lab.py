@@ -13,6 +13,7 @@ from workbench.core.atomic import atomic_path
 from workbench.core.batches import (
     Batch,
     Cell,
+    Feed,
     Grouping,
     corner_batches,
     corpus_batches,
@@ -150,6 +151,12 @@ class ParityLab:
             max_length=self.loaded.sequence.max, prompt_tokens=self.prompt_tokens)) for b in view.batches]
         view.specs = tuple(s for s in self.specs if not s.per_token)
         return view
+
+    def sample_feeds(self, batches: int = 4, rows: int = 2) -> list[Feed]:
+        """The first `batches` corpus batches and `rows` texts of the last corner (the longest): what a measurement
+        of every intermediate tensor runs (a repair's ordering), without holding a wide batch's at once."""
+        longest = self.corners[-1].feed
+        return [b.feed for b in self.sweep[:batches]] + [{name: value[:rows] for name, value in longest.items()}]
 
     @property
     def sweep(self) -> list[Batch]:

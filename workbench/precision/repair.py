@@ -75,7 +75,7 @@ def repair_problem(precision: str, settings: RepairPlan, fp32: Path, checker: Ch
         blocked_ops = set(DEFAULT_OP_BLOCK_LIST) | set(settings.fp16_op_block_list) | {"Cast"}
         units = ({n.name for n in graph.graph.node if n.op_type not in blocked_ops}
                  - set(settings.fp16_node_block_list))
-        feeds = [b.feed for b in checker.lab.sweep[:4]] + [checker.lab.corners[-1].feed]
+        feeds = checker.lab.sample_feeds()
         ordered = activation_order(fp32, feeds, units)
         return RepairProblem("fp16", ordered, lambda blocked, dest: convert_fp16(
             fp32, dest, settings.fp16_op_block_list, settings.fp16_node_block_list + blocked),
@@ -118,7 +118,7 @@ def int8_builder(base: ChosenBase, excluded: list[str]) -> Callable[[list[str], 
 def openvino_int8_problem(quantized: Path, original: Path, checker: Checker) -> RepairProblem:
     """NNCF's int8 (`graphs.nncf_int8`): quantizers to undo (`keep_in_float`), noisiest on the lab's batches first
     (`noise_order`); a quantizer costs the weights of the MatMuls it feeds in the exported graph."""
-    feeds = [b.feed for b in checker.lab.sweep[:4]] + [checker.lab.corners[-1].feed]
+    feeds = checker.lab.sample_feeds()
     units = list(noise_order(quantized, original, feeds))
     graph = onnxfiles.load(original, load_external_data=False)
     matmuls = [node.name for node in graph.graph.node if node.op_type in ("MatMul", "Gemm")]

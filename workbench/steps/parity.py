@@ -45,10 +45,10 @@ def repair_plan(config: RunConfig, budget_s: float) -> RepairPlan:
 
 
 def checked_variants(names: list[str]) -> list[str]:
-    """The order the lab checks variants in: the fused fp32 graph first, then the others, the exported graph
-    (`original`) last, checked only where fp32 fails or is missing, to tell the export from the fusion: every other
-    variant is built from one of the two, and `original` is served after all of them."""
-    return sorted(names, key=lambda name: (name != "fp32", name == "original"))
+    """The variants the lab checks first, the fused fp32 graph ahead: all but the exported graph (`original`),
+    which is checked after them only where fp32 fails or is missing, to tell the export from the fusion (every
+    other variant is built from one of the two, and `original` is served after all of them)."""
+    return sorted((name for name in names if name != "original"), key=lambda name: name != "fp32")
 
 
 def serving_order(config: RunConfig, record: RunRecord) -> tuple[str, ...]:
@@ -223,10 +223,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
-        results: dict[str, Verdict] = {}
-        for name in track(checked_variants(list(variants)), STEP, "variants"):
-            if name != "original" or not results.get("fp32", Verdict(passed=False)).passed:
-                results[name] = compare(name, config, record, lab)
+        results = {name: compare(name, config, record, lab)
+                   for name in track(checked_variants(list(variants)), STEP, "variants")}
+        if "original" in variants and not (results["fp32"].passed if "fp32" in results else False):
+            results["original"] = compare("original", config, record, lab)  # the export, or the fusion?
         failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
         for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
             ahead = served_ahead_of(f"{name}_repaired", results, config, record)
