@@ -179,14 +179,22 @@ def test_a_spliced_candidate_is_the_requantized_one_shared_weights_included(bert
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), blocked
 
 
-def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path, monkeypatch):
-    strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"]}
+def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tmp_path, monkeypatch):
+    """A base-width model (hidden 768, 12 heads, feed-forward 3072; two layers) repaired to a strict gate: the
+    search reaches its verdict within parity.repair.max_builds, with no time bound in play."""
+    from workbench.models.tiny import build_encoder
+
+    model = build_encoder(tmp_path / "base", "bert", layers=2, hidden=768, heads=12, intermediate=3072)
+    strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
+              "optimize": {"openvino": "never"}, "parity": {"repair": {"budget_s": 10**6}}}
     pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
     for step in (parity, triton):  # as where int8 pays: int8 is served first
         monkeypatch.setattr(step, "int8_decision", lambda record: pays)
-    record, results = pipeline(tiny_models["bert"], tmp_path, **strict)
+    record, results = pipeline(model, tmp_path / "run", **strict)
     assert not results["int8"]["passed"]
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
+    assert repair["stopped"] is None and len(repair["candidates"]) + repair["probes"] <= 80, "bounded by builds"
+    assert repair["budget_source"] == "configured (parity.repair.budget_s)"
     assert set(repair["sensitivity"]) and len(repair["sensitivity"]) == repair["units"]
     assert repair["probes"] == repair["units"] + 1, "each unit alone, and the base, probed on the hard texts' batches"
     assert repair["outcome"] == "repaired" and repair["ranked_by"] == RANKED_BY
@@ -229,7 +237,7 @@ def test_int8_repair_meets_a_strict_tolerance(tiny_models, tmp_path, monkeypatch
     assert set(race["ms"]) == {race["against"], "int8_repaired"} and all(len(ms) == 2 for ms in race["ms"].values())
     assert race["reason"].startswith("kept: " if race["kept"] else f"served after {race['against']}: ")
     assert race["reason"] in verdict_line("parity", record)
-    order = triton.candidate_variants(RunConfig(model=str(tiny_models["bert"])), record, Flavor.PYTHON_ORT)
+    order = triton.candidate_variants(RunConfig(model=str(model)), record, Flavor.PYTHON_ORT)
     assert (order.index("int8_repaired") < order.index(race["against"])) is race["kept"]
     assert record.variant("int8_repaired").path.exists()
     builds = sum(c["build_seconds"] for c in repair["candidates"] + bases + repair["recipes"])
