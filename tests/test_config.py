@@ -54,9 +54,9 @@ def test_auto_instances_overlap_tokenizing_with_inference_on_a_cpu_only():
 
 def test_budgets_follow_the_model_where_auto():
     config = RunConfig()
-    assert config.parity.repair.budget(2.0) == (180.0, "auto: at least 180 s (under 12 times the variant's 2.0 s "
+    assert config.parity.repair.budget(2.0) == (180.0, "auto: at least 180 s (under 8 times the variant's 2.0 s "
                                                        "check on the lab)")
-    assert config.parity.repair.budget(21.5) == (258.0, "auto: 12 times the variant's 21.5 s check on the lab")
+    assert config.parity.repair.budget(31.5) == (252.0, "auto: 8 times the variant's 31.5 s check on the lab")
     assert RunConfig.load(None, ["parity.repair.budget_s=90"]).parity.repair.budget(21.5)[0] == 90
     per_token = 16 * (12 * 384 + 3072 + 768)  # all-mpnet-base-v2 at 384 tokens: 135 KiB a token
     assert config.batch.token_budget(per_token, 384)[0] == 2**29 // per_token == 3971, "10 texts of 384"

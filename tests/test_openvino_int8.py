@@ -337,13 +337,13 @@ def search_for(tmp_path, ceiling):
 
 
 def test_a_repair_that_cannot_beat_what_is_served_stops_before_pruning(tmp_path):
-    """The shortest passing prefix keeps 7 of 8 units (8 ms here): over 1.5x the 4 ms of the variant it must beat,
+    """The shortest passing prefix keeps 7 of 8 units (8 ms here): over 1.15x the 4 ms of the variant it must beat,
     the search stops without pruning, writes nothing and says why; without a ceiling it prunes to the 3 needed."""
     from workbench.precision.search import run_search
 
     stopped = run_search(search_for(tmp_path / "a", ("int8_repaired", 4.0)))
     assert stopped.chosen is None and stopped.stopped == stopped.outcome
-    assert stopped.outcome == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.5x "
+    assert stopped.outcome == ("the shortest passing set (7 units) ran 8.0 ms on the latency batch, over 1.15x "
                                   "int8_repaired's 4.0 ms: no pruned repair would be served ahead of it")
     assert not list((tmp_path / "a").rglob("candidate-*"))
     closest = search_for(tmp_path / "c", None)

@@ -286,7 +286,7 @@ class TargetSettings(_Strict):
         "instruction set of another CPU the deployment is for (avx2, avx512, avx512_vnni, avx_vnni, amx)"))
 
 
-REPAIR_LAB_PASSES = 12  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
+REPAIR_LAB_PASSES = 8  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
 REPAIR_MIN_SECONDS = 180.0  # and at least this (a small model's builds and sessions cost more than its lab pass)
 
 

@@ -101,8 +101,9 @@ def keep_in_float(quantized: Path, original: Path, dest: Path, names: Sequence[s
             twin = counterparts.get(consumer.name)
             if node.output[0] in consumer.input and twin is not None and twin.op_type == consumer.op_type:
                 _restore(model, consumer, twin, weights, constants_only=True)
+    del source, weights, counterparts  # the copies it needs are in `model`: one graph in memory while it is saved
     _drop_unread(model)
-    onnxfiles.save(model, dest)
+    onnxfiles.save(model, dest, external=True)  # written tensor by tensor, not serialized whole first
 
 
 def _restore(model: ModelProto, node: NodeProto, counterpart: NodeProto, weights: dict[str, TensorProto],

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from workbench.core.machine import release_memory
 from workbench.core.progress import Progress
 from workbench.core.results import RepairCandidate, RepairOutcome
 from workbench.core.timing import Budget
@@ -134,6 +135,7 @@ class RepairSearch:
         self.problem.build(list(blocked), path)
         seconds = time.perf_counter() - start
         result, latency_ms = self.checker.assess(path)
+        release_memory()  # the candidate's session: a base-size one held hundreds of MB
         candidate = Candidate(tuple(sorted(blocked)), latency_ms, seconds, self.checker.summarize(result))
         self.candidates[key] = candidate
         self.history.append(self.describe(candidate).model_copy(update={"round": self.round}))
