@@ -20,7 +20,9 @@ from workbench.core.errors import DiskFullError, RunLockedError
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
+from workbench import pipeline
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
+from workbench.preflight import preflight
 
 from .test_interrupt import SMALL
 from .test_verdicts import _consume, _produce
@@ -110,6 +112,7 @@ def test_preflight_refuses_a_filesystem_without_room_for_the_run(tiny_bert, tmp_
     config = RunConfig.model_validate({"model": DEFAULT_MODEL, "steps": ["export", "optimize", "parity"]})
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 5 * 10**6,
                                                                                         5 * 10**6))
+    monkeypatch.setattr(pipeline, "preflight_apart", preflight)  # in this process, where the disk is faked
     with pytest.raises(DiskFullError, match=r"this run \(export, optimize, parity\) needs about 5\d\d\.\d MB in "
                                             rf"{tmp_path}/run; its filesystem has 5\.0 MB free"):
         run_pipeline(config, tmp_path / "run", progress=False)
@@ -390,7 +393,6 @@ def test_a_symlink_loop_or_a_dangling_link_is_named_as_such(tmp_path):
 def test_a_disk_too_full_to_record_the_failed_step_says_so_on_stderr(tmp_path, monkeypatch, capsys):
     import errno
 
-    from workbench import pipeline
     from workbench.core import record as records
 
     full = []
@@ -407,7 +409,7 @@ def test_a_disk_too_full_to_record_the_failed_step_says_so_on_stderr(tmp_path, m
         return save(*args)
 
     monkeypatch.setattr(pipeline, "run_notebook", step_fills_the_disk)
-    monkeypatch.setattr(pipeline, "preflight", lambda *args: None)
+    monkeypatch.setattr(pipeline, "preflight_apart", lambda *args: None)
     monkeypatch.setattr(records, "write_json", record_on_a_full_disk)
     with pytest.raises(DiskFullError, match=f"no space left writing {tmp_path}/run/onnx/original.onnx"):
         run_pipeline(RunConfig(steps=["export", "optimize"]), tmp_path / "run", progress=False)

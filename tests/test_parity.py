@@ -41,6 +41,15 @@ def pipeline(model: Path, run_dir: Path, **settings) -> tuple[RunRecord, dict]:
     return record, parity.run(config, record).metrics["variants"]
 
 
+@pytest.fixture
+def int8_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a host where the optimize step measured int8 paying: int8 variants are served first, so their repairs
+    are needed (where fp32 is served first, a passing fp32 makes them `not needed`, whatever this host measures)."""
+    pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
+    for step in (parity, triton):
+        monkeypatch.setattr(step, "int8_decision", lambda record: pays)
+
+
 @pytest.fixture(scope="module")
 def bert_parity(tiny_models, tmp_path_factory):
     return pipeline(tiny_models["bert"], tmp_path_factory.mktemp("parity"))
@@ -179,7 +188,7 @@ def test_a_spliced_candidate_is_the_requantized_one_shared_weights_included(bert
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), blocked
 
 
-def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tmp_path, monkeypatch):
+def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tmp_path, int8_first):
     """A base-width model (hidden 768, 12 heads, feed-forward 3072; two layers) repaired to a strict gate: the
     search reaches its verdict within parity.repair.max_builds, with no time bound in play."""
     from workbench.models.tiny import build_encoder
@@ -187,9 +196,6 @@ def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tm
     model = build_encoder(tmp_path / "base", "bert", layers=2, hidden=768, heads=12, intermediate=3072)
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
               "optimize": {"openvino": "never"}, "parity": {"repair": {"budget_s": 10**6}}}
-    pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
-    for step in (parity, triton):  # as where int8 pays: int8 is served first
-        monkeypatch.setattr(step, "int8_decision", lambda record: pays)
     record, results = pipeline(model, tmp_path / "run", **strict)
     assert not results["int8"]["passed"]
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
@@ -400,7 +406,7 @@ def cpu_burners(busy: bool) -> Iterator[None]:
             burner.wait()
 
 
-def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_path):
+def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_path, int8_first):
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
               "threads": 2,
               "optimize": {"graph_form": "fused"}}  # the form is a speed choice: measured, it may follow the load
@@ -417,7 +423,7 @@ def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_pa
     assert chosen[0] == chosen[1]
 
 
-def test_a_repair_that_keeps_every_node_in_fp32_is_no_repair(tiny_models, tmp_path):
+def test_a_repair_that_keeps_every_node_in_fp32_is_no_repair(tiny_models, tmp_path, int8_first):
     exact = {"tolerances": {"sentence_embedding": {"atol": 1e-6, "min_cosine": 0.9999999}},
              "precisions": ["fp32", "int8"]}
     record, results = pipeline(tiny_models["bert"], tmp_path, **exact)
@@ -452,7 +458,7 @@ def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_pa
 
 
 @pytest.mark.slow
-def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path):
+def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path, int8_first):
     """The embedded model's int8 loses accuracy on short texts; the repair must bring min cosine to >= 0.99.
 
     On an AVX2-only CPU ONNX Runtime's int8 fails the gate under every whole-graph recipe and the repair searches;

@@ -195,9 +195,11 @@ class RepairSearch:
             onnxfiles.remove(path)
 
     def discard(self) -> None:
-        """Remove every candidate file still on disk (the best one too)."""
+        """Remove the best candidate's file (the others are removed as they are judged); the chosen base's source
+        stays for the next round."""
+        if self.best:
+            onnxfiles.remove(self.best[1])
         self.best = None
-        remove_candidates(self.workdir)
 
     def passes(self, blocked: list[str]) -> bool:
         return self.try_blocked(blocked).passed
