@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from workbench import pipeline
 from workbench.cli import main
 from workbench.core import data, disk
 from workbench.core.config import DEFAULT_MODEL, RunConfig
@@ -20,7 +21,6 @@ from workbench.core.errors import DiskFullError, RunLockedError
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
-from workbench import pipeline
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 from workbench.preflight import preflight
 
