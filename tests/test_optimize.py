@@ -169,13 +169,21 @@ def test_large_models_are_saved_with_external_data(optimized_bert, tmp_path, mon
 
 def test_a_graph_is_saved_weight_by_weight_and_reads_back_as_it_was(optimized_bert, tmp_path):
     """The inline save writes each initializer on its own (no serialized copy of the whole model in memory); the
-    file parses to the same model and ONNX Runtime runs it."""
+    file parses to the same model and ONNX Runtime runs it. Its skeleton is read without the weights' bytes."""
     record, _ = optimized_bert
     model = onnxfiles.load(record.artifact("onnx.fp32"))
     dest = onnxfiles.save(model, tmp_path / "streamed.onnx")
     assert onnxfiles.load(dest) == model and sorted(p.name for p in tmp_path.iterdir()) == ["streamed.onnx"]
     assert dest.stat().st_size == len(model.SerializeToString())
     onnxfiles.verify(dest)
+    skeleton = onnxfiles.skeleton(dest)  # the structure, the weights' bytes skipped in the file
+    assert list(skeleton.graph.node) == list(model.graph.node) and skeleton.metadata_props == model.metadata_props
+    assert [(t.name, list(t.dims)) for t in skeleton.graph.initializer] == \
+        [(t.name, list(t.dims)) for t in model.graph.initializer]
+    assert not any(t.raw_data or t.float_data for t in skeleton.graph.initializer)
+    dest.write_bytes(dest.read_bytes()[: dest.stat().st_size // 2])
+    with pytest.raises(OnnxModelError, match="is not a readable ONNX model"):
+        onnxfiles.skeleton(dest)
 
 
 def test_symbolic_shapes_fall_back_to_onnx_where_onnxruntime_cannot(tmp_path):

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Feed
@@ -25,6 +25,7 @@ RUNTIME_KEY = "workbench.runtime"  # the runtime a variant is run by: ONNX Runti
 # OpenVINO's inference precision for the ops a variant leaves in float: "f32" unless it says "bf16".
 OPENVINO_PRECISION_KEY = "workbench.openvino_precision"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
+FIXED_WIDTHS = {1: 8, 5: 4}  # protobuf wire types of fixed width: 64 and 32 bits
 DYNAMIC_QUANTIZATION = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})  # one activation scale per batch
 
 
@@ -184,7 +185,6 @@ def _varint(value: int) -> bytes:
 def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
     """Write the known sizes of output axes the exporter left symbolic (e.g. an embedding after Normalize, whose
     width shape inference loses) into the graph's declared outputs, in place (external data untouched)."""
-    import onnx
 
     model = load(path, load_external_data=False)
     changed = False
@@ -195,11 +195,80 @@ def fix_output_dims(path: Path | str, sizes: dict[str, dict[int, int]]) -> None:
                 dims[axis].dim_value = size  # clears dim_param: the two are a oneof
                 changed = True
     if changed:
-        onnx.save_model(model, str(path))
+        save(model, path)
+
+
+def skeleton(path: Path | str) -> ModelProto:
+    """The model in `path` without its weights' values (initializers keep their names, types and dims): its nodes,
+    inputs, outputs and metadata, read by skipping the weights' bytes in the file instead of parsing them (a
+    base-size graph: 0.4 GB not read into memory)."""
+    from onnx import GraphProto, ModelProto, TensorProto
+
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxModelError(f"ONNX file {path} does not exist", "run the export step, or pass an existing .onnx file")
+    values = {field.number for field in TensorProto.DESCRIPTOR.fields if field.name.endswith("_data")}
+    tensor = dict.fromkeys(values)
+    skipped = {ModelProto.DESCRIPTOR.fields_by_name["graph"].number: {
+        GraphProto.DESCRIPTOR.fields_by_name["initializer"].number: tensor}}
+    try:
+        with path.open("rb") as file:
+            return ModelProto.FromString(_kept_fields(file, path.stat().st_size, skipped))
+    except (ValueError, EOFError) as exc:
+        raise OnnxModelError(f"{path} is not a readable ONNX model: {exc}", "re-run the export step to write it again"
+                             ) from None
+
+
+Skipped = dict[int, "Skipped | None"]
+
+
+def _kept_fields(file: BinaryIO, end: int, skipped: Skipped) -> bytes:
+    """The wire-format fields from `file`'s position up to `end`, less those `skipped` names (None: the field is
+    left out; a dict: its message is kept with those of its own fields left out)."""
+    kept = bytearray()
+    while file.tell() < end:
+        start = file.tell()
+        tag = _read_varint(file)
+        number, wire = tag >> 3, tag & 7
+        if wire == 2:
+            size = _read_varint(file)
+            if number in skipped and skipped[number] is None:
+                file.seek(size, os.SEEK_CUR)
+                continue
+            if number in skipped:
+                body = _kept_fields(file, file.tell() + size, skipped[number] or {})
+                kept += _varint(tag) + _varint(len(body)) + body
+                continue
+            file.seek(size, os.SEEK_CUR)
+        elif wire == 0:
+            _read_varint(file)
+        elif wire in FIXED_WIDTHS:
+            file.seek(FIXED_WIDTHS[wire], os.SEEK_CUR)
+        else:
+            raise ValueError(f"wire type {wire} at byte {start}")
+        width = file.tell() - start
+        file.seek(start)
+        field = file.read(width)
+        if len(field) < width:
+            raise EOFError(f"the file ends inside a field at byte {start}")
+        kept += field
+    return bytes(kept)
+
+
+def _read_varint(file: BinaryIO) -> int:
+    value = shift = 0
+    while True:
+        byte = file.read(1)
+        if not byte:
+            raise EOFError("the file ends inside a varint")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
 
 
 def _metadata(path: Path | str, key: str) -> str:
-    model = load(path, load_external_data=False)
+    model = skeleton(path)
     return next((p.value for p in model.metadata_props if p.key == key), "")
 
 
@@ -247,7 +316,7 @@ def remove(path: Path) -> None:
 def batch_dependent(path: Path | str) -> bool:
     """Whether a text's outputs from this file depend on the texts batched with it: the graph quantizes activations
     dynamically, one scale over every row of the batch (ONNX Runtime's dynamic int8)."""
-    return any(node.op_type in DYNAMIC_QUANTIZATION for node in load(path, load_external_data=False).graph.node)
+    return any(node.op_type in DYNAMIC_QUANTIZATION for node in skeleton(path).graph.node)
 
 
 def op_counts(model: ModelProto) -> dict[str, int]:

@@ -128,7 +128,7 @@ def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: l
     finally:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    return onnxfiles.load(dest, load_external_data=False)
+    return onnxfiles.skeleton(dest)
 
 
 def keep_in_fp32(quantized: ModelProto, source: ModelProto, names: Collection[str]) -> ModelProto:

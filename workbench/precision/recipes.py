@@ -56,7 +56,7 @@ class BaseRecipe:
             smooth_activations(fp32, dest, ranges(), self.alpha)
             return dest
         smoothed = dest.with_name(f"{dest.stem}-smoothed.onnx")
-        down = {n.name for n in down_projections(onnxfiles.load(fp32, load_external_data=False))}
+        down = {n.name for n in down_projections(onnxfiles.skeleton(fp32))}
         smooth_activations(fp32, smoothed, ranges(), self.alpha, exclude=down)
         per_token_scales(smoothed, dest)
         onnxfiles.remove(smoothed)

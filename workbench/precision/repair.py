@@ -68,7 +68,7 @@ def repair_problem(precision: str, settings: RepairPlan, fp32: Path, checker: Ch
 
     Both rank passing candidates by the matmul work they keep in fp32 (`matmul_costs`), never by a timing.
     """
-    graph = onnxfiles.load(fp32, load_external_data=False)
+    graph = onnxfiles.skeleton(fp32)
     if precision == "fp16":
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
@@ -120,7 +120,7 @@ def openvino_int8_problem(quantized: Path, original: Path, checker: Checker) -> 
     (`noise_order`); a quantizer costs the weights of the MatMuls it feeds in the exported graph."""
     feeds = checker.lab.sample_feeds()
     units = list(noise_order(quantized, original, feeds))
-    graph = onnxfiles.load(original, load_external_data=False)
+    graph = onnxfiles.skeleton(original)
     matmuls = [node.name for node in graph.graph.node if node.op_type in ("MatMul", "Gemm")]
     return RepairProblem("int8", units, lambda blocked, dest: keep_in_float(quantized, original, dest, blocked),
                          ordering="noisiest quantizer first (SQNR on the lab's batches)",
@@ -246,7 +246,7 @@ def blockwise_recipes(settings: RepairPlan, base: ChosenBase, search: RepairSear
     kept (returned with them where it passed). None when the repair kept no MatMul in fp32."""
     assert search.best is not None, "block-quantized recipes replace a repair's fp32 MatMuls"
     chosen = search.best[0]
-    graph = onnxfiles.load(base.source, load_external_data=False)
+    graph = onnxfiles.skeleton(base.source)
     matmuls = [n.name for n in graph.graph.node if n.name in chosen.blocked and n.op_type == "MatMul"]
     if not matmuls:
         return [], None

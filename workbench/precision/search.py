@@ -308,6 +308,6 @@ def activation_order(model_path: Path, feeds: list[dict[str, np.ndarray]], candi
             if np.issubdtype(np.asarray(value).dtype, np.floating) and np.asarray(value).size:
                 peak[name] = max(peak.get(name, 0.0), float(np.nanmax(np.abs(value))))
     node_peak = {node.name: max(peak[t] for t in [*node.input, *node.output] if t in peak)
-                 for node in onnxfiles.load(model_path, load_external_data=False).graph.node
+                 for node in onnxfiles.skeleton(model_path).graph.node
                  if node.name in candidates and any(t in peak for t in [*node.input, *node.output])}
     return sorted(node_peak, key=lambda n: -node_peak[n])

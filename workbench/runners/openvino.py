@@ -67,7 +67,7 @@ class OpenVinoRunner(Runner):
         self.compiled: CompiledModel | None = compile_graph(path, threads, inference_precision)
         self.inference_precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.request: InferRequest | None = self.compiled.create_infer_request()
-        graph = onnxfiles.load(path, load_external_data=False).graph  # a port's any-name can be an inner tensor's
+        graph = onnxfiles.skeleton(path).graph  # a port's any-name can be an inner tensor's
         self.input_names = tuple(i.name for i in graph.input)
         self.output_names = tuple(o.name for o in graph.output)
         self.providers = [f"OpenVINO {openvino.__version__} CPU ({self.inference_precision} inference precision)"]

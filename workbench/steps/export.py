@@ -78,7 +78,7 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
                                   dynamic_axes=axes, do_constant_folding=True)
         onnxfiles.fix_output_dims(tmp, fixed_sizes(module, args, outputs))
         onnxfiles.check(tmp)
-    return onnxfiles.load(dest, load_external_data=False)
+    return onnxfiles.skeleton(dest)
 
 
 def fixed_sizes(module: GraphModule, args: tuple[torch.Tensor, ...], outputs: tuple[OutputSpec, ...]

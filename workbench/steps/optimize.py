@@ -435,7 +435,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         original = record.artifact("onnx.original")
         layers = export.num_layers
         onnx_dir = record.run_dir / "onnx"
-        unfused = fusion_stats(onnxfiles.load(original, False))
+        unfused = fusion_stats(onnxfiles.skeleton(original))
         form: FormChoice | None = None
         borrowed: Borrowed | None = None
         target, decisions = decide_precisions(config, record)

@@ -56,8 +56,8 @@ def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
     wanted = list(dict.fromkeys([*config.optimize.fp16.node_block_list, *fp16_repair_pins(record)]))
     if not wanted:
         return {}
-    optimized = onnxfiles.load(record.artifact("onnx.fp32"), load_external_data=False)
-    original = onnxfiles.load(record.artifact("onnx.tensorrt"), load_external_data=False)
+    optimized = onnxfiles.skeleton(record.artifact("onnx.fp32"))
+    original = onnxfiles.skeleton(record.artifact("onnx.tensorrt"))
     return original_nodes_for(wanted, optimized, original)
 
 
