@@ -59,7 +59,7 @@ def test_budgets_follow_the_model_where_auto():
     assert config.parity.repair.budget(31.5) == (252.0, "auto: 8 times the variant's 31.5 s check on the lab")
     assert RunConfig.load(None, ["parity.repair.budget_s=90"]).parity.repair.budget(21.5)[0] == 90
     per_token = 16 * (12 * 384 + 3072 + 768)  # all-mpnet-base-v2 at 384 tokens: 135 KiB a token
-    assert config.batch.token_budget(per_token, 384)[0] == 2**29 // per_token == 3971, "10 texts of 384"
+    assert config.batch.token_budget(per_token, 384)[0] == 2**28 // per_token == 1985, "5 texts of 384"
     assert config.batch.token_budget(16 * (16 * 8192 + 4096 + 1024), 8192)[0] == 8192, "one text at the max"
     assert config.batch.token_budget(16 * 1000, 128)[0] == 32 * 128, "never past batch.max texts"
     assert RunConfig.load(None, ["batch.max_tokens=512"]).batch.token_budget(per_token, 384) == (

@@ -89,9 +89,11 @@ class ShapeRange(_Strict):
 # The activations one batch may hold when batch.max_tokens is auto. A token costs about ACTIVATION_FACTOR x 4 bytes
 # x (heads x sequence.max + intermediate + hidden) at a layer's peak (the attention scores and the feed-forward
 # activations live together): measured with ONNX Runtime on all-mpnet-base-v2 (unfused attention), 32 x 384 tokens,
-# 2.1 GB over the session's weights, about 4 such vectors a token. Half a GiB keeps a base-size model's parity step
-# within 3 x its weights + 1.5 GB (all-mpnet-base-v2: 10 texts of 384 tokens a batch; all-MiniLM-L6-v2 26 of 256).
-ACTIVATION_BYTES = 2**29
+# 2.1 GB over the session's weights, about 4 such vectors a token. OpenVINO holds more for the same batch (its
+# compiled all-mpnet-base-v2: 0.47 GB more at 10 x 384 tokens, 0.3 GB at 5 x 384). A quarter GiB keeps a base-size
+# model's parity step within 3 x its weights + 1.5 GB (all-mpnet-base-v2: 5 texts of 384 tokens a batch;
+# all-MiniLM-L6-v2 13 of 256).
+ACTIVATION_BYTES = 2**28
 ACTIVATION_FACTOR = 4
 
 
@@ -101,7 +103,7 @@ class BatchRange(ShapeRange):
 
     max_tokens: int | Literal["auto"] = Field(default="auto", description=(
         "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners stay within it; auto: "
-        "about 0.5 GiB of activations for the model's shape at sequence.max, at least one text at sequence.max"))
+        "about 0.25 GiB of activations for the model's shape at sequence.max, at least one text at sequence.max"))
 
     @field_validator("max_tokens")
     @classmethod
