@@ -107,6 +107,39 @@ def test_a_held_folder_is_refused_naming_the_holder_and_a_dead_holders_lock_is_t
     assert not (run_dir / LOCK_NAME).exists()
 
 
+# ---- too little memory ------------------------------------------------------------------------------------------
+CGROUPS = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(not os.access(CGROUPS, os.W_OK), reason="needs a writable cgroup v1 memory controller (root)")
+def test_a_step_killed_for_memory_is_an_out_of_memory_error_with_the_limit_and_the_fix(tmp_path):
+    """The run inside a 450 MB memory cgroup: the export's kernel (torch and the model) is killed by the kernel's
+    out-of-memory killer; the run says so, typed, with the limit, the peak seen and the fix, and records it."""
+    group = CGROUPS / f"workbench-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        for limit in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if (group / limit).exists():
+                (group / limit).write_text("450M")
+        run = subprocess.run(
+            ["bash", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" -m workbench run --steps export '
+                           f'--output-dir {tmp_path / "run"} --quiet', sys.executable],
+            capture_output=True, text=True, timeout=600)
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():  # none should be left; none survives the test
+            os.kill(int(pid), signal.SIGKILL)
+        group.rmdir()
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr, "the kernel's own sampler, orphaned, says nothing"
+    assert re.search(r"error \(OutOfMemoryError\): step 'export' was killed for memory by the out-of-memory killer: "
+                     rf"its processes held up to \d+ MB \(sampled every 0.2 s\) where the memory cgroup's limit "
+                     rf"\({group}/memory.limit_in_bytes\) is 450 MB", run.stderr), run.stderr
+    assert "fix: give the run more memory" in run.stderr and "--resume" in run.stderr
+    export = json.loads((tmp_path / "run" / "run.json").read_text())["steps"]["export"]
+    assert export["status"] == "failed" and "killed for memory" in export["error"]
+    assert not (tmp_path / "run" / "onnx").exists() or not any((tmp_path / "run" / "onnx").iterdir())
+
+
 # ---- a full disk ------------------------------------------------------------------------------------------------
 def test_preflight_refuses_a_filesystem_without_room_for_the_run(tiny_bert, tmp_path, monkeypatch):
     config = RunConfig.model_validate({"model": DEFAULT_MODEL, "steps": ["export", "optimize", "parity"]})

@@ -17,9 +17,10 @@ import psutil
 
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
-from workbench.core.errors import DiskFullError, OutputDirError, StepFailedError
+from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
+from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, remove_inside
 from workbench.preflight import preflight_apart
@@ -186,21 +187,41 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
             guard.check(f"the run, before step {step!r}", again)
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {spec(step).summary}", flush=True)
+            kills, peak = oom_kills(), PeakMemory()  # the step's whole tree, its kernel's death included
             try:
-                with ProgressTail() if progress else nullcontext():  # the step's progress lines, printed here
+                with ProgressTail() if progress else nullcontext(), peak:
                     run_notebook(step, config, run_dir, progress, notebooks_dir)
             except Exception as exc:
-                _record_stop(step, steps[index + 1:], run_dir, guard.reason or _describe(exc), again)
+                killed = _out_of_memory(step, exc, kills, peak.mb, again)
+                _record_stop(step, steps[index + 1:], run_dir, guard.reason or (killed.problem if killed else
+                                                                                _describe(exc)), again)
                 guard.check(f"step {step!r}", again)
                 full = _disk_full(exc, run_dir)
                 if full is not None:
                     raise full from None
+                if killed is not None:
+                    raise killed from None
                 raise StepFailedError(f"step {step!r} failed: {_describe(exc)}",
                                       f"read {run_dir / 'notebooks' / spec(step).notebook} and "
                                       f"{run_dir / RECORD_NAME}; once the cause is mended, {again}") from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
     return record
+
+
+def _out_of_memory(step: str, exc: Exception, kills: int, peak_mb: float, again: str) -> OutOfMemoryError | None:
+    """The step's kernel died and the out-of-memory killer killed a process meanwhile (its count passed `kills`):
+    typed, with the most the step's processes were seen to hold (`peak_mb`), the limit, and what to change."""
+    from nbclient.exceptions import DeadKernelError
+
+    if not isinstance(exc, DeadKernelError) or oom_kills() <= kills:
+        return None
+    limit, source = memory_limit()
+    return OutOfMemoryError(
+        f"step {step!r} was killed for memory by the out-of-memory killer: its processes held up to {peak_mb:.0f} "
+        f"MB (sampled every {SAMPLE_S:g} s) where {source} is {limit / 2**20:.0f} MB",
+        f"give the run more memory (another host, or a higher cgroup limit), or make the step need less: a lower "
+        f"batch.max_tokens or sequence.max, fewer precisions (-p precisions=[fp32,int8]); then {again}")
 
 
 def _disk_full(exc: Exception, run_dir: Path) -> DiskFullError | None:

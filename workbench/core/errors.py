@@ -83,6 +83,10 @@ class StepFailedError(WorkbenchError):
     """A pipeline step failed; the record says which and why."""
 
 
+class OutOfMemoryError(StepFailedError):
+    """A step's process was killed by the out-of-memory killer: the memory it was given was not enough."""
+
+
 class StepSkipped(WorkbenchError):
     """Raised inside a step to end it as `skipped` (not failed) with a reason."""
 

@@ -5,11 +5,58 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from types import TracebackType
 
 import psutil
 
 SAMPLE_S = 0.2
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+NO_LIMIT = 2**60  # cgroup v1 writes its "no limit" as a number near 2**63
+
+
+def memory_limit() -> tuple[int, str]:
+    """The bytes this process's tree may hold, and where that comes from: its memory cgroup's limit (v2
+    `memory.max`, v1 `memory.limit_in_bytes`) where one is set below the machine's memory, else the machine's."""
+    total = psutil.virtual_memory().total
+    for path in (CGROUP_V2 / _own_cgroup("") / "memory.max", CGROUP_V1 / _own_cgroup("memory") /
+                 "memory.limit_in_bytes", CGROUP_V1 / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < min(total, NO_LIMIT):
+            return int(text), f"the memory cgroup's limit ({path})"
+    return total, "the machine's memory"
+
+
+def oom_kills() -> int:
+    """Processes the kernel's out-of-memory killer has killed so far: the machine's count (/proc/vmstat) plus this
+    process's memory cgroup's (v1 `memory.oom_control`, v2 `memory.events`), which can kill at its own limit."""
+    count = 0
+    own = CGROUP_V1 / _own_cgroup("memory") / "memory.oom_control"
+    for path in dict.fromkeys((Path("/proc/vmstat"), own if own.is_file() else CGROUP_V1 / "memory.oom_control",
+                               CGROUP_V2 / _own_cgroup("") / "memory.events")):
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        count += sum(int(line.split()[1]) for line in lines if line.startswith("oom_kill "))
+    return count
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's cgroup path for `controller` ("" for cgroup v2's unified one), relative to the mount."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(",") or (not controller and not controllers):
+            return path.lstrip("/")
+    return ""
 
 
 def tree_mb(root: psutil.Process, leave_out: int | None = None) -> float:
@@ -64,7 +111,10 @@ def sample(root_pid: int) -> None:
             break
         if select.select([sys.stdin], [], [], SAMPLE_S)[0]:
             break
-    print(f"{peak:.1f}", flush=True)
+    try:
+        print(f"{peak:.1f}", flush=True)
+    except BrokenPipeError:  # the measured process is gone (killed): nobody to answer
+        pass
 
 
 if __name__ == "__main__":
