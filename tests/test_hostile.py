@@ -17,7 +17,7 @@ from workbench import pipeline
 from workbench.cli import main
 from workbench.core import data, disk
 from workbench.core.config import DEFAULT_MODEL, RunConfig
-from workbench.core.errors import DiskFullError, RunLockedError
+from workbench.core.errors import DiskFullError, OutOfMemoryError, RunLockedError
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
@@ -138,6 +138,21 @@ def test_a_step_killed_for_memory_is_an_out_of_memory_error_with_the_limit_and_t
     export = json.loads((tmp_path / "run" / "run.json").read_text())["steps"]["export"]
     assert export["status"] == "failed" and "killed for memory" in export["error"]
     assert not (tmp_path / "run" / "onnx").exists() or not any((tmp_path / "run" / "onnx").iterdir())
+
+
+def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, monkeypatch):
+    """A memory limit below what a step holding the model peaks at (3 x its weights + 1.5 GB) is refused before
+    anything runs, with the need, the limit and where it comes from."""
+    from workbench.core import memory
+
+    monkeypatch.setattr(memory, "memory_limit", lambda: (2**30, "the memory cgroup's limit (a test's)"))
+    monkeypatch.setattr(pipeline, "preflight_apart", preflight)  # in this process, where the limit is faked
+    config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["export", "optimize"]})
+    with pytest.raises(OutOfMemoryError, match=r"this run's export, optimize need about 15\d\d MB at their peak \(3 x "
+                                                r"the model's [\d.]+ MB of weights \+ 1.5 GB\), more than the memory "
+                                                r"cgroup's limit \(a test's\): 1024 MB"):
+        run_pipeline(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists(), "nothing written"
 
 
 # ---- a full disk ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
-from workbench.core.errors import MissingArtifactError, Problems, UnsupportedModelError
+from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
@@ -35,6 +35,7 @@ def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
     problems.check(check_reads, selected, config, resumed)
     if not problems.found:
         problems.check(check_disk, config, selected)
+        problems.check(check_memory, config, selected)
     problems.raise_all()
 
 
@@ -58,6 +59,24 @@ def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
     if weights and config.output_dir and any(writes):
         needed = int(weights * (sum(writes) + (1.0 if max(writes) >= 1.0 else 0.0)))
         require_free(Path(config.output_dir), needed, f"this run ({', '.join(s.name for s in selected)})")
+
+
+def check_memory(config: RunConfig, selected: list[StepSpec]) -> None:
+    """The memory this process tree may hold (its cgroup's limit, else the machine's) covers what a step holding the
+    model peaks at (`memory.step_need`); unknown for a hub id, so not checked."""
+    from workbench.core.memory import STEP_BASE_BYTES, WEIGHT_MULTIPLE, memory_limit, step_need
+    from workbench.models.loading import resolve_source, weight_bytes
+
+    weights = weight_bytes(resolve_source(config.model))
+    holding = [step.name for step in selected if "model" in step.needs]
+    limit, source = memory_limit()
+    if weights and holding and step_need(weights) > limit:
+        raise OutOfMemoryError(
+            f"this run's {', '.join(holding)} need about {step_need(weights) / 2**20:.0f} MB at their peak "
+            f"({WEIGHT_MULTIPLE} x the model's {weights / 2**20:.3g} MB of weights + {STEP_BASE_BYTES / 2**30:g} GB), "
+            f"more than {source}: {limit / 2**20:.0f} MB",
+            "run it where it has more memory (another host, or a higher cgroup limit); a model of this size needs "
+            "that much whatever the settings")
 
 
 def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:

@@ -14,6 +14,16 @@ SAMPLE_S = 0.2
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 NO_LIMIT = 2**60  # cgroup v1 writes its "no limit" as a number near 2**63
+# What a step that holds the model peaks at, its whole process tree: WEIGHT_MULTIPLE x the fp32 weights +
+# STEP_BASE_BYTES (libraries, kernels, activations within batch.max_tokens); measured with defaults on 2 cores:
+# all-mpnet-base-v2 2.74 GB of 2.79, all-MiniLM-L6-v2 1.45 GB of 1.80 (docs/bench.md, benchmarks/real_models.py).
+WEIGHT_MULTIPLE = 3
+STEP_BASE_BYTES = 3 * 2**29
+
+
+def step_need(weights: int) -> int:
+    """About the most a step that holds a model of `weights` fp32 bytes needs at once (its process tree)."""
+    return WEIGHT_MULTIPLE * weights + STEP_BASE_BYTES
 
 
 def memory_limit() -> tuple[int, str]:
