@@ -186,6 +186,24 @@ def test_a_graph_is_saved_weight_by_weight_and_reads_back_as_it_was(optimized_be
         onnxfiles.skeleton(dest)
 
 
+def test_weights_in_a_file_each_are_gathered_into_one_data_file(optimized_bert, tmp_path):
+    """torch.onnx's layout over 2 GB (one file per tensor, simulated here with onnx's own writer) becomes one
+    `.onnx` and one `.onnx.data`, answering as before."""
+    import onnx
+
+    record, _ = optimized_bert
+    model = onnxfiles.load(record.artifact("onnx.fp32"))
+    onnx.save_model(model, str(tmp_path / "loose.onnx"), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=0)
+    assert len(list(tmp_path.iterdir())) > 10
+    onnxfiles.one_data_file(tmp_path / "loose.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loose.onnx", "loose.onnx.data"]
+    with (OrtRunner("loose", tmp_path / "loose.onnx", ["CPUExecutionProvider"]) as runner,
+          OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32):
+        batch = Batch("ones", [0], {name: np.ones((2, 5), dtype=np.int64) for name in runner.input_names})
+        assert np.array_equal(runner.infer(batch)["sentence_embedding"], fp32.infer(batch)["sentence_embedding"])
+
+
 def test_symbolic_shapes_fall_back_to_onnx_where_onnxruntime_cannot(tmp_path):
     """ONNX Runtime 1.31's symbolic inference fails on ReduceL2 with axes as an input (opset 18, the Normalize of a
     sentence-transformers model); ONNX's own inference keeps the named dims."""

@@ -25,6 +25,8 @@ RUNTIME_KEY = "workbench.runtime"  # the runtime a variant is run by: ONNX Runti
 # OpenVINO's inference precision for the ops a variant leaves in float: "f32" unless it says "bf16".
 OPENVINO_PRECISION_KEY = "workbench.openvino_precision"
 CORRUPT = "re-run the optimize step (or the step that wrote it); the file is truncated or corrupt"
+COPY_CHUNK = 2**26  # bytes of a weight copied at a time
+INLINE_BELOW = 1024  # bytes: a smaller tensor goes into the graph (onnx's own threshold for external data)
 FIXED_WIDTHS = {1: 8, 5: 4}  # protobuf wire types of fixed width: 64 and 32 bits
 DYNAMIC_QUANTIZATION = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})  # one activation scale per batch
 
@@ -140,6 +142,47 @@ def save(model: ModelProto, dest: Path | str, external: bool = False) -> Path:
                     out.write(prefix)
                     out.write(tensor.SerializeToString())
     return Path(dest)
+
+
+def one_data_file(path: Path) -> None:
+    """Gather the weights `path` keeps in external files of their own (torch.onnx's layout for a graph over 2 GB:
+    one file per tensor) into one `<name>.data` beside it, copied a chunk at a time, and remove the loose files; a
+    graph with its weights inside, or in that one file already, is left as it is."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = load(path, load_external_data=False)
+    tensors = [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
+    target = f"{path.name}.data"
+    loose = {ExternalDataInfo(tensor).location for tensor in tensors} - {target}
+    if not loose:
+        return
+    gathered = path.parent / f".{target}.partial"
+    with gathered.open("wb") as out:
+        for tensor in tensors:
+            info = ExternalDataInfo(tensor)
+            offset = out.tell()
+            with (path.parent / info.location).open("rb") as source:
+                source.seek(info.offset or 0)
+                left = info.length or os.fstat(source.fileno()).st_size - (info.offset or 0)
+                if left < INLINE_BELOW:  # a shape or a scalar: kept in the graph, where shape inference reads it
+                    tensor.raw_data = source.read(left)
+                    del tensor.external_data[:]
+                    tensor.data_location = tensor.DEFAULT
+                    continue
+                while left > 0:
+                    chunk = source.read(min(left, COPY_CHUNK))
+                    if not chunk:
+                        raise OnnxModelError(f"{path}'s weight file {info.location} ends early", REEXPORT)
+                    out.write(chunk)
+                    left -= len(chunk)
+            del tensor.external_data[:]
+            for key, value in (("location", target), ("offset", offset), ("length", out.tell() - offset)):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, str(value)
+    os.replace(gathered, path.parent / target)
+    save(model, path)  # the graph alone: its weights are in the one file now
+    for name in loose:
+        (path.parent / name).unlink(missing_ok=True)
 
 
 def _wire_parts(model: ModelProto) -> tuple[bytes, list[tuple[bytes, TensorProto]]]:

@@ -76,6 +76,7 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
                 torch.onnx.export(module, args, str(tmp), dynamo=False, opset_version=config.opset,
                                   input_names=list(loaded.input_names), output_names=output_names,
                                   dynamic_axes=axes, do_constant_folding=True)
+        onnxfiles.one_data_file(tmp)  # over 2 GB the exporter writes a file per tensor
         onnxfiles.fix_output_dims(tmp, fixed_sizes(module, args, outputs))
         onnxfiles.check(tmp)
     return onnxfiles.skeleton(dest)
