@@ -88,7 +88,9 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
 
     record, results = bert_parity
     config, loaded = record.config, load_model(record.config)
-    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded), regroup=served_groups)
+    budget = record.data["metrics"]["parity"]["inputs"]["max_tokens"]  # groups within the served token budget
+    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded),
+                          regroup=lambda lengths, rows: served_groups(lengths, rows, budget))
     int8, fp32 = record.variant("int8"), record.variant("fp32")
     assert onnxfiles.batch_dependent(int8.path) and not onnxfiles.batch_dependent(fp32.path)
     served = lab.batches[-lab.regrouped:]
@@ -106,7 +108,8 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
     parts = [{name: np.asarray([ids], dtype=np.int64) for name, ids in loaded.tokenizer(
         text, truncation=True, max_length=loaded.sequence.max).items() if name in loaded.input_names}
         for text in lab.texts]
-    padded = PaddedRunner(session, ["sentence_embedding"], [], loaded.tokenizer.pad_token_id, MAX_PADDING)
+    padded = PaddedRunner(session, ["sentence_embedding"], [], loaded.tokenizer.pad_token_id, MAX_PADDING,
+                          max_tokens=budget)
     with OrtRunner("int8", int8.path, ["CPUExecutionProvider"]) as runner:
         for batch in served:  # the texts of one group arriving together (one request, or requests batched by Triton)
             answers = padded.run([parts[i] for i in batch.text_ids])
@@ -118,6 +121,43 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
     assert any(both[i]["min_cosine"] < alone[i]["min_cosine"] for i in alone), "some text fares worse in its group"
     worst = min(both[i]["min_cosine"] for i in both)
     assert results["int8"]["outputs"]["sentence_embedding"]["min_cosine"] == pytest.approx(worst, abs=1e-6)
+
+
+def test_the_served_model_runs_a_request_past_its_token_budget_in_pieces_within_it(bert_parity):
+    """One request of 12 texts at 60 tokens (720 padded tokens) with a budget of 100: the served model's runner
+    (serving/backend/ort_batches.py) runs it one text at a time and joins the answers, each as the text alone."""
+    import onnxruntime
+
+    from workbench.serving.backend.ort_batches import MAX_PADDING, PaddedRunner, length_groups
+
+    record, _ = bert_parity
+    session = onnxruntime.InferenceSession(str(record.variant("fp32").path), providers=["CPUExecutionProvider"])
+
+    class Seen:  # the real session, its feeds' shapes noted
+        shapes: list[tuple[int, ...]] = []
+
+        def get_inputs(self):
+            return session.get_inputs()
+
+        def run(self, outputs, feed):
+            self.shapes.append(feed["input_ids"].shape)
+            return session.run(outputs, feed)
+
+    rng = np.random.default_rng(0)
+    request = {"input_ids": rng.integers(5, 90, (12, 60)), "attention_mask": np.ones((12, 60), np.int64),
+               "token_type_ids": np.zeros((12, 60), np.int64)}
+    seen = Seen()
+    runner = PaddedRunner(seen, ["sentence_embedding", "token_embeddings"], ["token_embeddings"], 0, MAX_PADDING,
+                          max_tokens=100)
+    [answer] = runner.run([request])
+    assert seen.shapes == [(1, 60)] * 12, "within 100 padded tokens: one 60-token text a batch"
+    whole = dict(zip(["sentence_embedding", "token_embeddings"],
+                     session.run(["sentence_embedding", "token_embeddings"], request)))
+    for name in whole:
+        assert answer[name].shape == whole[name].shape
+        np.testing.assert_allclose(answer[name], whole[name], atol=1e-5)
+    assert length_groups([(1, 30)] * 3 + [(1, 60)], MAX_PADDING, 100) == [[0, 1, 2], [3]]
+    assert length_groups([(1, 30)] * 4, MAX_PADDING, 100) == [[0, 1, 2], [3]], "90 tokens, then a group of its own"
 
 
 def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):

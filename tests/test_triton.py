@@ -98,6 +98,7 @@ def test_configs_read_back_through_the_protobuf(served, fused):
     assert list(model.dynamic_batching.preferred_batch_size) == [4, 8]
     assert all(i.allow_ragged_batch for i in model.input)
     assert model.parameters["intra_op_threads"].string_value == "1"
+    assert int(model.parameters["max_tokens"].string_value) == plan.max_tokens > 0, "the batch token budget"
     assert [s.model_name for s in parsed[plan.name].ensemble_scheduling.step] == [plan.tokenizer_name, plan.model_name]
     assert [o.name for o in parsed[plan.tokenizer_name].output][-1] == "truncated"
     _, one, server = fused

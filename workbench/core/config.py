@@ -102,7 +102,8 @@ class BatchRange(ShapeRange):
     `token_budget`)."""
 
     max_tokens: int | Literal["auto"] = Field(default="auto", description=(
-        "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners stay within it; auto: "
+        "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners and the batches the "
+        "served Python model runs stay within it (a request past it runs in pieces, its answers joined); auto: "
         "about 0.25 GiB of activations for the model's shape at sequence.max, at least one text at sequence.max"))
 
     @field_validator("max_tokens")

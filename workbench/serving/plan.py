@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.config import ShapeRange, TritonSettings
+from workbench.core.config import BatchRange, TritonSettings, activation_bytes_per_token
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
@@ -202,7 +202,7 @@ class ServingRequest:
     outputs: tuple[OutputSpec, ...]
     profiles: list[ShapeProfile]
     triton: TritonSettings
-    batch: ShapeRange
+    batch: BatchRange
     sequence_max: int
     threads: int | None
 
@@ -215,6 +215,9 @@ def build_plan(request: ServingRequest) -> ServingPlan:
     gpu = not python and gpu_name() is not None
     instances = instances_for(triton.instances, request.threads, flavor, gpu,
                               model_bytes=onnxfiles.total_bytes(request.variant.path))
+    export = request.export
+    max_tokens, _ = batch.token_budget(activation_bytes_per_token(
+        export.num_heads, export.hidden_size, export.intermediate_size, request.sequence_max), request.sequence_max)
     return ServingPlan(
         name=model_name_for(request.name), flavor=flavor, input_names=tuple(request.export.io.inputs),
         outputs=request.outputs, output_dims=graph_output_dims(request.export.io.outputs),
@@ -231,7 +234,7 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
         max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
         prompts=dict(pipeline.prompts), default_prompt_name=pipeline.default_prompt_name,
-        lowercase=pipeline.do_lower_case)
+        lowercase=pipeline.do_lower_case, max_tokens=max_tokens if python else 0)
 
 
 def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
@@ -244,11 +247,13 @@ def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
     return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
 
 
-def served_groups(lengths: list[int], rows: int) -> list[list[int]]:
+def served_groups(lengths: list[int], rows: int, max_tokens: int = 0) -> list[list[int]]:
     """The groups the served Python model (serving/backend/ort_batches.py) runs texts of these token counts in when
-    they arrive together, as indices into `lengths`: by length, a new group where padding would pass MAX_PADDING, and
-    at most `rows` texts (the model's max_batch_size, the most Triton's dynamic batcher puts together)."""
+    they arrive together, as indices into `lengths`: by length, a new group where padding would pass MAX_PADDING or
+    the group's padded tokens `max_tokens` (0: no bound), and at most `rows` texts (the model's max_batch_size, the
+    most Triton's dynamic batcher puts together)."""
     from workbench.serving.backend.ort_batches import MAX_PADDING, length_groups
 
-    return [group[start:start + rows] for group in length_groups([(1, length) for length in lengths], MAX_PADDING)
+    return [group[start:start + rows] for group in length_groups([(1, length) for length in lengths], MAX_PADDING,
+                                                                 max_tokens)
             for start in range(0, len(group), rows)]

@@ -65,6 +65,7 @@ class ServingPlan:
     max_documents: int = 256  # rerankers: documents one request may score
     max_texts: int = 256  # texts (reranker queries) one request may send
     max_text_chars: int = 100_000  # characters one text may have
+    max_tokens: int = 0  # padded tokens one batch the model runs may hold (batch.max_tokens; 0: unbounded)
 
     def record(self) -> dict[str, Any]:
         """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
@@ -216,7 +217,7 @@ def model_config(plan: ServingPlan) -> mc.ModelConfig:
 def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """What a Python model running ONNX Runtime (or, for the OpenVINO variant, OpenVINO) needs: providers and the
     graph optimizers its file leaves out (OpenVINO: the inference precision it names), threads per instance (and all
-    the instances' threads, for an instance whose neighbours are idle), the pad token."""
+    the instances' threads, for an instance whose neighbours are idle), the pad token, the token budget."""
     if plan.runtime == "openvino":
         config.parameters["runtime"].string_value = "openvino"
         config.parameters["openvino_precision"].string_value = onnxfiles.openvino_precision(plan.model_file)
@@ -228,6 +229,8 @@ def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
             config.parameters["disabled_optimizers"].string_value = ",".join(disabled)
     config.parameters["intra_op_threads"].string_value = str(plan.threads)
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
+    if plan.max_tokens:  # a request past it runs in pieces within it, its answers joined
+        config.parameters["max_tokens"].string_value = str(plan.max_tokens)
     if plan.instances > 1 and not plan.gpu:  # an instance alone at work takes the cores of the idle ones too
         config.parameters["instances"].string_value = str(plan.instances)
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+from functools import partial
 from pathlib import Path
 
 from workbench.core.atomic import write_text
@@ -212,11 +213,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         loaded = load_model(config)
         texts = lab_texts(config.lab, loaded)
         check_module(config, record, loaded, texts)
-        lab = ParityLab.build(config.lab, loaded, texts,
-                              regroup=served_groups if any(onnxfiles.batch_dependent(v.path)
-                                                           for v in variants.values()) else None)
-        loaded.drop_weights()  # the reference outputs are computed: nothing runs the module again
         tokens, source = loaded.token_budget(config.batch)
+        lab = ParityLab.build(config.lab, loaded, texts,
+                              regroup=partial(served_groups, max_tokens=tokens) if any(
+                                  onnxfiles.batch_dependent(v.path) for v in variants.values()) else None)
+        loaded.drop_weights()  # the reference outputs are computed: nothing runs the module again
         record.set_metric(f"{STEP}.inputs", {
             "texts": len(lab.texts), "corpus_texts": len(config.texts()), "max_tokens": tokens,
             "max_tokens_source": source,

@@ -182,7 +182,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
             reference = loaded if loaded.has_weights else load_model(config)  # dropped while a server ran
-            lab = lab or ParityLab.build(config.lab, reference, lab_texts(config.lab, loaded), regroup=served_groups)
+            lab = lab or ParityLab.build(config.lab, reference, lab_texts(config.lab, loaded), regroup=partial(
+                served_groups, max_tokens=loaded.token_budget(config.batch)[0]))
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(
                     runner, built.precision)

@@ -35,7 +35,8 @@ class TritonPythonModel:
         self.outputs = json.loads(params["model_outputs"])
         per_token = [o["name"] for o in config["output"] if o["name"] in self.outputs and len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, self.outputs, per_token, int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours,
+                                   int(params.get("max_tokens", "0")))
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)

@@ -18,7 +18,8 @@ class TritonPythonModel:
         outputs = [o["name"] for o in config["output"]]  # the outputs served, a subset of the graph's
         per_token = [o["name"] for o in config["output"] if len(o["dims"]) >= 2]
         self.runner = PaddedRunner(model, outputs, per_token, int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours,
+                                   int(params.get("max_tokens", "0")))
 
     def finalize(self):
         if self.neighbours is not None:

@@ -135,13 +135,15 @@ def sessions(path, params, args):
     return narrow, session(path, params, wide_threads), neighbours
 
 
-def length_groups(shapes, max_padding):
-    """Indices of `shapes` ((rows, length) per part) sorted by length, cut where padding would pass max_padding."""
+def length_groups(shapes, max_padding, max_tokens=0):
+    """Indices of `shapes` ((rows, length) per part) sorted by length, cut where padding would pass max_padding or
+    the group's padded tokens `max_tokens` (0: no bound; a part alone may pass it: `PaddedRunner.run` cuts parts)."""
     order = sorted(range(len(shapes)), key=lambda i: shapes[i][1])
     groups, current, real, rows_in = [], [], 0, 0
     for index in order:
         rows, length = shapes[index]
-        if current and 1 - (real + rows * length) / ((rows_in + rows) * length) > max_padding:
+        if current and (1 - (real + rows * length) / ((rows_in + rows) * length) > max_padding
+                        or max_tokens and (rows_in + rows) * length > max_tokens):
             groups.append(current)
             current, real, rows_in = [], 0, 0
         current.append(index)
@@ -153,12 +155,13 @@ def length_groups(shapes, max_padding):
 class PaddedRunner:
     """Runs `outputs` of a session over parts {input name: int64 [rows, length]}, one padded batch per group."""
 
-    def __init__(self, session, outputs, per_token, pad_token_id, max_padding, wide=None, neighbours=None):
+    def __init__(self, session, outputs, per_token, pad_token_id, max_padding, wide=None, neighbours=None,
+                 max_tokens=0):
         self.session, self.narrow, self.wide, self.neighbours = session, session, wide, neighbours
         self.inputs = [i.name for i in session.get_inputs()]
         self.outputs, self.per_token = list(outputs), set(per_token)
         self.fill = {"input_ids": pad_token_id}
-        self.max_padding = max_padding
+        self.max_padding, self.max_tokens = max_padding, max_tokens
 
     def run_group(self, parts):
         longest = max(p["input_ids"].shape[1] for p in parts)
@@ -186,9 +189,21 @@ class PaddedRunner:
             yield
 
     def run(self, parts):
-        """Each part's outputs, in the parts' order."""
-        results = [None] * len(parts)
-        for group in length_groups([p["input_ids"].shape for p in parts], self.max_padding):
-            for index, result in zip(group, self.run_group([parts[i] for i in group])):
+        """Each part's outputs, in the parts' order; a part past `max_tokens` padded tokens runs in pieces of rows
+        within it (one row at least), its outputs joined."""
+        pieces, owners = [], []
+        for index, part in enumerate(parts):
+            rows, length = part["input_ids"].shape
+            step = max(1, self.max_tokens // length) if self.max_tokens else rows
+            for start in range(0, rows, step):
+                pieces.append({name: value[start:start + step] for name, value in part.items()})
+                owners.append(index)
+        results = [None] * len(pieces)
+        for group in length_groups([p["input_ids"].shape for p in pieces], self.max_padding, self.max_tokens):
+            for index, result in zip(group, self.run_group([pieces[i] for i in group])):
                 results[index] = result
-        return results
+        joined = [[] for _ in parts]
+        for owner, result in zip(owners, results):
+            joined[owner].append(result)
+        return [found[0] if len(found) == 1 else {name: np.concatenate([r[name] for r in found])
+                                                  for name in found[0]} for found in joined]

@@ -33,7 +33,8 @@ class TritonPythonModel:
         self.tokenizer = TextEncoder(folder, self.max_length, [i.name for i in model.get_inputs()])
         self.outputs = json.loads(params["model_outputs"])
         self.runner = PaddedRunner(model, self.outputs, [], int(params.get("pad_token_id", "0")),
-                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours)
+                                   float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours,
+                                   int(params.get("max_tokens", "0")))
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
