@@ -51,7 +51,7 @@ def test_latency_grid_covers_every_runner_and_cell(reported):
 
     _, record = reported
     latency = record.metric("bench.latency")
-    assert set(latency["cells"]) == {"b1_s8", "b1_s16", "b2_s8", "b2_s16"}
+    assert set(latency["cells"]) == {"b1_s8", "b1_s16", "b2_s8", "b2_s16", "b1_s64"}, "and one text at the max"
     for cell, stats in latency["cells"].items():
         assert {"pytorch", "original", "fp32", "int8"} <= set(stats)
         assert stats["pytorch"]["speedup"] == 1.0

@@ -378,6 +378,8 @@ class BenchSettings(_Strict):
     rounds: int = Field(default=20, ge=3)
     warmup: int = Field(default=3, ge=0)
     seconds_per_cell: float = Field(default=60.0, gt=0)
+    long_texts: bool = Field(default=True, description=(
+        "a batch-1 cell at 2048 tokens and one at sequence.max, where they are longer than the grid's longest"))
     tune_sessions: bool = Field(default=True, description="measure ONNX Runtime session settings per variant first")
     torch_compile: bool = Field(default=False, description=(
         "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))

@@ -251,6 +251,16 @@ class GridShape:
     warmup: int
     seconds_per_cell: float
     tune_sessions: bool = True
+    long: list[int] = field(default_factory=list)  # lengths of a batch-1 cell each, past the grid's sequences
+
+
+LONG_TEXT = 2048  # tokens: a long document's cell, where the model takes it
+
+
+def long_lengths(sequences: list[int], sequence_max: int) -> list[int]:
+    """The batch-1 cells for long texts: LONG_TEXT and `sequence_max` tokens, those longer than the grid's
+    `sequences` and within the model's `sequence_max`."""
+    return sorted({n for n in (LONG_TEXT, sequence_max) if max(sequences, default=0) < n <= sequence_max})
 
 
 @dataclass(frozen=True)
@@ -313,7 +323,7 @@ def _measure_grid(rows: GridRows, shape: GridShape, text: GridText, dims: Dimens
     cells: dict[str, dict[str, CellTiming]] = {}
     flops: dict[str, float] = {}
     graphs: dict[str, dict[str, str]] = {}
-    shapes = [(size, length) for size in shape.batches for length in shape.sequences]
+    shapes = [(size, length) for size in shape.batches for length in shape.sequences] + [(1, n) for n in shape.long]
     with OthersBusy() as others:  # what other work did to the host while the grid ran
         for size, length in track(shapes, "bench: latency grid", "cells", note=lambda s: Cell(*s).key):
             batch = text.batch(size, length)

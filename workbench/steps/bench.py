@@ -21,6 +21,7 @@ from workbench.measure.latency import (
     GridText,
     corpus_rates,
     disturbance_note,
+    long_lengths,
     measure_grid,
     needs_lab,
 )
@@ -51,8 +52,9 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     """The in-process grid of `config.bench` on the run's corpus, cells up to the exported sequence length, the
     variants judged by their parity verdicts (metrics.bench.latency)."""
     bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
-    shape = GridShape(list(bench.batches), [s for s in bench.sequences if s <= export.max_sequence],
-                      bench.rounds, bench.warmup, bench.seconds_per_cell, bench.tune_sessions)
+    sequences = [s for s in bench.sequences if s <= export.max_sequence]
+    shape = GridShape(list(bench.batches), sequences, bench.rounds, bench.warmup, bench.seconds_per_cell,
+                      bench.tune_sessions, long_lengths(sequences, export.max_sequence) if bench.long_texts else [])
     texts = list(config.texts())
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
