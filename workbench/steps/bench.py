@@ -54,7 +54,9 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
     sequences = [s for s in bench.sequences if s <= export.max_sequence]
     shape = GridShape(list(bench.batches), sequences, bench.rounds, bench.warmup, bench.seconds_per_cell,
-                      bench.tune_sessions, long_lengths(sequences, export.max_sequence) if bench.long_texts else [])
+                      bench.tune_sessions,
+                      long_lengths(sequences, config.sequence.resolve(export.max_sequence).max) if bench.long_texts
+                      else [])
     texts = list(config.texts())
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
