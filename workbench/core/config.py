@@ -110,7 +110,7 @@ class BatchRange(ShapeRange):
     @classmethod
     def _positive(cls, value: int | Literal["auto"]) -> int | Literal["auto"]:
         if value != "auto" and value < 1:
-            raise ValueError(f"batch.max_tokens must be at least 1 (or auto), got {value}")
+            raise ValueError("batch.max_tokens must be at least 1 (or auto)")
         return value
 
     def token_budget(self, per_token: int, sequence_max: int) -> tuple[int, str]:
@@ -693,8 +693,13 @@ def _choices(annotation: object) -> str:
         inner = _choices(args[0])
         return f"a list of {inner}" if inner else ""
     if origin in (Union, UnionType):
-        return ", or ".join(found for arg in args if (found := _choices(arg)))
+        found = [choice for arg in args if (choice := _choices(arg))]
+        numbers = [NUMBER_WORDS[arg] for arg in args if arg in NUMBER_WORDS]
+        return ", or ".join(numbers + found) if found else ""
     return ""
+
+
+NUMBER_WORDS = {int: "a whole number", float: "a number"}  # beside a Literal's values: "a whole number, or auto"
 
 
 def _valid(path: Sequence[int | str]) -> str:
