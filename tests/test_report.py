@@ -330,6 +330,9 @@ def test_the_report_opens_with_the_recommendation_and_names_the_served_variant(b
     assert "<b>int8_repaired</b></td><td>2.5x</td>" in table and "margin +0.0003) on sentence_embedding" in table
     assert "<b>fp32</b></td><td>4x</td>" in table
     assert html.count("Served: int8_repaired via the fused layout.") == 2  # the block and the served parity section
+    throughput = next(line for line in bench.lines(record) if line.startswith("throughput: fp32"))
+    assert ". Triton serves int8_repaired (the triton step's order, chosen before bench measured); to serve fp32:" \
+        in throughput, "the terminal's summary says so too"
 
 
 def test_the_speedup_heatmap_is_centred_on_1x(benched):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from workbench.core.batches import corpus_batches
-from workbench.core.catalog import Parts, Section, StepSpec
+from workbench.core.catalog import Parts, Section, StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
@@ -121,12 +121,14 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 
 def lines(record: RunRecord) -> list[str]:
-    """The verdict line: a busy host or a disturbed grid, the recommendation per goal, a served bench that was
-    skipped."""
+    """The verdict line: a busy host or a disturbed grid, the recommendation per goal (and where Triton serves
+    another variant, which and how to switch), a served bench that was skipped."""
     bench = record.results_as(STEP, BenchMetrics)
     busy = busy_note(bench) if bench else ""
+    differs = next((step.served_differs for step in specs() if step.served_differs), None)
     found = [*([f"{busy}: read the speedups below as this host's under load"] if busy else []),
-             *disturbed_lines(record), *(r.line() for r in recommend(record))]
+             *disturbed_lines(record),
+             *(r.line() + (differs(record, r.variant) if differs and r.variant else "") for r in recommend(record))]
     if bench and bench.served and bench.served.skipped:
         found.append(f"served benchmark skipped: {bench.served.skipped}")
     return found
