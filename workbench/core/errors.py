@@ -83,8 +83,9 @@ class StepFailedError(WorkbenchError):
     """A pipeline step failed; the record says which and why."""
 
 
-class OutOfMemoryError(StepFailedError):
-    """A step's process was killed by the out-of-memory killer: the memory it was given was not enough."""
+class OutOfMemoryError(WorkbenchError):
+    """Not enough memory: preflight found the limit below what the run needs, or the out-of-memory killer took a
+    step's process."""
 
 
 class StepSkipped(WorkbenchError):
