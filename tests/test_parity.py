@@ -502,10 +502,11 @@ def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path, int8_first
     """The embedded model's int8 loses accuracy on short texts; the repair must bring min cosine to >= 0.99.
 
     On an AVX2-only CPU ONNX Runtime's int8 fails the gate under every whole-graph recipe and the repair searches;
-    the search is bounded by builds, not seconds, so a slow or busy host reaches the same candidates.
+    the search is bounded by builds, not seconds, so a slow or busy host reaches the same candidates. OpenVINO is left
+    out: where its int8 wins the race it is served before int8, and int8's repair is then `not needed`.
     """
     settings = {"batch": {"min": 1, "opt": 8, "max": 8}, "sequence": {"min": 1, "opt": 64, "max": 128},
-                "precisions": ["fp32", "int8"], "threads": 2,
+                "precisions": ["fp32", "int8"], "threads": 2, "optimize": {"openvino": "never"},
                 "parity": {"repair": {"budget_s": 7200, "max_builds": 40}}}
     record, results = pipeline("sentence-transformers/all-MiniLM-L6-v2", tmp_path, **settings)
     before = results["int8"]["outputs"]["sentence_embedding"]["min_cosine"]
