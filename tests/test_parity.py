@@ -449,7 +449,7 @@ def cpu_burners(busy: bool) -> Iterator[None]:
 def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_path, int8_first):
     strict = {"tolerances": {"sentence_embedding": {"min_cosine": 0.999995}}, "precisions": ["fp32", "int8"],
               "threads": 2,
-              "optimize": {"graph_form": "fused"}}  # the form is a speed choice: measured, it may follow the load
+              "optimize": {"graph_form": "fused", "openvino": "never"}}  # speed choices: they may follow the load
     chosen = []
     for busy in (False, True):
         with cpu_burners(busy):
@@ -465,7 +465,7 @@ def test_int8_repair_choice_does_not_follow_the_machine_load(tiny_models, tmp_pa
 
 def test_a_repair_that_keeps_every_node_in_fp32_is_no_repair(tiny_models, tmp_path, int8_first):
     exact = {"tolerances": {"sentence_embedding": {"atol": 1e-6, "min_cosine": 0.9999999}},
-             "precisions": ["fp32", "int8"]}
+             "precisions": ["fp32", "int8"], "optimize": {"openvino": "never"}}
     record, results = pipeline(tiny_models["bert"], tmp_path, **exact)
     repair = record.data["metrics"]["parity"]["repair"]["int8"]
     assert repair["outcome"].startswith("unrepairable")
