@@ -187,21 +187,34 @@ def test_a_graph_is_saved_weight_by_weight_and_reads_back_as_it_was(optimized_be
 
 
 def test_weights_in_a_file_each_are_gathered_into_one_data_file(optimized_bert, tmp_path):
-    """torch.onnx's layout over 2 GB (one file per tensor, simulated here with onnx's own writer) becomes one
-    `.onnx` and one `.onnx.data`, answering as before."""
+    """torch.onnx's layout over 2 GB (one file per tensor, Constant nodes' values too; simulated here with onnx's
+    own writer) becomes one `.onnx` and one `.onnx.data`, answering as before; the symbolic-shapes graph built from
+    it without loading its weights is such a pair too."""
     import onnx
 
+    from workbench.graphs.variants import infer_shapes
+
     record, _ = optimized_bert
-    model = onnxfiles.load(record.artifact("onnx.fp32"))
+    exported = record.artifact("onnx.original")
+    model = onnxfiles.load(exported)
+    assert any(node.op_type == "Constant" for node in model.graph.node)
     onnx.save_model(model, str(tmp_path / "loose.onnx"), save_as_external_data=True, all_tensors_to_one_file=False,
-                    size_threshold=0)
+                    size_threshold=0, convert_attribute=True)
     assert len(list(tmp_path.iterdir())) > 10
     onnxfiles.one_data_file(tmp_path / "loose.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loose.onnx", "loose.onnx.data"]
-    with (OrtRunner("loose", tmp_path / "loose.onnx", ["CPUExecutionProvider"]) as runner,
-          OrtRunner("fp32", record.artifact("onnx.fp32"), ["CPUExecutionProvider"]) as fp32):
-        batch = Batch("ones", [0], {name: np.ones((2, 5), dtype=np.int64) for name in runner.input_names})
-        assert np.array_equal(runner.infer(batch)["sentence_embedding"], fp32.infer(batch)["sentence_embedding"])
+    shaped, _ = infer_shapes(tmp_path / "loose.onnx", tmp_path / "shaped.onnx")
+    assert shaped.graph.value_info, "shapes inferred"
+    assert not any(t.raw_data for t in shaped.graph.initializer if np.prod(t.dims) >= 256), "weights left on disk"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loose.onnx", "loose.onnx.data", "shaped.onnx",
+                                                          "shaped.onnx.data"]
+    with (OrtRunner("exported", exported, ["CPUExecutionProvider"]) as whole,
+          OrtRunner("loose", tmp_path / "loose.onnx", ["CPUExecutionProvider"]) as gathered,
+          OrtRunner("shaped", tmp_path / "shaped.onnx", ["CPUExecutionProvider"]) as inferred):
+        batch = Batch("ones", [0], {name: np.ones((2, 5), dtype=np.int64) for name in whole.input_names})
+        want = whole.infer(batch)["sentence_embedding"]
+        assert np.array_equal(gathered.infer(batch)["sentence_embedding"], want)
+        np.testing.assert_allclose(inferred.infer(batch)["sentence_embedding"], want, atol=1e-5)  # shapes: fusions
 
 
 def test_symbolic_shapes_fall_back_to_onnx_where_onnxruntime_cannot(tmp_path):

@@ -61,3 +61,16 @@ def test_padding_waste_numbers():
 def test_texts_beyond_the_range_are_clipped_to_it():
     profiles = design_profiles(np.array([5, 600]), 2, BATCH, ShapeRange(min=1, opt=128, max=512))
     assert profiles[-1].sequence[2] == 512
+
+
+def test_a_profiles_batches_stay_within_the_token_budget():
+    """Long buckets get fewer texts: a batch at a profile's max (and at its opt) holds at most max_tokens padded
+    tokens, one text at least; short buckets keep the run's batch range."""
+    long = ShapeRange(min=1, opt=512, max=8192)
+    profiles = design_profiles(np.array([20] * 50 + [3000] * 5 + [8000]), 3, BATCH, long, max_tokens=16384)
+    assert [p.batch for p in profiles] == [(1, 8, 32), (1, 5, 5), (1, 2, 2)]
+    for profile in profiles:
+        assert profile.batch[2] * profile.sequence[2] <= 16384 or profile.batch[2] == 1
+        assert profile.batch[1] * profile.sequence[1] <= 16384
+    [alone] = design_profiles(np.array([8000]), 1, BATCH, long, max_tokens=4096)
+    assert alone.batch == (1, 1, 1), "a text longer than the budget still runs, alone"

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -460,3 +461,57 @@ def test_a_repaired_int8_that_lost_its_race_is_served_after_the_variant_it_lost_
     record.set_metric("parity.repair.openvino_int8", {"precision": "int8", "outcome": "repaired", "units": 39,
                                                       "race": Trial(against="fp32", kept=True).recorded()})
     assert lost_races(record) == lost
+
+
+def long_texts(tokenizer, count: int, tokens: int) -> list[str]:
+    """`count` different texts of at most `tokens` tokens each (the special ones included), nearly that long: the
+    corpus's sentences from `count` starting points, as many as fit (a WordPiece text's tokens are its words')."""
+    corpus = list(load_corpus())
+    sizes = [len(ids) for ids in tokenizer(corpus, add_special_tokens=False)["input_ids"]]
+    texts = []
+    for start in range(count):
+        picked, total, at = [], 2, start * 7
+        while total + sizes[at % len(corpus)] <= tokens:
+            picked.append(corpus[at % len(corpus)])
+            total, at = total + sizes[at % len(corpus)], at + 1
+        texts.append(" ".join(picked))
+    return texts
+
+
+def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_path):
+    """A tiny model with 8192 positions: one request of 32 texts of about 8,000 tokens (unbounded, its attention
+    scores alone would be 32 GB) runs one text at a time within batch.max_tokens, each answer the text's own alone,
+    and the server stays far below what the whole request would hold."""
+    from workbench.models.tiny import build_sentence_encoder
+
+    model = build_sentence_encoder(tmp_path / "long", dense=None, normalize=True, positions=8192, max_seq_length=8192)
+    config, record = prepared(model, tmp_path / "run", tmp_path / "repos", triton_settings={"max_text_chars": 10**6},
+                              sequence={"min": 1, "opt": 64, "max": 8192}, batch={"min": 1, "opt": 4, "max": 32})
+    plan, _ = serving_plan(config, record)
+    assert plan.max_tokens == 8192, "auto: one text at sequence.max"
+    repository = write_repository(plan, tmp_path / "repository")
+    assert read_repository(repository)[plan.name].parameters["max_tokens"].string_value == "8192"
+    loaded = load_model(config)
+    texts = long_texts(loaded.tokenizer, 32, 8000)
+    lengths = [len(ids) for ids in loaded.tokenizer(texts)["input_ids"]]
+    assert 7500 < min(lengths) and max(lengths) <= 8000
+    peak = [0]
+    with TritonServer(repository, tmp_path / "server") as server, TritonClient(server.grpc_url) as client:
+        idle = server.rss_bytes()
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.1):
+                peak[0] = max(peak[0], server.rss_bytes())
+
+        watcher = threading.Thread(target=sample)
+        watcher.start()
+        try:
+            whole = client.infer_texts(plan.name, texts)["sentence_embedding"]
+        finally:
+            done.set()
+            watcher.join()
+        alone = np.concatenate([client.infer_texts(plan.name, [text])["sentence_embedding"] for text in texts])
+    np.testing.assert_allclose(whole, alone, atol=1e-5)
+    unbounded = 32 * 4 * 8000**2 * 4  # the whole request's attention scores in one layer: 4 heads, fp32
+    assert peak[0] - idle < unbounded / 8, f"{(peak[0] - idle) / 2**30:.1f} GiB over idle"

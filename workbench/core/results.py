@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workbench.core.config import BatchRange, activation_bytes_per_token
 from workbench.core.flavor import Flavor
 
 SCHEMA_VERSION = 2
@@ -231,6 +232,12 @@ class ExportMetrics(Metrics):
     opset: int | None = None
     exporter: str | None = None
     export_seconds: float | None = None
+
+    def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
+        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
+        model's shape at `sequence_max`)."""
+        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size, sequence_max)
+        return batch.token_budget(per_token, sequence_max)
 
 
 Timings = dict[str, dict[str, float]]  # graph -> cell name -> median ms
@@ -491,6 +498,8 @@ class TensorrtMetrics(Metrics):
     lengths: LengthStats | None = None
     padding_waste: dict[str, PaddingWaste] = Field(default_factory=dict)  # profiles (as text) -> waste
     profiles: list[ShapeProfile] = Field(default_factory=list)
+    max_tokens: int | None = None  # the padded tokens a profile's batch may hold (batch.max_tokens), and why
+    max_tokens_source: str | None = None
     fp16_pins: dict[str, list[str]] = Field(default_factory=dict)  # fused-graph node -> exported nodes kept fp32
     engines: dict[str, EngineRecord] = Field(default_factory=dict)
     parity: dict[str, Verdict] = Field(default_factory=dict)

@@ -152,11 +152,13 @@ def save(model: ModelProto, dest: Path | str, external: bool = False) -> Path:
 def one_data_file(path: Path) -> None:
     """Gather the weights `path` keeps in external files of their own (torch.onnx's layout for a graph over 2 GB:
     one file per tensor) into one `<name>.data` beside it, copied a chunk at a time, and remove the loose files; a
-    graph with its weights inside, or in that one file already, is left as it is."""
+    graph with its weights inside, or in that one file already, is left as it is. A Constant node's value, and any
+    tensor under 1 KB, goes into the graph: shape inference reads them (`graph_alone`)."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     model = load(path, load_external_data=False)
-    tensors = [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
+    constants = [a.t for node in model.graph.node for a in node.attribute if a.HasField("t")]
+    tensors = [tensor for tensor in [*model.graph.initializer, *constants] if uses_external_data(tensor)]
     target = f"{path.name}.data"
     loose = {ExternalDataInfo(tensor).location for tensor in tensors} - {target}
     if not loose:
@@ -169,7 +171,7 @@ def one_data_file(path: Path) -> None:
             with (path.parent / info.location).open("rb") as source:
                 source.seek(info.offset or 0)
                 left = info.length or os.fstat(source.fileno()).st_size - (info.offset or 0)
-                if left < INLINE_BELOW:  # a shape or a scalar: kept in the graph, where shape inference reads it
+                if left < INLINE_BELOW or any(tensor is constant for constant in constants):
                     tensor.raw_data = source.read(left)
                     del tensor.external_data[:]
                     tensor.data_location = tensor.DEFAULT
@@ -188,6 +190,37 @@ def one_data_file(path: Path) -> None:
     save(model, path)  # the graph alone: its weights are in the one file now
     for name in loose:
         (path.parent / name).unlink(missing_ok=True)
+
+
+def graph_alone(path: Path | str) -> ModelProto:
+    """The model in `path` with its external weights left on disk (each initializer keeps its dims and where its
+    data is; a graph with its weights inside reads them too): what shape inference needs, without a model's size
+    in memory. `save_beside_weights` writes it back with the weights."""
+    return load(path, load_external_data=False)
+
+
+def save_beside_weights(model: ModelProto, dest: Path, source: Path) -> Path:
+    """Save `model`, read from `source` by `graph_alone` and changed in anything but its weights, as `dest`: the
+    external weights are `source`'s one data file copied beside `dest` (a file copy: never in memory), each
+    initializer pointed at the copy. A graph without external weights is saved as `save` does."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    tensors = [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]
+    if not tensors:
+        return save(model, dest)
+    locations = {ExternalDataInfo(tensor).location for tensor in tensors}
+    if locations != {f"{source.name}.data"}:
+        raise OnnxModelError(f"{source} keeps its weights in {len(locations)} files ({sorted(locations)[0]}, ...), "
+                             f"not in one {source.name}.data beside it", "re-run the export step: it gathers them")
+    target = f"{dest.name}.data"
+    for tensor in tensors:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = target
+    with onnx_destination(dest) as tmp:
+        shutil.copyfile(source.parent / f"{source.name}.data", tmp.parent / target)
+        save(model, tmp)
+    return dest
 
 
 def _wire_parts(model: ModelProto) -> tuple[bytes, list[tuple[bytes, TensorProto]], int]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.core.batches import within
 from workbench.core.config import ShapeRange
 from workbench.core.record import RunRecord
 
@@ -71,11 +72,13 @@ def padded_batches(lengths: np.ndarray, rows: int) -> np.ndarray:
     return np.array([lengths[i:i + rows].max() for i in range(0, len(lengths), rows)])
 
 
-def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequence: ShapeRange) -> list[Profile]:
+def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequence: ShapeRange,
+                    max_tokens: int | None = None) -> list[Profile]:
     """Profiles covering sequence.min..sequence.max whose inner edges follow the data.
 
     Lengths are clipped to the served range first (longer texts are truncated). Each bucket's opt is the median padded
-    length of batches of `batch.opt` texts from that bucket, rounded up to a multiple of 8.
+    length of batches of `batch.opt` texts from that bucket, rounded up to a multiple of 8. A profile's batch opt and
+    max hold at most `max_tokens` padded tokens at its opt and max lengths (one text at least: `batches.within`).
     """
     top = sequence.max
     clipped = np.clip(np.asarray(lengths), sequence.min, top)
@@ -87,7 +90,9 @@ def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequen
         inside = clipped[(clipped >= low) & (clipped <= high)]
         typical = int(np.median(padded_batches(inside, batch.opt))) if inside.size else high
         opt = min(max(_round_up(typical), low), high)
-        profiles.append(Profile((batch.min, batch.opt, batch.max), (low, opt, high)))
+        rows = within(batch.max, high, max_tokens)
+        profiles.append(Profile((min(batch.min, rows), min(within(batch.opt, opt, max_tokens), rows), rows),
+                                (low, opt, high)))
         low = high + 1
     return profiles
 

@@ -177,17 +177,19 @@ def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_
 def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
     """The original graph with symbolic shapes everywhere (what TensorRT and its ORT EP parse best), and how they
     were inferred: ONNX Runtime's symbolic shape inference, or, where it fails on an operator version it does not
-    know (e.g. ReduceL2 with axes as an input, opset 18), ONNX's own shape inference, which keeps named dims too."""
+    know (e.g. ReduceL2 with axes as an input, opset 18), ONNX's own shape inference, which keeps named dims too.
+    Both run on the graph without its external weights (each copies the model it is given, and ONNX's serializes
+    it too: over 4x a large model's weights); the weights are copied beside `dest` as a file."""
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
-        model = SymbolicShapeInference.infer_shapes(onnxfiles.load(original), auto_merge=True)
+        model = SymbolicShapeInference.infer_shapes(onnxfiles.graph_alone(original), auto_merge=True)
         method = "onnxruntime symbolic shape inference"
     except (TypeError, KeyError, AssertionError) as exc:
-        model = onnx.shape_inference.infer_shapes(onnxfiles.load(original), data_prop=True)
+        model = onnx.shape_inference.infer_shapes(onnxfiles.graph_alone(original), data_prop=True)
         method = f"onnx shape inference (onnxruntime's symbolic inference failed: {type(exc).__name__}: {exc})"
-    onnxfiles.save(model, dest)
+    onnxfiles.save_beside_weights(model, dest, original)
     return model, method
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.config import BatchRange, TritonSettings, activation_bytes_per_token
+from workbench.core.config import BatchRange, TritonSettings
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
@@ -216,8 +216,7 @@ def build_plan(request: ServingRequest) -> ServingPlan:
     instances = instances_for(triton.instances, request.threads, flavor, gpu,
                               model_bytes=onnxfiles.total_bytes(request.variant.path))
     export = request.export
-    max_tokens, _ = batch.token_budget(activation_bytes_per_token(
-        export.num_heads, export.hidden_size, export.intermediate_size, request.sequence_max), request.sequence_max)
+    max_tokens, _ = export.token_budget(batch, request.sequence_max)
     return ServingPlan(
         name=model_name_for(request.name), flavor=flavor, input_names=tuple(request.export.io.inputs),
         outputs=request.outputs, output_dims=graph_output_dims(request.export.io.outputs),

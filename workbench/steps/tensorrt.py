@@ -126,11 +126,13 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(config.texts()))
         sequence = config.sequence.resolve(export.max_sequence)
-        profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence)
-        single = design_profiles(lengths, 1, config.batch, sequence)
+        max_tokens, max_tokens_source = export.token_budget(config.batch, sequence.max)
+        profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence, max_tokens)
+        single = design_profiles(lengths, 1, config.batch, sequence, max_tokens)
         metrics = TensorrtMetrics.model_validate({
             "lengths": length_stats(lengths).recorded(),
-            "profiles": [p.record() for p in profiles],
+            "profiles": [p.record() for p in profiles], "max_tokens": max_tokens,
+            "max_tokens_source": max_tokens_source,
             "padding_waste": {"1": padding_waste(lengths, single, config.batch.opt),
                               str(len(profiles)): padding_waste(lengths, profiles, config.batch.opt)},
         })
@@ -166,9 +168,11 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 def lines(record: RunRecord) -> list[str]:
     """The verdict line: the profiles' sequence ranges and the engines checked."""
     tensorrt = record.results_as(STEP, TensorrtMetrics) or TensorrtMetrics()
-    shapes = "; ".join(f"sequence {p.sequence[0]}-{p.sequence[2]} (opt {p.sequence[1]})" for p in tensorrt.profiles)
+    shapes = "; ".join(f"sequence {p.sequence[0]}-{p.sequence[2]} (opt {p.sequence[1]}), batch {p.batch[0]}-"
+                       f"{p.batch[2]} (opt {p.batch[1]})" for p in tensorrt.profiles)
+    budget = f" within {tensorrt.max_tokens} padded tokens a batch" if tensorrt.max_tokens else ""
     checked = ", ".join(f"{name} {'pass' if v.passed else 'FAIL'}" for name, v in tensorrt.parity.items())
-    return [f"{len(tensorrt.profiles)} shape profiles: {shapes}", f"engines checked: {checked or 'none'}"]
+    return [f"{len(tensorrt.profiles)} shape profiles{budget}: {shapes}", f"engines checked: {checked or 'none'}"]
 
 
 def section(tensorrt: TensorrtMetrics) -> Parts:
