@@ -48,6 +48,23 @@ def test_a_copy_with_new_file_times_is_not_stale(tmp_path):
     assert "onnx.original (the file export wrote changed)" in copied.data["steps"]["optimize"]["reason"]
 
 
+def test_a_graphs_weights_file_is_part_of_its_checksum(tmp_path):
+    """An ONNX graph with its weights beside it (`original.onnx.data`): the pair is one artifact, so other weights
+    of the same size make the steps that read it stale on --resume."""
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    weights = tmp_path / "run" / "onnx" / "original.onnx.data"
+    weights.parent.mkdir()
+    weights.write_text("weights 1")
+    _produce(record, "first")
+    assert RunRecord.load(tmp_path / "run").data["artifacts"]["onnx.original"]["bytes"] == len("first") + 9
+    _consume(record)
+    weights.write_text("weights 2")
+    changed = RunRecord.load(tmp_path / "run")
+    changed.mark("parity", "skipped", "not requested")
+    assert changed.status("optimize") == "stale"
+    assert "onnx.original (the file export wrote changed)" in changed.data["steps"]["optimize"]["reason"]
+
+
 # ---- runs at once -----------------------------------------------------------------------------------------------
 def _run(model: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [str(Path(sys.executable).parent / "workbench"), "run", "--model", str(model), "--steps", "export",

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
-from workbench.core.batches import Batch
+from workbench.core.batches import Batch, long_texts, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import (
@@ -463,21 +463,6 @@ def test_a_repaired_int8_that_lost_its_race_is_served_after_the_variant_it_lost_
     assert lost_races(record) == lost
 
 
-def long_texts(tokenizer, count: int, tokens: int) -> list[str]:
-    """`count` different texts of at most `tokens` tokens each (the special ones included), nearly that long: the
-    corpus's sentences from `count` starting points, as many as fit (a WordPiece text's tokens are its words')."""
-    corpus = list(load_corpus())
-    sizes = [len(ids) for ids in tokenizer(corpus, add_special_tokens=False)["input_ids"]]
-    texts = []
-    for start in range(count):
-        picked, total, at = [], 2, start * 7
-        while total + sizes[at % len(corpus)] <= tokens:
-            picked.append(corpus[at % len(corpus)])
-            total, at = total + sizes[at % len(corpus)], at + 1
-        texts.append(" ".join(picked))
-    return texts
-
-
 def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_path):
     """A tiny model with 8192 positions: one request of 32 texts of about 8,000 tokens (unbounded, its attention
     scores alone would be 32 GB) runs one text at a time within batch.max_tokens, each answer the text's own alone,
@@ -492,9 +477,9 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
     repository = write_repository(plan, tmp_path / "repository")
     assert read_repository(repository)[plan.name].parameters["max_tokens"].string_value == "8192"
     loaded = load_model(config)
-    texts = long_texts(loaded.tokenizer, 32, 8000)
-    lengths = [len(ids) for ids in loaded.tokenizer(texts)["input_ids"]]
-    assert 7500 < min(lengths) and max(lengths) <= 8000
+    texts = long_texts(loaded.tokenizer, load_corpus(), [8000] * 32)
+    lengths = token_lengths(loaded.tokenizer, list(texts))
+    assert len(set(texts)) == 32 and 8000 <= min(lengths) and max(lengths) < 8192
     peak = [0]
     with TritonServer(repository, tmp_path / "server") as server, TritonClient(server.grpc_url) as client:
         idle = server.rss_bytes()
@@ -507,7 +492,7 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
         watcher = threading.Thread(target=sample)
         watcher.start()
         try:
-            whole = client.infer_texts(plan.name, texts)["sentence_embedding"]
+            whole = client.infer_texts(plan.name, list(texts))["sentence_embedding"]
         finally:
             done.set()
             watcher.join()

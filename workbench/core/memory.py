@@ -56,6 +56,16 @@ def oom_kills() -> int:
     return count
 
 
+def first_to_go() -> None:
+    """Make this process (and what it starts) the out-of-memory killer's first choice: oom_score_adj 1000, which
+    any process may raise its own to. A step's kernel or the Triton server then dies before the CLI that reports
+    why (`OutOfMemoryError`); where /proc cannot be written, nothing changes."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+
+
 def _own_cgroup(controller: str) -> str:
     """This process's cgroup path for `controller` ("" for cgroup v2's unified one), relative to the mount."""
     try:

@@ -337,31 +337,31 @@ class RunRecord:
             return False
         path = self.run_dir / entry["path"]
         try:
-            stat = path.stat()
+            stats = [file.stat() for file in _files(path)]
         except OSError:
             return True
-        if stat.st_size != entry["bytes"]:
+        if sum(stat.st_size for stat in stats) != entry["bytes"]:
             return True
-        if stat.st_mtime_ns != entry["mtime_ns"]:
-            if sha256_file(path) != entry["sha256"]:
+        if max(stat.st_mtime_ns for stat in stats) != entry["mtime_ns"]:
+            if _digest(path, _files(path)) != entry["sha256"]:
                 return True
-            entry["mtime_ns"] = stat.st_mtime_ns
+            entry["mtime_ns"] = max(stat.st_mtime_ns for stat in stats)
         return False
 
     # ---- artifacts -----------------------------------------------------------------------
     def add_artifact(self, name: str, path: Path | str, kind: str, **extra: Any) -> Path:
         path = Path(path)
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        files = _files(path)
         entry = {
             "path": self._relative(path),
             "kind": kind,
             "bytes": sum(p.stat().st_size for p in files),
-            "sha256": sha256_file(path) if path.is_file() else _sha256_tree(path, files),
+            "sha256": _digest(path, files),
             "step": self._current,
             **extra,
         }
         if path.is_file():
-            entry["mtime_ns"] = path.stat().st_mtime_ns
+            entry["mtime_ns"] = max(p.stat().st_mtime_ns for p in files)
         self.data["artifacts"][name] = entry
         self.save()
         return path
@@ -535,6 +535,20 @@ class RunRecord:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _files(path: Path) -> list[Path]:
+    """An artifact's files: a folder's, else the file and, for an ONNX graph, the external-data file beside it
+    (`<name>.data`), where there is one."""
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    data = Path(f"{path}.data")
+    return [path, data] if path.suffix == ".onnx" and data.is_file() else [path]
+
+
+def _digest(path: Path, files: list[Path]) -> str:
+    """An artifact's sha256: a single file's own, else `_sha256_tree` of its files (a graph and its weights)."""
+    return sha256_file(path) if files == [path] else _sha256_tree(path if path.is_dir() else path.parent, files)
 
 
 def _sha256_tree(root: Path, files: list[Path]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from collections.abc import Collection
+from contextlib import chdir
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,12 +184,14 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    try:
-        model = SymbolicShapeInference.infer_shapes(onnxfiles.graph_alone(original), auto_merge=True)
-        method = "onnxruntime symbolic shape inference"
-    except (TypeError, KeyError, AssertionError) as exc:
-        model = onnx.shape_inference.infer_shapes(onnxfiles.graph_alone(original), data_prop=True)
-        method = f"onnx shape inference (onnxruntime's symbolic inference failed: {type(exc).__name__}: {exc})"
+    original = original.resolve()
+    with chdir(original.parent):  # the few values inference reads (a bias it adds) come from the data file there
+        try:
+            model = SymbolicShapeInference.infer_shapes(onnxfiles.graph_alone(original), auto_merge=True)
+            method = "onnxruntime symbolic shape inference"
+        except (TypeError, KeyError, AssertionError) as exc:
+            model = onnx.shape_inference.infer_shapes(onnxfiles.graph_alone(original), data_prop=True)
+            method = f"onnx shape inference (onnxruntime's symbolic inference failed: {type(exc).__name__}: {exc})"
     onnxfiles.save_beside_weights(model, dest, original)
     return model, method
 

@@ -19,6 +19,7 @@ import yaml
 from workbench.core import dotted
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.errors import ConfigError
+from workbench.core.memory import first_to_go
 from workbench.core.progress import use_text_bars
 from workbench.core.quiet import quiet_known_warnings
 from workbench.core.record import RunRecord
@@ -87,6 +88,7 @@ def start(namespace: dict[str, Any]) -> tuple[RunConfig, RunRecord]:
     continue one run.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    first_to_go()  # the kernel holds the model: where memory runs out, it goes before the CLI or JupyterLab
     quiet_known_warnings()
     if injected_cell(namespace.get("In")) is not None:
         use_text_bars()  # papermill: the saved notebook keeps a text bar's last state, not a widget's
