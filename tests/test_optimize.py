@@ -255,3 +255,27 @@ def test_an_interrupt_after_the_builds_leaves_no_variant_the_record_lacks(tiny_b
         optimize.run(config, record)
     assert sorted(p.name for p in (record.run_dir / "onnx").iterdir()) == ["original.onnx"]
     assert record.step_entry("optimize").status == "failed" and record.variant_names("onnx") == ["original"]
+
+
+def test_int8_is_the_graph_onnxruntimes_quantizer_writes_with_one_copy_of_the_weights(optimized_bert, tmp_path):
+    """`quantize_int8` refreshes shapes on the graph alone where ONNX Runtime's dynamic quantizer deep-copies, saves
+    and reloads the model: the quantized graph is the same, node for node and weight for weight."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from workbench.graphs.variants import quantize_int8
+
+    record, _ = optimized_bert
+    fp32 = record.artifact("onnx.fp32")
+    quantize_int8(fp32, tmp_path / "ours.onnx", per_channel=True, nodes_to_exclude=[])
+    quantize_dynamic(fp32, tmp_path / "plain.onnx", weight_type=QuantType.QInt8, per_channel=True,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    ours, plain = onnxfiles.load(tmp_path / "ours.onnx"), onnxfiles.load(tmp_path / "plain.onnx")
+    assert [(n.op_type, list(n.input), list(n.output)) for n in ours.graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in plain.graph.node]
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in plain.graph.initializer}
+    assert {t.name for t in ours.graph.initializer} == set(weights)
+    for tensor in ours.graph.initializer:  # ONNX Runtime's round trip through a file marks where data lies
+        value = onnx.numpy_helper.to_array(tensor)
+        assert value.dtype == weights[tensor.name].dtype and np.array_equal(value, weights[tensor.name])
+    assert any(n.op_type == "DynamicQuantizeMatMul" or n.op_type == "MatMulInteger" for n in ours.graph.node)

@@ -80,6 +80,16 @@ def fuse_biased_attention(model: ModelProto, num_heads: int) -> int:
     return len(matches)
 
 
+def biased_attention(model: ModelProto, keep: Collection[str] = ()) -> list[NodeProto]:
+    """The packed Attention nodes with an `attention_bias` and constant weights (but those named in `keep`): what
+    `unpack_biased_attention` unpacks. The graph's structure is enough (`onnxfiles.skeleton`)."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [node for node in model.graph.node
+            if node.op_type == "Attention" and node.domain == MS_DOMAIN and node.name not in keep
+            and len(node.input) >= 6 and node.input[5] and node.input[1] in initializers
+            and node.input[2] in initializers]
+
+
 def unpack_biased_attention(model: ModelProto, keep: Collection[str] = ()) -> int:
     """Turn each packed Attention with an `attention_bias` (but those named in `keep`) back into three projections
     (MatMul + Add) feeding MultiHeadAttention, in place: ONNX Runtime's int8 quantizer turns Attention into
@@ -90,10 +100,7 @@ def unpack_biased_attention(model: ModelProto, keep: Collection[str] = ()) -> in
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
     unpacked = 0
-    for node in list(graph.node):
-        if node.op_type != "Attention" or node.domain != MS_DOMAIN or node.name in keep or len(node.input) < 6 \
-                or not node.input[5] or node.input[1] not in initializers or node.input[2] not in initializers:
-            continue
+    for node in biased_attention(model, keep):
         weights = np.split(numpy_helper.to_array(initializers[node.input[1]]), 3, axis=1)
         biases = np.split(numpy_helper.to_array(initializers[node.input[2]]), 3)
         projections = []

@@ -8,14 +8,17 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Feed
 from workbench.core.errors import OnnxModelError
 
 if TYPE_CHECKING:
+    from google.protobuf.message import Message
     from onnx import ModelProto, TensorProto, ValueInfoProto
+
+M = TypeVar("M", bound="Message")
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 REEXPORT = "re-export, or report the exporter bug"
@@ -223,6 +226,18 @@ def save_beside_weights(model: ModelProto, dest: Path, source: Path) -> Path:
     return dest
 
 
+def without_weights(model: ModelProto) -> ModelProto:
+    """A copy of `model` whose initializers keep their names, types and dims but not their values (what shape
+    inference reads), made without copying the weights."""
+    from onnx import GraphProto, ModelProto, TensorProto
+
+    head, graph = _copy_but(model, ModelProto(), "graph"), _copy_but(model.graph, GraphProto(), "initializer")
+    graph.initializer.extend(TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+                             for t in model.graph.initializer)
+    head.graph.CopyFrom(graph)
+    return head
+
+
 def _wire_parts(model: ModelProto) -> tuple[bytes, list[tuple[bytes, TensorProto]], int]:
     """`model` in protobuf's wire format, to be written one weight at a time: the bytes of everything but the
     graph's initializers, then each initializer with its field's tag and length; and the bytes of it all. Parsed,
@@ -233,22 +248,26 @@ def _wire_parts(model: ModelProto) -> tuple[bytes, list[tuple[bytes, TensorProto
 
     graph_field = ModelProto.DESCRIPTOR.fields_by_name["graph"]
     weights_field = GraphProto.DESCRIPTOR.fields_by_name["initializer"]
-    head, graph_head = ModelProto(), GraphProto()
-    for message, copy, skipped in ((model, head, graph_field), (model.graph, graph_head, weights_field)):
-        for field, value in message.ListFields():
-            if field is skipped:
-                continue
-            if field.is_repeated:
-                getattr(copy, field.name).extend(value)
-            elif field.message_type is not None:
-                getattr(copy, field.name).CopyFrom(value)
-            else:
-                setattr(copy, field.name, value)
+    head, graph_head = _copy_but(model, ModelProto(), "graph"), _copy_but(model.graph, GraphProto(), "initializer")
     weights = [(_length_prefix(weights_field.number, tensor.ByteSize()), tensor) for tensor in model.graph.initializer]
     graph_bytes = graph_head.SerializeToString()
     size = len(graph_bytes) + sum(len(prefix) + tensor.ByteSize() for prefix, tensor in weights)
     head_bytes = head.SerializeToString() + _length_prefix(graph_field.number, size) + graph_bytes
     return head_bytes, weights, len(head_bytes) + size - len(graph_bytes)
+
+
+def _copy_but(message: Message, copy: M, skipped: str) -> M:
+    """`copy` (an empty message of `message`'s type) given every field of `message` but `skipped`."""
+    for field, value in message.ListFields():
+        if field.name == skipped:
+            continue
+        if field.is_repeated:
+            getattr(copy, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(copy, field.name).CopyFrom(value)
+        else:
+            setattr(copy, field.name, value)
+    return copy
 
 
 def _length_prefix(field_number: int, size: int) -> bytes:

@@ -16,6 +16,7 @@ from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import (
     ATTENTION_OPS,
+    biased_attention,
     fuse_biased_attention,
     remove_dead,
     topological,
@@ -112,24 +113,48 @@ def _drop_repeated_nodes(graph: GraphProto) -> None:
 
 def quantize_int8(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str]) -> Any:
     """Dynamic int8 quantization (QInt8 weights) of the already-optimized graph; attention with a position bias is
-    unpacked first (`attention.unpack_biased_attention`)."""
+    unpacked first (`attention.unpack_biased_attention`). The quantizer holds one copy of the float weights
+    (`_shapes_in_place`)."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, onnx_quantizer, quantize_dynamic
 
-    model = onnxfiles.load(fp32)
-    workdir = temporary_dir(dest) if unpack_biased_attention(model, nodes_to_exclude) else None
+    workdir = temporary_dir(dest) if biased_attention(onnxfiles.skeleton(fp32), nodes_to_exclude) else None
+    reload = onnx_quantizer.save_and_reload_model_with_shape_infer
     try:
-        source = onnxfiles.save(model, workdir / "unpacked.onnx") if workdir else fp32
-        del model
+        if workdir:
+            model = onnxfiles.load(fp32)
+            unpack_biased_attention(model, nodes_to_exclude)
+            source = onnxfiles.save(model, workdir / "unpacked.onnx")
+            del model
+        else:
+            source = fp32
+        onnx_quantizer.save_and_reload_model_with_shape_infer = _shapes_in_place
         with onnxfiles.onnx_destination(dest) as tmp:
             quantize_dynamic(source, tmp, weight_type=QuantType.QInt8, per_channel=per_channel,
                              nodes_to_exclude=nodes_to_exclude or None,
-                             use_external_data_format=fp32.stat().st_size > onnxfiles.EXTERNAL_DATA_THRESHOLD,
+                             use_external_data_format=onnxfiles.total_bytes(fp32) > onnxfiles.EXTERNAL_DATA_THRESHOLD,
                              extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
+        onnx_quantizer.save_and_reload_model_with_shape_infer = reload
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     return onnxfiles.skeleton(dest)
+
+
+def _shapes_in_place(model: ModelProto) -> ModelProto:
+    """`model` with the shapes ONNX's inference finds written into its value_info, inferred on a copy of the graph
+    whose initializers keep their dims but not their values. It stands in for onnxruntime.quantization's
+    `save_and_reload_model_with_shape_infer`, which the dynamic quantizer calls to refresh shapes: it deep-copies
+    the model, saves the copy and loads it again, three copies of the weights at once (7 GB for a 2.27 GB model)."""
+    import onnx
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    alone = onnxfiles.without_weights(model)
+    inferred = onnx.shape_inference.infer_shapes(alone)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    add_infer_metadata(model)
+    return model
 
 
 def keep_in_fp32(quantized: ModelProto, source: ModelProto, names: Collection[str]) -> ModelProto:
