@@ -10,6 +10,7 @@ import threading
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -91,6 +92,8 @@ def either(request):
 
 def test_configs_read_back_through_the_protobuf(served, fused):
     _, plan, server = served
+    for process in server.group():  # where memory runs out, the server and its stubs go before the CLI
+        assert Path(f"/proc/{process.pid}/oom_score_adj").read_text().strip() == "1000", process.cmdline()
     parsed = read_repository(server.repository)
     assert sorted(parsed) == [plan.name, plan.model_name, plan.tokenizer_name]
     model = parsed_model = parsed[plan.model_name]

@@ -56,12 +56,12 @@ def oom_kills() -> int:
     return count
 
 
-def first_to_go() -> None:
-    """Make this process (and what it starts) the out-of-memory killer's first choice: oom_score_adj 1000, which
-    any process may raise its own to. A step's kernel or the Triton server then dies before the CLI that reports
-    why (`OutOfMemoryError`); where /proc cannot be written, nothing changes."""
+def first_to_go(pid: int | None = None) -> None:
+    """Make process `pid` (default: this one), and what it starts from now on, the out-of-memory killer's first
+    choice: oom_score_adj 1000, which a user may raise for their own processes. A step's kernel or the Triton server
+    then dies before the CLI that reports why (`OutOfMemoryError`); where /proc cannot be written, nothing changes."""
     try:
-        Path("/proc/self/oom_score_adj").write_text("1000")
+        Path(f"/proc/{pid or 'self'}/oom_score_adj").write_text("1000")
     except OSError:
         pass
 

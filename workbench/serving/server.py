@@ -199,8 +199,8 @@ class TritonServer:
         start = time.perf_counter()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            env=self._environment(), start_new_session=True,
-                                            preexec_fn=first_to_go)  # the server and its stubs go first
+                                            env=self._environment(), start_new_session=True)
+        first_to_go(self.process.pid)  # before it loads models and starts their stubs, which inherit it
         self.pid, self.stopped_with = self.process.pid, None
         self._watchdog = subprocess.Popen(  # in a session of its own: it outlives this process to stop the server
             [sys.executable, "-m", "workbench.serving.watchdog", str(os.getpid()), str(self.pid),
