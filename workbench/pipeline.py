@@ -28,6 +28,9 @@ from workbench.steps import spec, specs
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOT_RUN = "not run: "  # the reason of a step skipped because an earlier one failed (it still has to run)
+# How long a finished cell's last output may take to arrive (nbclient's default, 4 s, failed a large model's optimize
+# step that had finished: its kernel was slow to report while the host was busy and memory was being returned).
+IOPUB_TIMEOUT_S = 120
 
 
 def default_run_dir(config: RunConfig) -> Path:
@@ -134,7 +137,7 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
                 str(source), str(partial),
                 parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
                 kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
-                kernel_manager_class=_kernel_manager_class(Path(private)),
+                kernel_manager_class=_kernel_manager_class(Path(private)), iopub_timeout=IOPUB_TIMEOUT_S,
             )
     finally:
         _land(partial, dest)
