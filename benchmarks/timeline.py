@@ -308,7 +308,7 @@ def measure(models: list[str], out_dir: str | None, overrides: list[str], warm_c
         print()
         for result in results:
             verdicts(result)
-        (out / "timeline.json").write_text(json.dumps({"host": features, "busy": busy, "memory": limited,
+        (out / "timeline.json").write_text(json.dumps({"host": features.recorded(), "busy": busy, "memory": limited,
                                                        "results": results}, indent=1), encoding="utf-8")
         print(f"written: {out / 'timeline.json'}")
 
