@@ -156,7 +156,7 @@ def one_data_file(path: Path) -> None:
     """Gather the weights `path` keeps in external files of their own (torch.onnx's layout for a graph over 2 GB:
     one file per tensor) into one `<name>.data` beside it, copied a chunk at a time, and remove the loose files; a
     graph with its weights inside, or in that one file already, is left as it is. A Constant node's value, and any
-    tensor under 1 KB, goes into the graph: shape inference reads them (`graph_alone`)."""
+    tensor under 1 KB, goes into the graph: shape inference reads them (`variants.infer_shapes`)."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     model = load(path, load_external_data=False)
@@ -195,17 +195,11 @@ def one_data_file(path: Path) -> None:
         (path.parent / name).unlink(missing_ok=True)
 
 
-def graph_alone(path: Path | str) -> ModelProto:
-    """The model in `path` with its external weights left on disk (each initializer keeps its dims and where its
-    data is; a graph with its weights inside reads them too): what shape inference needs, without a model's size
-    in memory. `save_beside_weights` writes it back with the weights."""
-    return load(path, load_external_data=False)
-
-
 def save_beside_weights(model: ModelProto, dest: Path, source: Path) -> Path:
-    """Save `model`, read from `source` by `graph_alone` and changed in anything but its weights, as `dest`: the
-    external weights are `source`'s one data file copied beside `dest` (a file copy: never in memory), each
-    initializer pointed at the copy. A graph without external weights is saved as `save` does."""
+    """Save `model`, read from `source` without its external weights (`load(..., load_external_data=False)`) and
+    changed in anything but them, as `dest`: the external weights are `source`'s one data file copied beside `dest`
+    (a file copy: never in memory), each initializer pointed at the copy. A graph without external weights is saved
+    as `save` does."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     tensors = [tensor for tensor in model.graph.initializer if uses_external_data(tensor)]

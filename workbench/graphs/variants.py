@@ -211,11 +211,12 @@ def infer_shapes(original: Path, dest: Path) -> tuple[Any, str]:
 
     original = original.resolve()
     with chdir(original.parent):  # the few values inference reads (a bias it adds) come from the data file there
+        graph = onnxfiles.load(original, load_external_data=False)
         try:
-            model = SymbolicShapeInference.infer_shapes(onnxfiles.graph_alone(original), auto_merge=True)
+            model = SymbolicShapeInference.infer_shapes(graph, auto_merge=True)
             method = "onnxruntime symbolic shape inference"
         except (TypeError, KeyError, AssertionError) as exc:
-            model = onnx.shape_inference.infer_shapes(onnxfiles.graph_alone(original), data_prop=True)
+            model = onnx.shape_inference.infer_shapes(graph, data_prop=True)
             method = f"onnx shape inference (onnxruntime's symbolic inference failed: {type(exc).__name__}: {exc})"
     onnxfiles.save_beside_weights(model, dest, original)
     return model, method
