@@ -446,7 +446,9 @@ class RunConfig(_Strict):
     trust_remote_code: bool = False
     exporter: Literal["legacy", "dynamo"] = "legacy"
     opset: int = 17
-    attn_implementation: Literal["eager", "sdpa"] = "eager"
+    attn_implementation: Literal["eager", "sdpa"] = Field(default="eager", description=(
+        "the attention the graph is exported with (eager: the pattern ONNX Runtime fuses); the PyTorch reference "
+        "runs sdpa where the architecture has it"))
     batch: BatchRange = BatchRange(min=1, opt=8, max=32)
     sequence: SequenceSetting = Field(default_factory=SequenceSetting, description=(
         "tokens per text; auto: max is the model's own limit (what its library cuts at), opt the smaller of 128 "

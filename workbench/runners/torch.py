@@ -38,7 +38,8 @@ class GraphModule(torch.nn.Module):
 
 class TorchRunner(Runner):
     """PyTorch in fp32, no grad: the module the ONNX graph is exported from, checked against the model's own library
-    (lab.library_check), then the reference every variant is compared with; `close()` drops the module.
+    (lab.library_check), then the reference every variant is compared with; `close()` drops the module. It runs
+    sdpa attention where the architecture has it (`LoadedModel.reference_attention`), as the library does.
 
     On `device` cuda it runs there with TF32 off (fp32 means fp32); `half` runs a copy in fp16, `compiled` a copy
     through torch.compile. `io` device: the batch's inputs are copied to the device once (`timed`), outputs stay."""
@@ -48,6 +49,7 @@ class TorchRunner(Runner):
         self.name, self.device, self.io = name, device, io
         self.precision = "fp16" if half else "fp32"
         self.engine = f"{'torch.compile' if compiled else 'PyTorch eager'} {self.precision}"
+        self.attention = loaded.reference_attention()
         module = GraphModule(loaded, outputs).eval()
         if device != "cpu" or half or compiled:  # a copy: the loaded model stays as it was for other runners
             module = copy.deepcopy(module)
@@ -62,7 +64,8 @@ class TorchRunner(Runner):
         self.output_names = tuple(o.name for o in outputs)
         self.providers = [f"torch-{device}"]
         model = loaded.identity()
-        self.identity = f"{model}; {self.engine} on {device}; {','.join(self.output_names)}" if model else None
+        self.identity = (f"{model}; {self.engine}, {self.attention} attention, on {device}; "
+                         f"{','.join(self.output_names)}") if model else None
 
     def _run(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if self.module is None:
