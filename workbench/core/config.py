@@ -95,6 +95,7 @@ class ShapeRange(_Strict):
 # all-MiniLM-L6-v2 13 of 256).
 ACTIVATION_BYTES = 2**28
 ACTIVATION_FACTOR = 4
+ROOM_SHARE = 4  # where memory is short: the share of what is left past the model's need that activations may take
 
 
 class BatchRange(ShapeRange):
@@ -104,7 +105,8 @@ class BatchRange(ShapeRange):
     max_tokens: int | Literal["auto"] = Field(default="auto", description=(
         "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners and the batches the "
         "served Python model runs stay within it (a request past it runs in pieces, its answers joined); auto: "
-        "about 0.25 GiB of activations for the model's shape at sequence.max, at least one text at sequence.max"))
+        "about 0.25 GiB of activations for the model's shape at sequence.max (less where the memory limit leaves less "
+        "than 1 GiB past the model's need), at least one text at sequence.max"))
 
     @field_validator("max_tokens")
     @classmethod
@@ -113,16 +115,21 @@ class BatchRange(ShapeRange):
             raise ValueError("batch.max_tokens must be at least 1 (or auto)")
         return value
 
-    def token_budget(self, per_token: int, sequence_max: int) -> tuple[int, str]:
+    def token_budget(self, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
         """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)
-        ACTIVATION_BYTES over `per_token` (a token's activation bytes at a layer's peak), never below one text at
-        `sequence_max` nor above `max` texts of it."""
+        ACTIVATION_BYTES, or a quarter of `room` (the bytes the memory limit leaves past the step's weights and
+        libraries, `memory.activation_room`) where that is less, over `per_token` (a token's activation bytes at a
+        layer's peak), never below one text at `sequence_max` nor above `max` texts of it."""
         if self.max_tokens != "auto":
             return self.max_tokens, "configured (batch.max_tokens)"
-        tokens = min(max(sequence_max, ACTIVATION_BYTES // per_token), self.max * sequence_max)
-        return tokens, (f"auto: about {ACTIVATION_BYTES / 2**30:g} GiB of activations at {per_token / 1024:.0f} KiB "
-                        f"a token ({ACTIVATION_FACTOR} x 4 bytes x (heads x sequence.max + intermediate + hidden)), "
-                        f"at least one text of sequence.max={sequence_max}, at most batch.max={self.max} of them")
+        activations = ACTIVATION_BYTES if room is None else max(0, min(ACTIVATION_BYTES, room // ROOM_SHARE))
+        tokens = min(max(sequence_max, activations // per_token), self.max * sequence_max)
+        limited = "" if activations == ACTIVATION_BYTES else (
+            f" (1/{ROOM_SHARE} of the {room / 2**30:.2g} GiB the memory limit leaves past the model's need)")
+        return tokens, (f"auto: about {activations / 2**30:.2g} GiB of activations{limited} at "
+                        f"{per_token / 1024:.0f} KiB a token ({ACTIVATION_FACTOR} x 4 bytes x (heads x sequence.max + "
+                        f"intermediate + hidden)), at least one text of sequence.max={sequence_max}, at most "
+                        f"batch.max={self.max} of them")
 
 
 def activation_bytes_per_token(heads: int, hidden: int, intermediate: int, sequence_max: int) -> int:

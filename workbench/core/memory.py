@@ -26,6 +26,12 @@ def step_need(weights: int) -> int:
     return WEIGHT_MULTIPLE * weights + STEP_BASE_BYTES
 
 
+def activation_room(weights: int) -> int:
+    """The bytes the memory limit leaves past what a step holding a model of `weights` fp32 bytes needs without its
+    batches' activations (`step_need`); negative where it does not fit at all (preflight refuses that)."""
+    return memory_limit()[0] - step_need(weights)
+
+
 def memory_limit() -> tuple[int, str]:
     """The bytes this process's tree may hold, and where that comes from: its memory cgroup's limit (v2
     `memory.max`, v1 `memory.limit_in_bytes`) where one is set below the machine's memory, else the machine's."""
