@@ -8,7 +8,8 @@ graph's inputs, float weights and biases; one graph edit, no new calibration."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -208,17 +209,103 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
         smooth_activations(untied, smoothed, activation_ranges(untied, list(feeds)), SMOOTHING_ALPHA, external=True)
         release_memory()
         without = AdvancedSmoothQuantParameters(matmul=-1, convolution=-1)
-        settings = AdvancedQuantizationParameters(smooth_quant_alphas=without,
-                                                  backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(workdir)})
-        with redirect_stdout(io.StringIO()):  # NNCF's own progress bars; the step has its own
+        settings = AdvancedQuantizationParameters(smooth_quant_alphas=without, backend_params={
+            BackendParameters.EXTERNAL_DATA_DIR: str(workdir), BackendParameters.COMPRESS_WEIGHTS: False})
+        with redirect_stdout(io.StringIO()), weights_read_once():  # NNCF's own progress bars; the step has its own
             quantized = nncf.quantize(onnxfiles.load(smoothed, load_external_data=False),
                                       nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
                                       subset_size=len(feeds), advanced_parameters=settings)
+        stored_int8(quantized)
         unsigned_activations(quantized)
         helper.set_model_props(quantized, {onnxfiles.RUNTIME_KEY: "openvino"})
         onnxfiles.save(quantized, dest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+CHUNK_VALUES = 2**24  # a weight's values quantized at a time by `stored_int8` (64 MB of fp32)
+
+
+def stored_int8(model: ModelProto) -> None:
+    """Each weight a QuantizeLinear reads, stored quantized in its place and the QuantizeLinear removed, in place:
+    NNCF's own weight compression (its ONNX backend's last pass), a slice of rows at a time. NNCF's runs ONNX's
+    reference QuantizeLinear on each whole weight, whose temporaries held 4 GB for a 1 GB embedding table; the
+    operation is elementwise, so the same operation on row slices gives the same values (tested)."""
+    from onnx import numpy_helper
+    from onnx.reference.ops._op_list import load_op
+
+    quantize = load_op("", "QuantizeLinear", max(model.opset_import[0].version, 19))
+    stored = {tensor.name: tensor for tensor in model.graph.initializer}
+    for node in [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in stored]:
+        weight = numpy_helper.to_array(stored[node.input[0]])
+        scale, zero = (numpy_helper.to_array(stored[name]) if name in stored else None
+                       for name in (node.input[1], node.input[2] if len(node.input) > 2 else ""))
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        rows = max(1, CHUNK_VALUES // max(1, weight[0].size)) if weight.ndim else 1
+        parts = []
+        for start in range(0, max(1, len(weight)) if weight.ndim else 1, rows):
+            part = weight[start:start + rows] if weight.ndim else weight
+            per_row = weight.ndim and axis % weight.ndim == 0 and scale.ndim
+            parts.append(quantize.eval(part, scale[start:start + rows] if per_row else scale,
+                                       zero[start:start + rows] if per_row and zero is not None else zero,
+                                       axis=axis))
+        values = np.concatenate(parts) if weight.ndim else parts[0]
+        model.graph.initializer.remove(stored.pop(node.input[0]))
+        del weight
+        model.graph.initializer.append(numpy_helper.from_array(values, node.output[0]))
+        model.graph.node.remove(node)
+
+
+@contextmanager
+def weights_read_once() -> Iterator[None]:
+    """For the call only: NNCF's ONNX statistics read each weight its quantizers need (tables, MatMul weights) once,
+    from the file, instead of as an output of the graph on every calibration text.
+
+    NNCF 3.4 adds every such weight to the graph's outputs, so ONNX Runtime copies all of them out on each text and
+    NNCF reduces every copy, though a weight's collector keeps its first only (one sample): 2.3 GB a text for a 568M
+    model, most of a 6.5-minute calibration and 3.6 GB of its peak. Registered once from the file instead, each weight
+    gives the same statistics (tested: the same quantized graph as NNCF's own)."""
+    from nncf.common.graph.transformations.commands import TargetType
+    from nncf.common.tensor_statistics.statistic_point import StatisticPointsContainer
+    from nncf.onnx.graph.onnx_helper import get_array_from_tensor, get_tensor
+    from nncf.onnx.statistics.aggregator import ONNXStatisticsAggregator
+    from nncf.tensor import Tensor
+
+    def split(points: StatisticPointsContainer, weights: bool) -> StatisticPointsContainer:
+        kept = StatisticPointsContainer()
+        for node, found in points.items():
+            chosen = [p for p in found if (p.target_point.type == TargetType.OPERATION_WITH_WEIGHTS) == weights]
+            if chosen:
+                kept[node] = chosen
+        return kept
+
+    collect, outputs, register = (ONNXStatisticsAggregator.collect_statistics,
+                                  ONNXStatisticsAggregator._get_transformation_layout_extra_outputs,
+                                  ONNXStatisticsAggregator._register_statistics)
+
+    def collect_from(self: ONNXStatisticsAggregator, model: ModelProto, graph: object) -> None:
+        self._weights_from = model  # read in the first registration
+        collect(self, model, graph)
+
+    def register_once(self: ONNXStatisticsAggregator, values: dict[str, Tensor],
+                      points: StatisticPointsContainer) -> None:
+        register(self, values, split(points, weights=False))
+        model, self._weights_from = self._weights_from, None
+        for _, point, collector in split(points, weights=True).get_tensor_collectors() if model else ():
+            node = self.node_mapping[point.target_point.target_node_name]
+            value = Tensor(get_array_from_tensor(model, get_tensor(model, node.input[point.target_point.port_id])))
+            collector.register_inputs({hash(reducer): [value] for reducer in collector.reducers})
+
+    ONNXStatisticsAggregator.collect_statistics = collect_from
+    ONNXStatisticsAggregator._get_transformation_layout_extra_outputs = lambda self, points: outputs(
+        self, split(points, weights=False))
+    ONNXStatisticsAggregator._register_statistics = register_once
+    try:
+        yield
+    finally:
+        ONNXStatisticsAggregator.collect_statistics = collect
+        ONNXStatisticsAggregator._get_transformation_layout_extra_outputs = outputs
+        ONNXStatisticsAggregator._register_statistics = register
 
 
 def unsigned_activations(model: ModelProto) -> None:
