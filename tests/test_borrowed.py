@@ -87,6 +87,26 @@ def test_a_node_kept_in_fp32_by_splicing_is_what_requantizing_without_it_builds(
         keep_in_fp32(quantized, source, ["nope"])
 
 
+def test_a_node_whose_float_input_the_int8_graph_lacks_is_kept_with_its_producer(mpnet_graphs, tmp_path):
+    """The basic graph's relative position bias: ONNX Runtime quantizes its Gather and the Transpose after it, so the
+    Gather's float output exists nowhere in the int8 graph; keeping the Transpose in fp32 keeps that Gather too.
+    Every quantized node alone splices into a graph that runs, close to the int8 graph's answers."""
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    files, _, feeds = mpnet_graphs
+    quantize_int8(files["basic"], tmp_path / "int8.onnx", True, [])
+    quantized, source = onnxfiles.load(tmp_path / "int8.onnx"), onnxfiles.load(files["basic"])
+    present = {o for n in quantized.graph.node for o in n.output}
+    transpose = next(n for n in source.graph.node if n.op_type == "Transpose" and n.input[0] not in present)
+    spliced = {n.name: n.op_type for n in keep_in_fp32(quantized, source, [transpose.name]).graph.node}
+    gather = next(n for n in source.graph.node if transpose.input[0] in n.output)
+    assert spliced.get(transpose.name) == "Transpose" and spliced.get(gather.name) == "Gather"
+    for node in [n for n in source.graph.node if n.op_type in IntegerOpsRegistry]:
+        onnxfiles.save(keep_in_fp32(quantized, source, [node.name]), tmp_path / "one.onnx")
+        largest, _ = difference({"int8": tmp_path / "int8.onnx", "one": tmp_path / "one.onnx"}, feeds)
+        assert largest < 0.5, node.name
+
+
 def test_a_graph_whose_outputs_differ_is_not_kept(mpnet_graphs, tmp_path):
     files, _, feeds = mpnet_graphs
     model = onnxfiles.load(files["borrowed"])

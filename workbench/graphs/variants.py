@@ -168,8 +168,8 @@ def keep_in_fp32(quantized: ModelProto, source: ModelProto, names: Collection[st
     missing = [name for name in names if name not in originals]
     if missing:
         raise ValueError(f"nodes {missing} are not in the graph that was quantized: name nodes of that graph")
-    restored = [originals[name] for name in names]
     weights = {tensor.name: tensor for tensor in source.graph.initializer}
+    restored = [originals[name] for name in _with_float_producers(list(names), quantized, source, weights)]
     read = list(dict.fromkeys(t for node in restored for t in node.input if t in weights))
     # what the restored nodes compute, and the float weights they read where the quantized graph computes them
     # (a weight shared with a quantized node is stored quantized and dequantized for its other readers)
@@ -184,6 +184,24 @@ def keep_in_fp32(quantized: ModelProto, source: ModelProto, names: Collection[st
     topological(model.graph)
     remove_dead(model.graph)
     return model
+
+
+def _with_float_producers(names: list[str], quantized: ModelProto, source: ModelProto,
+                          weights: Collection[str]) -> list[str]:
+    """`names` and, for each activation they read that `quantized` computes only in int8 (a Gather of an int8 table
+    read by an int8 Transpose: MPNet's relative attention bias), the `source` node that computes it in float, until
+    every input is there."""
+    present = {o for node in quantized.graph.node for o in node.output} | {i.name for i in quantized.graph.input}
+    producers = {output: node for node in source.graph.node for output in node.output}
+    chosen = list(dict.fromkeys(names))
+    nodes = {node.name: node for node in source.graph.node}
+    for name in chosen:  # grows while it is walked
+        for tensor in nodes[name].input:
+            producer = producers.get(tensor)
+            if tensor and tensor not in present and tensor not in weights and producer is not None \
+                    and producer.name not in chosen:
+                chosen.append(producer.name)
+    return chosen
 
 
 def quantize_int8_blockwise(fp32: Path, dest: Path, per_channel: bool, nodes_to_exclude: list[str],

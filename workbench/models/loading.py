@@ -195,11 +195,9 @@ class LoadedModel:
         attention it runs: the same answers as eager to fp32 rounding (2e-6 on an 8192-token XLM-R layer) in memory
         that grows with the sequence, not with its square (0.5 GB against 8.6 GB for one 8192-token text at 16
         heads). Only the export needs eager, the pattern ONNX Runtime fuses."""
-        if self.model.config._attn_implementation != "sdpa":
-            try:
-                self.model.set_attn_implementation("sdpa")
-            except (ValueError, ImportError):  # the architecture has no sdpa path: eager it stays
-                pass
+        switchable = getattr(self.model, "_can_set_attn_implementation", lambda: False)()
+        if self.model.config._attn_implementation != "sdpa" and switchable and self.model._supports_sdpa:
+            self.model.set_attn_implementation("sdpa")  # MPNet's, with no sdpa path, stays eager
         return str(self.model.config._attn_implementation)
 
     def drop_weights(self) -> None:
