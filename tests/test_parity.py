@@ -378,6 +378,11 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
     want = onnxruntime.InferenceSession(str(fp32)).run(["sentence_embedding"], feed)[0]
     got = onnxruntime.InferenceSession(str(dest)).run(["sentence_embedding"], feed)[0]
     np.testing.assert_allclose(got, want, atol=2e-5)  # x/s times s*W is x*W
+    external = onnxfiles.save(onnxfiles.load(fp32), tmp_path / "external" / "fp32.onnx", external=True)
+    assert external.with_suffix(".onnx.data").is_file()
+    smooth_activations(external, tmp_path / "external" / "smoothed.onnx", activation_ranges(fp32, [feed]), alpha=0.5)
+    again = onnxruntime.InferenceSession(str(tmp_path / "external" / "smoothed.onnx")).run(["sentence_embedding"], feed)
+    assert np.array_equal(again[0], got), "weights read one at a time from a data file: the same graph"
     before = channel_max(fp32, [n.input[0] for n in muls.values()], [feed])
     after = channel_max(dest, [n.output[0] for n in muls.values()], [feed])
     spread = [float(b.max() / b.min()) for b in before.values()]

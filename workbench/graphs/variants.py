@@ -254,7 +254,7 @@ def smoothing_targets(model: ModelProto) -> list[NodeProto]:
 def activation_ranges(fp32: Path, feeds: list[Feed]) -> Feed:
     """Per smoothing target's input activation, the largest |value| each channel reaches in fp32 on `feeds`
     (measured once, for any strength of smoothing)."""
-    return channel_max(fp32, sorted({n.input[0] for n in smoothing_targets(onnxfiles.load(fp32))}), feeds)
+    return channel_max(fp32, sorted({n.input[0] for n in smoothing_targets(onnxfiles.skeleton(fp32))}), feeds)
 
 
 def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
@@ -269,13 +269,14 @@ def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
     neural-compressor 2.x and applies to static quantization only."""
     import numpy as np
     from onnx import helper, numpy_helper
+    from onnx.external_data_helper import load_external_data_for_model
 
-    model = onnxfiles.load(fp32)
+    model = onnxfiles.load(fp32, load_external_data=False)  # each weight read from the file when it is smoothed
     weights = {i.name: i for i in model.graph.initializer}
     targets = [n for n in smoothing_targets(model) if n.name not in exclude]
     nodes, smoothed = list(model.graph.node), []
     for node in targets:
-        weight = numpy_helper.to_array(weights[node.input[1]])
+        weight = numpy_helper.to_array(weights[node.input[1]], str(Path(fp32).parent))
         x_max = ranges.get(node.input[0])
         if x_max is None or x_max.shape[0] != weight.shape[0]:
             continue
@@ -298,7 +299,8 @@ def smooth_activations(fp32: Path, dest: Path, ranges: Feed, alpha: float,
     kept = [i for i in model.graph.initializer if i.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    onnxfiles.save(model, dest, external)
+    load_external_data_for_model(model, str(Path(fp32).parent))  # the weights left as they were: the smoothed
+    onnxfiles.save(model, dest, external)  # ones' originals are never all in memory beside them
     return smoothed
 
 
