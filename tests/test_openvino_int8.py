@@ -76,12 +76,15 @@ def test_the_optimize_step_keeps_nncf_int8_run_by_openvino(quantized):
     assert any(line.startswith("OpenVINO int8 (NNCF) kept as the openvino_int8 variant") for line in lines)
 
 
-def test_weights_read_once_from_the_file_give_nncfs_own_quantized_graph(quantized, tmp_path, monkeypatch):
-    """NNCF's statistics copy every weight out of the graph on each calibration text; read once from the file, they
-    give the same graph, node for node and value for value, and the graph it runs on no longer outputs them."""
+def test_nncf_with_weights_read_once_and_stored_a_slice_at_a_time_gives_its_own_graph(quantized, tmp_path,
+                                                                                     monkeypatch):
+    """NNCF's statistics copy every weight out of the graph on each calibration text, and its last pass quantizes
+    each weight whole; read once from the file and stored int8 a few rows at a time here, they give NNCF's own graph,
+    node for node and value for value, and the graph NNCF runs no longer outputs the tables."""
     from contextlib import nullcontext
 
     from nncf.onnx import engine
+    from nncf.onnx.graph.passes import compress_quantize_weights_transformation
 
     _, record = quantized
     original = record.artifact("onnx.original")
@@ -91,39 +94,18 @@ def test_weights_read_once_from_the_file_give_nncfs_own_quantized_graph(quantize
     largest: list[int] = []
     monkeypatch.setattr(engine.ONNXEngine, "infer", lambda self, data: (
         lambda out: largest.append(max(v.size for v in out.values())) or out)(run(self, data)))
-    nncf_int8.quantize_openvino_int8(original, tmp_path / "once.onnx", feeds)
-    once = largest[:]
-    monkeypatch.setattr(nncf_int8, "weights_read_once", nullcontext)
-    largest.clear()
-    nncf_int8.quantize_openvino_int8(original, tmp_path / "every.onnx", feeds)
-    table = next(t for t in onnxfiles.load(original).graph.initializer if "word_embeddings" in t.name)
-    assert max(largest) == int(np.prod(table.dims)) > max(once), "NNCF's own copies the word table out"
-    ours, theirs = onnxfiles.load(tmp_path / "once.onnx"), onnxfiles.load(tmp_path / "every.onnx")
-    assert ours.graph.node == theirs.graph.node
-    assert {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in ours.graph.initializer} == {
-        t.name: onnx.numpy_helper.to_array(t).tobytes() for t in theirs.graph.initializer}
-
-
-def test_weights_stored_int8_a_slice_at_a_time_are_nncfs_own(quantized, tmp_path, monkeypatch):
-    """NNCF's weight compression, run on whole weights, against ours on slices of rows (a few rows at a time here)."""
-    import copy
-
-    from nncf.onnx.graph.passes import compress_quantize_weights_transformation
-
-    _, record = quantized
-    feeds = [encode(record.tokenizer(), [text], ("input_ids", "attention_mask", "token_type_ids"), max_length=64)
-             for text in load_corpus()[:4]]
-    before: list[onnx.ModelProto] = []
-    monkeypatch.setattr(nncf_int8, "stored_int8", lambda model: before.append(copy.deepcopy(model)))
-    nncf_int8.quantize_openvino_int8(record.artifact("onnx.original"), tmp_path / "q.onnx", feeds)
-    monkeypatch.undo()
     monkeypatch.setattr(nncf_int8, "CHUNK_VALUES", 100)
-    ours, theirs = before[0], copy.deepcopy(before[0])
-    assert sum(n.op_type == "QuantizeLinear" and n.input[0] in {t.name for t in ours.graph.initializer}
-               for n in ours.graph.node) > 10
-    nncf_int8.stored_int8(ours)
-    compress_quantize_weights_transformation(theirs)
+    nncf_int8.quantize_openvino_int8(original, tmp_path / "ours.onnx", feeds)
+    ours_largest = max(largest)
+    monkeypatch.setattr(nncf_int8, "weights_read_once", nullcontext)
+    monkeypatch.setattr(nncf_int8, "stored_int8", compress_quantize_weights_transformation)
+    largest.clear()
+    nncf_int8.quantize_openvino_int8(original, tmp_path / "theirs.onnx", feeds)
+    table = next(t for t in onnxfiles.load(original).graph.initializer if "word_embeddings" in t.name)
+    assert max(largest) == int(np.prod(table.dims)) > ours_largest, "NNCF's own copies the word table out"
+    ours, theirs = onnxfiles.load(tmp_path / "ours.onnx"), onnxfiles.load(tmp_path / "theirs.onnx")
     assert ours.graph.node == theirs.graph.node
+    assert sum(n.op_type == "DequantizeLinear" for n in ours.graph.node) > 10
     values = [{t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer} for m in (ours, theirs)]
     assert values[0].keys() == values[1].keys() and all(
         values[0][name].dtype == values[1][name].dtype and np.array_equal(values[0][name], values[1][name])
