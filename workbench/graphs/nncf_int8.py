@@ -241,15 +241,14 @@ def stored_int8(model: ModelProto) -> None:
         scale, zero = (numpy_helper.to_array(stored[name]) if name in stored else None
                        for name in (node.input[1], node.input[2] if len(node.input) > 2 else ""))
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        rows = max(1, CHUNK_VALUES // max(1, weight[0].size)) if weight.ndim else 1
-        parts = []
-        for start in range(0, max(1, len(weight)) if weight.ndim else 1, rows):
-            part = weight[start:start + rows] if weight.ndim else weight
-            per_row = weight.ndim and axis % weight.ndim == 0 and scale.ndim
-            parts.append(quantize.eval(part, scale[start:start + rows] if per_row else scale,
-                                       zero[start:start + rows] if per_row and zero is not None else zero,
-                                       axis=axis))
-        values = np.concatenate(parts) if weight.ndim else parts[0]
+        if weight.size <= CHUNK_VALUES:
+            values = quantize.eval(weight, scale, zero, axis=axis)
+        else:  # row slices, each with its rows' scales where there is one scale per row
+            rows, per_row = max(1, CHUNK_VALUES // weight[0].size), axis % weight.ndim == 0 and scale.ndim > 0
+            values = np.concatenate([quantize.eval(
+                weight[start:start + rows], scale[start:start + rows] if per_row else scale,
+                zero[start:start + rows] if per_row and zero is not None else zero, axis=axis)
+                for start in range(0, len(weight), rows)])
         model.graph.initializer.remove(stored.pop(node.input[0]))
         del weight
         model.graph.initializer.append(numpy_helper.from_array(values, node.output[0]))
