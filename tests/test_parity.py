@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -158,6 +159,31 @@ def test_the_served_model_runs_a_request_past_its_token_budget_in_pieces_within_
         np.testing.assert_allclose(answer[name], whole[name], atol=1e-5)
     assert length_groups([(1, 30)] * 3 + [(1, 60)], MAX_PADDING, 100) == [[0, 1, 2], [3]]
     assert length_groups([(1, 30)] * 4, MAX_PADDING, 100) == [[0, 1, 2], [3]], "90 tokens, then a group of its own"
+
+
+def test_a_large_model_is_checked_in_serving_order_until_one_passes(bert_parity, tmp_path, int8_first):
+    """parity.variants=served (auto past 300M parameters): fp32, then the variants as the deployment would serve
+    them, a failing one repaired in turn, until one passes; the rest are recorded unchecked with why."""
+    from workbench.serving.plan import CPU_INT8_FIRST
+
+    assert RunConfig().parity.scope(568_000_000)[0] == "served" and RunConfig().parity.scope(110_000_000)[0] == "all"
+    record, _ = bert_parity
+    shutil.copytree(record.run_dir, tmp_path / "run")
+    config = RunConfig.model_validate({**record.config.to_params(), "parity": {"variants": "served"}})
+    copy = RunRecord.open(tmp_path / "run", config)
+    checked = parity.run(config, copy).metrics["variants"]
+    scope = copy.data["metrics"]["parity"]["scope"]
+    built = set(copy.variants())
+    first = next(name for name in CPU_INT8_FIRST if name in checked and checked[name]["passed"])
+    ahead = CPU_INT8_FIRST[:CPU_INT8_FIRST.index(first)]
+    assert list(checked)[0] == "fp32" and set(checked) - {"fp32", "original"} <= {*ahead, first}, "none after it"
+    assert all(name in checked and not checked[name]["passed"] for name in ahead if name in built), "all ahead failed"
+    assert scope["variants"] == "served" and set(scope["unchecked"]) == built - set(checked)
+    assert scope["unchecked"]["fp16"].startswith("not served by this deployment"), "a CPU serves no fp16"
+    assert "fp16: not checked: not served by this deployment" in "\n".join(parity.lines(copy))
+    assert parity.next_in_serving_order(("int8_repaired", "int8", "fp32"), {"int8", "fp32"},
+                                        {"int8": Verdict(passed=False), "fp32": Verdict(passed=True)},
+                                        {"int8"}) == "int8_repaired", "a failing int8 is repaired next"
 
 
 def test_polygraphy_reproduces_the_fp32_comparison(bert_parity):

@@ -298,6 +298,7 @@ class TargetSettings(_Strict):
 
 REPAIR_LAB_PASSES = 8  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
 REPAIR_MIN_SECONDS = 180.0  # and at least this (a small model's builds and sessions cost more than its lab pass)
+ALL_VARIANTS_UP_TO = 300_000_000  # parameters: parity.variants auto checks every variant of a model up to this size
 
 
 class RepairSettings(_Strict):
@@ -362,10 +363,25 @@ class ParitySettings(_Strict):
 
     repair: RepairSettings = Field(default_factory=RepairSettings, description=(
         "precision repair; -p parity.repair=false turns it off"))
+    variants: Literal["auto", "all", "served"] = Field(default="auto", description=(
+        "the variants the lab checks: all; or served: fp32, then the others in the order the deployment serves "
+        "them, each failing one repaired in turn, until one passes (those served after it could not be served); "
+        f"auto: all up to {ALL_VARIANTS_UP_TO // 10**6}M parameters, served past them (one check of a larger "
+        "model takes many minutes on a few cores)"))
     reference_cache_dir: str | None = Field(default=None, description=(
         "where the parity lab's reference outputs are kept between runs, by model files and texts; default: "
         "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
     _cache_here = field_validator("reference_cache_dir")(staticmethod(_from_here))
+
+    def scope(self, parameters: int | None) -> tuple[Literal["all", "served"], str]:
+        """The variants the lab checks (`variants`, auto resolved by the model's `parameters`) and why."""
+        if self.variants != "auto":
+            return self.variants, "configured (parity.variants)"
+        if parameters is None or parameters <= ALL_VARIANTS_UP_TO:
+            return "all", f"auto: the model has at most {ALL_VARIANTS_UP_TO // 10**6}M parameters"
+        return "served", (f"auto: the model has {parameters / 1e6:.0f}M parameters (past "
+                          f"{ALL_VARIANTS_UP_TO // 10**6}M each check takes many minutes on a few cores); "
+                          "-p parity.variants=all checks every variant")
 
 
 class TensorrtSettings(_Strict):

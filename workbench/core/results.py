@@ -4,7 +4,7 @@ are typed; what else a step records (diagnostics) is kept as recorded. A step wr
 record validates the whole section through the step's model when the step finishes (`StepSpec.metrics`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -384,8 +384,18 @@ class LibraryCheck(Metrics):
     reference_cached: bool | None = None
 
 
+class CheckScope(Metrics):
+    """The variants the parity lab checked (`parity.variants`: all, or served: in serving order until one passed),
+    why, and each built variant it left unchecked with the reason."""
+
+    variants: Literal["all", "served"]
+    reason: str
+    unchecked: dict[str, str] = Field(default_factory=dict)
+
+
 class ParityMetrics(Metrics):
     reference: LibraryCheck | None = None
+    scope: CheckScope | None = None
     inputs: Json | None = None
     variants: dict[str, Verdict] = Field(default_factory=dict)
     repair: dict[str, RepairOutcome] = Field(default_factory=dict)

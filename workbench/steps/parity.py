@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
-from workbench.core.results import LibraryCheck, ParityMetrics, RepairOutcome, Trial, Verdict
+from workbench.core.results import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
@@ -105,6 +106,69 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
                             blocked=outcome.blocked, **({"recipe": outcome.recipe} if outcome.recipe else {}))
         return repaired
     return None
+
+
+def repair_failing(config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> None:
+    """Repair each failing repairable variant of `results` (all checked), unless a variant served ahead of its
+    repair passed; each repaired one checked into `results`."""
+    failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
+    for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
+        ahead = served_ahead_of(f"{name}_repaired", results, config, record)
+        if ahead:
+            record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
+                precision=record.variant(name).precision, units=0,
+                outcome=f"not needed: {ahead} passed parity and is served ahead of {name}_repaired").recorded())
+            continue
+        repaired = repair(name, config, record, lab, results)
+        if repaired is not None:
+            results[repaired] = compare(repaired, config, record, lab)
+
+
+def next_in_serving_order(order: tuple[str, ...], built: Collection[str], results: dict[str, Verdict],
+                          repairable: Collection[str]) -> str | None:
+    """What `check_in_serving_order` does next: None once a variant of `order` passed with every one ahead of it
+    checked; else the first built variant of `order` not checked yet, or `<name>_repaired` where `name` (one of
+    `repairable`, not repaired yet) failed."""
+    for name in order:
+        if name in results:
+            if results[name].passed:
+                return None
+            continue
+        base = name.removesuffix("_repaired")
+        if name != base and base in repairable and base in results and not results[base].passed:
+            return name
+        if name in built:
+            return name
+    return None
+
+
+def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> None:
+    """parity.variants=served: the variants in the order the deployment serves them, a failing repairable one
+    repaired in turn, until one passes; those served after it are left unchecked (`unchecked`)."""
+    built = set(record.variants())
+    repairable = {n for n in REPAIRABLE if config.parity.repair.enabled}
+    with Progress(f"{STEP} in serving order", len(built - set(results)), "variants") as bar:
+        while name := next_in_serving_order(serving_order(config, record), built, results, repairable):
+            if name in built:
+                results[name] = compare(name, config, record, lab)
+            else:
+                repairable.discard(base := name.removesuffix("_repaired"))
+                if repair(base, config, record, lab, results) is not None:
+                    results[name] = compare(name, config, record, lab)
+            bar.update(1, note=f"{name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
+
+
+def unchecked(record: RunRecord, results: dict[str, Verdict], order: tuple[str, ...]) -> dict[str, str]:
+    """The built variants the lab did not check, each with why (`order`: the serving order)."""
+    served = next((name for name in order if name in results and results[name].passed), None)
+
+    def why(name: str) -> str:
+        if name == "original":
+            return "the fused fp32 graph built from it passed (checked only where fp32 fails)"
+        if name not in order:
+            return f"not served by this deployment (it serves {', '.join(order)})"
+        return f"{served} passed and is served ahead of it" if served else "not reached"
+    return {name: why(name) for name in record.variants() if name not in results}
 
 
 def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Verdict], checker: Checker) -> tuple[str, float]:
@@ -224,21 +288,17 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
-        results = {name: compare(name, config, record, lab)
-                   for name in track(checked_variants(list(variants)), STEP, "variants")}
+        scope, why = config.parity.scope(record.export_info().parameters)
+        first = checked_variants(list(variants)) if scope == "all" else [n for n in ("fp32",) if n in variants]
+        results = {name: compare(name, config, record, lab) for name in track(first, STEP, "variants")}
         if "original" in variants and not (results["fp32"].passed if "fp32" in results else False):
             results["original"] = compare("original", config, record, lab)  # the export, or the fusion?
-        failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
-        for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
-            ahead = served_ahead_of(f"{name}_repaired", results, config, record)
-            if ahead:
-                record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
-                    precision=record.variant(name).precision, units=0,
-                    outcome=f"not needed: {ahead} passed parity and is served ahead of {name}_repaired").recorded())
-                continue
-            repaired = repair(name, config, record, lab, results)
-            if repaired is not None:
-                results[repaired] = compare(repaired, config, record, lab)
+        if scope == "all":
+            repair_failing(config, record, lab, results)
+        else:
+            check_in_serving_order(config, record, lab, results)
+        record.set_metric(f"{STEP}.scope", CheckScope(variants=scope, reason=why, unchecked=unchecked(
+            record, results, serving_order(config, record))).recorded())
         inputs, reference = lab.save_polygraphy_data(record.run_dir / "parity")
         script = reproduce_script(record, inputs, reference, results)
         record.add_artifact("parity.inputs", inputs, kind="polygraphy-inputs")
@@ -257,9 +317,10 @@ def lines(record: RunRecord) -> list[str]:
              f"parity: {len(passed)} of {len(parity.variants)} variants pass ({', '.join(passed) or 'none'})"]
     lines += [f"  {name}: {'pass' if v.passed else 'FAIL'}, {_gate_on(gate(v))}{_neighbours(v)}{_ungated(v)}"
               for name, v in parity.variants.items()]
-    if "original" not in parity.variants and "original" in record.variant_names() and "fp32" in parity.variants:
-        lines.append("  original: not checked: the fused fp32 graph built from it passed (checked only where fp32 "
-                     "fails, to tell the export from the fusion)")
+    scope = parity.scope
+    if scope and scope.variants == "served":
+        lines.append(f"  checked in serving order until one passed: {scope.reason}")
+    lines += [f"  {name}: not checked: {why}" for name, why in (scope.unchecked if scope else {}).items()]
     for precision, outcome in parity.repair.items():
         chosen = outcome.chosen
         spent = (f"{outcome.seconds:.0f} s of its {outcome.budget_s:g} s budget"
