@@ -163,7 +163,7 @@ def test_the_served_model_runs_a_request_past_its_token_budget_in_pieces_within_
 
 def test_a_large_model_is_checked_in_serving_order_until_one_passes(bert_parity, tmp_path, int8_first):
     """parity.variants=served (auto past 300M parameters): fp32, then the variants as the deployment would serve
-    them, a failing one repaired in turn, until one passes; the rest are recorded unchecked with why."""
+    them until one passes; the rest are recorded unchecked with why."""
     from workbench.serving.plan import CPU_INT8_FIRST
 
     assert RunConfig().parity.scope(568_000_000)[0] == "served" and RunConfig().parity.scope(110_000_000)[0] == "all"

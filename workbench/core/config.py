@@ -365,7 +365,8 @@ class ParitySettings(_Strict):
         "precision repair; -p parity.repair=false turns it off"))
     variants: Literal["auto", "all", "served"] = Field(default="auto", description=(
         "the variants the lab checks: all; or served: fp32, then the others in the order the deployment serves "
-        "them, each failing one repaired in turn, until one passes (those served after it could not be served); "
+        "them until one passes (those served after it could not be served), a failing fp16/int8 repaired only "
+        "where none faster than fp32 passes; "
         f"auto: all up to {ALL_VARIANTS_UP_TO // 10**6}M parameters, served past them (one check of a larger "
         "model takes many minutes on a few cores)"))
     reference_cache_dir: str | None = Field(default=None, description=(

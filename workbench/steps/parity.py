@@ -143,19 +143,33 @@ def next_in_serving_order(order: tuple[str, ...], built: Collection[str], result
 
 
 def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> None:
-    """parity.variants=served: the variants in the order the deployment serves them, a failing repairable one
-    repaired in turn, until one passes; those served after it are left unchecked (`unchecked`)."""
+    """parity.variants=served: the variants in the order the deployment serves them until one passes, those served
+    after it left unchecked (`unchecked`); a failing fp16/int8 is repaired (in serving order) only where none
+    faster than fp32 passed: a repair takes several lab checks, each many minutes on a large model."""
     built = set(record.variants())
-    repairable = {n for n in REPAIRABLE if config.parity.repair.enabled}
     with Progress(f"{STEP} in serving order", len(built - set(results)), "variants") as bar:
-        while name := next_in_serving_order(serving_order(config, record), built, results, repairable):
-            if name in built:
-                results[name] = compare(name, config, record, lab)
-            else:
-                repairable.discard(base := name.removesuffix("_repaired"))
-                if repair(base, config, record, lab, results) is not None:
+        def walk(repairable: set[str]) -> str | None:
+            """Check (and repair) in serving order until one passes; the first that passed in that order."""
+            while name := next_in_serving_order(serving_order(config, record), built, results, repairable):
+                if name in built:
                     results[name] = compare(name, config, record, lab)
-            bar.update(1, note=f"{name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
+                else:
+                    repairable.discard(base := name.removesuffix("_repaired"))
+                    if repair(base, config, record, lab, results) is not None:
+                        results[name] = compare(name, config, record, lab)
+                bar.update(1, note=f"{name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
+            return next((n for n in serving_order(config, record) if n in results and results[n].passed), None)
+
+        served = walk(set())
+        failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
+        if served is None or served in EXACT_VARIANTS:
+            walk(set(failing) if config.parity.repair.enabled else set())
+            return
+    for name in failing:
+        record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
+            precision=record.variant(name).precision, units=0,
+            outcome=f"not run: {served} passed and is faster than fp32 (parity.variants=served repairs only where "
+                    "none faster passes; -p parity.variants=all repairs it)").recorded())
 
 
 def unchecked(record: RunRecord, results: dict[str, Verdict], order: tuple[str, ...]) -> dict[str, str]:
