@@ -142,6 +142,11 @@ def next_in_serving_order(order: tuple[str, ...], built: Collection[str], result
     return None
 
 
+def first_passed(order: tuple[str, ...], results: dict[str, Verdict]) -> str | None:
+    """The variant the deployment would serve among those checked: the first of `order` that passed."""
+    return next((name for name in order if name in results and results[name].passed), None)
+
+
 def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> None:
     """parity.variants=served: the variants in the order the deployment serves them until one passes, those served
     after it left unchecked (`unchecked`); a failing fp16/int8 is repaired (in serving order) only where none
@@ -158,7 +163,7 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
                     if repair(base, config, record, lab, results) is not None:
                         results[name] = compare(name, config, record, lab)
                 bar.update(1, note=f"{name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
-            return next((n for n in serving_order(config, record) if n in results and results[n].passed), None)
+            return first_passed(serving_order(config, record), results)
 
         served = walk(set())
         failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
@@ -174,7 +179,7 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
 
 def unchecked(record: RunRecord, results: dict[str, Verdict], order: tuple[str, ...]) -> dict[str, str]:
     """The built variants the lab did not check, each with why (`order`: the serving order)."""
-    served = next((name for name in order if name in results and results[name].passed), None)
+    served = first_passed(order, results)
 
     def why(name: str) -> str:
         if name == "original":
