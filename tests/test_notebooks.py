@@ -19,6 +19,7 @@ from papermill.exceptions import PapermillExecutionError
 
 from workbench.core.config import OUTPUTS_VARIABLE, RunConfig
 from workbench.core.errors import ConfigError
+from workbench.pipeline import pristine
 from workbench.report.notebook import (
     NOTEBOOKS_DIR,
     PARAMETERS,
@@ -26,6 +27,7 @@ from workbench.report.notebook import (
     injected_cell,
     parameters_cell,
     refuse_unknown_injected,
+    start,
 )
 from workbench.serving.server import free_port
 from workbench.steps import specs
@@ -46,20 +48,58 @@ def test_papermill_lists_the_typed_parameters():
     notebook = str(NOTEBOOKS_DIR / specs()[0].notebook)
     shown = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook", notebook], capture_output=True,
                            text=True, check=True).stdout
-    assert "precisions: list or auto (default 'auto')" in shown
-    assert "sequence_max: int or auto (default 'auto')" in shown
-    assert "batch_max: int (default 32)" in shown
+    assert "precisions: list or auto (default None)" in shown and "(new run: 'auto')" in shown
+    assert "sequence_max: int or auto (default None)" in shown
+    assert "batch_max: int (default None)" in shown and "largest (new run: 32)" in shown
     assert "config: dict (default {})" in shown
 
 
 def test_named_parameters_override_config_and_strings_are_read_as_yaml():
     cfg = config_from({"config": '{"opset": 16, "batch": {"max": 16}, "precisions": ["fp16"]}',
-                       "precisions": "[fp32, int8]", "batch_max": 32, "sequence_opt": 32, "sequence_max": "64",
-                       "model": "here"})
+                       "precisions": "[fp32, int8]", "batch_max": None, "batch_opt": 8, "sequence_opt": 32,
+                       "sequence_max": "64", "model": "here"})
     assert cfg.opset == 16 and cfg.precisions == ["fp32", "int8"] and cfg.model == "here"
-    assert cfg.batch.max == 16  # batch_max left at its default: config's value stands
+    assert cfg.batch.max == 16  # batch_max left None: config's value stands
     assert cfg.sequence.max == 64
     assert config_from({"config": "opset: 18"}).opset == 18
+
+
+def test_a_setting_changed_in_one_notebook_reaches_the_next_and_the_record_says_who_set_it(tmp_path, monkeypatch,
+                                                                                          capsys):
+    monkeypatch.setenv(OUTPUTS_VARIABLE, str(tmp_path))
+    cfg, record = start({"sequence_max": 128}, "export")
+    assert cfg.sequence.max == 128 and record.run_dir == tmp_path / f"interactive-{DEFAULT_SLUG}"
+    assert "sequence.max 128 (01_export.ipynb)" in capsys.readouterr().out
+    with record.step("export"):
+        pass
+
+    cfg, record = start({}, "optimize")  # every parameter None: the run's settings stand
+    opened = capsys.readouterr().out
+    assert cfg.sequence.max == 128 and record.config.sequence.max == 128
+    assert "done: export" in opened and "sequence.max 128 (01_export.ipynb)" in opened
+    assert "changed here: nothing" in opened and record.status("export") == "ok"
+
+    cfg, record = start({"sequence_max": 64, "config": {"optimize": {"int8": {"per_channel": False}}}}, "optimize")
+    opened = capsys.readouterr().out
+    assert cfg.sequence.max == 64 and record.status("export") == "stale"
+    assert "it ran with other settings: sequence.max 128 -> 64" in record.step_entry("export").detail
+    assert "now stale, run their notebooks again: export" in opened and "sequence.max 128 -> 64" in opened
+    assert record.set_by("sequence.max") == "02_optimize.ipynb"
+    with record.step("export"):
+        pass  # export again: ok, and a setting of optimize's own does not make it stale
+    assert record.status("export") == "ok" and record.config.optimize.int8.per_channel is False
+
+
+def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was_saved(tmp_path):
+    edited = nbformat.read(NOTEBOOKS_DIR / specs()[0].notebook, as_version=4)
+    cell = next(c for c in edited.cells if "parameters" in c.metadata.get("tags", []))
+    cell.source = "sequence_max = 128\nrun_dir = None"
+    edited.cells[2].outputs = [nbformat.v4.new_output("stream", text="an earlier run")]
+    nbformat.write(edited, tmp_path / "saved.ipynb")
+    (tmp_path / "run").mkdir()
+    copy = nbformat.read(pristine(tmp_path / "saved.ipynb", tmp_path / "run"), as_version=4)
+    assert [c.source for c in copy.cells if "parameters" in c.metadata.get("tags", [])] == [parameters_cell()]
+    assert not [c for c in copy.cells if c.get("outputs")]
 
 
 @pytest.mark.parametrize("config, problem", [("[1, 2]", "holds a list"), ("{opset: [", "not valid YAML"),

@@ -22,11 +22,13 @@ from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
-from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, remove_inside
+from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.preflight import preflight_apart
+from workbench.report.notebook import parameters_cell
 from workbench.steps import spec, specs
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+COMMAND = "workbench run"  # who set a run's settings, in its settings_log
 NOT_RUN = "not run: "  # the reason of a step skipped because an earlier one failed (it still has to run)
 # How long a finished cell's last output may take to arrive (nbclient's default, 4 s, failed a large model's optimize
 # step that had finished: its kernel was slow to report while the host was busy and memory was being returned).
@@ -134,7 +136,7 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
     try:
         with kernel_folder() as private:
             papermill.execute_notebook(
-                str(source), str(partial),
+                str(pristine(source, Path(private))), str(partial),
                 parameters={"config": config.to_params(), "run_dir": str(run_dir.resolve())},
                 kernel_name="python3", progress_bar=progress, cwd=str(notebooks_dir),
                 kernel_manager_class=_kernel_manager_class(Path(private)), iopub_timeout=IOPUB_TIMEOUT_S,
@@ -142,6 +144,22 @@ def run_notebook(step: str, config: RunConfig, run_dir: Path, progress: bool = T
     finally:
         _land(partial, dest)
     return dest
+
+
+def pristine(source: Path, folder: Path) -> Path:
+    """A copy of step notebook `source` in `folder` with the generated parameters cell and no outputs: values a user
+    saved in the notebook's parameters never reach a run the command configures."""
+    import nbformat
+
+    notebook = nbformat.read(source, as_version=4)
+    for cell in notebook.cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            cell.source = parameters_cell()
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    copy = folder / source.name
+    nbformat.write(notebook, copy)
+    return copy
 
 
 def _land(partial: Path, dest: Path) -> None:
@@ -177,10 +195,10 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                notebooks_dir: Path) -> RunRecord:
     preflight_apart(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
     if resume:
-        record = RunRecord.open(run_dir, config, must_exist=True)
+        record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
     else:
-        record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config)
+        record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     steps = [s.name for s in specs() if s.name in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):
@@ -209,6 +227,11 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                                       f"{run_dir / RECORD_NAME}; once the cause is mended, {again}") from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
+            ran = settings_changes(config.to_params(), record.data["config"])
+            if ran:
+                raise StepFailedError(f"step {step!r} ran other settings than the command gave: {described(ran)}",
+                                      f"the notebook {notebook_source(step, notebooks_dir)} sets them: take its "
+                                      "change out, or pass it with -p")
     return record
 
 

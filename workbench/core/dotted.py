@@ -7,6 +7,8 @@ from typing import Any
 from workbench.core.errors import ConfigError
 
 _MISSING = object()
+Value = str | int | float | bool | None | list["Value"] | dict[str, "Value"]  # a setting as JSON holds it
+Tree = dict[str, Value]  # a configuration or a record's table, nested
 
 
 def get(data: dict[str, Any], dotted: str, default: Any = None) -> Any:
@@ -40,3 +42,21 @@ def pop(data: dict[str, Any], dotted: str) -> None:
             del data[head]
     elif not rest:
         data.pop(head, None)
+
+
+def flat(data: Tree, prefix: str = "") -> dict[str, Value]:
+    """Every leaf of `data` under its dotted key (an empty mapping is a leaf)."""
+    leaves: dict[str, Value] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            leaves.update(flat(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def changes(old: Tree, new: Tree) -> dict[str, tuple[Value, Value]]:
+    """The dotted keys whose value differs between `old` and `new`, each with (old, new); None where absent."""
+    before, after = flat(old), flat(new)
+    return {key: (before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)}

@@ -21,6 +21,7 @@ from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig, quietly_moved
 from workbench.core.data import corpus_sample, lowercase_inputs
 from workbench.core.disk import as_disk_full, disk_full_typed
+from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.memory import PeakMemory
 from workbench.core.results import (
@@ -40,6 +41,26 @@ RECORD_NAME = "run.json"
 M = TypeVar("M", bound=Metrics)
 _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddings", "exporter", "opset",
                  "attn_implementation")
+
+
+_NOT_SETTINGS = ("steps", "output_dir")  # which steps run and where: not how any of them runs
+
+
+def step_settings(params: Tree, step: str) -> Tree:
+    """The settings step `step` runs with: the run-wide ones and its own section, not other steps' sections."""
+    others = {s.settings for s in catalog.specs() if s.settings and s.name != step}
+    return {key: value for key, value in params.items() if key not in others and key not in _NOT_SETTINGS}
+
+
+def settings_changes(old: Tree, new: Tree) -> dict[str, tuple[Value, Value]]:
+    """The settings (dotted) that differ between two configurations, which steps run and where left out."""
+    return {key: values for key, values in dotted_keys.changes(old, new).items()
+            if key.split(".")[0] not in _NOT_SETTINGS}
+
+
+def described(changes: dict[str, tuple[Value, Value]]) -> str:
+    """`sequence.max 256 -> 128, opset 17 -> 18`."""
+    return ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
 
 
 @dataclass(frozen=True)
@@ -101,7 +122,8 @@ class RunRecord:
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
-    def create(cls, run_dir: Path | str, config: RunConfig) -> RunRecord:
+    def create(cls, run_dir: Path | str, config: RunConfig, by: str = "") -> RunRecord:
+        """A new record in `run_dir`; the settings apart from the defaults are logged as set `by`."""
         from workbench.core.machine import collect_environment
 
         run_dir = Path(run_dir)
@@ -118,7 +140,7 @@ class RunRecord:
             "metrics": {},
         }
         record = cls(run_dir, data)
-        record.save()
+        record._log_settings(RunConfig().to_params(), by)
         return record
 
     @classmethod
@@ -140,13 +162,16 @@ class RunRecord:
         return cls(Path(run_dir), migrate(data))
 
     @classmethod
-    def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False) -> RunRecord:
-        """Load the record in `run_dir` (or create it unless `must_exist`); refuse a folder holding another run."""
+    def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False, by: str = "") -> RunRecord:
+        """Load the record in `run_dir` (or create it unless `must_exist`); refuse a folder holding another run.
+
+        The settings `config` changes are logged as set `by` (a notebook, a command), and a finished step that ran
+        with other settings reads stale, naming them."""
         if not (Path(run_dir) / RECORD_NAME).is_file():
             if must_exist:
                 raise OutputDirError(f"{run_dir} holds no run.json to resume",
                                      "pass the folder of an earlier run, or drop --resume")
-            return cls.create(run_dir, config)
+            return cls.create(run_dir, config, by)
         record = cls.load(run_dir)
         old, new = record.data["config"], config.to_params()
         defaults = RunConfig().to_params()  # a setting older runs did not record had its default
@@ -161,8 +186,22 @@ class RunRecord:
             record.data["corpus"] = corpus_sample(config.corpus, config.corpus_max_texts).record()  # what runs now
         record.data["config"] = new
         record.data["run_dir"] = str(Path(run_dir).resolve())  # the folder may have been moved or copied
-        record.save()
+        record._log_settings(old, by)
+        record._refresh_stale()
         return record
+
+    def _log_settings(self, old: Tree, by: str) -> None:
+        """Append the settings that differ from `old` to `settings_log`, as set `by`; save."""
+        changed = settings_changes(old, self.data["config"])
+        if changed:
+            self.data.setdefault("settings_log", []).append(
+                {"at": _now(), "by": by or "a caller", "changed": {k: list(v) for k, v in changed.items()}})
+        self.save()
+
+    def set_by(self, setting: str) -> str | None:
+        """Who last set `setting` to its value (a notebook, a command), from `settings_log`."""
+        return next((entry["by"] for entry in reversed(self.data.get("settings_log", []))
+                     if setting in entry["changed"]), None)
 
     # ---- persistence ---------------------------------------------------------------------
     @property
@@ -189,7 +228,8 @@ class RunRecord:
         peak = PeakMemory().__enter__()  # stopped by _finish, however the step ends
         self._drop_outputs(name)
         self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
-                                    "inputs": {}, "metrics": []}
+                                    "settings": step_settings(self.data["config"], name), "inputs": {},
+                                    "metrics": []}
         self._current = name
         self._refresh_stale()
         entry: dict[str, Any]
@@ -237,7 +277,8 @@ class RunRecord:
         if entry["status"] == StepStatus.FAILED:
             self._drop_artifacts(name)
         previous = self.data["steps"][name]
-        kept = {k: previous[k] for k in ("started", "run_id", "inputs", "metrics", "verified", "unverified_reason")
+        kept = {k: previous[k] for k in ("started", "run_id", "settings", "inputs", "metrics", "verified",
+                                         "unverified_reason")
                 if k in previous}
         self.data["steps"][name] = {**entry, **kept, "seconds": round(time.perf_counter() - start, 3),
                                     "peak_mb": round(peak.mb, 1)}
@@ -306,10 +347,14 @@ class RunRecord:
                 continue
             changes = {key: why for key, source in step.get("inputs", {}).items()
                        if (why := self._input_change(key, source))}
-            if changes:
+            settings = settings_changes(step.get("settings", {}), step_settings(self.data["config"], name)) \
+                if "settings" in step else {}
+            if changes or settings:
                 step["status"] = StepStatus.STALE
-                step["reason"] = "inputs changed since it ran: " + ", ".join(
-                    f"{key} ({why})" for key, why in changes.items())
+                step["reason"] = "; ".join(
+                    ([f"it ran with other settings: {described(settings)}"] if settings else [])
+                    + (["inputs changed since it ran: " + ", ".join(f"{key} ({why})" for key, why in changes.items())]
+                       if changes else []))
         self.save()
 
     def _input_change(self, key: str, source: dict[str, Any]) -> str | None:

@@ -10,19 +10,21 @@ import ast
 import difflib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from workbench.core import dotted
+from workbench.core import catalog, dotted
 from workbench.core.config import RunConfig, outputs_root
+from workbench.core.dotted import Tree
 from workbench.core.errors import ConfigError
 from workbench.core.memory import first_to_go
 from workbench.core.progress import use_text_bars
 from workbench.core.quiet import quiet_known_warnings
-from workbench.core.record import RunRecord
+from workbench.core.record import RECORD_NAME, RunRecord, described, settings_changes
 from workbench.core.tasks import TASKS
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -43,9 +45,10 @@ class Parameter:
         return dotted.get(RunConfig().to_params(), self.setting)
 
     def line(self) -> str:
-        """`name: type = default  # help`; a type in words (e.g. `int or auto`) quoted, as papermill reads it."""
+        """`name: type = None  # help (new run: default)`; a type in words (e.g. `int or auto`) quoted, as papermill
+        reads it."""
         annotation = f'"{self.type_name}"' if " " in self.type_name else self.type_name
-        return f"{self.name}: {annotation} = {self.default!r}  # {self.help}"
+        return f"{self.name}: {annotation} = None  # {self.help} (new run: {self.default!r})"
 
 
 PARAMETERS = (
@@ -69,46 +72,98 @@ PARAMETERS = (
 OTHER_PARAMETERS = (
     'config: dict = {}  # any other setting (`workbench config` lists them), as a dict or a YAML/JSON string, '
     'e.g. {"opset": 18, "triton": {"layout": "fused"}}',
-    "run_dir: str = None  # run folder; None: interactive-<model> under $WORKBENCH_OUTPUTS (default ./outputs)",
+    "run_dir: str = None  # run folder; None: interactive-<model> under $WORKBENCH_OUTPUTS (default ./outputs) "
+    "when model is set, else the run the last notebook opened",
 )
+LAST_RUN = ".last-run"  # in the outputs root: the run folder the last notebook opened
 NAMES = tuple(p.name for p in PARAMETERS) + ("config", "run_dir")
 
 
 def parameters_cell() -> str:
     """The source of every notebook's parameters cell."""
-    head = ("# Parameters (papermill: -p NAME VALUE). A setting left at its default keeps what `config` says; "
-            "one you change wins over it.")
+    head = ("# Parameters (papermill: -p NAME VALUE). None keeps the run's setting (its run.json; a new run's "
+            "default); a value you set changes the run's, and the steps it makes stale are named.")
     return "\n".join([head, *(p.line() for p in PARAMETERS), *OTHER_PARAMETERS])
 
 
-def start(namespace: dict[str, Any]) -> tuple[RunConfig, RunRecord]:
-    """Validate the notebook's parameters (its globals) and open the run.
+def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig, RunRecord]:
+    """Validate the notebook's parameters (its globals) and open the run; print which run, the settings it holds
+    apart from the defaults (and who set them), what this notebook changed and what that made stale.
 
-    Without `run_dir`, runs go to `interactive-<model>/` under the outputs root, so the notebooks of one model
-    continue one run.
+    The run: `run_dir`; else `interactive-<model>/` under the outputs root when `model` is set; else the run the
+    last notebook opened, so the notebooks of one model continue one run.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     first_to_go()  # the kernel holds the model: where memory runs out, it goes before the CLI or JupyterLab
     quiet_known_warnings()
-    if injected_cell(namespace.get("In")) is not None:
+    papermill = injected_cell(namespace.get("In")) is not None
+    if papermill:
         use_text_bars()  # papermill: the saved notebook keeps a text bar's last state, not a widget's
     refuse_unknown_injected(namespace.get("In"))
-    cfg = config_from(namespace)
-    run_dir = namespace.get("run_dir")
-    folder = Path(run_dir) if run_dir else outputs_root() / f"interactive-{cfg.model_slug}"
-    return cfg, RunRecord.open(folder, cfg)
+    folder = run_folder(namespace)
+    recorded = RunRecord.load(folder).data["config"] if (folder / RECORD_NAME).is_file() else None
+    cfg = config_from(namespace, recorded)
+    by = f"{catalog.spec(step).notebook}" if step else "a notebook"
+    before = {name: entry.get("status") for name, entry in recorded_steps(folder).items()}
+    record = RunRecord.open(folder, cfg, by=by)
+    if not papermill:
+        remember_run(folder)
+    print(opening(record, recorded, before))
+    return cfg, record
 
 
-def config_from(namespace: dict[str, Any]) -> RunConfig:
-    """`config` (a dict, or a YAML/JSON string), then each named parameter that differs from its default."""
+def run_folder(namespace: Mapping[str, object]) -> Path:
+    """The run a notebook opens (see `start`)."""
+    if namespace.get("run_dir"):
+        return Path(str(namespace["run_dir"]))
+    if namespace.get("model"):
+        return outputs_root() / f"interactive-{RunConfig(model=str(namespace['model'])).model_slug}"
+    last = outputs_root() / LAST_RUN
+    if last.is_file() and (Path(last.read_text(encoding="utf-8").strip()) / RECORD_NAME).is_file():
+        return Path(last.read_text(encoding="utf-8").strip())
+    return outputs_root() / f"interactive-{RunConfig().model_slug}"
+
+
+def remember_run(folder: Path) -> None:
+    """Let the next notebook opened without `run_dir` or `model` continue `folder`."""
+    outputs_root().mkdir(parents=True, exist_ok=True)
+    (outputs_root() / LAST_RUN).write_text(str(folder.resolve()), encoding="utf-8")
+
+
+def recorded_steps(folder: Path) -> Tree:
+    """The steps run.json in `folder` holds ({} for a new run)."""
+    return RunRecord.load(folder).data["steps"] if (folder / RECORD_NAME).is_file() else {}
+
+
+def opening(record: RunRecord, recorded: Tree | None, before: dict[str, str]) -> str:
+    """`run X (new | steps done): settings: sequence.max 128 (01_export.ipynb); changed here: ...; now stale: ...`."""
+    done = [name for name, status in before.items() if status == "ok"]
+    lines = [f"run {record.run_dir.name} ({'new' if recorded is None else 'done: ' + (', '.join(done) or 'none')})"]
+    own = settings_changes(RunConfig().to_params(), record.data["config"])
+    lines.append("settings apart from the defaults: " + (", ".join(
+        f"{key} {new!r} ({record.set_by(key) or 'earlier'})" for key, (_, new) in own.items()) or "none"))
+    if recorded is not None:
+        changed = settings_changes(recorded, record.data["config"])
+        lines.append(f"changed here: {described(changed) if changed else 'nothing'}")
+        stale = [f"{name} ({record.data['steps'][name].get('reason', '')})" for name, status in before.items()
+                 if status == "ok" and record.data["steps"][name].get("status") == "stale"]
+        if stale:
+            lines.append("now stale, run their notebooks again: " + "; ".join(stale))
+    return "\n".join(lines)
+
+
+def config_from(namespace: dict[str, Any], recorded: Tree | None = None) -> RunConfig:
+    """The run's recorded configuration (defaults for a new run), then `config` (a dict, or a YAML/JSON string),
+    then each named parameter that is not None."""
     data = _mapping(namespace.get("config"))
     for parameter in PARAMETERS:
-        if parameter.name not in namespace:
+        if namespace.get(parameter.name) is None:
             continue
-        value = _typed(parameter, namespace[parameter.name])
-        if value != parameter.default:
-            dotted.put(data, parameter.setting, value)
-    return RunConfig.load(base=data)
+        dotted.put(data, parameter.setting, _typed(parameter, namespace[parameter.name]))
+    if recorded is None:
+        return RunConfig.load(base=data)
+    return RunConfig.load(base=recorded, overrides=[f"{key}={json.dumps(value)}" for key, value in
+                                                     dotted.flat(data).items()])
 
 
 def injected_cell(history: list[str] | None) -> str | None:
