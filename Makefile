@@ -5,8 +5,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= cpu,openvino,serve,generation,dev
 ARGS ?=
-# Containers and cloud notebooks often run as root, which JupyterLab refuses unless told.
-LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 
 .PHONY: env demo test test-gpu gpu-check lab bench clean
@@ -34,11 +32,11 @@ gpu-check: env  ## on an NVIDIA host, EXTRAS=gpu,serve,generation,dev: tests/gpu
 	WORKBENCH_REQUIRE_GPU=1 $(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
 	$(BIN)/python benchmarks/bench.py --device cuda --in-process $(ARGS)
 
-lab: env  ## JupyterLab on the notebooks; interactive runs go to this checkout's outputs/ (ARGS="--no-browser" etc.)
-	WORKBENCH_OUTPUTS="$(CURDIR)/outputs" $(BIN)/jupyter lab $(LAB_ROOT) $(ARGS) notebooks
+lab: env  ## JupyterLab on outputs/: working copies of the notebooks in outputs/lab/, the runs beside them (ARGS="--no-browser" etc.)
+	WORKBENCH_OUTPUTS="$${WORKBENCH_OUTPUTS:-$(CURDIR)/outputs}" $(BIN)/workbench lab $(ARGS)
 
 bench: env
 	$(BIN)/python benchmarks/bench.py $(ARGS)
 
-clean:
-	rm -rf outputs/*/ outputs/interactive-*
+clean:  ## remove the runs in outputs/ (your notebooks in outputs/lab/ stay)
+	find outputs -mindepth 1 -maxdepth 1 -type d ! -name lab -exec rm -rf {} +

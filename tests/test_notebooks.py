@@ -164,18 +164,27 @@ def test_papermill_typed_parameters_run_and_an_unknown_one_is_refused(tiny_bert,
 
 
 @pytest.mark.slow
-def test_make_lab_opens_jupyterlab_on_the_notebooks(tmp_path):
+def test_make_lab_opens_working_copies_beside_the_runs_and_keeps_the_users(tmp_path):
     """As root too (containers): `make lab` must not stop at JupyterLab's root check."""
     port, token = free_port(), "workbench-test"
-    repo = NOTEBOOKS_DIR.parent
+    repo, outputs = NOTEBOOKS_DIR.parent, tmp_path / "outputs"
+    mine = outputs / "lab" / specs()[0].notebook
+    mine.parent.mkdir(parents=True)
+    edited = nbformat.read(NOTEBOOKS_DIR / specs()[0].notebook, as_version=4)
+    edited.cells.append(nbformat.v4.new_code_cell("print('my own cell')"))
+    nbformat.write(edited, mine)
     args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={token}"
-    lab = subprocess.Popen(["make", "-s", "-C", str(repo), "lab", f"ARGS={args}"], stdout=subprocess.DEVNULL,
+    lab = subprocess.Popen(["make", "-s", "-C", str(repo), "lab", f"ARGS={args}"], stdout=open(tmp_path / "out", "w"),
                            stderr=open(tmp_path / "lab.log", "w"), start_new_session=True,
-                           env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+                           env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+                                OUTPUTS_VARIABLE: str(outputs)})
     try:
-        url = f"http://127.0.0.1:{port}/api/contents?token={token}"
-        listing = poll_json(url, lab, tmp_path / "lab.log")
+        root = poll_json(f"http://127.0.0.1:{port}/api/contents?token={token}", lab, tmp_path / "lab.log")
+        assert {"lab"} <= {item["name"] for item in root["content"]}
+        listing = poll_json(f"http://127.0.0.1:{port}/api/contents/lab?token={token}", lab, tmp_path / "lab.log")
         assert {step.notebook for step in specs()} <= {item["name"] for item in listing["content"]}
+        assert "my own cell" in mine.read_text()  # the user's copy is theirs
+        assert f"kept your edited lab/{specs()[0].notebook}" in (tmp_path / "out").read_text()
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)

@@ -108,6 +108,12 @@ def _install_perf_analyzer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab(args: argparse.Namespace) -> int:
+    from workbench.lab import lab
+
+    return lab(args.jupyter_args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from workbench.serve import run_repository, serve
 
@@ -205,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     compared.add_argument("--min-cosine", type=float, default=0.999,
                           help="the accuracy goal's floor: min cosine (or label agreement) at least this")
     compared.set_defaults(func=_compare)
+    lab = sub.add_parser("lab", help="JupyterLab rooted at the outputs folder: working copies of the step notebooks "
+                         "in lab/ (the tracked ones stay the templates `workbench run` executes), the runs beside them")
+    lab.set_defaults(func=_lab, jupyter_args=[])  # the options it does not know go to jupyter lab (--no-browser, ...)
     serve = sub.add_parser("serve", help="serve a run's model repository on tritonserver until Ctrl-C, SIGTERM or "
                            "SIGHUP; prints its URLs, a curl request and a perf_analyzer command")
     _serve_args(serve)
@@ -213,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.jupyter_args = unknown
     try:
         return args.func(args)
     except RunInterruptedError as exc:

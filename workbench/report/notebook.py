@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import html
 import json
 import os
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from IPython.display import HTML
 
 from workbench.core import catalog, dotted
 from workbench.core.config import RunConfig, outputs_root
@@ -228,3 +230,13 @@ def write_parameter_cells(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
             changed.append(path)
     return changed
 
+
+
+def report_inline(report: Path, height: int = 720) -> HTML:
+    """report.html in the notebook: a link and a frame by a path relative to the notebook's folder (the kernel's),
+    which JupyterLab serves from its own server, so they work when the Lab runs on another machine."""
+    relative = Path(os.path.relpath(report.resolve(), Path.cwd()))
+    link = html.escape(relative.as_posix())
+    return HTML(f'<p><a href="{link}" target="_blank">{html.escape(report.name)}</a> (opens in a new tab; on this '
+                f'machine: <code>{html.escape(str(report.resolve()))}</code>)</p>'
+                f'<iframe src="{link}" width="100%" height="{height}" style="border: 1px solid #ccc"></iframe>')
