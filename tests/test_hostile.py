@@ -436,8 +436,8 @@ def test_deploy_sizing_says_whether_a_served_bench_ran():
 
     never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
                                                                                  "not run")
-    assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start; run "
-                                     "--steps triton,bench,deploy to size it")
+    assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start; to "
+                                     "size it: workbench run --resume --output-dir <run> --steps triton,bench,deploy")
     slow = ServedBenchmark.model_validate({"batching_on": {"text": {"1": {
         "concurrency": 1, "requests": 10, "seconds": 2.0, "throughput": 5.0, "p50": 800.0, "p90": 880.0, "p95": 890.0,
         "p99": 900.0, "mean": 810.0}}}})

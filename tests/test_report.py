@@ -304,7 +304,7 @@ def test_no_recommendation_without_a_variant_that_passes(tmp_path):
         assert choice.steps == ("parity", "bench")
         assert choice.reason.startswith(f"no variant measured at {choice.cell.label} passes parity")
         assert "int8_repaired: sentence_embedding: min cosine 0.985000 < 0.99" in choice.reason
-        assert choice.line().endswith("; run --steps parity,bench")
+        assert choice.line().endswith("; workbench run --resume --output-dir <run> --steps parity,bench")
 
 
 def test_a_stale_bench_recommends_nothing(benched):

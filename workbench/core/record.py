@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
+from workbench.core.advice import run_again
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig, quietly_moved
 from workbench.core.data import corpus_sample, lowercase_inputs
@@ -429,7 +430,8 @@ class RunRecord:
         path = self.run_dir / entry["path"]
         if not path.exists():
             raise MissingArtifactError(f"artifact {name!r} was recorded but {path} is gone",
-                                       f"re-run the step that wrote it: --steps {entry.get('step') or 'export'}")
+                                       "re-run the step that wrote it: "
+                                       + run_again([entry.get("step") or "export"], self.run_dir))
         self._consume(name, entry.get("step"), entry.get("sha256"))
         return path
 
@@ -516,7 +518,7 @@ class RunRecord:
         info = self.metric("export")
         if info is None:
             raise MissingArtifactError(f"the run in {self.run_dir} has no export metrics",
-                                       "run the export step first: --steps export")
+                                       "run the export step first: " + run_again(["export"], self.run_dir))
         return ExportMetrics.model_validate(info)
 
     def tokenizer(self) -> Tokenizer:

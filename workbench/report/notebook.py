@@ -20,6 +20,7 @@ import yaml
 from IPython.display import HTML
 
 from workbench.core import catalog, dotted
+from workbench.core.advice import speak_notebooks
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.dotted import Tree
 from workbench.core.errors import ConfigError
@@ -110,6 +111,8 @@ def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig
     record = RunRecord.open(folder, cfg, by=by)
     if not papermill:
         remember_run(folder)
+        if "In" in namespace:  # a kernel JupyterLab runs: advice names the notebooks to run
+            speak_notebooks()
     print(opening(record, recorded, before))
     return cfg, record
 

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import jinja2
 
+from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
@@ -43,7 +44,7 @@ def served_note(record: RunRecord, steps: tuple[Declared, ...]) -> str:
 
 def resume_command(record: RunRecord, step: str) -> str:
     """The command that runs `step` (steps, comma-separated) again into the record's run folder."""
-    return f"`workbench run --resume --output-dir {record.run_dir} --steps {step}`"
+    return f"`{run_again(step.split(','), record.run_dir)}`"
 
 
 def _missing(record: RunRecord, step: StepEntry) -> str:

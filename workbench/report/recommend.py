@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
+from workbench.core.advice import run_again
 from workbench.core.batches import Cell
 from workbench.core.measured import BenchMetrics, CellTiming
 from workbench.core.record import RunRecord, StepStatus
@@ -105,7 +106,7 @@ class Recommendation:
         """One plain-text line, e.g. `latency: int8_repaired, 2.83x faster than PyTorch at b1 s16, min cosine
         0.9903 vs 0.99 (margin +0.0003)`."""
         if self.variant is None:
-            return f"{self.goal}: nothing to recommend: {self.reason}; run --steps {','.join(self.steps)}"
+            return f"{self.goal}: nothing to recommend: {self.reason}; {run_again(self.steps)}"
         gate = str(self.gate) if self.gate else "parity passed"
         pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
         neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"

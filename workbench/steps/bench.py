@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from workbench.core.advice import run_again
 from workbench.core.batches import corpus_batches
 from workbench.core.catalog import Parts, Section, StepSpec, specs
 from workbench.core.config import RunConfig
@@ -71,7 +72,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
     deployed = deployed_plan(record)
     if deployed is None:
         return ServedBenchmark(skipped=f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
-                                       "run --steps triton,bench to measure serving")
+                                       f"to measure serving: {run_again(['triton', 'bench'], record.run_dir)}")
     plan, variant = deployed
     try:
         binary = find_tritonserver()
@@ -114,7 +115,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         if grid.disturbed:  # the step ran, but its speeds cannot be trusted: the summary says so
             record.unverified(disturbance_note(grid.disturbed))
         served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else ServedBenchmark(
-            skipped="bench.served is false; to measure serving: -p bench.served=true --steps triton,bench"))
+            skipped="bench.served is false; to measure serving: "
+                    + run_again(["triton", "bench"], record.run_dir, {"bench.served": True})))
         served.seconds = round(seconds, 1)
         record.set_metric(f"{STEP}.served", served.recorded())
     return record.step_entry(STEP)

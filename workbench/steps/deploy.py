@@ -2,6 +2,7 @@
 autoscaling on Triton's queue time, KServe), sized from what the served bench measured."""
 from __future__ import annotations
 
+from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepSkipped
@@ -37,8 +38,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         deployed = deployed_plan(record)
         if deployed is None:
-            raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label}); run "
-                              "--steps triton,deploy")
+            raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
+                              + run_again(["triton", "deploy"], record.run_dir))
         plan, _ = deployed
         bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
         served = bench.served if bench else None

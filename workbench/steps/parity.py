@@ -6,6 +6,7 @@ from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
+from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
@@ -358,8 +359,8 @@ def lines(record: RunRecord) -> list[str]:
             if outcome.stopped and "repair.budget_s" in outcome.stopped and outcome.budget_s:
                 checked = parity.variants.get(precision)
                 auto, _ = RepairSettings().budget(checked.seconds if checked else None)
-                more = (f" (more time: workbench run --resume --output-dir {record.run_dir} --steps parity "
-                        f"-p parity.repair.budget_s={max(2 * outcome.budget_s, auto):g})")
+                more = " (more time: " + run_again(["parity"], record.run_dir, {
+                    "parity.repair.budget_s": f"{max(2 * outcome.budget_s, auto):g}"}) + ")"
             lines.append(f"{precision} repair: {outcome.outcome}{more}")
     return lines
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
@@ -194,8 +195,9 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loade
     failures = {**served_failures, **failures_of(seen)}
     if not config.triton.allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
-                              "run --steps parity (its repair may fix the variant), serve another with "
-                              "-p triton.variant=..., or publish it anyway with -p triton.allow_unverified=true")
+                              f"{run_again(['parity', 'triton'], record.run_dir)} (its repair may fix the "
+                              "variant), serve another (setting triton.variant), or publish it anyway (setting "
+                              "triton.allow_unverified=true)")
     record.unverified(f"{candidates[0]} did not pass parity: {failures[candidates[0]]}")
     return Verification(variant=candidates[0], by=None, order=order, checked_here=checks, passed_over=failures)
 
