@@ -12,6 +12,7 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepFailedError
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
+from workbench.core.record import RunRecord
 from workbench.pipeline import run_pipeline
 from workbench.steps import spec
 
@@ -130,3 +131,17 @@ def test_run_prints_the_kernel_lines_unless_quiet(progress, fails, tmp_path, mon
     assert printed == (CHILD_LINES if progress else [])
     assert not list(scratch.iterdir()), "the progress file is removed after the step"
     assert PROGRESS_FILE_VAR not in os.environ
+
+
+def test_a_bar_whose_work_ends_early_finishes_saying_where_and_a_step_says_what_it_did(progress_file, tmp_path):
+    with Progress("repair int8", total=80, unit="candidates", interval=0) as bar:
+        bar.update(1, note="found")
+    assert bar.total == 1 and _lines(progress_file)[-1] == "repair int8: 1/1 candidates (found; done at 1 of 80)"
+
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    with record.step("report"):
+        (tmp_path / "run" / "report.html").write_bytes(b"x" * 2_000_000)
+        record.add_artifact("report", tmp_path / "run" / "report.html", kind="html")
+        record.set_metric("report.sections", 3)
+    assert _lines(progress_file)[-3:] == ["report 0:00 started", "report 0:00 wrote report.html (2.0 MB)",
+                                          "report 0:00 recorded report.sections"]

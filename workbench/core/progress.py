@@ -1,5 +1,6 @@
-"""Progress of long loops: a tqdm bar where the loop runs (a widget in JupyterLab when ipywidgets is installed, text
-otherwise) and, under `workbench run`, lines in the file WORKBENCH_PROGRESS_FILE names, which the pipeline prints.
+"""Progress of long loops and steps: a tqdm bar where the loop runs (text on stdout in notebooks, so a reopened one
+shows where each ended), a step's lines (`say`: what it wrote and recorded, with the time since it started) and,
+under `workbench run`, both as lines in the file WORKBENCH_PROGRESS_FILE names, which the pipeline prints.
 
 The step notebooks run in a kernel, a process of their own: the pipeline creates the file and names it in the
 environment before papermill starts the kernel (`ProgressTail`), and `Progress` in the kernel appends to it. Without
@@ -9,6 +10,7 @@ last one; the time only decides what is shown, never what a loop does.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -22,11 +24,12 @@ LINE_INTERVAL_S = 1.0  # at most one line per bar this often, plus the last one
 POLL_S = 0.2  # how often the pipeline looks for new lines
 INDENT = "    "
 T = TypeVar("T")
-_text_bars = False  # set for headless runs, whose saved notebooks cannot show a widget's final state
+_text_bars = False  # set in notebooks: a saved notebook keeps a text bar's last state, never a widget's
 
 
 def use_text_bars() -> None:
-    """Bars as text from now on (papermill runs: the saved notebook keeps a text bar's last state)."""
+    """Bars as text on stdout from now on (notebooks: reopened, they show where each bar ended, with no widget
+    state to lose)."""
     global _text_bars
     _text_bars = True
 
@@ -48,7 +51,8 @@ class Progress:
         return f"{self.label}: {self.done}/{self.total} {self.unit}" + (f" ({self.note})" if self.note else "")
 
     def __enter__(self) -> Progress:
-        self._bar = _tqdm()(total=self.total, desc=self.label, unit=self.unit)
+        self._bar = _tqdm()(total=self.total, desc=self.label, unit=self.unit,
+                            **({"file": sys.stdout} if _text_bars else {}))  # a notebook's stdout: no red
         self._write()
         return self
 
@@ -63,6 +67,13 @@ class Progress:
             self._write()
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is None and self.done < self.total:  # the work ended early (found, out of time): the bar finishes
+            self.note = f"{self.note}; done at {self.done} of {self.total}" if self.note else \
+                f"done at {self.done} of {self.total}"
+            self.total = self.done
+            self._bar.total = self.done
+            self._bar.set_postfix_str(self.note, refresh=False)
+            self._bar.refresh()
         if self._written != self.line():
             self._write()
         self._bar.close()
@@ -70,17 +81,30 @@ class Progress:
     def _write(self) -> None:
         """Append the current line to the pipeline's file; a file that is gone (the step ended) ends the lines."""
         self._written, self._written_at = self.line(), time.monotonic()
-        if self._path is None:
-            return
-        try:
-            handle = os.open(self._path, os.O_WRONLY | os.O_APPEND)  # never creates it: nothing is left behind
-        except OSError:
+        if self._path is not None and not _append(self._path, self._written):
             self._path = None
-            return
-        try:
-            os.write(handle, f"{self._written}\n".encode())
-        finally:
-            os.close(handle)
+
+
+def say(line: str) -> None:
+    """A line of a step's progress: printed where the step runs (its notebook keeps it) and, under `workbench run`,
+    appended to the pipeline's file."""
+    print(line, flush=True)
+    path = os.environ.get(PROGRESS_FILE_VAR)
+    if path:
+        _append(path, line)
+
+
+def _append(path: str, line: str) -> bool:
+    """Append `line` to the file at `path`; False where it is gone (the step ended): it is never created."""
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return False
+    try:
+        os.write(handle, f"{line}\n".encode())
+    finally:
+        os.close(handle)
+    return True
 
 
 def track(items: Collection[T], label: str, unit: str, note: Callable[[T], str] = str) -> Iterator[T]:

@@ -25,6 +25,7 @@ from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.memory import PeakMemory
+from workbench.core.progress import say
 from workbench.core.results import (
     SCHEMA_VERSION,
     ExportMetrics,
@@ -120,6 +121,7 @@ class RunRecord:
         self.run_dir = Path(run_dir)
         self.data = data
         self._current: str | None = None  # the step running in this process, if any
+        self._started = 0.0  # when it started (time.perf_counter)
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -231,8 +233,9 @@ class RunRecord:
         self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
                                     "settings": step_settings(self.data["config"], name), "inputs": {},
                                     "metrics": []}
-        self._current = name
+        self._current, self._started = name, time.perf_counter()
         self._refresh_stale()
+        self._progress("started")
         entry: dict[str, Any]
         try:
             yield self
@@ -410,7 +413,14 @@ class RunRecord:
             entry["mtime_ns"] = max(p.stat().st_mtime_ns for p in files)
         self.data["artifacts"][name] = entry
         self.save()
+        self._progress(f"wrote {entry['path']} ({entry['bytes'] / 1e6:.1f} MB)")
         return path
+
+    def _progress(self, what: str) -> None:
+        """Say what the running step just did, with the time since it started (nothing outside a step)."""
+        if self._current is not None:
+            minutes, seconds = divmod(int(time.perf_counter() - self._started), 60)
+            say(f"{self._current} {minutes}:{seconds:02d} {what}")
 
     def remove_artifact(self, name: str) -> None:
         """Delete an artifact (its file or folder inside the run folder) and its entry."""
@@ -444,6 +454,11 @@ class RunRecord:
         """Names of the recorded variants of `kind`, without reading them."""
         return [a["variant"] for a in self.data["artifacts"].values()
                 if a["kind"] == kind and a.get("variant") != "tensorrt"]
+
+    def variant_megabytes(self, kind: str = "onnx") -> dict[str, float]:
+        """The file size of each recorded variant of `kind` (its external data included), in MB."""
+        return {a["variant"]: a["bytes"] / 1e6 for a in self.data["artifacts"].values()
+                if a["kind"] == kind and a.get("variant") not in (None, "tensorrt") and "bytes" in a}
 
     def variant(self, name: str, kind: str = "onnx") -> Variant:
         """One variant of `kind`; its file must exist."""
@@ -486,6 +501,7 @@ class RunRecord:
             if dotted not in written:
                 written.append(dotted)
         self.save()
+        self._progress(f"recorded {dotted}")
 
     def metric(self, dotted: str, default: Any = None) -> Any:
         """`metrics.<dotted>`, or `default`. A failed step's metrics stay in run.json for diagnosis, but read as

@@ -12,6 +12,7 @@ from workbench.core.results import (
     ExportMetrics,
     GraphStats,
     Histogram,
+    OptimizeMetrics,
     RecipeResult,
     RepairCandidate,
     RepairOutcome,
@@ -23,16 +24,21 @@ from workbench.runners.onnxruntime import SessionSettings
 from workbench.serving.deploy import Scaling
 
 _ROW_PX = 28
+_LINE_PX = 18  # one more line of a wrapped cell
+_LINE_CHARS = 150  # about how many characters of a table's cells fit across a notebook or report.html
 
 
 def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(row[i]) for row in texts]) + 2 for i, h in enumerate(header)]
+    shrink = min(1.0, _LINE_CHARS / sum(widths))  # plotly narrows the columns to the page, in proportion
+    lines = [max(math.ceil(len(cell) / max(1.0, width * shrink - 2)) for cell, width in zip(row, widths))
+             for row in texts]  # a long cell wraps: its row grows, and so must the figure, or the last row is cut
     figure = go.Figure(go.Table(columnwidth=widths, header={"values": header, "height": _ROW_PX},
                                 cells={"values": list(zip(*texts)) if texts else [], "height": _ROW_PX}))
-    figure.update_layout(title=title, height=70 + _ROW_PX * (len(rows) + 2),
-                         margin={"t": 50, "b": 10, "l": 20, "r": 20})
+    figure.update_layout(title=title, height=70 + _ROW_PX * 2 + _LINE_PX * sum(max(1, n) for n in lines)
+                         + (_ROW_PX - _LINE_PX) * len(lines), margin={"t": 50, "b": 10, "l": 20, "r": 20})
     return figure
 
 
@@ -44,26 +50,44 @@ def io_table(export: ExportMetrics) -> go.Figure:
                  ["", "name", "shape"], rows)
 
 
+def variants_table(optimized: OptimizeMetrics, megabytes: dict[str, float]) -> go.Figure:
+    """Every variant the run holds: the runtime that runs it, its graph's nodes and fused operators (ONNX Runtime's),
+    its file size, and what its trial found (OpenVINO's)."""
+    trials = {"openvino": optimized.openvino, "openvino_bf16": optimized.openvino_bf16,
+              "openvino_int8": optimized.openvino_int8}
+    rows = []
+    for variant, size in megabytes.items():
+        stats, trial = optimized.variants.get(variant), trials.get(variant)
+        fused = ", ".join(f"{op} {n}" for op, n in stats.fused.items()) if stats else "at compile time (OpenVINO)"
+        note = (trial.reason if trial else stats.warning if stats else "") or ""
+        rows.append((variant, "OpenVINO" if variant in trials else "ONNX Runtime", stats.nodes if stats else "",
+                     fused, f"{size:.1f}", note))
+    return table(f"{len(rows)} variants in this run", ["variant", "runs on", "nodes", "fused operators", "MB", "note"],
+                 rows)
+
+
 def fusion_figure(fusions: dict[str, GraphStats]) -> go.Figure:
-    """Fused-operator counts per variant (bars) and node counts (in the legend names)."""
+    """Fused-operator counts per ONNX Runtime variant (bars) and node counts (in the legend names)."""
     ops = sorted({op for stats in fusions.values() for op in stats.fused})
     figure = go.Figure()
     for variant, stats in fusions.items():
         figure.add_bar(name=f"{variant} ({stats.nodes} nodes)", x=ops, y=[stats.fused.get(op, 0) for op in ops])
-    figure.update_layout(title="Fused operators per variant", barmode="group", xaxis_title="fused operator",
-                         yaxis_title="fused nodes (count)", legend_title="variant (nodes in the graph)")
+    figure.update_layout(title="ONNX Runtime's fused operators per variant (OpenVINO fuses when it compiles)",
+                         barmode="group", xaxis_title="fused operator", yaxis_title="fused nodes (count)",
+                         legend_title="variant (nodes in the graph)")
     return figure
 
 
-def size_figure(fusions: dict[str, GraphStats]) -> go.Figure:
-    sizes = {variant: stats.megabytes for variant, stats in fusions.items() if stats.megabytes is not None}
-    figure = go.Figure(go.Bar(x=list(sizes), y=list(sizes.values()), text=[f"{mb:.1f} MB" for mb in sizes.values()]))
+def size_figure(megabytes: dict[str, float]) -> go.Figure:
+    """The file size of every variant the run holds."""
+    figure = go.Figure(go.Bar(x=list(megabytes), y=list(megabytes.values()),
+                              text=[f"{mb:.1f} MB" for mb in megabytes.values()]))
     figure.update_layout(title="File size per variant", xaxis_title="variant", yaxis_title="file size (MB)")
     return figure
 
 
-def parity_table(results: dict[str, Verdict]) -> go.Figure:
-    """One row per variant and output: verdict and the numbers behind it."""
+def parity_table(results: dict[str, Verdict], against: str = "PyTorch fp32") -> go.Figure:
+    """One row per variant and output compared with `against`: verdict and the numbers behind it."""
     rows = []
     for variant, result in results.items():
         for name, out in result.outputs.items():
@@ -74,7 +98,7 @@ def parity_table(results: dict[str, Verdict]) -> go.Figure:
                          _number(out.agreement, ".4f"), _retrieval_cell(out.retrieval), "; ".join(out.failures)])
     header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement",
               "neighbours (agreement@1 / recall@10 / Spearman)", "why"]
-    return table("Parity against PyTorch fp32 (padded positions excluded)", header, rows)
+    return table(f"Parity against {against} (padded positions excluded)", header, rows)
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -132,10 +156,12 @@ def repair_tradeoff(repair: RepairOutcome) -> go.Figure:
                                hovertext=[f"{r.recipe}: {'passes' if r.passed else 'fails'}"
                                           f"{' (the base)' if r.chosen else ''}{_retrieval_note(r)}"
                                           for r in recipes])
-    for label, entry in (("chosen", repair.chosen), ("before repair", repair.before)):
-        if entry:
+    for label, entry, marker in (("before repair", repair.before, {"symbol": "x", "size": 12}),
+                                 ("chosen", repair.chosen, {"symbol": "star", "size": 20,
+                                                            "line": {"width": 1.5, "color": "black"}})):
+        if entry:  # the chosen star drawn last: on top where the two meet
             figure.add_scatter(name=label, mode="markers", x=[entry.latency_ms], y=[getattr(entry, metric)],
-                               marker={"symbol": "star" if label == "chosen" else "x", "size": 16})
+                               marker=marker)
     figure.update_layout(title=f"{repair.precision} repair: accuracy vs latency ({repair.outcome})",
                          xaxis_title=f"latency (ms) at batch x sequence {repair.latency_feed}",
                          yaxis_title=f"{metric.replace('_', ' ')} on the hard texts (marker size: nodes kept in fp32)")

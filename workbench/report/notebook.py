@@ -100,8 +100,7 @@ def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig
     first_to_go()  # the kernel holds the model: where memory runs out, it goes before the CLI or JupyterLab
     quiet_known_warnings()
     papermill = injected_cell(namespace.get("In")) is not None
-    if papermill:
-        use_text_bars()  # papermill: the saved notebook keeps a text bar's last state, not a widget's
+    use_text_bars()  # a saved notebook keeps a text bar's last state; a widget's would be lost on reopening
     refuse_unknown_injected(namespace.get("In"))
     folder = run_folder(namespace)
     recorded = RunRecord.load(folder).data["config"] if (folder / RECORD_NAME).is_file() else None

@@ -317,7 +317,7 @@ def section(triton: TritonMetrics) -> Parts:
     served = {f"served {p}": r for p, r in triton.served_parity.items()}
     served.update({f"served, prompt_name={name!r}": r for name, r in triton.prompt_parity.items()})
     return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
-             "against encode(texts, prompt_name=...).", [figures.parity_table(served)])]
+             "against encode(texts, prompt_name=...).", [figures.parity_table(served, against)])]
 
 
 def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
