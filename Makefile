@@ -7,7 +7,7 @@ EXTRAS ?= cpu,openvino,serve,generation,dev
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: env demo test test-gpu gpu-check lab bench clean
+.PHONY: env demo test test-gpu gpu-check lab lab-check bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ gpu-check: env  ## on an NVIDIA host, EXTRAS=gpu,serve,generation,dev: tests/gpu
 
 lab: env  ## JupyterLab on outputs/: working copies of the notebooks in outputs/lab/, the runs beside them (ARGS="--no-browser" etc.)
 	WORKBENCH_OUTPUTS="$${WORKBENCH_OUTPUTS:-$(CURDIR)/outputs}" $(BIN)/workbench lab $(ARGS)
+
+lab-check: env  ## a real browser runs the notebooks in JupyterLab (Run All) and reports what it saw (ARGS="--notebooks 01,02")
+	$(BIN)/python -c "import playwright" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS),docs]"
+	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+	$(BIN)/python tests/browser/lab_check.py $(ARGS)
 
 bench: env
 	$(BIN)/python benchmarks/bench.py $(ARGS)

@@ -14,42 +14,14 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from workbench.lab import CHROMIUM, CHROMIUM_ARGS, started_lab
 from workbench.serving.server import free_port
 
 DOCS = Path(__file__).resolve().parent
-CHROMIUM = "/usr/bin/chromium"
-# A closed network: no background connections, no first-run work.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1500, "height": 1000}
-
-
-def start_lab(root: Path, port: int, token: str, state: Path) -> subprocess.Popen:
-    """JupyterLab on `root`, 127.0.0.1 only, with fresh workspace state under `state`, in its own process group;
-    returns once it answers."""
-    command = [str(Path(sys.executable).with_name("jupyter")), "lab", "--no-browser", f"--port={port}",
-               "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-               f"--LabApp.workspaces_dir={state}"]
-    if os.geteuid() == 0:
-        command.append("--allow-root")
-    lab = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5)
-            return lab
-        except OSError:
-            if lab.poll() is not None:
-                raise SystemExit(f"JupyterLab exited with status {lab.returncode}")
-            time.sleep(0.5)
-    os.killpg(lab.pid, signal.SIGTERM)
-    raise SystemExit("JupyterLab did not answer within 2 minutes")
 
 
 def main() -> None:
@@ -77,7 +49,7 @@ def main() -> None:
     run = args.run.resolve()
     port, token = free_port(), secrets.token_hex(16)
     state = Path(tempfile.mkdtemp(prefix="workbench-lab-"))
-    lab = start_lab(run / "notebooks", port, token, state)
+    lab = started_lab(run / "notebooks", port, token, state)
     try:
         with sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -16,6 +20,10 @@ from workbench.core.config import OUTPUTS_VARIABLE, outputs_root
 from workbench.report.notebook import NOTEBOOKS_DIR
 
 LAB_FOLDER = "lab"
+CHROMIUM = "/usr/bin/chromium"  # Debian's, which the browser checks and the docs' screenshots drive
+# A closed network: no background connections, no first-run work.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
 
 
 def working_copies(root: Path, templates: Path = NOTEBOOKS_DIR) -> tuple[list[Path], list[Path]]:
@@ -47,6 +55,25 @@ def lab_command(root: Path, extra: list[str]) -> list[str]:
     as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     return [str(Path(sys.executable).with_name("jupyter")), "lab", f"--ServerApp.root_dir={root}",
             f"--LabApp.default_url=/lab/tree/{LAB_FOLDER}", *as_root, *extra]
+
+
+def started_lab(root: Path, port: int, token: str, state: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """JupyterLab on `root`, 127.0.0.1 only, with fresh workspace state under `state`, in its own process group;
+    returns once it answers (SystemExit if it does not within 2 minutes)."""
+    command = lab_command(root, ["--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+                                 f"--IdentityProvider.token={token}", f"--LabApp.workspaces_dir={state}", *extra])
+    lab = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                           env={**os.environ, OUTPUTS_VARIABLE: str(root)})
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5)
+            return lab
+        except OSError:
+            if lab.poll() is not None:
+                raise SystemExit(f"JupyterLab exited with status {lab.returncode}") from None
+            time.sleep(0.5)
+    os.killpg(lab.pid, signal.SIGTERM)
+    raise SystemExit("JupyterLab did not answer within 2 minutes")
 
 
 def lab(extra: list[str]) -> int:

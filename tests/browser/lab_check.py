@@ -1,0 +1,184 @@
+"""`make lab-check`: a real browser runs the step notebooks in JupyterLab as a user does, and says what it saw.
+
+Headless Chromium (Debian's) opens `workbench lab`'s working copies in a fresh outputs folder, changes one parameter
+in 01 (`sequence_max = 128`, typed into the cell), then per notebook clicks Run -> Run All Cells, waits until the
+kernel is idle, saves (Ctrl+S), and counts from the saved file and the page: cells, seconds, error outputs, plotly
+figures (in the file, and drawn on the page), progress bars that did not finish, and whether the notebook's first
+output names the run and `sequence.max 128 (01_export.ipynb)`. 09's report must load inside its frame. A saved
+notebook is reopened to check it shows no widget error. Screenshots and lab-check.json go into the run folder.
+
+    python tests/browser/lab_check.py [--out FOLDER] [--notebooks 01,02,03]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import nbformat
+from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+import workbench.steps  # noqa: F401  (registers the steps)
+from workbench.core.catalog import specs
+from workbench.core.config import RunConfig
+from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, working_copies
+from workbench.serving.server import free_port
+
+VIEWPORT = {"width": 1600, "height": 1000}
+EDIT = "sequence_max = 128"
+SET_BY = "sequence.max 128 (01_export.ipynb)"
+BAR = re.compile(r"(\d+)/(\d+) \[")  # a text bar's count, e.g. `12/80 [00:03<...`
+
+
+@dataclass
+class Seen:
+    """What the browser saw of one notebook."""
+
+    notebook: str
+    cells: int
+    seconds: float
+    errors: int
+    plots: int
+    drawn: int
+    unfinished_bars: int
+    inherited: bool
+    screenshot: str
+
+
+def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots: Path, edit: str | None) -> Seen:
+    """Open `notebook`, optionally replace its parameters cell, Run All through the menu, wait, save, look."""
+    page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    wait_idle(page, 120)
+    news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's news feed: not for a closed network
+    if news.count():
+        news.first.click()
+    if edit is not None:
+        parameters = page.locator(".jp-Notebook .jp-CodeCell").first.locator(".cm-content")
+        parameters.click()
+        page.keyboard.press("Control+a")
+        page.keyboard.type(edit)
+        page.keyboard.press("Escape")
+    started = time.monotonic()
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.wait_for_timeout(2_000)
+    wait_idle(page, 3_600)
+    seconds = time.monotonic() - started
+    page.keyboard.press("Control+s")
+    page.wait_for_timeout(2_000)
+    drawn = page.locator(".jp-OutputArea .js-plotly-plot").count()
+    shot = shots / notebook.replace(".ipynb", ".png")
+    page.screenshot(path=str(shot))
+    saved = nbformat.read(root / LAB_FOLDER / notebook, as_version=4)
+    outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    first = next((c for c in saved.cells if c.cell_type == "code" and "start(globals()" in c.source), None)
+    opened = "".join(o.get("text", "") for o in (first.outputs if first else []))
+    return Seen(notebook, len(saved.cells), round(seconds, 1), sum(o.output_type == "error" for o in outputs),
+                sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs), drawn,
+                sum(unfinished(o.get("text", "")) for o in outputs if o.output_type == "stream"),
+                SET_BY in opened, str(shot))
+
+
+def wait_idle(page: Page, limit_s: float) -> None:
+    """Until the kernel reports idle and no cell shows `[*]` on three looks in a row."""
+    quiet, deadline = 0, time.monotonic() + limit_s
+    while quiet < 3:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the notebook was still running after {limit_s:.0f} s")
+        busy = page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() or any(
+            "[*]" in text for text in page.locator(".jp-InputArea-prompt").all_inner_texts())
+        quiet = 0 if busy else quiet + 1
+        page.wait_for_timeout(1_000)
+
+
+def unfinished(text: str) -> int:
+    """Text bars in a stream whose last drawn state is short of their total."""
+    lasts: dict[str, tuple[int, int]] = {}
+    for piece in re.split(r"[\r\n]", text):
+        found = BAR.search(piece)
+        if found:
+            lasts[piece.split(":")[0]] = (int(found.group(1)), int(found.group(2)))
+    return sum(done < total for done, total in lasts.values())
+
+
+def reopened_clean(page: Page, notebook: str, port: int, token: str) -> bool:
+    """A saved notebook opened again in a new page shows no widget error."""
+    page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.wait_for_timeout(5_000)
+    content = page.content()
+    return "Error displaying widget" not in content and "model not found" not in content
+
+
+def report_in_frame(page: Page) -> bool:
+    """09's report.html loaded inside its output frame (served by the Lab's own server)."""
+    frame = page.frame_locator(".jp-OutputArea iframe").first
+    try:
+        frame.locator("h1").first.wait_for(timeout=30_000)
+        return True
+    except PlaywrightTimeout:  # the frame stayed empty
+        return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="outputs folder for the Lab (default: a new temporary one)")
+    parser.add_argument("--notebooks", help="prefixes to run, e.g. 01,02,03 (default: every step notebook)")
+    args = parser.parse_args()
+    root = (args.out or Path(tempfile.mkdtemp(prefix="lab-check-"))).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    working_copies(root)
+    wanted = [s.notebook for s in specs() if not args.notebooks or s.notebook[:2] in args.notebooks.split(",")]
+    run = root / f"interactive-{RunConfig().model_slug}"
+    shots = Path(tempfile.mkdtemp(prefix="lab-check-shots-"))
+    port, token, state = free_port(), secrets.token_hex(16), Path(tempfile.mkdtemp(prefix="lab-state-"))
+    lab = started_lab(root, port, token, state)
+    seen: list[Seen] = []
+    try:
+        with sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            context = browser.new_context(viewport=VIEWPORT)
+            page = context.new_page()
+            for notebook in wanted:
+                seen.append(run_all(page, root, notebook, port, token, shots, EDIT if notebook == wanted[0] else None))
+                print(asdict(seen[-1]), flush=True)
+            framed = report_in_frame(page) if wanted[-1].startswith("09") else None
+            clean = reopened_clean(context.new_page(), wanted[0], port, token)
+            browser.close()
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
+        shutil.rmtree(state, ignore_errors=True)
+    config = json.loads((run / "run.json").read_text())["config"] if (run / "run.json").is_file() else {}
+    (run / "lab-check").mkdir(parents=True, exist_ok=True)
+    for item in seen:
+        item.screenshot = str(shutil.move(item.screenshot, run / "lab-check" / Path(item.screenshot).name))
+    shutil.rmtree(shots, ignore_errors=True)
+    verdict = {"notebooks": [asdict(s) for s in seen], "report_in_frame": framed, "reopened_without_widget_errors":
+               clean, "run_sequence_max": config.get("sequence", {}).get("max")}
+    (run / "lab-check" / "lab-check.json").write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+    print("| notebook | cells | seconds | errors | plots (file / drawn) | unfinished bars | settings inherited |")
+    print("|---|---|---|---|---|---|---|")
+    for s in seen:
+        print(f"| {s.notebook} | {s.cells} | {s.seconds:.0f} | {s.errors} | {s.plots} / {s.drawn} | "
+              f"{s.unfinished_bars} | {'yes' if s.inherited else 'NO'} |")
+    print(f"report in its frame: {framed}; reopened without widget errors: {clean}; run.json sequence.max: "
+          f"{verdict['run_sequence_max']}; screenshots and lab-check.json: {run / 'lab-check'}")
+    ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.inherited for s in seen) and clean and framed is not False \
+        and verdict["run_sequence_max"] == 128
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
