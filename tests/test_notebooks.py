@@ -88,6 +88,8 @@ def test_a_setting_changed_in_one_notebook_reaches_the_next_and_the_record_says_
     with record.step("export"):
         pass  # export again: ok, and a setting of optimize's own does not make it stale
     assert record.status("export") == "ok" and record.config.optimize.int8.per_channel is False
+    _, record = start({"config": {"tolerances": {"sentence_embedding": {"min_cosine": 0.98}}}}, "parity")
+    assert record.status("export") == "ok"  # tolerances: parity reads them first
 
 
 def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was_saved(tmp_path):

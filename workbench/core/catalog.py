@@ -45,7 +45,8 @@ class StepSpec:
     leaves on disk, in multiples of the model's weight bytes (preflight's size estimate); `takeaway`: its verdict line
     from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its model) has
     them; `settings`: its section of the run configuration (RunConfig's field of that name, e.g. `optimize`), the
-    settings only it reads; `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
+    settings only it reads; `first_reads`: the run-wide settings no earlier step reads (a change to them leaves the
+    earlier steps as they are); `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
     `variants`), which the record's `verdict` reads; `headline` and `warning`: the lines and the warning report.html
     opens with, from its metrics model; `served` and `served_differs`, for the step that deploys: what the served
     sections open with, and a note where it serves another variant than the recommended one ("" where not)."""
@@ -65,6 +66,7 @@ class StepSpec:
     metrics: type[Metrics] = Metrics
     after: str | None = None
     settings: str | None = None
+    first_reads: tuple[str, ...] = ()
     verdicts: str | None = None
     headline: Callable[[Any], list[str]] | None = None
     warning: Callable[[Any], str] | None = None

@@ -49,8 +49,12 @@ _NOT_SETTINGS = ("steps", "output_dir")  # which steps run and where: not how an
 
 
 def step_settings(params: Tree, step: str) -> Tree:
-    """The settings step `step` runs with: the run-wide ones and its own section, not other steps' sections."""
-    others = {s.settings for s in catalog.specs() if s.settings and s.name != step}
+    """The settings step `step` runs with: the run-wide ones (but those first read by a later step) and its own
+    section, not other steps' sections."""
+    order = catalog.step_names()
+    later = order[order.index(step) + 1:] if step in order else ()
+    others = {s.settings for s in catalog.specs() if s.settings and s.name != step} \
+        | {key for s in catalog.specs() if s.name in later for key in s.first_reads}
     return {key: value for key, value in params.items() if key not in others and key not in _NOT_SETTINGS}
 
 

@@ -592,4 +592,5 @@ SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes", run, lines,
     sections=(Section("ONNX Runtime fusions", section),),
     needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
-    metrics=OptimizeMetrics, after="export", settings="optimize")
+    metrics=OptimizeMetrics, after="export", settings="optimize",
+    first_reads=("precisions", "target", "corpus", "corpus_max_texts"))
