@@ -227,7 +227,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                                       f"{run_dir / RECORD_NAME}; once the cause is mended, {again}") from None
             record = RunRecord.load(run_dir)
             record.add_artifact(f"notebook.{step}", run_dir / "notebooks" / spec(step).notebook, kind="notebook")
-            ran = settings_changes(config.to_params(), record.data["config"])
+            ran = settings_changes(config.to_params(), record.settings)
             if ran:
                 raise StepFailedError(f"step {step!r} ran other settings than the command gave: {described(ran)}",
                                       f"the notebook {notebook_source(step, notebooks_dir)} sets them: take its "

@@ -216,6 +216,11 @@ class RunRecord:
         return self.run_dir / RECORD_NAME
 
     @property
+    def settings(self) -> Tree:
+        """The run's configuration as run.json holds it (the next step runs with it)."""
+        return self.data["config"]
+
+    @property
     def config(self) -> RunConfig:
         return RunConfig.from_dict(quietly_moved(self.data["config"]))
 

@@ -103,7 +103,7 @@ def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig
     use_text_bars()  # a saved notebook keeps a text bar's last state; a widget's would be lost on reopening
     refuse_unknown_injected(namespace.get("In"))
     folder = run_folder(namespace)
-    recorded = RunRecord.load(folder).data["config"] if (folder / RECORD_NAME).is_file() else None
+    recorded = RunRecord.load(folder).settings if (folder / RECORD_NAME).is_file() else None
     cfg = config_from(namespace, recorded)
     by = f"{catalog.spec(step).notebook}" if step else "a notebook"
     before = {name: entry.get("status") for name, entry in recorded_steps(folder).items()}
@@ -134,23 +134,25 @@ def remember_run(folder: Path) -> None:
     (outputs_root() / LAST_RUN).write_text(str(folder.resolve()), encoding="utf-8")
 
 
-def recorded_steps(folder: Path) -> Tree:
-    """The steps run.json in `folder` holds ({} for a new run)."""
-    return RunRecord.load(folder).data["steps"] if (folder / RECORD_NAME).is_file() else {}
+def recorded_steps(folder: Path) -> dict[str, str]:
+    """The status of each step run.json in `folder` holds ({} for a new run)."""
+    if not (folder / RECORD_NAME).is_file():
+        return {}
+    return {entry.name: str(entry.status) for entry in RunRecord.load(folder).step_entries()}
 
 
 def opening(record: RunRecord, recorded: Tree | None, before: dict[str, str]) -> str:
     """`run X (new | steps done): settings: sequence.max 128 (01_export.ipynb); changed here: ...; now stale: ...`."""
     done = [name for name, status in before.items() if status == "ok"]
     lines = [f"run {record.run_dir.name} ({'new' if recorded is None else 'done: ' + (', '.join(done) or 'none')})"]
-    own = settings_changes(RunConfig().to_params(), record.data["config"])
+    own = settings_changes(RunConfig().to_params(), record.settings)
     lines.append("settings apart from the defaults: " + (", ".join(
         f"{key} {new!r} ({record.set_by(key) or 'earlier'})" for key, (_, new) in own.items()) or "none"))
     if recorded is not None:
-        changed = settings_changes(recorded, record.data["config"])
+        changed = settings_changes(recorded, record.settings)
         lines.append(f"changed here: {described(changed) if changed else 'nothing'}")
-        stale = [f"{name} ({record.data['steps'][name].get('reason', '')})" for name, status in before.items()
-                 if status == "ok" and record.data["steps"][name].get("status") == "stale"]
+        stale = [f"{name} ({entry.detail})" for name in done
+                 if (entry := record.step_entry(name)).status == "stale"]
         if stale:
             lines.append("now stale, run their notebooks again: " + "; ".join(stale))
     return "\n".join(lines)
