@@ -85,6 +85,8 @@ def test_misspelled_key_names_the_closest_setting():
         RunConfig.load(None, ["batch.maxx=4"])
     with pytest.raises(ConfigError, match="unknown setting 'triton.flavour' \\(did you mean 'triton.flavor'\\?\\)"):
         RunConfig.load(None, ["triton.flavour=auto"])
+    with pytest.raises(ConfigError, match="unknown setting 'sequence_max' \\(did you mean 'sequence.max'\\?\\)"):
+        RunConfig.load(None, ["sequence_max=128"])  # a notebook's name for it
     with pytest.raises(ConfigError, match="'parityy': did you mean 'parity'"):
         RunConfig.load(None, ["steps=[parityy]"])
     with pytest.raises(ConfigError, match="unknown setting 'bench.enabled'") as removed:

@@ -92,7 +92,7 @@ def test_a_setting_changed_in_one_notebook_reaches_the_next_and_the_record_says_
     assert record.status("export") == "ok"  # tolerances: parity reads them first
 
 
-def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was_saved(tmp_path):
+def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was_saved(tmp_path, capsys):
     edited = nbformat.read(NOTEBOOKS_DIR / specs()[0].notebook, as_version=4)
     cell = next(c for c in edited.cells if "parameters" in c.metadata.get("tags", []))
     cell.source = "sequence_max = 128\nrun_dir = None"
@@ -102,6 +102,8 @@ def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was
     copy = nbformat.read(pristine(tmp_path / "saved.ipynb", tmp_path / "run"), as_version=4)
     assert [c.source for c in copy.cells if "parameters" in c.metadata.get("tags", [])] == [parameters_cell()]
     assert not [c for c in copy.cells if c.get("outputs")]
+    assert "saved.ipynb's saved parameters are not used (sequence_max = 128; run_dir = None)" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("config, problem", [("[1, 2]", "holds a list"), ("{opset: [", "not valid YAML"),

@@ -154,6 +154,10 @@ def pristine(source: Path, folder: Path) -> Path:
     notebook = nbformat.read(source, as_version=4)
     for cell in notebook.cells:
         if "parameters" in cell.metadata.get("tags", []):
+            edited = [line for line in cell.source.splitlines() if line not in parameters_cell().splitlines()]
+            if edited:
+                print(f"warning: {source.name}'s saved parameters are not used ({'; '.join(edited)}): workbench "
+                      "run runs the run's settings; pass yours with -p (e.g. -p sequence.max=128)", file=sys.stderr)
             cell.source = parameters_cell()
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -772,7 +772,10 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             field = str(err["loc"][-1])
             close = difflib.get_close_matches(field, _fields_at(err["loc"][:-1]), n=1)
             section = loc.rpartition(".")[0]
-            hint = f" (did you mean {'.'.join(filter(None, (section, close[0])))!r}?)" if close else ""
+            head, _, rest = field.partition("_")  # a notebook's name for it: sequence_max is sequence.max
+            nested = f"{head}.{rest}" if rest and rest in _fields_at((*err["loc"][:-1], head)) else None
+            hint = f" (did you mean {'.'.join(filter(None, (section, nested or close[0])))!r}?)" \
+                if nested or close else ""
             lines.append(f"unknown setting {loc!r}{hint}")
             fixes.append(REMOVED.get(loc, f"remove or rename {loc}; `workbench config` prints every setting"))
         else:

@@ -3,6 +3,7 @@ Triton server and its model stubs), sampled from a process of its own while the 
 process would wait for the interpreter lock through the very calls that peak (a session built, a graph parsed)."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -144,4 +145,5 @@ def sample(root_pid: int) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the measured process ends it
     sample(int(sys.argv[1]))

@@ -26,12 +26,13 @@ from workbench.serving.deploy import Scaling
 _ROW_PX = 28
 _LINE_PX = 18  # one more line of a wrapped cell
 _LINE_CHARS = 150  # about how many characters of a table's cells fit across a notebook or report.html
+_WIDEST = 48  # a column's share of the width, in characters, at most: a long cell wraps, the headers beside it stay
 
 
 def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in texts]) + 2 for i, h in enumerate(header)]
+    widths = [min(_WIDEST, max([len(h)] + [len(row[i]) for row in texts]) + 2) for i, h in enumerate(header)]
     shrink = min(1.0, _LINE_CHARS / sum(widths))  # plotly narrows the columns to the page, in proportion
     lines = [max(math.ceil(len(cell) / max(1.0, width * shrink - 2)) for cell, width in zip(row, widths))
              for row in texts]  # a long cell wraps: its row grows, and so must the figure, or the last row is cut

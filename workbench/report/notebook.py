@@ -106,7 +106,7 @@ def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig
     recorded = RunRecord.load(folder).settings if (folder / RECORD_NAME).is_file() else None
     cfg = config_from(namespace, recorded)
     by = f"{catalog.spec(step).notebook}" if step else "a notebook"
-    before = {name: entry.get("status") for name, entry in recorded_steps(folder).items()}
+    before = recorded_steps(folder)
     record = RunRecord.open(folder, cfg, by=by)
     if not papermill:
         remember_run(folder)
@@ -234,7 +234,7 @@ def write_parameter_cells(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
 
 
 
-def report_inline(report: Path, height: int = 720) -> HTML:
+def report_inline(report: Path, height: int = 1000) -> HTML:
     """report.html in the notebook: a link and a frame by a path relative to the notebook's folder (the kernel's),
     which JupyterLab serves from its own server, so they work when the Lab runs on another machine."""
     relative = Path(os.path.relpath(report.resolve(), Path.cwd()))

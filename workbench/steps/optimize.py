@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workbench.core.advice import run_again
 from workbench.core.atomic import temporary_dir
 from workbench.core.batches import Batch, Feed
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -541,7 +542,8 @@ def openvino_line(openvino: Trial) -> str:
         return f"OpenVINO fp32 kept as the openvino variant: {openvino.reason}"
     if openvino.matches is None:
         return f"OpenVINO fp32 {openvino.reason}"
-    anyway = "; to keep it anyway: -p optimize.openvino=always" if openvino.matches else ""
+    anyway = f"; to keep it anyway: {run_again(['optimize'], settings={'optimize.openvino': 'always'})}" \
+        if openvino.matches else ""
     return f"OpenVINO fp32 not kept: {openvino.reason}{anyway}"
 
 
