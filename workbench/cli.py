@@ -49,9 +49,10 @@ def _run(args: argparse.Namespace) -> int:
 
     config = _load_config(args)
     record = run_pipeline(config, overwrite=args.overwrite, progress=not args.quiet, resume=args.resume)
+    print(f"{'step':12s} {'status':19s} {'seconds':>8} {'peak':>8} detail")
     for step in record.step_entries():
         peak = f"{step.peak_mb:.0f} MB" if step.peak_mb else ""
-        print(f"{step.name:12s} {step.label:8s} {step.seconds or '':>8} {peak:>8} {step.detail}")
+        print(f"{step.name:12s} {step.label:19s} {step.seconds or '':>8} {peak:>8} {step.detail}")
         if step.status == StepStatus.OK:  # what it found: its notebook's last cell
             for line in verdict_line(step.name, record).splitlines():
                 print(f"{'':12s} {line}")
