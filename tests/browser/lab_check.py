@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 import workbench.steps  # noqa: F401  (registers the steps)
@@ -36,6 +36,7 @@ from workbench.serving.server import free_port
 VIEWPORT = {"width": 1600, "height": 1000}
 EDIT = "sequence_max = 128"
 SET_BY = "sequence.max 128 (01_export.ipynb)"
+ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook in view (others stay in the DOM, hidden)
 BAR = re.compile(r"(\d+)/(\d+) \[")  # a text bar's count, e.g. `12/80 [00:03<...`
 
 
@@ -51,19 +52,21 @@ class Seen:
     drawn: int
     unfinished_bars: int
     inherited: bool
+    report_framed: bool | None
     screenshot: str
 
 
 def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots: Path, edit: str | None) -> Seen:
     """Open `notebook`, optionally replace its parameters cell, Run All through the menu, wait, save, look."""
     page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-    wait_idle(page, 120)
+    panel = page.locator(ACTIVE)
+    panel.locator(".jp-Cell").first.wait_for(timeout=120_000)
+    wait_idle(panel, 120)
     news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's news feed: not for a closed network
     if news.count():
         news.first.click()
     if edit is not None:
-        parameters = page.locator(".jp-Notebook .jp-CodeCell").first.locator(".cm-content")
+        parameters = panel.locator(".jp-CodeCell").first.locator(".cm-content")
         parameters.click()
         page.keyboard.press("Control+a")
         page.keyboard.type(edit)
@@ -72,13 +75,20 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
     page.wait_for_timeout(2_000)
-    wait_idle(page, 3_600)
+    wait_idle(panel, 3_600)
     seconds = time.monotonic() - started
     page.keyboard.press("Control+s")
     page.wait_for_timeout(2_000)
-    drawn = page.locator(".jp-OutputArea .js-plotly-plot").count()
+    drawn = panel.locator(".jp-OutputArea .js-plotly-plot").count()
     shot = shots / notebook.replace(".ipynb", ".png")
     page.screenshot(path=str(shot))
+    framed = report_in_frame(panel) if notebook.startswith("09") else None
+    page.locator(".lm-MenuBar-itemLabel", has_text="File").first.click()  # its kernel goes: memory for the next
+    page.locator(".lm-Menu-itemLabel", has_text="Close and Shut Down Notebook").first.click()
+    accept = page.locator(".jp-Dialog-button.jp-mod-accept")
+    if accept.count():
+        accept.first.click()
+    page.wait_for_timeout(2_000)
     saved = nbformat.read(root / LAB_FOLDER / notebook, as_version=4)
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     first = next((c for c in saved.cells if c.cell_type == "code" and "start(globals()" in c.source), None)
@@ -86,19 +96,19 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     return Seen(notebook, len(saved.cells), round(seconds, 1), sum(o.output_type == "error" for o in outputs),
                 sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs), drawn,
                 sum(unfinished(o.get("text", "")) for o in outputs if o.output_type == "stream"),
-                SET_BY in opened, str(shot))
+                SET_BY in opened, framed, str(shot))
 
 
-def wait_idle(page: Page, limit_s: float) -> None:
-    """Until the kernel reports idle and no cell shows `[*]` on three looks in a row."""
+def wait_idle(panel: Locator, limit_s: float) -> None:
+    """Until the notebook's kernel reports idle and no cell shows `[*]` on three looks in a row."""
     quiet, deadline = 0, time.monotonic() + limit_s
     while quiet < 3:
         if time.monotonic() > deadline:
             raise SystemExit(f"the notebook was still running after {limit_s:.0f} s")
-        busy = page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() or any(
-            "[*]" in text for text in page.locator(".jp-InputArea-prompt").all_inner_texts())
+        busy = panel.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() or any(
+            "[*]" in text for text in panel.locator(".jp-InputArea-prompt").all_inner_texts())
         quiet = 0 if busy else quiet + 1
-        page.wait_for_timeout(1_000)
+        panel.page.wait_for_timeout(1_000)
 
 
 def unfinished(text: str) -> int:
@@ -114,15 +124,15 @@ def unfinished(text: str) -> int:
 def reopened_clean(page: Page, notebook: str, port: int, token: str) -> bool:
     """A saved notebook opened again in a new page shows no widget error."""
     page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.locator(ACTIVE).locator(".jp-Cell").first.wait_for(timeout=120_000)
     page.wait_for_timeout(5_000)
     content = page.content()
     return "Error displaying widget" not in content and "model not found" not in content
 
 
-def report_in_frame(page: Page) -> bool:
+def report_in_frame(panel: Locator) -> bool:
     """09's report.html loaded inside its output frame (served by the Lab's own server)."""
-    frame = page.frame_locator(".jp-OutputArea iframe").first
+    frame = panel.frame_locator(".jp-OutputArea iframe").first
     try:
         frame.locator("h1").first.wait_for(timeout=30_000)
         return True
@@ -152,7 +162,7 @@ def main() -> int:
             for notebook in wanted:
                 seen.append(run_all(page, root, notebook, port, token, shots, EDIT if notebook == wanted[0] else None))
                 print(asdict(seen[-1]), flush=True)
-            framed = report_in_frame(page) if wanted[-1].startswith("09") else None
+            framed = seen[-1].report_framed
             clean = reopened_clean(context.new_page(), wanted[0], port, token)
             browser.close()
     finally:
