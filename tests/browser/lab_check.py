@@ -95,7 +95,7 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     opened = "".join(o.get("text", "") for o in (first.outputs if first else []))
     return Seen(notebook, len(saved.cells), round(seconds, 1), sum(o.output_type == "error" for o in outputs),
                 sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs), drawn,
-                sum(unfinished(o.get("text", "")) for o in outputs if o.output_type == "stream"),
+                unfinished("".join(o.get("text", "") for o in outputs if o.output_type == "stream")),
                 SET_BY in opened, framed, str(shot))
 
 
@@ -112,7 +112,8 @@ def wait_idle(panel: Locator, limit_s: float) -> None:
 
 
 def unfinished(text: str) -> int:
-    """Text bars in a stream whose last drawn state is short of their total."""
+    """Text bars whose last drawn state is short of their total, in a notebook's streams joined (a bar's updates
+    can land in several outputs)."""
     lasts: dict[str, tuple[int, int]] = {}
     for piece in re.split(r"[\r\n]", text):
         found = BAR.search(piece)
