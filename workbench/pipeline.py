@@ -24,10 +24,9 @@ from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.preflight import preflight_apart
-from workbench.report.notebook import parameters_cell
+from workbench.report.notebook import NOTEBOOKS_DIR, parameters_cell
 from workbench.steps import spec, specs
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 COMMAND = "workbench run"  # who set a run's settings, in its settings_log
 NOT_RUN = "not run: "  # the reason of a step skipped because an earlier one failed (it still has to run)
 # How long a finished cell's last output may take to arrive (nbclient's default, 4 s, failed a large model's optimize
