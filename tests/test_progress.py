@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -145,3 +146,21 @@ def test_a_bar_whose_work_ends_early_finishes_saying_where_and_a_step_says_what_
         record.set_metric("report.sections", 3)
     assert _lines(progress_file)[-3:] == ["report 0:00 started", "report 0:00 wrote report.html (2.0 MB)",
                                           "report 0:00 recorded report.sections"]
+
+    record.data["steps"]["report"]["seconds"] = 600.0  # as if it had taken ten minutes
+    record.save()
+    beside = RunRecord.create(tmp_path / "beside", RunConfig())
+    with beside.step("report"):  # a run beside it, same model, settings and host: that time is the estimate
+        beside.set_metric("report.sections", 3)
+    started, recorded = _lines(progress_file)[-2:]
+    assert started == "report 0:00 started (it took 10:00 in run)"
+    assert re.fullmatch(r"report 0:0\d recorded report\.sections \(about 9:5\d left\)", recorded)
+    beside.data["steps"]["report"]["seconds"] = 0.0
+    with beside.step("report"):  # its own earlier time comes first; once past it, the line says so
+        beside.set_metric("report.sections", 3)
+    assert _lines(progress_file)[-1].endswith("recorded report.sections (past the 0:00 it took in beside)")
+
+    other = RunRecord.create(tmp_path / "other", RunConfig.from_dict({"sequence": {"max": 64}}))
+    with other.step("report"):  # other settings: no earlier time is theirs
+        other.set_metric("report.sections", 3)
+    assert _lines(progress_file)[-2:] == ["report 0:00 started", "report 0:00 recorded report.sections"]

@@ -127,6 +127,8 @@ def test_report_is_self_contained(reported):
     html = record.artifact("report").read_text()
     assert html.count("<script") > 3 and "Plotly.newPlot" in html
     assert not re.search(r'<script[^>]+src="https?://', html), "no script fetched from the network"
+    settings = html.split("Settings apart from the defaults:")[1].split("</p>")[0]
+    assert "sequence.max 64" in settings and "precisions [&#39;fp32&#39;, &#39;int8&#39;]" in settings
     for title in ("Parity against PyTorch", "In-process latency", "Served throughput", "Dynamic batching search",
                   "Where tokenization runs", "ONNX Runtime fusions", "Serving efficiency", "Repository layouts"):
         assert title in html, title

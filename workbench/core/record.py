@@ -24,6 +24,7 @@ from workbench.core.data import corpus_sample, lowercase_inputs
 from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
+from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import PeakMemory
 from workbench.core.progress import say
 from workbench.core.results import (
@@ -126,6 +127,7 @@ class RunRecord:
         self.data = data
         self._current: str | None = None  # the step running in this process, if any
         self._started = 0.0  # when it started (time.perf_counter)
+        self._earlier: Earlier | None = None  # how long it took before, where known
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -210,6 +212,11 @@ class RunRecord:
         return next((entry["by"] for entry in reversed(self.data.get("settings_log", []))
                      if setting in entry["changed"]), None)
 
+    def own_settings(self) -> list[str]:
+        """The run's settings apart from the defaults, each with who set it: `sequence.max 128 (01_export.ipynb)`."""
+        own = settings_changes(RunConfig().to_params(), self.settings)
+        return [f"{key} {new!r} ({self.set_by(key) or 'earlier'})" for key, (_, new) in own.items()]
+
     # ---- persistence ---------------------------------------------------------------------
     @property
     def path(self) -> Path:
@@ -238,13 +245,15 @@ class RunRecord:
         """
         start = time.perf_counter()
         peak = PeakMemory().__enter__()  # stopped by _finish, however the step ends
+        settings = step_settings(self.data["config"], name)
+        self._earlier = earlier(self.run_dir, self.data, name, settings)
         self._drop_outputs(name)
         self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
-                                    "settings": step_settings(self.data["config"], name), "inputs": {},
-                                    "metrics": []}
+                                    "settings": settings, "inputs": {}, "metrics": []}
         self._current, self._started = name, time.perf_counter()
         self._refresh_stale()
-        self._progress("started")
+        self._progress("started" if self._earlier is None else
+                       f"started (it took {clock(self._earlier.seconds)} in {self._earlier.run})", left=False)
         entry: dict[str, Any]
         try:
             yield self
@@ -425,11 +434,13 @@ class RunRecord:
         self._progress(f"wrote {entry['path']} ({entry['bytes'] / 1e6:.1f} MB)")
         return path
 
-    def _progress(self, what: str) -> None:
-        """Say what the running step just did, with the time since it started (nothing outside a step)."""
+    def _progress(self, what: str, left: bool = True) -> None:
+        """Say what the running step just did, with the time since it started and, where it ran before here, about
+        how long is left (nothing outside a step)."""
         if self._current is not None:
-            minutes, seconds = divmod(int(time.perf_counter() - self._started), 60)
-            say(f"{self._current} {minutes}:{seconds:02d} {what}")
+            elapsed = time.perf_counter() - self._started
+            remaining = "" if self._earlier is None or not left else f" ({self._earlier.left(elapsed)})"
+            say(f"{self._current} {clock(elapsed)} {what}{remaining}")
 
     def remove_artifact(self, name: str) -> None:
         """Delete an artifact (its file or folder inside the run folder) and its entry."""

@@ -145,9 +145,7 @@ def opening(record: RunRecord, recorded: Tree | None, before: dict[str, str]) ->
     """`run X (new | steps done): settings: sequence.max 128 (01_export.ipynb); changed here: ...; now stale: ...`."""
     done = [name for name, status in before.items() if status == "ok"]
     lines = [f"run {record.run_dir.name} ({'new' if recorded is None else 'done: ' + (', '.join(done) or 'none')})"]
-    own = settings_changes(RunConfig().to_params(), record.settings)
-    lines.append("settings apart from the defaults: " + (", ".join(
-        f"{key} {new!r} ({record.set_by(key) or 'earlier'})" for key, (_, new) in own.items()) or "none"))
+    lines.append("settings apart from the defaults: " + (", ".join(record.own_settings()) or "none"))
     if recorded is not None:
         changed = settings_changes(recorded, record.settings)
         lines.append(f"changed here: {described(changed) if changed else 'nothing'}")

@@ -152,6 +152,7 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env.cpu} ({env.cpu_count} cores{_features(env)}), GPU: {env.gpu or 'none'}, "
                     f"onnxruntime {env.packages.get('onnxruntime') or env.packages.get('onnxruntime-gpu')}",
+        settings=", ".join(record.own_settings()) or "none",
         steps=entries, headline=headline, sections=rendered, warning=" ".join(warnings),
         recommendations=recommendation_rows(record, steps), served=served_note(record, steps))
     return write_text(dest, page)
