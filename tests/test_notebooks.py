@@ -23,8 +23,10 @@ from workbench.pipeline import pristine
 from workbench.report.notebook import (
     NOTEBOOKS_DIR,
     PARAMETERS,
+    SHIPPED_NOTEBOOKS,
     config_from,
     injected_cell,
+    notebooks_dir,
     parameters_cell,
     refuse_unknown_injected,
     start,
@@ -104,6 +106,11 @@ def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was
     assert not [c for c in copy.cells if c.get("outputs")]
     assert "saved.ipynb's saved parameters are not used (sequence_max = 128; run_dir = None)" in \
         capsys.readouterr().err
+
+
+def test_the_templates_are_the_checkouts_notebooks_else_those_a_wheel_installed(tmp_path):
+    assert notebooks_dir() == NOTEBOOKS_DIR and (NOTEBOOKS_DIR / specs()[0].notebook).is_file()
+    assert notebooks_dir(tmp_path) == SHIPPED_NOTEBOOKS  # a site-packages install has no notebooks/ beside it
 
 
 @pytest.mark.parametrize("config, problem", [("[1, 2]", "holds a list"), ("{opset: [", "not valid YAML"),

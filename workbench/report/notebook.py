@@ -11,6 +11,7 @@ import difflib
 import html
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,16 @@ from workbench.core.quiet import quiet_known_warnings
 from workbench.core.record import RECORD_NAME, RunRecord, described, settings_changes
 from workbench.core.tasks import TASKS
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+SHIPPED_NOTEBOOKS = Path(sys.prefix) / "share" / "workbench" / "notebooks"  # where a wheel install puts them
+
+
+def notebooks_dir(checkout: Path = Path(__file__).resolve().parents[2]) -> Path:
+    """The step notebooks' templates: the checkout's `notebooks/` folder (a clone, an editable install), else those
+    the package installed (`pip install` of a wheel)."""
+    return checkout / "notebooks" if (checkout / "notebooks" / "01_export.ipynb").is_file() else SHIPPED_NOTEBOOKS
+
+
+NOTEBOOKS_DIR = notebooks_dir()
 INJECTED_MARK = "# Parameters"  # the whole first line of the cell papermill injects after the parameters cell
 
 
