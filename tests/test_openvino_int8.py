@@ -460,3 +460,18 @@ def test_optimize_run_again_reads_no_file_a_later_step_wrote(quantized, tmp_path
     inputs = record.data["steps"]["optimize"]["inputs"]
     assert "onnx.original" in inputs and not [key for key in inputs if key.startswith("onnx.int8_repaired")]
     assert record.status("optimize") == "ok"
+
+
+def test_nncf_bars_are_text_inside_a_notebook_kernel(monkeypatch):
+    import builtins
+
+    from rich.console import Console
+
+    class ZMQInteractiveShell:  # what get_ipython() returns in a Jupyter kernel
+        pass
+
+    monkeypatch.setattr(builtins, "get_ipython", ZMQInteractiveShell, raising=False)
+    assert Console().is_jupyter, "rich takes a kernel for Jupyter and would draw widgets"
+    with nncf_int8.rich_as_text():
+        assert not Console().is_jupyter
+    assert Console().is_jupyter

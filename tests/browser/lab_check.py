@@ -4,8 +4,9 @@ Headless Chromium (Debian's) opens `workbench lab`'s working copies in a fresh o
 in 01 (`sequence_max = 128`, typed into the cell), then per notebook clicks Run -> Run All Cells, waits until the
 kernel is idle, saves (Ctrl+S), and counts from the saved file and the page: cells, seconds, error outputs, plotly
 figures (in the file, and drawn on the page), progress bars that did not finish, and whether the notebook's first
-output names the run and `sequence.max 128 (01_export.ipynb)`. 09's report must load inside its frame. A saved
-notebook is reopened to check it shows no widget error. Screenshots and lab-check.json go into the run folder.
+output names the run and `sequence.max 128 (01_export.ipynb)`, then closes it and shuts its kernel down. 09's report
+must load inside its frame. No saved notebook may hold a widget (blank once saved, an error once reopened); every
+saved one is reopened to check it shows no widget error. Screenshots and lab-check.json go into the run folder.
 
     python tests/browser/lab_check.py [--out FOLDER] [--notebooks 01,02,03]
 """
@@ -20,6 +21,7 @@ import shutil
 import signal
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +53,7 @@ class Seen:
     plots: int
     drawn: int
     unfinished_bars: int
+    widgets: int
     inherited: bool
     report_framed: bool | None
     screenshot: str
@@ -85,9 +88,10 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     framed = report_in_frame(panel) if notebook.startswith("09") else None
     page.locator(".lm-MenuBar-itemLabel", has_text="File").first.click()  # its kernel goes: memory for the next
     page.locator(".lm-Menu-itemLabel", has_text="Close and Shut Down Notebook").first.click()
-    accept = page.locator(".jp-Dialog-button.jp-mod-accept")
-    if accept.count():
-        accept.first.click()
+    try:  # the dialog asking to shut the kernel down
+        page.locator(".jp-Dialog-button.jp-mod-accept").first.click(timeout=10_000)
+    except PlaywrightTimeout:
+        pass
     page.wait_for_timeout(2_000)
     saved = nbformat.read(root / LAB_FOLDER / notebook, as_version=4)
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.get("outputs", [])]
@@ -96,6 +100,7 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     return Seen(notebook, len(saved.cells), round(seconds, 1), sum(o.output_type == "error" for o in outputs),
                 sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs), drawn,
                 unfinished("".join(o.get("text", "") for o in outputs if o.output_type == "stream")),
+                sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs),
                 SET_BY in opened, framed, str(shot))
 
 
@@ -122,13 +127,22 @@ def unfinished(text: str) -> int:
     return sum(done < total for done, total in lasts.values())
 
 
-def reopened_clean(page: Page, notebook: str, port: int, token: str) -> bool:
-    """A saved notebook opened again in a new page shows no widget error."""
-    page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
-    page.locator(ACTIVE).locator(".jp-Cell").first.wait_for(timeout=120_000)
-    page.wait_for_timeout(5_000)
-    content = page.content()
-    return "Error displaying widget" not in content and "model not found" not in content
+def reopened_clean(page: Page, notebooks: list[str], port: int, token: str) -> bool:
+    """Each saved notebook opened again in a new page shows no widget error."""
+    clean = True
+    for notebook in notebooks:
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/{LAB_FOLDER}/{notebook}?token={token}")
+        page.locator(ACTIVE).locator(".jp-Cell").first.wait_for(timeout=120_000)
+        page.wait_for_timeout(3_000)
+        content = page.locator(ACTIVE).inner_text()
+        clean = clean and "Error displaying widget" not in content and "model not found" not in content
+    return clean
+
+
+def kernels_left(port: int, token: str) -> int:
+    """Kernels the Lab still runs (each notebook's was shut down as it closed)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/kernels?token={token}", timeout=30) as answer:
+        return len(json.load(answer))
 
 
 def report_in_frame(panel: Locator) -> bool:
@@ -164,7 +178,8 @@ def main() -> int:
                 seen.append(run_all(page, root, notebook, port, token, shots, EDIT if notebook == wanted[0] else None))
                 print(asdict(seen[-1]), flush=True)
             framed = seen[-1].report_framed
-            clean = reopened_clean(context.new_page(), wanted[0], port, token)
+            left = kernels_left(port, token)
+            clean = reopened_clean(context.new_page(), wanted, port, token)
             browser.close()
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
@@ -176,17 +191,18 @@ def main() -> int:
         item.screenshot = str(shutil.move(item.screenshot, run / "lab-check" / Path(item.screenshot).name))
     shutil.rmtree(shots, ignore_errors=True)
     verdict = {"notebooks": [asdict(s) for s in seen], "report_in_frame": framed, "reopened_without_widget_errors":
-               clean, "run_sequence_max": config.get("sequence", {}).get("max")}
+               clean, "kernels_left": left, "run_sequence_max": config.get("sequence", {}).get("max")}
     (run / "lab-check" / "lab-check.json").write_text(json.dumps(verdict, indent=1), encoding="utf-8")
-    print("| notebook | cells | seconds | errors | plots (file / drawn) | unfinished bars | settings inherited |")
-    print("|---|---|---|---|---|---|---|")
+    print("| notebook | cells | seconds | errors | plots (file / drawn) | unfinished bars | widgets saved | "
+          "settings inherited |")
+    print("|---|---|---|---|---|---|---|---|")
     for s in seen:
         print(f"| {s.notebook} | {s.cells} | {s.seconds:.0f} | {s.errors} | {s.plots} / {s.drawn} | "
-              f"{s.unfinished_bars} | {'yes' if s.inherited else 'NO'} |")
-    print(f"report in its frame: {framed}; reopened without widget errors: {clean}; run.json sequence.max: "
-          f"{verdict['run_sequence_max']}; screenshots and lab-check.json: {run / 'lab-check'}")
-    ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.inherited for s in seen) and clean and framed is not False \
-        and verdict["run_sequence_max"] == 128
+              f"{s.unfinished_bars} | {s.widgets} | {'yes' if s.inherited else 'NO'} |")
+    print(f"report in its frame: {framed}; reopened without widget errors: {clean}; kernels left running: {left}; "
+          f"run.json sequence.max: {verdict['run_sequence_max']}; screenshots and lab-check.json: {run / 'lab-check'}")
+    ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.widgets == 0 and s.inherited for s in seen) and clean \
+        and framed is not False and left == 0 and verdict["run_sequence_max"] == 128
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

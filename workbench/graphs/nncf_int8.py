@@ -211,7 +211,7 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
         without = AdvancedSmoothQuantParameters(matmul=-1, convolution=-1)
         settings = AdvancedQuantizationParameters(smooth_quant_alphas=without, backend_params={
             BackendParameters.EXTERNAL_DATA_DIR: str(workdir), BackendParameters.COMPRESS_WEIGHTS: False})
-        with redirect_stdout(io.StringIO()), weights_read_once():  # NNCF's own progress bars; the step has its own
+        with redirect_stdout(io.StringIO()), rich_as_text(), weights_read_once():  # NNCF's bars; the step has its own
             quantized = nncf.quantize(onnxfiles.load(smoothed, load_external_data=False),
                                       nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
                                       subset_size=len(feeds), advanced_parameters=settings)
@@ -221,6 +221,20 @@ def quantize_openvino_int8(original: Path, dest: Path, feeds: Sequence[Feed]) ->
         onnxfiles.save(quantized, dest)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def rich_as_text() -> Iterator[None]:
+    """rich's consoles (NNCF's progress bars) write text while active, as outside a notebook: in a notebook kernel
+    rich shows each bar as a Jupyter widget, a blank space in a saved notebook and an error once it is reopened."""
+    import rich.console
+
+    detect = rich.console._is_jupyter  # rich's own test, by the IPython shell's class; no setting reaches it
+    rich.console._is_jupyter = lambda: False
+    try:
+        yield
+    finally:
+        rich.console._is_jupyter = detect
 
 
 CHUNK_VALUES = 2**24  # a weight's values quantized at a time by `stored_int8` (64 MB of fp32)
