@@ -87,6 +87,9 @@ def test_a_setting_changed_in_one_notebook_reaches_the_next_and_the_record_says_
     assert "it ran with other settings: sequence.max 128 -> 64" in record.step_entry("export").detail
     assert "now stale, run their notebooks again: export" in opened and "sequence.max 128 -> 64" in opened
     assert record.set_by("sequence.max") == "02_optimize.ipynb"
+    _, record = start({"sequence_max": 128}, "optimize")  # changed back: what export ran with is the run's again
+    assert record.status("export") == "ok"
+    _, record = start({"sequence_max": 64}, "optimize")
     with record.step("export"):
         pass  # export again: ok, and a setting of optimize's own does not make it stale
     assert record.status("export") == "ok" and record.config.optimize.int8.per_channel is False

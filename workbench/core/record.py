@@ -46,7 +46,8 @@ _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddin
                  "attn_implementation")
 
 
-_NOT_SETTINGS = ("steps", "output_dir")  # which steps run and where: not how any of them runs
+_NOT_SETTINGS = ("steps", "output_dir")
+_OTHER_SETTINGS = "it ran with other settings"  # how a stale step's reason starts when only its settings differ  # which steps run and where: not how any of them runs
 
 
 def step_settings(params: Tree, step: str) -> Tree:
@@ -362,7 +363,8 @@ class RunRecord:
 
     def _refresh_stale(self) -> None:
         """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
-        changed) reads `stale`, naming those inputs; then save."""
+        changed), or whose settings are no longer the run's, reads `stale`, naming why; one stale only by its
+        settings reads ok again once they are the run's again; then save."""
         for name in catalog.step_names():
             step = self.data["steps"].get(name)
             if not step or step.get("status") not in (StepStatus.OK, StepStatus.STALE) or name == self._current:
@@ -371,10 +373,13 @@ class RunRecord:
                        if (why := self._input_change(key, source))}
             settings = settings_changes(step.get("settings", {}), step_settings(self.data["config"], name)) \
                 if "settings" in step else {}
-            if changes or settings:
+            if not changes and not settings and step.get("reason", "").startswith(_OTHER_SETTINGS):
+                step["status"] = StepStatus.OK  # the settings it ran with are the run's again
+                del step["reason"]
+            elif changes or settings:
                 step["status"] = StepStatus.STALE
                 step["reason"] = "; ".join(
-                    ([f"it ran with other settings: {described(settings)}"] if settings else [])
+                    ([f"{_OTHER_SETTINGS}: {described(settings)}"] if settings else [])
                     + (["inputs changed since it ran: " + ", ".join(f"{key} ({why})" for key, why in changes.items())]
                        if changes else []))
         self.save()
