@@ -603,15 +603,15 @@ class RunConfig(_Strict):
 
     @classmethod
     def load(cls, path: Path | str | None = None, overrides: list[str] | None = None,
-             base: dict[str, Any] | None = None) -> RunConfig:
+             base: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> RunConfig:
         """Defaults (or `base`, a configuration the workbench wrote: a run's, whose moved keys are taken without a
-        warning), then a YAML file, then `key=value` overrides (dotted keys for nested fields)."""
+        warning), then a YAML file, then `key=value` overrides, then `values` already typed (dotted keys for nested
+        fields in both)."""
         data = cls().to_params()
         _merge(data, quietly_moved(base or {}))
         if path is not None:
             _merge(data, moved(_read_yaml(Path(path))))
-        for item in overrides or []:
-            key, value = _parse_override(item)
+        for key, value in [_parse_override(item) for item in overrides or []] + list((values or {}).items()):
             dotted.put(data, *switched(moved_key(key), value))
         return cls.from_dict(data)
 

@@ -46,8 +46,8 @@ _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddin
                  "attn_implementation")
 
 
-_NOT_SETTINGS = ("steps", "output_dir")
-_OTHER_SETTINGS = "it ran with other settings"  # how a stale step's reason starts when only its settings differ  # which steps run and where: not how any of them runs
+_NOT_SETTINGS = ("steps", "output_dir")  # which steps run and where: not how any of them runs
+_OTHER_SETTINGS = "it ran with other settings"  # how a stale step's reason starts when only its settings differ
 
 
 def step_settings(params: Tree, step: str) -> Tree:

@@ -174,8 +174,7 @@ def config_from(namespace: dict[str, Any], recorded: Tree | None = None) -> RunC
         if namespace.get(parameter.name) is None:
             continue
         dotted.put(data, parameter.setting, _typed(parameter, namespace[parameter.name]))
-    return RunConfig.load(base=recorded, overrides=[f"{key}={json.dumps(value)}" for key, value in
-                                                     dotted.flat(data).items()])  # a dotted key in config works too
+    return RunConfig.load(base=recorded, values=dotted.flat(data))  # a dotted key in config works too
 
 
 def injected_cell(history: list[str] | None) -> str | None:
