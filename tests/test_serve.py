@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.cli import main
 from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
-from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
+from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, RepositoryError, ServerStartError
 from workbench.core.record import RunRecord
 from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
 from workbench.models.loading import load_model
@@ -96,14 +97,22 @@ def test_each_text_model_gets_a_request_for_its_answer(tmp_path):
 
 def test_a_run_serves_its_published_repository_while_it_holds_what_the_run_checked(tmp_path):
     record = RunRecord.create(tmp_path / "run", RunConfig())
-    run_copy = write_models({}, tmp_path / "run" / "model_repository" / "m", about={"name": "m"})
-    published = write_models({}, tmp_path / "repos" / "m", about={"name": "m"})
+    files = {"m": (mc.ModelConfig(name="m"), {"model.onnx": b"the graph parity checked"})}
+    run_copy = write_models(files, tmp_path / "run" / "model_repository" / "m", about={"name": "m"})
+    published = write_models(files, tmp_path / "repos" / "m",
+                             about={"name": "m", "run": str((tmp_path / "run").resolve())})  # as the triton step does
     with record.step("triton"):
         record.add_artifact("triton.repository", run_copy, kind="triton-repository")
         record.set_metric("triton", {"repository": str(published), "published": True})
     assert run_repository(tmp_path / "run") == published
-    write_models({}, published, about={"name": "m", "from": "a later run"})  # republished by another run
+    other = {"m": (mc.ModelConfig(name="m"), {"model.onnx": b"a later run's graph"})}
+    write_models(other, published, about={"name": "m", "run": "a later run"})  # republished by another run
     assert run_repository(tmp_path / "run") == run_copy
+
+    (run_copy / "m" / "1" / "model.onnx").write_bytes(b"another valid graph")  # the run's copy replaced
+    with pytest.raises(RepositoryError, match=r"m/1/model.onnx changed since the triton step wrote it") as refused:
+        run_repository(tmp_path / "run")
+    assert "--resume --output-dir" in refused.value.fix and "--steps triton" in refused.value.fix
 
 
 def test_other_hosts_get_a_loud_warning_and_unknown_addresses_are_refused():

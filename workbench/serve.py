@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, ServerStartError
+from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, RepositoryError, ServerStartError
 from workbench.core.interrupt import SIGNALS
 from workbench.core.record import RunRecord, StepStatus
 from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.client import text_array
 from workbench.serving.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
-from workbench.serving.repository import MARKER, ours_and_untouched, published_by
+from workbench.serving.repository import changed_files, ours_and_untouched, published_by, written_files
 from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
 SAMPLE_TEXT = "Triton serves this sentence through the workbench."
@@ -47,15 +47,19 @@ def run_repository(run_dir: Path) -> Path:
                                    f"deploy it first: workbench run --resume --output-dir {run_dir} --steps triton")
     published = Path(triton.metrics["repository"])
     intact = bool(triton.metrics.get("published")) and ours_and_untouched(published)
+    again = f"deploy it again: workbench run --resume --output-dir {run_dir} --steps triton"
     try:
         run_copy = record.artifact("triton.repository")
     except MissingArtifactError:
         if intact and published_by(published) == str(run_dir.resolve()):
             return published
         raise MissingArtifactError(f"the run's copy of its repository is gone and {published} no longer holds what "
-                                   "the run checked", f"deploy it again: workbench run --resume --output-dir "
-                                   f"{run_dir} --steps triton") from None
-    if intact and (published / MARKER).read_bytes() == (run_copy / MARKER).read_bytes():
+                                   "the run checked", again) from None
+    changed = changed_files(run_copy)
+    if changed:
+        raise RepositoryError(f"{run_copy} no longer holds what the run checked: {', '.join(changed[:5])}"
+                              f"{' ...' if len(changed) > 5 else ''} changed since the triton step wrote it", again)
+    if intact and written_files(published) == written_files(run_copy):
         return published
     return run_copy
 
