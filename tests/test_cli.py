@@ -8,8 +8,11 @@ from importlib import metadata
 import pytest
 
 from workbench.cli import main
+from workbench.core.config import RunConfig
+from workbench.core.errors import ConfigError
 from workbench.core.machine import gpu_name, package_version
 from workbench.core.pins import PROJECT
+from workbench.core.record import RunRecord
 from workbench.doctor import GPU, Finding, run_checks, step_support
 from workbench.steps import specs, step_names
 
@@ -65,3 +68,18 @@ def test_steps_need_known_checks_and_a_missing_gpu_is_named_first():
     assert support["triton"].reason == "needs tritonserver" and support["generation"].reason == "needs tritonserver"
     assert [s for s, entry in support.items() if entry.runs] == ["export", "optimize", "parity", "bench", "deploy",
                                                                  "report"]
+
+
+@pytest.mark.slow
+def test_a_setting_passed_on_resume_mends_a_stored_one_that_no_longer_loads(tmp_path, capsys):
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    record.data["config"]["parity"]["repair"]["budget_s"] = None  # as an older workbench recorded `.inf`
+    record.save()
+    resume = ["run", "--resume", "--output-dir", str(tmp_path / "run"), "--steps", "report", "--quiet"]
+    assert main(resume) == 2
+    assert "parity.repair.budget_s: Input should be a valid number or Input should be 'auto' (got None)" in \
+        capsys.readouterr().err
+    assert main([*resume, "-p", "parity.repair.budget_s=100"]) == 0
+    assert RunRecord.load(tmp_path / "run").config.parity.repair.budget_s == 100
+    with pytest.raises(ConfigError, match=r"parity.repair.budget_s: Input should be a finite number"):
+        RunConfig.load(overrides=["parity.repair.budget_s=.inf"])  # never recorded again

@@ -39,7 +39,7 @@ def _load_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "resume", False):
         if not args.output_dir:
             raise ConfigError("--resume needs the run folder", "pass --output-dir <the run to continue>")
-        base = RunRecord.load(args.output_dir).config.to_params()
+        base = RunRecord.load(args.output_dir).settings  # as stored: a -p below may mend a value that no longer loads
     return RunConfig.load(args.config, overrides, base=base)
 
 

@@ -69,7 +69,7 @@ def _from_here(value: str | None) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # JSON has no inf
 
 
 class ShapeRange(_Strict):
@@ -739,9 +739,13 @@ def _valid(path: Sequence[int | str]) -> str:
     return f": {choices}" if choices else f" ({field.description})" if field.description else ""
 
 
+_UNION_TAGS = {"int", "float", "str", "bool", "none"}  # a union's plain alternatives, as pydantic names them
+
+
 def _setting_path(err: ErrorDetails) -> list[int | str]:
-    """An error's path without the union alternatives pydantic names in it ("list[literal[...]]")."""
-    return [p for p in err["loc"] if not (isinstance(p, str) and "[" in p)]
+    """An error's path without the union alternatives pydantic names in it ("list[literal[...]]",
+    "constrained-float")."""
+    return [p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or "-" in p or p in _UNION_TAGS))]
 
 
 def _most_specific(errors: list[ErrorDetails]) -> list[ErrorDetails]:
@@ -779,6 +783,11 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             lines.append(f"unknown setting {loc!r}{hint}")
             fixes.append(REMOVED.get(loc, f"remove or rename {loc}; `workbench config` prints every setting"))
         else:
-            lines.append(f"{loc}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
+            said = f"{loc}: {err['msg'].removeprefix('Value error, ')}"
+            earlier = next((i for i, line in enumerate(lines) if line.startswith(f"{loc}: ")), None)
+            if earlier is None:  # a union's alternatives for one setting: one line, "... or ..."
+                lines.append(f"{said} (got {err.get('input')!r})")
+            else:
+                lines[earlier] = lines[earlier].replace(" (got ", f" or {said.removeprefix(loc + ': ')} (got ", 1)
             fixes.append(f"set {loc} to a valid value{_valid(_setting_path(err))}")
     return ConfigError(f"invalid settings in {where}: " + "; ".join(lines), "; ".join(dict.fromkeys(fixes)))
