@@ -14,11 +14,11 @@ import nbformat
 import pytest
 import yaml
 
-from workbench.core.config import DEFAULT_MODEL
+from workbench.core.config import DEFAULT_MODEL, RunConfig
 from workbench.core.errors import ConfigError
 from workbench.core.record import RunRecord
-from workbench.pipeline import NOTEBOOKS_DIR
-from workbench.sweep import job_manifest, load_sweep
+from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
+from workbench.sweep import finished, job_manifest, load_sweep
 
 KUBERNETES = "1.37.0"
 QUICK = {"steps": ["export", "optimize", "parity", "bench"], "precisions": ["fp32"], "parity": {"repair": False},
@@ -161,3 +161,20 @@ def test_the_compare_notebook_shows_the_same_picks(swept, tmp_path):
     printed = nbformat.read(out, as_version=4).cells[-1].outputs[0]["text"]
     for pick in group["picks"]:
         assert f"{pick['goal']}: {pick['run']}/{pick['variant']} ({pick['value']})" in printed
+
+
+def test_a_step_killed_before_its_notebook_landed_is_run_again_and_its_partial_goes(tmp_path):
+    record = RunRecord.create(tmp_path / "run", RunConfig())
+    with record.step("export"):
+        pass  # recorded ok in the kernel; the process was killed before the notebook landed
+    partial = tmp_path / "run" / "notebooks" / ".01_export.partial.ipynb"
+    partial.parent.mkdir()
+    partial.write_bytes(b"")
+    assert not finished(record, "export")
+    notebook = partial.with_name("01_export.ipynb")
+    notebook.write_text("{}")
+    record.add_artifact("notebook.export", notebook, kind="notebook")
+    assert finished(record, "export")
+
+    run_pipeline(RunConfig(steps=["report"]), tmp_path / "run", progress=False, resume=True)
+    assert not partial.exists(), "a resume removes what a killed process half-wrote"

@@ -200,6 +200,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
+        remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     steps = [s.name for s in specs() if s.name in config.steps]

@@ -17,7 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from workbench.core import dotted
 from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
-from workbench.core.errors import ConfigError, OutputDirError, RunInterruptedError, RunLockedError, WorkbenchError
+from workbench.core.errors import (
+    ConfigError,
+    MissingArtifactError,
+    OutputDirError,
+    RunInterruptedError,
+    RunLockedError,
+    WorkbenchError,
+)
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
@@ -158,10 +165,15 @@ def pending_steps(run: PlannedRun) -> list[str] | None:
 
 
 def finished(record: RunRecord, step: str) -> bool:
-    """Ok, or skipped for a reason of its own (this host cannot run it), not because an earlier step failed."""
+    """Ok with its executed notebook landed (a process killed between the two left none), or skipped for a reason
+    of its own (this host cannot run it), not because an earlier step failed."""
     entry = record.step_entry(step)
     skipped_here = entry.status == StepStatus.SKIPPED and not entry.detail.startswith(NOT_RUN)
-    return entry.status == StepStatus.OK or skipped_here
+    try:
+        landed = record.artifact(f"notebook.{step}").is_file()
+    except MissingArtifactError:
+        landed = False
+    return (entry.status == StepStatus.OK and landed) or skipped_here
 
 
 def run_sweep(sweep: Sweep, index: int | None = None, progress: bool = True) -> int:
