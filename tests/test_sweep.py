@@ -76,10 +76,18 @@ def swept(tiny_models, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_compare_picks_the_recorded_best_per_goal(swept):
     tmp_path = swept
-    shown = subprocess.run(_workbench("compare", str(tmp_path / "runs"), "--output", str(tmp_path / "page")),
-                           capture_output=True, text=True, timeout=300)
+    exported = RunRecord.create(tmp_path / "more" / "export-only", RunConfig())
+    with exported.step("export"):
+        pass
+    shown = subprocess.run(_workbench("compare", str(tmp_path / "runs"), str(exported.run_dir), "--output",
+                                      str(tmp_path / "page")), capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    (group,) = json.loads((tmp_path / "page" / "compare.json").read_text())
+    assert "export-only: no row: no variant with a parity verdict: its parity step never ran" in shown.stdout
+    assert "4 runs given, 3 compared" in shown.stdout
+    compared = json.loads((tmp_path / "page" / "compare.json").read_text())
+    assert compared["runs"] == ["minilm", "tiny-bert", "tiny-roberta", "export-only"]
+    assert "--steps optimize,parity,bench" in compared["left_out"]["export-only"]
+    (group,) = compared["groups"]
     assert group["latency_cell"] == "b1_s16" and group["throughput_cell"] == "b4_s64"
     recorded = {}  # (run, variant) -> (passed, p50 at b1_s16, sequences/s at b4_s64), straight from run.json
     for run in ("minilm", "tiny-bert", "tiny-roberta"):
@@ -97,6 +105,7 @@ def test_compare_picks_the_recorded_best_per_goal(swept):
     assert picks["latency"]["rule"] == "lowest median ms at b1 s16, among variants that pass parity in their run"
     page = (tmp_path / "page" / "compare.html").read_text()
     assert page.count("plotly.js v") <= 1 and "What to deploy" in page and "tiny-roberta" in page
+    assert "4 runs compared" in page and "<li>export-only: no variant with a parity verdict" in page
     header = (tmp_path / "page" / "compare.csv").read_text().splitlines()[0]
     assert header.startswith("run,model,variant,precision,passed,gate,value,margin")
 
@@ -157,7 +166,7 @@ def test_the_compare_notebook_shows_the_same_picks(swept, tmp_path):
     papermill.execute_notebook(str(NOTEBOOKS_DIR / "tools" / "compare.ipynb"), str(out), kernel_name="python3",
                                parameters={"runs": [str(swept / "runs")], "output": str(tmp_path / "page")},
                                progress_bar=False)
-    (group,) = json.loads((tmp_path / "page" / "compare.json").read_text())
+    (group,) = json.loads((tmp_path / "page" / "compare.json").read_text())["groups"]
     printed = nbformat.read(out, as_version=4).cells[-1].outputs[0]["text"]
     for pick in group["picks"]:
         assert f"{pick['goal']}: {pick['run']}/{pick['variant']} ({pick['value']})" in printed

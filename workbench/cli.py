@@ -141,16 +141,19 @@ def _compare(args: argparse.Namespace) -> int:
     from workbench.report.compare import bench_command, compare, find_runs, write_compare
 
     runs = find_runs([Path(p) for p in args.runs])
-    groups = compare(runs, args.min_cosine)
-    written = write_compare(groups, Path(args.output), args.overwrite)
-    for found in groups:
+    compared = compare(runs, args.min_cosine)
+    written = write_compare(compared, Path(args.output), args.overwrite)
+    for found in compared.groups:
         print(found.host)
         for pick in found.picks:
             chosen = f"{pick.run}: {pick.variant} ({pick.value})" if pick.variant else f"none: {pick.reason}"
             print(f"  {pick.goal:10s} {chosen}  [{pick.rule}]")
         if found.unmeasured and found.latency_cell:
             print(f"  not picked (no bench): {', '.join(found.unmeasured)}; `{bench_command('<run>')}` measures one")
-    print(f"{len(runs)} runs compared: {', '.join(str(p) for p in written.values())}")
+    for label, why in compared.left_out.items():
+        print(f"{label}: no row: {why}")
+    shown = len(runs) - len(compared.left_out)
+    print(f"{len(runs)} runs given, {shown} compared: {', '.join(str(p) for p in written.values())}")
     return 0
 
 

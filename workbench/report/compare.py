@@ -206,18 +206,44 @@ def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = No
     return Group(rows[0].host, rows, latency, throughput, picks, list(unmeasured))
 
 
-def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> list[Group]:
+@dataclass
+class Comparison:
+    """Every run given, by label: the host groups its variants are compared in, and the runs with no row and why."""
+
+    runs: list[str]
+    groups: list[Group]
+    left_out: dict[str, str]  # label -> why it has no row, and what gives it one
+
+
+def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> Comparison:
     labels = run_labels(run_dirs)
     rows: dict[str, list[Row]] = {}
     unmeasured: dict[str, dict[str, Path]] = {}
+    left_out: dict[str, str] = {}
     for run_dir in run_dirs:
-        record = RunRecord.load(run_dir)
+        try:
+            record = RunRecord.load(run_dir)
+        except OutputDirError as unreadable:
+            left_out[labels[run_dir]] = f"its run.json cannot be read ({unreadable.problem})"
+            continue
         found = rows_of(record, labels[run_dir])
+        if not found:
+            left_out[labels[run_dir]] = _no_rows(record, run_dir)
         for row in found:
             rows.setdefault(row.host, []).append(row)
         if found and not any(row.cells for row in found):
             unmeasured.setdefault(found[0].host, {})[labels[run_dir]] = run_dir
-    return [group(found, floor, unmeasured.get(host)) for host, found in rows.items()]
+    return Comparison(list(labels.values()), [group(found, floor, unmeasured.get(host))
+                                              for host, found in rows.items()], left_out)
+
+
+def _no_rows(record: RunRecord, run_dir: Path) -> str:
+    """Why a run has no variant to compare (none has a parity verdict), and the command that gives it some."""
+    entry = record.step_entry("parity")
+    state = f"its parity step is {entry.label}" + (f" ({entry.detail})" if entry.detail else "") \
+        if entry.status is not None else "its parity step never ran"
+    return f"no variant with a parity verdict: {state}; run `workbench run --resume --output-dir {run_dir} " \
+           "--steps optimize,parity,bench`"
 
 
 COLUMNS = ("run", "model", "variant", "precision", "passed", "gate", "value", "margin", "agreement_at_1", "size_mb",
@@ -263,15 +289,17 @@ def group_figures(found: Group) -> list[go.Figure]:
     return made
 
 
-def write_compare(groups: list[Group], folder: Path, overwrite: bool = False) -> dict[str, Path]:
+def write_compare(compared: Comparison, folder: Path, overwrite: bool = False) -> dict[str, Path]:
     """compare.html (self-contained), compare.csv and compare.json in `folder`; files there are replaced only with
     `overwrite`."""
+    groups = compared.groups
     existing = [folder / name for name in FILES if (folder / name).exists()]
     if existing and not overwrite:
         raise OutputDirError(f"{existing[0]} exists", "pass another --output folder, or --overwrite to replace it")
     ensure_writable(folder, "--output")
-    data = [{"host": g.host, "latency_cell": g.latency_cell, "throughput_cell": g.throughput_cell,
-             "picks": [asdict(p) for p in g.picks], "unmeasured": g.unmeasured, "rows": table([g])} for g in groups]
+    data = {"runs": compared.runs, "left_out": compared.left_out, "groups": [
+        {"host": g.host, "latency_cell": g.latency_cell, "throughput_cell": g.throughput_cell,
+         "picks": [asdict(p) for p in g.picks], "unmeasured": g.unmeasured, "rows": table([g])} for g in groups]}
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS)
     writer.writeheader()
@@ -284,6 +312,6 @@ def write_compare(groups: list[Group], folder: Path, overwrite: bool = False) ->
             first = False
         sections.append({"host": found.host, "figures": parts})
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
-        runs=sorted({r.run for g in groups for r in g.rows}), groups=sections)
+        runs=compared.runs, left_out=compared.left_out, groups=sections)
     return {"html": write_text(folder / FILES[0], page), "csv": write_text(folder / FILES[1], buffer.getvalue()),
             "json": write_text(folder / FILES[2], json.dumps(data, indent=1))}
