@@ -317,3 +317,14 @@ def test_a_server_that_stalls_while_starting_fails_with_its_log(tmp_path):
     with pytest.raises(ServerStartError, match=r"tritonserver stalled while starting: no log output and no CPU time "
                                                r"for 1 s, not ready:\nloading...\nloading..."):
         TritonServer(tmp_path, tmp_path / "server", binary=binary, ready_timeout=1.0).start()
+
+
+@pytest.mark.slow
+def test_a_server_that_loses_its_port_to_another_is_never_called_ready(published, tmp_path):
+    """Two servers given the same ports at once: the second's readiness probe reaches the first, which must not
+    count; it fails to bind, and says so."""
+    with TritonServer(published[2], tmp_path / "first") as first:
+        second = TritonServer(published[2], tmp_path / "second", ports=first.ports)  # the same ports, checked free
+        with pytest.raises(PortInUseError, match=f"could not bind HTTP port {first.ports.http}, gRPC port "):
+            second.start()
+        assert second.returncode is not None and first.is_ready()

@@ -228,9 +228,15 @@ class TritonServer:
         mark = self._progress()
         while True:
             if self.process is not None and self.process.poll() is not None:
+                taken = self._ports_taken()
+                if taken:
+                    raise PortInUseError(
+                        f"tritonserver could not bind {taken}: another process took it after it was found free (two "
+                        f"servers started at once?); this server exited", "start it again: free ports are picked "
+                        "again (0), or choose other --http-port / --grpc-port / --metrics-port values")
                 raise ServerStartError(f"tritonserver exited with code {self.process.returncode} while starting:\n"
                                        f"{self.log_tail()}", "read the log above (model config or backend errors)")
-            if self.is_ready():
+            if self._listening() and self.is_ready():  # this server's answer, not another's on the same port
                 return
             now, seen = time.monotonic(), self._progress()
             if seen != mark:
@@ -244,6 +250,21 @@ class TritonServer:
                 raise ServerStartError(f"tritonserver was not ready after {MAX_READY_S} s:\n{self.log_tail()}",
                                        "read the log above (a model that never finishes loading)")
             time.sleep(0.2)
+
+    def _listening(self) -> bool:
+        """This server's own process listens on its HTTP port (a ready answer there is then its own)."""
+        try:
+            held = psutil.Process(self.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.ports.http for c in held)
+
+    def _ports_taken(self) -> str:
+        """This server's ports another process listens on ("" when none): the cause of a failed bind."""
+        taken = {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        return ", ".join(f"{what} port {port}" for what, port in
+                         (("HTTP", self.ports.http), ("gRPC", self.ports.grpc), ("metrics", self.ports.metrics))
+                         if port in taken)
 
     def _progress(self) -> tuple[int, float]:
         """The log's size and the CPU seconds (to 0.1 s) of the server and its model processes."""
