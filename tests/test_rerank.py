@@ -179,7 +179,7 @@ def test_a_batch_of_pairs_is_one_query_per_document(served):
                                 "text \\(triton.max_text_chars\\)"),
     (["q", "r"], ["d", "e", "f"], None, "2 queries for 3 documents"),
     (["q"], ["d", "e"], 3, "TOP_K 3 is not between 1 and the 2 documents"),
-    (["q"], ["d", " "], None, "DOCUMENTS\\[1\\] is empty"),
+    (["q"], ["d", ""], None, "DOCUMENTS\\[1\\] is empty"),
 ])
 def test_bad_rerank_requests_are_refused_with_a_400_naming_the_problem(served, queries, documents, top_k, message):
     import tritonclient.http

@@ -103,9 +103,11 @@ def test_cls_pooling_and_a_dense_layer_are_served_as_encode_returns_them(cls_den
     name, repository = deployment["name"], root / "repos" / deployment["name"]
     want, query = _encode(cls_dense, TEXTS), _encode(cls_dense, TEXTS, prompt_name="query")
     assert _gate(want, query)[1] < 0.9999, "the prompt changes the embedding: the test below can tell"
-    for protocol, got in _served(repository, name, TEXTS, tmp_path).items():
-        max_abs, min_cosine = _gate(got, want)
-        assert got.shape == (len(TEXTS), 16) and max_abs < 1e-4 and min_cosine > 0.9999, protocol
+    spaces = [" ", "\t\n "]  # whitespace alone: encode() embeds it, and so does the deployment
+    want_spaces = _encode(cls_dense, spaces)
+    for protocol, got in _served(repository, name, TEXTS + spaces, tmp_path).items():
+        max_abs, min_cosine = _gate(got, np.concatenate([want, want_spaces]))
+        assert got.shape == (len(TEXTS) + 2, 16) and max_abs < 1e-4 and min_cosine > 0.9999, protocol
     for parameters in ({"prompt_name": "query"}, {"prompt": "query: "}):  # a name, or the text, as encode() takes
         for protocol, got in _served(repository, name, TEXTS, tmp_path, parameters).items():
             max_abs, min_cosine = _gate(got, query)
@@ -206,6 +208,20 @@ def test_a_module_the_graph_cannot_hold_is_refused_by_name(cls_dense, tmp_path):
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModelError, match="modules.json lists .*LSTM, which the exported graph cannot hold"):
         read_pipeline(str(folder))
+
+
+def test_a_pipeline_without_a_transformer_is_refused_naming_its_module(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import StaticEmbedding
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "text": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    SentenceTransformer(modules=[StaticEmbedding(words, embedding_dim=8)]).save(str(tmp_path / "static"))
+    with pytest.raises(UnsupportedModelError) as refused:  # it has no config.json: named, not "not a model folder"
+        resolve_source(str(tmp_path / "static"))
+    assert "modules.json starts with StaticEmbedding" in refused.value.problem
+    assert "has none to export" in refused.value.problem
 
 
 def test_a_cross_encoder_folder_is_not_read_as_an_embedding_model(tmp_path):

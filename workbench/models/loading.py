@@ -71,6 +71,8 @@ def resolve_source(model: str) -> ModelSource:
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
+            if (path / "modules.json").is_file():  # a sentence-transformers model without a transformer at its top
+                read_pipeline(str(path))  # names the module the workbench does not export (StaticEmbedding ...)
             raise not_a_model_folder(path)
         return ModelSource("local", str(path.resolve()))
     _refuse_broken_link(path)

@@ -125,9 +125,11 @@ def read_pipeline(location: str) -> SentencePipeline:
     first = import_from_string(listed[0]["type"])
     if not (isinstance(first, type) and issubclass(first, Transformer)):
         raise UnsupportedModelError(
-            f"{location}/modules.json starts with {listed[0]['type']}, not a sentence-transformers Transformer",
-            "export a model whose pipeline starts with its transformer, or use -p task=... on the transformers "
-            "model alone")
+            f"{location}/modules.json starts with {first.__name__ if isinstance(first, type) else listed[0]['type']}"
+            f" ({listed[0]['type']}), not a sentence-transformers Transformer: the workbench exports transformers "
+            "models, and this pipeline has none to export",
+            "pick a model whose modules.json starts with a Transformer (its transformers model: config.json and "
+            "weights), or serve this one with sentence-transformers itself")
     modules = tuple(ModuleRef(import_from_string(m["type"]).__name__, m["type"], m.get("path", ""))
                     for m in listed[1:])
     unsupported = [m.ref for m in modules if m.name not in HEAD_MODULES]

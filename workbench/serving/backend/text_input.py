@@ -26,7 +26,8 @@ class Limits:
 
 def decode(values, name="TEXT", limits=None):
     """The texts of a BYTES tensor; ValueError naming the text, or the limit and its setting, when one is not
-    valid UTF-8, is empty, or is longer than `limits.chars`, or when there are more than `limits.texts`."""
+    valid UTF-8, is empty (whitespace alone is a text), or is longer than `limits.chars`, or when there are more
+    than `limits.texts`."""
     values = values.reshape(-1)
     limits = limits or Limits()
     if limits.texts and values.size > limits.texts:
@@ -41,8 +42,8 @@ def decode(values, name="TEXT", limits=None):
         except UnicodeDecodeError as exc:
             raise ValueError(f"{name}[{index}] is not valid UTF-8 ({exc.reason} at byte {exc.start}): "
                              "send UTF-8 encoded text") from None
-        if not text.strip():
-            raise ValueError(f"{name}[{index}] is empty: send at least one non-space character")
+        if not text:  # whitespace alone is a text: encode() embeds it
+            raise ValueError(f"{name}[{index}] is empty: send at least one character")
         if limits.chars and len(text) > limits.chars:
             raise ValueError(f"{name}[{index}] has {len(text)} characters; this deployment takes at most "
                              f"{limits.chars} in one text (triton.max_text_chars): send the part the model reads "
