@@ -13,7 +13,7 @@ from workbench.core.tasks import TASKS, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.tiny import build_cross_encoder
 from workbench.precision.compare import OutputParity
-from workbench.precision.ranking import NEIGHBOURS, lab_pairs, query_groups, ranking_agreement
+from workbench.precision.ranking import NEIGHBOURS, by_query, lab_pairs, query_groups, ranking_agreement
 from workbench.serving.client import TritonClient, rerank_arrays
 from workbench.serving.repository import configs, read_repository, write_repository
 from workbench.serving.server import TritonServer
@@ -84,6 +84,27 @@ def test_lab_pairs_hold_each_query_with_its_near_and_far_documents():
     near = np.mean([shared(pairs[i]) for ids in groups for i in ids[:NEIGHBOURS]])
     far = np.mean([shared(pairs[i]) for ids in groups for i in ids[NEIGHBOURS:]])
     assert near > far, "the neighbours share more words with their query than the far documents"
+
+
+def test_the_lab_regroups_a_rerankers_pairs_within_their_query_as_one_request_sends_them(rerankers):
+    from functools import partial
+
+    from workbench.core.batches import grouped_batches
+    from workbench.models.loading import load_model
+    from workbench.serving.plan import served_groups
+
+    model, config, _ = rerankers[1]
+    loaded = load_model(config)
+    pairs = lab_pairs(load_corpus())
+    requests = by_query(pairs)
+    batches = grouped_batches(loaded.tokenizer, loaded.input_names, pairs, 128, partial(served_groups, max_tokens=0),
+                              max(map(len, requests)), requests=requests)
+    assert sorted(i for batch in batches for i in batch.text_ids) == list(range(len(pairs)))
+    query_of = {i: number for number, ids in enumerate(requests) for i in ids}
+    assert all(len({query_of[i] for i in batch.text_ids}) == 1 for batch in batches), "no batch mixes two queries"
+    across = grouped_batches(loaded.tokenizer, loaded.input_names, pairs, 128, partial(served_groups, max_tokens=0),
+                             config.batch.max)  # the embedding server's way: requests batched together
+    assert any(len({query_of[i] for i in batch.text_ids}) > 1 for batch in across), "the test can tell them apart"
 
 
 def test_ranking_agreement_and_its_gate():

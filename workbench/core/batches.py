@@ -124,13 +124,18 @@ def corpus_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Se
 
 
 def grouped_batches(tokenizer: Tokenizer, input_names: tuple[str, ...], texts: Sequence[Text], cut: int,
-                    grouping: Grouping, rows: int, prompt_tokens: int = 0) -> list[Batch]:
+                    grouping: Grouping, rows: int, prompt_tokens: int = 0,
+                    requests: list[list[int]] | None = None) -> list[Batch]:
     """Every text once, in the groups of at most `rows` texts that `grouping` makes of their token counts (cut at
-    `cut`): e.g. the served model's (`serving.plan.served_groups`)."""
+    `cut`): e.g. the served model's (`serving.plan.served_groups`); within each of `requests` where given (the ids
+    of texts one request sends together and the server runs apart from others: a reranker's query and its
+    documents), else across all the texts (a server batching requests together)."""
     lengths = np.minimum(token_lengths(tokenizer, texts), cut)
+    groups = [[request[i] for i in group] for request in requests or [list(range(len(texts)))]
+              for group in grouping([int(lengths[i]) for i in request], rows)]
     return [Batch(f"grouped_{group[0]:04d}", group, encode(tokenizer, [texts[i] for i in group], input_names,
                                                            max_length=cut, prompt_tokens=prompt_tokens))
-            for group in grouping([int(length) for length in lengths], rows) if group]
+            for group in groups if group]
 
 
 def long_texts(tokenizer: Tokenizer, texts: Sequence[str], targets: Sequence[int]) -> tuple[str, ...]:

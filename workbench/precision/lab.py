@@ -29,7 +29,7 @@ from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
-from workbench.precision.ranking import lab_pairs, query_groups
+from workbench.precision.ranking import by_query, lab_pairs, query_groups
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.onnxruntime import device_for
@@ -80,13 +80,16 @@ class ParityLab:
         """The shape corners of the run's ranges (within the model's token budget, `LoadedModel.token_budget`), then
         every text once in batches of like length cut at the run's
         sequence.max; with `regroup` (the served model's grouping, `serving.plan.served_groups`), every text again in
-        its groups, for the variants whose outputs depend on a text's batch-mates (dynamic int8)."""
+        its groups, for the variants whose outputs depend on a text's batch-mates (dynamic int8): a reranker's pairs
+        within their query's, as one request sends them, other texts across all, as requests are batched."""
         names, prompted, prompt = loaded.input_names, list(loaded.prompted(texts)), loaded.prompt_tokens()
         corners = corner_batches(loaded.tokenizer, names, prompted, settings.batch, loaded.sequence, settings.seed,
                                  prompt, loaded.token_budget(settings.batch)[0])
         sweep = corpus_batches(loaded.tokenizer, names, prompted, settings.batch.opt, loaded.sequence.max, prompt)
-        again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, settings.batch.max,
-                                prompt) if regroup else []
+        requests = by_query(prompted) if loaded.task.name == "rerank" else None
+        rows = max(map(len, requests)) if requests else settings.batch.max  # a request's pairs run together
+        again = grouped_batches(loaded.tokenizer, names, prompted, loaded.sequence.max, regroup, rows, prompt,
+                                requests) if regroup else []
         return cls(settings, loaded, tuple(prompted), corners + sweep + again, len(corners), regrouped=len(again))
 
     @classmethod

@@ -44,13 +44,18 @@ def lab_pairs(texts: Sequence[str], queries: int = QUERIES, documents: int = DOC
     return tuple(pairs)
 
 
-def query_groups(texts: Sequence[Text]) -> list[list[int]]:
-    """The ids of pairs that share a query, per query with more than one document (none for single texts)."""
+def by_query(texts: Sequence[Text]) -> list[list[int]]:
+    """The ids of pairs that share a query, per query (none for single texts)."""
     groups: dict[str, list[int]] = {}
     for i, text in enumerate(texts):
         if isinstance(text, tuple):
             groups.setdefault(text[0], []).append(i)
-    return [ids for ids in groups.values() if len(ids) > 1]
+    return list(groups.values())
+
+
+def query_groups(texts: Sequence[Text]) -> list[list[int]]:
+    """The ids of pairs that share a query, per query with more than one document (none for single texts)."""
+    return [ids for ids in by_query(texts) if len(ids) > 1]
 
 
 def same_top(got: np.ndarray, want: np.ndarray) -> np.ndarray:
