@@ -513,3 +513,30 @@ def test_sentence_transformers_the_parity_reference_is_pinned():
     from workbench.core.pins import pin
 
     assert pin("sentence-transformers") == f"sentence-transformers=={version('sentence-transformers')}"
+
+
+@pytest.mark.parametrize("family", ["minilm", "roberta"])
+def test_a_long_text_is_tokenized_from_the_part_the_model_reads_with_the_same_tokens(family, tiny_models, tmp_path):
+    """A text far past the model's limit costs no more to tokenize than the part kept: the served tokenizer cuts it
+    to a prefix giving the same tokens (WordPiece and byte-level BPE), and leaves whole what it cannot cut safely."""
+    from workbench.core.config import DEFAULT_MODEL
+    from workbench.core.data import load_corpus
+    from workbench.models.loading import resolve_source
+    from workbench.serving.backend.text_input import CHARS_PER_TOKEN, TextEncoder
+    from workbench.serving.repository import encoder_json
+
+    folder = Path(resolve_source(DEFAULT_MODEL).location) if family == "minilm" else tiny_models[family]
+    (tmp_path / "encoder.json").write_bytes(encoder_json(folder, 128))
+    encoder = TextEncoder(tmp_path, 128, ["input_ids", "attention_mask"])
+    corpus = " ".join(load_corpus())
+    long = (corpus + "\n  ") * (100_000 // len(corpus) + 1)
+    texts = [long, "a" * 20_000, "\u4e2d\u6587" * 5_000, "short text", " " * 3 + "spaced   out  " * 2_000,
+             (long, corpus[:300]), (corpus[:200], long)]
+    for text in texts:
+        kept = encoder.kept(text)
+        whole, cut = encoder.backend.encode_batch([text, kept])
+        assert (cut.ids, cut.type_ids, bool(cut.overflowing)) == (whole.ids, whole.type_ids,
+                                                                   bool(whole.overflowing)), repr(text)[:60]
+    assert len(encoder.kept(long)) <= 128 * CHARS_PER_TOKEN * 2 < len(long) // 40, "the long text is cut"
+    assert encoder.kept("a" * 20_000) == "a" * 20_000, "one unbroken word: left whole"
+    assert [len(side) for side in encoder.kept((long, long))] == [len(encoder.kept(long))] * 2

@@ -8,6 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+CHARS_PER_TOKEN = 8  # the first guess of the characters the kept tokens of a long text span; doubled until it holds
 POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
 
 
@@ -113,6 +114,24 @@ class TextEncoder:
             self.prompt_lengths[prompt] = len(ids) - (1 if ids and ids[-1] in self.special else 0)
         return self.prompt_lengths[prompt]
 
+    def kept(self, text):
+        """`text` (or each side of a pair) cut to a prefix that gives the same tokens, so a text far past the model's
+        limit costs no more to tokenize than the part the model reads: the shortest of max_length x CHARS_PER_TOKEN
+        characters (doubled) whose tokens already pass max_length and end before a whitespace inside the prefix (the
+        words before it tokenize as in the whole text). A text of one unbroken word, or a tokenizer that keeps a
+        text's end, is left whole."""
+        if isinstance(text, tuple):
+            return tuple(self.kept(side) for side in text)
+        truncation = self.backend.truncation
+        size = self.max_length * CHARS_PER_TOKEN
+        while truncation and truncation.get("direction", "right") == "right" and size < len(text):
+            encoding = self.backend.encode(text[:size])
+            end = max((stop for _, stop in encoding.offsets), default=0)
+            if encoding.overflowing and any(char.isspace() for char in text[end:size]):
+                return text[:size]
+            size *= 2
+        return text
+
     def encode(self, texts, prompts=None):
         """Per text, or per (query, document) pair (truncated longest first), {input name: int64 [1, length]} (a
         pooling mask without the first tokens of the text's prompt in `prompts`, where the model takes one); and per
@@ -123,7 +142,7 @@ class TextEncoder:
             rows = [{name: encoded[name][i] for name in self.fields} for i in range(len(texts))]
             flags = [len(ids) > self.max_length for ids in self.wrapper(*split)["input_ids"]]
         else:
-            encodings = self.backend.encode_batch(texts)
+            encodings = self.backend.encode_batch([self.kept(text) for text in texts])
             rows = [{name: getattr(e, FIELDS[name]) for name in self.fields} for e in encodings]
             flags = [bool(e.overflowing) for e in encodings]
         parts = [{name: np.asarray([row[name]], dtype=np.int64) for name in self.fields} for row in rows]
