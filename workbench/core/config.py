@@ -215,6 +215,9 @@ def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
                      f"(a :port after the host), like {example!r}{hint}")
 
 
+REQUEST_CALLS = 8  # triton.max_request_tokens auto: the model calls (batch.max_tokens each) one request may need
+
+
 class TritonSettings(_Strict):
     """How the deployment is generated and served."""
 
@@ -239,6 +242,12 @@ class TritonSettings(_Strict):
     max_text_chars: int = Field(default=100_000, ge=1, description=(
         "characters one text (query, document) may have; a longer one is refused with a 400 naming this, before "
         "it holds a model instance"))
+    max_request_tokens: int | Literal["auto"] = Field(default="auto", description=(
+        "tokens one request may hold, each text counted as the model runs it (cut at sequence.max: a longer text "
+        "costs no more than its kept part); more are refused with a 400 naming this. auto: 8 model calls (8 x "
+        "batch.max_tokens), at least one text at sequence.max. A request past one model call is large: large "
+        "requests run on all but one of the model's instances at the most, so one stays free for small requests; "
+        "another large one gets 503 (retry). Python models (fused layout, rerankers)"))
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"
@@ -251,6 +260,19 @@ class TritonSettings(_Strict):
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
                                                                  "the project's model_repository/")
     _repository_here = field_validator("repository_dir")(staticmethod(_from_here))
+
+    @field_validator("max_request_tokens")
+    @classmethod
+    def _at_least_one(cls, value: int | Literal["auto"]) -> int | Literal["auto"]:
+        if value != "auto" and value < 1:
+            raise ValueError("triton.max_request_tokens must be at least 1 (or auto)")
+        return value
+
+    def request_tokens(self, max_tokens: int, sequence_max: int) -> int:
+        """The tokens one request may hold (0: no bound, for a model without a bound on one call's tokens)."""
+        if self.max_request_tokens != "auto":
+            return self.max_request_tokens
+        return max(REQUEST_CALLS * max_tokens, sequence_max) if max_tokens else 0
     container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
         "the Triton container the deployment image starts FROM"))
     image_registry: str = Field(default="localhost:5000", description=(

@@ -233,7 +233,8 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
         max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
         prompts=dict(pipeline.prompts), default_prompt_name=pipeline.default_prompt_name,
-        lowercase=pipeline.do_lower_case, max_tokens=max_tokens if python else 0)
+        lowercase=pipeline.do_lower_case, max_tokens=max_tokens if python else 0,
+        max_request_tokens=triton.request_tokens(max_tokens, request.sequence_max) if python else 0)
 
 
 def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:

@@ -66,6 +66,7 @@ class ServingPlan:
     max_texts: int = 256  # texts (reranker queries) one request may send
     max_text_chars: int = 100_000  # characters one text may have
     max_tokens: int = 0  # padded tokens one batch the model runs may hold (batch.max_tokens; 0: unbounded)
+    max_request_tokens: int = 0  # tokens one request may hold (triton.max_request_tokens; 0: unbounded)
 
     def record(self) -> dict[str, Any]:
         """The plan as run.json holds it (its files are the run's artifacts, named apart)."""
@@ -231,6 +232,8 @@ def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
     if plan.max_tokens:  # a request past it runs in pieces within it, its answers joined
         config.parameters["max_tokens"].string_value = str(plan.max_tokens)
+    if plan.max_request_tokens:  # past it a request is refused (ort_batches.RequestBudget)
+        config.parameters["max_request_tokens"].string_value = str(plan.max_request_tokens)
     if plan.instances > 1 and not plan.gpu:  # an instance alone at work takes the cores of the idle ones too
         config.parameters["instances"].string_value = str(plan.instances)
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)

@@ -4,6 +4,7 @@ all in one `execute`: no tensors cross between models, no second Python stub. Th
 tokenize, infer, respond) is on the metrics port (stages.py)."""
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,16 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
-from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402
+from ort_batches import MAX_PADDING, PaddedRunner, RequestBudget, model_args, sessions  # noqa: E402
 from stages import StageClock  # noqa: E402
 from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
+
+
+def refused(message, code):
+    """A request's error response: INVALID_ARG (HTTP 400) for the client's fault, UNAVAILABLE (503) to retry."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 def stack(rows):
@@ -41,6 +47,7 @@ class TritonPythonModel:
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
         self.limits = Limits.of(params)
+        self.budget = RequestBudget(folder, params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
@@ -72,8 +79,7 @@ class TritonPythonModel:
                     decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), limits=self.limits),
                     request.parameters())
             except ValueError as exc:
-                responses[index] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+                responses[index] = refused(str(exc), pb_utils.TritonError.INVALID_ARG)
                 continue
             owners.append((index, len(texts), len(mine), set(request.requested_output_names())))
             texts += mine
@@ -84,10 +90,24 @@ class TritonPythonModel:
             if any(truncated):
                 pb_utils.Logger.log_warn(f"truncated {sum(truncated)} text(s) to {self.max_length} tokens")
             self.clock.lap("tokenize")
-            outputs = self.runner.run(parts)
+            tokens = {index: sum(p["input_ids"].shape[1] for p in parts[start:start + count])
+                      for index, start, count, _ in owners}
+            for index, problem in ((i, self.budget.refusal(n)) for i, n in tokens.items()):
+                if problem:
+                    responses[index] = refused(problem, pb_utils.TritonError.INVALID_ARG)
+            with self.budget.slot() if any(self.budget.large(n) for n in tokens.values()) else nullcontext(True) \
+                    as admitted:
+                for index, count in tokens.items():
+                    if responses[index] is None and self.budget.large(count) and not admitted:
+                        responses[index] = refused(self.budget.busy(count), pb_utils.TritonError.UNAVAILABLE)
+                running = [owner for owner in owners if responses[owner[0]] is None]
+                outputs = self.runner.run([p for _, start, count, _ in running for p in parts[start:start + count]]
+                                          ) if running else []
             self.clock.lap("infer")
-            for index, start, count, wanted in owners:
-                responses[index] = self.respond(outputs[start:start + count], truncated[start:start + count], wanted)
+            done = 0
+            for index, start, count, wanted in running:
+                responses[index] = self.respond(outputs[done:done + count], truncated[start:start + count], wanted)
+                done += count
             self.clock.lap("respond")
         self.clock.done()
         return responses

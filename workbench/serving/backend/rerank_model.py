@@ -4,17 +4,22 @@ the scores in the documents' order and, when the request asks TOP_K, the best do
 Requests are not batched together (max_batch_size 0): a request's documents are its batch."""
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402  (copied beside this file)
+from ort_batches import MAX_PADDING, PaddedRunner, RequestBudget, model_args, sessions  # noqa: E402  (copied)
 from stages import StageClock  # noqa: E402
 from text_input import Limits, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
+
+
+class Busy(Exception):
+    """A large request found every slot for large requests held (RequestBudget): retry."""
 
 
 def optional_input(request, name):
@@ -35,6 +40,7 @@ class TritonPythonModel:
         self.runner = PaddedRunner(model, self.outputs, [], int(params.get("pad_token_id", "0")),
                                    float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours,
                                    int(params.get("max_tokens", "0")))
+        self.budget = RequestBudget(folder, params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
@@ -85,12 +91,22 @@ class TritonPythonModel:
             self.clock.lap("decode")
             parts, truncated = self.tokenizer.encode(pairs)
             self.clock.lap("tokenize")
-            outputs = self.runner.run(parts)
+            tokens = sum(part["input_ids"].shape[1] for part in parts)
+            problem = self.budget.refusal(tokens)
+            if problem:
+                raise ValueError(problem)
+            with self.budget.slot() if self.budget.large(tokens) else nullcontext(True) as admitted:
+                if not admitted:
+                    raise Busy(self.budget.busy(tokens))
+                outputs = self.runner.run(parts)
             self.clock.lap("infer")
             response = self.respond(outputs, truncated, top_k, set(request.requested_output_names()))
             self.clock.lap("respond")
         except ValueError as exc:
             response = pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except Busy as exc:
+            response = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE))
         self.clock.done()
         return response
