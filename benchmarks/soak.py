@@ -1,20 +1,29 @@
-"""Soak a deployment: many requests on one local Triton, then check that it is still healthy, answers the same and
-did not grow.
+"""Soak a deployment: many requests on one local Triton, 1 % of them bad and 1 % at the deployment's limits, then
+check that it is still healthy, answers the same and did not grow, and how the small requests fared beside the
+large ones.
 
-    python benchmarks/soak.py [--run outputs/<run>] [--requests 10000] [--concurrency 32] [--max-seconds 1800]
+    python benchmarks/soak.py [--run outputs/<run>] [--reranker] [--requests 10000] [--concurrency 32]
+                              [--max-seconds 1800]
 
-Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2. Serves the run's repository,
-warms it up (every corpus text once), then sends one corpus text per request over gRPC (asyncio, `--concurrency` in
-flight) until `--requests` answered or `--max-seconds` passed. Prints requests, errors, throughput, p50/p99, the RSS
-of the server's process tree (tritonserver and its Python-backend stubs) after the warm-up and after the load, and
-whether the server is still ready and answers a probe text bit-identically to its answer before the load.
-Exits 1 when a request failed, the RSS grew 5 % or more, or the server is not ready or answers the probe otherwise.
+Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2 (with --reranker: on a
+random-weight cross-encoder of BERT-base's shape, 512 tokens, built under outputs/). Serves the run's repository,
+warms it up, times 100 small requests alone, then sends requests over gRPC (asyncio, `--concurrency` in flight)
+until `--requests` were answered or `--max-seconds` passed: request i is bad when i % 100 == 0 (an empty text, or no
+documents: must be answered 400), at the limits when i % 100 == 50 (triton.max_texts texts, or max_documents
+documents, of max_text_chars characters each; a batched model's batch.max at most: answered, or refused 400 past
+triton.max_request_tokens, or 503 while another large request runs), else small (one corpus text; a reranker: one
+query and 4 documents). Prints the
+outcomes per kind, the small requests' p50/p99 against alone, the RSS of the server's process tree after the warm-up
+and after the load, and whether the server is still ready and answers a probe bit-identically to its answer before.
+Exits 1 when a request got an answer its kind does not expect, the RSS grew 5 % or more, or the server is not ready
+or answers the probe otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,74 +32,157 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import MissingArtifactError, ServedError
 from workbench.core.record import RunRecord
 from workbench.measure.load import asyncio_level
+from workbench.models.tiny import build_cross_encoder
 from workbench.pipeline import run_pipeline
-from workbench.serving.client import AsyncTritonClient, TritonClient
+from workbench.serving.client import BUSY, AsyncTritonClient, TritonClient, rerank_arrays, text_array
+from workbench.serving.repository import read_repository
 from workbench.serving.server import TritonServer
 
 STEPS = ["export", "optimize", "parity", "triton"]
-PROBE = "A soak probe: the same text must get the same answer, bit for bit, before and after the load."
 MAX_GROWTH = 0.05
 MIB = 2**20
+EVERY = 100  # of every 100 requests: one bad (index 0), one at the limits (index 50)
+ALONE = 100  # small requests timed one at a time before the load
+BASE = {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072, "positions": 512}  # BERT-base's shape
 
 
-def deployed(run: Path) -> tuple[Path, str, list[str]]:
-    """The run's served repository, its ensemble's name and the run's corpus; the triton step must be ok."""
+@dataclass
+class Deployment:
+    """What the soak sends to: the served model, whether it reranks, its request limits and texts to send."""
+
+    repository: Path
+    model: str
+    reranks: bool
+    texts: list[str]
+    limits: dict[str, int]
+
+    def arrays(self, kind: str, index: int) -> dict[str, np.ndarray]:
+        """A request of `kind` (small, bad, large), its texts chosen by `index`."""
+        text = self.texts[index % len(self.texts)]
+        if kind == "large":
+            long = (" ".join(self.texts) * 60)[:self.limits["max_text_chars"]]
+            many = [long] * (self.limits["max_documents"] if self.reranks else  # a batched model: batch.max too
+                             min(self.limits["max_texts"], self.limits["max_batch_size"] or self.limits["max_texts"]))
+            return rerank_arrays([text], many) if self.reranks else {"TEXT": text_array(many)}
+        if self.reranks:
+            documents = [] if kind == "bad" else [self.texts[(index + k) % len(self.texts)] for k in range(1, 5)]
+            return rerank_arrays([text], documents)
+        return {"TEXT": text_array(["" if kind == "bad" else text])}
+
+
+def deployed(run: Path) -> Deployment:
+    """The run's served repository, its model and limits, and the run's corpus; the triton step must be ok."""
     record = RunRecord.load(run)
     deployment = record.deployment()
     if deployment is None:
         raise MissingArtifactError(f"the triton step of {run} is {record.status('triton') or 'not run'}, not ok",
                                    f"run it: workbench run --resume --output-dir {run} --steps triton, or leave "
                                    "out --run")
-    return record.artifact("triton.repository"), deployment.name, list(record.config.texts())
+    repository = record.artifact("triton.repository")
+    config = read_repository(repository)[deployment.name]
+    limits = {key: int(config.parameters[key].string_value) for key in ("max_texts", "max_text_chars",
+                                                                        "max_documents") if key in config.parameters}
+    limits["max_batch_size"] = config.max_batch_size
+    return Deployment(repository, deployment.name, record.config.task == "rerank", list(record.config.texts()),
+                      limits)
 
 
-def probe(server: TritonServer, model: str) -> dict[str, np.ndarray]:
-    with TritonClient(server.grpc_url, "grpc") as client:
-        return client.infer_texts(model, [PROBE])
+def kind_of(index: int) -> str:
+    return {0: "bad", EVERY // 2: "large"}.get(index % EVERY, "small")
 
 
 def verdict(passed: bool) -> str:
     return "PASS" if passed else "FAIL"
 
 
+def outcome(error: ServedError | None) -> str:
+    """ok, refused (400), busy (503: another large request runs) or unreachable."""
+    if error is None:
+        return "ok"
+    return "busy" if BUSY in error.problem else "refused"
+
+
+EXPECTED = {"small": {"ok"}, "bad": {"refused"}, "large": {"ok", "refused", "busy"}}
+
+
+def built_run(reranker: bool) -> Path:
+    """A new run of STEPS on all-MiniLM-L6-v2 or on a base-shaped random-weight cross-encoder."""
+    run = Path("outputs") / f"soak-{'reranker-' if reranker else ''}{time.strftime('%Y%m%d-%H%M%S')}"
+    if not reranker:
+        run_pipeline(RunConfig(steps=STEPS), run)
+        return run
+    model = build_cross_encoder(run.with_name(f"{run.name}-model"), **BASE)
+    run_pipeline(RunConfig(model=str(model), task="rerank", steps=STEPS), run)
+    return run
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="a run whose triton step is ok")
+    parser.add_argument("--reranker", action="store_true", help="without --run: soak a base-size reranker")
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="bound on the load (and on the warm-up)")
     args = parser.parse_args()
-    if args.run is None:
-        args.run = Path("outputs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_pipeline(RunConfig(steps=STEPS), args.run)
-    repository, model, texts = deployed(args.run)
+    target = deployed(args.run or built_run(args.reranker))
     rss: dict[str, int] = {}
+    seen: dict[str, dict[str, int]] = {kind: {} for kind in EXPECTED}
+    small_ms: list[float] = []
 
     async def send(client: AsyncTritonClient, index: int) -> object:
-        return await client.infer_texts(model, [texts[index % len(texts)]])
+        kind = kind_of(index)
+        begin = time.perf_counter()
+        try:
+            await client.infer(target.model, target.arrays(kind, index))
+            error = None
+        except ServedError as refused:
+            error = refused
+        found = outcome(error)
+        seen[kind][found] = seen[kind].get(found, 0) + 1
+        if kind == "small" and found == "ok":
+            small_ms.append((time.perf_counter() - begin) * 1e3)
+        if found not in EXPECTED[kind]:
+            raise error or ServedError(f"a {kind} request was answered", "")
+        return None
 
-    with TritonServer(repository, args.run / "soak" / "server") as server:
-        print(f"run: {args.run}  model: {model}  gRPC {server.grpc_url}  server log: {server.log_path}")
-        before = probe(server, model)
+    def probe(server: TritonServer) -> dict[str, np.ndarray]:
+        with TritonClient(server.grpc_url, "grpc") as client:
+            return client.infer(target.model, target.arrays("small", 0))
+
+    with TritonServer(target.repository, (args.run or target.repository.parent) / "soak" / "server") as server:
+        print(f"model: {target.model} ({'reranker' if target.reranks else 'text'}; limits {target.limits})  "
+              f"gRPC {server.grpc_url}  server log: {server.log_path}")
+        before = probe(server)
+        with TritonClient(server.grpc_url, "grpc") as client:
+            alone = []
+            for index in range(1, ALONE + 1):
+                begin = time.perf_counter()
+                client.infer(target.model, target.arrays("small", index))
+                alone.append((time.perf_counter() - begin) * 1e3)
         try:
             with server.watch():
                 level = asyncio_level(server.grpc_url, "grpc", send, args.concurrency, args.requests,
-                                      args.max_seconds, after_warmup=lambda: rss.update(before=server.rss_bytes()),
-                                      warmup=len(texts))
+                                      args.max_seconds, after_warmup=lambda: (
+                                          rss.update(before=server.rss_bytes()), small_ms.clear(),
+                                          [counts.clear() for counts in seen.values()]),
+                                      warmup=len(target.texts))
         except ServedError as error:
             print(f"FAIL: the load stopped: {error}")
             return 1
         rss["after"] = server.rss_bytes()
         ready = server.is_ready()
-        after = probe(server, model) if ready else {}
+        after = probe(server) if ready else {}
     growth = rss["after"] / rss["before"] - 1
     identical = before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
     bounded = "" if level.requests + level.errors >= args.requests else f" (stopped at {args.max_seconds:.0f} s)"
     print(f"requests:   {level.requests + level.errors} of {args.requests} at concurrency {args.concurrency}"
-          f"{bounded}, {level.seconds:.1f} s")
-    print(f"errors:     {level.errors}  {verdict(level.errors == 0)}")
-    print(f"throughput: {level.throughput:.1f} req/s")
-    print(f"latency:    p50 {level.p50:.2f} ms  p99 {level.p99:.2f} ms")
+          f"{bounded}, {level.seconds:.1f} s, {level.throughput:.1f} req/s")
+    for kind, counts in seen.items():
+        print(f"{kind + ':':11s} " + ", ".join(f"{n} {found}" for found, n in sorted(counts.items())) +
+              f" (expected: {' or '.join(sorted(EXPECTED[kind]))})")
+    print(f"unexpected: {level.errors}  {verdict(level.errors == 0)}")
+    print(f"small:      p50 {np.percentile(small_ms, 50):.2f} ms  p99 {np.percentile(small_ms, 99):.2f} ms under "
+          f"the load; alone p50 {np.percentile(alone, 50):.2f} ms  p99 {np.percentile(alone, 99):.2f} ms")
     print(f"server RSS: {rss['before'] / MIB:.1f} MiB after the warm-up, {rss['after'] / MIB:.1f} MiB after the "
           f"load: {growth:+.2%} (must stay under +{MAX_GROWTH:.0%})  {verdict(growth < MAX_GROWTH)}")
     print(f"healthy:    {'ready' if ready else 'NOT ready'}  {verdict(ready)}")
