@@ -345,16 +345,16 @@ def test_same_named_runs_are_told_apart_and_a_run_without_bench_is_named_with_wh
 
     for sweep in ("a", "b"):
         _benched(tmp_path / sweep / "full", PASSING)
-    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "b" / "full"]))
+    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "b" / "full"])).groups
     assert {row.run for row in group.rows} == {"a/full", "b/full"}
     latency = next(pick for pick in group.picks if pick.goal == "latency")
     assert (latency.run, latency.variant) == ("a/full", "int8_repaired"), "the first of two equal runs"
 
     _parity_only(tmp_path / "c" / "full")
-    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "c" / "full"]))
+    (group,) = compare(find_runs([tmp_path / "a" / "full", tmp_path / "c" / "full"])).groups
     assert group.unmeasured == ["c/full"] and group.latency_cell == "b1_s16"
     assert {pick.run for pick in group.picks if pick.variant} == {"a/full"}, "picked among the runs with a bench"
-    (alone,) = compare(find_runs([tmp_path / "c" / "full"]))
+    (alone,) = compare(find_runs([tmp_path / "c" / "full"])).groups
     assert {pick.variant for pick in alone.picks} == {None}
     assert alone.picks[0].reason == (f"no bench in full: run `workbench run --resume --output-dir {tmp_path}/c/full "
                                      "--steps bench` (each run alike), then compare again")

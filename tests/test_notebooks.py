@@ -107,8 +107,9 @@ def test_the_command_runs_the_template_with_its_own_parameters_cell_whatever_was
     copy = nbformat.read(pristine(tmp_path / "saved.ipynb", tmp_path / "run"), as_version=4)
     assert [c.source for c in copy.cells if "parameters" in c.metadata.get("tags", [])] == [parameters_cell()]
     assert not [c for c in copy.cells if c.get("outputs")]
-    assert "saved.ipynb's saved parameters are not used (sequence_max = 128; run_dir = None)" in \
-        capsys.readouterr().err
+    warned = capsys.readouterr().err
+    assert "saved.ipynb's saved parameters are not used (sequence_max = 128; run_dir = None)" in warned
+    assert "pass yours with -p (-p sequence.max=128)" in warned
 
 
 def test_the_templates_are_the_checkouts_notebooks_else_those_a_wheel_installed(tmp_path):

@@ -24,7 +24,7 @@ from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.preflight import preflight_apart
-from workbench.report.notebook import NOTEBOOKS_DIR, parameters_cell
+from workbench.report.notebook import NOTEBOOKS_DIR, as_options, parameters_cell
 from workbench.steps import spec, specs
 
 COMMAND = "workbench run"  # who set a run's settings, in its settings_log
@@ -155,8 +155,9 @@ def pristine(source: Path, folder: Path) -> Path:
         if "parameters" in cell.metadata.get("tags", []):
             edited = [line for line in cell.source.splitlines() if line not in parameters_cell().splitlines()]
             if edited:
+                options = " ".join(as_options(edited)) or "-p sequence.max=128"
                 print(f"warning: {source.name}'s saved parameters are not used ({'; '.join(edited)}): workbench "
-                      "run runs the run's settings; pass yours with -p (e.g. -p sequence.max=128)", file=sys.stderr)
+                      f"run runs the run's settings; pass yours with -p ({options})", file=sys.stderr)
             cell.source = parameters_cell()
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

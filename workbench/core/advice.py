@@ -17,11 +17,12 @@ def speak_notebooks() -> None:
 
 
 def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
-              settings: Mapping[str, object] | None = None) -> str:
+              settings: Mapping[str, object] | None = None, lab: bool | None = None) -> str:
     """`run 05_triton.ipynb, then 07_bench.ipynb (config={"bench.served": true} in the first)` in JupyterLab;
-    `workbench run --resume --output-dir RUN --steps triton,bench -p bench.served=true` elsewhere."""
+    `workbench run --resume --output-dir RUN --steps triton,bench -p bench.served=true` elsewhere (`lab`: which,
+    else where this runs)."""
     settings = dict(settings or {})
-    if os.environ.get(IN_LAB):
+    if os.environ.get(IN_LAB) if lab is None else lab:
         notebooks = ", then ".join(catalog.spec(step).notebook for step in steps)
         return f"run {notebooks}" + (f" (config={json.dumps(settings)} in the first)" if settings else "")
     values = "".join(f" -p {key}={value if isinstance(value, str) else json.dumps(value)}"

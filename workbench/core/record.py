@@ -119,6 +119,10 @@ class StepEntry:
             return "ok, verified: false"
         return self.status or "not run"
 
+    def __str__(self) -> str:
+        """`step: ok` or `step: skipped: why`, as a notebook prints its step's outcome."""
+        return f"step: {self.label}" + (f": {self.detail}" if self.detail else "")
+
 
 class RunRecord:
     """Load, update and atomically save one run's record; paths inside are relative to the run folder."""
@@ -438,6 +442,10 @@ class RunRecord:
         self.save()
         self._progress(f"wrote {entry['path']} ({entry['bytes'] / 1e6:.1f} MB)")
         return path
+
+    def phase(self, what: str) -> None:
+        """Say what the running step starts now (`building fp32: ONNX Runtime fusions`), with its time so far."""
+        self._progress(what)
 
     def _progress(self, what: str, left: bool = True) -> None:
         """Say what the running step just did, with the time since it started and, where it ran before here, about

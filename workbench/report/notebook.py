@@ -156,9 +156,9 @@ def opening(record: RunRecord, recorded: Tree | None, before: dict[str, str]) ->
     done = [name for name, status in before.items() if status == "ok"]
     lines = [f"run {record.run_dir.name} ({'new' if recorded is None else 'done: ' + (', '.join(done) or 'none')})"]
     lines.append("settings apart from the defaults: " + (", ".join(record.own_settings()) or "none"))
+    changed = settings_changes(RunConfig().to_params() if recorded is None else recorded, record.settings)
+    lines.append(f"changed here: {described(changed) if changed else 'nothing'}")
     if recorded is not None:
-        changed = settings_changes(recorded, record.settings)
-        lines.append(f"changed here: {described(changed) if changed else 'nothing'}")
         stale = [f"{name} ({entry.detail})" for name in done
                  if (entry := record.step_entry(name)).status == "stale"]
         if stale:
@@ -213,6 +213,25 @@ def _mapping(config: Any) -> dict[str, Any]:
         raise ConfigError(f"parameter config holds a {type(config).__name__} ({config!r}), not a mapping",
                           "pass a mapping, e.g. -p config '{\"opset\": 18}' or -y 'config: {opset: 18}'")
     return json.loads(json.dumps(config))  # a deep copy the merge may change
+
+
+def as_options(lines: list[str]) -> list[str]:
+    """The `-p setting=value` options saying what parameter-cell lines (`sequence_max = 64`) set; lines that are not
+    an assignment of a literal to a known parameter give none."""
+    named = {parameter.name: parameter.setting for parameter in PARAMETERS}
+    options = []
+    for line in lines:
+        try:
+            statement = ast.parse(line).body[0]
+            if isinstance(statement, ast.Assign) and isinstance(target := statement.targets[0], ast.Name) and \
+                    target.id in named:
+                value = ast.literal_eval(statement.value)
+                if value is not None:
+                    shown = value if isinstance(value, str) else json.dumps(value)
+                    options.append(f"-p {named[target.id]}={shown}")
+        except (SyntaxError, ValueError, IndexError):
+            continue
+    return options
 
 
 def _typed(parameter: Parameter, value: Any) -> Any:

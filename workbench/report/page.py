@@ -1,11 +1,13 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import jinja2
+from markupsafe import Markup, escape
 
 from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
@@ -43,8 +45,14 @@ def served_note(record: RunRecord, steps: tuple[Declared, ...]) -> str:
 
 
 def resume_command(record: RunRecord, step: str) -> str:
-    """The command that runs `step` (steps, comma-separated) again into the record's run folder."""
-    return f"`{run_again(step.split(','), record.run_dir)}`"
+    """The command that runs `step` (steps, comma-separated) again into the record's run folder (the command, not
+    notebooks: a report is read away from the Lab too)."""
+    return f"`{run_again(step.split(','), record.run_dir, lab=False)}`"
+
+
+def code(text: str) -> Markup:
+    """`text` escaped, its `quoted` parts as <code>."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
 
 
 def _missing(record: RunRecord, step: StepEntry) -> str:
@@ -148,7 +156,9 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
     config = record.config
     headline, warnings = opening(record, steps)
     entries = [entry for entry in record.step_entries() if entry.status != StepStatus.RUNNING]
-    page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
+    templates = jinja2.Environment(autoescape=True)
+    templates.filters["code"] = code
+    page = templates.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
         title=f"{config.model} · {config.task}", created=record.created,
         environment=f"{env.cpu} ({env.cpu_count} cores{_features(env)}), GPU: {env.gpu or 'none'}, "
                     f"onnxruntime {env.packages.get('onnxruntime') or env.packages.get('onnxruntime-gpu')}",

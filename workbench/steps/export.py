@@ -171,21 +171,26 @@ def lines(record: RunRecord) -> list[str]:
     return lines
 
 
-def pipeline_text(pipeline: PipelineSummary) -> str:
-    """The sentence-transformers pipeline the graph runs, and the similarity function the model declares."""
+def pipeline_text(pipeline: PipelineSummary, run_max: int | None = None) -> str:
+    """The sentence-transformers pipeline the graph runs, the similarity function the model declares, and where
+    texts are cut: the model's maximum and, where it differs, this run's (`run_max`, sequence.max)."""
     prompts = ", ".join(f"{name} ({text!r})" for name, text in pipeline.prompts.items()) or "none"
     default = f", default {pipeline.default_prompt_name}" if pipeline.default_prompt_name else ""
     override = f" OVERRIDDEN: {pipeline.override}." if pipeline.override else ""
     return (f"The graph runs {' -> '.join(pipeline.steps)} ({pipeline.source}), so its sentence_embedding is "
             f"what SentenceTransformer.encode() returns.{override} Similarity function the model declares: "
             f"{pipeline.similarity}. Prompts (request parameter prompt_name): {prompts}{default}. Maximum "
-            f"sequence length: {pipeline.max_seq_length or 'the tokenizer and position table'}.")
+            f"sequence length: {pipeline.max_seq_length or 'the tokenizer and position table'}"
+            + (f"; this run cuts texts at {run_max} tokens (sequence.max)" if run_max and run_max !=
+               pipeline.max_seq_length else "") + ".")
 
 
 def section(export: ExportMetrics) -> Parts:
     if not export.sentence_pipeline:
         return []
-    return [("The model as its users run it", pipeline_text(export.sentence_pipeline), [])]
+    run_max = (export.sequence or {}).get("max")
+    return [("The model as its users run it", pipeline_text(export.sentence_pipeline,
+                                                            run_max if isinstance(run_max, int) else None), [])]
 
 
 SPEC = StepSpec(

@@ -76,6 +76,10 @@ EQUIVALENT = {"Attention": ATTENTION_OPS, "BiasGelu": ("BiasGelu", "FastGelu", "
 OPENVINO_BUILDS = ("openvino", "openvino_bf16", "openvino_int8")  # the OpenVINO variants this step may keep
 
 
+PHASES = {"fp32": "ONNX Runtime's transformer fusions", "fp16": "fp16 conversion of the fp32 graph",
+          "int8": "ONNX Runtime's dynamic int8 quantization", "tensorrt": "shapes inferred for TensorRT"}
+
+
 def fusion_stats(model: ModelProto, num_layers: int | None = None,
                  unavailable: Unavailable | None = None) -> GraphStats:
     """Node count, fused-operator counts and, given `num_layers`, whether every layer's attention fused; the
@@ -209,6 +213,7 @@ def build_openvino(config: RunConfig, record: RunRecord, export: ExportMetrics, 
     dest = record.run_dir / "onnx" / "openvino.onnx"
     untimed = "set by optimize.openvino=always" if config.optimize.openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
+    record.phase("trying openvino: the exported graph run by OpenVINO, against fp32")
     try:
         openvino_file(record, dest, "f32")
         with OrtRunner("fp32", fp32_file, providers_for(config.device), config.threads) as fp32, \
@@ -256,6 +261,7 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, export: ExportMetr
         return Trial(kept=False, reason=problem)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
     against = "openvino" if "openvino" in record.variant_names() else "fp32"  # names only: no file read
+    record.phase(f"trying openvino_bf16: OpenVINO in bf16, against {against}")
     try:
         openvino_file(record, dest, "bf16")
     except BaseException:  # interrupted or failed: no file the record does not name
@@ -318,6 +324,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     variants = record.variant_names()  # names only: reading a file would make it an input (a repair's, parity's)
     against = next(v for v in ("int8", "openvino_bf16", "openvino", "fp32") if v in variants)
     feeds = calibration_feeds(config, record, export)
+    record.phase(f"building openvino_int8: NNCF calibrates on {len(feeds)} texts and quantizes (the longest "
+                 "build here), then races it against " + against)
     try:
         seconds = elapsed(lambda: quantize_openvino_int8(record.artifact("onnx.original"), dest, feeds))
     except Exception as exc:  # noqa: BLE001 - NNCF may refuse a graph it does not know: a finding, kept
@@ -465,6 +473,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         built: dict[str, GraphStats] = {}
         with unrecorded_removed(onnx_dir, wanted):  # an interrupt leaves no file the record lacks
             for variant in wanted:
+                record.phase(f"building {variant}: {PHASES[variant]}")
                 start = time.perf_counter()
                 dest = onnx_dir / f"{variant}.onnx"
                 model = builders[variant](dest)
@@ -482,6 +491,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
             timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
             if timed and target.measured:
+                record.phase(f"timing {', '.join(timed)} against fp32 (precisions: auto)")
                 measure_against_fp32(config, record, export, decisions, timed)
             for variant, stats in built.items():
                 dest = onnx_dir / f"{variant}.onnx"
