@@ -111,7 +111,7 @@ def built_run(reranker: bool) -> Path:
     if not reranker:
         run_pipeline(RunConfig(steps=STEPS), run)
         return run
-    model = build_cross_encoder(run.with_name(f"{run.name}-model"), **BASE)
+    model = build_cross_encoder(run.with_name(f"{run.name}-model"), initializer_range=0.02, **BASE)
     run_pipeline(RunConfig(model=str(model), task="rerank", steps=STEPS), run)
     return run
 

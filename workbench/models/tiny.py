@@ -137,19 +137,20 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
 
 
 def build_cross_encoder(dest: Path, labels: int = 1, family: str = "bert", seed: int = 0,
-                        **shape: int) -> Path:
+                        initializer_range: float = 0.2, **shape: int) -> Path:
     """A `family` sequence classifier (tiny, unless `shape` gives build_encoder's layers, hidden, heads,
     intermediate, positions) with `labels` labels saved by sentence-transformers' CrossEncoder into `dest` (its
     files and activation: Sigmoid for one label, none for more, as predict() defaults). Wide random weights (std
-    0.2): at transformers' 0.02 every pair scores 0.4990 +- 3e-5, and a query's two best documents lie a few float32
-    steps apart, so any change in summation order reorders them."""
+    0.2) by default: at transformers' 0.02 every pair of a tiny one scores 0.4990 +- 3e-5, and a query's two best
+    documents lie a few float32 steps apart, so any change in summation order reorders them; a deep one wants 0.02
+    (at 0.2 its activations grow layer by layer until fp32 graphs and PyTorch part)."""
     import tempfile
 
     from sentence_transformers import CrossEncoder
 
     with tempfile.TemporaryDirectory() as scratch:
         classifier = build_encoder(Path(scratch), family, "sequence-classification", seed=seed, labels=labels,
-                                   initializer_range=0.2, **shape)
+                                   initializer_range=initializer_range, **shape)
         CrossEncoder(str(classifier), device="cpu").save(str(dest))
     return Path(dest)
 
