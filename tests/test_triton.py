@@ -473,12 +473,17 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
     from workbench.models.tiny import build_sentence_encoder
 
     model = build_sentence_encoder(tmp_path / "long", dense=None, normalize=True, positions=8192, max_seq_length=8192)
-    config, record = prepared(model, tmp_path / "run", tmp_path / "repos", triton_settings={"max_text_chars": 10**6},
-                              sequence={"min": 1, "opt": 64, "max": 8192}, batch={"min": 1, "opt": 4, "max": 32})
+    config, record = prepared(model, tmp_path / "run", tmp_path / "repos", triton_settings={
+        "max_text_chars": 10**6, "max_request_tokens": 300_000}, sequence={"min": 1, "opt": 64, "max": 8192},
+        batch={"min": 1, "opt": 4, "max": 32})
     plan, _ = serving_plan(config, record)
     assert plan.max_tokens == 8192, "auto: one text at sequence.max"
+    assert config.triton.model_copy(update={"max_request_tokens": "auto"}).request_tokens(8192, 8192) == 65536, \
+        "by default such a request is refused: 8 model calls at the most"
     repository = write_repository(plan, tmp_path / "repository")
-    assert read_repository(repository)[plan.name].parameters["max_tokens"].string_value == "8192"
+    parameters = read_repository(repository)[plan.name].parameters
+    assert parameters["max_tokens"].string_value == "8192" and parameters["max_request_tokens"].string_value == \
+        "300000"
     loaded = load_model(config)
     texts = long_texts(loaded.tokenizer, load_corpus(), [8000] * 32)
     lengths = token_lengths(loaded.tokenizer, list(texts))
