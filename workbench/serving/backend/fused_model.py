@@ -92,14 +92,14 @@ class TritonPythonModel:
             self.clock.lap("tokenize")
             tokens = {index: sum(p["input_ids"].shape[1] for p in parts[start:start + count])
                       for index, start, count, _ in owners}
-            for index, problem in ((i, self.budget.refusal(n)) for i, n in tokens.items()):
+            for index, count in tokens.items():
+                problem = self.budget.refusal(count)
                 if problem:
                     responses[index] = refused(problem, pb_utils.TritonError.INVALID_ARG)
-            with self.budget.slot() if any(self.budget.large(n) for n in tokens.values()) else nullcontext(True) \
-                    as admitted:
-                for index, count in tokens.items():
-                    if responses[index] is None and self.budget.large(count) and not admitted:
-                        responses[index] = refused(self.budget.busy(count), pb_utils.TritonError.UNAVAILABLE)
+            large = [index for index, count in tokens.items() if responses[index] is None and self.budget.large(count)]
+            with self.budget.slot() if large else nullcontext(True) as admitted:
+                for index in [] if admitted else large:
+                    responses[index] = refused(self.budget.busy(tokens[index]), pb_utils.TritonError.UNAVAILABLE)
                 running = [owner for owner in owners if responses[owner[0]] is None]
                 outputs = self.runner.run([p for _, start, count, _ in running for p in parts[start:start + count]]
                                           ) if running else []
