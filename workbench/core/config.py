@@ -245,9 +245,8 @@ class TritonSettings(_Strict):
     max_request_tokens: int | Literal["auto"] = Field(default="auto", description=(
         "tokens one request may hold, each text counted as the model runs it (cut at sequence.max: a longer text "
         "costs no more than its kept part); more are refused with a 400 naming this. auto: 8 model calls (8 x "
-        "batch.max_tokens), at least one text at sequence.max. A request past one model call is large: large "
-        "requests run on all but one of the model's instances at the most, so one stays free for small requests; "
-        "another large one gets 503 (retry). Python models (fused layout, rerankers)"))
+        "batch.max_tokens), at least one text at sequence.max, so one request holds an instance for at most 8 "
+        "calls. Python models (fused layout, rerankers)"))
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"

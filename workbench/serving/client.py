@@ -16,7 +16,6 @@ from workbench.core.errors import ServedError, ServerUnreachableError
 PROTOCOLS = ("http", "grpc")
 DATATYPES = {"int64": "INT64", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
 NO_ANSWER_STATUSES = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")  # gRPC: the server never answered
-BUSY = "already run on this model"  # in the UNAVAILABLE answer to a large request (ort_batches.RequestBudget.busy)
 CLOSED_WORDS = ("closed", "disconnected", "reset", "stream removed", "broken pipe", "end of tcp stream", "goaway")
 
 
@@ -85,11 +84,10 @@ def _answered(url: str, model: str) -> Iterator[None]:
     try:
         yield
     except InferenceServerException as exc:
-        if str(exc.status()) in NO_ANSWER_STATUSES and BUSY not in (exc.message() or ""):
+        if str(exc.status()) in NO_ANSWER_STATUSES:
             raise _unreachable(url, model, exc) from None
-        raise ServedError(f"{model} refused the request: {exc.message()}",
-                          "retry it shortly" if BUSY in (exc.message() or "") else "fix the request as the message "
-                          "says") from None
+        raise ServedError(f"{model} refused the request: {exc.message()}", "fix the request as the message says"
+                          ) from None
     except _network_errors() as exc:
         raise _unreachable(url, model, exc) from None
 

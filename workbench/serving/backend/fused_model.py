@@ -4,7 +4,6 @@ all in one `execute`: no tensors cross between models, no second Python stub. Th
 tokenize, infer, respond) is on the metrics port (stages.py)."""
 import json
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,9 @@ from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402
 STAGES = ("decode", "tokenize", "infer", "respond")
 
 
-def refused(message, code):
-    """A request's error response: INVALID_ARG (HTTP 400) for the client's fault, UNAVAILABLE (503) to retry."""
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+def refused(message):
+    """A request's error response: INVALID_ARG (HTTP 400), the client's fault."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
 
 
 def stack(rows):
@@ -47,7 +46,7 @@ class TritonPythonModel:
         self.labels = label_names(id2label) if id2label else None
         self.prompts = Prompts(params)
         self.limits = Limits.of(params)
-        self.budget = RequestBudget(folder, params)
+        self.budget = RequestBudget(params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
@@ -79,7 +78,7 @@ class TritonPythonModel:
                     decode(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), limits=self.limits),
                     request.parameters())
             except ValueError as exc:
-                responses[index] = refused(str(exc), pb_utils.TritonError.INVALID_ARG)
+                responses[index] = refused(str(exc))
                 continue
             owners.append((index, len(texts), len(mine), set(request.requested_output_names())))
             texts += mine
@@ -95,14 +94,10 @@ class TritonPythonModel:
             for index, count in tokens.items():
                 problem = self.budget.refusal(count)
                 if problem:
-                    responses[index] = refused(problem, pb_utils.TritonError.INVALID_ARG)
-            large = [index for index, count in tokens.items() if responses[index] is None and self.budget.large(count)]
-            with self.budget.slot() if large else nullcontext(True) as admitted:
-                for index in [] if admitted else large:
-                    responses[index] = refused(self.budget.busy(tokens[index]), pb_utils.TritonError.UNAVAILABLE)
-                running = [owner for owner in owners if responses[owner[0]] is None]
-                outputs = self.runner.run([p for _, start, count, _ in running for p in parts[start:start + count]]
-                                          ) if running else []
+                    responses[index] = refused(problem)
+            running = [owner for owner in owners if responses[owner[0]] is None]
+            outputs = self.runner.run([p for _, start, count, _ in running for p in parts[start:start + count]]
+                                      ) if running else []
             self.clock.lap("infer")
             done = 0
             for index, start, count, wanted in running:

@@ -125,17 +125,10 @@ class Neighbours:
 
 class RequestBudget:
     """The work one request may ask for, in tokens as the model runs them (each text cut at max_length): past
-    `max_request_tokens` it is refused (INVALID_ARG, naming the setting); past one model call (`max_tokens`) it is
-    large, and large requests run at most `slots` at once across the model's instances (its instances less one, at
-    least one), so an instance always stays free for small requests; a large one past them is refused at once
-    (UNAVAILABLE: retry), never queued inside an instance. A slot is an exclusive lock (flock, freed when its
-    process dies) on a file in the instances' shared folder."""
+    `max_request_tokens` it is refused (INVALID_ARG, naming the setting), before it holds the instance any longer."""
 
-    def __init__(self, version_folder, params):
+    def __init__(self, params):
         self.limit = int(params.get("max_request_tokens", "0"))
-        self.call = int(params.get("max_tokens", "0"))
-        self.folder = instances_folder(version_folder)
-        self.slots = [self.folder / f"large-{i}.slot" for i in range(max(1, int(params.get("instances", "1")) - 1))]
 
     def refusal(self, tokens):
         """Why a request of `tokens` tokens is refused (None: it is not)."""
@@ -145,34 +138,6 @@ class RequestBudget:
                     "fewer texts per request (Triton batches requests together), or redeploy with a larger "
                     "-p triton.max_request_tokens")
         return None
-
-    def large(self, tokens):
-        return bool(self.call) and tokens > self.call
-
-    @contextmanager
-    def slot(self):
-        """True while holding a free slot for a large request; False when every slot is held."""
-        self.folder.mkdir(exist_ok=True)
-        for path in self.slots:
-            handle = open(path, "a")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            try:
-                yield True
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-                handle.close()
-            return
-        yield False
-
-    def busy(self, tokens):
-        """The refusal of a large request of `tokens` tokens that found every slot held."""
-        return (f"this request holds {tokens} tokens, more than one model call ({self.call}), and "
-                f"{len(self.slots)} such request(s) already run on this model (an instance stays free for small "
-                "ones): retry shortly, or send fewer texts per request")
 
 
 def sessions(path, params, args):

@@ -4,7 +4,6 @@ the scores in the documents' order and, when the request asks TOP_K, the best do
 Requests are not batched together (max_batch_size 0): a request's documents are its batch."""
 import json
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,6 @@ from stages import StageClock  # noqa: E402
 from text_input import Limits, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
-
-
-class Busy(Exception):
-    """A large request found every slot for large requests held (RequestBudget): retry."""
 
 
 def optional_input(request, name):
@@ -40,7 +35,7 @@ class TritonPythonModel:
         self.runner = PaddedRunner(model, self.outputs, [], int(params.get("pad_token_id", "0")),
                                    float(params.get("max_padding", MAX_PADDING)), wide, self.neighbours,
                                    int(params.get("max_tokens", "0")))
-        self.budget = RequestBudget(folder, params)
+        self.budget = RequestBudget(params)
         self.clock = StageClock(config["name"], STAGES)
 
     def finalize(self):
@@ -95,18 +90,13 @@ class TritonPythonModel:
             problem = self.budget.refusal(tokens)
             if problem:
                 raise ValueError(problem)
-            with self.budget.slot() if self.budget.large(tokens) else nullcontext(True) as admitted:
-                if not admitted:
-                    raise Busy(self.budget.busy(tokens))
-                outputs = self.runner.run(parts)
+            outputs = self.runner.run(parts)
             self.clock.lap("infer")
             response = self.respond(outputs, truncated, top_k, set(request.requested_output_names()))
             self.clock.lap("respond")
         except ValueError as exc:
             response = pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG))
-        except Busy as exc:
-            response = pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE))
+
         self.clock.done()
         return response
