@@ -102,7 +102,7 @@ def test_each_text_model_gets_a_request_for_its_answer(tmp_path):
                                                 "data": ["it's a text"]}]}
 
 
-def test_a_run_serves_its_published_repository_while_it_holds_what_the_run_checked(tmp_path):
+def test_a_run_serves_its_published_repository_while_it_holds_what_the_run_checked(tmp_path, capsys):
     record = RunRecord.create(tmp_path / "run", RunConfig())
     files = {"m": (mc.ModelConfig(name="m"), {"model.onnx": b"the graph parity checked"})}
     run_copy = write_models(files, tmp_path / "run" / "model_repository" / "m", about={"name": "m"})
@@ -112,14 +112,17 @@ def test_a_run_serves_its_published_repository_while_it_holds_what_the_run_check
         record.add_artifact("triton.repository", run_copy, kind="triton-repository")
         record.set_metric("triton", {"repository": str(published), "published": True})
     assert run_repository(tmp_path / "run") == published
+    model = run_copy / "m" / "1" / "model.onnx"
+    model.write_bytes(b"another valid graph")  # the run's copy replaced: the published one still holds what ran
+    assert run_repository(tmp_path / "run") == published
     other = {"m": (mc.ModelConfig(name="m"), {"model.onnx": b"a later run's graph"})}
     write_models(other, published, about={"name": "m", "run": "a later run"})  # republished by another run
-    assert run_repository(tmp_path / "run") == run_copy
-
-    (run_copy / "m" / "1" / "model.onnx").write_bytes(b"another valid graph")  # the run's copy replaced
     with pytest.raises(RepositoryError, match=r"m/1/model.onnx changed since the triton step wrote it") as refused:
         run_repository(tmp_path / "run")
     assert "--resume --output-dir" in refused.value.fix and "--steps triton" in refused.value.fix
+    model.write_bytes(b"the graph parity checked")
+    assert run_repository(tmp_path / "run") == run_copy
+    assert f"note: {published} no longer holds what this run checked" in capsys.readouterr().err
 
 
 def test_other_hosts_get_a_loud_warning_and_unknown_addresses_are_refused():

@@ -138,11 +138,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from workbench.core.config import outputs_root
     from workbench.report.compare import bench_command, compare, find_runs, write_compare
 
     runs = find_runs([Path(p) for p in args.runs])
     compared = compare(runs, args.min_cosine)
-    written = write_compare(compared, Path(args.output), args.overwrite)
+    written = write_compare(compared, Path(args.output) if args.output else outputs_root() / "compare",
+                            args.overwrite)
     for found in compared.groups:
         print(found.host)
         for pick in found.picks:
@@ -153,7 +155,7 @@ def _compare(args: argparse.Namespace) -> int:
     for label, why in compared.left_out.items():
         print(f"{label}: no row: {why}")
     shown = len(runs) - len(compared.left_out)
-    print(f"{len(runs)} runs given, {shown} compared: {', '.join(str(p) for p in written.values())}")
+    print(f"{len(runs)} runs given, {shown} compared: {', '.join(str(p.resolve()) for p in written.values())}")
     return 0
 
 
@@ -210,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     compared = sub.add_parser("compare", help="runs side by side: one HTML page, a CSV and a JSON table, and the "
                               "(model, variant) to deploy per goal and host")
     compared.add_argument("runs", nargs="+", help="run folders, or folders of runs (a sweep's output root)")
-    compared.add_argument("--output", default=".", help="folder for compare.html/.csv/.json (default: here)")
+    compared.add_argument("--output", help="folder for compare.html/.csv/.json (default: compare/ in the outputs "
+                                           "folder, $WORKBENCH_OUTPUTS or ./outputs)")
     compared.add_argument("--overwrite", action="store_true", help="replace compare files already there")
     compared.add_argument("--min-cosine", type=float, default=0.999,
                           help="the accuracy goal's floor: min cosine (or label agreement) at least this")

@@ -55,12 +55,16 @@ def run_repository(run_dir: Path) -> Path:
             return published
         raise MissingArtifactError(f"the run's copy of its repository is gone and {published} no longer holds what "
                                    "the run checked", again) from None
+    if intact and written_files(published) == written_files(run_copy):  # the files the run checked, untouched
+        return published
     changed = changed_files(run_copy)
     if changed:
         raise RepositoryError(f"{run_copy} no longer holds what the run checked: {', '.join(changed[:5])}"
-                              f"{' ...' if len(changed) > 5 else ''} changed since the triton step wrote it", again)
-    if intact and written_files(published) == written_files(run_copy):
-        return published
+                              f"{' ...' if len(changed) > 5 else ''} changed since the triton step wrote it (and "
+                              f"{published} holds other files)", again)
+    if triton.metrics.get("published"):
+        print(f"note: {published} no longer holds what this run checked (changed, or published by another run): "
+              f"serving the run's own copy, {run_copy}", file=sys.stderr)
     return run_copy
 
 

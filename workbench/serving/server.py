@@ -232,8 +232,8 @@ class TritonServer:
                 if taken:
                     raise PortInUseError(
                         f"tritonserver could not bind {taken}: another process took it after it was found free (two "
-                        f"servers started at once?); this server exited", "start it again: free ports are picked "
-                        "again (0), or choose other --http-port / --grpc-port / --metrics-port values")
+                        f"servers started at once?); this server exited", "stop the other server first, or choose "
+                        "other --http-port / --grpc-port / --metrics-port values (0 picks a free one)")
                 raise ServerStartError(f"tritonserver exited with code {self.process.returncode} while starting:\n"
                                        f"{self.log_tail()}", "read the log above (model config or backend errors)")
             if self._listening() and self.is_ready():  # this server's answer, not another's on the same port

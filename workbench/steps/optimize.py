@@ -491,7 +491,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 release_memory()  # a base-size graph and its copies: 1-2 GB the next build may need
             timed = {p: onnx_dir / f"{p}.onnx" for p in decisions if p in built}
             if timed and target.measured:
-                record.phase(f"timing {', '.join(timed)} against fp32 (precisions: auto)")
+                record.phase(f"timing {', '.join(timed)} against fp32 (does it pay on this host?)")
                 measure_against_fp32(config, record, export, decisions, timed)
             for variant, stats in built.items():
                 dest = onnx_dir / f"{variant}.onnx"
