@@ -330,18 +330,8 @@ def test_a_server_that_stalls_while_starting_fails_with_its_log(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_server_that_loses_its_port_to_another_is_never_called_ready(published, tmp_path):
-    """Two servers given the same ports at once: the second's readiness probe reaches the first, which must not
-    count; it fails to bind, and says so."""
-    with TritonServer(published[2], tmp_path / "first") as first:
-        second = TritonServer(published[2], tmp_path / "second", ports=first.ports)  # the same ports, checked free
-        with pytest.raises(PortInUseError, match=f"could not bind HTTP port {first.ports.http}, gRPC port "):
-            second.start()
-        assert second.returncode is not None and first.is_ready()
-
-
-@pytest.mark.slow
-def test_a_request_past_its_token_budget_is_refused_naming_the_setting(published, tmp_path):
+def test_a_request_past_its_token_budget_is_refused_and_a_server_losing_its_ports_is_never_ready(published,
+                                                                                                 tmp_path):
     import dataclasses
 
     import tritonclient.http
@@ -351,6 +341,10 @@ def test_a_request_past_its_token_budget_is_refused_naming_the_setting(published
     repository = write_repository(budget, tmp_path / "repository")
     within, over = ["a text of some twenty words " * 3] * 4, ["many words " * 30] * 8
     with TritonServer(repository, tmp_path / "server") as server, TritonClient(server.http_url, "http") as client:
+        second = TritonServer(repository, tmp_path / "second", ports=server.ports)  # the same ports, checked free
+        with pytest.raises(PortInUseError, match=f"could not bind HTTP port {server.ports.http}, gRPC port "):
+            second.start()  # its readiness probe reaches the first server, which must not count
+        assert second.returncode is not None and server.is_ready()
         assert client.infer_texts(plan.name, within)["sentence_embedding"].shape[0] == 4, "within it: in pieces"
         with pytest.raises(ServedError, match=r"holds \d+ tokens .*at most 256 in one request "
                                               r"\(triton.max_request_tokens\)"):
