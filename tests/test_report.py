@@ -152,7 +152,8 @@ def test_report_is_self_contained(reported):
     stale = record.artifact("report").read_text()
     # parity, served parity, latency, served; a bench whose timings were disturbed says that instead of its inputs
     assert stale.count("STALE: ") >= 3 and stale.count("STALE: inputs changed since it ran") >= 2
-    assert f"run `workbench run --resume --output-dir {record.run_dir} --steps bench` to refresh them" in stale
+    assert f"run <code>workbench run --resume --output-dir {record.run_dir} --steps bench</code> to refresh them" \
+        in stale
 
 
 def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):
@@ -172,12 +173,12 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
     assert result.status == "ok" and "Plotly.newPlot" not in html
     assert "The optimize step failed (RuntimeError: the disk is full)" in html
     for step in ("tensorrt", "generation", "bench"):
-        assert f"the {step} step did not run; run `workbench run --resume --output-dir {tmp_path} " \
-               f"--steps {step}` to fill it" in html, step
+        assert f"the {step} step did not run; run <code>workbench run --resume --output-dir {tmp_path} " \
+               f"--steps {step}</code> to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
     assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (ValidationError" in html
-    assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run `workbench run "
-                      f"--resume --output-dir {tmp_path} --steps parity,bench`") == 2  # latency and throughput
+    assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run <code>workbench run "
+                      f"--resume --output-dir {tmp_path} --steps parity,bench</code>") == 2  # latency and throughput
     assert "Served: unknown, the triton step&#39;s record is unreadable (ValidationError: 1 validation error for " \
            "TritonMetrics); run" in html
 
