@@ -3,7 +3,7 @@ check that it is still healthy, answers the same and did not grow, and how the s
 large ones.
 
     python benchmarks/soak.py [--run outputs/<run>] [--reranker] [--requests 10000] [--concurrency 32]
-                              [--max-seconds 1800]
+                              [--max-seconds 1800] [--warmup N]
 
 Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2 (with --reranker: on a
 random-weight cross-encoder of BERT-base's shape, 512 tokens, built under outputs/). Serves the run's repository,
@@ -115,6 +115,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="bound on the load (and on the warm-up)")
+    parser.add_argument("--warmup", type=int, help="requests before the load (default: one per corpus text)")
     args = parser.parse_args()
     target = deployed(args.run or built_run(args.reranker))
     rss: dict[str, int] = {}
@@ -157,7 +158,7 @@ def main() -> int:
                                       args.max_seconds, after_warmup=lambda: (
                                           rss.update(before=server.rss_bytes()), small_ms.clear(),
                                           [counts.clear() for counts in seen.values()]),
-                                      warmup=len(target.texts))
+                                      warmup=args.warmup or len(target.texts))
         except ServedError as error:
             print(f"FAIL: the load stopped: {error}")
             return 1
