@@ -122,6 +122,7 @@ def main() -> int:
     rss: dict[str, int] = {}
     seen: dict[str, dict[str, int]] = {kind: {} for kind in EXPECTED}
     small_ms: list[float] = []
+    large_ms: list[float] = []
 
     async def send(client: AsyncTritonClient, index: int) -> object:
         kind = kind_of(index)
@@ -137,6 +138,8 @@ def main() -> int:
             rss["middle"] = server.rss_bytes()  # by the middle every shape has run: growth past it is a leak
         if kind == "small" and found == "ok":
             small_ms.append((time.perf_counter() - begin) * 1e3)
+        if kind == "large":
+            large_ms.append((time.perf_counter() - begin) * 1e3)
         if found not in EXPECTED[kind]:
             raise error or ServedError(f"a {kind} request was answered", "")
         return None
@@ -159,7 +162,7 @@ def main() -> int:
             with server.watch():
                 level = asyncio_level(server.grpc_url, "grpc", send, args.concurrency, args.requests,
                                       args.max_seconds, after_warmup=lambda: (
-                                          rss.update(before=server.rss_bytes()), small_ms.clear(),
+                                          rss.update(before=server.rss_bytes()), small_ms.clear(), large_ms.clear(),
                                           [counts.clear() for counts in seen.values()]),
                                       warmup=args.warmup or len(target.texts))
         except ServedError as error:
@@ -179,6 +182,9 @@ def main() -> int:
     print(f"unexpected: {level.errors}  {verdict(level.errors == 0)}")
     print(f"small:      p50 {np.percentile(small_ms, 50):.2f} ms  p99 {np.percentile(small_ms, 99):.2f} ms under "
           f"the load; alone p50 {np.percentile(alone, 50):.2f} ms  p99 {np.percentile(alone, 99):.2f} ms")
+    if large_ms:
+        print(f"at limits:  p50 {np.percentile(large_ms, 50):.0f} ms, the longest {max(large_ms):.0f} ms to be "
+              "answered or refused")
     print(f"server RSS: {rss['before'] / MIB:.1f} MiB after the warm-up, {rss.get('middle', 0) / MIB:.1f} MiB "
           f"half way, {rss['after'] / MIB:.1f} MiB after the load: {growth:+.2%} in the second half (must stay under "
           f"+{MAX_GROWTH:.0%})  {verdict(growth < MAX_GROWTH)}")
