@@ -81,5 +81,6 @@ def test_a_setting_passed_on_resume_mends_a_stored_one_that_no_longer_loads(tmp_
         capsys.readouterr().err
     assert main([*resume, "-p", "parity.repair.budget_s=100"]) == 0
     assert RunRecord.load(tmp_path / "run").config.parity.repair.budget_s == 100
-    with pytest.raises(ConfigError, match=r"parity.repair.budget_s: Input should be a finite number"):
+    with pytest.raises(ConfigError, match=r"parity.repair.budget_s: Input should be a finite number") as refused:
         RunConfig.load(overrides=["parity.repair.budget_s=.inf"])  # never recorded again
+    assert refused.value.fix == "set parity.repair.budget_s to a valid value: a number, or auto"

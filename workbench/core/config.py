@@ -741,7 +741,8 @@ def _choices(annotation: object) -> str:
         return f"a list of {inner}" if inner else ""
     if origin in (Union, UnionType):
         found = [choice for arg in args if (choice := _choices(arg))]
-        numbers = [NUMBER_WORDS[arg] for arg in args if arg in NUMBER_WORDS]
+        plain = [get_args(arg)[0] if get_origin(arg) is Annotated else arg for arg in args]  # constrained numbers
+        numbers = [NUMBER_WORDS[arg] for arg in plain if arg in NUMBER_WORDS]
         return ", or ".join(numbers + found) if found else ""
     return ""
 
