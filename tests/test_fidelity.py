@@ -135,6 +135,7 @@ def test_a_shorter_cut_is_named_in_the_verdict_and_never_a_plain_pass(long_model
     served = verdict_line("triton", record)
     assert "served parity against SentenceTransformer.encode() on texts up to 256 tokens: HTTP pass" in served
     assert f"replaced the deployment 'model' that run {first.run_dir.resolve()} had published" in served
+    assert f", published to {record.metric('triton.repository')}" in served, "where the deployment went, said"
 
 
 def test_a_plain_folder_takes_the_librarys_default_prompt_names(tiny_bert):

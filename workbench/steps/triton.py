@@ -297,8 +297,9 @@ def lines(record: RunRecord) -> list[str]:
     within = f" on texts up to {cut.deployment} tokens" if cut and not cut.gated else ""
     replaced = deployment.replaced
     runtime = ", run by OpenVINO" if (deployment.variant or "").startswith("openvino") else ""
+    published = f", published to {deployment.repository}" if deployment.published and deployment.repository else ""
     return [f"served {deployment.variant} ({verified}) as {deployment.name!r} via the {deployment.layout} "
-            f"layout ({flavor}{runtime})",
+            f"layout ({flavor}{runtime}){published}",
             *([f"serving order: {deployment.verification.order}{passed_over(deployment.verification)}"]
               if deployment.verification and deployment.verification.order else []),
             f"served parity{against}{within}: {parity or 'not checked'}",
