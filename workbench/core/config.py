@@ -624,7 +624,7 @@ class RunConfig(_Strict):
 
     @classmethod
     def load(cls, path: Path | str | None = None, overrides: list[str] | None = None,
-             base: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> RunConfig:
+             base: dict[str, Any] | None = None, values: dotted.Tree | None = None) -> RunConfig:
         """Defaults (or `base`, a configuration the workbench wrote: a run's, whose moved keys are taken without a
         warning), then a YAML file, then `key=value` overrides, then `values` already typed (dotted keys for nested
         fields in both)."""
