@@ -5,7 +5,7 @@ import difflib
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
@@ -72,6 +72,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # JSON has no inf
 
 
+def at_least_one(setting: str) -> Callable[[int | Literal["auto"]], int | Literal["auto"]]:
+    """A validator of a count that may be auto: at least 1, the refusal naming `setting`."""
+    def check(value: int | Literal["auto"]) -> int | Literal["auto"]:
+        if value != "auto" and value < 1:
+            raise ValueError(f"{setting} must be at least 1 (or auto)")
+        return value
+    return check
+
+
 class ShapeRange(_Strict):
     """Smallest, most frequent and largest value of one dynamic axis."""
 
@@ -108,12 +117,7 @@ class BatchRange(ShapeRange):
         "about 0.25 GiB of activations for the model's shape at sequence.max (less where the memory limit leaves less "
         "than 1 GiB past the model's need), at least one text at sequence.max"))
 
-    @field_validator("max_tokens")
-    @classmethod
-    def _positive(cls, value: int | Literal["auto"]) -> int | Literal["auto"]:
-        if value != "auto" and value < 1:
-            raise ValueError("batch.max_tokens must be at least 1 (or auto)")
-        return value
+    _positive = field_validator("max_tokens")(staticmethod(at_least_one("batch.max_tokens")))
 
     def token_budget(self, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
         """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)
@@ -260,12 +264,7 @@ class TritonSettings(_Strict):
                                                                  "the project's model_repository/")
     _repository_here = field_validator("repository_dir")(staticmethod(_from_here))
 
-    @field_validator("max_request_tokens")
-    @classmethod
-    def _at_least_one(cls, value: int | Literal["auto"]) -> int | Literal["auto"]:
-        if value != "auto" and value < 1:
-            raise ValueError("triton.max_request_tokens must be at least 1 (or auto)")
-        return value
+    _positive = field_validator("max_request_tokens")(staticmethod(at_least_one("triton.max_request_tokens")))
 
     def request_tokens(self, max_tokens: int, sequence_max: int) -> int:
         """The tokens one request may hold (0: no bound, for a model without a bound on one call's tokens)."""
