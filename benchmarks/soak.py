@@ -2,21 +2,21 @@
 check that it is still healthy, answers the same and did not grow, and how the small requests fared beside the
 large ones.
 
-    python benchmarks/soak.py [--run outputs/<run>] [--reranker] [--requests 10000] [--concurrency 32]
+    python benchmarks/soak.py [--run outputs/<run>] [--reranker [base|minilm]] [--requests 10000] [--concurrency 32]
                               [--max-seconds 1800] [--warmup N]
 
-Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2 (with --reranker: on a
-random-weight cross-encoder of BERT-base's shape, 512 tokens, built under outputs/). Serves the run's repository,
-warms it up, times 100 small requests alone, then sends requests over gRPC (asyncio, `--concurrency` in flight)
-until `--requests` were answered or `--max-seconds` passed: request i is bad when i % 100 == 0 (an empty text, or no
-documents: must be answered 400), at the limits when i % 100 == 50 (triton.max_texts texts, or max_documents
-documents, of max_text_chars characters each; a batched model's batch.max at most: answered, or refused 400 past
-triton.max_request_tokens), else small (one corpus text; a reranker: one query and 4 documents). Prints the
+Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2 (with --reranker: on a random-
+weight cross-encoder of BERT-base's shape or MiniLM-L6's, 512 tokens, built under outputs/). Serves the run's
+repository, warms it up, times 100 small requests alone, then sends requests over gRPC (asyncio, `--concurrency` in
+flight) until `--requests` were answered or `--max-seconds` passed: request i is bad when i % 100 == 0 (an empty
+text, or no documents: must be answered 400), at the limits when i % 100 == 50 (triton.max_texts texts, or
+max_documents documents, of max_text_chars characters each; a batched model's batch.max at most: answered, or refused
+400 past triton.max_request_tokens), else small (one corpus text; a reranker: one query and 4 documents). Prints the
 outcomes per kind, the small requests' p50/p99 against alone, the RSS of the server's process tree after the warm-up,
-half way through the load (each session's buffers have grown to the largest shapes by then) and after it, and
-whether the server is still ready and answers a probe bit-identically to its answer before. Exits 1 when a request
-got an answer its kind does not expect, the RSS grew 5 % or more in the load's second half, or the server is not
-ready or answers the probe otherwise.
+half way through the load (each session's buffers have grown to the largest shapes by then) and after it, and whether
+the server is still ready and answers a probe bit-identically to its answer before. Exits 1 when a request got an
+answer its kind does not expect, the RSS grew 5 % or more in the load's second half, or the server is not ready or
+answers the probe otherwise.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ MAX_GROWTH = 0.05
 MIB = 2**20
 EVERY = 100  # of every 100 requests: one bad (index 0), one at the limits (index 50)
 ALONE = 100  # small requests timed one at a time before the load
-BASE = {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072, "positions": 512}  # BERT-base's shape
+SHAPES = {"base": {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072, "positions": 512},  # BERT-base
+          "minilm": {"layers": 6, "hidden": 384, "heads": 12, "intermediate": 1536, "positions": 512}}  # MiniLM-L6
 
 
 @dataclass
@@ -98,13 +99,13 @@ def verdict(passed: bool) -> str:
 EXPECTED = {"small": {"ok"}, "bad": {"refused"}, "large": {"ok", "refused"}}
 
 
-def built_run(reranker: bool) -> Path:
-    """A new run of STEPS on all-MiniLM-L6-v2 or on a base-shaped random-weight cross-encoder."""
+def built_run(reranker: str | None) -> Path:
+    """A new run of STEPS on all-MiniLM-L6-v2 or on a random-weight cross-encoder of the `reranker` shape."""
     run = Path("outputs") / f"soak-{'reranker-' if reranker else ''}{time.strftime('%Y%m%d-%H%M%S')}"
     if not reranker:
         run_pipeline(RunConfig(steps=STEPS), run)
         return run
-    model = build_cross_encoder(run.with_name(f"{run.name}-model"), initializer_range=0.02, **BASE)
+    model = build_cross_encoder(run.with_name(f"{run.name}-model"), initializer_range=0.02, **SHAPES[reranker])
     run_pipeline(RunConfig(model=str(model), task="rerank", steps=STEPS), run)
     return run
 
@@ -112,7 +113,9 @@ def built_run(reranker: bool) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="a run whose triton step is ok")
-    parser.add_argument("--reranker", action="store_true", help="without --run: soak a base-size reranker")
+    parser.add_argument("--reranker", nargs="?", const="base", choices=sorted(SHAPES), help=(
+        "without --run: soak a random-weight reranker of this shape (base: BERT-base's; minilm: 6 x 384, the shape "
+        "of the most used cross-encoder)"))
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="bound on the load (and on the warm-up)")

@@ -313,7 +313,7 @@ def measure(models: list[str], out_dir: str | None, overrides: list[str], warm_c
             model = str(built(builders[name], out / name)) if name in builders else \
                 "sentence-transformers/all-MiniLM-L6-v2"
             asks = [f"triton.max_request_tokens={LONG_TOKENS * long_count * 2}"] if name == "large" and long_count \
-                else []  # the long request is past the default bound (8 model calls): this deployment allows it
+                else []  # the long request is past the default bound (4 model calls): this deployment allows it
             result = run_model(name, model, None if name == "minilm" else BASE_STEPS, out, overrides + asks,
                                warm_cache)
             report(result)

@@ -478,8 +478,8 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
         batch={"min": 1, "opt": 4, "max": 32})
     plan, _ = serving_plan(config, record)
     assert plan.max_tokens == 8192, "auto: one text at sequence.max"
-    assert config.triton.model_copy(update={"max_request_tokens": "auto"}).request_tokens(8192, 8192) == 65536, \
-        "by default such a request is refused: 8 model calls at the most"
+    assert config.triton.model_copy(update={"max_request_tokens": "auto"}).request_tokens(8192, 8192) == 32768, \
+        "by default such a request is refused: 4 model calls at the most"
     repository = write_repository(plan, tmp_path / "repository")
     parameters = read_repository(repository)[plan.name].parameters
     assert parameters["max_tokens"].string_value == "8192" and parameters["max_request_tokens"].string_value == \

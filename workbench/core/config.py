@@ -219,7 +219,11 @@ def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
                      f"(a :port after the host), like {example!r}{hint}")
 
 
-REQUEST_CALLS = 8  # triton.max_request_tokens auto: the model calls (batch.max_tokens each) one request may need
+# triton.max_request_tokens auto: the model calls (batch.max_tokens each) one request may need. One call of a base
+# model (0.25 GiB of activations: 5 x 384 tokens of BERT-base's shape) took 2.2 s in ONNX Runtime fp32, unfused, on 2
+# Zen 4 cores: 4 calls bound what one request holds an instance for to about 9 s there (8 let it hold 17 s) and still
+# take a reranker's 32 documents of 200 tokens in one request; one call would refuse a 10-document rerank.
+REQUEST_CALLS = 4
 
 
 class TritonSettings(_Strict):
@@ -248,8 +252,8 @@ class TritonSettings(_Strict):
         "it holds a model instance"))
     max_request_tokens: int | Literal["auto"] = Field(default="auto", description=(
         "tokens one request may hold, each text counted as the model runs it (cut at sequence.max: a longer text "
-        "costs no more than its kept part); more are refused with a 400 naming this. auto: 8 model calls (8 x "
-        "batch.max_tokens), at least one text at sequence.max, so one request holds an instance for at most 8 "
+        "costs no more than its kept part); more are refused with a 400 naming this. auto: 4 model calls (4 x "
+        "batch.max_tokens), at least one text at sequence.max, so one request holds an instance for at most 4 "
         "calls. Python models (fused layout, rerankers)"))
     preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
