@@ -1,0 +1,191 @@
+"""The API front: the real openai and LangChain clients, and raw HTTP, against a real Triton serving a tiny
+sentence-transformers model (with prompts) and a tiny reranker; answers equal encode() and predict()."""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from workbench.core.config import RunConfig
+from workbench.core.record import RunRecord
+from workbench.models.tiny import build_cross_encoder, build_sentence_encoder
+from workbench.serving.front import ApiFront, front_spec
+from workbench.serving.repository import write_repository
+from workbench.serving.server import TritonServer, free_port
+from workbench.steps import export, optimize
+from workbench.steps.triton import serving_plan
+
+pytestmark = pytest.mark.slow
+KEY = "sk-test-front"
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+TEXTS = ["The cat sat on the mat.", "A quick brown fox jumps over the lazy dog.", "tea", "Triton serves models."]
+SETTINGS = {"batch": {"min": 1, "opt": 2, "max": 4}, "sequence": {"min": 1, "opt": 16, "max": 64},
+            "precisions": ["fp32"], "threads": 1, "optimize": {"openvino": "never"}}
+LIMITS = {"max_texts": 12, "max_text_chars": 2000, "max_documents": 16}
+
+
+def _repository(model, task, root, name, **triton):
+    config = RunConfig.model_validate({"model": str(model), "task": task, **SETTINGS, "triton": {
+        "name": name, "repository_dir": str(root / "repos"), **LIMITS, **triton}})
+    record = RunRecord.create(root / f"run-{name}", config)
+    export.run(config, record)
+    optimize.run(config, record)
+    plan, _ = serving_plan(config, record)
+    return write_repository(plan, root / f"repository-{name}")
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    """One Triton with an embedding model (max 4 texts a Triton request, 12 a front request, 200 tokens) and a
+    reranker, and the front before it, asking KEY."""
+    root = tmp_path_factory.mktemp("front")
+    encoder = build_sentence_encoder(root / "encoder", pooling="mean", dense=None, normalize=True, prompts=PROMPTS)
+    reranker = build_cross_encoder(root / "reranker")
+    both = root / "repository"
+    for source in (_repository(encoder, "feature-extraction", root, "embedder", max_request_tokens=200),
+                   _repository(reranker, "rerank", root, "reranker")):
+        for folder in source.iterdir():
+            if folder.is_dir():
+                shutil.copytree(folder, both / folder.name)
+    with TritonServer(both, root / "server") as server, \
+            ApiFront(both, server.grpc_url, root / "front", api_key=KEY) as api:
+        yield api, encoder, reranker
+
+
+def _post(url, body, key=KEY, raw=None):
+    """(status, JSON answer) of a POST."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _encode(model, texts, **kwargs):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model), device="cpu").encode(texts, **kwargs)
+
+
+def test_the_spec_reads_the_models_their_limits_and_prompts(front):
+    api, _, _ = front
+    spec = {m.id: m for m in front_spec(api.repository).models}
+    embedder, reranker = spec["embedder"], spec["reranker"]
+    assert (embedder.kind, embedder.output, embedder.batch, embedder.max_texts) == ("embeddings",
+                                                                                   "sentence_embedding", 4, 12)
+    assert embedder.max_request_tokens == 200 and embedder.prompts["query"] == "query: " and embedder.dimensions > 0
+    assert (reranker.kind, reranker.output, reranker.max_documents) == ("rerank", "scores", 16)
+
+
+def test_the_openai_and_langchain_clients_embed_as_encode_does(front):
+    from langchain_openai import OpenAIEmbeddings
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    api, encoder, _ = front
+    client = OpenAI(base_url=f"{api.url}/v1", api_key=KEY)
+    one = client.embeddings.create(model="embedder", input=TEXTS[0])  # the client asks for base64 and decodes it
+    np.testing.assert_allclose(one.data[0].embedding, _encode(encoder, [TEXTS[0]])[0], atol=1e-5)
+    answer = client.embeddings.create(model="embedder", input=TEXTS * 2)  # 8 texts: two Triton requests of 4
+    assert [d.index for d in answer.data] == list(range(8)) and answer.model == "embedder"
+    np.testing.assert_allclose([d.embedding for d in answer.data], _encode(encoder, TEXTS * 2), atol=1e-5)
+    tokenizer = AutoTokenizer.from_pretrained(str(encoder))
+    tokens = sum(len(tokenizer(t)["input_ids"]) for t in TEXTS * 2)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
+    query = client.embeddings.create(model="embedder", input=TEXTS, extra_body={"prompt_name": "query"})
+    want = _encode(encoder, TEXTS, prompt_name="query")
+    np.testing.assert_allclose([d.embedding for d in query.data], want, atol=1e-5)
+    assert query.usage.prompt_tokens == sum(len(tokenizer("query: " + t)["input_ids"]) for t in TEXTS)
+    floats = client.embeddings.create(model="embedder", input=TEXTS[:2], encoding_format="float")
+    np.testing.assert_allclose([d.embedding for d in floats.data], _encode(encoder, TEXTS[:2]), atol=1e-5)
+
+    langchain = OpenAIEmbeddings(model="embedder", base_url=f"{api.url}/v1", api_key=KEY,
+                                 check_embedding_ctx_length=False)
+    np.testing.assert_allclose(langchain.embed_documents(TEXTS), _encode(encoder, TEXTS), atol=1e-5)
+    np.testing.assert_allclose(langchain.embed_query(TEXTS[1]), _encode(encoder, [TEXTS[1]])[0], atol=1e-5)
+    status, raw = _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": TEXTS[:1],
+                                                     "encoding_format": "base64"})
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert status == 200 and raw["object"] == "list" and raw["data"][0]["object"] == "embedding"
+    np.testing.assert_allclose(decoded, one.data[0].embedding, atol=0)
+
+
+def test_the_reranker_scores_as_predict_does_best_first(front):
+    from sentence_transformers import CrossEncoder
+
+    api, _, reranker = front
+    query, documents = "where do cats sit?", TEXTS
+    want = CrossEncoder(str(reranker), device="cpu").predict([(query, d) for d in documents])
+    status, answer = _post(f"{api.url}/v1/rerank", {"model": "reranker", "query": query, "documents": documents,
+                                                    "top_n": 3, "return_documents": True})
+    assert status == 200 and len(answer["results"]) == 3
+    order = list(np.argsort(-want, kind="stable")[:3])
+    assert [r["index"] for r in answer["results"]] == order
+    np.testing.assert_allclose([r["relevance_score"] for r in answer["results"]], want[order], atol=1e-5)
+    assert [r["document"]["text"] for r in answer["results"]] == [documents[i] for i in order]
+    status, every = _post(f"{api.url}/v1/rerank", {"model": "reranker", "query": query,
+                                                   "documents": [{"text": d} for d in documents]})
+    assert status == 200 and sorted(r["index"] for r in every["results"]) == [0, 1, 2, 3]
+    assert "document" not in every["results"][0] and every["usage"]["total_tokens"] > 0
+
+
+BAD = [  # (what, path, body or raw bytes, key, status, code)
+    ("empty input", "embeddings", {"model": "embedder", "input": []}, KEY, 400, "empty_input"),
+    ("an empty text", "embeddings", {"model": "embedder", "input": ["a", ""]}, KEY, 400, "empty_input"),
+    ("over max_texts", "embeddings", {"model": "embedder", "input": ["a"] * 13}, KEY, 413, "too_many_inputs"),
+    ("over max_text_chars", "embeddings", {"model": "embedder", "input": ["a" * 2001]}, KEY, 413, "text_too_long"),
+    ("over the token budget", "embeddings", {"model": "embedder", "input": ["word " * 60] * 4}, KEY, 413,
+     "too_many_tokens"),
+    ("token ids", "embeddings", {"model": "embedder", "input": [[101, 2000, 102]]}, KEY, 400,
+     "token_ids_not_supported"),
+    ("dimensions", "embeddings", {"model": "embedder", "input": "a", "dimensions": 3}, KEY, 400,
+     "dimensions_not_supported"),
+    ("an unknown prompt", "embeddings", {"model": "embedder", "input": "a", "prompt_name": "querry"}, KEY, 400,
+     "unknown_prompt"),
+    ("a wrong model", "embeddings", {"model": "text-embedding-3-small", "input": "a"}, KEY, 404, "model_not_found"),
+    ("a reranker as embedder", "embeddings", {"model": "reranker", "input": "a"}, KEY, 404, "model_not_found"),
+    ("a malformed body", "embeddings", b'{"model": "embedder", "input": ', KEY, 400, "invalid_json"),
+    ("no input", "embeddings", {"model": "embedder"}, KEY, 422, "invalid_value"),
+    ("no key", "embeddings", {"model": "embedder", "input": "a"}, None, 401, "invalid_api_key"),
+    ("a wrong key", "embeddings", {"model": "embedder", "input": "a"}, "sk-wrong", 401, "invalid_api_key"),
+    ("no documents", "rerank", {"model": "reranker", "query": "q", "documents": []}, KEY, 400, "empty_input"),
+    ("over max_documents", "rerank", {"model": "reranker", "query": "q", "documents": ["d"] * 17}, KEY, 413,
+     "too_many_inputs"),
+    ("top_n 0", "rerank", {"model": "reranker", "query": "q", "documents": ["d"], "top_n": 0}, KEY, 422,
+     "invalid_value"),
+    ("an unknown route", "chat/completions", {"model": "embedder"}, KEY, 404, "not_found"),
+]
+
+
+def test_bad_requests_get_the_documented_status_in_openais_shape_and_the_front_stays_healthy(front):
+    api, _, _ = front
+    for what, path, body, key, status, code in BAD:
+        raw = body if isinstance(body, bytes) else None
+        got, answer = _post(f"{api.url}/v1/{path}", body, key, raw)
+        error = answer["error"]
+        assert (got, error["code"]) == (status, code), (what, answer)
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], what
+    assert "triton.max_request_tokens" in _post(f"{api.url}/v1/embeddings", BAD[4][2])[1]["error"]["message"]
+    with urllib.request.urlopen(f"{api.url}/health", timeout=10) as response:
+        assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+    assert _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": "still here"})[0] == 200
+    request = urllib.request.Request(f"{api.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert sorted(m["id"] for m in json.loads(response.read())["data"]) == ["embedder", "reranker"]
+
+
+def test_a_front_whose_triton_is_gone_says_503(front, tmp_path):
+    api, _, _ = front
+    with ApiFront(api.repository, f"127.0.0.1:{free_port()}", tmp_path / "front") as lost:
+        status, answer = _post(f"{lost.url}/v1/embeddings", {"model": "embedder", "input": "a"}, key=None)
+        assert status == 503 and answer["error"]["code"] == "triton_unavailable"
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"{lost.url}/health", timeout=10)
+        assert health.value.code == 503

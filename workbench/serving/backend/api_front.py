@@ -1,0 +1,348 @@
+"""The API front: OpenAI's embeddings API and a Cohere-style rerank API in front of a running Triton, so the clients
+of the retrieval stack (openai, LangChain, LlamaIndex, litellm) use the verified deployment as they are.
+
+    python api_front.py --spec front.json --repository /models --triton 127.0.0.1:8001 [--host H] [--port 8080]
+
+`POST /v1/embeddings`, `POST /v1/rerank`, `GET /v1/models`, `GET /health` (ready when Triton's models are). Each
+request is checked against the deployment's limits (the same settings, the same messages' sense) and tokenized with
+the served tokenizer (for `usage` and the token budget) before it goes to Triton over one shared gRPC channel, as it
+comes, so Triton's dynamic batcher still forms the batches; the model runs in Triton alone. Errors are OpenAI's
+shape: `{"error": {"message", "type", "param", "code"}}`. API keys: WORKBENCH_API_KEY (several: comma-separated),
+asked as `Authorization: Bearer <key>` on /v1/ routes. Runs from the workbench package or as a file copied beside
+text_input.py (the deployment image).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hmac
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+try:
+    from text_input import Prompts, TextEncoder  # copied beside this file (the deployment image)
+except ImportError:
+    from workbench.serving.backend.text_input import Prompts, TextEncoder
+
+KEY_VARIABLE = "WORKBENCH_API_KEY"
+BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
+UTF8_BYTES = 4  # at most, per character
+
+
+class ServedModel(BaseModel):
+    """One model the front answers for: its Triton name (the API's `model`), what it does, and the limits and
+    tokenizer of the deployment (`workbench.serving.front.front_spec` reads them from the repository)."""
+
+    id: str
+    kind: Literal["embeddings", "rerank"]
+    output: str  # the Triton output that answers: the embedding, or the scores
+    dimensions: int = 0  # an embedding's width
+    tokenizer: str  # the folder (under the repository) with the served tokenizer
+    max_length: int  # tokens the model reads of one text (or pair)
+    batch: int = 0  # texts one Triton request may carry (its max_batch_size; 0: unbatched)
+    max_texts: int | None = None
+    max_text_chars: int | None = None
+    max_documents: int | None = None
+    max_request_tokens: int | None = None
+    prompts: dict[str, str] = Field(default_factory=dict)
+    default_prompt_name: str = ""
+
+    def body_bytes(self) -> int:
+        """The largest request body its limits allow."""
+        texts = (self.max_documents or 1024) + 1 if self.kind == "rerank" else self.max_texts or 2048
+        return texts * (self.max_text_chars or 100_000) * UTF8_BYTES + BODY_SLACK
+
+
+class FrontSpec(BaseModel):
+    """What `front.json` holds: the models the front serves."""
+
+    models: list[ServedModel]
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request, and the model's prompt (`prompt_name`, or the `prompt` text itself)."""
+
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
+
+
+class Document(BaseModel):
+    text: str
+
+
+class RerankRequest(BaseModel):
+    """The rerank request of Cohere, Jina and text-embeddings-inference."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    query: str
+    documents: list[str | Document]
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> web.Response:
+        return web.json_response({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                            "code": self.code}}, status=self.status)
+
+
+def too_large(message: str, param: str, code: str) -> ApiError:
+    return ApiError(413, message, param, code)
+
+
+def check_texts(texts: list[str], param: str, model: ServedModel, count_limit: int | None,
+                count_setting: str) -> None:
+    """The request's texts within the deployment's limits: ApiError naming the text or the limit and its setting."""
+    if not texts:
+        raise ApiError(400, f"'{param}' is empty: send at least one text", param, "empty_input")
+    if count_limit and len(texts) > count_limit:
+        raise too_large(f"{len(texts)} texts in '{param}'; this deployment takes at most {count_limit} in one "
+                        f"request ({count_setting}): send them in smaller requests", param, "too_many_inputs")
+    for index, text in enumerate(texts):
+        if not text:  # whitespace alone is a text: encode() embeds it
+            raise ApiError(400, f"{param}[{index}] is empty: send at least one character", param, "empty_input")
+        if model.max_text_chars and len(text) > model.max_text_chars:
+            raise too_large(f"{param}[{index}] has {len(text)} characters; this deployment takes at most "
+                            f"{model.max_text_chars} in one text (triton.max_text_chars): send the part the model "
+                            f"reads (it reads {model.max_length} tokens)", param, "text_too_long")
+
+
+class Front:
+    """The models, their tokenizers and the Triton client the routes share."""
+
+    def __init__(self, spec: FrontSpec, repository: Path, triton_url: str, keys: list[str]) -> None:
+        self.models = {m.id: m for m in spec.models}
+        self.encoders = {m.id: TextEncoder(repository / m.tokenizer, m.max_length, ["input_ids"])
+                         for m in spec.models}
+        self.prompts = {m.id: Prompts({"prompts": json.dumps(m.prompts), "default_prompt_name": m.default_prompt_name})
+                        for m in spec.models}
+        self.triton_url, self.keys = triton_url, [k.encode() for k in keys]
+        self.client: object = None
+
+    def model(self, name: str, kind: str) -> ServedModel:
+        served = self.models.get(name)
+        if served is None or served.kind != kind:
+            these = ", ".join(m.id for m in self.models.values() if m.kind == kind) or "none"
+            raise ApiError(404, f"model {name!r} is not served here for /v1/{kind}; this deployment serves: {these} "
+                                "(GET /v1/models lists them)", "model", "model_not_found")
+        return served
+
+    def authorized(self, request: web.Request) -> bool:
+        if not self.keys:
+            return True
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip().encode(), k) for k in self.keys)
+
+    async def tokens(self, name: str, texts: list[str] | list[tuple[str, str]]) -> list[int]:
+        """Each text's (or pair's) tokens as the served model runs it (cut at its max_length)."""
+        parts, _ = await asyncio.to_thread(self.encoders[name].encode, texts)
+        return [part["input_ids"].shape[1] for part in parts]
+
+    def within_budget(self, model: ServedModel, tokens: int) -> None:
+        if model.max_request_tokens and tokens > model.max_request_tokens:
+            raise too_large(f"this request holds {tokens} tokens (each text counted up to the model's limit, as "
+                            f"it runs); this deployment runs at most {model.max_request_tokens} in one request "
+                            "(triton.max_request_tokens): send fewer texts per request", "input", "too_many_tokens")
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], output: str,
+                    parameters: dict[str, str] | None = None) -> np.ndarray:
+        """One Triton request; its refusal is a 400 with Triton's message, no answer a 503."""
+        import tritonclient.grpc.aio as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        tensors = []
+        for name, array in inputs.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), "BYTES")
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        try:
+            result = await self.client.infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(output)],
+                                             parameters=parameters or None)
+        except InferenceServerException as exc:
+            status = str(exc.status())
+            if status == "StatusCode.INVALID_ARGUMENT":
+                raise ApiError(400, exc.message() or str(exc), None, "invalid_input") from None
+            raise ApiError(503, f"Triton at {self.triton_url} did not answer ({status}): {exc.message()}", None,
+                           "triton_unavailable", "server_error") from None
+        return result.as_numpy(output)
+
+
+def strings(texts: list[str]) -> np.ndarray:
+    return np.array([t.encode("utf-8") for t in texts], dtype=object)
+
+
+async def body(request: web.Request, shape: type[BaseModel]) -> BaseModel:
+    """The request's JSON body as `shape`: 400 when it is not JSON, 422 naming the first field that is wrong."""
+    try:
+        data = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON ({exc}): send a JSON object", None, "invalid_json") from None
+    try:
+        return shape.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"]) or None
+        raise ApiError(422, f"{param or 'body'}: {first['msg']}", param, "invalid_value") from None
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    front: Front = request.app["front"]
+    asked = await body(request, EmbeddingsRequest)
+    model = front.model(asked.model, "embeddings")
+    texts = [asked.input] if isinstance(asked.input, str) else asked.input
+    if texts and not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "'input' holds token ids: this deployment tokenizes with the model's own tokenizer, send "
+                            "strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)", "input",
+                       "token_ids_not_supported")
+    if asked.dimensions is not None and asked.dimensions != model.dimensions:
+        raise ApiError(400, f"dimensions={asked.dimensions}: {model.id} answers {model.dimensions} dimensions and "
+                            "cannot shorten them; leave 'dimensions' out", "dimensions", "dimensions_not_supported")
+    check_texts(texts, "input", model, model.max_texts, "triton.max_texts")
+    parameters = {k: v for k, v in (("prompt_name", asked.prompt_name), ("prompt", asked.prompt)) if v is not None}
+    try:
+        prompted, _ = front.prompts[model.id].apply(texts, json.dumps(parameters))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "prompt_name", "unknown_prompt") from None
+    tokens = sum(await front.tokens(model.id, prompted))
+    front.within_budget(model, tokens)
+    size = model.batch or len(texts)
+    chunks = await asyncio.gather(*(front.infer(model.id, {"TEXT": strings(texts[i:i + size]).reshape(-1, 1)},
+                                                model.output, parameters) for i in range(0, len(texts), size)))
+    vectors = np.concatenate(chunks).astype("<f4").reshape(len(texts), -1)
+    encode: Callable[[np.ndarray], object] = (
+        (lambda v: base64.b64encode(v.tobytes()).decode("ascii")) if asked.encoding_format == "base64"
+        else (lambda v: v.tolist()))
+    return web.json_response({"object": "list", "model": model.id,
+                              "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
+                                       for i, v in enumerate(vectors)],
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def rerank(request: web.Request) -> web.Response:
+    front: Front = request.app["front"]
+    asked = await body(request, RerankRequest)
+    model = front.model(asked.model, "rerank")
+    documents = [d if isinstance(d, str) else d.text for d in asked.documents]
+    check_texts([asked.query], "query", model, None, "")
+    check_texts(documents, "documents", model, model.max_documents, "triton.max_documents")
+    tokens = sum(await front.tokens(model.id, [(asked.query, d) for d in documents]))
+    front.within_budget(model, tokens)
+    scores = (await front.infer(model.id, {"QUERY": strings([asked.query]), "DOCUMENTS": strings(documents)},
+                                model.output)).reshape(len(documents), -1)[:, 0]
+    order = np.argsort(-scores, kind="stable")[:asked.top_n]
+    results = [{"index": int(i), "relevance_score": float(scores[i]),
+                **({"document": {"text": documents[i]}} if asked.return_documents else {})} for i in order]
+    return web.json_response({"id": str(uuid.uuid4()), "model": model.id, "results": results,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                              "meta": {"billed_units": {"search_units": 1}}})
+
+
+async def models(request: web.Request) -> web.Response:
+    front: Front = request.app["front"]
+    created = request.app["started"]
+    return web.json_response({"object": "list", "data": [
+        {"id": m.id, "object": "model", "created": created, "owned_by": "transformer-workbench", "kind": m.kind}
+        for m in front.models.values()]})
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 once Triton has every model ready, else 503."""
+    front: Front = request.app["front"]
+    try:
+        ready = [await front.client.is_model_ready(name) for name in front.models]
+    except Exception as exc:  # noqa: BLE001  (any failure to ask is "not ready")
+        return web.json_response({"status": "unavailable", "why": f"Triton at {front.triton_url}: {exc}"}, status=503)
+    waiting = [name for name, ok in zip(front.models, ready) if not ok]
+    if waiting:
+        return web.json_response({"status": "loading", "why": f"not ready in Triton: {', '.join(waiting)}"},
+                                 status=503)
+    return web.json_response({"status": "ok"})
+
+
+@web.middleware
+async def openai_errors(request: web.Request,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Keys asked on /v1/ routes; every error (ours, a wrong route or method, a body past the limit) in OpenAI's
+    shape."""
+    try:
+        if request.path.startswith("/v1/") and not request.app["front"].authorized(request):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key", "authentication_error")
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPRequestEntityTooLarge as exc:
+        return too_large(f"the body is larger than this deployment takes ({exc.text}): send fewer or shorter "
+                         "texts", None, "body_too_large").response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status)
+        return ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}; the routes are POST "
+                                    "/v1/embeddings, POST /v1/rerank, GET /v1/models, GET /health", None,
+                        code).response()
+
+
+def application(spec: FrontSpec, repository: Path, triton_url: str, keys: list[str]) -> web.Application:
+    import tritonclient.grpc.aio as grpcclient
+
+    front = Front(spec, repository, triton_url, keys)
+    app = web.Application(middlewares=[openai_errors],
+                          client_max_size=max(m.body_bytes() for m in spec.models))
+    app["front"], app["started"] = front, int(time.time())
+
+    async def connect(app: web.Application) -> None:
+        front.client = grpcclient.InferenceServerClient(url=triton_url)
+
+    async def close(app: web.Application) -> None:
+        await front.client.close()
+
+    app.on_startup.append(connect)
+    app.on_cleanup.append(close)
+    app.add_routes([web.post("/v1/embeddings", embeddings), web.post("/v1/rerank", rerank),
+                    web.get("/v1/models", models), web.get("/health", health)])
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", type=Path, required=True, help="front.json: the models to serve")
+    parser.add_argument("--repository", type=Path, required=True, help="the Triton repository (tokenizers)")
+    parser.add_argument("--triton", required=True, help="Triton's gRPC address, host:port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args(argv)
+    spec = FrontSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
+    keys = [k for k in os.environ.get(KEY_VARIABLE, "").split(",") if k.strip()]
+    app = application(spec, args.repository, args.triton, keys)
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
