@@ -212,7 +212,7 @@ def published(tiny_models, tmp_path_factory) -> tuple[RunConfig, ServingPlan, Pa
 def _serve(repository: Path) -> tuple[subprocess.Popen, list[str], int]:
     """`workbench serve` in a session of its own, its lines up to "Ctrl-C ...", and its server's PID."""
     command = [sys.executable, "-m", "workbench", "serve", "--repository", str(repository),
-               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--api-port", "0"]
     serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)
     lines = []
@@ -234,9 +234,11 @@ def test_serve_killed_with_sigkill_takes_its_server_and_folder_along(published):
         stubs = {p.pid for p in server.children(recursive=True)}
         assert folder.name.startswith("workbench-serve-") and folder.is_dir() and stubs
         http = int(re.search(r"HTTP:\s+http://127.0.0.1:(\d+)", "\n".join(lines)).group(1))
+        front = int(re.search(r"API: http://127.0.0.1:(\d+)/v1 \(pid (\d+)", "\n".join(lines)).group(2))
         serve.send_signal(signal.SIGKILL)
         serve.wait()
-        _wait_for(lambda: not _alive({server_pid, *stubs}, {server_pid}), "the server and its stubs gone", 60)
+        _wait_for(lambda: not _alive({server_pid, *stubs, front}, {server_pid, front}),
+                  "the server, its stubs and the API front gone", 60)
         _wait_for(lambda: not folder.exists(), f"{folder} removed", 10)
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", http), timeout=2).close()
@@ -271,6 +273,15 @@ def test_serve_answers_the_printed_requests_and_stops_cleanly_on_sigterm(publish
         assert np.abs(np.asarray(output["data"]) - want.ravel()).max() < 1e-4
         with TritonClient(urls["gRPC"], "grpc") as client:
             assert client.infer_texts(plan.name, [SAMPLE_TEXT])["sentence_embedding"].shape == want.shape
+        front = json.loads(subprocess.run(_printed(lines, f"embed a text with {plan.name}"), shell=True,
+                                          capture_output=True, text=True, check=True, timeout=120).stdout)
+        assert front["model"] == plan.name and front["usage"]["prompt_tokens"] > 0
+        assert np.abs(np.asarray(front["data"][0]["embedding"]) - want.ravel()).max() < 1e-4
+        start = lines.index("the same from Python, with the openai client:") + 1
+        client, call = "\n".join(line.strip() for line in lines[start:start + 2]), lines[start + 2].strip()
+        printed = subprocess.run([sys.executable, "-c", f"{client}\nprint({call})"], capture_output=True, text=True,
+                                 check=True, timeout=120).stdout
+        assert np.abs(np.asarray(json.loads(printed)) - want.ravel()).max() < 1e-4
         with urllib.request.urlopen(urls["metrics"], timeout=30) as response:
             assert b"nv_inference_request_success" in response.read()
 

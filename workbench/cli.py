@@ -12,7 +12,7 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
 from workbench.core.pins import project_version
 from workbench.core.record import RunRecord, StepStatus
-from workbench.serving.server import HOST
+from workbench.serving.server import API_PORT, HOST
 from workbench.steps import specs
 
 SERVE_PORTS = (8000, 8001, 8002)  # tritonserver's own defaults, as in the triton step's deployment files
@@ -116,10 +116,14 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import os
+
     from workbench.serve import run_repository, serve
+    from workbench.serving.backend.api_front import KEY_VARIABLE
 
     repository = run_repository(Path(args.run)) if args.run else Path(args.repository)
-    return serve(repository, args.host, (args.http_port, args.grpc_port, args.metrics_port))
+    return serve(repository, args.host, (args.http_port, args.grpc_port, args.metrics_port),
+                 None if args.no_api else args.api_port, args.api_key or os.environ.get(KEY_VARIABLE) or None)
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -175,6 +179,12 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
     for protocol, default in zip(("http", "grpc", "metrics"), SERVE_PORTS):
         parser.add_argument(f"--{protocol}-port", type=_port, default=default, metavar="PORT",
                             help=f"default {default}, as tritonserver's own; 0 picks a free one")
+    parser.add_argument("--api-port", type=_port, default=API_PORT, metavar="PORT", help=(
+        f"the API front (OpenAI /v1/embeddings, /v1/rerank; docs/api.md): default {API_PORT}; 0 picks a free one"))
+    parser.add_argument("--no-api", action="store_true", help="serve Triton's own protocol only, no API front")
+    parser.add_argument("--api-key", metavar="KEY", help=(
+        "the key the API front asks for (Authorization: Bearer KEY); default: $WORKBENCH_API_KEY, else none (the "
+        "variable keeps it out of the process list)"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.client import text_array
 from workbench.serving.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
+from workbench.serving.front import ApiFront, front_spec
+from workbench.serving.front import usage_lines as front_lines
 from workbench.serving.repository import changed_files, ours_and_untouched, published_by, written_files
 from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
@@ -80,14 +82,16 @@ def check_host(host: str) -> None:
                           ) from None
 
 
-def exposure_warning(host: str) -> str | None:
-    """The warning for a server other machines can reach (None on loopback)."""
+def exposure_warning(host: str, api_key: str | None = "") -> str | None:
+    """The warning for a server other machines can reach (None on loopback); `api_key` None: an API front without
+    a key ("": no front)."""
     if ipaddress.IPv4Address(host).is_loopback:
         return None
     where = "every network interface" if host == ANY_ADDRESS else f"address {host}"
+    front = " The API front asks for no key either: set WORKBENCH_API_KEY (or --api-key)." if api_key is None else ""
     return (f"WARNING: tritonserver listens on {where}: whoever can reach this machine can send it requests and read "
             "its models' configurations and statistics, with no authentication. Leave out --host to serve on "
-            f"{HOST} only.")
+            f"{HOST} only.{front}")
 
 
 def pick_ports(http: int, grpc: int, metrics: int, host: str) -> Ports:
@@ -116,12 +120,15 @@ def stop_on_signals() -> Iterator[None]:
 
 
 def usage_lines(server: TritonServer, endpoints: list[TextEndpoint], tool: PerfAnalyzer | None,
-                input_data: Path) -> list[str]:
-    """What `serve` prints once the server is ready: URLs, then a curl and a perf_analyzer command per text model."""
+                input_data: Path, front: ApiFront | None = None) -> list[str]:
+    """What `serve` prints once the server is ready: URLs, then a curl and a perf_analyzer command per text model,
+    and the API front's requests."""
     pid = server.process.pid if server.process else None
     lines = [f"tritonserver (pid {pid}) serves {server.repository}",
              f"  HTTP:    http://{server.http_url}", f"  gRPC:    {server.grpc_url}",
              f"  metrics: http://{server.metrics_url}/metrics", f"  log:     {server.log_path}"]
+    if front is not None:
+        lines += front_lines(front, SAMPLE_TEXT)
     executable = tool.shell_command() if tool else ["perf_analyzer"]
     install = "" if tool else " (install it first: workbench install-perf-analyzer)"
     options = stability_options(WINDOW_REQUESTS)
@@ -137,13 +144,34 @@ def usage_lines(server: TritonServer, endpoints: list[TextEndpoint], tool: PerfA
     return [*lines, "Ctrl-C, SIGTERM or SIGHUP stops the server."]
 
 
-def serve(repository: Path, host: str, ports: tuple[int, int, int]) -> int:
-    """Serve `repository` until a stop signal; 128 + the signal's number once the server is stopped (as an
-    interrupted `workbench run`). A server that exits by itself is a ServerStartError with its log."""
+def front_for(repository: Path, api_port: int | None) -> bool:
+    """Whether `serve` starts the API front: asked for (`api_port` not None) and the repository has a model it
+    answers for; a note on stderr where it has none."""
+    if api_port is None:
+        return False
+    try:
+        front_spec(repository)
+    except RepositoryError as exc:
+        print(f"note: no API front: {exc.problem}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def serve(repository: Path, host: str, ports: tuple[int, int, int], api_port: int | None = None,
+          api_key: str | None = None) -> int:
+    """Serve `repository` (and the API front on `api_port`, 0: a free one; None: none) until a stop signal; 128 +
+    the signal's number once the server is stopped (as an interrupted `workbench run`). A server that exits by
+    itself is a ServerStartError with its log."""
     endpoints = text_endpoints(repository)
     check_host(host)
     chosen = pick_ports(*ports, host=host)
-    warning = exposure_warning(host)
+    with_front = front_for(repository, api_port)
+    if with_front and api_port:
+        if api_port in (chosen.http, chosen.grpc, chosen.metrics):
+            raise ConfigError(f"--api-port {api_port} is one of tritonserver's ports",
+                              "choose another --api-port (0 picks a free one)")
+        pick_ports(api_port, 0, 0, host=host)  # free now, as the others
+    warning = exposure_warning(host, api_key if with_front else "")
     if warning:
         print(warning, file=sys.stderr, flush=True)
     with stop_on_signals():
@@ -152,8 +180,10 @@ def serve(repository: Path, host: str, ports: tuple[int, int, int]) -> int:
                 input_data = write_input_data(Path(workdir) / "texts.json",
                                               [{"TEXT": text_array([t])} for t in load_corpus()[:LOAD_TEXTS]])
                 server = TritonServer(repository, Path(workdir), chosen, host=host, cleanup=(Path(workdir),))
-                with server:
-                    print("\n".join(usage_lines(server, endpoints, find_perf_analyzer(), input_data)), flush=True)
+                with server, ApiFront(repository, server.grpc_url, Path(workdir) / "front", host, api_port or 0,
+                                      api_key) if with_front else nullcontext() as front:
+                    print("\n".join(usage_lines(server, endpoints, find_perf_analyzer(), input_data, front)),
+                          flush=True)
                     code = server.process.wait() if server.process else None
                     raise ServerStartError(f"tritonserver exited by itself with code {code}:\n{server.log_tail()}",
                                            "read its log above; fix the repository or free the resources it names")

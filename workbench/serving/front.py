@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from workbench.core.atomic import write_text
 from workbench.core.errors import RepositoryError, ServerStartError
 from workbench.serving.backend.api_front import KEY_VARIABLE, FrontSpec, ServedModel
@@ -21,13 +23,11 @@ from workbench.serving.endpoints import text_endpoints
 from workbench.serving.repository import read_repository
 from workbench.serving.server import HOST, ensure_port_free, free_port
 
-API_PORT = 8080  # the front's port in `workbench serve` and the deployment image (Triton's are 8000-8002)
 READY_S = 60.0  # a front not answering /health (200 or 503) by then failed to start
 FRONT_FILES = ("api_front.py", "text_input.py")  # what the deployment image copies to run the front
-TRITON_ONLY = 0  # --api-port 0 in `workbench serve`: no front
 
 
-def _parameters(names: list[str], models: dict[str, object]) -> dict[str, str]:
+def _parameters(names: list[str], models: dict[str, mc.ModelConfig]) -> dict[str, str]:
     """The string parameters of `names`' configs, later ones winning."""
     merged: dict[str, str] = {}
     for name in names:
@@ -169,7 +169,8 @@ class ApiFront:
 def usage_lines(front: ApiFront, sample: str) -> list[str]:
     """What `serve` prints for the front: its URL, a curl per model and the openai client's three lines."""
     key = ["-H", "Authorization: Bearer $WORKBENCH_API_KEY"] if front.api_key else []
-    lines = [f"  OpenAI-compatible API: {front.url}/v1 (models: {', '.join(m.id for m in front.spec.models)})"]
+    pid, names = front.process.pid if front.process else None, ", ".join(m.id for m in front.spec.models)
+    lines = [f"  OpenAI-compatible API: {front.url}/v1 (pid {pid}; models: {names})"]
     for model in front.spec.models:
         if model.kind == "rerank":
             body = {"model": model.id, "query": sample, "documents": [sample, "Another document."], "top_n": 1}

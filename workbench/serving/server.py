@@ -30,6 +30,7 @@ from workbench.core.memory import first_to_go
 from workbench.core.pins import pin
 
 HOST = "127.0.0.1"
+API_PORT = 8080  # the API front's (serving/front.py) in `workbench serve` and the deployment image
 STALL_S = 90.0  # a starting server with no log output and no CPU time for this long has stalled
 MAX_READY_S = 1800  # however much progress it makes, a server not ready after this long has failed
 ANY_ADDRESS = "0.0.0.0"  # every interface; clients on this machine still reach it on HOST
