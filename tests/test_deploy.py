@@ -5,17 +5,23 @@ compared with pyproject.toml; the autoscaler's metric and the adapter rule's cou
 tritonserver exposes; the capacity against the bench numbers it was computed from."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import json
 import math
+import os
 import re
 import shlex
+import signal
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
+import psutil
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
@@ -25,7 +31,7 @@ from workbench.report.page import build_report
 from workbench.serving.client import TritonClient
 from workbench.serving.deploy import QUEUE_COUNTER, QUEUE_METRIC, SUCCESS_COUNTER, network_model
 from workbench.serving.plan import deployed_plan
-from workbench.serving.server import TritonServer
+from workbench.serving.server import TritonServer, free_port
 from workbench.steps import deploy, specs, triton
 
 from .test_triton import prepared
@@ -127,13 +133,14 @@ def test_the_image_is_the_verified_repository_with_the_project_pins(deployed):
     dockerfile = DockerfileParser(fileobj=record.artifact("deploy.dockerfile").open("rb"))
     assert dockerfile.baseimage == config.triton.container_image
     steps = [(s["instruction"], s["value"]) for s in dockerfile.structure]
-    assert ("COPY", ". /models") in steps and steps[-1][0] == "CMD"
+    assert ("COPY", ". /models") in steps and ("COPY", "--from=front . /opt/workbench/") in steps
+    assert steps[-2:] == [("EXPOSE", "8000 8001 8002 8080"), ("CMD", '["bash", "/opt/workbench/start.sh"]')]
     installed = shlex.split(next(v for i, v in steps if i == "RUN" and "pip install" in v))
-    pinned = [word for word in installed if "==" in word]
-    declared = re.findall(r'"((?:transformers|tokenizers|onnxruntime-gpu)\b[^"]*==[^"]+)"',
+    pinned = [word.replace("[grpc]", "[all]") for word in installed if "==" in word]  # the front's client: gRPC
+    declared = re.findall(r'"((?:transformers|tokenizers|onnxruntime-gpu|tritonclient)\b[^"]*==[^"]+)"',
                           (ROOT / "pyproject.toml").read_text())
-    assert pinned == declared, "the same pins, one place"
-    assert len(pinned) == 3 and all(re.fullmatch(r"[\w\-\[\],]+==[\d.]+", p) for p in pinned)
+    assert sorted(pinned) == sorted(declared), "the same pins, one place"
+    assert len(pinned) == 4 and all(re.fullmatch(r"[\w\-\[\],]+==[\d.]+", p) for p in pinned)
 
     image = record.metric("deploy.image")
     digest = record.artifact_sha256("triton.repository")
@@ -143,7 +150,59 @@ def test_the_image_is_the_verified_repository_with_the_project_pins(deployed):
                ["containers"])
     assert _documents(record, "kserve")[0]["spec"]["predictor"]["model"]["image"] == image
     readme = record.artifact("deploy.readme").read_text()
-    assert f"docker build -t {image} -f deploy/Dockerfile model_repository/bert" in readme
+    assert f"docker build -t {image} -f deploy/Dockerfile --build-context front=deploy/front model_repository/bert" \
+        in readme
+    container = _documents(record, "kubernetes")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "api", "containerPort": 8080} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "api"}
+    assert "api" in [p["name"] for p in _documents(record, "kubernetes")[1]["spec"]["ports"]]
+
+
+@pytest.mark.slow
+def test_the_images_start_script_runs_triton_and_the_front_and_both_stop_on_sigterm(deployed, tmp_path):
+    """deploy/front/start.sh as the image runs it (the front's copied file beside its spec), outside Docker: the
+    wheel's tritonserver on PATH, the repository and ports given by the variables the script reads."""
+    record, _ = deployed
+    server = TritonServer(record.artifact("triton.repository"), tmp_path / "server")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tritonserver").symlink_to(server.binary.executable)
+    start = record.artifact("deploy.front_start")
+    env = {**server._environment(), "MODELS": str(server.repository), "FRONT": str(start.parent),
+           "HTTP_PORT": str(server.ports.http), "GRPC_PORT": str(server.ports.grpc),
+           "METRICS_PORT": str(server.ports.metrics), "API_PORT": str(free_port()),
+           "TRITON_ARGS": f"--backend-directory={server._backends()} --http-address=127.0.0.1 "
+                          "--grpc-address=127.0.0.1 --metrics-address=127.0.0.1"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    script = subprocess.Popen(["bash", str(start)], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{env['API_PORT']}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline and script.poll() is None, "the front never became ready"
+                time.sleep(0.3)
+        body = json.dumps({"model": "bert", "input": ["a text", "another"]}).encode()
+        request = urllib.request.Request(f"{url}/v1/embeddings", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+        assert [d["index"] for d in answer["data"]] == [0, 1] and len(answer["data"][0]["embedding"]) > 0
+        group = [p.pid for p in psutil.Process(script.pid).children(recursive=True)]
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=60) == 128 + signal.SIGTERM, "the SIGTERM passed on, its status kept"
+        deadline = time.monotonic() + 30
+        while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in group):
+            assert time.monotonic() < deadline, "tritonserver or the front outlived the script"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
 
 
 def test_replicas_and_targets_follow_the_recorded_bench(deployed):

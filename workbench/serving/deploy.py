@@ -5,6 +5,7 @@ that derives it, a ServiceMonitor) and a KServe InferenceService."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,40 @@ from workbench.core.config import TritonSettings
 from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.core.results import Metrics
-from workbench.serving.repository import ServingPlan
+from workbench.serving.backend.api_front import FrontSpec
+from workbench.serving.front import FRONT_FILES
+from workbench.serving.repository import MODELS_SOURCE, ServingPlan
+from workbench.serving.server import API_PORT
 
 CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
 PORTS = (("http", 8000), ("grpc", 8001), ("metrics", 8002))
+FRONT_PORT = ("api", API_PORT)
+FRONT_FOLDER = "front"  # deploy/front: the API front's files, the image's second build context
+FRONT_PACKAGES = ("aiohttp", "pydantic")  # the front's imports, beside tritonclient's gRPC client and tokenizers
+START_SCRIPT = """#!/usr/bin/env bash
+# tritonserver and the workbench's API front in one container: it ends when either ends, and passes SIGTERM
+# (docker stop, a pod's end) on to both. MODELS, FRONT and the ports can be set for a run outside the image.
+models=${MODELS:-/models} front=${FRONT:-/opt/workbench}
+tritonserver --model-repository="$models" --allow-metrics=true --http-port="${HTTP_PORT:-8000}" \\
+    --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}" ${TRITON_ARGS:-} & triton=$!
+python3 "$front/api_front.py" --spec "$front/front.json" --repository "$models" \\
+    --triton "127.0.0.1:${GRPC_PORT:-8001}" --host 0.0.0.0 --port "${API_PORT:-%d}" & api=$!
+trap 'kill -TERM $triton $api 2>/dev/null' TERM INT
+wait -n
+code=$?
+kill -TERM $triton $api 2>/dev/null
+wait
+exit $code
+""" % API_PORT
 QUEUE_COUNTER = "nv_inference_queue_duration_us"  # Triton's cumulative queue microseconds, per model
 SUCCESS_COUNTER = "nv_inference_request_success"  # Triton's cumulative successful requests, per model
 QUEUE_METRIC = "triton_queue_us_per_request"  # what prometheus-adapter serves the autoscaler, per pod
 RATE_WINDOW = "1m"
 KSERVE_RUNTIME = "kserve-tritonserver"
 FILES = {"dockerfile": "Dockerfile", "docker": "docker_run.sh", "kubernetes": "kubernetes.yaml",
-         "adapter": "prometheus-adapter.yaml", "kserve": "kserve.yaml", "readme": "README.md"}
+         "adapter": "prometheus-adapter.yaml", "kserve": "kserve.yaml", "readme": "README.md",
+         "front_spec": f"{FRONT_FOLDER}/front.json", "front_start": f"{FRONT_FOLDER}/start.sh",
+         **{f"front_{Path(name).stem}": f"{FRONT_FOLDER}/{name}" for name in FRONT_FILES}}
 
 
 class Scaling(Metrics):
@@ -62,49 +86,71 @@ def network_model(plan: ServingPlan) -> str:
     return plan.name if plan.layout == "fused" else plan.model_name
 
 
-def packages(plan: ServingPlan) -> list[str]:
+def packages(plan: ServingPlan, front: bool) -> list[str]:
     """The pinned requirements the repository's Python models import inside NVIDIA's container (OpenVINO too where
-    its Python model runs the OpenVINO variant)."""
+    its Python model runs the OpenVINO variant), and the API front's where it is in the image."""
     runtimes = (["onnxruntime-gpu"] + (["openvino"] if plan.runtime == "openvino" else [])
                 if plan.flavor is Flavor.PYTHON_ORT else [])
-    return [pin(name) for name in (*CONTAINER_PACKAGES, *runtimes)]
+    client = [pin("tritonclient").replace("[all]", "[grpc]")] if front else []
+    return [pin(name) for name in (*CONTAINER_PACKAGES, *runtimes, *(FRONT_PACKAGES if front else ()))] + client
 
 
-def dockerfile(triton: TritonSettings, plan: ServingPlan) -> str:
+def ports(front: bool) -> tuple[tuple[str, int], ...]:
+    return (*PORTS, FRONT_PORT) if front else PORTS
+
+
+def dockerfile(triton: TritonSettings, plan: ServingPlan, front: bool) -> str:
     """The image: NVIDIA's Triton container, the pinned packages, the repository copied in (not mounted: the image
-    is the unit that was verified, and a pod starts without a volume to fill or a package index to reach)."""
-    requirements = " ".join(shlex.quote(p) for p in packages(plan))
+    is the unit that was verified, and a pod starts without a volume to fill or a package index to reach), and the
+    API front beside tritonserver where the repository has a model it answers for."""
+    requirements = " ".join(shlex.quote(p) for p in packages(plan, front))
+    start = (f"COPY --from={FRONT_FOLDER} . /opt/workbench/\n", 'CMD ["bash", "/opt/workbench/start.sh"]\n') if front \
+        else ("", 'CMD ["tritonserver", "--model-repository=/models", "--allow-metrics=true"]\n')
     return (f"# The verified Triton repository {plan.name!r} and the Python packages its models import, pinned as\n"
             "# the workbench pins them. Build it with the repository folder as the context (deploy/README.md).\n"
             f"FROM {triton.container_image}\n"
             f"RUN python3 -m pip install --no-cache-dir {requirements}\n"
             "COPY . /models\n"
-            f"EXPOSE {' '.join(str(port) for _, port in PORTS)}\n"
-            'CMD ["tritonserver", "--model-repository=/models", "--allow-metrics=true"]\n')
+            f"{start[0]}"
+            f"EXPOSE {' '.join(str(port) for _, port in ports(front))}\n"
+            f"{start[1]}")
 
 
-def image_tag(triton: TritonSettings, plan: ServingPlan, repository_sha256: str) -> str:
-    """`<registry>/<name>:<12 hex digits>` of the repository's content and the image recipe: a new tag whenever
-    either changes, never a mutable `latest`."""
-    digest = hashlib.sha256(f"{repository_sha256}\n{dockerfile(triton, plan)}".encode()).hexdigest()[:12]
+def front_texts(front: FrontSpec | None) -> dict[str, str]:
+    """The files of deploy/front (by FILES key): the front's source, its spec and the container's start script;
+    none without a front."""
+    if front is None:
+        return {}
+    return {"front_spec": front.model_dump_json(indent=2) + "\n", "front_start": START_SCRIPT,
+            **{f"front_{Path(name).stem}": (MODELS_SOURCE / name).read_text(encoding="utf-8") for name in FRONT_FILES}}
+
+
+def image_tag(triton: TritonSettings, plan: ServingPlan, repository_sha256: str, front: FrontSpec | None) -> str:
+    """`<registry>/<name>:<12 hex digits>` of the repository's content, the image recipe and the front's files: a
+    new tag whenever one changes, never a mutable `latest`."""
+    material = "\n".join([repository_sha256, dockerfile(triton, plan, front is not None),
+                          *front_texts(front).values()])
+    digest = hashlib.sha256(material.encode()).hexdigest()[:12]
     return f"{triton.image_registry.rstrip('/')}/{app_name(plan)}:{digest}"
 
 
-def docker_script(image: str) -> str:
-    ports = " ".join(f"-p {port}:{port}" for _, port in PORTS)
-    return ("#!/usr/bin/env bash\n# Serve the image built from deploy/Dockerfile on one GPU host (HTTP 8000, gRPC "
-            f"8001, metrics 8002).\nexec docker run --rm --gpus all --shm-size=1g {ports} {image}\n")
+def docker_script(image: str, front: bool) -> str:
+    published = " ".join(f"-p {port}:{port}" for _, port in ports(front))
+    named = ", ".join(f"{name} {port}" for name, port in ports(front))
+    return (f"#!/usr/bin/env bash\n# Serve the image built from deploy/Dockerfile on one GPU host ({named}).\n"
+            f"exec docker run --rm --gpus all --shm-size=1g {published} {image}\n")
 
 
-def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling) -> list[dict[str, Any]]:
+def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling, front: bool) -> list[dict[str, Any]]:
     """Deployment, Service, HorizontalPodAutoscaler (queue time per request, through prometheus-adapter) and the
-    ServiceMonitor that has Prometheus scrape the metrics port."""
+    ServiceMonitor that has Prometheus scrape the metrics port. With the API front, the pod is ready when the front
+    is (its /health answers 200 once Triton's models are ready)."""
     name = app_name(plan)
     labels = {"app": name}
-    ports = [{"name": n, "containerPort": p} for n, p in PORTS]
-    health = {"path": "/v2/health/ready", "port": "http"}
+    exposed = [{"name": n, "containerPort": p} for n, p in ports(front)]
+    health = {"path": "/health", "port": FRONT_PORT[0]} if front else {"path": "/v2/health/ready", "port": "http"}
     container = {
-        "name": "triton", "image": image, "ports": ports,
+        "name": "triton", "image": image, "ports": exposed,
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi", "nvidia.com/gpu": 1}},
         "startupProbe": {"httpGet": health, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {"httpGet": health, "periodSeconds": 5},
@@ -117,7 +163,7 @@ def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling) -> lis
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}}}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
                "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"],
-                                                       "targetPort": p["name"]} for p in ports]}}
+                                                       "targetPort": p["name"]} for p in exposed]}}
     autoscaler = {
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": name, "labels": labels},
         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
@@ -163,22 +209,52 @@ def inference_service(triton: TritonSettings, plan: ServingPlan, image: str, sca
 
 
 def deployment_files(triton: TritonSettings, plan: ServingPlan, repository: Path, repository_sha256: str,
-                     scaling: Scaling, capacity: list[str], folder: Path) -> dict[str, Path]:
+                     scaling: Scaling, capacity: list[str], folder: Path, front: FrontSpec | None) -> dict[str, Path]:
     """Every file in `folder` (deploy/), by FILES key; `capacity` is the README's lines on how the numbers were
-    chosen."""
-    image = image_tag(triton, plan, repository_sha256)
-    texts = {"dockerfile": dockerfile(triton, plan), "docker": docker_script(image),
-             "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling)),
+    chosen; `front`: the API front's models, where the image runs it."""
+    image = image_tag(triton, plan, repository_sha256, front)
+    with_front = front is not None
+    texts = {"dockerfile": dockerfile(triton, plan, with_front), "docker": docker_script(image, with_front),
+             **front_texts(front),
+             "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling, with_front)),
              "adapter": _yaml({"rules": {"default": False, "custom": [adapter_rule(plan)]}}),
              "kserve": _yaml(inference_service(triton, plan, image, scaling)),
-             "readme": readme(plan, repository, image, scaling, capacity)}
+             "readme": readme(plan, repository, image, scaling, capacity, front)}
     return {key: write_text(folder / FILES[key], text) for key, text in texts.items()}
 
 
+def front_section(front: FrontSpec | None) -> str:
+    """The README's lines on the API front: what it answers and one request per model, or why it is not there."""
+    if front is None:
+        return ("No API front in this image: the repository has no embedding model or one-score reranker for it; "
+                "clients speak Triton's protocol (HTTP 8000, gRPC 8001).\n")
+    calls = []
+    for model in front.models:
+        body = ({"model": model.id, "query": "a query", "documents": ["a document", "another"]}
+                if model.kind == "rerank" else {"model": model.id, "input": ["a text"]})
+        path = "rerank" if model.kind == "rerank" else "embeddings"
+        calls.append(f"curl -s localhost:{API_PORT}/v1/{path} -H 'Content-Type: application/json' "
+                     f"-d '{json.dumps(body)}'")
+    embedder = next((m.id for m in front.models if m.kind == "embeddings"), None)
+    snippet = (f"""
+```python
+from openai import OpenAI
+client = OpenAI(base_url="http://localhost:{API_PORT}/v1", api_key="none")
+client.embeddings.create(model="{embedder}", input=["a text"]).data[0].embedding
+```
+""" if embedder else "")
+    return (f"The image also runs the API front on port {API_PORT} (`deploy/{FRONT_FOLDER}/start.sh` starts "
+            "tritonserver and it): OpenAI's `/v1/embeddings`, a Cohere-style `/v1/rerank`, `/v1/models` and "
+            "`/health` (ready once Triton's models are: the pod's probes ask it). Set `WORKBENCH_API_KEY` in the "
+            "container's environment to ask clients for `Authorization: Bearer <key>`.\n\n```bash\n"
+            + "\n".join(calls) + f"\n```\n{snippet}")
+
+
 def readme(plan: ServingPlan, repository: Path, image: str, scaling: Scaling,
-           capacity: list[str]) -> str:
+           capacity: list[str], front: FrontSpec | None) -> str:
     name = app_name(plan)
     bullets = "\n".join(f"- {line}" for line in capacity)
+    context = f" --build-context {FRONT_FOLDER}=deploy/{FRONT_FOLDER}" if front else ""
     return f"""# Deploying {plan.name}
 
 Everything here was written from the serving plan the workbench verified (served parity) for `{repository}`.
@@ -190,11 +266,12 @@ Run the commands below from the run folder (the one holding `deploy/` and `{repo
 ## Build and push the image
 
 ```bash
-docker build -t {image} -f deploy/{FILES['dockerfile']} {repository}
+docker build -t {image} -f deploy/{FILES['dockerfile']}{context} {repository}
 docker push {image}
 ```
 
-The tag is a hash of the repository and the recipe: rebuild after re-running the workbench and the tag changes.
+The tag is a hash of the repository, the recipe and the front's files: rebuild after re-running the workbench and
+the tag changes.
 Another registry: `-p triton.image_registry=registry.example.com/ml` when you run the workbench (or retag).
 
 ## One GPU host
@@ -204,6 +281,7 @@ Another registry: `-p triton.image_registry=registry.example.com/ml` when you ru
 curl localhost:8000/v2/health/ready
 ```
 
+{front_section(front)}
 ## Kubernetes, scaled on queue time
 
 Triton counts, per model, the microseconds requests waited in its queue (`{QUEUE_COUNTER}`) and the requests it
@@ -228,6 +306,8 @@ perf_analyzer -m {plan.name} -u <service>:8001 -i grpc --concurrency-range 1:64:
 
 `{FILES['kserve']}` serves the same repository with KServe's Triton runtime (`{KSERVE_RUNTIME}`, protocol v2),
 in this image (for its pinned packages), scaled by requests in flight ({scaling.concurrency} per replica).
+KServe's runtime starts tritonserver by its own command and routes one port, so an InferenceService answers
+Triton's protocol only: the API front comes with the Deployment above.
 KServe reads the repository from its `storageUri`: the folder there must hold what `{repository}` holds (its
 model folders at the top, not `{repository}` itself). The default, `pvc://{name}-models/`, is a
 PersistentVolumeClaim: copy the contents in with `kubectl cp {repository}/. <pod mounting the claim>:<mount>/`;

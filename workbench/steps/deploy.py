@@ -2,17 +2,21 @@
 autoscaling on Triton's queue time, KServe), sized from what the served bench measured."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
-from workbench.core.errors import StepSkipped
+from workbench.core.errors import RepositoryError, StepSkipped
 from workbench.core.measured import BenchMetrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of
+from workbench.serving.backend.api_front import FrontSpec
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
+from workbench.serving.front import front_spec
 from workbench.serving.plan import deployed_plan
 
 STEP = "deploy"
@@ -33,6 +37,14 @@ def capacity_lines(capacity: Capacity) -> list[str]:
             f"Target load: {capacity.target_rps:g} req/s (triton.target_rps)."]
 
 
+def api_front(repository: Path) -> FrontSpec | None:
+    """The API front's models in `repository` (None: none it answers for)."""
+    try:
+        return front_spec(repository)
+    except RepositoryError:
+        return None
+
+
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Write deploy/ from the plan the triton step deployed and the bench's served sweep (when it measured one)."""
     with record.step(STEP):
@@ -51,15 +63,16 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                           queue_target_us=round(capacity.queue_target_ms * 1000), concurrency=capacity.concurrency or 1)
         repository = record.artifact("triton.repository")
         digest = record.artifact_sha256("triton.repository")
+        front = api_front(repository)
         files = deployment_files(config.triton, plan, repository.relative_to(record.run_dir), digest, scaling,
-                                 capacity_lines(capacity), record.run_dir / STEP)
+                                 capacity_lines(capacity), record.run_dir / STEP, front)
         for key, path in files.items():
             record.add_artifact(f"{STEP}.{key}", path, kind="deployment")
         deployment = record.deployment()
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")
-        record.set_metric(STEP, DeployMetrics(image=image_tag(config.triton, plan, digest), capacity=capacity,
+        record.set_metric(STEP, DeployMetrics(image=image_tag(config.triton, plan, digest, front), capacity=capacity,
                                               scaling=scaling, verified=verified).recorded())
     return record.step_entry(STEP)
 
