@@ -139,6 +139,10 @@ def test_report_is_self_contained(reported):
     reasons = [tuned["reason"] for tuned in sessions.values()]
     assert list(figures.sessions_table(grid).data[0].cells.values[2]) == reasons
     assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"
+    calling = html.split("Calling the deployment</h2>")[1].split("</pre>")[0]
+    name = record.metric("triton.name")
+    assert f"workbench serve --repository {record.metric('triton.repository')}" in calling
+    assert "curl -s http://127.0.0.1:8080/v1/embeddings" in calling and f"model=&quot;{name}&quot;" in calling
     # Rendering again measures nothing: the bench step's numbers stay as they were, and stay current.
     before = record.step_entry("bench")
     again = report.run(config, record)

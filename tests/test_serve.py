@@ -35,9 +35,9 @@ from workbench.core.record import RunRecord
 from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
 from workbench.models.loading import load_model
 from workbench.runners.torch import TorchRunner
-from workbench.serve import SAMPLE_TEXT, check_host, exposure_warning, pick_ports, run_repository
+from workbench.serve import check_host, exposure_warning, pick_ports, run_repository
 from workbench.serving.client import TritonClient
-from workbench.serving.endpoints import curl_command, text_endpoints
+from workbench.serving.endpoints import SAMPLE_TEXT, curl_command, text_endpoints
 from workbench.serving.repository import ServingPlan, write_models, write_repository
 from workbench.serving.server import TritonBinary, TritonServer
 from workbench.steps import export, optimize

@@ -18,13 +18,18 @@ from workbench.core.record import RunRecord, StepStatus
 from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.client import text_array
-from workbench.serving.endpoints import TextEndpoint, curl_command, perf_analyzer_command, text_endpoints
+from workbench.serving.endpoints import (
+    SAMPLE_TEXT,
+    TextEndpoint,
+    curl_command,
+    perf_analyzer_command,
+    text_endpoints,
+)
 from workbench.serving.front import ApiFront, front_spec
 from workbench.serving.front import usage_lines as front_lines
 from workbench.serving.repository import changed_files, ours_and_untouched, published_by, written_files
 from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
-SAMPLE_TEXT = "Triton serves this sentence through the workbench."
 LOAD_TEXTS = 64  # corpus texts perf_analyzer cycles through, one per request
 WINDOW_REQUESTS = 200  # perf_analyzer's measurement windows hold at least this many requests
 

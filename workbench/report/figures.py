@@ -1,8 +1,10 @@
 """Plotly figures built from run.json metrics; notebooks and the report show the same ones."""
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
@@ -27,6 +29,19 @@ _ROW_PX = 28
 _LINE_PX = 18  # one more line of a wrapped cell
 _LINE_CHARS = 150  # about how many characters of a table's cells fit across a notebook or report.html
 _WIDEST = 48  # a column's share of the width, in characters, at most: a long cell wraps, the headers beside it stay
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """Lines of code a report section shows as they are, beside its figures."""
+
+    lines: tuple[str, ...]
+
+    def to_html(self) -> str:
+        return f"<pre class=\"snippet\"><code>{html.escape(chr(10).join(self.lines))}</code></pre>"
+
+    def show(self) -> None:
+        print("\n".join(self.lines))
 
 
 def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:

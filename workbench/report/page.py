@@ -14,6 +14,7 @@ from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import HostEnvironment
+from workbench.report.figures import Snippet
 from workbench.report.recommend import recommend
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
@@ -149,6 +150,9 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
     for title, text, made in sections(record, steps):
         html_parts = []
         for figure in made:
+            if isinstance(figure, Snippet):
+                html_parts.append(figure.to_html())
+                continue
             html_parts.append(figure.to_html(full_html=False, include_plotlyjs=first, config={"responsive": True}))
             first = False
         rendered.append({"title": title, "text": text, "figures": html_parts})

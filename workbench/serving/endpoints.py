@@ -14,6 +14,7 @@ TEXT_INPUT = "TEXT"
 RERANK_INPUTS = ("QUERY", "DOCUMENTS")  # a reranker's (serving/backend/rerank_model.py)
 # The output that answers, when the ensemble has it: a label (classification), an embedding, generated text.
 ANSWERS = ("label", "sentence_embedding", "OUTPUT_TEXT")
+SAMPLE_TEXT = "Triton serves this sentence through the workbench."
 SAMPLE_DOCUMENT = "A second document, scored against the same query."
 
 

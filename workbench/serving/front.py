@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from workbench.core.atomic import write_text
 from workbench.core.errors import RepositoryError, ServerStartError
 from workbench.serving.backend.api_front import KEY_VARIABLE, FrontSpec, ServedModel
-from workbench.serving.endpoints import text_endpoints
+from workbench.serving.endpoints import SAMPLE_DOCUMENT, text_endpoints
 from workbench.serving.repository import read_repository
 from workbench.serving.server import HOST, ensure_port_free, free_port
 
@@ -166,24 +166,30 @@ class ApiFront:
         self.stop()
 
 
-def usage_lines(front: ApiFront, sample: str) -> list[str]:
-    """What `serve` prints for the front: its URL, a curl per model and the openai client's three lines."""
-    key = ["-H", "Authorization: Bearer $WORKBENCH_API_KEY"] if front.api_key else []
-    pid, names = front.process.pid if front.process else None, ", ".join(m.id for m in front.spec.models)
-    lines = [f"  OpenAI-compatible API: {front.url}/v1 (pid {pid}; models: {names})"]
-    for model in front.spec.models:
-        if model.kind == "rerank":
-            body = {"model": model.id, "query": sample, "documents": [sample, "Another document."], "top_n": 1}
-            lines += [f"rerank two documents with {model.id}:", "  " + shlex.join(
-                ["curl", "-s", f"{front.url}/v1/rerank", "-H", "Content-Type: application/json", *key,
+def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: bool) -> list[str]:
+    """A curl per (model, kind) through the front at `url`, and the openai client's three lines for an embedder;
+    `keyed`: the requests send $WORKBENCH_API_KEY."""
+    key = ["-H", "Authorization: Bearer $WORKBENCH_API_KEY"] if keyed else []
+    lines = []
+    for model, kind in models:
+        if kind == "rerank":
+            body = {"model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1}
+            lines += [f"rerank two documents with {model}:", "  " + shlex.join(
+                ["curl", "-s", f"{url}/v1/rerank", "-H", "Content-Type: application/json", *key,
                  "-d", json.dumps(body)])]
             continue
-        body = {"model": model.id, "input": [sample]}
-        lines += [f"embed a text with {model.id} (OpenAI's embeddings API):", "  " + shlex.join(
-            ["curl", "-s", f"{front.url}/v1/embeddings", "-H", "Content-Type: application/json", *key,
-             "-d", json.dumps(body)]),
+        lines += [f"embed a text with {model} (OpenAI's embeddings API):", "  " + shlex.join(
+            ["curl", "-s", f"{url}/v1/embeddings", "-H", "Content-Type: application/json", *key,
+             "-d", json.dumps({"model": model, "input": [sample]})]),
             "the same from Python, with the openai client:",
             "  from openai import OpenAI",
-            f"  client = OpenAI(base_url=\"{front.url}/v1\", api_key=\"{'<your key>' if front.api_key else 'none'}\")",
-            f"  client.embeddings.create(model=\"{model.id}\", input=[\"{sample}\"]).data[0].embedding"]
+            f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{'<your key>' if keyed else 'none'}\")",
+            f"  client.embeddings.create(model=\"{model}\", input=[\"{sample}\"]).data[0].embedding"]
     return lines
+
+
+def usage_lines(front: ApiFront, sample: str) -> list[str]:
+    """What `serve` prints for the front: its URL and PID, then its requests (`request_lines`)."""
+    pid, names = front.process.pid if front.process else None, ", ".join(m.id for m in front.spec.models)
+    return [f"  OpenAI-compatible API: {front.url}/v1 (pid {pid}; models: {names})",
+            *request_lines(front.url, [(m.id, m.kind) for m in front.spec.models], sample, bool(front.api_key))]

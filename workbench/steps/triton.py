@@ -21,6 +21,8 @@ from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
+from workbench.serving.endpoints import SAMPLE_TEXT
+from workbench.serving.front import request_lines
 from workbench.serving.plan import (
     ServingRequest,
     build_plan,
@@ -40,7 +42,7 @@ from workbench.serving.repository import (
     write_repository,
 )
 from workbench.serving.runner import ServedRunner
-from workbench.serving.server import Ports, TritonServer, find_tritonserver
+from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_tritonserver
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -321,6 +323,21 @@ def section(triton: TritonMetrics) -> Parts:
              "against encode(texts, prompt_name=...).", [figures.parity_table(served, against)])]
 
 
+def calling(triton: TritonMetrics) -> Parts:
+    """How to call the deployment: `workbench serve` on its repository, then the API front's requests (none for a
+    model the front does not answer for)."""
+    kinds = {output.get("kind") for output in (triton.plan or {}).get("outputs", [])}
+    names = {output.get("name") for output in (triton.plan or {}).get("outputs", [])}
+    kind = "rerank" if "scores" in kinds else "embeddings" if "sentence_embedding" in names else None
+    if not (triton.repository and triton.name and kind):
+        return []
+    lines = [f"workbench serve --repository {triton.repository}",
+             *request_lines(f"http://{HOST}:{API_PORT}", [(triton.name, kind)], SAMPLE_TEXT, keyed=False)]
+    return [("Calling the deployment", "`workbench serve` starts it with the API front: OpenAI's embeddings API "
+             "and a Cohere-style rerank on port 8080 beside Triton's own protocol (docs/api.md).",
+             [figures.Snippet(tuple(lines))])]
+
+
 def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
     """The deployment when this step is ok now, or why its record cannot be read (damaged, or written by a
     workbench this one cannot read)."""
@@ -354,7 +371,7 @@ def served_differs(record: RunRecord, variant: str) -> str:
 
 SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
-    sections=(Section("Served parity", section, served=True),),
+    sections=(Section("Served parity", section, served=True), Section("Calling the deployment", calling)),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
     owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt",
     settings="triton", served=served_note, served_differs=served_differs)

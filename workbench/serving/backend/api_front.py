@@ -30,10 +30,10 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-try:
-    from text_input import Prompts, TextEncoder  # copied beside this file (the deployment image)
-except ImportError:
-    from workbench.serving.backend.text_input import Prompts, TextEncoder
+if __package__:  # imported from the workbench package, or run with -m
+    from .text_input import Prompts, TextEncoder
+else:  # run as a file copied beside text_input.py (the deployment image)
+    from text_input import Prompts, TextEncoder
 
 KEY_VARIABLE = "WORKBENCH_API_KEY"
 BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
