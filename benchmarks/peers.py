@@ -5,8 +5,9 @@
 
 Without --run it first runs export, optimize, parity and triton on the embedded all-MiniLM-L6-v2. Then, on this
 host, with the load client on the same cores as the servers:
-  - servers: the workbench's Triton serving its deployed variant and its fp32, and infinity-emb (Optimum engine)
-    serving Optimum's own O2 fp32 file and its int8 preset for this CPU (per channel);
+  - servers: the workbench's Triton serving its deployed variant and its fp32, the deployed variant through the API
+    front (OpenAI's /v1/embeddings, base64, as the openai client asks), and infinity-emb (Optimum engine) serving
+    Optimum's own O2 fp32 file and its int8 preset for this CPU (per channel);
   - one client code path for all of them: one-text requests over HTTP JSON at each concurrency, the levels
     interleaved across servers and repeated (the req/s range over repeats shows the noise); Triton also over gRPC,
     its best case;
@@ -43,6 +44,7 @@ from peerlib.peers import (
     embed_all,
     encode_rates,
     find_infinity,
+    front_embedder,
     http_level,
     infinity_embedder,
     infinity_reranker,
@@ -74,6 +76,7 @@ from workbench.measure.load import (
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 from workbench.serving.client import AsyncTritonClient, TritonClient
+from workbench.serving.front import ApiFront
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer
 from workbench.steps.bench import deployed_plan, in_process_rates
@@ -81,6 +84,8 @@ from workbench.steps.bench import deployed_plan, in_process_rates
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = ROOT / ".peers" / "infinity"
 C1_TARGET, THROUGHPUT_TARGET = 1.2, 0.95  # served p50 at c=1 over in process; served throughput over in process
+FRONT_P50_TARGET, FRONT_THROUGHPUT_TARGET = 1.10, 0.95  # the API front over Triton's HTTP direct: p50 at c1, req/s
+FRONT_LEVELS = (16, 64)  # where the front's throughput is held to FRONT_THROUGHPUT_TARGET
 
 
 def main() -> int:
@@ -163,13 +168,15 @@ def compare(args: argparse.Namespace) -> None:
         servers = started(stack, plans, work, "")
         embedders = [triton_embedder(name, precision, servers[name], served.name, "sentence_embedding")
                      for name, (served, precision) in plans.items()]
+        deployed_server = servers[embedders[0].name]
+        front = stack.enter_context(ApiFront(deployed_server.repository, deployed_server.grpc_url, work / "front"))
+        embedders.insert(1, front_embedder(f"workbench Triton {variant}, API front", variant, front, plan.name))
         embedders += [infinity_embedder(name, precision, peer) for name, (precision, peer) in
                       started_peers(stack, infinity, optimum, preset, work, "").items()]
         rows = {e.name: PeerRow(e.name, e.precision, accuracy=accuracy(embed_all(e, texts), reference))
                 for e in embedders}
         grpc_name = f"workbench Triton {variant}, gRPC"
         rows[grpc_name] = PeerRow(grpc_name, variant, accuracy=rows[embedders[0].name].accuracy)
-        deployed_server = servers[embedders[0].name]
         stages: dict[str, Any] = {}
         for repeat in range(args.repeats):
             for concurrency in levels:
@@ -353,6 +360,9 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
         verdict = "PASS" if all(share >= THROUGHPUT_TARGET for share in shares.values()) else "MISS"
         print(f"{row.name}: throughput over in process " + ", ".join(f"c{c} {s:.2f}" for c, s in shares.items())
               + f" (target >= {THROUGHPUT_TARGET}) {verdict}")
+    front = by_name.get(f"workbench Triton {variant}, API front")
+    if front is not None:
+        front_checks(front, served, levels)
     for label, runs in result["stages"].items():
         if label.endswith(" c1"):
             mean = {key: statistics.median(run["model_ms"].get(key, 0.0) for run in runs)
@@ -364,6 +374,19 @@ def report(result: dict[str, Any], rows: list[PeerRow], levels: list[int], varia
                   + ", ".join(f"{k} {v:.2f}" for k, v in triton.items()) + "; in the model "
                   + ", ".join(f"{k} {v:.2f}" for k, v in mean.items()))
     print(f"\nwritten: {result['run']}/peers/peers.json")
+
+
+def front_checks(front: PeerRow, direct: PeerRow, levels: list[int]) -> None:
+    """The API front against Triton's HTTP direct, measured in the same repeats: p50 at c1, req/s at c16 and c64."""
+    if 1 in levels:
+        ratio = front.median(1, "p50") / direct.median(1, "p50")
+        print(f"{front.name} over Triton HTTP direct: p50 at c1 {ratio:.2f}x (target <= {FRONT_P50_TARGET}x) "
+              f"{'PASS' if ratio <= FRONT_P50_TARGET else 'MISS'}")
+    shares = {c: front.median(c, "throughput") / direct.median(c, "throughput") for c in FRONT_LEVELS if c in levels}
+    if shares:
+        verdict = "PASS" if all(share >= FRONT_THROUGHPUT_TARGET for share in shares.values()) else "MISS"
+        print(f"{front.name} over Triton HTTP direct, req/s: " + ", ".join(f"c{c} {s:.2f}" for c, s in shares.items())
+              + f" (target >= {FRONT_THROUGHPUT_TARGET}) {verdict}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Every server is loaded through one HTTP JSON path (`http_level`, the asyncio clo
 against encode() on the same texts, and weighed by the resident memory of its process tree (benchmarks/peers.py)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from workbench.measure.load import closed_loop_level, request_texts
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement
+from workbench.serving.front import ApiFront
 from workbench.serving.server import HOST, TritonServer, free_port, tree_rss
 
 # infinity-emb pinned, and first the torch it runs on, pinned as ours is: a plain `torch` (or a range) pulls a CUDA
@@ -264,6 +266,17 @@ def triton_embedder(name: str, precision: str, server: TritonServer, model: str,
         return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
     return Embedder(name, precision, f"http://{server.http_url}/v2/models/{model}/infer", body, vectors,
                     server.rss_bytes)
+
+
+def front_embedder(name: str, precision: str, front: ApiFront, model: str) -> Embedder:
+    """The deployment through the API front: OpenAI's /v1/embeddings, base64 vectors as the openai client asks."""
+    def vectors(answer: dict[str, Any]) -> np.ndarray:
+        return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in answer["data"]])
+
+    def rss() -> int:
+        return tree_rss(front.process.pid) if front.process else 0
+    return Embedder(name, precision, f"{front.url}/v1/embeddings",
+                    lambda texts: {"model": model, "input": texts, "encoding_format": "base64"}, vectors, rss)
 
 
 def infinity_embedder(name: str, precision: str, server: InfinityServer) -> Embedder:

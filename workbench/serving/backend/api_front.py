@@ -38,6 +38,7 @@ else:  # run as a file copied beside text_input.py (the deployment image)
 KEY_VARIABLE = "WORKBENCH_API_KEY"
 BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
 UTF8_BYTES = 4  # at most, per character
+INLINE_CHARS = 4096  # a request this short is tokenized on the event loop: a thread's hop would cost more
 
 
 class ServedModel(BaseModel):
@@ -159,8 +160,11 @@ class Front:
         return scheme.lower() == "bearer" and any(hmac.compare_digest(key.strip().encode(), k) for k in self.keys)
 
     async def tokens(self, name: str, texts: list[str] | list[tuple[str, str]]) -> list[int]:
-        """Each text's (or pair's) tokens as the served model runs it (cut at its max_length)."""
-        parts, _ = await asyncio.to_thread(self.encoders[name].encode, texts)
+        """Each text's (or pair's) tokens as the served model runs it (cut at its max_length); a long request is
+        tokenized on a thread, so the loop goes on answering others."""
+        encode = self.encoders[name].encode
+        short = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts) <= INLINE_CHARS
+        parts, _ = encode(texts) if short else await asyncio.to_thread(encode, texts)
         return [part["input_ids"].shape[1] for part in parts]
 
     def within_budget(self, model: ServedModel, tokens: int) -> None:
