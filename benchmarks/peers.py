@@ -197,7 +197,7 @@ def compare(args: argparse.Namespace) -> None:
     result["rows"] = [row.record() for row in rows.values()]
     result["in_process"] = {
         "encode": encode_rates(library, texts),
-        variant: in_process_rates(record.config, record, plan, variant, texts),
+        variant: in_process_rates(record.config, record, plan, variant, texts).recorded(),
     }
     work.mkdir(parents=True, exist_ok=True)
     (work / "peers.json").write_text(json.dumps(result, indent=2))
