@@ -161,11 +161,10 @@ class Front:
 
     async def tokens(self, name: str, texts: list[str] | list[tuple[str, str]]) -> list[int]:
         """Each text's (or pair's) tokens as the served model runs it (cut at its max_length); a long request is
-        tokenized on a thread, so the loop goes on answering others."""
-        encode = self.encoders[name].encode
+        counted on a thread, so the loop goes on answering others."""
+        lengths = self.encoders[name].lengths
         short = sum(len(t) if isinstance(t, str) else len(t[0]) + len(t[1]) for t in texts) <= INLINE_CHARS
-        parts, _ = encode(texts) if short else await asyncio.to_thread(encode, texts)
-        return [part["input_ids"].shape[1] for part in parts]
+        return lengths(texts) if short else await asyncio.to_thread(lengths, texts)
 
     def within_budget(self, model: ServedModel, tokens: int) -> None:
         if model.max_request_tokens and tokens > model.max_request_tokens:
@@ -235,8 +234,9 @@ async def embeddings(request: web.Request) -> web.Response:
     tokens = sum(await front.tokens(model.id, prompted))
     front.within_budget(model, tokens)
     size = model.batch or len(texts)
-    chunks = await asyncio.gather(*(front.infer(model.id, {"TEXT": strings(texts[i:i + size]).reshape(-1, 1)},
-                                                model.output, parameters) for i in range(0, len(texts), size)))
+    calls = [front.infer(model.id, {"TEXT": strings(texts[i:i + size]).reshape(-1, 1)}, model.output, parameters)
+             for i in range(0, len(texts), size)]
+    chunks = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
     vectors = np.concatenate(chunks).astype("<f4").reshape(len(texts), -1)
     encode: Callable[[np.ndarray], object] = (
         (lambda v: base64.b64encode(v.tobytes()).decode("ascii")) if asked.encoding_format == "base64"

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 
 FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 CHARS_PER_TOKEN = 8  # the first guess of the characters the kept tokens of a long text span; doubled until it holds
+FEW = 4  # texts `lengths` encodes one at a time
 POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
 
 
@@ -131,6 +132,16 @@ class TextEncoder:
                 return text[:size]
             size *= 2
         return text
+
+    def lengths(self, texts):
+        """Each text's (or pair's) token count as the model runs it (cut at max_length), without its tensors; a few
+        texts one at a time (the batch call's thread pool costs more than it saves for them)."""
+        if self.backend is None:
+            return [part["input_ids"].shape[1] for part in self.encode(texts)[0]]
+        kept = [self.kept(text) for text in texts]
+        encodings = [self.backend.encode(*([t] if isinstance(t, str) else t)) for t in kept] if len(kept) <= FEW \
+            else self.backend.encode_batch(kept)
+        return [len(e.ids) for e in encodings]
 
     def encode(self, texts, prompts=None):
         """Per text, or per (query, document) pair (truncated longest first), {input name: int64 [1, length]} (a
