@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -14,7 +16,7 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.models.tiny import build_cross_encoder, build_sentence_encoder
-from workbench.serving.front import ApiFront, front_spec
+from workbench.serving.front import ApiFront, front_spec, request_lines
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port
 from workbench.steps import export, optimize
@@ -153,6 +155,7 @@ BAD = [  # (what, path, body or raw bytes, key, status, code)
     ("a reranker as embedder", "embeddings", {"model": "reranker", "input": "a"}, KEY, 404, "model_not_found"),
     ("a malformed body", "embeddings", b'{"model": "embedder", "input": ', KEY, 400, "invalid_json"),
     ("no input", "embeddings", {"model": "embedder"}, KEY, 422, "invalid_value"),
+    ("input a number", "embeddings", {"model": "embedder", "input": 3}, KEY, 422, "invalid_value"),
     ("no key", "embeddings", {"model": "embedder", "input": "a"}, None, 401, "invalid_api_key"),
     ("a wrong key", "embeddings", {"model": "embedder", "input": "a"}, "sk-wrong", 401, "invalid_api_key"),
     ("no documents", "rerank", {"model": "reranker", "query": "q", "documents": []}, KEY, 400, "empty_input"),
@@ -173,6 +176,13 @@ def test_bad_requests_get_the_documented_status_in_openais_shape_and_the_front_s
         assert (got, error["code"]) == (status, code), (what, answer)
         assert set(error) == {"message", "type", "param", "code"} and error["message"], what
     assert "triton.max_request_tokens" in _post(f"{api.url}/v1/embeddings", BAD[4][2])[1]["error"]["message"]
+    assert _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": 3})[1]["error"]["message"] == \
+        "input: expected a string or a list of strings (got int)"
+    for line in request_lines(api.url, [("embedder", "embeddings"), ("reranker", "rerank")], "tea", keyed=True):
+        if line.strip().startswith("curl "):  # as printed, the shell filling in the key
+            done = subprocess.run(["bash", "-c", line], env={**os.environ, "WORKBENCH_API_KEY": KEY},
+                                  capture_output=True, text=True, check=True, timeout=60)
+            assert "error" not in json.loads(done.stdout), done.stdout
     with urllib.request.urlopen(f"{api.url}/health", timeout=10) as response:
         assert response.status == 200 and json.loads(response.read())["status"] == "ok"
     assert _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": "still here"})[0] == 200

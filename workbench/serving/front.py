@@ -169,22 +169,23 @@ class ApiFront:
 def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: bool) -> list[str]:
     """A curl per (model, kind) through the front at `url`, and the openai client's three lines for an embedder;
     `keyed`: the requests send $WORKBENCH_API_KEY."""
-    key = ["-H", "Authorization: Bearer $WORKBENCH_API_KEY"] if keyed else []
+    key = ' -H "Authorization: Bearer $WORKBENCH_API_KEY"' if keyed else ""  # the shell fills the key in
+
+    def curl(route: str, body: dict[str, object]) -> str:
+        return (f"  curl -s {url}/v1/{route} -H 'Content-Type: application/json'{key} -d "
+                f"{shlex.quote(json.dumps(body))}")
     lines = []
     for model, kind in models:
         if kind == "rerank":
-            body = {"model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1}
-            lines += [f"rerank two documents with {model}:", "  " + shlex.join(
-                ["curl", "-s", f"{url}/v1/rerank", "-H", "Content-Type: application/json", *key,
-                 "-d", json.dumps(body)])]
+            lines += [f"rerank two documents with {model}:", curl("rerank", {
+                "model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1})]
             continue
-        lines += [f"embed a text with {model} (OpenAI's embeddings API):", "  " + shlex.join(
-            ["curl", "-s", f"{url}/v1/embeddings", "-H", "Content-Type: application/json", *key,
-             "-d", json.dumps({"model": model, "input": [sample]})]),
-            "the same from Python, with the openai client:",
-            "  from openai import OpenAI",
-            f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{'<your key>' if keyed else 'none'}\")",
-            f"  client.embeddings.create(model=\"{model}\", input=[\"{sample}\"]).data[0].embedding"]
+        lines += [f"embed a text with {model} (OpenAI's embeddings API):",
+                  curl("embeddings", {"model": model, "input": [sample]}),
+                  "the same from Python, with the openai client:",
+                  "  from openai import OpenAI",
+                  f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{'<your key>' if keyed else 'none'}\")",
+                  f"  client.embeddings.create(model=\"{model}\", input=[\"{sample}\"]).data[0].embedding"]
     return lines
 
 

@@ -38,6 +38,7 @@ else:  # run as a file copied beside text_input.py (the deployment image)
 KEY_VARIABLE = "WORKBENCH_API_KEY"
 BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
 UTF8_BYTES = 4  # at most, per character
+EXPECTED = {"input": "a string or a list of strings", "documents": "a list of strings or of {\"text\": ...} objects"}
 INLINE_CHARS = 4096  # a request this short is tokenized on the event loop: a thread's hop would cost more
 
 
@@ -209,8 +210,10 @@ async def body(request: web.Request, shape: type[BaseModel]) -> BaseModel:
         return shape.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"]) or None
-        raise ApiError(422, f"{param or 'body'}: {first['msg']}", param, "invalid_value") from None
+        param = str(first["loc"][0]) if first["loc"] else None
+        expected = EXPECTED.get(param or "") if len(first["loc"]) > 1 else None  # a union: say what it takes
+        why = f"expected {expected} (got {type(first['input']).__name__})" if expected else first["msg"]
+        raise ApiError(422, f"{param or 'body'}: {why}", param, "invalid_value") from None
 
 
 async def embeddings(request: web.Request) -> web.Response:
