@@ -43,14 +43,14 @@ def _repository(model, task, root, name, **triton):
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory):
-    """One Triton with an embedding model (max 4 texts a Triton request, 12 a front request, 200 tokens) and a
-    reranker, and the front before it, asking KEY."""
+    """One Triton with an embedding model (max 4 texts a Triton request, 12 a front request, 200 tokens a Triton
+    request) and a reranker (300 tokens a request), and the front before it, asking KEY."""
     root = tmp_path_factory.mktemp("front")
     encoder = build_sentence_encoder(root / "encoder", pooling="mean", dense=None, normalize=True, prompts=PROMPTS)
     reranker = build_cross_encoder(root / "reranker")
     both = root / "repository"
     for source in (_repository(encoder, "feature-extraction", root, "embedder", max_request_tokens=200),
-                   _repository(reranker, "rerank", root, "reranker")):
+                   _repository(reranker, "rerank", root, "reranker", max_request_tokens=300)):
         for folder in source.iterdir():
             if folder.is_dir():
                 shutil.copytree(folder, both / folder.name)
@@ -105,6 +105,9 @@ def test_the_openai_and_langchain_clients_embed_as_encode_does(front):
     want = _encode(encoder, TEXTS, prompt_name="query")
     np.testing.assert_allclose([d.embedding for d in query.data], want, atol=1e-5)
     assert query.usage.prompt_tokens == sum(len(tokenizer("query: " + t)["input_ids"]) for t in TEXTS)
+    long = ["word " * 20 + t for t in TEXTS]  # 208 tokens (each within 64), past 200: two Triton requests
+    np.testing.assert_allclose([d.embedding for d in client.embeddings.create(model="embedder", input=long).data],
+                               _encode(encoder, long), atol=1e-5)
     floats = client.embeddings.create(model="embedder", input=TEXTS[:2], encoding_format="float")
     np.testing.assert_allclose([d.embedding for d in floats.data], _encode(encoder, TEXTS[:2]), atol=1e-5)
 
@@ -143,8 +146,6 @@ BAD = [  # (what, path, body or raw bytes, key, status, code)
     ("an empty text", "embeddings", {"model": "embedder", "input": ["a", ""]}, KEY, 400, "empty_input"),
     ("over max_texts", "embeddings", {"model": "embedder", "input": ["a"] * 13}, KEY, 413, "too_many_inputs"),
     ("over max_text_chars", "embeddings", {"model": "embedder", "input": ["a" * 2001]}, KEY, 413, "text_too_long"),
-    ("over the token budget", "embeddings", {"model": "embedder", "input": ["word " * 60] * 4}, KEY, 413,
-     "too_many_tokens"),
     ("token ids", "embeddings", {"model": "embedder", "input": [[101, 2000, 102]]}, KEY, 400,
      "token_ids_not_supported"),
     ("dimensions", "embeddings", {"model": "embedder", "input": "a", "dimensions": 3}, KEY, 400,
@@ -159,6 +160,8 @@ BAD = [  # (what, path, body or raw bytes, key, status, code)
     ("no key", "embeddings", {"model": "embedder", "input": "a"}, None, 401, "invalid_api_key"),
     ("a wrong key", "embeddings", {"model": "embedder", "input": "a"}, "sk-wrong", 401, "invalid_api_key"),
     ("no documents", "rerank", {"model": "reranker", "query": "q", "documents": []}, KEY, 400, "empty_input"),
+    ("over the token budget", "rerank", {"model": "reranker", "query": "q", "documents": ["word " * 60] * 8}, KEY,
+     413, "too_many_tokens"),
     ("over max_documents", "rerank", {"model": "reranker", "query": "q", "documents": ["d"] * 17}, KEY, 413,
      "too_many_inputs"),
     ("top_n 0", "rerank", {"model": "reranker", "query": "q", "documents": ["d"], "top_n": 0}, KEY, 422,
@@ -175,7 +178,8 @@ def test_bad_requests_get_the_documented_status_in_openais_shape_and_the_front_s
         error = answer["error"]
         assert (got, error["code"]) == (status, code), (what, answer)
         assert set(error) == {"message", "type", "param", "code"} and error["message"], what
-    assert "triton.max_request_tokens" in _post(f"{api.url}/v1/embeddings", BAD[4][2])[1]["error"]["message"]
+    budget = next(body for what, _, body, *_ in BAD if what == "over the token budget")
+    assert "triton.max_request_tokens" in _post(f"{api.url}/v1/rerank", budget)[1]["error"]["message"]
     assert _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": 3})[1]["error"]["message"] == \
         "input: expected a string or a list of strings (got int)"
     for line in request_lines(api.url, [("embedder", "embeddings"), ("reranker", "rerank")], "tea", keyed=True):

@@ -124,7 +124,8 @@ def check_texts(texts: list[str], param: str, model: ServedModel, count_limit: i
         raise ApiError(400, f"'{param}' is empty: send at least one text", param, "empty_input")
     if count_limit and len(texts) > count_limit:
         raise too_large(f"{len(texts)} texts in '{param}'; this deployment takes at most {count_limit} in one "
-                        f"request ({count_setting}): send them in smaller requests", param, "too_many_inputs")
+                        f"request ({count_setting}): send them in smaller requests (LangChain's OpenAIEmbeddings: "
+                        f"chunk_size={count_limit})", param, "too_many_inputs")
     for index, text in enumerate(texts):
         if not text:  # whitespace alone is a text: encode() embeds it
             raise ApiError(400, f"{param}[{index}] is empty: send at least one character", param, "empty_input")
@@ -196,6 +197,18 @@ class Front:
         return result.as_numpy(output)
 
 
+def pieces(lengths: list[int], texts: int, tokens: int | None) -> list[tuple[int, int]]:
+    """Consecutive (start, stop) runs of texts, each within `texts` texts (0: any) and `tokens` tokens (None: any):
+    the Triton requests one embeddings request becomes, each within the deployment's limits."""
+    runs, start, held = [], 0, 0
+    for index, length in enumerate(lengths):
+        if index > start and ((texts and index - start == texts) or (tokens and held + length > tokens)):
+            runs.append((start, index))
+            start, held = index, 0
+        held += length
+    return [*runs, (start, len(lengths))]
+
+
 def strings(texts: list[str]) -> np.ndarray:
     return np.array([t.encode("utf-8") for t in texts], dtype=object)
 
@@ -234,11 +247,10 @@ async def embeddings(request: web.Request) -> web.Response:
         prompted, _ = front.prompts[model.id].apply(texts, json.dumps(parameters))
     except ValueError as exc:
         raise ApiError(400, str(exc), "prompt_name", "unknown_prompt") from None
-    tokens = sum(await front.tokens(model.id, prompted))
-    front.within_budget(model, tokens)
-    size = model.batch or len(texts)
-    calls = [front.infer(model.id, {"TEXT": strings(texts[i:i + size]).reshape(-1, 1)}, model.output, parameters)
-             for i in range(0, len(texts), size)]
+    lengths = await front.tokens(model.id, prompted)
+    tokens = sum(lengths)
+    calls = [front.infer(model.id, {"TEXT": strings(texts[start:stop]).reshape(-1, 1)}, model.output, parameters)
+             for start, stop in pieces(lengths, model.batch, model.max_request_tokens)]
     chunks = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
     vectors = np.concatenate(chunks).astype("<f4").reshape(len(texts), -1)
     encode: Callable[[np.ndarray], object] = (
