@@ -16,7 +16,8 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.models.tiny import build_cross_encoder, build_sentence_encoder
-from workbench.serving.front import ApiFront, front_spec, request_lines
+from workbench.serving.endpoints import request_lines
+from workbench.serving.front import ApiFront, front_spec
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port
 from workbench.steps import export, optimize

@@ -8,7 +8,7 @@ import hashlib
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -17,14 +17,16 @@ from workbench.core.config import TritonSettings
 from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.core.results import Metrics
-from workbench.serving.backend.api_front import FrontSpec
-from workbench.serving.front import FRONT_FILES
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
+
+if TYPE_CHECKING:  # the front's own modules load aiohttp: not for every command that imports the steps
+    from workbench.serving.backend.api_front import FrontSpec
 
 CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
 PORTS = (("http", 8000), ("grpc", 8001), ("metrics", 8002))
 FRONT_PORT = ("api", API_PORT)
+FRONT_FILES = ("api_front.py", "text_input.py")  # what the image copies to run the API front
 FRONT_FOLDER = "front"  # deploy/front: the API front's files, the image's second build context
 FRONT_PACKAGES = ("aiohttp", "pydantic")  # the front's imports, beside tritonclient's gRPC client and tokenizers
 START_SCRIPT = """#!/usr/bin/env bash

@@ -70,3 +70,28 @@ def perf_analyzer_command(executable: list[str], grpc_url: str, endpoint: TextEn
     `input_data`."""
     return shlex.join([*executable, "-m", endpoint.model, "-u", grpc_url, "-i", "grpc", "-b", "1",
                        "--input-data", str(input_data), "--concurrency-range", "1:1", *options])
+
+
+def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: bool) -> list[str]:
+    """A curl per (model, kind) through the front at `url`, and the openai client's three lines for an embedder;
+    `keyed`: the requests send $WORKBENCH_API_KEY."""
+    from workbench.serving.backend.api_front import KEY_VARIABLE
+
+    key = f' -H "Authorization: Bearer ${KEY_VARIABLE}"' if keyed else ""  # the shell fills the key in
+
+    def curl(route: str, body: dict[str, object]) -> str:
+        return (f"  curl -s {url}/v1/{route} -H 'Content-Type: application/json'{key} -d "
+                f"{shlex.quote(json.dumps(body))}")
+    lines = []
+    for model, kind in models:
+        if kind == "rerank":
+            lines += [f"rerank two documents with {model}:", curl("rerank", {
+                "model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1})]
+            continue
+        lines += [f"embed a text with {model} (OpenAI's embeddings API):",
+                  curl("embeddings", {"model": model, "input": [sample]}),
+                  "the same from Python, with the openai client:",
+                  "  from openai import OpenAI",
+                  f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{'<your key>' if keyed else 'none'}\")",
+                  f"  client.embeddings.create(model=\"{model}\", input=[\"{sample}\"]).data[0].embedding"]
+    return lines

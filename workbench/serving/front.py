@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -19,12 +18,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from workbench.core.atomic import write_text
 from workbench.core.errors import RepositoryError, ServerStartError
 from workbench.serving.backend.api_front import KEY_VARIABLE, FrontSpec, ServedModel
-from workbench.serving.endpoints import SAMPLE_DOCUMENT, text_endpoints
+from workbench.serving.endpoints import request_lines, text_endpoints
 from workbench.serving.repository import read_repository
 from workbench.serving.server import HOST, ensure_port_free, free_port
 
 READY_S = 60.0  # a front not answering /health (200 or 503) by then failed to start
-FRONT_FILES = ("api_front.py", "text_input.py")  # what the deployment image copies to run the front
 
 
 def _parameters(names: list[str], models: dict[str, mc.ModelConfig]) -> dict[str, str]:
@@ -164,29 +162,6 @@ class ApiFront:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: bool) -> list[str]:
-    """A curl per (model, kind) through the front at `url`, and the openai client's three lines for an embedder;
-    `keyed`: the requests send $WORKBENCH_API_KEY."""
-    key = ' -H "Authorization: Bearer $WORKBENCH_API_KEY"' if keyed else ""  # the shell fills the key in
-
-    def curl(route: str, body: dict[str, object]) -> str:
-        return (f"  curl -s {url}/v1/{route} -H 'Content-Type: application/json'{key} -d "
-                f"{shlex.quote(json.dumps(body))}")
-    lines = []
-    for model, kind in models:
-        if kind == "rerank":
-            lines += [f"rerank two documents with {model}:", curl("rerank", {
-                "model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1})]
-            continue
-        lines += [f"embed a text with {model} (OpenAI's embeddings API):",
-                  curl("embeddings", {"model": model, "input": [sample]}),
-                  "the same from Python, with the openai client:",
-                  "  from openai import OpenAI",
-                  f"  client = OpenAI(base_url=\"{url}/v1\", api_key=\"{'<your key>' if keyed else 'none'}\")",
-                  f"  client.embeddings.create(model=\"{model}\", input=[\"{sample}\"]).data[0].embedding"]
-    return lines
 
 
 def usage_lines(front: ApiFront, sample: str) -> list[str]:

@@ -3,6 +3,7 @@ autoscaling on Triton's queue time, KServe), sized from what the served bench me
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
@@ -14,10 +15,11 @@ from workbench.core.results import Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of
-from workbench.serving.backend.api_front import FrontSpec
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
-from workbench.serving.front import front_spec
 from workbench.serving.plan import deployed_plan
+
+if TYPE_CHECKING:
+    from workbench.serving.backend.api_front import FrontSpec
 
 STEP = "deploy"
 
@@ -39,6 +41,8 @@ def capacity_lines(capacity: Capacity) -> list[str]:
 
 def api_front(repository: Path) -> FrontSpec | None:
     """The API front's models in `repository` (None: none it answers for)."""
+    from workbench.serving.front import front_spec
+
     try:
         return front_spec(repository)
     except RepositoryError:

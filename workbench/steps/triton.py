@@ -21,8 +21,7 @@ from workbench.report.takeaways import cut_line
 from workbench.runners.files import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
-from workbench.serving.endpoints import SAMPLE_TEXT
-from workbench.serving.front import request_lines
+from workbench.serving.endpoints import SAMPLE_TEXT, request_lines
 from workbench.serving.plan import (
     ServingRequest,
     build_plan,

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import tritonclient.grpc.aio as grpcclient
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tritonclient.utils import InferenceServerException
 
 if __package__:  # imported from the workbench package, or run with -m
     from .text_input import Prompts, TextEncoder
@@ -145,7 +147,7 @@ class Front:
         self.prompts = {m.id: Prompts({"prompts": json.dumps(m.prompts), "default_prompt_name": m.default_prompt_name})
                         for m in spec.models}
         self.triton_url, self.keys = triton_url, [k.encode() for k in keys]
-        self.client: object = None
+        self.client: grpcclient.InferenceServerClient | None = None  # made in the server's event loop
 
     def model(self, name: str, kind: str) -> ServedModel:
         served = self.models.get(name)
@@ -177,9 +179,7 @@ class Front:
     async def infer(self, model: str, inputs: dict[str, np.ndarray], output: str,
                     parameters: dict[str, str] | None = None) -> np.ndarray:
         """One Triton request; its refusal is a 400 with Triton's message, no answer a 503."""
-        import tritonclient.grpc.aio as grpcclient
-        from tritonclient.utils import InferenceServerException
-
+        assert self.client is not None, "the application's startup connects the client"
         tensors = []
         for name, array in inputs.items():
             tensor = grpcclient.InferInput(name, list(array.shape), "BYTES")
@@ -328,8 +328,6 @@ async def openai_errors(request: web.Request,
 
 
 def application(spec: FrontSpec, repository: Path, triton_url: str, keys: list[str]) -> web.Application:
-    import tritonclient.grpc.aio as grpcclient
-
     front = Front(spec, repository, triton_url, keys)
     app = web.Application(middlewares=[openai_errors],
                           client_max_size=max(m.body_bytes() for m in spec.models))
@@ -339,7 +337,8 @@ def application(spec: FrontSpec, repository: Path, triton_url: str, keys: list[s
         front.client = grpcclient.InferenceServerClient(url=triton_url)
 
     async def close(app: web.Application) -> None:
-        await front.client.close()
+        if front.client is not None:
+            await front.client.close()
 
     app.on_startup.append(connect)
     app.on_cleanup.append(close)
