@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from workbench.core.errors import RepositoryError, ServerStartError
 from workbench.serving.backend.api_front import KEY_VARIABLE, FrontSpec, ServedModel
 from workbench.serving.endpoints import request_lines, text_endpoints
 from workbench.serving.repository import read_repository
-from workbench.serving.server import HOST, ensure_port_free, free_port
+from workbench.serving.server import HOST, end_group, ensure_port_free, free_port, watchdog
 
 READY_S = 60.0  # a front not answering /health (200 or 503) by then failed to start
 
@@ -101,8 +100,7 @@ class ApiFront:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
-        self.watchdog = subprocess.Popen([sys.executable, "-m", "workbench.serving.watchdog", str(os.getpid()),
-                                          str(self.process.pid)], stdin=subprocess.DEVNULL, start_new_session=True)
+        self.watchdog = watchdog(self.process.pid)
         try:
             self._wait_ready()
         except BaseException:
@@ -140,17 +138,7 @@ class ApiFront:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL for its process group; then its watchdog goes."""
         if self.process is not None:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+            end_group(self.process, timeout)
             self.process = None
         if self.watchdog is not None:
             self.watchdog.kill()

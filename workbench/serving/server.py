@@ -97,6 +97,29 @@ def ensure_port_free(port: int, what: str, host: str = HOST) -> None:
                                  "picked)") from None
 
 
+def watchdog(group: int, folders: Sequence[Path] = ()) -> subprocess.Popen[bytes]:
+    """A watchdog (`workbench.serving.watchdog`) in a session of its own: it outlives this process to stop the
+    process group `group` and remove `folders` when this process dies."""
+    return subprocess.Popen([sys.executable, "-m", "workbench.serving.watchdog", str(os.getpid()), str(group),
+                             *map(str, folders)], stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def end_group(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM to `process`, up to `timeout` seconds for it to exit, then SIGKILL for its whole process group (what
+    it left behind, or a process that ignored SIGTERM); its exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return process.wait()
+
+
 @dataclass(frozen=True)
 class Ports:
     http: int
@@ -203,9 +226,7 @@ class TritonServer:
                                             env=self._environment(), start_new_session=True)
         first_to_go(self.process.pid)  # before it loads models and starts their stubs, which inherit it
         self.pid, self.stopped_with = self.process.pid, None
-        self._watchdog = subprocess.Popen(  # in a session of its own: it outlives this process to stop the server
-            [sys.executable, "-m", "workbench.serving.watchdog", str(os.getpid()), str(self.pid),
-             *map(str, self.cleanup)], stdin=subprocess.DEVNULL, start_new_session=True)
+        self._watchdog = watchdog(self.pid, self.cleanup)
         try:
             self._wait_ready()
         except BaseException:
@@ -340,17 +361,7 @@ class TritonServer:
         if self.process is None:
             return self.stopped_with
         start = time.perf_counter()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # stubs left behind, or a server that ignored SIGTERM
-        except ProcessLookupError:
-            pass
-        self.stopped_with = self.process.wait()
+        self.stopped_with = end_group(self.process, timeout)
         deadline = time.monotonic() + timeout
         while self.group() and time.monotonic() < deadline:  # SIGKILLed stubs take a moment to go
             time.sleep(0.05)
