@@ -232,7 +232,7 @@ def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     config.parameters["pad_token_id"].string_value = str(plan.pad_token_id)
     if plan.max_tokens:  # a request past it runs in pieces within it, its answers joined
         config.parameters["max_tokens"].string_value = str(plan.max_tokens)
-    if plan.max_request_tokens:  # past it a request is refused (ort_batches.RequestBudget)
+    if plan.max_request_tokens:  # past it a request is refused (text_input.RequestBudget)
         config.parameters["max_request_tokens"].string_value = str(plan.max_request_tokens)
     if plan.instances > 1 and not plan.gpu:  # an instance alone at work takes the cores of the idle ones too
         config.parameters["instances"].string_value = str(plan.instances)

@@ -33,9 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tritonclient.utils import InferenceServerException
 
 if __package__:  # imported from the workbench package, or run with -m
-    from .text_input import Prompts, TextEncoder
+    from .text_input import Prompts, RequestBudget, TextEncoder
 else:  # run as a file copied beside text_input.py (the deployment image)
-    from text_input import Prompts, TextEncoder
+    from text_input import Prompts, RequestBudget, TextEncoder
 
 KEY_VARIABLE = "WORKBENCH_API_KEY"
 BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
@@ -171,10 +171,10 @@ class Front:
         return lengths(texts) if short else await asyncio.to_thread(lengths, texts)
 
     def within_budget(self, model: ServedModel, tokens: int) -> None:
-        if model.max_request_tokens and tokens > model.max_request_tokens:
-            raise too_large(f"this request holds {tokens} tokens (each text counted up to the model's limit, as "
-                            f"it runs); this deployment runs at most {model.max_request_tokens} in one request "
-                            "(triton.max_request_tokens): send fewer texts per request", "input", "too_many_tokens")
+        """Refused (413) past the deployment's token budget, in the served model's own words."""
+        problem = RequestBudget({"max_request_tokens": str(model.max_request_tokens or 0)}).refusal(tokens)
+        if problem:
+            raise too_large(problem, "documents", "too_many_tokens")
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], output: str,
                     parameters: dict[str, str] | None = None) -> np.ndarray:

@@ -11,9 +11,9 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
-from ort_batches import MAX_PADDING, PaddedRunner, RequestBudget, model_args, sessions  # noqa: E402
+from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402
 from stages import StageClock  # noqa: E402
-from text_input import Limits, Prompts, TextEncoder, decode  # noqa: E402
+from text_input import Limits, Prompts, RequestBudget, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
 

@@ -123,23 +123,6 @@ class Neighbours:
             pass
 
 
-class RequestBudget:
-    """The work one request may ask for, in tokens as the model runs them (each text cut at max_length): past
-    `max_request_tokens` it is refused (INVALID_ARG, naming the setting), before it holds the instance any longer."""
-
-    def __init__(self, params):
-        self.limit = int(params.get("max_request_tokens", "0"))
-
-    def refusal(self, tokens):
-        """Why a request of `tokens` tokens is refused (None: it is not)."""
-        if self.limit and tokens > self.limit:
-            return (f"this request holds {tokens} tokens (each text counted up to the model's limit, as it runs); "
-                    f"this deployment runs at most {self.limit} in one request (triton.max_request_tokens): send "
-                    "fewer texts per request (Triton batches requests together), or redeploy with a larger "
-                    "-p triton.max_request_tokens")
-        return None
-
-
 def sessions(path, params, args):
     """The instance's session and, where `wide_threads` says the instances share more cores than it has, a second
     one with all of them and the Neighbours that tell when to use it: (session, wide session or None, Neighbours

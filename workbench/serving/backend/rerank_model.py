@@ -10,9 +10,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_batches import MAX_PADDING, PaddedRunner, RequestBudget, model_args, sessions  # noqa: E402  (copied)
+from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402  (copied)
 from stages import StageClock  # noqa: E402
-from text_input import Limits, TextEncoder, decode  # noqa: E402
+from text_input import Limits, RequestBudget, TextEncoder, decode  # noqa: E402
 
 STAGES = ("decode", "tokenize", "infer", "respond")
 

@@ -26,6 +26,23 @@ class Limits:
         return cls(int(params.get("max_texts", "0")) or None, int(params.get("max_text_chars", "0")) or None)
 
 
+class RequestBudget:
+    """The work one request may ask for, in tokens as the model runs them (each text cut at max_length): past
+    `max_request_tokens` it is refused (INVALID_ARG, naming the setting), before it holds the instance any longer."""
+
+    def __init__(self, params):
+        self.limit = int(params.get("max_request_tokens", "0"))
+
+    def refusal(self, tokens):
+        """Why a request of `tokens` tokens is refused (None: it is not)."""
+        if self.limit and tokens > self.limit:
+            return (f"this request holds {tokens} tokens (each text counted up to the model's limit, as it runs); "
+                    f"this deployment runs at most {self.limit} in one request (triton.max_request_tokens): send "
+                    "fewer texts per request (Triton batches requests together), or redeploy with a larger "
+                    "-p triton.max_request_tokens")
+        return None
+
+
 def decode(values, name="TEXT", limits=None):
     """The texts of a BYTES tensor; ValueError naming the text, or the limit and its setting, when one is not
     valid UTF-8, is empty (whitespace alone is a text), or is longer than `limits.chars`, or when there are more
