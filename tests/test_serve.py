@@ -129,6 +129,7 @@ def test_other_hosts_get_a_loud_warning_and_unknown_addresses_are_refused():
     warning = exposure_warning("0.0.0.0")
     assert warning.startswith("WARNING:") and "every network interface" in warning and "127.0.0.1" in warning
     assert exposure_warning("127.0.0.1") is None
+    assert "The API front asks for no key either" in exposure_warning("0.0.0.0", open_front=True)
     for host in ("localhost.invalid", "192.0.2.1"):  # not an address; not one of this machine's (TEST-NET-1)
         with pytest.raises(ConfigError, match=f"--host {host} is not an IPv4 address of this machine"):
             check_host(host)

@@ -87,13 +87,13 @@ def check_host(host: str) -> None:
                           ) from None
 
 
-def exposure_warning(host: str, api_key: str | None = "") -> str | None:
-    """The warning for a server other machines can reach (None on loopback); `api_key` None: an API front without
-    a key ("": no front)."""
+def exposure_warning(host: str, open_front: bool = False) -> str | None:
+    """The warning for a server other machines can reach (None on loopback); `open_front`: with an API front that
+    asks for no key."""
     if ipaddress.IPv4Address(host).is_loopback:
         return None
     where = "every network interface" if host == ANY_ADDRESS else f"address {host}"
-    front = " The API front asks for no key either: set WORKBENCH_API_KEY (or --api-key)." if api_key is None else ""
+    front = " The API front asks for no key either: set WORKBENCH_API_KEY (or --api-key)." if open_front else ""
     return (f"WARNING: tritonserver listens on {where}: whoever can reach this machine can send it requests and read "
             "its models' configurations and statistics, with no authentication. Leave out --host to serve on "
             f"{HOST} only.{front}")
@@ -176,7 +176,7 @@ def serve(repository: Path, host: str, ports: tuple[int, int, int], api_port: in
             raise ConfigError(f"--api-port {api_port} is one of tritonserver's ports",
                               "choose another --api-port (0 picks a free one)")
         pick_ports(api_port, 0, 0, host=host)  # free now, as the others
-    warning = exposure_warning(host, api_key if with_front else "")
+    warning = exposure_warning(host, with_front and not api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     with stop_on_signals():
