@@ -105,3 +105,11 @@ def test_a_graph_optimum_fails_on_is_a_row_that_says_why(tmp_path, monkeypatch):
         require_built(status, work / "build.log")
     with pytest.raises(PeerNotInstalledError, match="Optimum's build script failed"):
         build_optimum(Path(sys.executable), tmp_path / "not-run.py", "model", work, "avx2", ["O3"])
+
+
+def test_a_peer_environment_given_relative_is_found_from_any_folder(tmp_path, monkeypatch):
+    command = tmp_path / "peer" / "bin" / "infinity_emb"
+    command.parent.mkdir(parents=True)
+    command.write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert find_infinity(Path("peer")) == command  # the servers start in their own folders

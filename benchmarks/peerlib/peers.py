@@ -158,8 +158,9 @@ def install_openvino(venv: Path) -> Path:
 
 
 def find_infinity(venv: Path) -> Path:
-    """The infinity_emb command of the peer environment `venv`, or a PeerNotInstalledError saying how to get it."""
-    command = venv / "bin" / "infinity_emb"
+    """The infinity_emb command of the peer environment `venv` (as an absolute path: the peers run in their own
+    folders), or a PeerNotInstalledError saying how to get it."""
+    command = venv.resolve() / "bin" / "infinity_emb"
     if not command.is_file():
         raise PeerNotInstalledError(f"infinity-emb is not installed in {venv}", INSTALL_HINT)
     return command
