@@ -151,7 +151,7 @@ def counts() -> dict[str, object]:
     reach = {}
     for step in steps:
         own = f"workbench.steps.{step}"
-        places = [name for name, tree in trees.items() if name != own and (
+        places = [name for name, tree in trees.items() if name != own and not name.startswith(f"{own}.") and (
             own in graph[name] or step in set(strings(tree)))]
         places += [name for name, tree in notebooks.items() if not name.endswith(f"_{step}.ipynb") and (
             step in set(strings(tree)) or own in imported(tree, modules))]

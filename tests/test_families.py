@@ -13,7 +13,7 @@ from workbench.graphs import onnxfiles
 from workbench.models.loading import load_model
 from workbench.models.tiny import build_encoder
 from workbench.steps import export, optimize, parity, triton
-from workbench.steps.optimize import TRANSFORMER_FUSIONS
+from workbench.steps.optimize.onnxruntime_variants import TRANSFORMER_FUSIONS
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 # family -> (task, what its tokenizer returns, what the graph takes, borrowed_rules)

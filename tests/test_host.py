@@ -13,6 +13,7 @@ from workbench.core.results import ParityMetrics, PrecisionDecision
 from workbench.measure import precisions as precisions_module
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity, verdict_line
+from workbench.steps.optimize import precisions as optimize_precisions
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"max": 64}, "threads": 1}
 AVX2 = {"avx2", "fma", "sse4_2"}  # a common cloud host: no AVX-512, no VNNI, no AMX
@@ -30,7 +31,7 @@ def _host(monkeypatch, flags: set[str], speedup: dict[str, float] | None = None)
         assert speedup is not None, "a target that is not this host is never measured"
         return ({name: {cell: speedup[name] for cell in feeds} for name in files if name != "fp32"},
                 {name: {cell: 10.0 / speedup.get(name, 1.0) for cell in feeds} for name in files})
-    monkeypatch.setattr(optimize, "paired_speedups", timed)
+    monkeypatch.setattr(optimize_precisions, "paired_speedups", timed)
     return asked
 
 

@@ -13,6 +13,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import PrecisionDecision, Trial
 from workbench.graphs import onnxfiles
+from workbench.measure.forms import race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.files import open_variant
@@ -22,6 +23,7 @@ from workbench.serving.backend import ort_batches
 from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
 from workbench.steps import deploy, export, optimize, parity, triton
+from workbench.steps.optimize import openvino_variants
 
 pytest.importorskip("openvino")
 
@@ -94,19 +96,20 @@ def test_bf16_is_tried_only_where_the_cpu_has_it_and_the_run_asks(minilm, tmp_pa
 
     _, config, shared = minilm
     record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
-    host, export_info = target_for("host", False), record.export_info()
-    monkeypatch.setattr(optimize, "bf16_problem", lambda: "this CPU has no bf16 instructions (faked)")
-    assert optimize.build_openvino_bf16(config, record, export_info, host).recorded() == {
+    host, bench = target_for("host", False), race_bench(config, record.tokenizer(), record.export_info())
+    monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: "this CPU has no bf16 instructions (faked)")
+    assert openvino_variants.build_openvino_bf16(config, record, bench, host).recorded() == {
         "kept": False, "reason": "not tried: this CPU has no bf16 instructions (faked)"}
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})
-    assert optimize.build_openvino_bf16(fp32_only, record, export_info, host).reason == \
+    assert openvino_variants.build_openvino_bf16(fp32_only, record, bench, host).reason == \
         "not tried: bf16 is not among the run's precisions"
-    assert optimize.openvino_bf16_line(Trial(kept=False, reason="not tried: bf16 is not among the run's precisions")) \
-        == "OpenVINO bf16 not tried: bf16 is not among the run's precisions"
-    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
+    not_asked = Trial(kept=False, reason="not tried: bf16 is not among the run's precisions")
+    assert openvino_variants.openvino_bf16_line(not_asked) == \
+        "OpenVINO bf16 not tried: bf16 is not among the run's precisions"
+    monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: None)
     auto = config.model_copy(update={"precisions": "auto"}, deep=True)
     auto.optimize.openvino = "auto"
-    tried = optimize.build_openvino_bf16(auto, record, export_info, host)
+    tried = openvino_variants.build_openvino_bf16(auto, record, bench, host)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
     assert tried.against == "openvino" and dest.exists() == tried.kept
     if bf16_problem():
@@ -181,31 +184,33 @@ def test_an_interrupted_trial_leaves_no_openvino_file(tiny_bert, tmp_path, monke
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(optimize, "trial", interrupted)
+    monkeypatch.setattr(openvino_variants, "trial", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        optimize.build_openvino(config, record, record.export_info(), target_for("host", False))
+        openvino_variants.build_openvino(config, record, race_bench(config, record.tokenizer(), record.export_info()),
+                                         target_for("host", False))
     path = record.run_dir / "onnx" / "openvino.onnx"
     assert not path.exists() and not list(path.parent.glob(".openvino.onnx*"))
 
 
 def test_openvino_always_without_openvino_is_refused_before_the_run(monkeypatch):
-    monkeypatch.setattr(optimize, "openvino_problem", lambda: "OpenVINO is not installed (No module named 'x')")
+    missing = "OpenVINO is not installed (No module named 'x')"
+    monkeypatch.setattr(openvino_variants, "openvino_problem", lambda: missing)
     with pytest.raises(DependencyMissingError) as refused:
         optimize.check(RunConfig(optimize={"openvino": "always"}))
     assert "optimize.openvino=always needs OpenVINO" in refused.value.problem and "[openvino]" in refused.value.fix
     optimize.check(RunConfig())  # auto: tried where installed, recorded where not
-    assert "not installed" in optimize.openvino_skipped(RunConfig(), target_for("host", False))
+    assert "not installed" in openvino_variants.openvino_skipped(RunConfig(), target_for("host", False))
 
 
 def test_where_it_is_not_tried_the_record_says_why():
     host = Target("host", frozenset({"avx2"}))
     never = RunConfig(optimize={"openvino": "never"})
-    assert optimize.openvino_skipped(never, host) == "not tried (optimize.openvino=never)"
-    assert "runs on a GPU" in optimize.openvino_skipped(RunConfig(), Target("gpu", name="the GPU"))
+    assert openvino_variants.openvino_skipped(never, host) == "not tried (optimize.openvino=never)"
+    assert "runs on a GPU" in openvino_variants.openvino_skipped(RunConfig(), Target("gpu", name="the GPU"))
     named = target_for("avx2", False)
-    assert "is not this host" in optimize.openvino_skipped(RunConfig(), named)
-    assert optimize.openvino_skipped(RunConfig(optimize={"openvino": "always"}), named) is None
-    assert optimize.openvino_skipped(RunConfig(), host) is None
+    assert "is not this host" in openvino_variants.openvino_skipped(RunConfig(), named)
+    assert openvino_variants.openvino_skipped(RunConfig(optimize={"openvino": "always"}), named) is None
+    assert openvino_variants.openvino_skipped(RunConfig(), host) is None
 
 
 def test_the_python_model_serves_it_before_fp32_and_the_onnxruntime_backend_never():
@@ -226,7 +231,7 @@ def test_shared_layer_weights_reach_openvino_once(tmp_path):
     record = RunRecord.create(tmp_path / "run", config)
     export.run(config, record)
     dest = record.run_dir / "onnx" / "openvino.onnx"
-    optimize.openvino_file(record, dest, "f32")
+    openvino_variants.openvino_file(record, dest, "f32")
     graph = onnxfiles.load(dest).graph
     stored = {tensor.name: tensor for tensor in graph.initializer}
     views = [node for node in graph.node if node.op_type == "Transpose" and node.input[0].endswith(".T")]

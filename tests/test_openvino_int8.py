@@ -18,12 +18,14 @@ from workbench.core.record import RunRecord
 from workbench.core.results import PrecisionDecision, RepairCandidate, Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
+from workbench.measure.forms import RaceBench, race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.search import matmul_costs
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity
+from workbench.steps.optimize import openvino_variants
 
 pytest.importorskip("nncf")
 
@@ -43,9 +45,13 @@ def quantized(tmp_path_factory, tiny_models):
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
     with pytest.MonkeyPatch.context() as patch:  # an AVX2-only host: f32 on every CPU, so the repair's gate holds
-        patch.setattr(optimize, "bf16_problem", lambda: NO_BF16)
+        patch.setattr(openvino_variants, "bf16_problem", lambda: NO_BF16)
         optimize.run(config, record)
     return config, record
+
+
+def bench(config: RunConfig, record: RunRecord) -> RaceBench:
+    return race_bench(config, record.tokenizer(), record.export_info())
 
 
 def outputs(path, record: RunRecord, count: int = 16) -> dict[str, np.ndarray]:
@@ -213,9 +219,10 @@ def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, tmp_path, m
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(optimize, "race", interrupted)
+    monkeypatch.setattr(openvino_variants, "race", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False),
+        openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+        target_for("host", False),
                                      optimize.decide_precisions(config, record)[1]["int8"])
     path = record.run_dir / "onnx" / "openvino_int8.onnx"
     assert not path.exists() and not list(path.parent.glob(".openvino_int8.onnx*"))
@@ -225,17 +232,21 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     config, record = quantized
     host = Target("host", frozenset({"avx2"}))
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    assert optimize.build_openvino_int8(config, record, record.export_info(), host, None).recorded() == {
+    assert openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+        host, None).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})  # int8 decided: not in the precisions
-    assert optimize.build_openvino_int8(fp32_only, record, record.export_info(), host, decision).recorded() == {
+    assert openvino_variants.build_openvino_int8(fp32_only, record, record.export_info(), bench(config, record),
+        host, decision).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     never = config.model_copy(deep=True)
     never.optimize.openvino = "never"
-    assert optimize.build_openvino_int8(never, record, record.export_info(), host, decision).reason == \
+    assert openvino_variants.build_openvino_int8(never, record, record.export_info(), bench(config, record),
+        host, decision).reason == \
         "not tried (optimize.openvino=never)"
-    monkeypatch.setattr(optimize, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
-    reason = optimize.build_openvino_int8(config, record, record.export_info(), host, decision).reason
+    monkeypatch.setattr(openvino_variants, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
+    reason = openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+        host, decision).reason
     assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
 
 
@@ -264,8 +275,8 @@ def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(qu
     auto = config.model_copy(deep=True)
     auto.optimize.openvino = "auto"
     dest = copied_int8(record, tmp_path / "openvino_int8.onnx")
-    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
-    chosen = optimize.choose_openvino_precision(auto, record, record.export_info(), dest)
+    monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: None)
+    chosen = openvino_variants.choose_openvino_precision(auto, bench(auto, record), dest)
     assert onnxfiles.openvino_precision(dest) == chosen.chosen and onnxfiles.runtime(dest) == "openvino"
     if chosen.ms:
         assert set(chosen.ms) == {"f32", "bf16"}
@@ -310,11 +321,12 @@ def test_f32_that_wins_the_race_is_kept_only_where_the_host_was_quiet(quantized,
         def __exit__(self, *_: object) -> None:
             self.cores = others
 
-    monkeypatch.setattr(optimize, "bf16_problem", lambda: None)
-    monkeypatch.setattr(optimize, "OpenVinoRunner", Compiled)
-    monkeypatch.setattr(optimize, "OthersBusy", Load)
-    monkeypatch.setattr(optimize, "race", lambda *_, **__: (won, True, "clearly faster than the bf16 graph: 2.00x"))
-    chosen = optimize.choose_openvino_precision(config, record, record.export_info(), dest)
+    monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: None)
+    monkeypatch.setattr(openvino_variants, "OpenVinoRunner", Compiled)
+    monkeypatch.setattr(openvino_variants, "OthersBusy", Load)
+    monkeypatch.setattr(openvino_variants, "race",
+                        lambda *_, **__: (won, True, "clearly faster than the bf16 graph: 2.00x"))
+    chosen = openvino_variants.choose_openvino_precision(config, bench(config, record), dest)
     assert chosen.ms == won
     if others:
         assert chosen.chosen == "bf16" and onnxfiles.openvino_precision(dest) == "bf16"
@@ -325,8 +337,9 @@ def test_f32_that_wins_the_race_is_kept_only_where_the_host_was_quiet(quantized,
         assert chosen.reason == "f32 clearly faster than the bf16 graph: 2.00x"
     # a race f32 wins at one cell while it runs 1% slower at the other keeps the default, quiet host or not
     mixed = {"bf16": {"b1_s16": 1.08, "b8_s128": 244.0}, "f32": {"b1_s16": 1.0, "b8_s128": 247.0}}
-    monkeypatch.setattr(optimize, "race", lambda *_, **__: (mixed, True, "clearly faster than the bf16 graph: 1.08x"))
-    chosen = optimize.choose_openvino_precision(config, record, record.export_info(), dest)
+    monkeypatch.setattr(openvino_variants, "race",
+                        lambda *_, **__: (mixed, True, "clearly faster than the bf16 graph: 1.08x"))
+    chosen = openvino_variants.choose_openvino_precision(config, bench(config, record), dest)
     assert chosen.chosen == "bf16" and onnxfiles.openvino_precision(dest) == "bf16"
     assert ("during the race" in chosen.reason) if others else ("but slower at b8_s128" in chosen.reason)
 
@@ -403,9 +416,10 @@ def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path,
     def refused(original, dest, feeds):
         raise AttributeError("'NoneType' object has no attribute 'shape'")
 
-    monkeypatch.setattr(optimize, "quantize_openvino_int8", refused)
+    monkeypatch.setattr(openvino_variants, "quantize_openvino_int8", refused)
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    built = optimize.build_openvino_int8(config, record, record.export_info(), target_for("host", False), decision)
+    built = openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+        target_for("host", False), decision)
     assert built.recorded() == {"kept": False, "reason": "not built: NNCF could not quantize this graph "
                                                          "(AttributeError: 'NoneType' object has no attribute 'shape')"}
 
@@ -455,7 +469,7 @@ def test_optimize_run_again_reads_no_file_a_later_step_wrote(quantized, tmp_path
         repaired = record.run_dir / "onnx" / "int8_repaired.onnx"
         onnxfiles.save(onnx.load(record.variant("int8").path), repaired)
         record.add_artifact("onnx.int8_repaired", repaired, kind="onnx", variant="int8_repaired", precision="int8")
-    monkeypatch.setattr(optimize, "bf16_problem", lambda: NO_BF16)
+    monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: NO_BF16)
     assert optimize.run(config, record).status == "ok"
     inputs = record.data["steps"]["optimize"]["inputs"]
     assert "onnx.original" in inputs and not [key for key in inputs if key.startswith("onnx.int8_repaired")]

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.batches import Batch, cell_feeds
+from workbench.core.batches import Batch, Feed, cell_feeds
 from workbench.core.config import RunConfig
-from workbench.core.record import RunRecord
 from workbench.core.results import Borrowed, ExportMetrics, FormChoice, Timings, Trial
 from workbench.core.timing import cell_medians_ms
 from workbench.precision.compare import DEFAULT_TOLERANCES
-from workbench.runners import IO, Runner
-from workbench.runners.onnxruntime import OrtRunner
+from workbench.runners import IO, Device, Runner
+from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
 CELL_SECONDS = 8.0  # rounds of one cell stop after this long (two rounds at least)
 MIN_GAIN = 1.03  # the separate form must be 3% faster at one of the cells
@@ -50,19 +53,30 @@ def decide(ms: Timings) -> tuple[str, str]:
     return "fused", f"the separate layer norms were not clearly faster ({shown}; {RULE})"
 
 
-@contextmanager
-def open_files(files: dict[str, Path], providers: list[Any], threads: int | None,
-               device: str) -> Iterator[dict[str, Runner]]:
-    """An ONNX Runtime runner per file (by name), timed as `measure.sessions.call_for` times a session: numpy in and
-    out on the CPU, inputs bound on the device once on CUDA; all closed when the block ends."""
-    io: IO = "device" if device == "cuda" else "host"
-    with ExitStack() as stack:
-        yield {name: stack.enter_context(OrtRunner(name, path, providers, threads, io=io))
-               for name, path in files.items()}
+Feeds = dict[str, Feed]  # by cell name (`b1 s16`): the inputs filling that cell
 
 
-def _timed(runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
-           rounds: int) -> Timings:
+@dataclass(frozen=True)
+class RaceBench:
+    """What every race of one run times, built once (`race_bench`): the run's corpus filling the bench's smallest
+    and largest cell, and the providers, threads and device of the run's ONNX Runtime sessions."""
+
+    feeds: Feeds
+    providers: list[str]
+    threads: int | None
+    device: Device
+
+    @contextmanager
+    def open(self, files: dict[str, Path]) -> Iterator[dict[str, Runner]]:
+        """An ONNX Runtime runner per file (by name), timed as `measure.sessions.call_for` times a session: numpy
+        in and out on the CPU, inputs bound on the device once on CUDA; all closed when the block ends."""
+        io: IO = "device" if self.device == "cuda" else "host"
+        with ExitStack() as stack:
+            yield {name: stack.enter_context(OrtRunner(name, path, self.providers, self.threads, io=io))
+                   for name, path in files.items()}
+
+
+def _timed(runners: dict[str, Runner], feeds: Feeds, rounds: int) -> Timings:
     """Median ms per runner (by name) and cell, interleaved (at most `rounds`, or CELL_SECONDS a cell: a base-size
     model's largest cell takes seconds a call)."""
     def calls(cell: str) -> dict[str, Callable[[], object]]:
@@ -70,7 +84,7 @@ def _timed(runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
     return cell_medians_ms(calls, list(feeds), rounds, block=3, budget_s=CELL_SECONDS, min_rounds=2)
 
 
-def largest_difference(first: Runner, second: Runner, feeds: dict[str, dict[str, np.ndarray]]) -> tuple[float, bool]:
+def largest_difference(first: Runner, second: Runner, feeds: Feeds) -> tuple[float, bool]:
     """The largest absolute difference between the two runners' outputs (by the first's names) on every feed, and
     whether every element is within the fp32 gate (atol + rtol x |first|) of the first's."""
     gate = DEFAULT_TOLERANCES["fp32"]["hidden"]
@@ -84,8 +98,8 @@ def largest_difference(first: Runner, second: Runner, feeds: dict[str, dict[str,
     return largest, within
 
 
-def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
-          untimed: str | None = None, rounds: int = 5) -> Trial:
+def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: Feeds, untimed: str | None = None,
+          rounds: int = 5) -> Trial:
     """Keep `challenger` over `default` (both in `runners`, by name): never when its outputs differ beyond the fp32
     gate; when they match, if it is also clearly faster here (`race`), or without timing where `untimed` says why
     not."""
@@ -99,7 +113,7 @@ def trial(default: str, challenger: str, runners: dict[str, Runner], feeds: dict
     return Trial(max_abs=largest, matches=True, ms=ms, kept=kept, reason=reason)
 
 
-def race(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[str, dict[str, np.ndarray]],
+def race(default: str, challenger: str, runners: dict[str, Runner], feeds: Feeds,
          rounds: int = 5) -> tuple[Timings, bool, str]:
     """`challenger` timed against `default` (interleaved, at every cell of `feeds`): the median ms, whether it is
     clearly faster (`clearly_faster`) and why."""
@@ -112,28 +126,27 @@ def race(default: str, challenger: str, runners: dict[str, Runner], feeds: dict[
     return ms, faster, reason
 
 
-def choose_borrowed(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
-                    threads: int | None, device: str, fused: dict[str, int], attention: str, rules: str,
-                    untimed: str | None = None, rounds: int = 5) -> Borrowed:
+def choose_borrowed(files: dict[str, Path], bench: RaceBench, fused: dict[str, int], attention: str, rules: str,
+                    untimed: str | None = None) -> Borrowed:
     """The graph fused with borrowed `rules` (`files["borrowed"]`) tried against `files["basic"]` (`trial`)."""
-    with open_files(files, providers, threads, device) as runners:
-        tried = trial("basic", "borrowed", runners, feeds, untimed, rounds)
+    with bench.open(files) as runners:
+        tried = trial("basic", "borrowed", runners, bench.feeds, untimed)
         return Borrowed(rules=rules, fused=fused, attention=attention, **tried.recorded())
 
 
-def choose_form(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],
-                threads: int | None, device: str, rounds: int = 5) -> FormChoice:
-    """Time each form's file (`files`, by form) on every feed of `feeds` (by cell name), interleaved, and decide."""
-    with open_files(files, providers, threads, device) as runners:
-        ms = _timed(runners, feeds, rounds)
+def choose_form(files: dict[str, Path], bench: RaceBench) -> FormChoice:
+    """Time each form's file (`files`, by form) on every feed of `bench`, interleaved, and decide."""
+    with bench.open(files) as runners:
+        ms = _timed(runners, bench.feeds, 5)
     chosen, reason = decide(ms)
     return FormChoice(chosen=chosen, reason=reason, ms=ms)
 
 
-def form_feeds(config: RunConfig, record: RunRecord, export: ExportMetrics) -> dict[str, dict[str, np.ndarray]]:
-    """The run's corpus filling the bench's smallest and largest cell (sequences capped at the model's limit): what
-    the races of the optimize and parity steps time."""
+def race_bench(config: RunConfig, tokenizer: Tokenizer, export: ExportMetrics) -> RaceBench:
+    """The races' bench of a run: its corpus filling the bench's smallest and largest cell (sequences capped at the
+    model's limit), on the run's device and threads; what the optimize and parity steps time."""
     bench = config.bench
     cells = sorted({(min(bench.batches), min(min(bench.sequences), export.max_sequence)),
                     (max(bench.batches), min(max(bench.sequences), export.max_sequence))})
-    return cell_feeds(record.tokenizer(), tuple(export.io.inputs), list(config.texts()), cells)
+    return RaceBench(cell_feeds(tokenizer, tuple(export.io.inputs), list(config.texts()), cells),
+                     providers_for(config.device), config.threads, device_for(config.device))

@@ -18,7 +18,7 @@ from workbench.core.record import RunRecord, StepEntry, Variant
 from workbench.core.results import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome, Trial, Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
-from workbench.measure.forms import RUNTIME_ROUNDS, form_feeds, race
+from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
 from workbench.precision.compare import raise_if_failed
@@ -223,7 +223,7 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                form_feeds(config, record, record.export_info()), RUNTIME_ROUNDS)
+                                race_bench(config, record.tokenizer(), record.export_info()).feeds, RUNTIME_ROUNDS)
     release_memory()
     lost = "not kept (its file removed)" if openvino else f"served after {against}"
     return Trial(against=against, ms=ms, kept=kept, reason=f"{'kept' if kept else lost}: {reason}")
