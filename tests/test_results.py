@@ -28,7 +28,7 @@ def _v1_run(folder: Path) -> Path:
 
 def test_an_old_record_reads_into_the_models(tmp_path):
     record = RunRecord.load(_v1_run(tmp_path / "v1"))
-    assert record.data["schema"] == SCHEMA_VERSION == 2
+    assert record.data["schema"] == SCHEMA_VERSION == 3
     parity = ParityMetrics.model_validate(record.metric("parity"))
     repair = parity.repair["int8"]
     assert (repair.outcome, repair.units, repair.base) == ("repaired", 25, "per-channel weights, smoothed (alpha 0.7)")
@@ -41,17 +41,19 @@ def test_an_old_record_reads_into_the_models(tmp_path):
     assert deployment is not None
     assert deployment.flavor is Flavor.PYTHON_ORT and deployment.variant == "int8_repaired"
     assert record.export_info().io.inputs["input_ids"] == ["batch", "sequence"]
+    resolved = record.export_info().sequence_range  # recorded by the migration from the run's own settings
+    assert (resolved.min, resolved.opt, resolved.max) == (1, 128, 256)
 
 
 def test_the_bench_peak_moves_to_its_place_and_a_newer_record_is_refused(tmp_path):
     old = {"schema": 1, "metrics": {"bench": {"latency": {"peak_gflops": 120.0, "cells": {}}}}}
     assert migrate(old)["metrics"]["bench"]["latency"] == {"peaks": {"fp32": 120.0}, "cells": {}}
-    assert old["schema"] == 2
+    assert old["schema"] == SCHEMA_VERSION
     folder = tmp_path / "future"
     folder.mkdir()
-    (folder / "run.json").write_text(json.dumps({"schema": 3, "config": {}, "steps": {}, "artifacts": {},
+    (folder / "run.json").write_text(json.dumps({"schema": 4, "config": {}, "steps": {}, "artifacts": {},
                                                  "metrics": {}}))
-    with pytest.raises(OutputDirError, match="written by a newer workbench .schema 3, this one reads up to 2"):
+    with pytest.raises(OutputDirError, match="written by a newer workbench .schema 4, this one reads up to 3"):
         RunRecord.load(folder)
 
 
@@ -73,4 +75,4 @@ def test_an_old_run_still_renders_with_steps_report(tmp_path, capsys):
     assert "Could not be drawn" not in html
     assert "int8 precision repair</h2>\n<p>Outcome: repaired; units kept in fp32: 3 of 25" in html
     assert "Quantized as: per-channel weights, smoothed (alpha 0.7)." in html
-    assert json.loads((run / "run.json").read_text())["schema"] == 2
+    assert json.loads((run / "run.json").read_text())["schema"] == SCHEMA_VERSION

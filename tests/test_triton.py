@@ -393,6 +393,7 @@ def test_triton_step_end_to_end(tiny_models, tmp_path):
     metrics = triton.run(config, record).metrics
     assert record.data["steps"]["triton"]["status"] == "ok", record.data["steps"]["triton"]
     assert metrics["verified"] and metrics["verification"]["by"] == "triton step", "no parity step ran before it"
+    assert metrics["candidates"][0] == metrics["variant"] and set(metrics["candidates"]) <= set(record.variant_names())
     for protocol in ("http", "grpc"):
         served_parity = metrics["served_parity"][protocol]
         assert served_parity["passed"] and served_parity["outputs"]["logits"]["agreement"] == 1.0

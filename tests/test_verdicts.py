@@ -181,7 +181,8 @@ def test_a_verdict_is_decided_on_the_outputs_the_deployment_serves(checked_run):
     assert triton.recorded_verdict(strict, record, "fp32").passed
     assert triton.recorded_verdict(served_tokens, record, "fp32") is None, "gated on less than is served"
     with pytest.raises(UnverifiedError, match="fp32.*token_embeddings: "):
-        triton.verified_variant(served_tokens, record, Flavor.PYTHON_ORT, loaded)
+        triton.verified_variant(served_tokens, record, Flavor.PYTHON_ORT,
+                                triton.candidate_variants(served_tokens, record, Flavor.PYTHON_ORT), loaded)
     line = next(line for line in parity.lines(record) if line.startswith("  fp32: "))
     assert "gated on sentence_embedding (served); not gated: token_embeddings: " in line
 

@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workbench.core.config import BatchRange, activation_bytes_per_token
+from workbench.core.config import BatchRange, SequenceSetting, ShapeRange, activation_bytes_per_token
 from workbench.core.flavor import Flavor
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Json = dict[str, Any]  # a nested table as recorded (measurement cells, per-text diagnostics)
 
 
@@ -233,6 +233,19 @@ class PipelineSummary(Metrics):
     override: str | None = None  # the pooling_override, said in words
 
 
+class ResolvedSequence(Metrics):
+    """The run's tokens per text as the export step resolved them once (`SequenceSetting.resolve`): later steps read
+    this, never the setting again; where each value comes from."""
+
+    min: int
+    opt: int
+    max: int
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def shape(self) -> ShapeRange:
+        return ShapeRange(min=self.min, opt=self.opt, max=self.max)
+
+
 class ExportMetrics(Metrics):
     architecture: str
     optimizer_model_type: str | None = None
@@ -242,7 +255,7 @@ class ExportMetrics(Metrics):
     intermediate_size: int
     max_sequence: int
     max_sequence_source: str | None = None  # where the model's limit comes from (older records: not recorded)
-    sequence: Json | None = None  # the run's tokens per text, resolved (min, opt, max) with their `sources`
+    sequence: ResolvedSequence | None = None  # None: a record made by a test without the export step
     nodes: int | None = None
     io: GraphIO
     sentence_pipeline: PipelineSummary | None = None
@@ -250,6 +263,11 @@ class ExportMetrics(Metrics):
     opset: int | None = None
     exporter: str | None = None
     export_seconds: float | None = None
+
+    @property
+    def sequence_range(self) -> ShapeRange:
+        """The run's resolved tokens per text (where none was recorded, the model's whole range, as auto gives)."""
+        return self.sequence.shape() if self.sequence else SequenceSetting().resolve(self.max_sequence)
 
     def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
         """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
@@ -450,6 +468,7 @@ class TritonMetrics(Metrics):
     layout: str = "ensemble"
     variant: str | None = None
     precision: str | None = None
+    candidates: list[str] = Field(default_factory=list)  # the variants it could serve, best first (older: none)
     models: list[str] = Field(default_factory=list)
     max_batch_size: int | None = None
     pad_to: list[int] = Field(default_factory=list)
@@ -546,11 +565,18 @@ class BatchingBurst(Metrics):
 def migrate(data: Json) -> Json:
     """A run record as this schema has it, from any earlier one (in place; returns it). Version 1 (before typed
     results): the bench grid's fp32 peak was `peak_gflops` beside (or, before per-precision peaks, without)
-    `peaks`; it is `peaks.fp32` now."""
+    `peaks`; it is `peaks.fp32` now. Version 2: an export without its resolved `sequence` gets the one its
+    configuration resolves to (later steps read it, not the setting)."""
     if data.get("schema", 1) < 2:
         latency = data.get("metrics", {}).get("bench", {}).get("latency")
         if isinstance(latency, dict) and "peak_gflops" in latency:
             latency.setdefault("peaks", {"fp32": latency["peak_gflops"]})
             del latency["peak_gflops"]
         data["schema"] = 2
+    if data["schema"] < 3:
+        export = data.get("metrics", {}).get("export")
+        if isinstance(export, dict) and "max_sequence" in export and not export.get("sequence"):
+            setting = SequenceSetting.model_validate(data.get("config", {}).get("sequence") or {})
+            export["sequence"] = setting.resolve(export["max_sequence"]).model_dump()
+        data["schema"] = 3
     return data

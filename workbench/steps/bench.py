@@ -56,7 +56,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     sequences = [s for s in bench.sequences if s <= export.max_sequence]
     shape = GridShape(list(bench.batches), sequences, bench.rounds, bench.warmup, bench.seconds_per_cell,
                       bench.tune_sessions,
-                      long_lengths(sequences, config.sequence.resolve(export.max_sequence).max) if bench.long_texts
+                      long_lengths(sequences, export.sequence_range.max) if bench.long_texts
                       else [])
     texts = list(config.texts())
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))

@@ -156,8 +156,8 @@ def lines(record: RunRecord) -> list[str]:
              f"{len(dynamic)} of {len(info.io.inputs)} inputs"]
     sequence = info.sequence
     if sequence:
-        lines.append(f"tokens per text: {sequence['min']}-{sequence['max']} (opt {sequence['opt']}); max "
-                     f"{sequence['sources']['max']}; the model takes {info.max_sequence}")
+        lines.append(f"tokens per text: {sequence.min}-{sequence.max} (opt {sequence.opt}); max "
+                     f"{sequence.sources.get('max', '')}; the model takes {info.max_sequence}")
     pipeline = info.sentence_pipeline
     if pipeline:
         override = f"; {pipeline.override}" if pipeline.override else ""
@@ -188,9 +188,8 @@ def pipeline_text(pipeline: PipelineSummary, run_max: int | None = None) -> str:
 def section(export: ExportMetrics) -> Parts:
     if not export.sentence_pipeline:
         return []
-    run_max = (export.sequence or {}).get("max")
-    return [("The model as its users run it", pipeline_text(export.sentence_pipeline,
-                                                            run_max if isinstance(run_max, int) else None), [])]
+    run_max = export.sequence.max if export.sequence else None
+    return [("The model as its users run it", pipeline_text(export.sentence_pipeline, run_max), [])]
 
 
 SPEC = StepSpec(

@@ -125,7 +125,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(config.texts()))
-        sequence = config.sequence.resolve(export.max_sequence)
+        sequence = export.sequence_range
         max_tokens, max_tokens_source = export.token_budget(config.batch, sequence.max)
         profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence, max_tokens)
         single = design_profiles(lengths, 1, config.batch, sequence, max_tokens)

@@ -143,11 +143,13 @@ def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> 
                       flavor, config.triton.variant, int8_decision(record), lost_races(record))
 
 
-def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None) -> tuple[ServingPlan, str]:
-    """How to serve `variant` of this run (default: the first candidate) with the configured Triton settings."""
+def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None,
+                 flavor: Flavor | None = None) -> tuple[ServingPlan, str]:
+    """How to serve `variant` of this run (default: the first candidate) as `flavor` (default: the configured one)
+    with the configured Triton settings."""
     from transformers import AutoConfig
 
-    flavor = choose_flavor(config.triton.flavor, config.device, config.task)
+    flavor = flavor or choose_flavor(config.triton.flavor, config.device, config.task)
     variant = variant or candidate_variants(config, record, flavor)[0]
     outputs = config.served_specs
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
@@ -159,17 +161,17 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
         variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
         pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, outputs=outputs,
         profiles=shape_profiles(record), triton=config.triton, batch=config.batch,
-        sequence_max=config.sequence.resolve(export.max_sequence).max, threads=config.threads)
+        sequence_max=export.sequence_range.max, threads=config.threads)
     return build_plan(request), variant
 
 
-def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
+def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, ordered: list[str], loaded: LoadedModel,
                      served_failures: dict[str, list[str]] | None = None) -> Verification:
-    """The first candidate that passed parity in this run and did not fail it served (`served_failures`); a
-    candidate no step has checked is checked here, on the parity step's lab and tolerances. Without one,
-    UnverifiedError (unless triton.allow_unverified)."""
+    """The first of the candidates (`ordered`, best first) that passed parity in this run and did not fail it served
+    (`served_failures`); a candidate no step has checked is checked here, on the parity step's lab and tolerances.
+    Without one, UnverifiedError (unless triton.allow_unverified)."""
     served_failures = served_failures or {}
-    candidates = [c for c in candidate_variants(config, record, flavor) if c not in served_failures]
+    candidates = [c for c in ordered if c not in served_failures]
     if not candidates:
         raise UnverifiedError(f"every variant that passed parity in process fails it served: {served_failures}",
                               "read metrics.triton.served_parity in run.json; serve another variant "
@@ -220,20 +222,21 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
         loaded = load_model(config)
-        flavor = choose_flavor(config.triton.flavor, config.device, config.task)
+        flavor = choose_flavor(config.triton.flavor, config.device, config.task)  # chosen once, recorded
+        candidates = candidate_variants(config, record, flavor)  # ordered once, recorded
         served_failures: dict[str, list[str]] = {}
-        while not deploy_first_passing(config, record, flavor, loaded, served_failures):
+        while not deploy_first_passing(config, record, flavor, candidates, loaded, served_failures):
             pass  # a variant that passed in process but failed served is passed over for the next
     return record.step_entry(STEP)
 
 
-def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, loaded: LoadedModel,
-                         served_failures: dict[str, list[str]]) -> bool:
+def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, candidates: list[str],
+                         loaded: LoadedModel, served_failures: dict[str, list[str]]) -> bool:
     """Write, serve and check the first candidate not in `served_failures`; publish it when its served answers
     pass. False (and its failure added to `served_failures`) when they fail and another candidate may be tried;
     UnverifiedError when none is left (a variant the user chose is not replaced)."""
-    verification = verified_variant(config, record, flavor, loaded, served_failures)
-    plan, variant = serving_plan(config, record, verification.variant)
+    verification = verified_variant(config, record, flavor, candidates, loaded, served_failures)
+    plan, variant = serving_plan(config, record, verification.variant, flavor)
     destination = repository_root(config.triton.repository_dir) / plan.name
     check_replaceable(destination, config.triton.overwrite)
     run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
@@ -243,7 +246,8 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
                             precision=record.variant(variant, plan.flavor.artifact_kind).precision,
                             models=sorted(read_repository(run_copy)), max_batch_size=plan.max_batch_size,
                             pad_to=plan.pad_to, repository=str(destination), published=False, plan=plan.record(),
-                            verification=verification, verified=verification.by is not None)
+                            verification=verification, verified=verification.by is not None,
+                            candidates=candidates)
     record.set_metric(STEP, metrics.recorded())
 
     def publish() -> None:
@@ -269,8 +273,7 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, l
         record.remove_artifact("triton.repository")
         failures = served_checks(metrics)[failed[0]].failures
         served_failures[variant] = [f"served over {', '.join(failed)}: {failures[0]}"]
-        if config.triton.variant is None and len(candidate_variants(config, record, flavor)) > \
-                len(served_failures):
+        if config.triton.variant is None and len(candidates) > len(served_failures):
             return False
         raise UnverifiedError(
             f"{variant} served by Triton fails parity over {', '.join(failed)}: {'; '.join(failures)}; nothing was "
