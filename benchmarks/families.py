@@ -17,10 +17,10 @@ from pathlib import Path
 
 from workbench.core.errors import ConfigError
 from workbench.core.interrupt import script_exit
-from workbench.models.tiny import MAX_POSITIONS, build_encoder
+from workbench.models.tiny import MAX_POSITIONS, build_encoder, tiny_families
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta-v2", "mpnet")
+FAMILIES = tuple(tiny_families())  # every family models.families can build a tiny (or base-size) one of
 # Base size at transformers' initializer std for every family: at the 0.2 the tiny DeBERTa-v2 gets (tiny.py), its
 # 12 layers are chaotic (1e-6 of noise on the weights moved PyTorch's own outputs by 0.35, min cosine 0.994), and no
 # graph can match a reference that unstable.

@@ -11,9 +11,10 @@ from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
-from workbench.graphs.variants import BORROWED_RULES, borrowed_fp32, keep_in_fp32, optimize_fp32, quantize_int8
+from workbench.graphs.variants import borrowed_fp32, keep_in_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
 from workbench.measure.forms import RaceBench, race_bench
+from workbench.models.families import BORROWED_RULES
 from workbench.models.tiny import build_encoder
 from workbench.steps import export
 

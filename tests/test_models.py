@@ -176,3 +176,29 @@ def test_attention_the_architecture_lacks_is_unsupported(tmp_path):
                                                     "attention implementation through .*scaled_dot_product") as info:
         load_model(config)
     assert info.value.fix == "set -p attn_implementation=eager (every architecture has it)"
+
+
+def test_a_family_is_one_record_read_by_loading_and_the_tiny_builder(tmp_path):
+    from transformers import AutoConfig
+
+    from workbench.models.families import FAMILIES, family
+    from workbench.models.loading import sequence_limit
+    from workbench.models.tiny import tiny_families
+
+    assert family("roberta").position_offset and family("roberta").fusion_rules == "bert"
+    assert family("mpnet").fusion_rules is None, "MPNet borrows BERT's rules"
+    unknown = family("some-new-family")
+    assert (unknown.fusion_rules, unknown.position_offset, unknown.tiny_config) == (None, False, None)
+    assert set(tiny_families()) == {name for name, known in FAMILIES.items() if known.tiny_config}
+    with pytest.raises(ValueError, match="no tiny 'camembert' model is built here: bert, roberta"):
+        build_encoder(tmp_path / "camembert", "camembert")
+    model = build_encoder(tmp_path / "roberta", "roberta")
+    config = AutoConfig.from_pretrained(model)
+    assert config.model_type == "roberta" and config.max_position_embeddings == 130
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.model_max_length = 10**9  # no limit of its own: the position table decides
+    limit = sequence_limit(config, tokenizer, None)
+    assert limit.tokens == 130 - (config.pad_token_id + 1), "the family's position offset taken off the limit"
+    assert "less the padding offset" in limit.source

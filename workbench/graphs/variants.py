@@ -22,6 +22,7 @@ from workbench.graphs.attention import (
     topological,
     unpack_biased_attention,
 )
+from workbench.models.families import BORROWED_RULES
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
@@ -35,8 +36,6 @@ GRAPH_FORMS = ("fused", "separate")
 # ONNX Runtime fuses Add + LayerNormalization again when it loads a graph: a separate-form file names the fusions its
 # sessions leave out (onnxfiles.DISABLED_OPTIMIZERS_KEY).
 SEPARATE_FORM_DISABLED = ("SkipLayerNormFusion", "EmbedLayerNormFusion")
-# The rules tried on an encoder family ONNX Runtime's optimizer has none for (MPNet, ALBERT, DeBERTa-v2, ...).
-BORROWED_RULES = "bert"
 
 
 def optimize_fp32(original: Path, dest: Path, export: ExportMetrics, form: str = "fused") -> Any:

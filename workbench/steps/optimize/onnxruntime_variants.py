@@ -15,10 +15,10 @@ from workbench.core.record import RunRecord
 from workbench.core.results import Borrowed, ExportMetrics, FormChoice, GraphStats, SmokeTest, Unavailable
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
-from workbench.graphs.variants import BORROWED_RULES, GRAPH_FORMS, borrowed_fp32, optimize_fp32
+from workbench.graphs.variants import GRAPH_FORMS, borrowed_fp32, optimize_fp32
 from workbench.measure.forms import RaceBench, choose_borrowed, choose_form
 from workbench.measure.precisions import Target
-from workbench.models.loading import FUSION_MODEL_TYPES
+from workbench.models.families import BORROWED_RULES, with_fusion_rules
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def unavailable_fusions(export: ExportMetrics, borrowed: Borrowed | None) -> Una
     if export.optimizer_model_type:
         return None
     none = (f"ONNX Runtime's transformer optimizer has no fusion rules for model type {export.architecture!r} "
-            f"(it has them for {', '.join(FUSION_MODEL_TYPES)})")
+            f"(it has them for {', '.join(with_fusion_rules())})")
     basic = ("the graph got ONNX Runtime's basic optimizations only (constant folding, redundant nodes removed), "
              "with standard ONNX operators")
     if borrowed is None:

@@ -1,0 +1,135 @@
+"""One record per encoder family the workbench knows (transformers' `model_type`): the fusion rules ONNX Runtime's
+transformer optimizer has for it (else the rules borrowed), whether its position ids start after the padding index,
+and how a tiny random-weight one is built (`models.tiny.build_encoder`: tests and benchmarks). A family not listed
+is exported and optimized at ONNX Runtime's basic level, with the borrowed rules tried (`optimize.borrowed_rules`).
+
+Adding a family is one `Family(...)` line here (docs/contributing.md)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# The rules tried on an encoder family ONNX Runtime's optimizer has none for (MPNet, ALBERT, DeBERTa-v2, ...), as
+# Optimum maps such families.
+BORROWED_RULES = "bert"
+TinyTokenizer = Literal["wordpiece", "bytelevel", "mpnet", "unigram"]
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """The sizes of a tiny model (`build_encoder`'s arguments) and the settings every family's config shares
+    (vocabulary size, padding id, labels, initializer range)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    positions: int
+    common: dict[str, int | float]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the workbench knows of one encoder family."""
+
+    model_type: str
+    fusion_rules: str | None = None  # ONNX Runtime's optimizer model type with rules for it (None: BORROWED_RULES)
+    position_offset: bool = False  # its position ids start after the padding index (RoBERTa's layout)
+    tiny_config: Callable[[TinyShape], PretrainedConfig] | None = None  # None: no tiny one is built
+    tiny_tokenizer: TinyTokenizer = "wordpiece"
+    tiny_positions_offset: int = 0  # position embeddings a tiny one has past MAX_POSITIONS (RoBERTa-like: 2)
+
+
+def _bert(shape: TinyShape) -> PretrainedConfig:
+    from transformers import BertConfig
+
+    return BertConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      intermediate_size=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
+
+
+def _roberta(shape: TinyShape) -> PretrainedConfig:
+    from transformers import RobertaConfig
+
+    return RobertaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                         intermediate_size=shape.intermediate, max_position_embeddings=shape.positions,
+                         **shape.common)
+
+
+def _xlm_roberta(shape: TinyShape) -> PretrainedConfig:
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                            num_attention_heads=shape.heads, intermediate_size=shape.intermediate,
+                            max_position_embeddings=shape.positions, **shape.common)
+
+
+def _albert(shape: TinyShape) -> PretrainedConfig:
+    """ALBERT's factorized embeddings (at most 128 wide) and one set of layer weights shared by every layer."""
+    from transformers import AlbertConfig
+
+    return AlbertConfig(embedding_size=min(128, shape.hidden), hidden_size=shape.hidden,
+                        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                        intermediate_size=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
+
+
+def _electra(shape: TinyShape) -> PretrainedConfig:
+    from transformers import ElectraConfig
+
+    return ElectraConfig(embedding_size=shape.hidden, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                         num_attention_heads=shape.heads, intermediate_size=shape.intermediate,
+                         max_position_embeddings=shape.positions, **shape.common)
+
+
+def _distilbert(shape: TinyShape) -> PretrainedConfig:
+    from transformers import DistilBertConfig
+
+    return DistilBertConfig(dim=shape.hidden, n_layers=shape.layers, n_heads=shape.heads,
+                            hidden_dim=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
+
+
+def _deberta_v2(shape: TinyShape) -> PretrainedConfig:
+    """DeBERTa-v3's layout: disentangled relative attention (log buckets), no absolute positions or segments."""
+    from transformers import DebertaV2Config
+
+    return DebertaV2Config(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                           intermediate_size=shape.intermediate, max_position_embeddings=shape.positions,
+                           relative_attention=True, position_buckets=32, pos_att_type=["p2c", "c2p"],
+                           position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True,
+                           type_vocab_size=0, **shape.common)
+
+
+def _mpnet(shape: TinyShape) -> PretrainedConfig:
+    """all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index."""
+    from transformers import MPNetConfig
+
+    return MPNetConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       intermediate_size=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
+
+
+FAMILIES = {family.model_type: family for family in (
+    Family("bert", fusion_rules="bert", tiny_config=_bert),
+    Family("roberta", fusion_rules="bert", position_offset=True, tiny_config=_roberta, tiny_tokenizer="bytelevel",
+           tiny_positions_offset=2),
+    Family("xlm-roberta", fusion_rules="bert", position_offset=True, tiny_config=_xlm_roberta,
+           tiny_tokenizer="bytelevel", tiny_positions_offset=2),
+    Family("camembert", fusion_rules="bert", position_offset=True),
+    Family("distilbert", fusion_rules="bert", tiny_config=_distilbert),
+    Family("electra", fusion_rules="bert", tiny_config=_electra),
+    Family("albert", tiny_config=_albert),
+    Family("deberta-v2", tiny_config=_deberta_v2, tiny_tokenizer="unigram"),
+    Family("mpnet", position_offset=True, tiny_config=_mpnet, tiny_tokenizer="mpnet", tiny_positions_offset=2),
+)}
+
+
+def family(model_type: str) -> Family:
+    """The record of `model_type` (one with no fusion rules, no offset and no tiny builder where it is not known)."""
+    return FAMILIES.get(model_type) or Family(model_type)
+
+
+def with_fusion_rules() -> list[str]:
+    """The families ONNX Runtime's transformer optimizer has rules for."""
+    return [name for name, known in FAMILIES.items() if known.fusion_rules]
