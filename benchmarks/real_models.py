@@ -85,7 +85,7 @@ def speedups(run_dir: Path, rounds: int) -> dict[str, Any]:
     from workbench.core.batches import Batch, cell_feeds
     from workbench.core.timing import cell_medians_ms
     from workbench.models.loading import load_model
-    from workbench.runners.files import open_variant
+    from workbench.runners.registry import open_variant
     from workbench.runners.torch import TorchRunner
 
     record = RunRecord.load(run_dir)

@@ -16,9 +16,9 @@ from workbench.graphs import onnxfiles
 from workbench.measure.forms import race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
-from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner, bf16_problem
+from workbench.runners.registry import open_variant
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt

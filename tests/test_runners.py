@@ -168,3 +168,29 @@ def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tm
 
     with pytest.raises(GpuRequiredError, match="has no CUDA provider"):  # refused before anything is written
         preflight(RunConfig(device="cuda", steps=["export"]))
+
+
+def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path):
+    """The registry decides: the file's runtime metadata picks the runner; a runtime no runner registers, or a
+    precision the runner does not run, is refused with a typed error naming what is registered."""
+    from onnx import TensorProto, helper
+
+    from workbench.core.errors import UnsupportedModelError
+    from workbench.core.record import Variant
+    from workbench.graphs import onnxfiles
+    from workbench.runners.registry import RUNNERS, open_variant, runner_kind
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = onnxfiles.save(model, tmp_path / "m.onnx")
+    assert runner_kind(path) is RUNNERS["onnxruntime"] and RUNNERS["onnxruntime"].tuned
+    with open_variant(Variant("m", "fp32", "onnx", path), "cpu", 1) as runner:
+        assert runner.infer(Batch("one", [0], {"x": np.ones(1, np.float32)}))["y"].tolist() == [1.0]
+    with pytest.raises(UnsupportedModelError, match="onnxruntime does not run here .it runs fp32, fp16, int8"):
+        open_variant(Variant("m", "bf16", "onnx", path), "cpu", 1)
+    onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "ctranslate2"})
+    with pytest.raises(UnsupportedModelError, match="'ctranslate2', which no registered runner runs .registered: "
+                                                    "onnxruntime, openvino"):
+        runner_kind(path)

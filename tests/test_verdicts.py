@@ -23,7 +23,7 @@ from workbench.models.loading import load_model
 from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.precision.lab import ParityLab, lab_texts
 from workbench.report.page import build_report
-from workbench.runners.files import open_variant
+from workbench.runners.registry import open_variant
 from workbench.steps import export, optimize, parity, specs, triton
 
 from .conftest import export_metrics

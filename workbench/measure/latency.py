@@ -168,14 +168,14 @@ def tune_sessions(variants: dict[str, Variant], device: Device, small: Batch, la
     cell, where per-op overhead dominates) and no slower at `large` (its largest), with every median
     (`measure.sessions.tune`): CPU threads and modes on the CPU, CUDA provider options with I/O binding on CUDA."""
     from workbench.core.progress import track
-    from workbench.graphs.onnxfiles import runtime
     from workbench.measure.sessions import tune
     from workbench.runners.onnxruntime import providers_for, session
+    from workbench.runners.registry import runner_kind
 
     providers = providers_for(device)
     return {name: tune(lambda settings, path=variants[name].path: session(path, providers, settings=settings),
                        small.feed, large.feed, threads, device)
-            for name in track([n for n, v in variants.items() if runtime(v.path) == "onnxruntime"],
+            for name in track([n for n, v in variants.items() if runner_kind(v.path).tuned],
                               "bench: session settings", "variants")}
 
 
@@ -212,8 +212,8 @@ class GridRows:
         reference), every ONNX variant in ONNX Runtime (with its `tuned` settings) and, with `torch_compile`,
         torch.compile. On CUDA besides: PyTorch on device and in fp16 on device, and each variant with I/O binding
         (`<variant>@device`); TensorRT engines where built."""
-        from workbench.runners.files import open_variant
         from workbench.runners.onnxruntime import OrtRunner, SessionSettings, providers_for
+        from workbench.runners.registry import open_variant, runner_kind
         from workbench.runners.tensorrt import TrtEngineRunner
         from workbench.runners.torch import TorchRunner, torch_device
 
@@ -229,7 +229,7 @@ class GridRows:
         for name, built in self.variants.items():
             settings = SessionSettings.from_record(tuned[name].chosen) if tuned and name in tuned else None
             rows[name] = lambda v=built, s=settings: open_variant(v, self.device, threads, s)
-            if self.device == "cuda":
+            if self.device == "cuda" and runner_kind(built.path).bound:
                 rows[f"{name}{ON_DEVICE}"] = lambda v=built, s=settings: OrtRunner(
                     f"{v.name}{ON_DEVICE}", v.path, providers, threads, s, v.precision, io="device")
         for name, (engine, profiles) in self.engines.items():

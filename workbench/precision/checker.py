@@ -11,8 +11,8 @@ from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
 from workbench.runners import Runner
-from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import SessionSettings
+from workbench.runners.registry import open_variant
 
 HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
 SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")
@@ -21,7 +21,7 @@ RANKING_KEYS = ("kendall_tau", "agreement_at_1")  # a reranker's scores: each qu
 
 class Checker:
     """Checks candidate files of one `variant` against `lab`, each run by the runtime its file names
-    (`runners.files.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
+    (`runners.registry.open_variant`: ONNX Runtime on `device`, or OpenVINO) with `threads`. The search's batches
     (`checks`) start as those of the texts the variant's own file gets most wrong and grow with `add_failing`; the
     corner batches join them once a search's winner failed the full lab (`probe_lab` is the same without them):
     accuracy is decided on the hard texts, the shapes at confirmation, so a base-size candidate is judged in seconds."""

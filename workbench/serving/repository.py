@@ -20,6 +20,7 @@ from workbench.core.errors import RepositoryError
 from workbench.core.flavor import Flavor
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
+from workbench.runners.registry import runner_kind
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer as Repeated
@@ -86,7 +87,7 @@ class ServingPlan:
         (a TensorRT plan's engine: "tensorrt")."""
         if self.flavor is Flavor.TENSORRT_PLAN:
             return "tensorrt"
-        return onnxfiles.runtime(self.model_file)
+        return runner_kind(self.model_file).runtime
 
     @property
     def classifies(self) -> bool:

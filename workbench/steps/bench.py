@@ -32,8 +32,8 @@ from workbench.precision.lab import ParityLab
 from workbench.report import figures
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
-from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import device_for
+from workbench.runners.registry import open_variant
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver

@@ -28,8 +28,8 @@ from workbench.precision.repair import repair as repair_variant
 from workbench.report import figures
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
-from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import SessionSettings
+from workbench.runners.registry import open_variant
 from workbench.serving.plan import choose_flavor, int8_decision, lost_races, preference, served_groups
 
 STEP = "parity"

@@ -18,7 +18,7 @@ from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
 from workbench.report.page import resume_command
 from workbench.report.takeaways import cut_line
-from workbench.runners.files import open_variant
+from workbench.runners.registry import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import SAMPLE_TEXT, request_lines

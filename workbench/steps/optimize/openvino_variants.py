@@ -18,9 +18,9 @@ from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Decision, Target
-from workbench.runners.files import open_variant
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
+from workbench.runners.registry import open_variant
 
 OPENVINO_BUILDS = ("openvino", "openvino_bf16", "openvino_int8")  # the OpenVINO variants this step may keep
 

@@ -1,0 +1,72 @@
+"""The runners a variant's file can be run by, one record each: the files it opens (the runtime a file's metadata
+names, `onnxfiles.runtime`), the devices and precisions it runs, and what the latency grid may do with it. Opening a
+variant (`open_variant`), the grid's rows and the served model's runtime ask this registry; adding a runner is one
+`RunnerKind` here and its module (docs/contributing.md)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.core.errors import UnsupportedModelError
+from workbench.core.record import Variant
+from workbench.graphs import onnxfiles
+from workbench.runners import Device, Runner
+from workbench.runners.onnxruntime import SessionSettings
+
+Opener = Callable[[Variant, str, int | None, SessionSettings | None], Runner]
+
+
+@dataclass(frozen=True)
+class RunnerKind:
+    """A runner of variant files: `runtime`, the value of the file's runtime metadata it opens; `devices` and
+    `precisions` it runs; `tuned`: the grid measures its session settings first (`measure.sessions.tune`); `bound`:
+    on CUDA the grid also times it with inputs and outputs bound on the device (`<variant>@device`)."""
+
+    runtime: str
+    devices: tuple[Device, ...]
+    precisions: tuple[str, ...]
+    opens: Opener
+    tuned: bool = False
+    bound: bool = False
+
+
+def _onnxruntime(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None) -> Runner:
+    from workbench.runners.onnxruntime import OrtRunner, providers_for
+
+    return OrtRunner(variant.name, variant.path, providers_for(device), threads, settings, variant.precision)
+
+
+def _openvino(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None) -> Runner:
+    from workbench.runners.openvino import OpenVinoRunner
+
+    return OpenVinoRunner(variant.name, variant.path, threads, variant.precision)
+
+
+RUNNERS = {kind.runtime: kind for kind in (
+    RunnerKind("onnxruntime", ("cpu", "cuda"), ("fp32", "fp16", "int8"), _onnxruntime, tuned=True, bound=True),
+    RunnerKind("openvino", ("cpu",), ("fp32", "bf16", "int8"), _openvino),
+)}
+
+
+def runner_kind(path: Path) -> RunnerKind:
+    """The registered runner of the file at `path`; UnsupportedModelError where its metadata names another."""
+    runtime = onnxfiles.runtime(path)
+    kind = RUNNERS.get(runtime)
+    if kind is None:
+        raise UnsupportedModelError(f"{path} asks for the runtime {runtime!r}, which no registered runner runs "
+                                    f"(registered: {', '.join(RUNNERS)})",
+                                    "rebuild the variant with this workbench, or register its runner in "
+                                    "workbench/runners/registry.py")
+    return kind
+
+
+def open_variant(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None = None) -> Runner:
+    """`variant`'s runner, as its file's registered runner opens it (ONNX Runtime with the providers of `device`
+    and `settings`; OpenVINO on the CPU); UnsupportedModelError where that runner does not run its precision."""
+    kind = runner_kind(variant.path)
+    if variant.precision not in kind.precisions:
+        raise UnsupportedModelError(f"{variant.name} is {variant.precision}, which {kind.runtime} does not run here "
+                                    f"(it runs {', '.join(kind.precisions)})",
+                                    f"serve or measure another variant than {variant.name}")
+    return kind.opens(variant, device, threads, settings)
