@@ -11,7 +11,12 @@ with `ast`; nothing is imported or run:
 - `dict[str, Any]` annotations, and parameters annotated with a bare `Any`;
 - raw key reads in report/ and the notebooks: subscripts and `.get` with a string key;
 - `record.metric(` calls outside the record, and step-status literals ("ok", "failed", "skipped", ...) compared or
-  passed in the package."""
+  passed in the package;
+- where the tables live and what is derived twice (issue #67): core's share of the package's lines and its pydantic
+  tables, the largest step file, functions with 8 or more parameters, library rooms (models to measure) that read
+  the run record, settings resolved again after export (`config.sequence.resolve(`, `choose_flavor(`), variant names
+  written as string literals, Metrics models that keep undeclared keys, and the report's figures that serve one
+  step."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
 ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
 STATUSES = {"ok", "failed", "skipped", "interrupted", "running"}
+LIBRARY_ROOMS = ("models", "graphs", "runners", "precision", "serving", "measure")
+VARIANT_NAMES = {"fp16", "int8", "int8_repaired", "fp16_repaired", "openvino", "openvino_bf16", "openvino_int8",
+                 "openvino_int8_repaired", "tensorrt"}  # fp32 left out: it is also a precision's name
 
 
 def module_name(path: Path) -> str:
@@ -184,6 +192,53 @@ def counts() -> dict[str, object]:
         "raw key reads in notebooks": sum(key_reads(tree) for tree in notebooks.values()),
         "record.metric( calls outside the record": metric_calls,
         "step-status literals compared": status_literals,
+        **tables_and_derivations(trees),
+    }
+
+
+def lines_of(name: str) -> int:
+    path = PACKAGE.parent / Path(*name.split("."))
+    file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return len(file.read_text(encoding="utf-8").splitlines())
+
+
+def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    names = [a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]]
+    return len([n for n in names if n not in ("self", "cls")])
+
+
+def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
+    """Issue #67's figures: where the tables live and what is derived more than once."""
+    sizes = {name: lines_of(name) for name in trees}
+    core = sum(size for name, size in sizes.items() if room_of(name) == "core")
+    steps = {name: size for name, size in sizes.items() if room_of(name) == "steps"}
+    text = {name: ast.unparse(tree) for name, tree in trees.items()}
+    core_tables = sum(1 for name, tree in trees.items() if room_of(name) == "core" for node in tree.body
+                      if isinstance(node, ast.ClassDef) and node.bases and name.rsplit(".", 1)[-1] in (
+                          "results", "measured"))
+    readers = sorted(name for name, tree in trees.items() if room_of(name) in LIBRARY_ROOMS and any(
+        isinstance(node, ast.ImportFrom) and node.module == "workbench.core.record" and any(
+            alias.name == "RunRecord" for alias in node.names) for node in ast.walk(tree)))
+    literals = {name: sum(1 for value in strings(tree) if value in VARIANT_NAMES) for name, tree in trees.items()}
+    figures = trees.get("workbench.report.figures")
+    drawn = [node.name for node in figures.body if isinstance(node, ast.FunctionDef) and not node.name.startswith(
+        "_")] if figures else []
+    users = {fn: {name for name, body in text.items() if room_of(name) == "steps" and (
+        f"figures.{fn}(" in body or f" {fn}(" in body)} for fn in drawn}
+    return {
+        "lines in core/ (share of the package)": f"{core} of {sum(sizes.values())} "
+                                                 f"({100 * core / sum(sizes.values()):.0f}%)",
+        "tables (classes) in core/results.py and core/measured.py": core_tables,
+        "largest step file (lines)": f"{max(steps, key=lambda n: steps[n])} {max(steps.values())}",
+        "functions with 8+ parameters": sum(1 for tree in trees.values() for node in ast.walk(tree) if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameters(node) >= 8),
+        "library modules that read the run record": f"{len(readers)} ({', '.join(readers)})",
+        "config.sequence.resolve( calls": sum(body.count("config.sequence.resolve(") for body in text.values()),
+        "choose_flavor( calls": sum(body.count("choose_flavor(") for body in text.values()),
+        "variant-name literals (files)": f"{sum(literals.values())} ({sum(1 for n in literals.values() if n)})",
+        "Metrics models keeping undeclared keys": sum(body.count("extra='allow'") for body in text.values()),
+        "report figures serving exactly one step": f"{sum(1 for u in users.values() if len(u) == 1)} of "
+                                                   f"{len(drawn)}",
     }
 
 

@@ -116,7 +116,6 @@ def build_base(folder: Path) -> Path:
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    import workbench.steps  # noqa: F401  registers the steps a configuration names
     from workbench.core.config import RunConfig
     from workbench.models.loading import resolve_source
 

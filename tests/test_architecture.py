@@ -94,7 +94,7 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "core/dotted.py": (3, "dotted keys into JSON mappings"),
     "core/machine.py": (2, "the host's facts as run.json records them"),
     "core/record.py": (8, JSON),
-    "core/results.py": (1, "the Json alias: a nested table as recorded"),
+    "core/metrics.py": (1, "the Json alias: a nested table as recorded"),
     "graphs/engines.py": (1, JSON),
     "measure/load.py": (1, "Triton's statistics JSON"),
     "measure/precisions.py": (2, JSON),

@@ -160,10 +160,19 @@ def test_paths_given_from_the_working_directory_stay_right_in_the_notebooks(tmp_
     assert RunConfig().model == "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def test_a_configuration_is_made_without_importing_the_steps_first():
+    """The catalog registers the steps on first use: a script that imports the configuration alone works."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from workbench.core.config import RunConfig; "
+                           "print(','.join(RunConfig().steps))"], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("export,optimize,parity")
+
+
 def test_each_step_section_of_the_configuration_is_declared_by_its_step():
     """A step's own settings live under its name (`optimize.fp16.op_block_list`, `tensorrt.profiles`), and its
     SPEC names that section; no section is named after a step that does not declare it."""
-    import workbench.steps  # noqa: F401 - registers the steps
     from workbench.core import catalog
 
     declared = {spec.settings: spec.name for spec in catalog.specs() if spec.settings}

@@ -20,7 +20,7 @@ from workbench.steps import STEPS_PATH, StepSpec, discover, spec, specs, step_na
 PROBE = '''
     """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
     from workbench.core.errors import ConfigError
-    from workbench.core.results import Metrics
+    from workbench.core.metrics import Metrics
     from workbench.core.catalog import Section
     from workbench.steps import StepSpec
 

@@ -29,7 +29,6 @@ import nbformat
 from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-import workbench.steps  # noqa: F401  (registers the steps)
 from workbench.core.catalog import specs
 from workbench.core.config import RunConfig
 from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, working_copies

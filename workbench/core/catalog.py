@@ -5,11 +5,12 @@ record, the pipeline and the report read the catalog, so core imports no step.
 commands, the notebooks and the tests import it before they read the catalog."""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from workbench.core.results import Metrics
+from workbench.core.metrics import Metrics
 
 if TYPE_CHECKING:
     from workbench.core.config import RunConfig
@@ -79,6 +80,7 @@ class StepSpec:
 
 
 _REGISTERED: dict[str, StepSpec] = {}
+STEPS_PACKAGE = "workbench.steps"  # importing it registers the steps (its `discover`)
 
 
 def register(found: Iterable[StepSpec]) -> None:
@@ -118,10 +120,10 @@ def run_order(declared: list[StepSpec]) -> list[StepSpec]:
 
 
 def specs() -> tuple[StepSpec, ...]:
-    """The registered steps in run order."""
+    """The registered steps in run order; the first call with none registered imports the steps' package, which
+    registers them (core names no step module: the package is found by its name, as a plug-in is)."""
     if not _REGISTERED:
-        raise RuntimeError("no step is registered: `import workbench.steps` first (the commands, the notebooks and "
-                           "the tests do)")
+        importlib.import_module(STEPS_PACKAGE)
     return tuple(_REGISTERED.values())
 
 

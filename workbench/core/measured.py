@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from workbench.core.results import Json, Metrics, Verdict
+from workbench.core.metrics import Json, Metrics
+from workbench.core.results import Verdict
 
 
 class CellTiming(Metrics):

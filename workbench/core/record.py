@@ -26,16 +26,9 @@ from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import PeakMemory
+from workbench.core.metrics import Metrics
 from workbench.core.progress import say
-from workbench.core.results import (
-    SCHEMA_VERSION,
-    ExportMetrics,
-    HostEnvironment,
-    Metrics,
-    TritonMetrics,
-    Verdict,
-    migrate,
-)
+from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

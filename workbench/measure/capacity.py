@@ -7,7 +7,7 @@ import math
 from workbench.core.advice import run_again
 from workbench.core.config import BenchSettings, TritonSettings
 from workbench.core.measured import ServedBenchmark, ServedLevel
-from workbench.core.results import Metrics
+from workbench.core.metrics import Metrics
 
 MIN_QUEUE_TARGET_MS = 1.0  # below this the autoscaler would chase noise
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_dir
 from workbench.core.errors import ConfigError, DependencyMissingError
-from workbench.core.results import Metrics
+from workbench.core.metrics import Metrics
 from workbench.models.loading import ModelSource, resolve_source
 from workbench.models.tiny import TINY
 from workbench.serving.backend import generation_core as core

@@ -10,8 +10,8 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
 from workbench.core.measured import BenchMetrics
+from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import Metrics
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.report import figures
 from workbench.report.compare import host_of

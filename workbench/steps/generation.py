@@ -14,9 +14,9 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.measured import ServedLevel
+from workbench.core.metrics import Metrics
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Metrics
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
 from workbench.report import figures
