@@ -28,7 +28,9 @@ def _v1_run(folder: Path) -> Path:
 
 def test_an_old_record_reads_into_the_models(tmp_path):
     record = RunRecord.load(_v1_run(tmp_path / "v1"))
-    assert record.data["schema"] == SCHEMA_VERSION == 3
+    assert record.data["schema"] == SCHEMA_VERSION == 4
+    for step in record.data["metrics"]:  # every table as its model declares it: nothing undeclared is left
+        assert record.results(step) is not None
     parity = ParityMetrics.model_validate(record.metric("parity"))
     repair = parity.repair["int8"]
     assert (repair.outcome, repair.units, repair.base) == ("repaired", 25, "per-channel weights, smoothed (alpha 0.7)")
@@ -47,13 +49,13 @@ def test_an_old_record_reads_into_the_models(tmp_path):
 
 def test_the_bench_peak_moves_to_its_place_and_a_newer_record_is_refused(tmp_path):
     old = {"schema": 1, "metrics": {"bench": {"latency": {"peak_gflops": 120.0, "cells": {}}}}}
-    assert migrate(old)["metrics"]["bench"]["latency"] == {"peaks": {"fp32": 120.0}, "cells": {}}
+    assert migrate(old, {})["metrics"]["bench"]["latency"] == {"peaks": {"fp32": 120.0}, "cells": {}}
     assert old["schema"] == SCHEMA_VERSION
     folder = tmp_path / "future"
     folder.mkdir()
-    (folder / "run.json").write_text(json.dumps({"schema": 4, "config": {}, "steps": {}, "artifacts": {},
+    (folder / "run.json").write_text(json.dumps({"schema": 5, "config": {}, "steps": {}, "artifacts": {},
                                                  "metrics": {}}))
-    with pytest.raises(OutputDirError, match="written by a newer workbench .schema 4, this one reads up to 3"):
+    with pytest.raises(OutputDirError, match="written by a newer workbench .schema 5, this one reads up to 4"):
         RunRecord.load(folder)
 
 
@@ -62,6 +64,8 @@ def test_a_step_whose_metrics_break_its_model_fails_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match="num_layers\n  Input should be a valid integer"), record.step("export"):
         record.set_metric("export", export_metrics(num_layers="six"))
     assert record.status("export") == "failed"
+    with pytest.raises(ValueError, match="nodez\n  Extra inputs are not permitted"), record.step("export"):
+        record.set_metric("export", export_metrics(nodez=7))  # a misspelt key is refused, not kept
     with record.step("export"):
         record.set_metric("export", export_metrics(nodes=7))
     assert record.status("export") == "ok" and record.export_info().nodes == 7

@@ -45,7 +45,7 @@ def _produce(record: RunRecord, content: str, fail: bool = False) -> None:
 def _consume(record: RunRecord) -> None:
     with record.step("optimize"):
         record.artifact("onnx.original")
-        record.set_metric("optimize.nodes_seen", record.metric("export.nodes"))
+        record.set_metric("optimize.variants.original", {"nodes": record.metric("export.nodes")})
 
 
 def test_a_rerun_drops_its_old_outputs_and_makes_consumers_stale(tmp_path):
@@ -98,11 +98,11 @@ def test_reading_a_stale_result_is_not_news_until_it_changes_again(tmp_path):
     _consume(record)
     _produce(record, "second")  # optimize is stale now
     with record.step("parity"):
-        record.metric("optimize.nodes_seen")
+        record.metric("optimize.variants.original")
     assert record.status("parity") == "ok", "it read a result that was already stale: nothing changed since"
     _consume(record)  # optimize runs again: now parity's input did change
     assert record.status("parity") == "stale"
-    assert "metrics:optimize.nodes_seen (optimize ran again)" in record.data["steps"]["parity"]["reason"]
+    assert "metrics:optimize.variants.original (optimize ran again)" in record.data["steps"]["parity"]["reason"]
 
 
 def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):

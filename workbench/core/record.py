@@ -166,7 +166,7 @@ class RunRecord:
         if data.get("schema", 1) > SCHEMA_VERSION:
             raise OutputDirError(f"{path} was written by a newer workbench (schema {data['schema']}, this one reads "
                                  f"up to {SCHEMA_VERSION})", "upgrade the workbench to read this run")
-        return cls(Path(run_dir), migrate(data))
+        return cls(Path(run_dir), migrate(data, {spec.name: spec.metrics for spec in catalog.specs()}))
 
     @classmethod
     def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False, by: str = "") -> RunRecord:

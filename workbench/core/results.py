@@ -10,9 +10,9 @@ from pydantic import Field
 
 from workbench.core.config import BatchRange, SequenceSetting, ShapeRange, activation_bytes_per_token
 from workbench.core.flavor import Flavor
-from workbench.core.metrics import Json, Metrics
+from workbench.core.metrics import Json, Metrics, declared_only
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class CpuFeatures(Metrics):
@@ -20,6 +20,13 @@ class CpuFeatures(Metrics):
 
     flags: list[str] = Field(default_factory=list)
     int8_dot_product: str | None = None
+
+
+class OrtEnvironment(Metrics):
+    """ONNX Runtime on the host: its providers, and those the run's sessions used."""
+
+    available_providers: list[str] = Field(default_factory=list)
+    providers_used: list[str] = Field(default_factory=list)
 
 
 class HostEnvironment(Metrics):
@@ -33,6 +40,7 @@ class HostEnvironment(Metrics):
     cpu_features: CpuFeatures | None = None
     gpu: str | None = None
     packages: dict[str, str] = Field(default_factory=dict)
+    onnxruntime: OrtEnvironment | None = None  # None: not installed
 
     @property
     def int8_dot_product(self) -> str | None:
@@ -88,6 +96,8 @@ class WorstText(Metrics):
     text: str
     metric: str
     error: float
+    max_abs: float | None = None
+    min_cosine: float | None = None
 
 
 class Verdict(Metrics):
@@ -102,6 +112,7 @@ class Verdict(Metrics):
     seconds: float | None = None  # the check's time (on the lab)
     outputs: dict[str, OutputResult] = Field(default_factory=dict)
     worst_texts: list[WorstText] = Field(default_factory=list)
+    providers: list[str] = Field(default_factory=list)  # what ran the variant (ONNX Runtime's providers, ...)
 
     @property
     def primary(self) -> str:
@@ -145,12 +156,16 @@ class RecipeResult(RepairCandidate):
     recipe: str
     checked_on: str = ""
     chosen: bool | None = None
+    per_channel: bool | None = None
+    smoothing_alpha: float | None = None
+    per_token: bool | None = None
 
 
 class NodeError(Metrics):
     """qdq_loss_debug's quantization noise per MatMul (SQNR in dB) and its rank agreement with the measured
     sensitivity (None: not computed)."""
 
+    tool: str | None = None
     per_node: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     spearman_vs_sensitivity: float | None = None
 
@@ -161,6 +176,10 @@ class RepairOutcome(Metrics):
     precision: str
     outcome: str
     units: int
+    ordering: str = ""  # how the candidate units were ordered (sensitivity, ...)
+    ranked_by: str = ""  # what ranks candidates that all fail
+    checked_batches: int | None = None
+    closest: RepairCandidate | None = None  # where nothing was written: the candidate that came closest
     budget_s: float | None = None  # the repair's seconds (older records: not bounded)
     budget_source: str | None = None  # where budget_s comes from (the setting, or auto from the variant's lab check)
     seconds: float | None = None  # what the whole repair took
@@ -218,13 +237,22 @@ class ResolvedSequence(Metrics):
         return ShapeRange(min=self.min, opt=self.opt, max=self.max)
 
 
+class ModelOrigin(Metrics):
+    """Where the exported model came from (`models.loading.ModelSource`)."""
+
+    kind: str
+    location: str
+
+
 class ExportMetrics(Metrics):
+    source: ModelOrigin | None = None
     architecture: str
     optimizer_model_type: str | None = None
     num_heads: int
     num_layers: int
     hidden_size: int
     intermediate_size: int
+    max_positions: int | None = None
     max_sequence: int
     max_sequence_source: str | None = None  # where the model's limit comes from (older records: not recorded)
     sequence: ResolvedSequence | None = None  # None: a record made by a test without the export step
@@ -234,6 +262,7 @@ class ExportMetrics(Metrics):
     parameters: int | None = None
     opset: int | None = None
     exporter: str | None = None
+    load_seconds: float | None = None
     export_seconds: float | None = None
 
     @property
@@ -342,6 +371,8 @@ class PrecisionDecision(Metrics):
     reason: str = ""
     pays: bool | None = None
     speedups: dict[str, float] = Field(default_factory=dict)  # goal cell -> fp32 ms / variant ms
+    ms: Timings = Field(default_factory=dict)  # each file's own median per cell
+    speedups_are: str | None = None  # how the speedups were measured (paired rounds)
 
 
 class PrecisionChoice(Metrics):
@@ -376,8 +407,8 @@ class ReferenceCut(Metrics):
 
 
 class LibraryCheck(Metrics):
-    """The PyTorch module against the model's own library as it ships (its verdict's other fields are kept as
-    recorded), or why no library call was checked (`reason`)."""
+    """The PyTorch module against the model's own library as it ships (with its verdict's fields), or why no
+    library call was checked (`reason`)."""
 
     checked: bool
     library: str
@@ -386,6 +417,12 @@ class LibraryCheck(Metrics):
     texts: int | None = None
     passed: bool | None = None
     failures: list[str] = Field(default_factory=list)
+    ungated: list[str] = Field(default_factory=list)
+    violation: float = 0.0
+    precision: str | None = None
+    providers: list[str] = Field(default_factory=list)
+    seconds: float | None = None
+    worst_texts: list[WorstText] = Field(default_factory=list)
     outputs: dict[str, OutputResult] = Field(default_factory=dict)
     cut: ReferenceCut | None = None
     norms: list[float] | None = None  # the library's sentence embedding norms, min and max
@@ -534,11 +571,12 @@ class BatchingBurst(Metrics):
     batch_sizes: dict[str, dict[int, int]]
 
 
-def migrate(data: Json) -> Json:
-    """A run record as this schema has it, from any earlier one (in place; returns it). Version 1 (before typed
-    results): the bench grid's fp32 peak was `peak_gflops` beside (or, before per-precision peaks, without)
-    `peaks`; it is `peaks.fp32` now. Version 2: an export without its resolved `sequence` gets the one its
-    configuration resolves to (later steps read it, not the setting)."""
+def migrate(data: Json, models: dict[str, type[Metrics]]) -> Json:
+    """A run record as this schema has it, from any earlier one (in place; returns it); `models`: each step's
+    metrics model. Version 1 (before typed results): the bench grid's fp32 peak was `peak_gflops` beside (or, before
+    per-precision peaks, without) `peaks`; it is `peaks.fp32` now. Version 2: an export without its resolved
+    `sequence` gets the one its configuration resolves to (later steps read it, not the setting). Version 3: the
+    models kept keys they did not declare; those are dropped (`declared_only`), since the models refuse them now."""
     if data.get("schema", 1) < 2:
         latency = data.get("metrics", {}).get("bench", {}).get("latency")
         if isinstance(latency, dict) and "peak_gflops" in latency:
@@ -551,4 +589,12 @@ def migrate(data: Json) -> Json:
             setting = SequenceSetting.model_validate(data.get("config", {}).get("sequence") or {})
             export["sequence"] = setting.resolve(export["max_sequence"]).model_dump()
         data["schema"] = 3
+    if data["schema"] < 4:
+        metrics = data.get("metrics", {})
+        for step, table in metrics.items():
+            if step in models:
+                metrics[step] = declared_only(models[step], table)
+        if isinstance(data.get("environment"), dict):
+            data["environment"] = declared_only(HostEnvironment, data["environment"])
+        data["schema"] = 4
     return data

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
@@ -82,8 +82,13 @@ class GenerationTask(Metrics):
 class GenerationMetrics(Metrics):
     """One table per task, keyed by the task's name ("translation", "text-generation")."""
 
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    translation: GenerationTask | None = None
+    text_generation: GenerationTask | None = Field(default=None, alias="text-generation")
+
     def tasks(self) -> dict[str, GenerationTask]:
-        return {name: GenerationTask.model_validate(table) for name, table in (self.model_extra or {}).items()}
+        return {name: task for name, task in (("translation", self.translation),
+                                              ("text-generation", self.text_generation)) if task}
 
 
 def short_texts(tokenizer: Tokenizer, count: int, limit: int) -> list[str]:
