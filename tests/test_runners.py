@@ -170,9 +170,11 @@ def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tm
         preflight(RunConfig(device="cuda", steps=["export"]))
 
 
-def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path):
+def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path, monkeypatch):
     """The registry decides: the file's runtime metadata picks the runner; a runtime no runner registers, or a
     precision the runner does not run, is refused with a typed error naming what is registered."""
+    from dataclasses import replace
+
     from onnx import TensorProto, helper
 
     from workbench.core.errors import UnsupportedModelError
@@ -188,9 +190,13 @@ def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path):
     assert runner_kind(path) is RUNNERS["onnxruntime"] and RUNNERS["onnxruntime"].tuned
     with open_variant(Variant("m", "fp32", "onnx", path), "cpu", 1) as runner:
         assert runner.infer(Batch("one", [0], {"x": np.ones(1, np.float32)}))["y"].tolist() == [1.0]
+    cpu_only = replace(RUNNERS["onnxruntime"], devices=("cpu",))
+    monkeypatch.setitem(RUNNERS, "onnxruntime", cpu_only)  # a runner asked for a device it lacks runs on its own
+    with open_variant(Variant("m", "fp32", "onnx", path), "cuda", 1) as runner:
+        assert runner.device == "cpu" and runner.providers == ["CPUExecutionProvider"]
     with pytest.raises(UnsupportedModelError, match="onnxruntime does not run here .it runs fp32, fp16, int8"):
         open_variant(Variant("m", "bf16", "onnx", path), "cpu", 1)
     onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "ctranslate2"})
     with pytest.raises(UnsupportedModelError, match="'ctranslate2', which no registered runner runs .registered: "
-                                                    "onnxruntime, openvino"):
+                                                    "onnxruntime, openvino.\n"):
         runner_kind(path)

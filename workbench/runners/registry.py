@@ -63,10 +63,12 @@ def runner_kind(path: Path) -> RunnerKind:
 
 def open_variant(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None = None) -> Runner:
     """`variant`'s runner, as its file's registered runner opens it (ONNX Runtime with the providers of `device`
-    and `settings`; OpenVINO on the CPU); UnsupportedModelError where that runner does not run its precision."""
+    and `settings`; OpenVINO on the CPU): on the run's device (`auto`: the runner's choice) where the runner runs
+    there, else on the first device it declares (the runner's `device` says where it ran); UnsupportedModelError
+    where it does not run the variant's precision."""
     kind = runner_kind(variant.path)
     if variant.precision not in kind.precisions:
         raise UnsupportedModelError(f"{variant.name} is {variant.precision}, which {kind.runtime} does not run here "
                                     f"(it runs {', '.join(kind.precisions)})",
                                     f"serve or measure another variant than {variant.name}")
-    return kind.opens(variant, device, threads, settings)
+    return kind.opens(variant, device if device in ("auto", *kind.devices) else kind.devices[0], threads, settings)
