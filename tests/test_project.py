@@ -80,7 +80,10 @@ def test_step_notebook_is_clean_and_parameterized(step):
 def test_one_word_names_each_step_everywhere(capsys):
     """--steps, `workbench steps`, the notebooks (numbered in run order), the modules and the README agree."""
     assert sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")) == [s.notebook for s in specs()]
-    assert [s.number for s in specs()] == list(range(1, len(specs()) + 1))
+    assert [s.number for s in specs()] == list(range(1, len(specs()) + 1)), (
+        "the package's steps are numbered 1..N: a step added to it takes the next number and the later steps (and "
+        "their notebooks) move up; only a plug-in step ($WORKBENCH_STEPS_PATH) shares the number of the one it "
+        "follows (docs/contributing.md)")
     steps = ROOT / "workbench" / "steps"  # a module per step, or a package where the step has several jobs
     modules = {p.stem for p in steps.glob("*.py")} - {"__init__"} | {p.parent.name for p in steps.glob("*/__init__.py")}
     assert modules == set(step_names())
