@@ -6,13 +6,14 @@ that is not this host cannot be measured: its instruction set decides. An explic
 and is measured all the same where it can be, so the serving order follows the measurement too."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
+from workbench.core.results import PrecisionDecision, Timings
 from workbench.core.timing import interleaved
 from workbench.measure.sessions import call_for
 from workbench.runners.onnxruntime import session
@@ -70,77 +71,64 @@ def target_for(cpu: str, gpu: bool) -> Target:
     return Target("cpu", frozenset(TARGET_FLAGS[cpu]), f"an {TARGET_NAMES[cpu]} CPU (target.cpu={cpu})")
 
 
-@dataclass
-class Decision:
-    """Whether a reduced precision is built, why, and (measured here) its speed against fp32 per goal cell."""
-
-    precision: str
-    build: bool
-    reason: str
-    assumed: bool | None = None  # whether it pays where it cannot be measured (a named target's instructions)
-    speedups: dict[str, float] = field(default_factory=dict)  # goal cell -> fp32 ms / variant ms
-    ms: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def pays(self) -> bool | None:
-        """At least MIN_GAIN faster than fp32 in one goal cell as measured here; else as `assumed`."""
-        return max(self.speedups.values()) >= MIN_GAIN if self.speedups else self.assumed
-
-    def record(self) -> dict[str, Any]:
-        measured = {"speedups_are": PAIRED} if self.speedups else {}
-        return {"built": self.build, "reason": self.reason, "pays": self.pays, "speedups": self.speedups,
-                "ms": self.ms, **measured}
-
-
 # What a decision's speedups are, beside its ms (which can order two files the other way on a shared host).
 PAIRED = ("the median over rounds of fp32's time / the variant's in the same round; ms: each file's own median, "
           "over all its rounds")
 
 
-def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, Decision]:
+def decision(built: bool, reason: str, pays: bool | None = None) -> PrecisionDecision:
+    """A reduced precision's decision before any measurement: whether it is built, why, and whether it pays where it
+    cannot be measured here (a named target's instructions; None: not known until measured)."""
+    return PrecisionDecision(built=built, reason=reason, pays=pays, speedups={}, ms={})
+
+
+def plan(setting: list[str] | str, target: Target, tensorrt: bool) -> dict[str, PrecisionDecision]:
     """Per reduced precision, before any measurement: built (explicit list, or the target serves it), measured
     (auto on this host: `settle` decides once timed), or skipped with the reason. `tensorrt`: the run builds
     TensorRT engines on a GPU (its fp16 engine keeps what the fp16 repair finds)."""
     assumed = {"fp16": target.kind == "gpu" or bool(target.fp16_arithmetic),
                "int8": target.kind != "gpu" and bool(target.int8_instructions)}
     if setting != "auto":
-        return {p: Decision(p, p in setting, "configured (precisions)" if p in setting else
+        return {p: decision(p in setting, "configured (precisions)" if p in setting else
                             "not in the configured precisions", assumed[p]) for p in ("fp16", "int8")}
     if target.kind == "gpu":
         why = "a TensorRT engine will be built from it" if tensorrt else "it serves on the GPU"
-        return {"fp16": Decision("fp16", True, f"fp16: {why}", True),
-                "int8": Decision("int8", False, "ONNX Runtime's dynamic int8 runs on the CPU only; the GPU "
-                                                "deployment serves fp16 (list int8 in precisions to check it)", False)}
+        return {"fp16": decision(True, f"fp16: {why}", True),
+                "int8": decision(False, "ONNX Runtime's dynamic int8 runs on the CPU only; the GPU deployment serves "
+                                        "fp16 (list int8 in precisions to check it)", False)}
     fp16 = target.fp16_arithmetic
-    decisions = {"fp16": Decision("fp16", bool(fp16), f"{target.name} has {fp16}: measured against fp32" if fp16
+    decisions = {"fp16": decision(bool(fp16), f"{target.name} has {fp16}: measured against fp32" if fp16
                                   else f"{target.name} has no fp16 arithmetic (AVX512-FP16, AMX-FP16): fp16 would "
                                        "run through casts, slower than fp32")}
     int8 = target.int8_instructions
     if target.measured:
-        decisions["int8"] = Decision("int8", True, "measured against fp32 on this host")
+        decisions["int8"] = decision(True, "measured against fp32 on this host")
     elif int8:
-        decisions["int8"] = Decision("int8", True, f"{target.name} has {int8} (not measured: not this host)", True)
+        decisions["int8"] = decision(True, f"{target.name} has {int8} (not measured: not this host)", True)
     else:
-        decisions["int8"] = Decision("int8", False, f"{target.name} has no int8 dot-product instructions, and "
-                                                    "whether int8 pays there depends on the model: measure on that "
-                                                    "host (target.cpu=host), or list int8 in precisions", False)
+        decisions["int8"] = decision(False, f"{target.name} has no int8 dot-product instructions, and whether int8 "
+                                            "pays there depends on the model: measure on that host (target.cpu=host), "
+                                            "or list int8 in precisions", False)
     return decisions
 
 
-def settle(decision: Decision, speedups: dict[str, float], ms: dict[str, float], auto: bool) -> Decision:
-    """`decision` once its plain variant was timed against fp32 (`speedups` and its median `ms` per goal cell): auto
-    keeps it only where it pays; a configured one is kept either way."""
-    decision.ms, decision.speedups = ms, speedups
-    shown = ", ".join(f"{gain:.2f}x fp32 at {cell}" for cell, gain in decision.speedups.items())
+def settle(decided: PrecisionDecision, precision: str, speedups: dict[str, float], ms: Timings,
+           auto: bool) -> PrecisionDecision:
+    """`decided` once `precision`'s plain variant was timed against fp32 (`speedups` and the median `ms` per goal
+    cell): it pays at MIN_GAIN in one goal cell; auto keeps it only where it pays, a configured one is kept either
+    way."""
+    decided.ms, decided.speedups, decided.speedups_are = ms, speedups, PAIRED
+    decided.pays = max(speedups.values()) >= MIN_GAIN if speedups else decided.pays
+    shown = ", ".join(f"{gain:.2f}x fp32 at {cell}" for cell, gain in speedups.items())
     if not auto:
-        decision.reason = f"configured (precisions); measured {shown}"
-    elif decision.pays:
-        decision.reason = f"pays on this host: {shown} (needs {MIN_GAIN}x at one goal cell)"
+        decided.reason = f"configured (precisions); measured {shown}"
+    elif decided.pays:
+        decided.reason = f"pays on this host: {shown} (needs {MIN_GAIN}x at one goal cell)"
     else:
-        decision.build = False
-        decision.reason = (f"does not pay on this host: {shown} (needs {MIN_GAIN}x at one goal cell); to build it "
-                           f"anyway: -p precisions=[fp32,{decision.precision}]")
-    return decision
+        decided.built = False
+        decided.reason = (f"does not pay on this host: {shown} (needs {MIN_GAIN}x at one goal cell); to build it "
+                          f"anyway: -p precisions=[fp32,{precision}]")
+    return decided
 
 
 def paired_speedups(files: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], providers: list[Any],

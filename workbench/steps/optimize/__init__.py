@@ -91,7 +91,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                                config.optimize.int8.nodes_to_exclude),
             "tensorrt": tensorrt,
         }
-        wanted = ["fp32", *[p for p, decision in decisions.items() if decision.build], "tensorrt"]
+        wanted = ["fp32", *[p for p, decision in decisions.items() if decision.built], "tensorrt"]
         built: dict[str, GraphStats] = {}
         with unrecorded_removed(onnx_dir, wanted):  # an interrupt leaves no file the record lacks
             for variant in wanted:
@@ -117,7 +117,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 measure_against_fp32(config, onnx_dir / "fp32.onnx", decisions, timed, bench)
             for variant, stats in built.items():
                 dest = onnx_dir / f"{variant}.onnx"
-                if variant in decisions and not decisions[variant].build:
+                if variant in decisions and not decisions[variant].built:
                     onnxfiles.remove(dest)  # measured here and found not to pay
                     continue
                 if variant != "tensorrt":
@@ -127,7 +127,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                 precision = "fp32" if variant in ("fp32", "tensorrt") else variant
                 record.add_artifact(f"onnx.{variant}", dest, kind="onnx", variant=variant, precision=precision)
                 record.set_metric(f"{STEP}.variants.{variant}", stats.recorded())
-        record.set_metric(f"{STEP}.precisions.decisions", {p: d.record() for p, d in decisions.items()})
+        record.set_metric(f"{STEP}.precisions.decisions", {p: d.recorded() for p, d in decisions.items()})
         record.set_metric(f"{STEP}.openvino", build_openvino(config, record, bench, target).recorded())
         record.set_metric(f"{STEP}.openvino_bf16", build_openvino_bf16(config, record, bench, target).recorded())
         record.set_metric(f"{STEP}.openvino_int8", build_openvino_int8(config, record, export, bench, target,

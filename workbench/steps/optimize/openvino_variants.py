@@ -12,12 +12,12 @@ from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import OthersBusy, release_memory, too_busy
 from workbench.core.record import RunRecord
-from workbench.core.results import ExportMetrics, InferencePrecision, OpenvinoInt8, Trial
+from workbench.core.results import ExportMetrics, InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
 from workbench.core.timing import elapsed
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
-from workbench.measure.precisions import Decision, Target
+from workbench.measure.precisions import Target
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 from workbench.runners.registry import open_variant
@@ -145,7 +145,7 @@ def calibration_feeds(config: RunConfig, record: RunRecord, export: ExportMetric
 
 
 def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetrics, bench: RaceBench,
-                        target: Target, int8: Decision | None) -> OpenvinoInt8:
+                        target: Target, int8: PrecisionDecision | None) -> OpenvinoInt8:
     """NNCF's int8 of the exported graph run by OpenVINO (`graphs.nncf_int8`), raced against the fastest graph kept
     so far (ONNX Runtime's int8, else openvino_bf16, else the openvino variant, else fp32): kept as the
     `openvino_int8` variant where it is clearly faster here (optimize.openvino=auto) or always

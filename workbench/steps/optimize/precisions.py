@@ -6,12 +6,13 @@ from pathlib import Path
 
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
+from workbench.core.results import PrecisionDecision
 from workbench.measure.forms import RaceBench
-from workbench.measure.precisions import Decision, Target, paired_speedups, plan, settle, target_for
+from workbench.measure.precisions import Target, paired_speedups, plan, settle, target_for
 from workbench.runners.onnxruntime import device_for
 
 
-def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, Decision]]:
+def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dict[str, PrecisionDecision]]:
     """The deployment's target and, per reduced precision, whether it is built and why (`measure.precisions.plan`),
     before any is built."""
     gpu = device_for(config.device) == "cuda"
@@ -20,7 +21,7 @@ def decide_precisions(config: RunConfig, record: RunRecord) -> tuple[Target, dic
     return target, plan(config.precisions, target, tensorrt="tensorrt" in config.steps and gpu)
 
 
-def measure_against_fp32(config: RunConfig, fp32: Path, decisions: dict[str, Decision], files: dict[str, Path],
+def measure_against_fp32(config: RunConfig, fp32: Path, decisions: dict[str, PrecisionDecision], files: dict[str, Path],
                          bench: RaceBench) -> None:
     """Each plain reduced-precision variant (`files`, by precision) timed against the `fp32` file at the goal cells
     on this host, in pairs (two sessions in memory at a time), and its decision settled (auto keeps only those that
@@ -28,5 +29,5 @@ def measure_against_fp32(config: RunConfig, fp32: Path, decisions: dict[str, Dec
     for precision, path in files.items():
         speedups, ms = paired_speedups({"fp32": fp32, precision: path}, bench.feeds, bench.providers, bench.threads,
                                        bench.device)
-        settle(decisions[precision], speedups[precision], ms, auto=config.precisions == "auto")
+        settle(decisions[precision], precision, speedups[precision], ms, auto=config.precisions == "auto")
 
