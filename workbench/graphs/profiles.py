@@ -8,7 +8,6 @@ import numpy as np
 
 from workbench.core.batches import within
 from workbench.core.config import ShapeRange
-from workbench.core.record import RunRecord
 
 ALIGN = 8  # TensorRT kernels favour sequence lengths that are multiples of 8
 
@@ -119,8 +118,3 @@ def padding_waste(lengths: np.ndarray, profiles: list[Profile], rows: int) -> di
     real = int(lengths.sum())
     return {"dynamic": 1 - real / slots_dynamic if slots_dynamic else 0.0,
             "to_profile_max": 1 - real / slots_static if slots_static else 0.0}
-
-
-def engine_profiles(record: RunRecord, name: str) -> list[Profile]:
-    """The shape profiles engine `name` of the run was built with."""
-    return [Profile.from_record(p) for p in record.artifact_details(f"engine.{name}")["profiles"]]

@@ -14,7 +14,7 @@ from workbench.core.machine import others_busy
 from workbench.core.measured import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.timing import timed
-from workbench.graphs.profiles import engine_profiles
+from workbench.graphs.profiles import Profile
 from workbench.measure.latency import (
     Dimensions,
     GridRows,
@@ -39,6 +39,11 @@ from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 
 STEP = "bench"
+
+
+def engine_profiles(record: RunRecord, name: str) -> list[Profile]:
+    """The shape profiles engine `name` of the run was built with."""
+    return [Profile.from_record(p) for p in record.artifact_details(f"engine.{name}")["profiles"]]
 
 
 def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
