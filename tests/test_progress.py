@@ -140,27 +140,27 @@ def test_a_bar_whose_work_ends_early_finishes_saying_where_and_a_step_says_what_
     assert bar.total == 1 and _lines(progress_file)[-1] == "repair int8: 1/1 candidates (found; done at 1 of 80)"
 
     record = RunRecord.create(tmp_path / "run", RunConfig())
-    with record.step("report"):
+    with record.step("deploy"):
         (tmp_path / "run" / "report.html").write_bytes(b"x" * 2_000_000)
         record.add_artifact("report", tmp_path / "run" / "report.html", kind="html")
-        record.set_metric("report.sections", 3)
-    assert _lines(progress_file)[-3:] == ["report 0:00 started", "report 0:00 wrote report.html (2.0 MB)",
-                                          "report 0:00 recorded report.sections"]
+        record.set_metric("deploy.image", "workbench/tiny:1")
+    assert _lines(progress_file)[-3:] == ["deploy 0:00 started", "deploy 0:00 wrote report.html (2.0 MB)",
+                                          "deploy 0:00 recorded deploy.image"]
 
-    record.data["steps"]["report"]["seconds"] = 600.0  # as if it had taken ten minutes
+    record.data["steps"]["deploy"]["seconds"] = 600.0  # as if it had taken ten minutes
     record.save()
     beside = RunRecord.create(tmp_path / "beside", RunConfig())
-    with beside.step("report"):  # a run beside it, same model, settings and host: that time is the estimate
-        beside.set_metric("report.sections", 3)
+    with beside.step("deploy"):  # a run beside it, same model, settings and host: that time is the estimate
+        beside.set_metric("deploy.image", "workbench/tiny:1")
     started, recorded = _lines(progress_file)[-2:]
-    assert started == "report 0:00 started (it took 10:00 in run)"
-    assert re.fullmatch(r"report 0:0\d recorded report\.sections \(about 9:5\d left\)", recorded)
-    beside.data["steps"]["report"]["seconds"] = 0.0
-    with beside.step("report"):  # its own earlier time comes first; once past it, the line says so
-        beside.set_metric("report.sections", 3)
-    assert _lines(progress_file)[-1].endswith("recorded report.sections (past the 0:00 it took in beside)")
+    assert started == "deploy 0:00 started (it took 10:00 in run)"
+    assert re.fullmatch(r"deploy 0:0\d recorded deploy\.image \(about 9:5\d left\)", recorded)
+    beside.data["steps"]["deploy"]["seconds"] = 0.0
+    with beside.step("deploy"):  # its own earlier time comes first; once past it, the line says so
+        beside.set_metric("deploy.image", "workbench/tiny:1")
+    assert _lines(progress_file)[-1].endswith("recorded deploy.image (past the 0:00 it took in beside)")
 
     other = RunRecord.create(tmp_path / "other", RunConfig.from_dict({"sequence": {"max": 64}}))
-    with other.step("report"):  # other settings: no earlier time is theirs
-        other.set_metric("report.sections", 3)
-    assert _lines(progress_file)[-2:] == ["report 0:00 started", "report 0:00 recorded report.sections"]
+    with other.step("deploy"):  # other settings: no earlier time is theirs
+        other.set_metric("deploy.image", "workbench/tiny:1")
+    assert _lines(progress_file)[-2:] == ["deploy 0:00 started", "deploy 0:00 recorded deploy.image"]
