@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.core.config import ShapeRange
-from workbench.graphs.profiles import Profile, bucket_edges, design_profiles, padding_waste, profile_for
+from workbench.core.results import ShapeProfile
+from workbench.graphs.profiles import bucket_edges, design_profiles, padding_waste, profile_for
 
 BATCH = ShapeRange(min=1, opt=8, max=32)
 SEQUENCE = ShapeRange(min=1, opt=128, max=256)
@@ -18,7 +19,7 @@ def test_every_length_fits_and_ranges_are_ordered(values, buckets):
     profiles = design_profiles(values, buckets, BATCH, SEQUENCE)
     assert 1 <= len(profiles) <= buckets
     for profile in profiles:
-        assert profile.batch == (1, 8, 32)
+        assert profile.batch == [1, 8, 32]
         low, opt, high = profile.sequence
         assert low <= opt <= high
     assert profiles[0].sequence[0] == SEQUENCE.min and profiles[-1].sequence[2] == SEQUENCE.max
@@ -47,8 +48,9 @@ def test_bucket_edges_are_optimal_on_a_small_case():
 
 def test_padding_waste_numbers():
     values = np.array([10, 10, 100, 100])
-    one = [Profile((1, 2, 2), (1, 100, 100))]
-    two = [Profile((1, 2, 2), (1, 16, 16)), Profile((1, 2, 2), (17, 100, 100))]
+    one = [ShapeProfile(batch=[1, 2, 2], sequence=[1, 100, 100])]
+    two = [ShapeProfile(batch=[1, 2, 2], sequence=[1, 16, 16]),
+           ShapeProfile(batch=[1, 2, 2], sequence=[17, 100, 100])]
     # One profile, batches of 2 in arrival order: [10, 10] and [100, 100]: no padding at all.
     assert padding_waste(values, one, 2)["dynamic"] == 0.0
     assert padding_waste(values, one, 2)["to_profile_max"] == 1 - 220 / 400
@@ -68,9 +70,9 @@ def test_a_profiles_batches_stay_within_the_token_budget():
     tokens, one text at least; short buckets keep the run's batch range."""
     long = ShapeRange(min=1, opt=512, max=8192)
     profiles = design_profiles(np.array([20] * 50 + [3000] * 5 + [8000]), 3, BATCH, long, max_tokens=16384)
-    assert [p.batch for p in profiles] == [(1, 8, 32), (1, 5, 5), (1, 2, 2)]
+    assert [p.batch for p in profiles] == [[1, 8, 32], [1, 5, 5], [1, 2, 2]]
     for profile in profiles:
         assert profile.batch[2] * profile.sequence[2] <= 16384 or profile.batch[2] == 1
         assert profile.batch[1] * profile.sequence[1] <= 16384
     [alone] = design_profiles(np.array([8000]), 1, BATCH, long, max_tokens=4096)
-    assert alone.batch == (1, 1, 1), "a text longer than the budget still runs, alone"
+    assert alone.batch == [1, 1, 1], "a text longer than the budget still runs, alone"

@@ -9,6 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import GpuRequiredError, StepSkipped
 from workbench.core.machine import gpu_name
 from workbench.core.record import RunRecord
+from workbench.core.results import ShapeProfile
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -19,12 +20,12 @@ from workbench.graphs.engines import (
     require_tensorrt,
     trtexec_command,
 )
-from workbench.graphs.profiles import Profile
 from workbench.models.tiny import make_fp16_overflow
 from workbench.runners.onnxruntime import tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
 
-PROFILES = [Profile((1, 4, 8), (1, 32, 32)), Profile((1, 4, 8), (33, 64, 64))]
+PROFILES = [ShapeProfile(batch=[1, 4, 8], sequence=[1, 32, 32]),
+            ShapeProfile(batch=[1, 4, 8], sequence=[33, 64, 64])]
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 needs_no_gpu = pytest.mark.skipif(gpu_name() is not None, reason="checks the behaviour on machines without a GPU")
 
@@ -56,7 +57,7 @@ def test_without_a_gpu_the_build_is_skipped_not_passed(overflow_run):
 
 def test_profiles_and_padding_are_recorded(overflow_run):
     metrics = overflow_run.data["metrics"]["tensorrt"]
-    profiles = [Profile.from_record(p) for p in metrics["profiles"]]
+    profiles = [ShapeProfile.model_validate(p) for p in metrics["profiles"]]
     assert len(profiles) == 2
     assert profiles[0].sequence[0] == 1 and profiles[-1].sequence[2] == 64
     waste = metrics["padding_waste"]

@@ -522,10 +522,18 @@ class PaddingWaste(Metrics):
 
 
 class ShapeProfile(Metrics):
-    """One TensorRT optimization profile as recorded: (min, opt, max) of the batch and of the sequence."""
+    """One TensorRT optimization profile: (min, opt, max) of the batch and of the sequence; every graph input gets
+    the same (batch, sequence) shapes."""
 
     batch: list[int]
     sequence: list[int]
+
+    def fits(self, rows: int, length: int) -> bool:
+        return self.batch[0] <= rows <= self.batch[2] and self.sequence[0] <= length <= self.sequence[2]
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """(batch, sequence) at min, opt and max."""
+        return list(zip(self.batch, self.sequence))
 
 
 class EngineBuild(Metrics):

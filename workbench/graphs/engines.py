@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.atomic import atomic_path
 from workbench.core.errors import DependencyMissingError, GpuRequiredError, OnnxModelError
 from workbench.core.machine import gpu_name
-from workbench.graphs.profiles import Profile
+from workbench.core.results import ShapeProfile
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -27,12 +27,12 @@ class EngineSpec:
 
     name: str
     precision: str
-    profiles: list[Profile]
+    profiles: list[ShapeProfile]
     pinned: list[str] = field(default_factory=list)
     workspace_mb: int = 4096
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "precision": self.precision, "profiles": [p.record() for p in self.profiles],
+        return {"name": self.name, "precision": self.precision, "profiles": [p.recorded() for p in self.profiles],
                 "pinned": self.pinned, "workspace_mb": self.workspace_mb}
 
 

@@ -1,36 +1,13 @@
 """TensorRT shape profiles designed from token-length data: K length buckets that minimise padding."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
 import numpy as np
 
 from workbench.core.batches import within
 from workbench.core.config import ShapeRange
+from workbench.core.results import ShapeProfile
 
 ALIGN = 8  # TensorRT kernels favour sequence lengths that are multiples of 8
-
-
-@dataclass(frozen=True)
-class Profile:
-    """min/opt/max of the batch and sequence axes; every graph input gets the same (batch, sequence) shapes."""
-
-    batch: tuple[int, int, int]
-    sequence: tuple[int, int, int]
-
-    def fits(self, rows: int, length: int) -> bool:
-        return self.batch[0] <= rows <= self.batch[2] and self.sequence[0] <= length <= self.sequence[2]
-
-    def shapes(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-        return tuple((b, s) for b, s in zip(self.batch, self.sequence))  # type: ignore[return-value]
-
-    def record(self) -> dict[str, list[int]]:
-        return {"batch": list(self.batch), "sequence": list(self.sequence)}
-
-    @classmethod
-    def from_record(cls, data: Mapping[str, Sequence[int]]) -> Profile:
-        return cls(tuple(data["batch"]), tuple(data["sequence"]))  # type: ignore[arg-type]
 
 
 def _round_up(value: int, align: int = ALIGN) -> int:
@@ -72,7 +49,7 @@ def padded_batches(lengths: np.ndarray, rows: int) -> np.ndarray:
 
 
 def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequence: ShapeRange,
-                    max_tokens: int | None = None) -> list[Profile]:
+                    max_tokens: int | None = None) -> list[ShapeProfile]:
     """Profiles covering sequence.min..sequence.max whose inner edges follow the data.
 
     Lengths are clipped to the served range first (longer texts are truncated). Each bucket's opt is the median padded
@@ -90,18 +67,18 @@ def design_profiles(lengths: np.ndarray, buckets: int, batch: ShapeRange, sequen
         typical = int(np.median(padded_batches(inside, batch.opt))) if inside.size else high
         opt = min(max(_round_up(typical), low), high)
         rows = within(batch.max, high, max_tokens)
-        profiles.append(Profile((min(batch.min, rows), min(within(batch.opt, opt, max_tokens), rows), rows),
-                                (low, opt, high)))
+        profiles.append(ShapeProfile(batch=[min(batch.min, rows), min(within(batch.opt, opt, max_tokens), rows), rows],
+                                     sequence=[low, opt, high]))
         low = high + 1
     return profiles
 
 
-def profile_for(profiles: list[Profile], rows: int, length: int) -> int | None:
+def profile_for(profiles: list[ShapeProfile], rows: int, length: int) -> int | None:
     """Index of the first profile that takes a (rows, length) input, or None."""
     return next((i for i, p in enumerate(profiles) if p.fits(rows, length)), None)
 
 
-def padding_waste(lengths: np.ndarray, profiles: list[Profile], rows: int) -> dict[str, float]:
+def padding_waste(lengths: np.ndarray, profiles: list[ShapeProfile], rows: int) -> dict[str, float]:
     """Share of padded token slots when texts go to their profile and are batched `rows` at a time in arrival order.
 
     `dynamic`: each batch padded to its longest text (what the server does); `to_profile_max`: every text padded to

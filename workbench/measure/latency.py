@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from workbench.core.batches import Batch
     from workbench.core.record import Variant
+    from workbench.core.results import ShapeProfile
     from workbench.core.tasks import OutputSpec
-    from workbench.graphs.profiles import Profile
     from workbench.models.loading import LoadedModel
     from workbench.precision.lab import ParityLab
     from workbench.runners import Runner
@@ -204,7 +204,7 @@ class GridRows:
     device: Device
     threads: int
     variants: dict[str, Variant]
-    engines: dict[str, tuple[Variant, list[Profile]]] = field(default_factory=dict)
+    engines: dict[str, tuple[Variant, list[ShapeProfile]]] = field(default_factory=dict)
     torch_compile: bool = False
 
     def factories(self, tuned: dict[str, SessionTuning] | None = None) -> dict[str, Callable[[], Runner]]:

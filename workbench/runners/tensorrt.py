@@ -7,7 +7,8 @@ import numpy as np
 
 from workbench.core.batches import Batch
 from workbench.core.errors import ShapeError
-from workbench.graphs.profiles import Profile, profile_for
+from workbench.core.results import ShapeProfile
+from workbench.graphs.profiles import profile_for
 from workbench.runners import Device, Runner
 
 
@@ -18,7 +19,7 @@ class TrtEngineRunner(Runner):
 
     device: Device = "cuda"
 
-    def __init__(self, name: str, engine_path: Path, profiles: list[Profile], precision: str = "fp32") -> None:
+    def __init__(self, name: str, engine_path: Path, profiles: list[ShapeProfile], precision: str = "fp32") -> None:
         import tensorrt as trt
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 

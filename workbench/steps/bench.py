@@ -13,8 +13,8 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.measured import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.record import RunRecord, StepEntry
+from workbench.core.results import ShapeProfile
 from workbench.core.timing import timed
-from workbench.graphs.profiles import Profile
 from workbench.measure.latency import (
     Dimensions,
     GridRows,
@@ -41,9 +41,9 @@ from workbench.serving.server import find_tritonserver
 STEP = "bench"
 
 
-def engine_profiles(record: RunRecord, name: str) -> list[Profile]:
+def engine_profiles(record: RunRecord, name: str) -> list[ShapeProfile]:
     """The shape profiles engine `name` of the run was built with."""
-    return [Profile.from_record(p) for p in record.artifact_details(f"engine.{name}")["profiles"]]
+    return [ShapeProfile.model_validate(p) for p in record.artifact_details(f"engine.{name}")["profiles"]]
 
 
 def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:

@@ -14,7 +14,15 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import EngineBuild, EngineRecord, Histogram, LengthStats, ParityMetrics, TensorrtMetrics
+from workbench.core.results import (
+    EngineBuild,
+    EngineRecord,
+    Histogram,
+    LengthStats,
+    ParityMetrics,
+    ShapeProfile,
+    TensorrtMetrics,
+)
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -25,7 +33,7 @@ from workbench.graphs.engines import (
     require_tensorrt,
     trtexec_command,
 )
-from workbench.graphs.profiles import Profile, design_profiles, padding_waste
+from workbench.graphs.profiles import design_profiles, padding_waste
 from workbench.report import figures
 
 STEP = "tensorrt"
@@ -61,7 +69,7 @@ def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
     return original_nodes_for(wanted, optimized, original)
 
 
-def engine_specs(config: RunConfig, profiles: list[Profile], pins: dict[str, list[str]]) -> list[EngineSpec]:
+def engine_specs(config: RunConfig, profiles: list[ShapeProfile], pins: dict[str, list[str]]) -> list[EngineSpec]:
     """An fp32 and an fp16 engine (those of a configured precisions list): a TensorRT engine is for a GPU, where fp16
     serves."""
     pinned = list(dict.fromkeys(n for nodes in pins.values() for n in nodes))
@@ -131,7 +139,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         single = design_profiles(lengths, 1, config.batch, sequence, max_tokens)
         metrics = TensorrtMetrics.model_validate({
             "lengths": length_stats(lengths).recorded(),
-            "profiles": [p.record() for p in profiles], "max_tokens": max_tokens,
+            "profiles": [p.recorded() for p in profiles], "max_tokens": max_tokens,
             "max_tokens_source": max_tokens_source,
             "padding_waste": {"1": padding_waste(lengths, single, config.batch.opt),
                               str(len(profiles)): padding_waste(lengths, profiles, config.batch.opt)},
@@ -158,7 +166,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             dest = engines_dir / f"{spec.name}.plan"
             metrics.engines[spec.name].build = build_or_reuse(spec, source, input_names, cache_dir, dest)
             record.add_artifact(f"engine.{spec.name}", dest, kind="engine", variant=spec.name,
-                                precision=spec.precision, profiles=[p.record() for p in spec.profiles])
+                                precision=spec.precision, profiles=[p.recorded() for p in spec.profiles])
             built[spec.name] = (dest, spec)
             record.set_metric(STEP, metrics.recorded())
         check_engines(config, record, built, metrics)
