@@ -44,27 +44,16 @@ class Family:
     tiny_positions_offset: int = 0  # position embeddings a tiny one has past MAX_POSITIONS (RoBERTa-like: 2)
 
 
-def _bert(shape: TinyShape) -> PretrainedConfig:
-    from transformers import BertConfig
+def _standard(config: str) -> Callable[[TinyShape], PretrainedConfig]:
+    """A family whose config takes transformers' standard size names (BERT, RoBERTa, XLM-R, MPNet: MPNet's relative
+    position buckets in attention and RoBERTa's positions after the padding index come with the class)."""
+    def build(shape: TinyShape) -> PretrainedConfig:
+        import transformers
 
-    return BertConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                      intermediate_size=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
-
-
-def _roberta(shape: TinyShape) -> PretrainedConfig:
-    from transformers import RobertaConfig
-
-    return RobertaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                         intermediate_size=shape.intermediate, max_position_embeddings=shape.positions,
-                         **shape.common)
-
-
-def _xlm_roberta(shape: TinyShape) -> PretrainedConfig:
-    from transformers import XLMRobertaConfig
-
-    return XLMRobertaConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-                            num_attention_heads=shape.heads, intermediate_size=shape.intermediate,
-                            max_position_embeddings=shape.positions, **shape.common)
+        return getattr(transformers, config)(hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                                             num_attention_heads=shape.heads, intermediate_size=shape.intermediate,
+                                             max_position_embeddings=shape.positions, **shape.common)
+    return build
 
 
 def _albert(shape: TinyShape) -> PretrainedConfig:
@@ -102,26 +91,19 @@ def _deberta_v2(shape: TinyShape) -> PretrainedConfig:
                            type_vocab_size=0, **shape.common)
 
 
-def _mpnet(shape: TinyShape) -> PretrainedConfig:
-    """all-mpnet-base-v2's layout: relative position buckets in attention, positions after the padding index."""
-    from transformers import MPNetConfig
-
-    return MPNetConfig(hidden_size=shape.hidden, num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       intermediate_size=shape.intermediate, max_position_embeddings=shape.positions, **shape.common)
-
-
 FAMILIES = {family.model_type: family for family in (
-    Family("bert", fusion_rules="bert", tiny_config=_bert),
-    Family("roberta", fusion_rules="bert", position_offset=True, tiny_config=_roberta, tiny_tokenizer="bytelevel",
-           tiny_positions_offset=2),
-    Family("xlm-roberta", fusion_rules="bert", position_offset=True, tiny_config=_xlm_roberta,
+    Family("bert", fusion_rules="bert", tiny_config=_standard("BertConfig")),
+    Family("roberta", fusion_rules="bert", position_offset=True, tiny_config=_standard("RobertaConfig"),
+           tiny_tokenizer="bytelevel", tiny_positions_offset=2),
+    Family("xlm-roberta", fusion_rules="bert", position_offset=True, tiny_config=_standard("XLMRobertaConfig"),
            tiny_tokenizer="bytelevel", tiny_positions_offset=2),
     Family("camembert", fusion_rules="bert", position_offset=True),
     Family("distilbert", fusion_rules="bert", tiny_config=_distilbert),
     Family("electra", fusion_rules="bert", tiny_config=_electra),
     Family("albert", tiny_config=_albert),
     Family("deberta-v2", tiny_config=_deberta_v2, tiny_tokenizer="unigram"),
-    Family("mpnet", position_offset=True, tiny_config=_mpnet, tiny_tokenizer="mpnet", tiny_positions_offset=2),
+    Family("mpnet", position_offset=True, tiny_config=_standard("MPNetConfig"), tiny_tokenizer="mpnet",
+           tiny_positions_offset=2),
 )}
 
 
