@@ -1,7 +1,7 @@
 """The results contract: each step's metrics (run.json `metrics.<step>`) as a pydantic model (the bench step's
-tables in `core.measured`), and the migration of records an older workbench wrote. The fields other modules read
-are typed; what else a step records (diagnostics) is kept as recorded. A step writes its section as it goes and the
-record validates the whole section through the step's model when the step finishes (`StepSpec.metrics`)."""
+tables in `core.measured`), and the migration of records an older workbench wrote. Every key a step records is
+declared (diagnostics too, as untyped `Json` where they are nested tables). A step writes its section as it goes and
+the record validates the whole section through the step's model when the step finishes (`StepSpec.metrics`)."""
 from __future__ import annotations
 
 from typing import Literal

@@ -41,7 +41,12 @@ class Family:
     position_offset: bool = False  # its position ids start after the padding index (RoBERTa's layout)
     tiny_config: Callable[[TinyShape], PretrainedConfig] | None = None  # None: no tiny one is built
     tiny_tokenizer: TinyTokenizer = "wordpiece"
-    tiny_positions_offset: int = 0  # position embeddings a tiny one has past MAX_POSITIONS (RoBERTa-like: 2)
+    tiny_initializer_range: float = 0.02  # transformers' default; DeBERTa-v2's logits hardly differ per text at it
+
+    def tiny_positions(self, tokens: int) -> int:
+        """The position table of a tiny one that takes `tokens` tokens (its tokenizer pads with id 1: an offset
+        family's positions start at 2)."""
+        return tokens + 2 if self.position_offset else tokens
 
 
 def _standard(config: str) -> Callable[[TinyShape], PretrainedConfig]:
@@ -94,16 +99,15 @@ def _deberta_v2(shape: TinyShape) -> PretrainedConfig:
 FAMILIES = {family.model_type: family for family in (
     Family("bert", fusion_rules="bert", tiny_config=_standard("BertConfig")),
     Family("roberta", fusion_rules="bert", position_offset=True, tiny_config=_standard("RobertaConfig"),
-           tiny_tokenizer="bytelevel", tiny_positions_offset=2),
+           tiny_tokenizer="bytelevel"),
     Family("xlm-roberta", fusion_rules="bert", position_offset=True, tiny_config=_standard("XLMRobertaConfig"),
-           tiny_tokenizer="bytelevel", tiny_positions_offset=2),
+           tiny_tokenizer="bytelevel"),
     Family("camembert", fusion_rules="bert", position_offset=True),
     Family("distilbert", fusion_rules="bert", tiny_config=_distilbert),
     Family("electra", fusion_rules="bert", tiny_config=_electra),
     Family("albert", tiny_config=_albert),
-    Family("deberta-v2", tiny_config=_deberta_v2, tiny_tokenizer="unigram"),
-    Family("mpnet", position_offset=True, tiny_config=_standard("MPNetConfig"), tiny_tokenizer="mpnet",
-           tiny_positions_offset=2),
+    Family("deberta-v2", tiny_config=_deberta_v2, tiny_tokenizer="unigram", tiny_initializer_range=0.2),
+    Family("mpnet", position_offset=True, tiny_config=_standard("MPNetConfig"), tiny_tokenizer="mpnet"),
 )}
 
 

@@ -85,9 +85,9 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
                   hidden: int = 32, heads: int = 4, seed: int = 0, initializer_range: float | None = None,
                   positions: int = MAX_POSITIONS, lowercase: bool = True, intermediate: int | None = None,
                   labels: int = 3) -> Path:
-    """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`: transformers'
-    0.02 by default, 0.2 for DeBERTa-v2, whose logits otherwise hardly differ per text) and its tokenizer into
-    `dest`; BERT takes `positions` tokens and its tokenizer lowercases unless told. The feed-forward width is
+    """Save a tiny `family` model for `task` (random weights, fixed seed, std `initializer_range`, by default the
+    family's) and its tokenizer into `dest`; it takes `positions` tokens and a WordPiece tokenizer lowercases unless
+    told. The feed-forward width is
     `intermediate` (default twice `hidden`; base-size models have four times); classifiers have `labels` labels.
     The family's record (`models.families`) gives its config and which tokenizer trained here it gets (XLM-R a
     byte-level BPE, ALBERT and ELECTRA a WordPiece: their layers are what the timing sees)."""
@@ -102,8 +102,8 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     tokenizer = {"bytelevel": bytelevel_tokenizer, "mpnet": mpnet_tokenizer, "unigram": unigram_tokenizer}.get(
         known.tiny_tokenizer, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
     common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": labels,
-              "initializer_range": initializer_range or (0.2 if family == "deberta-v2" else 0.02)}
-    shape = TinyShape(hidden, layers, heads, inner, positions + known.tiny_positions_offset, common)
+              "initializer_range": initializer_range or known.tiny_initializer_range}
+    shape = TinyShape(hidden, layers, heads, inner, known.tiny_positions(positions), common)
     auto = {"feature-extraction": transformers.AutoModel,
             "sequence-classification": transformers.AutoModelForSequenceClassification,
             "token-classification": transformers.AutoModelForTokenClassification}[task]
