@@ -33,10 +33,10 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features, others_busy
-from workbench.core.measured import BestRow, InProcessRates, LatencyGrid, ServedLevel
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
+from workbench.measure.tables import BestRow, InProcessRates, LatencyGrid, ServedLevel
 from workbench.pipeline import run_pipeline
 from workbench.report.recommend import candidates, pick
 from workbench.serving.repository import LAYOUTS

@@ -60,9 +60,10 @@ from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFou
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
-from workbench.core.results import CpuFeatures, OptimizeMetrics
+from workbench.core.results import CpuFeatures
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import OptimizeMetrics
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 

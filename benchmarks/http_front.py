@@ -32,7 +32,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
-from workbench.core.measured import ServedLevel
+from workbench.measure.tables import ServedLevel
 from workbench.serving.endpoints import text_endpoints
 from workbench.serving.server import TritonServer, free_port
 

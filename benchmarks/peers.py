@@ -63,7 +63,6 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
-from workbench.core.measured import ServedLevel
 from workbench.core.record import RunRecord
 from workbench.measure.load import (
     asyncio_level,
@@ -73,6 +72,7 @@ from workbench.measure.load import (
     settled_stages,
     stage_totals,
 )
+from workbench.measure.tables import ServedLevel
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 from workbench.serving.client import AsyncTritonClient, TritonClient

@@ -13,10 +13,10 @@ with `ast`; nothing is imported or run:
 - `record.metric(` calls outside the record, and step-status literals ("ok", "failed", "skipped", ...) compared or
   passed in the package;
 - where the tables live and what is derived twice (issue #67): core's share of the package's lines and its pydantic
-  tables, the largest step file, functions with 8 or more parameters, library rooms (models to measure) that read
-  the run record, settings resolved again after export (`config.sequence.resolve(`, `choose_flavor(`), variant names
-  written as string literals, Metrics models that keep undeclared keys, and the report's figures that serve one
-  step."""
+  tables (Metrics models), the largest step file, functions with 8 or more parameters, library rooms (models to
+  measure) that read the run record, settings resolved again after export (`config.sequence.resolve(`,
+  `choose_flavor(`), variant names written as string literals, Metrics models that keep undeclared keys, and the
+  figures in report/ that serve one step."""
 from __future__ import annotations
 
 import argparse
@@ -59,6 +59,18 @@ def notebook_cells() -> dict[str, ast.Module]:
                          for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
         found[path.name] = ast.parse(code)
     return found
+
+
+def metrics_classes(trees: dict[str, ast.Module]) -> set[str]:
+    """The classes in `trees` that derive from `Metrics` (run.json's tables), through any of their other classes."""
+    bases = {node.name: {ast.unparse(b) for b in node.bases} for tree in trees.values() for node in tree.body
+             if isinstance(node, ast.ClassDef)}
+    found: set[str] = set()
+    while True:
+        more = {name for name, named in bases.items() if name not in found and named & (found | {"Metrics"})}
+        if not more:
+            return found
+        found |= more
 
 
 def type_only(tree: ast.Module) -> set[int]:
@@ -213,9 +225,7 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
     core = sum(size for name, size in sizes.items() if room_of(name) == "core")
     steps = {name: size for name, size in sizes.items() if room_of(name) == "steps"}
     text = {name: ast.unparse(tree) for name, tree in trees.items()}
-    core_tables = sum(1 for name, tree in trees.items() if room_of(name) == "core" for node in tree.body
-                      if isinstance(node, ast.ClassDef) and node.bases and name.rsplit(".", 1)[-1] in (
-                          "results", "measured"))
+    core_tables = len(metrics_classes({name: tree for name, tree in trees.items() if room_of(name) == "core"}))
     readers = sorted(name for name, tree in trees.items() if room_of(name) in LIBRARY_ROOMS and any(
         isinstance(node, ast.ImportFrom) and node.module == "workbench.core.record" and any(
             alias.name == "RunRecord" for alias in node.names) for node in ast.walk(tree)))
@@ -228,7 +238,7 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
     return {
         "lines in core/ (share of the package)": f"{core} of {sum(sizes.values())} "
                                                  f"({100 * core / sum(sizes.values()):.0f}%)",
-        "tables (classes) in core/results.py and core/measured.py": core_tables,
+        "pydantic tables (Metrics models) in core/": core_tables,
         "largest step file (lines)": f"{max(steps, key=lambda n: steps[n])} {max(steps.values())}",
         "functions with 8+ parameters": sum(1 for tree in trees.values() for node in ast.walk(tree) if isinstance(
             node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameters(node) >= 8),

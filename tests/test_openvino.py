@@ -11,8 +11,8 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision, Trial
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import PrecisionDecision, Trial
 from workbench.measure.forms import race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES

@@ -15,12 +15,14 @@ from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.machine import OthersBusy
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision, RepairCandidate, Verdict
+from workbench.core.results import Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
+from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.forms import RaceBench, race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.search import matmul_costs
+from workbench.precision.tables import RepairCandidate
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference

@@ -18,8 +18,9 @@ from workbench.core.errors import InputMismatchError, ParityError, ShapeError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision, Verdict
+from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import PrecisionDecision
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
@@ -321,8 +322,8 @@ def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tm
     assert errors and set(errors) <= set(repair["sensitivity"]) and all(n.endswith("MatMul") for n in errors)
     assert all(e["weight_sqnr_db_per_channel"] > 20 and e["input_sqnr_db"] > 0 for e in errors.values())
     assert -1 <= repair["node_error"]["spearman_vs_sensitivity"] <= 1
-    from workbench.core.results import RepairOutcome
-    from workbench.report import figures
+    from workbench.precision.tables import RepairOutcome
+    from workbench.steps.parity import figures
 
     outcome = RepairOutcome.model_validate(repair)
     traces = {t.name: t for t in figures.repair_tradeoff(outcome).data}
@@ -349,8 +350,8 @@ def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tm
 
 
 def test_a_recipe_that_got_further_is_the_closer_base():
-    from workbench.core.results import RecipeResult
     from workbench.precision.recipes import rank
+    from workbench.precision.tables import RecipeResult
 
     def recipe(checked_on: str, passed: bool, violation: float) -> RecipeResult:
         return RecipeResult(recipe=checked_on, checked_on=checked_on, passed=passed, violation=violation, loss=0.01)

@@ -20,7 +20,7 @@ from peerlib.peers import (
     table,
 )
 
-from workbench.core.measured import ServedLevel
+from workbench.measure.tables import ServedLevel
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.core.config import ShapeRange
-from workbench.core.results import ShapeProfile
 from workbench.graphs.profiles import bucket_edges, design_profiles, padding_waste, profile_for
+from workbench.graphs.tables import ShapeProfile
 
 BATCH = ShapeRange(min=1, opt=8, max=32)
 SEQUENCE = ShapeRange(min=1, opt=128, max=256)

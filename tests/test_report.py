@@ -10,17 +10,20 @@ import pytest
 
 from workbench.core.batches import Cell
 from workbench.core.config import RunConfig
-from workbench.core.measured import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate
 from workbench.core.record import RunRecord
-from workbench.core.results import GraphStats, ParityMetrics, Verdict
+from workbench.core.results import Verdict
 from workbench.core.timing import interleaved
+from workbench.graphs.tables import GraphStats
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
+from workbench.measure.tables import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate
+from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.recommend import recommend
 from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
+from workbench.steps.bench import figures as bench_figures
 from workbench.steps.triton import serving_plan
 
 from .conftest import export_metrics
@@ -137,7 +140,7 @@ def test_report_is_self_contained(reported):
     sessions = record.metric("bench.latency.sessions")
     grid = LatencyGrid.model_validate(record.metric("bench.latency"))
     reasons = [tuned["reason"] for tuned in sessions.values()]
-    assert list(figures.sessions_table(grid).data[0].cells.values[2]) == reasons
+    assert list(bench_figures.sessions_table(grid).data[0].cells.values[2]) == reasons
     assert "<td>report</td>" not in html, "the report leaves its own running step out of the summary"
     calling = html.split("Calling the deployment</h2>")[1].split("</pre>")[0]
     name = record.metric("triton.name")
@@ -345,7 +348,7 @@ def test_the_report_opens_with_the_recommendation_and_names_the_served_variant(b
 def test_the_speedup_heatmap_is_centred_on_1x(benched):
     _, record = benched
     latency = LatencyGrid.model_validate(record.metric("bench.latency"))
-    heatmap = figures.speedup_figure(latency).data[0]
+    heatmap = bench_figures.speedup_figure(latency).data[0]
     assert heatmap.zmid == 0 and heatmap.zmin == -heatmap.zmax  # log2 of the ratio: 1x sits in the middle
     assert heatmap.colorbar.title.text == "speedup over PyTorch (x)"
     row = list(heatmap.y).index("int8_repaired")
@@ -359,10 +362,14 @@ def test_the_speedup_heatmap_is_centred_on_1x(benched):
 
 def test_figures_name_their_units(benched):
     _, record = benched
+    from workbench.steps.optimize.figures import fusion_figure
+    from workbench.steps.parity.figures import error_distribution
+
+    latency = LatencyGrid.model_validate(record.metric("bench.latency"))
     axes = {
-        "latency": figures.latency_figure(LatencyGrid.model_validate(record.metric("bench.latency"))).layout.yaxis,
-        "errors": figures.error_distribution(record.results_as("parity", ParityMetrics).variants).layout.yaxis,
-        "fusions": figures.fusion_figure({"fp32": GraphStats(nodes=120, fused={"Attention": 6})}).layout.yaxis,
+        "latency": bench_figures.latency_figure(latency).layout.yaxis,
+        "errors": error_distribution(record.results_as("parity", ParityMetrics).variants).layout.yaxis,
+        "fusions": fusion_figure({"fp32": GraphStats(nodes=120, fused={"Attention": 6})}).layout.yaxis,
     }
     assert {name: axis.title.text for name, axis in axes.items()} == {
         "latency": "latency per call (ms)", "errors": "absolute error |variant - PyTorch| (output units)",

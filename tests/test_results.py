@@ -13,7 +13,8 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import OutputDirError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
-from workbench.core.results import SCHEMA_VERSION, ParityMetrics, migrate
+from workbench.core.results import SCHEMA_VERSION, migrate
+from workbench.precision.tables import ParityMetrics
 
 from .conftest import export_metrics
 

@@ -9,7 +9,6 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import GpuRequiredError, StepSkipped
 from workbench.core.machine import gpu_name
 from workbench.core.record import RunRecord
-from workbench.core.results import ShapeProfile
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -20,6 +19,7 @@ from workbench.graphs.engines import (
     require_tensorrt,
     trtexec_command,
 )
+from workbench.graphs.tables import ShapeProfile
 from workbench.models.tiny import make_fp16_overflow
 from workbench.runners.onnxruntime import tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt

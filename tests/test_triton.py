@@ -31,8 +31,8 @@ from workbench.core.errors import (
 from workbench.core.flavor import Flavor
 from workbench.core.pins import pin
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
@@ -441,7 +441,8 @@ def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_
 
 
 def test_a_repaired_int8_that_lost_its_race_is_served_after_the_variant_it_lost_to(tiny_bert, tmp_path):
-    from workbench.core.results import CpuFeatures, Trial, Verdict
+    from workbench.core.results import CpuFeatures, Verdict
+    from workbench.graphs.tables import Trial
     from workbench.serving.plan import CPU_INT8_FIRST, candidates, lost_races, preference
 
     fast = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.atomic import atomic_path
 from workbench.core.errors import DependencyMissingError, GpuRequiredError, OnnxModelError
 from workbench.core.machine import gpu_name
-from workbench.core.results import ShapeProfile
+from workbench.graphs.tables import ShapeProfile
 
 if TYPE_CHECKING:
     from onnx import ModelProto

@@ -5,7 +5,7 @@ import numpy as np
 
 from workbench.core.batches import within
 from workbench.core.config import ShapeRange
-from workbench.core.results import ShapeProfile
+from workbench.graphs.tables import ShapeProfile
 
 ALIGN = 8  # TensorRT kernels favour sequence lengths that are multiples of 8
 

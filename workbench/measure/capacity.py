@@ -6,8 +6,8 @@ import math
 
 from workbench.core.advice import run_again
 from workbench.core.config import BenchSettings, TritonSettings
-from workbench.core.measured import ServedBenchmark, ServedLevel
 from workbench.core.metrics import Metrics
+from workbench.measure.tables import ServedBenchmark, ServedLevel
 
 MIN_QUEUE_TARGET_MS = 1.0  # below this the autoscaler would chase noise
 

@@ -11,9 +11,9 @@ import numpy as np
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.machine import OthersBusy, too_busy
-from workbench.core.measured import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
 from workbench.core.results import Verdict
 from workbench.core.timing import elapsed, interleaved
+from workbench.measure.tables import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
 from workbench.runners import Device
 
 if TYPE_CHECKING:
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from workbench.core.batches import Batch
     from workbench.core.record import Variant
-    from workbench.core.results import ShapeProfile
     from workbench.core.tasks import OutputSpec
+    from workbench.graphs.tables import ShapeProfile
     from workbench.models.loading import LoadedModel
     from workbench.precision.lab import ParityLab
     from workbench.runners import Runner

@@ -18,8 +18,8 @@ import numpy as np
 
 from workbench.core.batches import Feed
 from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
-from workbench.core.measured import ServedLevel
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
+from workbench.measure.tables import ServedLevel
 from workbench.serving.client import AsyncTritonClient, rerank_arrays, run_async, text_array
 
 

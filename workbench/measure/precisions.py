@@ -13,8 +13,8 @@ from typing import Any, Literal
 import numpy as np
 
 from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
-from workbench.core.results import PrecisionDecision, Timings
 from workbench.core.timing import interleaved
+from workbench.graphs.tables import PrecisionDecision, Timings
 from workbench.measure.sessions import call_for
 from workbench.runners.onnxruntime import session
 

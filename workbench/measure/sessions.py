@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.measured import SessionTuning
 from workbench.core.timing import interleaved
+from workbench.measure.tables import SessionTuning
 from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings
 
 if TYPE_CHECKING:

@@ -16,17 +16,6 @@ from workbench.core.config import BenchSettings
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
-from workbench.core.measured import (
-    BatchingSearch,
-    BatchingSweeps,
-    Efficiency,
-    InProcessRates,
-    Levels,
-    MeasuredPlan,
-    SearchCandidate,
-    ServedBenchmark,
-    ServedLevel,
-)
 from workbench.core.progress import track
 from workbench.measure.load import (
     asyncio_level,
@@ -38,6 +27,17 @@ from workbench.measure.load import (
     text_level,
 )
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer
+from workbench.measure.tables import (
+    BatchingSearch,
+    BatchingSweeps,
+    Efficiency,
+    InProcessRates,
+    Levels,
+    MeasuredPlan,
+    SearchCandidate,
+    ServedBenchmark,
+    ServedLevel,
+)
 from workbench.serving.client import TritonClient
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer

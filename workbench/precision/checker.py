@@ -6,10 +6,11 @@ import dataclasses
 from pathlib import Path
 
 from workbench.core.record import Variant
-from workbench.core.results import RepairCandidate, Verdict
+from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
+from workbench.precision.tables import RepairCandidate
 from workbench.runners import Runner
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant

@@ -24,12 +24,13 @@ from workbench.core.batches import (
 )
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
-from workbench.core.results import LibraryCheck, ReferenceCut, Verdict, WorstText
+from workbench.core.results import Verdict, WorstText
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
 from workbench.precision.ranking import by_query, lab_pairs, query_groups
+from workbench.precision.tables import LibraryCheck, ReferenceCut
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.onnxruntime import device_for

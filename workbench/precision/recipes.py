@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.core.batches import Feed
-from workbench.core.results import RecipeResult
 from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import (
@@ -21,6 +20,7 @@ from workbench.graphs.variants import (
     quantize_int8,
     smooth_activations,
 )
+from workbench.precision.tables import RecipeResult
 
 if TYPE_CHECKING:
     from workbench.precision.checker import Checker

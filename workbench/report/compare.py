@@ -18,9 +18,9 @@ from pydantic import ValidationError
 from workbench.core.atomic import write_text
 from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
-from workbench.core.measured import BenchMetrics, CellTiming
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.measure.latency import is_variant_row
+from workbench.measure.tables import BenchMetrics, CellTiming
 from workbench.report import figures
 from workbench.report.recommend import gate, goal_cells
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from workbench.core.measured import BenchMetrics
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
 from workbench.measure.latency import disturbance_note
+from workbench.measure.tables import BenchMetrics
 
 
 class Declared(Protocol):

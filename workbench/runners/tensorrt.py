@@ -7,8 +7,8 @@ import numpy as np
 
 from workbench.core.batches import Batch
 from workbench.core.errors import ShapeError
-from workbench.core.results import ShapeProfile
 from workbench.graphs.profiles import profile_for
+from workbench.graphs.tables import ShapeProfile
 from workbench.runners import Device, Runner
 
 

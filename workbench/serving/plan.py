@@ -13,18 +13,11 @@ from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
-from workbench.core.results import (
-    CpuFeatures,
-    ExportMetrics,
-    OptimizeMetrics,
-    ParityMetrics,
-    PipelineSummary,
-    PrecisionDecision,
-    ShapeProfile,
-    Verdict,
-)
+from workbench.core.results import CpuFeatures, ExportMetrics, PipelineSummary, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import OptimizeMetrics, PrecisionDecision, ShapeProfile
+from workbench.precision.tables import ParityMetrics
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import plotly.graph_objects as go
+
 from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
-from workbench.core.measured import BenchMetrics
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.measure.capacity import Capacity, plan_capacity
+from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
 from workbench.report.compare import host_of
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
@@ -103,7 +105,21 @@ def section(deploy: DeployMetrics) -> Parts:
              f"The image {deploy.image} (deploy/Dockerfile), Kubernetes with a HorizontalPodAutoscaler on Triton's "
              "queue time per request and a KServe InferenceService (deploy/README.md). Replicas for the target load "
              f"from what one replica sustained in the served bench, measured on {deploy.capacity.measured_on}.",
-             [figures.capacity_table(deploy.capacity, deploy.scaling)])]
+             [capacity_table(deploy.capacity, deploy.scaling)])]
+
+
+def capacity_table(capacity: Capacity, scaling: Scaling) -> go.Figure:
+    """The capacity on paper and what each autoscaler keeps, with the reasons."""
+    per = capacity.per_replica_rps
+    rows = [["target load", f"{capacity.target_rps:g} req/s", "triton.target_rps"],
+            ["one replica sustains", "not measured" if per is None else f"{per:.1f} req/s",
+             capacity.replicas_reason],
+            ["replicas (HPA / KServe)", f"{scaling.min_replicas} to {scaling.max_replicas}",
+             "minimum for the target load; maximum = minimum x triton.burst_factor"],
+            ["HPA: queue time per request", f"{scaling.queue_target_us} us", capacity.queue_reason],
+            ["KServe: requests in flight per replica", str(scaling.concurrency),
+             "the load level that throughput was measured at"]]
+    return figures.table("Capacity on paper (one GPU per pod)", ["", "value", "why"], rows)
 
 
 SPEC = StepSpec(

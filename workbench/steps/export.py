@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import plotly.graph_objects as go
+
 from workbench.core.atomic import atomic_dir
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
@@ -18,6 +20,7 @@ from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
+from workbench.report import figures
 
 if TYPE_CHECKING:
     import torch
@@ -190,6 +193,14 @@ def section(export: ExportMetrics) -> Parts:
         return []
     run_max = export.sequence.max if export.sequence else None
     return [("The model as its users run it", pipeline_text(export.sentence_pipeline, run_max), [])]
+
+
+def io_table(export: ExportMetrics) -> go.Figure:
+    """Graph inputs and outputs with their symbolic shapes."""
+    sides = (("input", export.io.inputs), ("output", export.io.outputs))
+    rows = [(kind, name, " x ".join(map(str, shape))) for kind, found in sides for name, shape in found.items()]
+    title = f"{export.architecture} exported with {export.exporter} (opset {export.opset}): {export.nodes} nodes"
+    return figures.table(title, ["", "name", "shape"], rows)
 
 
 SPEC = StepSpec(

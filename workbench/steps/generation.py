@@ -13,12 +13,12 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
-from workbench.core.measured import ServedLevel
 from workbench.core.metrics import Metrics
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
+from workbench.measure.tables import ServedLevel
 from workbench.report import figures
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
@@ -14,15 +15,6 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import (
-    EngineBuild,
-    EngineRecord,
-    Histogram,
-    LengthStats,
-    ParityMetrics,
-    ShapeProfile,
-    TensorrtMetrics,
-)
 from workbench.graphs import onnxfiles
 from workbench.graphs.engines import (
     EngineSpec,
@@ -34,6 +26,8 @@ from workbench.graphs.engines import (
     trtexec_command,
 )
 from workbench.graphs.profiles import design_profiles, padding_waste
+from workbench.graphs.tables import EngineBuild, EngineRecord, Histogram, LengthStats, ShapeProfile, TensorrtMetrics
+from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 
 STEP = "tensorrt"
@@ -188,11 +182,39 @@ def section(tensorrt: TensorrtMetrics) -> Parts:
     if not tensorrt.profiles:
         return []
     parts: Parts = [("TensorRT shape profiles", "Profiles designed from the corpus token lengths.",
-                     [figures.length_histogram(tensorrt), figures.padding_figure(tensorrt)])]
+                     [length_histogram(tensorrt), padding_figure(tensorrt)])]
     if tensorrt.parity:
         parts.append(("TensorRT engines against PyTorch", "The same lab as the parity step.",
                       [figures.parity_table(tensorrt.parity)]))
     return parts
+
+
+def length_histogram(tensorrt: TensorrtMetrics) -> go.Figure:
+    """Token lengths of the corpus with the chosen profiles' sequence ranges and opt points."""
+    hist = tensorrt.lengths.histogram if tensorrt.lengths else Histogram(counts=[], edges=[])
+    edges = hist.edges
+    figure = go.Figure(go.Bar(x=[(a + b) / 2 for a, b in zip(edges, edges[1:])], y=hist.counts,
+                              width=[b - a for a, b in zip(edges, edges[1:])], name="texts"))
+    for index, profile in enumerate(tensorrt.profiles):
+        low, opt, high = profile.sequence
+        figure.add_vrect(x0=low, x1=high, opacity=0.08, line_width=0, fillcolor="green" if index % 2 else "blue",
+                         annotation_text=f"profile {index}: {low}-{high}", annotation_position="top left")
+        figure.add_vline(x=opt, line_dash="dot", annotation_text=f"opt {opt}")
+    figure.update_layout(title="Token lengths (special tokens included) and the TensorRT profiles",
+                         xaxis_title="text length (tokens)", yaxis_title="texts (count)", showlegend=False)
+    return figure
+
+
+def padding_figure(tensorrt: TensorrtMetrics) -> go.Figure:
+    """Share of padded token slots with one profile vs the length buckets."""
+    waste = tensorrt.padding_waste
+    figure = go.Figure()
+    for label, share in (("batch padded to its longest", lambda w: w.dynamic),
+                         ("padded to profile max", lambda w: w.to_profile_max)):
+        figure.add_bar(name=label, x=[f"{k} profile(s)" for k in waste], y=[share(w) * 100 for w in waste.values()])
+    figure.update_layout(title="Padding waste", xaxis_title="TensorRT profiles (length buckets)",
+                         yaxis_title="padding (% of token slots)", barmode="group")
+    return figure
 
 
 SPEC = StepSpec(

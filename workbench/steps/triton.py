@@ -4,6 +4,8 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+import plotly.graph_objects as go
+
 from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
@@ -11,8 +13,9 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ServedCut, ShapeProfile, TensorrtMetrics, TritonMetrics, Verdict, Verification
+from workbench.core.results import BatchingBurst, ServedCut, TritonMetrics, Verdict, Verification
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.report import figures
@@ -369,6 +372,18 @@ def served_differs(record: RunRecord, variant: str) -> str:
         return ""
     return (f". Triton serves {deployment.variant} (the triton step's order, chosen before bench measured); to "
             f"serve {variant}: {resume_command(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
+
+
+def batch_size_figure(burst: BatchingBurst) -> go.Figure:
+    """How many executions each model ran at each batch size for a burst of one-text requests."""
+    figure = go.Figure()
+    for model, sizes in burst.batch_sizes.items():
+        ordered = sorted(sizes.items())
+        figure.add_bar(name=model, x=[str(k) for k, _ in ordered], y=[v for _, v in ordered])
+    figure.update_layout(title=f"Dynamic batching: {burst.requests} concurrent one-text requests",
+                         xaxis_title="batch size executed (texts)", yaxis_title="executions (count)",
+                         barmode="group")
+    return figure
 
 
 SPEC = StepSpec(

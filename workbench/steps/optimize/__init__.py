@@ -15,12 +15,12 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import Borrowed, FormChoice, GraphStats, OptimizeMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
+from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, OptimizeMetrics
 from workbench.graphs.variants import convert_fp16, infer_shapes, quantize_int8
 from workbench.measure.forms import race_bench
-from workbench.report import figures
+from workbench.steps.optimize import figures
 from workbench.steps.optimize.onnxruntime_variants import build_fp32, fusion_stats, smoke_test, unavailable_fusions
 from workbench.steps.optimize.openvino_variants import (
     OPENVINO_BUILDS,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
-from workbench.core.results import PrecisionDecision
+from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.forms import RaceBench
 from workbench.measure.precisions import Target, paired_speedups, plan, settle, target_for
 from workbench.runners.onnxruntime import device_for

@@ -15,9 +15,10 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
-from workbench.core.results import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome, Trial, Verdict
+from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
@@ -25,12 +26,14 @@ from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.repair import RepairPlan, openvino_int8_problem
 from workbench.precision.repair import repair as repair_variant
-from workbench.report import figures
+from workbench.precision.tables import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome
+from workbench.report.figures import parity_table
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant
 from workbench.serving.plan import choose_flavor, int8_decision, lost_races, preference, served_groups
+from workbench.steps.parity.figures import error_distribution, node_error_figure, recipes_table, repair_tradeoff
 
 STEP = "parity"
 EXACT_VARIANTS = ("original", "fp32")
@@ -417,7 +420,7 @@ def section(parity: ParityMetrics) -> Parts:
     if parity.variants:
         variants = parity.variants
         parts.append(("Parity against PyTorch", f"{checked}Real text at the shape corners and the whole corpus; "
-                      "padding excluded.", [figures.parity_table(variants), figures.error_distribution(variants)]))
+                      "padding excluded.", [parity_table(variants), error_distribution(variants)]))
     elif checked:
         parts.append(("Parity against PyTorch", checked, []))
     for precision, outcome in parity.repair.items():
@@ -428,11 +431,11 @@ def section(parity: ParityMetrics) -> Parts:
         if outcome.base:
             base = (f" Quantized as: {outcome.base}." if chosen
                     else f" Nothing was written; the search started from the base recipe: {outcome.base}.")
-        charts = [figures.repair_tradeoff(outcome)] if outcome.candidates or outcome.bases else []
+        charts = [repair_tradeoff(outcome)] if outcome.candidates or outcome.bases else []
         if outcome.bases or outcome.recipes:
-            charts.append(figures.recipes_table(outcome))
+            charts.append(recipes_table(outcome))
         if outcome.node_error.per_node:
-            charts.append(figures.node_error_figure(outcome))
+            charts.append(node_error_figure(outcome))
         parts.append((f"{precision} precision repair", f"Outcome: {outcome.outcome}; units kept in fp32: "
                       f"{kept}.{base}", charts))
     return parts

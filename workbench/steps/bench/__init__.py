@@ -11,10 +11,9 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
-from workbench.core.measured import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ShapeProfile
 from workbench.core.timing import timed
+from workbench.graphs.tables import ShapeProfile
 from workbench.measure.latency import (
     Dimensions,
     GridRows,
@@ -27,9 +26,9 @@ from workbench.measure.latency import (
     needs_lab,
 )
 from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
+from workbench.measure.tables import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
-from workbench.report import figures
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
 from workbench.runners.onnxruntime import device_for
@@ -37,6 +36,7 @@ from workbench.runners.registry import open_variant
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
+from workbench.steps.bench import figures
 
 STEP = "bench"
 
