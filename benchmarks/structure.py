@@ -15,8 +15,8 @@ with `ast`; nothing is imported or run:
 - where the tables live and what is derived twice (issue #67): core's share of the package's lines and its pydantic
   tables (Metrics models), the largest step file, functions with 8 or more parameters, library rooms (models to
   measure) that read the run record, settings resolved again after export (`config.sequence.resolve(`,
-  `choose_flavor(`), variant names written as string literals, Metrics models that keep undeclared keys, and the
-  figures in report/ that serve one step."""
+  `choose_flavor(`), variant names written as string literals (all, and those no precision, runtime or step
+  shares), Metrics models that keep undeclared keys, and the figures in report/ that serve one step."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +32,9 @@ STATUSES = {"ok", "failed", "skipped", "interrupted", "running"}
 LIBRARY_ROOMS = ("models", "graphs", "runners", "precision", "serving", "measure")
 VARIANT_NAMES = {"fp16", "int8", "int8_repaired", "fp16_repaired", "openvino", "openvino_bf16", "openvino_int8",
                  "openvino_int8_repaired", "tensorrt"}  # fp32 left out: it is also a precision's name
+# The names no precision, runtime or step shares: a literal of one is a variant's name spelled again.
+VARIANT_ONLY = {"int8_repaired", "fp16_repaired", "openvino_bf16", "openvino_int8", "openvino_int8_repaired",
+                "trt_fp16", "trt_fp32"}
 
 
 def module_name(path: Path) -> str:
@@ -229,7 +232,9 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
     readers = sorted(name for name, tree in trees.items() if room_of(name) in LIBRARY_ROOMS and any(
         isinstance(node, ast.ImportFrom) and node.module == "workbench.core.record" and any(
             alias.name == "RunRecord" for alias in node.names) for node in ast.walk(tree)))
-    literals = {name: sum(1 for value in strings(tree) if value in VARIANT_NAMES) for name, tree in trees.items()}
+    spelled = {name: tree for name, tree in trees.items() if name != "workbench.core.variants"}  # the one place
+    literals = {name: sum(1 for value in strings(tree) if value in VARIANT_NAMES) for name, tree in spelled.items()}
+    only = {name: sum(1 for value in strings(tree) if value in VARIANT_ONLY) for name, tree in spelled.items()}
     figures = trees.get("workbench.report.figures")
     drawn = [node.name for node in figures.body if isinstance(node, ast.FunctionDef) and not node.name.startswith(
         "_")] if figures else []
@@ -246,6 +251,7 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
         "config.sequence.resolve( calls": sum(body.count("config.sequence.resolve(") for body in text.values()),
         "choose_flavor( calls": sum(body.count("choose_flavor(") for body in text.values()),
         "variant-name literals (files)": f"{sum(literals.values())} ({sum(1 for n in literals.values() if n)})",
+        "literals of names only a variant has (files)": f"{sum(only.values())} ({sum(1 for n in only.values() if n)})",
         "Metrics models keeping undeclared keys": sum(body.count("extra='allow'") for body in text.values()),
         "report figures serving exactly one step": f"{sum(1 for u in users.values() if len(u) == 1)} of "
                                                    f"{len(drawn)}",

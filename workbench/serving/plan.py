@@ -15,6 +15,7 @@ from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import RunRecord, Variant
 from workbench.core.results import CpuFeatures, ExportMetrics, PipelineSummary, Verdict
 from workbench.core.tasks import OutputSpec
+from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics, PrecisionDecision, ShapeProfile
 from workbench.precision.tables import ParityMetrics
@@ -32,13 +33,15 @@ PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 # files in ONNX Runtime.
 # `openvino_bf16` (the same in bf16, held to fp16's gate: kept only where it ran faster than the fp32 graphs here) goes
 # before them.
-OPENVINO_VARIANTS = ("openvino_int8_repaired", "openvino_int8", "openvino_bf16", "openvino")
-CPU_INT8_FIRST = ("openvino_int8_repaired", "openvino_int8", "int8_repaired", "int8", "openvino_bf16", "openvino",
-                  "fp32", "original")
-CPU_FP32_FIRST = ("openvino_int8_repaired", "openvino_int8", "openvino_bf16", "openvino", "fp32", "int8_repaired",
-                  "int8", "original")
-GPU_PREFERENCE = {Flavor.ONNXRUNTIME: ("fp16_repaired", "fp16", "fp32", "original"),
-                  Flavor.TENSORRT_PLAN: ("trt_fp16", "trt_fp32")}
+OPENVINO_VARIANTS = (VariantName.OPENVINO_INT8_REPAIRED, VariantName.OPENVINO_INT8, VariantName.OPENVINO_BF16,
+                     VariantName.OPENVINO)
+CPU_INT8_FIRST = (*OPENVINO_VARIANTS[:2], VariantName.INT8_REPAIRED, VariantName.INT8, *OPENVINO_VARIANTS[2:],
+                  VariantName.FP32, VariantName.ORIGINAL)
+CPU_FP32_FIRST = (*OPENVINO_VARIANTS, VariantName.FP32, VariantName.INT8_REPAIRED, VariantName.INT8,
+                  VariantName.ORIGINAL)
+GPU_PREFERENCE = {Flavor.ONNXRUNTIME: (VariantName.FP16_REPAIRED, VariantName.FP16, VariantName.FP32,
+                                       VariantName.ORIGINAL),
+                  Flavor.TENSORRT_PLAN: (VariantName.TRT_FP16, VariantName.TRT_FP32)}
 
 
 def int8_decision(record: RunRecord) -> PrecisionDecision | None:
@@ -52,7 +55,7 @@ def lost_races(record: RunRecord) -> dict[str, str]:
     each with that variant (`preference` serves them after it)."""
     parity = record.results_as("parity", ParityMetrics)
     repairs = parity.repair.items() if parity else ()
-    return {f"{precision}_repaired": outcome.race.against for precision, outcome in repairs
+    return {VariantName(precision).repaired: outcome.race.against for precision, outcome in repairs
             if outcome.race and not outcome.race.kept and outcome.race.against}
 
 

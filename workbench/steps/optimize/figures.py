@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from workbench.core.variants import VariantName
 from workbench.graphs.tables import GraphStats, OptimizeMetrics
 from workbench.report.figures import table
 
@@ -10,8 +11,8 @@ from workbench.report.figures import table
 def variants_table(optimized: OptimizeMetrics, megabytes: dict[str, float]) -> go.Figure:
     """Every variant the run holds: the runtime that runs it, its graph's nodes and fused operators (ONNX Runtime's),
     its file size, and what its trial found (OpenVINO's)."""
-    trials = {"openvino": optimized.openvino, "openvino_bf16": optimized.openvino_bf16,
-              "openvino_int8": optimized.openvino_int8}
+    trials = {VariantName.OPENVINO: optimized.openvino, VariantName.OPENVINO_BF16: optimized.openvino_bf16,
+              VariantName.OPENVINO_INT8: optimized.openvino_int8}
     rows = []
     for variant, size in megabytes.items():
         stats, trial = optimized.variants.get(variant), trials.get(variant)

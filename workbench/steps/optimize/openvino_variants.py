@@ -14,6 +14,7 @@ from workbench.core.machine import OthersBusy, release_memory, too_busy
 from workbench.core.record import RunRecord
 from workbench.core.results import ExportMetrics
 from workbench.core.timing import elapsed
+from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.tables import InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
@@ -23,7 +24,8 @@ from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 from workbench.runners.registry import open_variant
 
-OPENVINO_BUILDS = ("openvino", "openvino_bf16", "openvino_int8")  # the OpenVINO variants this step may keep
+# the OpenVINO variants this step may keep
+OPENVINO_BUILDS = (VariantName.OPENVINO, VariantName.OPENVINO_BF16, VariantName.OPENVINO_INT8)
 
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
@@ -98,14 +100,15 @@ def build_openvino_bf16(config: RunConfig, record: RunRecord, bench: RaceBench, 
     if problem:
         return Trial(kept=False, reason=problem)
     dest = record.run_dir / "onnx" / "openvino_bf16.onnx"
-    against = "openvino" if "openvino" in record.variant_names() else "fp32"  # names only: no file read
+    kept = record.variant_names()  # names only: no file read
+    against = VariantName.OPENVINO if VariantName.OPENVINO in kept else VariantName.FP32
     record.phase(f"trying openvino_bf16: OpenVINO in bf16, against {against}")
     try:
         openvino_file(record, dest, "bf16")
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
         raise
-    return raced("openvino_bf16", "bf16", dest, against, config, record, bench, compiled_at="bf16")
+    return raced(VariantName.OPENVINO_BF16, "bf16", dest, against, config, record, bench, compiled_at="bf16")
 
 
 def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig, record: RunRecord,
@@ -160,7 +163,8 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
         return OpenvinoInt8(kept=False, reason=why_not)
     dest = record.run_dir / "onnx" / "openvino_int8.onnx"
     variants = record.variant_names()  # names only: reading a file would make it an input (a repair's, parity's)
-    against = next(v for v in ("int8", "openvino_bf16", "openvino", "fp32") if v in variants)
+    against = next(v for v in (VariantName.INT8, VariantName.OPENVINO_BF16, VariantName.OPENVINO, VariantName.FP32)
+                   if v in variants)
     feeds = calibration_feeds(config, record, export)
     record.phase(f"building openvino_int8: NNCF calibrates on {len(feeds)} texts and quantizes (the longest "
                  "build here), then races it against " + against)
@@ -177,7 +181,7 @@ def build_openvino_int8(config: RunConfig, record: RunRecord, export: ExportMetr
     except BaseException:  # interrupted or failed: no file the record does not name
         onnxfiles.remove(dest)
         raise
-    decided = raced("openvino_int8", "int8", dest, against, config, record, bench)
+    decided = raced(VariantName.OPENVINO_INT8, "int8", dest, against, config, record, bench)
     return OpenvinoInt8(quantizer=quantizer(), calibration_texts=len(feeds), seconds=round(seconds, 3),
                         inference_precision=computed_in, **decided.recorded())
 

@@ -17,6 +17,7 @@ from workbench.core.progress import Progress, track
 from workbench.core.record import RunRecord, StepEntry, Variant
 from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
+from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
@@ -36,12 +37,14 @@ from workbench.serving.plan import choose_flavor, int8_decision, lost_races, pre
 from workbench.steps.parity.figures import error_distribution, node_error_figure, recipes_table, repair_tradeoff
 
 STEP = "parity"
-EXACT_VARIANTS = ("original", "fp32")
-REPAIRABLE = ("fp16", "int8", "openvino_int8")  # variants a failing parity check repairs (`<name>_repaired`)
+EXACT_VARIANTS = (VariantName.ORIGINAL, VariantName.FP32)
+# the variants a failing parity check repairs (`<name>_repaired`)
+REPAIRABLE = (VariantName.FP16, VariantName.INT8, VariantName.OPENVINO_INT8)
 # A repaired int8 keeps units in fp32 and runs slower than the plain int8 whose speed put int8 first: it is timed
 # against the first of these that passed (served after it). A repaired openvino_int8 that is not clearly faster is
 # removed; an int8_repaired that is not is served after the variant it lost to (serving.plan.lost_races).
-RACED_AGAINST = ("int8_repaired", "int8", "openvino_bf16", "openvino", "fp32", "original")
+RACED_AGAINST = (VariantName.INT8_REPAIRED, VariantName.INT8, VariantName.OPENVINO_BF16, VariantName.OPENVINO,
+                 VariantName.FP32, VariantName.ORIGINAL)
 
 
 def repair_plan(config: RunConfig, budget_s: float) -> RepairPlan:
@@ -67,8 +70,9 @@ def repair_order(failing: list[str], config: RunConfig, record: RunRecord) -> li
     """The failing variants to repair, the one whose repair would be served first first: once it passes, the
     repairs served after it are not needed."""
     order = serving_order(config, record)
-    return sorted(failing, key=lambda name: order.index(f"{name}_repaired") if f"{name}_repaired" in order
-                  else len(order))
+    ranks = {name: order.index(repaired) if (repaired := VariantName(name).repaired) in order else len(order)
+             for name in failing}
+    return sorted(failing, key=ranks.__getitem__)
 
 
 def served_ahead_of(repaired: str, results: dict[str, Verdict], config: RunConfig, record: RunRecord) -> str | None:
@@ -83,7 +87,7 @@ def served_ahead_of(repaired: str, results: dict[str, Verdict], config: RunConfi
 def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, results: dict[str, Verdict]) -> str | None:
     """Repair the failing variant `name` (metrics.parity.repair.<name>); the repaired variant's name when one
     passed (and, for openvino_int8, kept its speed where it is served ahead: `race_repaired`), its file recorded."""
-    repaired = f"{name}_repaired"
+    repaired = VariantName(name).repaired
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
     path, precision = built.path, built.precision
@@ -91,7 +95,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
         checker = Checker(lab.for_variant(onnxfiles.batch_dependent(path)), built, config.device, config.threads)
         problem = None
-        if name == "openvino_int8":
+        if name == VariantName.OPENVINO_INT8:
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
             always = config.optimize.openvino == "always"
             problem.ceiling = None if always else ceiling(config, record, results, checker)
@@ -101,7 +105,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     against = raced_against(results, record)
     if outcome.blocked is not None and precision == "int8" and served_ahead(repaired, against, record):
         race = outcome.result.race = race_repaired(repaired, dest, config, record, against)
-        if not race.kept and name == "openvino_int8":
+        if not race.kept and name == VariantName.OPENVINO_INT8:
             onnxfiles.remove(dest)
             outcome.blocked = None
     record.set_metric(f"{STEP}.repair.{name}", outcome.result.recorded())
@@ -117,7 +121,7 @@ def repair_failing(config: RunConfig, record: RunRecord, lab: ParityLab, results
     repair passed; each repaired one checked into `results`."""
     failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
     for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
-        ahead = served_ahead_of(f"{name}_repaired", results, config, record)
+        ahead = served_ahead_of(VariantName(name).repaired, results, config, record)
         if ahead:
             record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
                 precision=record.variant(name).precision, units=0,
