@@ -124,7 +124,7 @@ def deployed_run(args: argparse.Namespace, config: RunConfig, prefix: str) -> tu
         args.run = ROOT / "outputs" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(config.model_copy(update={"steps": ["export", "optimize", "parity", "triton"]}), args.run)
     record = RunRecord.load(args.run)
-    deployed = deployed_plan(record)
+    deployed = deployed_plan(record.deployed())
     if deployed is None:
         raise MissingArtifactError(f"{args.run} has no current deployment (triton: "
                                    f"{record.step_entry('triton').label})",

@@ -213,7 +213,7 @@ def served_long_texts(run_dir: Path, count: int, tokens: int) -> dict[str, Any]:
     from workbench.serving.server import TritonServer
 
     record = RunRecord.load(run_dir)
-    deployed = deployed_plan(record)
+    deployed = deployed_plan(record.deployed())
     if deployed is None:
         return {"error": "the run deployed nothing"}
     plan, variant = deployed

@@ -86,7 +86,7 @@ def deployed(tiny_models, tmp_path_factory) -> tuple[RunRecord, Path]:
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos",
                               triton_settings={"target_rps": 500, "burst_factor": 3})
     assert triton.run(config, record).status == "ok"
-    plan, _ = deployed_plan(record)
+    plan, _ = deployed_plan(record.deployed())
     served = {"batching_on": {"text": {c: {**level, "server": {network_model(plan): {"queue": 2.5}}}
                                        for c, level in LEVELS.items()}}}
     with record.step("bench"):
@@ -225,7 +225,7 @@ def test_replicas_and_targets_follow_the_recorded_bench(deployed):
 
 def test_the_autoscaler_reads_counters_the_real_server_exposes(deployed):
     record, root = deployed
-    plan, _ = deployed_plan(record)
+    plan, _ = deployed_plan(record.deployed())
     rule = yaml.safe_load(record.artifact("deploy.adapter").read_text())["rules"]["custom"][0]
     autoscaler = _documents(record, "kubernetes")[2]
     assert autoscaler["spec"]["metrics"][0]["pods"]["metric"]["name"] == rule["name"]["as"] == QUEUE_METRIC

@@ -48,8 +48,10 @@ def int8_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a host where the optimize step measured int8 paying: int8 variants are served first, so their repairs
     are needed (where fp32 is served first, a passing fp32 makes them `not needed`, whatever this host measures)."""
     pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
-    for step in (parity, triton):
-        monkeypatch.setattr(step, "int8_decision", lambda record: pays)
+    from workbench.serving import plan
+
+    for module in (plan, parity, triton):
+        monkeypatch.setattr(module, "int8_decision", lambda optimize: pays)
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
+from workbench.precision.tables import ParityMetrics
 from workbench.runners.torch import TorchRunner
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
@@ -458,14 +459,14 @@ def test_a_repaired_int8_that_lost_its_race_is_served_after_the_variant_it_lost_
     assert candidates(available, verdicts.get, Flavor.PYTHON_ORT, "int8_repaired", fast, lost) == ["int8_repaired"]
 
     record = RunRecord.create(tmp_path / "run", RunConfig(model=str(tiny_bert)))
-    assert lost_races(record) == {}
+    assert lost_races(record.results_of(ParityMetrics)) == {}
     race = Trial(against="fp32", ms={"fp32": {"b1 s16": 6.71}, "int8_repaired": {"b1 s16": 8.57}}, kept=False,
                  reason="served after fp32: faster than the fp32 graph at one cell, slower at another")
     record.set_metric("parity.repair.int8", {"precision": "int8", "outcome": "repaired", "units": 27,
                                              "race": race.recorded()})
     record.set_metric("parity.repair.openvino_int8", {"precision": "int8", "outcome": "repaired", "units": 39,
                                                       "race": Trial(against="fp32", kept=True).recorded()})
-    assert lost_races(record) == lost
+    assert lost_races(record.results_of(ParityMetrics)) == lost
 
 
 def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_path):

@@ -26,7 +26,7 @@ from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import PeakMemory
-from workbench.core.metrics import Metrics
+from workbench.core.metrics import Json, Metrics
 from workbench.core.progress import say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
@@ -73,6 +73,17 @@ class Variant:
     precision: str
     kind: str
     path: Path
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What the triton step deployed (`RunRecord.deployed`): its record, the serving plan as recorded, the variant
+    it serves and the tokenizer folder."""
+
+    deployment: TritonMetrics
+    plan: Json
+    variant: Variant
+    tokenizer: Path
 
 
 class StepStatus(str, Enum):
@@ -290,6 +301,21 @@ class RunRecord:
         if found is not None and not isinstance(found, model):
             raise TypeError(f"the {name} step declares {type(found).__name__} for its metrics, not {model.__name__}")
         return found
+
+    def results_of(self, model: type[M]) -> M | None:
+        """The metrics of the step that declares `model` for them (the catalog's), for a reader that names the table
+        it reads, not the step (None: no such step, or it recorded none)."""
+        step = next((s.name for s in catalog.specs() if s.metrics is model), None)
+        return None if step is None else self.results_as(step, model)
+
+    def deployed(self) -> Deployed | None:
+        """What the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
+        that is current."""
+        deployment = self.deployment()
+        if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
+            return None
+        variant = self.variant(deployment.variant, deployment.flavor.artifact_kind)
+        return Deployed(deployment, deployment.plan, variant, self.artifact("tokenizer"))
 
     def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
         self._current = None

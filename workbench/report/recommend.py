@@ -15,6 +15,7 @@ from workbench.core.advice import run_again
 from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
+from workbench.graphs.tables import OptimizeMetrics
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
 from workbench.measure.tables import BenchMetrics, CellTiming
@@ -219,7 +220,7 @@ def recommend(record: RunRecord) -> list[Recommendation]:
         steps = ("bench",) if any(v.passed for v in verdicts.values()) else ("parity", "bench")
         return [Recommendation(goal, None, reason=f"nothing was benchmarked in process in this run (bench: "
                                f"{state})", steps=steps) for goal in GOALS]
-    recommendations, int8 = [], int8_decision(record)
+    recommendations, int8 = [], int8_decision(record.results_of(OptimizeMetrics))
     for goal, shape in goal_cells(shapes).items():
         if shape is None:
             recommendations.append(Recommendation(goal, None, reason="batch 1 was not measured; add 1 to "

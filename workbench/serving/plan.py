@@ -12,7 +12,7 @@ from workbench.core.config import BatchRange, TritonSettings
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
-from workbench.core.record import RunRecord, Variant
+from workbench.core.record import Deployed, Variant
 from workbench.core.results import CpuFeatures, ExportMetrics, PipelineSummary, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.core.variants import VariantName
@@ -44,19 +44,23 @@ GPU_PREFERENCE = {Flavor.ONNXRUNTIME: (VariantName.FP16_REPAIRED, VariantName.FP
                   Flavor.TENSORRT_PLAN: (VariantName.TRT_FP16, VariantName.TRT_FP32)}
 
 
-def int8_decision(record: RunRecord) -> PrecisionDecision | None:
+def int8_decision(optimize: OptimizeMetrics | None) -> PrecisionDecision | None:
     """The optimize step's decision on int8 (None: it recorded none), which orders the CPU's variants."""
-    optimize = record.results_as("optimize", OptimizeMetrics)
     return optimize.decision("int8") if optimize else None
 
 
-def lost_races(record: RunRecord) -> dict[str, str]:
+def lost_races(parity: ParityMetrics | None) -> dict[str, str]:
     """Repaired variants the parity step timed against the variant served after them and found not clearly faster,
     each with that variant (`preference` serves them after it)."""
-    parity = record.results_as("parity", ParityMetrics)
     repairs = parity.repair.items() if parity else ()
     return {VariantName(precision).repaired: outcome.race.against for precision, outcome in repairs
             if outcome.race and not outcome.race.kept and outcome.race.against}
+
+
+def recorded_preference(flavor: Flavor, optimize: OptimizeMetrics | None,
+                        parity: ParityMetrics | None) -> tuple[tuple[str, ...], str]:
+    """`preference` as a run's records decide it: the optimize step's int8 decision, the parity step's lost races."""
+    return preference(flavor, int8_decision(optimize), lost=lost_races(parity))
 
 
 def preference(flavor: Flavor, int8: PrecisionDecision | None = None, features: CpuFeatures | None = None,
@@ -233,14 +237,12 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         max_request_tokens=triton.request_tokens(max_tokens, request.sequence_max) if python else 0)
 
 
-def deployed_plan(record: RunRecord) -> tuple[ServingPlan, str] | None:
-    """The plan the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
-    that is current (the served benchmark measures what was deployed, nothing else)."""
-    deployment = record.deployment()
-    if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
+def deployed_plan(deployed: Deployed | None) -> tuple[ServingPlan, str] | None:
+    """The plan the triton step deployed (`RunRecord.deployed()`) with the run's files, and the variant's name; None
+    when it deployed nothing that is current (the served benchmark measures what was deployed, nothing else)."""
+    if deployed is None:
         return None
-    path = record.variant(deployment.variant, deployment.flavor.artifact_kind).path
-    return ServingPlan.from_record(deployment.plan, path, record.artifact("tokenizer")), deployment.variant
+    return ServingPlan.from_record(deployed.plan, deployed.variant.path, deployed.tokenizer), deployed.variant.name
 
 
 def served_groups(lengths: list[int], rows: int, max_tokens: int = 0) -> list[list[int]]:

@@ -15,9 +15,10 @@ from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BatchingBurst, ServedCut, TritonMetrics, Verdict, Verification
 from workbench.graphs import onnxfiles
-from workbench.graphs.tables import ShapeProfile, TensorrtMetrics
+from workbench.graphs.tables import OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
+from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.page import resume_command
 from workbench.report.takeaways import cut_line
@@ -32,7 +33,7 @@ from workbench.serving.plan import (
     choose_flavor,
     int8_decision,
     lost_races,
-    preference,
+    recorded_preference,
     repository_root,
     served_groups,
 )
@@ -142,8 +143,9 @@ def recorded_verdict(config: RunConfig, record: RunRecord, variant: str) -> Verd
 
 def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> list[str]:
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
+    int8, lost = int8_decision(record.results_of(OptimizeMetrics)), lost_races(record.results_of(ParityMetrics))
     return candidates(set(record.variant_names(flavor.artifact_kind)), partial(recorded_verdict, config, record),
-                      flavor, config.triton.variant, int8_decision(record), lost_races(record))
+                      flavor, config.triton.variant, int8, lost)
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None,
@@ -180,7 +182,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, order
                               "read metrics.triton.served_parity in run.json; serve another variant "
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
     order = "configured: triton.variant" if config.triton.variant else \
-        preference(flavor, int8_decision(record), lost=lost_races(record))[1]
+        recorded_preference(flavor, record.results_of(OptimizeMetrics), record.results_of(ParityMetrics))[1]
     checks: dict[str, Verdict] = {}
     seen: dict[str, Verdict | None] = {}  # the candidates ahead, by their verdict
     lab: ParityLab | None = None

@@ -74,7 +74,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
 def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
     """The served measurements of what the triton step deployed, or why they were not taken (nothing deployed, no
     server, or a flavor this server cannot run)."""
-    deployed = deployed_plan(record)
+    deployed = deployed_plan(record.deployed())
     if deployed is None:
         return ServedBenchmark(skipped=f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
                                        f"to measure serving: {run_again(['triton', 'bench'], record.run_dir)}")

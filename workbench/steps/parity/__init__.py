@@ -19,7 +19,7 @@ from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
 from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
-from workbench.graphs.tables import Trial
+from workbench.graphs.tables import OptimizeMetrics, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.checker import Checker
@@ -33,7 +33,14 @@ from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant
-from workbench.serving.plan import choose_flavor, int8_decision, lost_races, preference, served_groups
+from workbench.serving.plan import (
+    choose_flavor,
+    int8_decision,
+    lost_races,
+    preference,
+    recorded_preference,
+    served_groups,
+)
 from workbench.steps.parity.figures import error_distribution, node_error_figure, recipes_table, repair_tradeoff
 
 STEP = "parity"
@@ -63,7 +70,7 @@ def checked_variants(names: list[str]) -> list[str]:
 def serving_order(config: RunConfig, record: RunRecord) -> tuple[str, ...]:
     """The variants the run's deployment would serve, best first (`serving.plan.preference`)."""
     flavor = choose_flavor(config.triton.flavor, config.device, config.task)
-    return preference(flavor, int8_decision(record), lost=lost_races(record))[0]
+    return recorded_preference(flavor, record.results_of(OptimizeMetrics), record.results_of(ParityMetrics))[0]
 
 
 def repair_order(failing: list[str], config: RunConfig, record: RunRecord) -> list[str]:
@@ -209,14 +216,14 @@ def ceiling(config: RunConfig, record: RunRecord, results: dict[str, Verdict], c
 def raced_against(results: dict[str, Verdict], record: RunRecord) -> str:
     """The first of RACED_AGAINST that passed parity (`results`, by variant), past a repaired one that lost its own
     race (served after the variant it lost to)."""
-    lost = lost_races(record)
+    lost = lost_races(record.results_of(ParityMetrics))
     return next((v for v in RACED_AGAINST if v in results and results[v].passed and v not in lost), "fp32")
 
 
 def served_ahead(name: str, against: str, record: RunRecord) -> bool:
     """Whether the serving order (python-ort's, with the optimize step's int8 decision) puts `name` ahead of
     `against`: only then does its speed against it decide anything."""
-    order, _ = preference(Flavor.PYTHON_ORT, int8_decision(record))
+    order, _ = preference(Flavor.PYTHON_ORT, int8_decision(record.results_of(OptimizeMetrics)))
     return name in order and against in order and order.index(name) < order.index(against)
 
 
