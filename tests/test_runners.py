@@ -196,7 +196,45 @@ def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path, mon
         assert runner.device == "cpu" and runner.providers == ["CPUExecutionProvider"]
     with pytest.raises(UnsupportedModelError, match="onnxruntime does not run here .it runs fp32, fp16, int8"):
         open_variant(Variant("m", "bf16", "onnx", path), "cpu", 1)
-    onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "ctranslate2"})
-    with pytest.raises(UnsupportedModelError, match="'ctranslate2', which no registered runner runs .registered: "
-                                                    "onnxruntime, openvino.\n"):
+    onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "tensorrt_llm"})
+    with pytest.raises(UnsupportedModelError, match="'tensorrt_llm', which no registered runner runs .registered: "
+                                                    "onnxruntime, openvino, ctranslate2.\n"):
         runner_kind(path)
+    onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "ctranslate2"})
+    with pytest.raises(UnsupportedModelError, match="asks for ctranslate2, which opens a variant folder"):
+        runner_kind(path)
+
+
+def test_a_ctranslate2_encoder_folder_is_a_registered_runner_that_answers_as_pytorch(tiny_bert, tmp_path):
+    """Adding a runner (docs/contributing.md), done once for real: CTranslate2's encoder on a converted tiny BERT,
+    opened through the registry like any variant, answers as PyTorch does on the real positions (mean pooling);
+    its int8 stays close; a pooling it cannot run is refused before anything is written."""
+    from workbench.core.errors import UnsupportedModelError
+    from workbench.core.record import Variant
+    from workbench.runners.ctranslate2 import convert_encoder
+    from workbench.runners.registry import open_variant, runner_kind
+
+    config = RunConfig(model=str(tiny_bert))
+    loaded = load_model(config)
+    batch = shaped_batch(loaded.tokenizer, loaded.input_names, TEXTS, token_lengths(loaded.tokenizer, TEXTS), rows=3,
+                         length=20)
+    assert loaded.pipeline is not None
+    folder = convert_encoder(tiny_bert, tmp_path / "ct2", loaded.pooling, loaded.pipeline.normalized)
+    assert runner_kind(folder).runtime == "ctranslate2"
+    with TorchRunner(loaded, config.output_specs) as reference:
+        want = reference.infer(batch)
+    real = batch.mask.astype(bool)
+    for precision in ("fp32", "int8"):
+        with open_variant(Variant("ct2", precision, "ctranslate2", folder), "cpu", 1) as runner:
+            got = runner.infer(batch)
+            assert runner.output_names == tuple(got) == ("token_embeddings", "sentence_embedding")
+            assert runner.providers[0].startswith("CTranslate2 ")
+        cosine = [float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+                  for a, b in zip(got["sentence_embedding"], want["sentence_embedding"])]
+        if precision == "fp32":
+            np.testing.assert_allclose(got["token_embeddings"][real], want["token_embeddings"][real], atol=1e-5)
+            np.testing.assert_allclose(got["sentence_embedding"], want["sentence_embedding"], atol=1e-5)
+        assert min(cosine) > (0.99999 if precision == "fp32" else 0.999), precision
+    with pytest.raises(UnsupportedModelError, match="pools by mean or cls"):
+        convert_encoder(tiny_bert, tmp_path / "max", "max", False)
+    assert not (tmp_path / "max").exists()

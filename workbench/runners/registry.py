@@ -1,17 +1,19 @@
-"""The runners a variant's file can be run by, one record each: the files it opens (the runtime a file's metadata
-names, `onnxfiles.runtime`), the devices and precisions it runs, and what the latency grid may do with it. Opening a
-variant (`open_variant`), the grid's rows and the served model's runtime ask this registry; adding a runner is one
-`RunnerKind` here and its module (docs/contributing.md)."""
+"""The runners a variant's file can be run by, one record each: the files it opens (the runtime an ONNX file's
+metadata names, `onnxfiles.runtime`, or a variant folder's `workbench.json`), the devices and precisions it runs,
+and what the latency grid may do with it. Opening a variant (`open_variant`), the grid's rows and the served model's
+runtime ask this registry; adding a runner is one `RunnerKind` here and its module (docs/contributing.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from workbench.core.errors import UnsupportedModelError
 from workbench.core.record import Variant
 from workbench.graphs import onnxfiles
 from workbench.runners import Device, Runner
+from workbench.runners.ctranslate2 import folder_runtime
 from workbench.runners.onnxruntime import SessionSettings
 
 Opener = Callable[[Variant, str, int | None, SessionSettings | None], Runner]
@@ -20,13 +22,15 @@ Opener = Callable[[Variant, str, int | None, SessionSettings | None], Runner]
 @dataclass(frozen=True)
 class RunnerKind:
     """A runner of variant files: `runtime`, the value of the file's runtime metadata it opens; `devices` and
-    `precisions` it runs; `tuned`: the grid measures its session settings first (`measure.sessions.tune`); `bound`:
+    `precisions` it runs; `files`: what a variant of it is (an ONNX file, or a folder with its `workbench.json`);
+    `tuned`: the grid measures its session settings first (`measure.sessions.tune`); `bound`:
     on CUDA the grid also times it with inputs and outputs bound on the device (`<variant>@device`)."""
 
     runtime: str
     devices: tuple[Device, ...]
     precisions: tuple[str, ...]
     opens: Opener
+    files: Literal["onnx", "folder"] = "onnx"
     tuned: bool = False
     bound: bool = False
 
@@ -35,6 +39,13 @@ def _onnxruntime(variant: Variant, device: str, threads: int | None, settings: S
     from workbench.runners.onnxruntime import OrtRunner, providers_for
 
     return OrtRunner(variant.name, variant.path, providers_for(device), threads, settings, variant.precision)
+
+
+def _ctranslate2(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None) -> Runner:
+    from workbench.runners.ctranslate2 import Ct2EncoderRunner
+
+    on: Device = "cuda" if device == "cuda" else "cpu"
+    return Ct2EncoderRunner(variant.name, variant.path, threads, variant.precision, on)
 
 
 def _openvino(variant: Variant, device: str, threads: int | None, settings: SessionSettings | None) -> Runner:
@@ -46,18 +57,24 @@ def _openvino(variant: Variant, device: str, threads: int | None, settings: Sess
 RUNNERS = {kind.runtime: kind for kind in (
     RunnerKind("onnxruntime", ("cpu", "cuda"), ("fp32", "fp16", "int8"), _onnxruntime, tuned=True, bound=True),
     RunnerKind("openvino", ("cpu",), ("fp32", "bf16", "int8"), _openvino),
+    RunnerKind("ctranslate2", ("cpu", "cuda"), ("fp32", "int8"), _ctranslate2, files="folder"),
 )}
 
 
 def runner_kind(path: Path) -> RunnerKind:
-    """The registered runner of the file at `path`; UnsupportedModelError where its metadata names another."""
-    runtime = onnxfiles.runtime(path)
+    """The registered runner of the file (or variant folder) at `path`; UnsupportedModelError where its metadata
+    names another."""
+    runtime = (folder_runtime(path) or "a folder without workbench.json") if path.is_dir() else onnxfiles.runtime(path)
     kind = RUNNERS.get(runtime)
     if kind is None:
         raise UnsupportedModelError(f"{path} asks for the runtime {runtime!r}, which no registered runner runs "
                                     f"(registered: {', '.join(RUNNERS)})",
                                     "rebuild the variant with this workbench, or register its runner in "
                                     "workbench/runners/registry.py")
+    if kind.files != ("folder" if path.is_dir() else "onnx"):
+        opens = "a variant folder" if kind.files == "folder" else "an ONNX file"
+        raise UnsupportedModelError(f"{path} asks for {runtime}, which opens {opens}",
+                                    "rebuild the variant with this workbench")
     return kind
 
 
