@@ -10,6 +10,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import workbench.steps  # noqa: E402, F401  the test entry point registers the steps (the catalog core reads)
+from workbench.core.config import RunConfig  # noqa: E402
+from workbench.core.record import RunRecord  # noqa: E402
+from workbench.measure.forms import RaceBench, race_bench  # noqa: E402
 from workbench.models.tiny import build_encoder  # noqa: E402
 
 
@@ -66,3 +69,9 @@ def export_metrics(**changes: object) -> dict[str, object]:
     io = {"inputs": {"input_ids": ["batch", "sequence"]}, "outputs": {"sentence_embedding": ["batch", 32]}}
     return {"architecture": "BertModel", "optimizer_model_type": "bert", "num_heads": 2, "num_layers": 2,
             "hidden_size": 32, "intermediate_size": 64, "max_sequence": 64, "nodes": 3, "io": io, **changes}
+
+
+def run_race_bench(config: RunConfig, record: RunRecord) -> RaceBench:
+    """The races' bench the optimize and parity steps build for a run (`measure.forms.race_bench`)."""
+    return race_bench(config.bench, list(config.texts()), config.device, config.threads, record.tokenizer(),
+                      record.export_info())

@@ -13,10 +13,12 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
 from workbench.graphs.variants import borrowed_fp32, keep_in_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
-from workbench.measure.forms import RaceBench, race_bench
+from workbench.measure.forms import RaceBench
 from workbench.models.families import BORROWED_RULES
 from workbench.models.tiny import build_encoder
 from workbench.steps import export
+
+from .conftest import run_race_bench
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -32,7 +34,7 @@ def mpnet_graphs(tmp_path_factory):
     files = {"basic": root / "basic.onnx", "borrowed": root / "borrowed.onnx"}
     optimize_fp32(record.artifact("onnx.original"), files["basic"], info)
     _, biased = borrowed_fp32(record.artifact("onnx.original"), files["borrowed"], info)
-    return files, biased, replace(race_bench(config, record.tokenizer(), info), threads=1)
+    return files, biased, replace(run_race_bench(config, record), threads=1)
 
 
 def difference(files, bench: RaceBench):

@@ -13,7 +13,6 @@ from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision, Trial
-from workbench.measure.forms import race_bench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.onnxruntime import OrtRunner
@@ -24,6 +23,8 @@ from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
 from workbench.steps import deploy, export, optimize, parity, triton
 from workbench.steps.optimize import openvino_variants
+
+from .conftest import run_race_bench
 
 pytest.importorskip("openvino")
 
@@ -96,7 +97,7 @@ def test_bf16_is_tried_only_where_the_cpu_has_it_and_the_run_asks(minilm, tmp_pa
 
     _, config, shared = minilm
     record = RunRecord.load(shutil.copytree(shared.run_dir, tmp_path / "run"))
-    host, bench = target_for("host", False), race_bench(config, record.tokenizer(), record.export_info())
+    host, bench = target_for("host", False), run_race_bench(config, record)
     monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: "this CPU has no bf16 instructions (faked)")
     assert openvino_variants.build_openvino_bf16(config, record, bench, host).recorded() == {
         "kept": False, "reason": "not tried: this CPU has no bf16 instructions (faked)"}
@@ -186,7 +187,7 @@ def test_an_interrupted_trial_leaves_no_openvino_file(tiny_bert, tmp_path, monke
 
     monkeypatch.setattr(openvino_variants, "trial", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        openvino_variants.build_openvino(config, record, race_bench(config, record.tokenizer(), record.export_info()),
+        openvino_variants.build_openvino(config, record, run_race_bench(config, record),
                                          target_for("host", False))
     path = record.run_dir / "onnx" / "openvino.onnx"
     assert not path.exists() and not list(path.parent.glob(".openvino.onnx*"))

@@ -19,7 +19,7 @@ from workbench.core.results import Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
 from workbench.graphs.tables import PrecisionDecision
-from workbench.measure.forms import RaceBench, race_bench
+from workbench.measure.forms import RaceBench
 from workbench.measure.precisions import Target, target_for
 from workbench.precision.search import matmul_costs
 from workbench.precision.tables import RepairCandidate
@@ -28,6 +28,8 @@ from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity
 from workbench.steps.optimize import openvino_variants
+
+from .conftest import run_race_bench
 
 pytest.importorskip("nncf")
 
@@ -53,7 +55,7 @@ def quantized(tmp_path_factory, tiny_models):
 
 
 def bench(config: RunConfig, record: RunRecord) -> RaceBench:
-    return race_bench(config, record.tokenizer(), record.export_info())
+    return run_race_bench(config, record)
 
 
 def outputs(path, record: RunRecord, count: int = 16) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.batches import Batch, Feed, cell_feeds
-from workbench.core.config import RunConfig
+from workbench.core.config import BenchSettings
 from workbench.core.results import ExportMetrics
 from workbench.core.timing import cell_medians_ms
 from workbench.graphs.tables import Borrowed, FormChoice, Timings, Trial
@@ -143,11 +143,11 @@ def choose_form(files: dict[str, Path], bench: RaceBench) -> FormChoice:
     return FormChoice(chosen=chosen, reason=reason, ms=ms)
 
 
-def race_bench(config: RunConfig, tokenizer: Tokenizer, export: ExportMetrics) -> RaceBench:
-    """The races' bench of a run: its corpus filling the bench's smallest and largest cell (sequences capped at the
-    model's limit), on the run's device and threads; what the optimize and parity steps time."""
-    bench = config.bench
+def race_bench(bench: BenchSettings, texts: list[str], device: str, threads: int | None, tokenizer: Tokenizer,
+               export: ExportMetrics) -> RaceBench:
+    """The races' bench of a run: its `texts` filling the bench's smallest and largest cell (sequences capped at the
+    model's limit), on the run's `device` and `threads`; what the optimize and parity steps time."""
     cells = sorted({(min(bench.batches), min(min(bench.sequences), export.max_sequence)),
                     (max(bench.batches), min(max(bench.sequences), export.max_sequence))})
-    return RaceBench(cell_feeds(tokenizer, tuple(export.io.inputs), list(config.texts()), cells),
-                     providers_for(config.device), config.threads, device_for(config.device))
+    return RaceBench(cell_feeds(tokenizer, tuple(export.io.inputs), texts, cells), providers_for(device), threads,
+                     device_for(device))

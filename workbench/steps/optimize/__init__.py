@@ -69,7 +69,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         form: FormChoice | None = None
         borrowed: Borrowed | None = None
         target, decisions = decide_precisions(config, record)
-        bench = race_bench(config, record.tokenizer(), export)  # every race of the step times these feeds
+        bench = race_bench(config.bench, list(config.texts()), config.device, config.threads, record.tokenizer(),
+                           export)  # every race of the step times these feeds
 
         def fp32(dest: Path) -> ModelProto:
             nonlocal form, borrowed

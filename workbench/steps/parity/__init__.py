@@ -237,7 +237,8 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                race_bench(config, record.tokenizer(), record.export_info()).feeds, RUNTIME_ROUNDS)
+                                race_bench(config.bench, list(config.texts()), config.device, config.threads,
+                                           record.tokenizer(), record.export_info()).feeds, RUNTIME_ROUNDS)
     release_memory()
     lost = "not kept (its file removed)" if openvino else f"served after {against}"
     return Trial(against=against, ms=ms, kept=kept, reason=f"{'kept' if kept else lost}: {reason}")
