@@ -28,6 +28,7 @@ from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity
 from workbench.steps.optimize import openvino_variants
+from workbench.steps.parity import repairs
 
 from .conftest import run_race_bench
 
@@ -191,7 +192,7 @@ def test_parity_fails_it_at_the_gate_and_repairs_it_by_undoing_quantizers(quanti
     assert repair["outcome"] == "repaired" and repair["ordering"].startswith("noisiest quantizer first")
     assert 0 < len(repair["chosen"]["blocked"]) < repair["units"]
     verdicts = {name: Verdict.model_validate(verdict) for name, verdict in results["variants"].items()}
-    against = parity.raced_against(verdicts, record)  # ONNX Runtime's int8 as this host repaired it, or not
+    against = repairs.raced_against(verdicts, record)  # ONNX Runtime's int8 as this host repaired it, or not
     assert repair["race"] == {"against": against, "ms": {}, "kept": True, "reason": "set by optimize.openvino=always"}
     assert results["variants"]["openvino_int8_repaired"]["passed"]
     built = record.variant("openvino_int8_repaired")
@@ -204,10 +205,10 @@ def test_a_lost_race_is_recorded_as_not_kept(quantized, tmp_path, monkeypatch):
     config, record = quantized
     config = config.model_copy(deep=True)
     config.optimize.openvino = "auto"
-    monkeypatch.setattr(parity, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
+    monkeypatch.setattr(repairs, "race", lambda *args: ({}, False, "not clearly faster than the int8 graph"))
     dest = tmp_path / "openvino_int8_repaired.onnx"
     onnxfiles.save(onnx.load(record.variant("openvino_int8").path), dest)
-    raced = parity.race_repaired("openvino_int8_repaired", dest, config, record, "int8")
+    raced = repairs.race_repaired("openvino_int8_repaired", dest, config, record, "int8")
     assert raced.recorded() == {"against": "int8", "ms": {}, "kept": False,
                                 "reason": "not kept (its file removed): not clearly faster than the int8 graph"}
 

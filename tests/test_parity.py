@@ -29,6 +29,7 @@ from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize, parity, triton
+from workbench.steps.parity import repairs
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64}}
 
@@ -50,7 +51,7 @@ def int8_first(monkeypatch: pytest.MonkeyPatch) -> None:
     pays = PrecisionDecision(built=True, pays=True, reason="pays on this host: 1.41x fp32 at b8 s128")
     from workbench.serving import plan
 
-    for module in (plan, parity, triton):
+    for module in (plan, repairs, triton):
         monkeypatch.setattr(module, "int8_decision", lambda optimize: pays)
 
 
@@ -310,7 +311,7 @@ def test_int8_repair_meets_a_strict_tolerance_at_base_width_within_its_builds(tm
     # served ahead of the variants that passed, so timed against the first of them: served after it unless clearly
     # faster, and its file stays either way
     race = repair["race"]
-    assert race["against"] == next(v for v in parity.RACED_AGAINST[2:] if v in results and results[v]["passed"])
+    assert race["against"] == next(v for v in repairs.RACED_AGAINST[2:] if v in results and results[v]["passed"])
     assert set(race["ms"]) == {race["against"], "int8_repaired"} and all(len(ms) == 2 for ms in race["ms"].values())
     assert race["reason"].startswith("kept: " if race["kept"] else f"served after {race['against']}: ")
     assert race["reason"] in verdict_line("parity", record)
