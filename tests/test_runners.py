@@ -198,7 +198,7 @@ def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path, mon
         open_variant(Variant("m", "bf16", "onnx", path), "cpu", 1)
     onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "tensorrt_llm"})
     with pytest.raises(UnsupportedModelError, match="'tensorrt_llm', which no registered runner runs .registered: "
-                                                    "onnxruntime, openvino, ctranslate2.\n"):
+                                                    "onnxruntime, openvino"):
         runner_kind(path)
     onnxfiles.set_metadata(path, {onnxfiles.RUNTIME_KEY: "ctranslate2"})
     with pytest.raises(UnsupportedModelError, match="asks for ctranslate2, which opens a variant folder"):
@@ -225,7 +225,7 @@ def test_a_ctranslate2_encoder_folder_is_a_registered_runner_that_answers_as_pyt
         want = reference.infer(batch)
     real = batch.mask.astype(bool)
     for precision in ("fp32", "int8"):
-        with open_variant(Variant("ct2", precision, "ctranslate2", folder), "cpu", 1) as runner:
+        with open_variant(Variant("ct2", precision, "folder", folder), "cpu", 1) as runner:
             got = runner.infer(batch)
             assert runner.output_names == tuple(got) == ("token_embeddings", "sentence_embedding")
             assert runner.providers[0].startswith("CTranslate2 ")

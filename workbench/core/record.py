@@ -67,7 +67,7 @@ def described(changes: dict[str, tuple[Value, Value]]) -> str:
 @dataclass(frozen=True)
 class Variant:
     """A model variant the run built (fp32, int8_repaired, openvino, a TensorRT engine ...): its name, precision,
-    kind ("onnx" or "engine") and file."""
+    kind ("onnx", "engine", or "folder": a runner's folder with its workbench.json) and file or folder."""
 
     name: str
     precision: str

@@ -2,8 +2,10 @@
 where and how it runs (device, precision, providers, where its inputs and outputs live)."""
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
@@ -17,6 +19,14 @@ Device = Literal["cpu", "cuda"]
 # once, outputs left there (what the device itself takes).
 IO = Literal["host", "device"]
 IO_LABELS = {"host": "end to end", "device": "on device"}
+# A variant that is a folder, not an ONNX file, names its runtime (and what its runner needs) in this file inside it.
+FOLDER_METADATA = "workbench.json"
+
+
+def folder_metadata(path: Path) -> dict[str, str | bool]:
+    """What a variant folder's FOLDER_METADATA says (empty: not a folder this workbench wrote)."""
+    found = path / FOLDER_METADATA
+    return json.loads(found.read_text(encoding="utf-8")) if found.is_file() else {}
 
 
 class RunnerClosedError(RuntimeError):

@@ -15,23 +15,16 @@ import numpy as np
 from workbench.core.atomic import atomic_dir, temporary_dir
 from workbench.core.batches import Batch
 from workbench.core.errors import DependencyMissingError, UnsupportedModelError
-from workbench.runners import Device, Runner, RunnerClosedError
+from workbench.runners import FOLDER_METADATA, Device, Runner, RunnerClosedError, folder_metadata
 
 if TYPE_CHECKING:
     from ctranslate2 import Encoder
 
 RUNTIME = "ctranslate2"
-METADATA = "workbench.json"  # beside CTranslate2's files: the runtime, pooling and normalization the folder needs
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8_float32"}
 POOLINGS = ("mean", "cls")
 OUTPUTS = ("token_embeddings", "sentence_embedding")
 INSTALL = "pip install -e '.[generation]' (`make env` installs it with its default EXTRAS)"
-
-
-def folder_runtime(path: Path) -> str | None:
-    """The runtime a variant folder's metadata names (None: not a folder this workbench wrote)."""
-    metadata = path / METADATA
-    return json.loads(metadata.read_text(encoding="utf-8"))["runtime"] if metadata.is_file() else None
 
 
 def convert_encoder(model_dir: Path, dest: Path, pooling: str, normalize: bool, dense_layers: int = 0) -> Path:
@@ -60,7 +53,7 @@ def convert_encoder(model_dir: Path, dest: Path, pooling: str, normalize: bool, 
                 raise UnsupportedModelError(f"CTranslate2 cannot convert {model_dir}: {type(exc).__name__}: {exc}",
                                             "run this model with ONNX Runtime or OpenVINO") from exc
             metadata = {"runtime": RUNTIME, "pooling": pooling, "normalize": normalize}
-            (folder / METADATA).write_text(json.dumps(metadata), encoding="utf-8")
+            (folder / FOLDER_METADATA).write_text(json.dumps(metadata), encoding="utf-8")
     finally:
         shutil.rmtree(source, ignore_errors=True)  # the links only, never what they point at
     return dest
@@ -75,8 +68,8 @@ class Ct2EncoderRunner(Runner):
         import ctranslate2
 
         self.name, self.path, self.precision, self.device = name, path, precision, device
-        metadata = json.loads((path / METADATA).read_text(encoding="utf-8"))
-        self.pooling, self.normalize = metadata["pooling"], metadata["normalize"]
+        metadata = folder_metadata(path)
+        self.pooling, self.normalize = str(metadata["pooling"]), bool(metadata["normalize"])
         self.encoder: Encoder | None = ctranslate2.Encoder(str(path), device=device,
                                                            compute_type=COMPUTE_TYPES[precision],
                                                            intra_threads=threads or 0)

@@ -12,8 +12,7 @@ from typing import Literal
 from workbench.core.errors import UnsupportedModelError
 from workbench.core.record import Variant
 from workbench.graphs import onnxfiles
-from workbench.runners import Device, Runner
-from workbench.runners.ctranslate2 import folder_runtime
+from workbench.runners import Device, Runner, folder_metadata
 from workbench.runners.onnxruntime import SessionSettings
 
 Opener = Callable[[Variant, str, int | None, SessionSettings | None], Runner]
@@ -64,7 +63,7 @@ RUNNERS = {kind.runtime: kind for kind in (
 def runner_kind(path: Path) -> RunnerKind:
     """The registered runner of the file (or variant folder) at `path`; UnsupportedModelError where its metadata
     names another."""
-    runtime = (folder_runtime(path) or "a folder without workbench.json") if path.is_dir() else onnxfiles.runtime(path)
+    runtime = str(folder_metadata(path).get("runtime", "none")) if path.is_dir() else onnxfiles.runtime(path)
     kind = RUNNERS.get(runtime)
     if kind is None:
         raise UnsupportedModelError(f"{path} asks for the runtime {runtime!r}, which no registered runner runs "
