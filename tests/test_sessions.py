@@ -45,7 +45,7 @@ def test_the_challenger_replaces_the_default_only_when_clearly_faster_head_to_he
         default, "the default was the fastest in the screen")
 
 
-@pytest.mark.parametrize("level", ["all", "extended", "basic"])
+@pytest.mark.parametrize("level", ["all", "extended", "basic", "disabled"])
 def test_every_optimization_level_loads_a_real_graph(level, tmp_path):
     from onnx import TensorProto, helper
 

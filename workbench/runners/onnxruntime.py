@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -29,8 +29,8 @@ class SessionSettings:
 
     threads: int | None = None  # intra-op threads; None: ONNX Runtime's default (all cores)
     spinning: bool = False
-    optimization: str = "all"
-    execution: str = "sequential"
+    optimization: Literal["all", "extended", "basic", "disabled"] = "all"
+    execution: Literal["sequential", "parallel"] = "sequential"
     cuda: tuple[tuple[str, str], ...] = ()  # CUDA provider options (name, value); none: ONNX Runtime's defaults
     # The CPU memory arena keeps the most a run ever needed, grown in powers of two; without it a parity check's
     # largest batch gives its memory back (all-mpnet-base-v2's int8 on the lab: 1.9 -> 1.2 GB over the weights).
@@ -62,7 +62,8 @@ class SessionSettings:
             options.inter_op_num_threads = 1
         levels = {"all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL,
                   "extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                  "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC}
+                  "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                  "disabled": onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL}
         options.graph_optimization_level = levels[self.optimization]
         options.enable_cpu_mem_arena = self.arena
         options.execution_mode = (onnxruntime.ExecutionMode.ORT_PARALLEL if self.execution == "parallel"
