@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= cpu,openvino,serve,generation,dev
 ARGS ?=
 PYTEST_ARGS ?=
+# The suite's processes (pytest-xdist; each runs one test module at a time, its fixtures built once); 0: one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: env demo test test-gpu gpu-check lab lab-check bench clean
 
@@ -21,9 +23,9 @@ env: $(STAMP)
 demo: env  ## the whole pipeline on the embedded all-MiniLM-L6-v2 (ARGS="--steps export,optimize" etc.)
 	$(BIN)/workbench run $(ARGS)
 
-test: env  ## lint, then the CPU test suite (GPU tests live in tests/gpu)
+test: env  ## lint, then the CPU test suite on PYTEST_WORKERS processes (GPU tests live in tests/gpu)
 	$(BIN)/ruff check workbench tests benchmarks docs
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 test-gpu: env  ## on an NVIDIA host installed with EXTRAS=gpu,serve,generation,dev
 	$(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)

@@ -32,7 +32,7 @@ def family_run(request, tmp_path_factory):
     model = build_encoder(root / "model", family, FAMILIES[family][0])
     config = RunConfig.model_validate({"model": str(model), "task": FAMILIES[family][0], **SMALL,
                                        "precisions": ["fp32", "fp16", "int8"],
-                                       "optimize": {"borrowed_rules": FAMILIES[family][3]}})
+                                       "optimize": {"borrowed_rules": FAMILIES[family][3], "openvino": "never"}})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
     fusions = optimize.run(config, record).metrics["variants"]
@@ -122,6 +122,7 @@ def test_served_through_triton_like_the_others(family_run, tmp_path):
         update={"repository_dir": str(tmp_path / "repos")})})
     metrics = triton.run(served, record).metrics
     assert metrics["verified"] and metrics["verification"]["by"] == "parity step", family
+    # OpenVINO left out (optimize.openvino=never): a variant it ran faster here would go first, as the race decided
     preferred = "int8" if record.metric("optimize.precisions.decisions.int8.pays") else "fp32"
     passed_over = metrics["verification"].get("passed_over", {})
     # The measured first choice, unless its served answers failed the gate (recorded, and the next one served).
