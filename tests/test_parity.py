@@ -108,14 +108,17 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
     recorded = [b["name"] for b in record.data["metrics"]["parity"]["inputs"]["batches"]]
     assert recorded == [b.name for b in lab.batches], "the parity step regrouped: the run has a dynamic int8"
 
-    # the served model's own grouping of per-text parts (its PaddedRunner) gives the lab's regrouped outputs
-    session = onnxruntime.InferenceSession(str(int8.path), providers=["CPUExecutionProvider"])
+    # the served model's own grouping of per-text parts (its PaddedRunner) gives the lab's regrouped outputs; both
+    # sessions on one thread: on a busy host, work split across threads may round the last bits differently
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(int8.path), options, providers=["CPUExecutionProvider"])
     parts = [{name: np.asarray([ids], dtype=np.int64) for name, ids in loaded.tokenizer(
         text, truncation=True, max_length=loaded.sequence.max).items() if name in loaded.input_names}
         for text in lab.texts]
     padded = PaddedRunner(session, ["sentence_embedding"], [], loaded.tokenizer.pad_token_id, MAX_PADDING,
                           max_tokens=budget)
-    with OrtRunner("int8", int8.path, ["CPUExecutionProvider"]) as runner:
+    with OrtRunner("int8", int8.path, ["CPUExecutionProvider"], threads=1) as runner:
         for batch in served:  # the texts of one group arriving together (one request, or requests batched by Triton)
             answers = padded.run([parts[i] for i in batch.text_ids])
             got = runner.infer(batch)["sentence_embedding"]
