@@ -149,7 +149,7 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
     """The repaired int8 (`path`) timed against `against`, the variant served after it that passed parity here
     (`raced_against`), its record: an OpenVINO one is kept only where it is clearly faster (`forms.race`) or
     optimize.openvino=always; an ONNX Runtime one that is not clearly faster is served after it."""
-    openvino = name.startswith("openvino")
+    openvino = VariantName(name).openvino
     if openvino and config.optimize.openvino == "always":
         return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
     with open_variant(record.variant(against), config.device, config.threads) as default, \
