@@ -77,10 +77,9 @@ class Variant:
 
 @dataclass(frozen=True)
 class Deployed:
-    """What the triton step deployed (`RunRecord.deployed`): its record, the serving plan as recorded, the variant
-    it serves and the tokenizer folder."""
+    """What the triton step deployed (`RunRecord.deployed`): the serving plan as it recorded it, the variant it
+    serves and the tokenizer folder."""
 
-    deployment: TritonMetrics
     plan: Json
     variant: Variant
     tokenizer: Path
@@ -315,7 +314,7 @@ class RunRecord:
         if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
             return None
         variant = self.variant(deployment.variant, deployment.flavor.artifact_kind)
-        return Deployed(deployment, deployment.plan, variant, self.artifact("tokenizer"))
+        return Deployed(deployment.plan, variant, self.artifact("tokenizer"))
 
     def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
         self._current = None
