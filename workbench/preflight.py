@@ -117,18 +117,23 @@ def check_model_limits(config: RunConfig) -> None:
         resolve_source,
         sequence_limit,
     )
-    from workbench.models.sentence import graph_pooling, read_pipeline
+    from workbench.models.sentence import check_head, graph_pooling, read_pipeline, with_truncation
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     task, problems = TASKS[config.task], Problems()
     problems.check(config.check_pooling_task)
-    pipeline = problems.check(read_pipeline, source.location) if config.task == "feature-extraction" else None
+    pipeline = problems.check(read_pipeline, source.location, config.trust_remote_code) \
+        if config.task == "feature-extraction" else None
+    pipeline = with_truncation(pipeline, config.truncate_dim) if pipeline is not None else None
     problems.check(check_supported, hf_config, task, pipeline is not None and pipeline.declared)
     if not any(isinstance(p, UnsupportedModelError) for p in problems.found):  # an architecture that has the task
         problems.check(check_task_head, source, hf_config, task)
     if pipeline is not None:
-        problems.check(graph_pooling, pipeline, config.pooling, config.pooling_override, int(hf_config.hidden_size))
+        mode = problems.check(graph_pooling, pipeline, config.pooling, config.pooling_override,
+                              int(hf_config.hidden_size))
+        if mode is not None:  # the modules after the transformer run and trace (the model's own code included)
+            problems.check(check_head, pipeline, mode, int(hf_config.hidden_size), config.trust_remote_code)
     tokenizer = problems.check(load_tokenizer, source, config.trust_remote_code)
     if tokenizer is not None and pipeline is not None and pipeline.declared:  # a decoder embedder's padding
         problems.check(check_decoder_padding, hf_config, tokenizer)

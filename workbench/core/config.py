@@ -491,6 +491,9 @@ class RunConfig(_Strict):
         "pool as `pooling` says although the model's files declare another mode (the record notes it)"))
     token_embeddings: bool = Field(default=True, description=(
         "feature extraction: the graph also returns the per-token states (token_embeddings)"))
+    truncate_dim: int | None = Field(default=None, ge=1, description=(
+        "feature extraction: the sentence embedding's first truncate_dim values, cut as encode(truncate_dim=...) "
+        "cuts (Matryoshka); default: the model's own truncate_dim (config_sentence_transformers.json), else none"))
     trust_remote_code: bool = False
     exporter: Literal["legacy", "dynamo"] = "legacy"
     opset: int = 17
@@ -582,10 +585,13 @@ class RunConfig(_Strict):
     def check_pooling_task(self) -> None:
         """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
         (ConfigError, from preflight with the model's problems, or when a step loads the model)."""
-        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override):
-            chosen = "pooling_override=true" if self.pooling == "auto" else f"pooling={self.pooling}"
+        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or
+                                                  self.truncate_dim):
+            chosen = (f"truncate_dim={self.truncate_dim}" if self.truncate_dim else "pooling_override=true"
+                      if self.pooling == "auto" else f"pooling={self.pooling}")
             raise ConfigError(f"{chosen} applies to task feature-extraction only; task {self.task} returns its "
-                              "classifier's logits", "drop -p pooling (and -p pooling_override) for this task")
+                              "classifier's logits",
+                              "drop -p pooling, -p pooling_override and -p truncate_dim for this task")
 
     @property
     def output_specs(self) -> tuple[OutputSpec, ...]:

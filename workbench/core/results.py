@@ -153,6 +153,7 @@ class PipelineSummary(Metrics):
     do_lower_case: bool = False
     default_prompt_name: str | None = None
     similarity: str = "cosine"
+    truncate_dim: int | None = None  # the embedding's first values the graph returns (encode(truncate_dim=...))
     override: str | None = None  # the pooling_override, said in words
 
 

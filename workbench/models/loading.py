@@ -23,16 +23,18 @@ from workbench.core.errors import (
     WorkbenchError,
     ZippedModelError,
 )
-from workbench.core.pins import project_version
+from workbench.core.pins import pin, project_version
 from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
 from workbench.models.families import family
 from workbench.models.sentence import (
     SentencePipeline,
     cross_encoder,
+    encoder_class,
     graph_pooling,
     load_head,
     prompt_tokens,
     read_pipeline,
+    with_truncation,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
                "max_position_embeddings")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
                    "tokenizer.model")
+SENTENCEPIECE_FILES = ("spiece.model", "sentencepiece.bpe.model", "tokenizer.model")
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,8 @@ class LoadedModel:
         import torch
         import transformers
 
-        return (f"model {self.checksum}; task {self.task.name}; pooling {self.pooling}; inputs "
+        cut = f"; truncate_dim {self.pipeline.truncate_dim}" if self.pipeline and self.pipeline.truncate_dim else ""
+        return (f"model {self.checksum}; task {self.task.name}; pooling {self.pooling}{cut}; inputs "
                 f"{','.join(self.input_names)}; workbench {project_version()}; torch {torch.__version__}; "
                 f"transformers {transformers.__version__}")
 
@@ -406,8 +410,29 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False) -> Toke
     try:
         return _from_pretrained(AutoTokenizer, source, "tokenizer", trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, KeyError) as exc:
-        raise TokenizerNotFoundError(f"the tokenizer in {source.location} cannot be loaded: {exc}",
-                                     "save a fast tokenizer with tokenizer.save_pretrained()") from None
+        raise _sentencepiece_refusal(source) or TokenizerNotFoundError(
+            f"the tokenizer in {source.location} cannot be loaded: {exc}",
+            "save a fast tokenizer with tokenizer.save_pretrained()") from None
+
+
+def _sentencepiece_refusal(source: ModelSource) -> TokenizerNotFoundError | None:
+    """Why a folder whose tokenizer is only a sentencepiece model does not load: transformers converts it with
+    sentencepiece's protobuf code, and where that does not import (sentencepiece missing, or its gencode newer than
+    the installed protobuf) it reads the file as a TikToken vocabulary instead and fails on its first line."""
+    from google.protobuf.runtime_version import VersionError
+
+    folder = Path(source.location)
+    model = next((folder / name for name in SENTENCEPIECE_FILES if (folder / name).is_file()), None)
+    if source.kind == "hub" or model is None or (folder / "tokenizer.json").is_file():
+        return None
+    try:
+        from sentencepiece import sentencepiece_model_pb2  # noqa: F401 (what transformers' converter reads it with)
+    except (ImportError, VersionError) as exc:
+        return TokenizerNotFoundError(
+            f"{model} is a sentencepiece model (no tokenizer.json) and transformers cannot read it here: {exc}",
+            f"install {pin('sentencepiece')} (pip install -e '.[generation]'), whose protobuf code runs on the "
+            "installed protobuf, or save tokenizer.json where it loads: tokenizer.save_pretrained(<model folder>)")
+    return None
 
 
 def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
@@ -425,6 +450,8 @@ def check_supported(hf_config: PretrainedConfig, task: Task, embedder: bool = Fa
     """Accept any encoder-only architecture transformers loads with the task's auto class, and a decoder-only one
     with a sentence-transformers pipeline (`embedder`: a decoder embedder); refuse other generators."""
     kind = generative_kind(hf_config)
+    if kind == "seq2seq" and embedder and encoder_class(hf_config) is not None:
+        kind = None  # its library embeds with the encoder alone (T5EncoderModel for sentence-T5)
     if kind and not (embedder and kind == "decoder-only"):
         raise UnsupportedModelError(
             f"architecture {hf_config.model_type!r} is a {kind} model, not an encoder: {task.name} exports encoders"
@@ -539,7 +566,8 @@ def load_model(config: RunConfig) -> LoadedModel:
     config.check_pooling_task()
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
-    pipeline = read_pipeline(source.location) if task.name == "feature-extraction" else None
+    pipeline = with_truncation(read_pipeline(source.location, config.trust_remote_code), config.truncate_dim) \
+        if task.name == "feature-extraction" else None
     check_supported(hf_config, task, pipeline is not None and pipeline.declared)
     check_task_head(source, hf_config, task)
     tokenizer = load_tokenizer(source, config.trust_remote_code)
@@ -553,7 +581,8 @@ def load_model(config: RunConfig) -> LoadedModel:
         lowercase_inputs(tokenizer)
     limit = sequence_limit(hf_config, tokenizer, pipeline)
     sequence = config.sequence.resolve(limit.tokens, limit.source)
-    auto = getattr(transformers, task.auto_class)
+    # The class the model's library loads: an encoder-decoder's encoder alone for an embedder (sentence-T5)
+    auto = (pipeline and pipeline.declared and encoder_class(hf_config)) or getattr(transformers, task.auto_class)
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
     model.eval()

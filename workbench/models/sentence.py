@@ -1,23 +1,30 @@
 """What `SentenceTransformer(folder)` runs after the transformer, read with sentence-transformers itself: the
-pipeline in modules.json (pooling, Dense, Normalize), the maximum sequence length, the prompts and the similarity
-function. A folder without those files gets what the library builds for a plain transformers model: mean pooling."""
+pipeline in modules.json (pooling, Dense, Normalize, the model's own modules under trust_remote_code), the maximum
+sequence length, the prompts, the similarity function and the width encode() cuts at (truncate_dim). A folder without
+those files gets what the library builds for a plain transformers model: mean pooling."""
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
+from workbench.core.quiet import quiet_tracer
 from workbench.core.results import PipelineSummary
 
 if TYPE_CHECKING:
     import torch
     from sentence_transformers import CrossEncoder, SentenceTransformer
+    from transformers import PretrainedConfig
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
-# Modules after the Transformer that the exported graph holds (Dropout is the identity at inference).
+# The library's modules after the Transformer that the exported graph holds (Dropout is the identity at inference);
+# a module of the model's own code (trust_remote_code) is held where it traces (`check_head`).
 HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout")
+LIBRARY_PREFIX = "sentence_transformers."
 DEFAULT_POOLING = "mean"  # what sentence-transformers builds for a plain transformers encoder
 
 
@@ -28,6 +35,11 @@ class ModuleRef:
     name: str
     ref: str
     path: str
+
+    @property
+    def custom(self) -> bool:
+        """The class comes from the model's own code (a .py file in its folder), not from sentence-transformers."""
+        return not self.ref.startswith(LIBRARY_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class SentencePipeline:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity: str = "cosine"
+    truncate_dim: int | None = None  # encode() returns the first truncate_dim values (Matryoshka), as the files say
 
     @property
     def normalized(self) -> bool:
@@ -59,7 +72,8 @@ class SentencePipeline:
         if mode == "none":
             return ["Transformer"]
         names = [m.name for m in self.modules] if self.declared else ["Pooling"]
-        return ["Transformer", *(f"Pooling({mode})" if name == "Pooling" else name for name in names)]
+        cut = [f"Truncate({self.truncate_dim})"] if self.truncate_dim else []
+        return ["Transformer", *(f"Pooling({mode})" if name == "Pooling" else name for name in names), *cut]
 
     def prompt(self, name: str | None) -> str:
         """The text put before each input for prompt `name` (None: the model's default prompt, if it has one)."""
@@ -83,7 +97,7 @@ class SentencePipeline:
             declared_pooling=self.pooling, normalize=self.normalized, dense_layers=self.dense_layers,
             max_seq_length=self.max_seq_length, prompts=self.prompts, include_prompt=self.include_prompt,
             do_lower_case=self.do_lower_case, default_prompt_name=self.default_prompt_name,
-            similarity=self.similarity)
+            similarity=self.similarity, truncate_dim=self.truncate_dim)
         if overridden:
             result.override = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
         return result
@@ -99,13 +113,13 @@ def _json(location: str, filename: str, subfolder: str = "") -> dict[str, Any] |
         return json.load(handle)
 
 
-def read_pipeline(location: str) -> SentencePipeline:
-    """The pipeline the model's files declare, read without loading any weights (the library's own config readers);
-    UnsupportedModelError for a module the exported graph cannot hold."""
+def read_pipeline(location: str, trust_remote_code: bool = False) -> SentencePipeline:
+    """The pipeline the model's files declare, read without loading any weights (the library's own config readers
+    and class loader); UnsupportedModelError for a module the exported graph cannot hold, or the model's own code
+    while `trust_remote_code` is off."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from sentence_transformers.util import import_from_string
 
     # The library's default prompt names (query, document: no text), under any saved ones; an empty prompt is still a
     # name encode(prompt_name=...) takes, for a folder without sentence-transformers files too.
@@ -113,7 +127,9 @@ def read_pipeline(location: str) -> SentencePipeline:
     listed = _json(location, "modules.json")
     if not isinstance(listed, list) or not listed:
         return SentencePipeline(location, declared=False, prompts=defaults)
-    kind = (_json(location, "config_sentence_transformers.json") or {}).get("model_type", "SentenceTransformer")
+    settings = _json(location, "config_sentence_transformers.json") or {}
+    assert isinstance(settings, dict)
+    kind = settings.get("model_type", "SentenceTransformer")
     if kind != "SentenceTransformer":
         raise UnsupportedModelError(
             f"{location} is a sentence-transformers {kind}, not a SentenceTransformer: feature extraction exports "
@@ -122,37 +138,31 @@ def read_pipeline(location: str) -> SentencePipeline:
             "-p task=rerank exports a CrossEncoder: pair inputs, its logits and the scores predict() returns"
             if kind == "CrossEncoder" else
             "export the transformers model inside it with -p task=... , or pick a SentenceTransformer folder")
-    first = import_from_string(listed[0]["type"])
-    if not (isinstance(first, type) and issubclass(first, Transformer)):
+    first = module_class(location, listed[0]["type"], trust_remote_code)
+    if not issubclass(first, Transformer):
         raise UnsupportedModelError(
-            f"{location}/modules.json starts with {first.__name__ if isinstance(first, type) else listed[0]['type']}"
-            f" ({listed[0]['type']}), not a sentence-transformers Transformer: the workbench exports transformers "
-            "models, and this pipeline has none to export",
+            f"{location}/modules.json starts with {first.__name__} ({listed[0]['type']}), not a sentence-transformers "
+            "Transformer: the workbench exports transformers models, and this pipeline has none to export",
             "pick a model whose modules.json starts with a Transformer (its transformers model: config.json and "
             "weights), or serve this one with sentence-transformers itself")
-    modules = tuple(ModuleRef(import_from_string(m["type"]).__name__, m["type"], m.get("path", ""))
-                    for m in listed[1:])
-    unsupported = [m.ref for m in modules if m.name not in HEAD_MODULES]
+    modules = tuple(ModuleRef(module_class(location, m["type"], trust_remote_code).__name__, m["type"],
+                              m.get("path", "")) for m in listed[1:])
+    unsupported = [m.ref for m in modules if not m.custom and m.name not in HEAD_MODULES]
     if unsupported:
         raise UnsupportedModelError(
             f"{location}/modules.json lists {', '.join(unsupported)}, which the exported graph cannot hold (it holds "
-            f"{', '.join(HEAD_MODULES)} after the Transformer)",
+            f"{', '.join(HEAD_MODULES)} and the model's own traceable modules after the Transformer)",
             "export the token embeddings alone with -p pooling=none and pool outside the graph")
     pooling, include_prompt = DEFAULT_POOLING, True
     for module in modules:
-        if module.name == "Pooling":
-            settings = Pooling.load_config(location, subfolder=module.path)
-            mode = settings.get("pooling_mode", DEFAULT_POOLING)
+        if module.name == "Pooling" and not module.custom:
+            pooling_settings = Pooling.load_config(location, subfolder=module.path)
+            mode = pooling_settings.get("pooling_mode", DEFAULT_POOLING)
             pooling = mode if isinstance(mode, str) else "+".join(mode)
-            include_prompt = bool(settings.get("include_prompt", True))
+            include_prompt = bool(pooling_settings.get("include_prompt", True))
     transformer = Transformer.load_config(location, subfolder=listed[0].get("path", ""))
     tokenizer = _json(location, "tokenizer_config.json", listed[0].get("path", "")) or {}
     assert isinstance(tokenizer, dict)
-    settings = _json(location, "config_sentence_transformers.json") or {}
-    assert isinstance(settings, dict)
-    # As the library loads them: its default names (query, document: no text) under the saved ones; an empty prompt
-    # is still a name encode(prompt_name=...) takes.
-    defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
     prompts = {**defaults, **{name: text or "" for name, text in (settings.get("prompts") or {}).items()}}
     return SentencePipeline(
         location, declared=True, modules=modules, pooling=pooling, include_prompt=include_prompt,
@@ -160,12 +170,58 @@ def read_pipeline(location: str) -> SentencePipeline:
         max_seq_length=transformer.get("max_seq_length") or _limit(tokenizer.get("model_max_length")),
         prompts=prompts,
         default_prompt_name=settings.get("default_prompt_name") or None,
-        similarity=settings.get("similarity_fn_name") or "cosine")
+        similarity=settings.get("similarity_fn_name") or "cosine",
+        truncate_dim=settings.get("truncate_dim") or None)
+
+
+def module_class(location: str, ref: str, trust_remote_code: bool) -> type:
+    """The class a modules.json entry names, loaded as the library loads it (its own modules by name, the model's
+    own code from a .py file in its folder only under `trust_remote_code`); UnsupportedModelError where it cannot."""
+    import torch
+    from sentence_transformers.util.misc import import_module_class
+
+    where = f"{location}/modules.json"
+    if not ref.startswith(LIBRARY_PREFIX) and not trust_remote_code:
+        source = f"{ref.rsplit('.', 1)[0].replace('.', '/')}.py"
+        raise UnsupportedModelError(
+            f"{where} lists {ref.rsplit('.', 1)[-1]} ({ref}), a module of the model's own code ({source} in its "
+            "folder), and trust_remote_code is off",
+            f"only if you trust its author: -p trust_remote_code=true (that Python code then runs with your "
+            f"permissions; read {source} first), or pick a model without custom code")
+    try:
+        found = import_module_class(ref, location, trust_remote_code=trust_remote_code)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UnsupportedModelError(
+            f"{where} lists {ref}, which cannot be imported here: {str(exc).splitlines()[0]}",
+            "check the module's .py file in the model folder (its name and class), or install the package it "
+            "comes from") from None
+    if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+        raise UnsupportedModelError(f"{where} lists {ref}, which is not a torch module",
+                                    "pick a model whose modules are torch.nn.Module classes")
+    return found
 
 
 def _limit(value: object) -> int | None:
     """A tokenizer's model_max_length as a limit (transformers writes a huge number for "none")."""
     return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
+
+
+def encoder_class(hf_config: PretrainedConfig) -> type | None:
+    """The encoder-only class sentence-transformers' Transformer loads for an encoder-decoder config (T5EncoderModel
+    for T5: sentence-T5, GTR), from the library's own table; None where it loads the auto class."""
+    import importlib
+
+    from sentence_transformers.base.modules.transformer import _ENCODER_ONLY_MODELS
+
+    for config_class, module, name in _ENCODER_ONLY_MODELS:
+        if isinstance(hf_config, config_class):
+            return getattr(importlib.import_module(module), name)
+    return None
+
+
+def with_truncation(pipeline: SentencePipeline, truncate_dim: int | None) -> SentencePipeline:
+    """The pipeline cutting at `truncate_dim` (the run's setting) where set, else at the model's own truncate_dim."""
+    return replace(pipeline, truncate_dim=truncate_dim) if truncate_dim else pipeline
 
 
 def graph_pooling(pipeline: SentencePipeline, pooling: str, override: bool, hidden_size: int) -> str:
@@ -215,56 +271,106 @@ def prompt_tokens(tokenizer: Tokenizer, prompt: str, limit: int) -> int:
 
 
 def _modules(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_remote_code: bool) -> list[Any]:
-    """The library's module objects after the transformer, Pooling in `mode`."""
+    """The module objects after the transformer as the library loads them, Pooling in `mode`."""
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from sentence_transformers.util import import_from_string
 
     if not pipeline.declared:
         return [Pooling(hidden_size, mode)]
     modules = []
     for module in pipeline.modules:
-        if module.name == "Pooling" and mode != pipeline.pooling:
+        if module.name == "Pooling" and not module.custom and mode != pipeline.pooling:
             modules.append(Pooling(hidden_size, mode))
+            continue
+        found = module_class(pipeline.location, module.ref, trust_remote_code)
+        if len(inspect.signature(found.load).parameters) == 1:  # an older module: load(its folder)
+            modules.append(found.load(str(Path(pipeline.location) / module.path)))
         else:
-            modules.append(import_from_string(module.ref).load(pipeline.location, subfolder=module.path,
-                                                               trust_remote_code=trust_remote_code))
+            modules.append(found.load(pipeline.location, subfolder=module.path, trust_remote_code=trust_remote_code))
     return modules
 
 
 def load_head(pipeline: SentencePipeline, mode: str, hidden_size: int,
               trust_remote_code: bool = False) -> torch.nn.Module | None:
-    """The modules after the transformer as one torch module (features dict in, features dict out), in eval mode;
-    None for `mode` none."""
+    """The modules after the transformer as one torch module (features dict in, features dict out), in eval mode,
+    cutting at the pipeline's truncate_dim; None for `mode` none."""
     import torch
 
     if mode == "none":
         return None
-    return torch.nn.Sequential(*_modules(pipeline, mode, hidden_size, trust_remote_code)).eval()
+    from workbench.models.heads import Truncate
+
+    modules = _modules(pipeline, mode, hidden_size, trust_remote_code)
+    cut = [Truncate(pipeline.truncate_dim)] if pipeline.truncate_dim else []
+    return torch.nn.Sequential(*modules, *cut).eval()
+
+
+def check_head(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_remote_code: bool = False) -> None:
+    """The head runs on token embeddings alone and gives at least truncate_dim values, and, where it holds the
+    model's own modules, traces into ONNX: checked on a 2-text batch in a second, before any weights of the
+    transformer load."""
+    import io
+
+    import torch
+
+    from workbench.models.heads import FeaturesToEmbedding
+
+    head = load_head(replace(pipeline, truncate_dim=None), mode, hidden_size, trust_remote_code)
+    if head is None:
+        return
+    features = {"token_embeddings": torch.randn(2, 5, hidden_size),
+                "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    custom = [m for m in pipeline.modules if m.custom]
+    names = ", ".join(f"{m.name} ({m.ref})" for m in custom) or "the pipeline's modules"
+    try:
+        with torch.no_grad():
+            width = int(head(dict(features))["sentence_embedding"].shape[-1])
+        if custom:
+            traced = FeaturesToEmbedding(head)
+            with quiet_tracer(), torch.no_grad():
+                torch.onnx.export(traced, (features["token_embeddings"], features["attention_mask"]), io.BytesIO(),
+                                  dynamo=False, input_names=["token_embeddings", "attention_mask"],
+                                  dynamic_axes={"token_embeddings": {0: "batch", 1: "sequence"},
+                                                "attention_mask": {0: "batch", 1: "sequence"}})
+    except Exception as exc:  # the model's own code can fail in any way: said by its class, not as a traceback
+        raise UnsupportedModelError(
+            f"{names} of {pipeline.location}/modules.json cannot be exported: on token embeddings and an attention "
+            f"mask it fails with {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            "export the token embeddings alone with -p pooling=none and run the rest outside the graph, or make the "
+            "module traceable (tensor operations on the features dict, no Python-side data)") from None
+    if pipeline.truncate_dim and pipeline.truncate_dim > width:
+        raise UnsupportedModelError(
+            f"truncate_dim {pipeline.truncate_dim} is wider than the {width} values {pipeline.location}'s pipeline "
+            "gives", f"set -p truncate_dim to at most {width}, or leave it out (the full width)")
 
 
 def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,
                   trust_remote_code: bool = False) -> tuple[SentenceTransformer, list[str]]:
     """The model as sentence-transformers itself loads it (its own transformer, default attention), and the Python
     statements that build it as `model`: `SentenceTransformer(folder)` for a declared pipeline (its Pooling replaced
-    when overridden), else the library's Transformer and Pooling modules."""
+    when overridden, its truncate_dim the run's), else the library's Transformer and Pooling modules."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
 
+    trusted = ", trust_remote_code=True" if trust_remote_code else ""
     if pipeline.declared:
         model = SentenceTransformer(pipeline.location, device="cpu", trust_remote_code=trust_remote_code)
-        statements = [f"model = SentenceTransformer({pipeline.location!r})"]
+        statements = [f"model = SentenceTransformer({pipeline.location!r}{trusted})"]
         if mode not in ("none", pipeline.pooling):
             index = 1 + next(i for i, m in enumerate(pipeline.modules) if m.name == "Pooling")
             key = list(model._modules)[index]
             model._modules[key] = _modules(pipeline, mode, hidden_size, trust_remote_code)[index - 1]
             statements.append(f"model[{index}] = Pooling({hidden_size}, pooling_mode={mode!r})")
+        if model.truncate_dim != pipeline.truncate_dim:
+            model.truncate_dim = pipeline.truncate_dim
+            statements.append(f"model.truncate_dim = {pipeline.truncate_dim}")
         return model, statements
     trust = {"trust_remote_code": trust_remote_code}
     transformer = Transformer(pipeline.location, model_kwargs=trust, processor_kwargs=trust, config_kwargs=trust)
     modules = [transformer, *(_modules(pipeline, mode, hidden_size, trust_remote_code) if mode != "none" else [])]
     pooling = f", Pooling({hidden_size}, pooling_mode={mode!r})" if mode != "none" else ""
-    return (SentenceTransformer(modules=modules, device="cpu"),
-            [f"model = SentenceTransformer(modules=[Transformer({pipeline.location!r}){pooling}])"])
+    cut = f", truncate_dim={pipeline.truncate_dim}" if pipeline.truncate_dim else ""
+    return (SentenceTransformer(modules=modules, device="cpu", truncate_dim=pipeline.truncate_dim),
+            [f"model = SentenceTransformer(modules=[Transformer({pipeline.location!r}){pooling}]{cut})"])
 
 
 def cross_encoder(location: str, max_length: int, trust_remote_code: bool = False) -> CrossEncoder:
