@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 # The rules tried on an encoder family ONNX Runtime's optimizer has none for (MPNet, ALBERT, DeBERTa-v2, ...), as
 # Optimum maps such families.
 BORROWED_RULES = "bert"
-TinyTokenizer = Literal["wordpiece", "bytelevel", "mpnet", "unigram"]
+TinyTokenizer = Literal["wordpiece", "bytelevel", "mpnet", "unigram", "t5"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,17 @@ def _deberta_v2(shape: TinyShape) -> PretrainedConfig:
                            type_vocab_size=0, **shape.common)
 
 
+def _t5(shape: TinyShape) -> PretrainedConfig:
+    """T5's encoder (sentence-T5, GTR): relative position buckets in attention, RMS layer norms, gated-free ReLU
+    feed-forward; its library embeds with T5EncoderModel, the decoder never loads."""
+    from transformers import T5Config
+
+    common = {key: value for key, value in shape.common.items() if key != "num_labels"}
+    return T5Config(d_model=shape.hidden, num_layers=shape.layers, num_heads=shape.heads,
+                    d_kv=shape.hidden // shape.heads, d_ff=shape.intermediate, eos_token_id=1,
+                    decoder_start_token_id=0, **common)
+
+
 FAMILIES = {family.model_type: family for family in (
     Family("bert", fusion_rules="bert", tiny_config=_standard("BertConfig")),
     Family("roberta", fusion_rules="bert", position_offset=True, tiny_config=_standard("RobertaConfig"),
@@ -108,6 +119,7 @@ FAMILIES = {family.model_type: family for family in (
     Family("albert", tiny_config=_albert),
     Family("deberta-v2", tiny_config=_deberta_v2, tiny_tokenizer="unigram", tiny_initializer_range=0.2),
     Family("mpnet", position_offset=True, tiny_config=_standard("MPNetConfig"), tiny_tokenizer="mpnet"),
+    Family("t5", tiny_config=_t5, tiny_tokenizer="t5", tiny_initializer_range=1.0),
 )}
 
 

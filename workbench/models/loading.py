@@ -450,7 +450,7 @@ def check_supported(hf_config: PretrainedConfig, task: Task, embedder: bool = Fa
     """Accept any encoder-only architecture transformers loads with the task's auto class, and a decoder-only one
     with a sentence-transformers pipeline (`embedder`: a decoder embedder); refuse other generators."""
     kind = generative_kind(hf_config)
-    if kind == "seq2seq" and embedder and encoder_class(hf_config) is not None:
+    if kind == "seq2seq" and task.name == "feature-extraction" and encoder_class(hf_config) is not None:
         kind = None  # its library embeds with the encoder alone (T5EncoderModel for sentence-T5)
     if kind and not (embedder and kind == "decoder-only"):
         raise UnsupportedModelError(
@@ -582,7 +582,7 @@ def load_model(config: RunConfig) -> LoadedModel:
     limit = sequence_limit(hf_config, tokenizer, pipeline)
     sequence = config.sequence.resolve(limit.tokens, limit.source)
     # The class the model's library loads: an encoder-decoder's encoder alone for an embedder (sentence-T5)
-    auto = (pipeline and pipeline.declared and encoder_class(hf_config)) or getattr(transformers, task.auto_class)
+    auto = (pipeline is not None and encoder_class(hf_config)) or getattr(transformers, task.auto_class)
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
     model.eval()

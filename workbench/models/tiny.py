@@ -11,6 +11,7 @@ from pathlib import Path
 from workbench.core.data import load_corpus
 from workbench.models.families import FAMILIES, TinyShape
 from workbench.models.families import family as family_record
+from workbench.models.sentence import encoder_class
 
 MAX_POSITIONS = 128
 
@@ -62,6 +63,20 @@ def unigram_tokenizer(vocab_size: int = 600):
     return DebertaV2Tokenizer(vocab=pieces, model_max_length=MAX_POSITIONS)
 
 
+def t5_tokenizer(vocab_size: int = 600):
+    """T5's own tokenizer (sentencepiece-style Unigram, `A </s>`, padding id 0) over pieces trained here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import T5Tokenizer
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(load_corpus(), trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                                                   special_tokens=["<pad>", "</s>", "<unk>"],
+                                                                   show_progress=False))
+    pieces = [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=MAX_POSITIONS)
+
+
 def bytelevel_tokenizer(vocab_size: int = 600):
     from tokenizers import ByteLevelBPETokenizer, processors
     from transformers import RobertaTokenizerFast
@@ -99,7 +114,8 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     known = family_record(family)
     if known.tiny_config is None:
         raise ValueError(f"no tiny {family!r} model is built here: {', '.join(tiny_families())} are")
-    tokenizer = {"bytelevel": bytelevel_tokenizer, "mpnet": mpnet_tokenizer, "unigram": unigram_tokenizer}.get(
+    tokenizer = {"bytelevel": bytelevel_tokenizer, "mpnet": mpnet_tokenizer, "unigram": unigram_tokenizer,
+                 "t5": t5_tokenizer}.get(
         known.tiny_tokenizer, lambda: wordpiece_tokenizer(lowercase=lowercase, positions=positions))()
     common = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "num_labels": labels,
               "initializer_range": initializer_range or known.tiny_initializer_range}
@@ -107,7 +123,9 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     auto = {"feature-extraction": transformers.AutoModel,
             "sequence-classification": transformers.AutoModelForSequenceClassification,
             "token-classification": transformers.AutoModelForTokenClassification}[task]
-    model = auto.from_config(known.tiny_config(shape))
+    hf_config = known.tiny_config(shape)
+    encoder = task == "feature-extraction" and encoder_class(hf_config)  # T5: the encoder its library loads
+    model = encoder(hf_config) if encoder else auto.from_config(hf_config)
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return Path(dest)
@@ -168,6 +186,28 @@ def build_sentence_encoder(dest: Path, pooling: str | tuple[str, ...] = "cls", d
         if do_lower_case:
             settings = {"max_seq_length": transformer.max_seq_length, "do_lower_case": True}
             (Path(dest) / "sentence_bert_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return Path(dest)
+
+
+def build_sentence_t5(dest: Path, dense: int = 24, seed: int = 0, truncate_dim: int | None = None) -> Path:
+    """A tiny sentence-T5 (as sentence-t5 and GTR ship): T5's encoder (T5EncoderModel) -> mean Pooling -> Dense
+    without bias or activation (`dense` outputs) -> Normalize, saved by the library's own classes, cut at
+    `truncate_dim` where given (Matryoshka)."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build_encoder(Path(tmp) / "encoder", "t5", seed=seed)
+        torch.manual_seed(seed)
+        transformer = Transformer(str(base))
+        width = transformer.get_embedding_dimension()
+        modules = [transformer, Pooling(width, "mean"),
+                   Dense(width, dense, bias=False, activation_function=torch.nn.Identity()), Normalize()]
+        SentenceTransformer(modules=modules, device="cpu", truncate_dim=truncate_dim).save(str(dest))
     return Path(dest)
 
 
