@@ -36,11 +36,12 @@ from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.loading import load_model
+from workbench.models.tiny import build_encoder
 from workbench.precision.tables import ParityMetrics
 from workbench.runners.torch import TorchRunner
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
-from workbench.serving.repository import parse_pbtxt, read_repository, write_repository
+from workbench.serving.repository import model_files, parse_pbtxt, read_repository, write_models, write_repository
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import export, optimize, triton
 from workbench.steps.triton import serving_plan
@@ -423,6 +424,49 @@ def test_labels_and_scores_come_back_for_classification(tiny_models, tmp_path, l
     assert [x.decode() for x in got["label"].ravel()] == labels
     probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     assert np.allclose(got["score"].ravel(), probabilities.max(axis=1), atol=1e-4)
+
+
+def multi_label_classifier(dest: Path, labels: int = 5) -> Path:
+    """A tiny BERT classifier whose config says problem_type multi_label_classification (wide random weights, std
+    0.2: its sigmoid scores lie far enough from 0.5 that float rounding moves no label across it)."""
+    model = build_encoder(dest, "bert", "sequence-classification", labels=labels, initializer_range=0.2)
+    settings = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**settings, "problem_type": "multi_label_classification"}))
+    return model
+
+
+def test_a_multi_label_classifier_is_served_with_every_labels_sigmoid_score_and_the_labels_above_one_half(tmp_path):
+    model = multi_label_classifier(tmp_path / "multi")
+    config, record = prepared(model, tmp_path / "run", tmp_path / "repos", task="sequence-classification")
+    metrics = triton.run(config, record).metrics
+    assert metrics["head"] == "sigmoid" and metrics["verified"], metrics.get("served_parity")
+    assert "sigmoid: every label's score, and the labels above 0.5" in "\n".join(triton.lines(record))
+    for protocol in ("http", "grpc"):  # gated on the served score against the pipeline's, not on the logits alone
+        served = metrics["served_parity"][protocol]
+        score = served["outputs"]["score"]
+        assert served["passed"] and score["gated"] and score["passed"], served
+        assert score["max_abs"] < 1e-5 and score["compared_values"] > 100
+    texts = list(load_corpus()[:8])  # one request: batch.max texts
+    loaded = load_model(config)
+    feed = encode(loaded.tokenizer, texts, loaded.input_names, max_length=loaded.sequence.max)  # cut as served
+    with TorchRunner(loaded, config.output_specs) as reference:
+        logits = reference.infer(Batch("texts", list(range(len(texts))), feed))["logits"]
+    expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    assert np.abs(expected - 0.5).min() > 1e-3, "no score within rounding of the threshold"
+    names = [loaded.hf_config.id2label[i] for i in range(5)]
+    wanted = [[name if p > 0.5 else "" for name, p in zip(names, row)] for row in expected]
+    assert any(sum(map(bool, row)) >= 2 for row in wanted) and any(not all(row) for row in wanted)
+    plan, _ = serving_plan(config, record)
+    plans = [replace(plan, name=f"multi_{layout}", layout=layout) for layout in ("fused", "ensemble")]
+    repository = write_models({name: models for p in plans for name, models in model_files(p).items()},
+                              tmp_path / "repository")
+    assert read_repository(repository)["multi_ensemble_postprocess"].output[1].dims == [5]
+    with TritonServer(repository, tmp_path / "server") as server, TritonClient(server.http_url, "http") as client:
+        for served in plans:
+            got = client.infer_texts(served.name, texts)
+            assert got["score"].shape == (len(texts), 5) and got["label"].shape == (len(texts), 5)
+            assert np.allclose(got["score"], expected, atol=1e-5), served.layout
+            assert [[label.decode() for label in row] for row in got["label"]] == wanted, served.layout
 
 
 def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_instructions():

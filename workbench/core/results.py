@@ -260,6 +260,7 @@ class TritonMetrics(Metrics):
     served_passed: dict[str, bool] = Field(default_factory=dict)  # each check served: protocol, long texts, prompts
     served_library: str | None = None
     served_reference: str | None = None
+    head: str | None = None  # a classifier's served head: the activation its score applies (softmax, sigmoid, none)
     verification: Verification | None = None
     cut: ServedCut | None = None  # texts past the deployment's token limit, checked against the library's own cut
     replaced: str | None = None  # the run whose deployment of the same name this one replaced

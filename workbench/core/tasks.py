@@ -129,3 +129,21 @@ TASKS: dict[str, Task] = {
                             "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "one label per token"),
     )
 }
+
+SCORE = "score"  # a classifier's served score: its head's activation applied to the logits (serving/backend/labels.py)
+
+
+def head_activation(problem_type: str | None, num_labels: int) -> str:
+    """What transformers' text-classification pipeline applies to a sequence classifier's logits unless told
+    (`function_to_apply`): none for regression, sigmoid for multi-label or a single label, else softmax."""
+    if problem_type == "regression":
+        return "none"
+    if problem_type == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def score_output(activation: str) -> OutputSpec:
+    """A sequence classifier's served `score` as parity compares it: the best label's probability after a softmax,
+    else every label's score."""
+    return OutputSpec(SCORE, (BATCH, "best" if activation == "softmax" else "labels"), "scores")

@@ -1,6 +1,7 @@
 """The model's own library behind the runner interface: what its users run today, on the same texts. Embedding
 models: `SentenceTransformer.encode()`; rerankers: `CrossEncoder.predict()`; sequence classifiers: the transformers
-text-classification pipeline's raw logits. The workbench's PyTorch module is checked against these once, then used
+text-classification pipeline's raw logits and, where asked, the scores it gives with the model's own
+`function_to_apply`. The workbench's PyTorch module is checked against these once, then used
 for speed."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from workbench.core.batches import Batch
 from workbench.core.data import Text
-from workbench.core.tasks import LOGITS, SCORES, SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS
+from workbench.core.tasks import LOGITS, SCORE, SCORES, SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS, head_activation
 from workbench.models.sentence import cross_encoder, library_model
 from workbench.runners import Runner, RunnerClosedError
 
@@ -66,14 +67,17 @@ class SentenceTransformerRunner(LibraryRunner):
 
 
 class ClassificationPipelineRunner(LibraryRunner):
-    """`pipeline("text-classification", top_k=None, function_to_apply="none")`: every label's raw logit per text."""
+    """`pipeline("text-classification", top_k=None, function_to_apply="none")`: every label's raw logit per text;
+    with SCORE among `output_names`, the scores the pipeline's own postprocess gives those logits with the model's
+    `function_to_apply` (top_k=None), as the served head returns them: the best label's after a softmax (`activation`),
+    else every label's."""
 
     def __init__(self, pipe: Pipeline, call: str, texts: tuple[str, ...], input_names: tuple[str, ...],
-                 max_length: int) -> None:
+                 max_length: int, output_names: tuple[str, ...], activation: str) -> None:
         self.pipe: Pipeline | None = pipe
-        self.call, self.texts, self.max_length = call, texts, max_length
+        self.call, self.texts, self.max_length, self.activation = call, texts, max_length, activation
         self.label_ids = {label: int(i) for i, label in pipe.model.config.id2label.items()}
-        self.input_names, self.output_names = input_names, ("logits",)
+        self.input_names, self.output_names = input_names, output_names
         self.name, self.providers = "transformers-pipeline", ["torch-cpu"]
         self.library = "the text-classification pipeline"
 
@@ -81,11 +85,22 @@ class ClassificationPipelineRunner(LibraryRunner):
         if self.pipe is None:
             raise RunnerClosedError(f"{self.name}: the runner is closed")
         answers = self.pipe([self.texts[i] for i in batch.text_ids], truncation=True, max_length=self.max_length)
-        logits = np.zeros((len(answers), len(self.label_ids)), dtype=np.float32)
-        for row, labels in zip(logits, answers):
+        logits = self.by_label(answers)
+        if SCORE not in self.output_names:
+            return {LOGITS: logits}
+        import torch
+
+        scores = self.by_label([self.pipe.postprocess({LOGITS: torch.from_numpy(row[None])}, top_k=None)
+                                for row in logits])  # its default function_to_apply on each text's logits
+        return {LOGITS: logits, SCORE: scores.max(axis=-1, keepdims=True) if self.activation == "softmax" else scores}
+
+    def by_label(self, answers: list[list[dict[str, float | str]]]) -> np.ndarray:
+        """The pipeline's answers (per text, each label with its score) as one row per text, in label id order."""
+        rows = np.zeros((len(answers), len(self.label_ids)), dtype=np.float32)
+        for row, labels in zip(rows, answers):
             for answer in labels:
-                row[self.label_ids[answer["label"]]] = answer["score"]
-        return {"logits": logits}
+                row[self.label_ids[str(answer["label"])]] = answer["score"]
+        return rows
 
     def close(self) -> None:
         self.pipe = None
@@ -127,8 +142,10 @@ def library_runner(loaded: LoadedModel, texts: tuple[Text, ...], output_names: t
         if model.max_seq_length != max_length:
             model.max_seq_length = max_length
             statements.append(f"model.max_seq_length = {max_length}")
+        cut = loaded.pipeline.truncate_dim
         library = "SentenceTransformer.encode()" + (f" with {loaded.pooling} pooling (pooling_override)"
-                                                    if loaded.pooling_overridden else "")
+                                                    if loaded.pooling_overridden else "") + (
+            f" cut at truncate_dim {cut}" if cut and loaded.pooling != "none" else "")
         runner = SentenceTransformerRunner(model, statements, texts, loaded.input_names, output_names, library,
                                            prompt_name)
         runner.identity = _identity(loaded, runner.call, "sentence_transformers", output_names)
@@ -146,9 +163,13 @@ def library_runner(loaded: LoadedModel, texts: tuple[Text, ...], output_names: t
         location = loaded.source.location
         pipe = pipeline("text-classification", model=location, top_k=None, function_to_apply="none", device="cpu",
                         trust_remote_code=trust_remote_code)
-        call = f"pipeline('text-classification', model={location!r}, top_k=None, function_to_apply='none')"
-        runner = ClassificationPipelineRunner(pipe, call, texts, loaded.input_names, max_length)
-        runner.identity = _identity(loaded, f"{call}; max_length {max_length}", "transformers", ("logits",))
+        activation = head_activation(loaded.hf_config.problem_type, loaded.hf_config.num_labels)
+        call = f"pipeline('text-classification', model={location!r}, top_k=None, function_to_apply='none')" + (
+            f"; scores: its postprocess(top_k=None) with the model's function_to_apply ({activation})"
+            if SCORE in output_names else "")
+        runner = ClassificationPipelineRunner(pipe, call, texts, loaded.input_names, max_length, output_names,
+                                              activation)
+        runner.identity = _identity(loaded, f"{call}; max_length {max_length}", "transformers", output_names)
         return runner
     return None
 

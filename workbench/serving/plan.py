@@ -189,8 +189,9 @@ def candidates(available: set[str], verdict: Callable[[str], Verdict | None], fl
 class ServingRequest:
     """What the triton step asks to serve: `variant` in `flavor` under `name`; `export` is what the export step
     recorded about the graph (inputs, outputs, sequence limit, the sentence-transformers pipeline); the tokenizer
-    folder with its pad token and the classifier's labels; the outputs served; the TensorRT shape profiles; the
-    batch range and token limit served; the Triton settings and the threads per instance."""
+    folder with its pad token, the classifier's labels and its head's activation (`core.tasks.head_activation`); the
+    outputs served; the TensorRT shape profiles; the batch range and token limit served; the Triton settings and the
+    threads per instance."""
 
     name: str
     flavor: Flavor
@@ -199,6 +200,7 @@ class ServingRequest:
     tokenizer_dir: Path
     pad_token_id: int
     id2label: dict[str, str]
+    activation: str
     outputs: tuple[OutputSpec, ...]
     profiles: list[ShapeProfile]
     triton: TritonSettings
@@ -230,6 +232,7 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         pad_to=[p.sequence[2] for p in profiles] if not python else [],
         profiles=len(profiles) if flavor is Flavor.TENSORRT_PLAN else 1,
         pad_token_id=request.pad_token_id, threads=instances.threads, id2label=request.id2label,
+        activation=request.activation,
         layout=choose_layout(triton.layout, flavor), max_documents=triton.max_documents,
         max_texts=triton.max_texts, max_text_chars=triton.max_text_chars,
         prompts=dict(pipeline.prompts), default_prompt_name=pipeline.default_prompt_name,

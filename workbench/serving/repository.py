@@ -59,6 +59,7 @@ class ServingPlan:
     pad_token_id: int = 0
     threads: int = 0
     id2label: dict[str, str] = field(default_factory=dict)
+    activation: str = "softmax"  # a classifier's head, as its pipeline applies it (core.tasks.head_activation)
     layout: str = "ensemble"
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     default_prompt_name: str | None = None
@@ -240,14 +241,27 @@ def _onnxruntime_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
         config.parameters["wide_threads"].string_value = str(plan.threads * plan.instances)
 
 
+def _label_dims(plan: ServingPlan) -> list[int]:
+    """A classifier's `label` and `score` dims after the batch axis (serving/backend/labels.py): one per token, one
+    per text after a softmax, else one per label."""
+    if next(o for o in plan.outputs if o.name == "logits").per_token:
+        return [-1]
+    return [1] if plan.activation == "softmax" else [len(plan.id2label)]
+
+
+def _label_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
+    """What the Python model that labels reads: the label names and the head it applies (labels.py)."""
+    config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    config.parameters["activation"].string_value = plan.activation
+
+
 def _text_outputs(config: mc.ModelConfig, plan: ServingPlan) -> None:
     """What text-in models answer: the task outputs, label and score for classifiers, and `truncated`."""
     for spec in plan.outputs:
         add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     if plan.classifies:
-        per_token = next(o for o in plan.outputs if o.name == "logits").per_token
         for name, data_type in (("label", STRING), ("score", FP32)):
-            add_tensor(config.output, name, data_type, [-1] if per_token else [1])
+            add_tensor(config.output, name, data_type, _label_dims(plan))
     add_tensor(config.output, "truncated", BOOL, [1])
 
 
@@ -263,7 +277,7 @@ def fused_config(plan: ServingPlan) -> mc.ModelConfig:
     _prompt_parameters(config, plan)
     _limits(config, plan)
     if plan.classifies:
-        config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+        _label_parameters(config, plan)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)
     return config
 
@@ -294,10 +308,9 @@ def postprocess_config(plan: ServingPlan) -> mc.ModelConfig:
     _batching(config, plan)
     logits = next(o for o in plan.outputs if o.name == "logits")
     add_tensor(config.input, "logits", FP32, _output_dims(logits, plan), ragged=True)
-    per_token = logits.per_token
-    add_tensor(config.output, "label", STRING, [-1] if per_token else [1])
-    add_tensor(config.output, "score", FP32, [-1] if per_token else [1])
-    config.parameters["id2label"].string_value = json.dumps(plan.id2label)
+    add_tensor(config.output, "label", STRING, _label_dims(plan))
+    add_tensor(config.output, "score", FP32, _label_dims(plan))
+    _label_parameters(config, plan)
     _instances(config, plan, mc.ModelInstanceGroup.KIND_CPU)
     return config
 

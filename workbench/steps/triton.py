@@ -1,6 +1,7 @@
 """The triton step: generate the model repository, serve it from a real Triton server, prove the served answers."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -8,12 +9,13 @@ import plotly.graph_objects as go
 
 from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import RunConfig
+from workbench.core.config import LabSettings, RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BatchingBurst, ServedCut, TritonMetrics, Verdict, Verification
+from workbench.core.tasks import head_activation, score_output
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
@@ -49,6 +51,9 @@ from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_t
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
+HEADS = {"softmax": "softmax: the best label and its probability",
+         "sigmoid": "sigmoid: every label's score, and the labels above 0.5",
+         "none": "none: every label's raw score"}  # a classifier's served head (serving/backend/labels.py)
 
 
 def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, metrics: TritonMetrics,
@@ -63,13 +68,14 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
                                      "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
     precision = metrics.precision or "fp32"
-    texts = lab_texts(config.lab, loaded)
-    reference = library_reference(config.lab, loaded, texts)
+    settings = served_settings(config.lab, plan)
+    texts = lab_texts(settings, loaded)
+    reference = library_reference(settings, loaded, texts)
     metrics.served_reference = reference.call if reference else "the workbench's PyTorch module"
     metrics.served_library = reference.library if reference else "PyTorch"
-    lab = ParityLab.corpus_only(config.lab, loaded, texts, reference)  # the served answers against what users run today
+    lab = ParityLab.corpus_only(settings, loaded, texts, reference)  # the served answers against what users run today
     prompts = prompt_labs(config, loaded, plan, texts[:PROMPT_TEXTS])
-    outputs = [o.name for o in plan.outputs]
+    outputs = list(settings.gated)  # the served outputs, a sequence classifier's score among them
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
     metrics.server = str(binary.executable)
     loaded.drop_weights()  # the references are the library's (or computed): the server gets the memory
@@ -94,6 +100,15 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
             metrics.burst = observe_batching(server, plan, list(texts), 4 * plan.max_batch_size)
     metrics.stop_seconds = server.timings["stop_seconds"]
     metrics.served_passed = {protocol: verdict.passed for protocol, verdict in served_checks(metrics).items()}
+
+
+def served_settings(settings: LabSettings, plan: ServingPlan) -> LabSettings:
+    """The lab settings the served answers are checked on: a sequence classifier's served `score` is compared and
+    gated too, against its text-classification pipeline's scores (the head as the library applies it)."""
+    if not plan.classifies or any(o.per_token for o in plan.outputs):
+        return settings
+    score = score_output(plan.activation)
+    return replace(settings, specs=(*settings.specs, score), gated=(*settings.gated, score.name))
 
 
 def served_checks(metrics: TritonMetrics) -> dict[str, Verdict]:
@@ -159,12 +174,16 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     outputs = config.served_specs
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
-    id2label = {str(k): v for k, v in AutoConfig.from_pretrained(folder).id2label.items()} if classifies else {}
+    hf_config = AutoConfig.from_pretrained(folder) if classifies else None
+    id2label = {str(k): v for k, v in hf_config.id2label.items()} if hf_config else {}
+    activation = head_activation(hf_config.problem_type, hf_config.num_labels) \
+        if hf_config and config.task == "sequence-classification" else "softmax"
     export = record.export_info()
     request = ServingRequest(
         name=config.triton.name or config.model_slug, flavor=flavor,
         variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
-        pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, outputs=outputs,
+        pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, activation=activation,
+        outputs=outputs,
         profiles=shape_profiles(record), triton=config.triton, batch=config.batch,
         sequence_max=export.sequence_range.max, threads=config.threads)
     return build_plan(request), variant
@@ -252,7 +271,7 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, c
                             models=sorted(read_repository(run_copy)), max_batch_size=plan.max_batch_size,
                             pad_to=plan.pad_to, repository=str(destination), published=False, plan=plan.record(),
                             verification=verification, verified=verification.by is not None,
-                            candidates=candidates)
+                            candidates=candidates, head=plan.activation if plan.classifies else None)
     record.set_metric(STEP, metrics.recorded())
 
     def publish() -> None:
@@ -312,6 +331,8 @@ def lines(record: RunRecord) -> list[str]:
             *([f"serving order: {deployment.verification.order}{passed_over(deployment.verification)}"]
               if deployment.verification and deployment.verification.order else []),
             f"served parity{against}{within}: {parity or 'not checked'}",
+            *([f"served head, as the library's pipeline applies it: {HEADS[deployment.head]}"]
+              if deployment.head else []),
             *([cut_line(cut.deployment, cut.library, cut.texts_beyond, deployment.served_library or "the library",
                         next(iter(cut.beyond.values()), None))] if cut else []),
             *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "

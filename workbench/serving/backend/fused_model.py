@@ -44,6 +44,7 @@ class TritonPythonModel:
                                    int(params.get("max_tokens", "0")))
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
+        self.activation = params.get("activation")  # a classifier's head (labels.py)
         self.prompts = Prompts(params)
         self.limits = Limits.of(params)
         self.budget = RequestBudget(params)
@@ -59,7 +60,7 @@ class TritonPythonModel:
         tensors = {name: stack([o[name][0] for o in outputs]) for name in self.outputs
                    if name in wanted or (self.labels is not None and name == "logits")}
         if self.labels is not None and wanted & {"label", "score"}:
-            tensors["label"], tensors["score"] = label_and_score(tensors["logits"], self.labels)
+            tensors["label"], tensors["score"] = label_and_score(tensors["logits"], self.labels, self.activation)
         if "truncated" in wanted:
             tensors["truncated"] = np.array([[flag] for flag in truncated])
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value))
