@@ -123,6 +123,25 @@ def test_the_openai_and_langchain_clients_embed_as_encode_does(front):
     np.testing.assert_allclose(decoded, one.data[0].embedding, atol=0)
 
 
+def test_dimensions_answer_as_encode_with_truncate_dim_does(front):
+    """Cut, not renormalized, as sentence-transformers cuts a Matryoshka embedding."""
+    from openai import OpenAI
+
+    api, encoder, _ = front
+    client = OpenAI(base_url=f"{api.url}/v1", api_key=KEY)
+    answer = client.embeddings.create(model="embedder", input=TEXTS, dimensions=8)
+    got = np.array([d.embedding for d in answer.data])
+    want = _encode(encoder, TEXTS, truncate_dim=8)
+    assert got.shape == (len(TEXTS), 8) and np.linalg.norm(want, axis=1).max() < 0.999
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    width = front_spec(api.repository).models[0].dimensions
+    status, raw = _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": "a", "dimensions": width})
+    assert status == 200 and len(raw["data"][0]["embedding"]) == width
+    status, raw = _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": "a", "dimensions": 0})
+    assert status == 400 and raw["error"]["code"] == "dimensions_not_supported"
+    assert f"at most {width}" in raw["error"]["message"]
+
+
 def test_the_reranker_scores_as_predict_does_best_first(front):
     from sentence_transformers import CrossEncoder
 
@@ -149,7 +168,7 @@ BAD = [  # (what, path, body or raw bytes, key, status, code)
     ("over max_text_chars", "embeddings", {"model": "embedder", "input": ["a" * 2001]}, KEY, 413, "text_too_long"),
     ("token ids", "embeddings", {"model": "embedder", "input": [[101, 2000, 102]]}, KEY, 400,
      "token_ids_not_supported"),
-    ("dimensions", "embeddings", {"model": "embedder", "input": "a", "dimensions": 3}, KEY, 400,
+    ("dimensions", "embeddings", {"model": "embedder", "input": "a", "dimensions": 100_000}, KEY, 400,
      "dimensions_not_supported"),
     ("an unknown prompt", "embeddings", {"model": "embedder", "input": "a", "prompt_name": "querry"}, KEY, 400,
      "unknown_prompt"),

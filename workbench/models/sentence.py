@@ -306,41 +306,67 @@ def load_head(pipeline: SentencePipeline, mode: str, hidden_size: int,
 
 def check_head(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_remote_code: bool = False) -> None:
     """The head runs on token embeddings alone and gives at least truncate_dim values, and, where it holds the
-    model's own modules, traces into ONNX: checked on a 2-text batch in a second, before any weights of the
-    transformer load."""
-    import io
-
+    model's own modules, its ONNX trace answers as it does on another batch shape (a trace keeps Python-side values
+    as constants): checked on random features in a second, before any weights of the transformer load."""
     import torch
-
-    from workbench.models.heads import FeaturesToEmbedding
 
     head = load_head(replace(pipeline, truncate_dim=None), mode, hidden_size, trust_remote_code)
     if head is None:
         return
-    features = {"token_embeddings": torch.randn(2, 5, hidden_size),
-                "attention_mask": torch.ones(2, 5, dtype=torch.long)}
     custom = [m for m in pipeline.modules if m.custom]
     names = ", ".join(f"{m.name} ({m.ref})" for m in custom) or "the pipeline's modules"
+    fix = ("export the token embeddings alone with -p pooling=none and run the rest outside the graph, or make the "
+           "module traceable (tensor operations on the features dict, no Python-side data)")
     try:
         with torch.no_grad():
-            width = int(head(dict(features))["sentence_embedding"].shape[-1])
-        if custom:
-            traced = FeaturesToEmbedding(head)
-            with quiet_tracer(), torch.no_grad():
-                torch.onnx.export(traced, (features["token_embeddings"], features["attention_mask"]), io.BytesIO(),
-                                  dynamo=False, input_names=["token_embeddings", "attention_mask"],
-                                  dynamic_axes={"token_embeddings": {0: "batch", 1: "sequence"},
-                                                "attention_mask": {0: "batch", 1: "sequence"}})
+            width = int(head(_features(2, 5, hidden_size))["sentence_embedding"].shape[-1])
+        worst = _trace_error(head, hidden_size) if custom else 0.0
     except Exception as exc:  # the model's own code can fail in any way: said by its class, not as a traceback
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise UnsupportedModelError(
             f"{names} of {pipeline.location}/modules.json cannot be exported: on token embeddings and an attention "
-            f"mask it fails with {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-            "export the token embeddings alone with -p pooling=none and run the rest outside the graph, or make the "
-            "module traceable (tensor operations on the features dict, no Python-side data)") from None
+            f"mask it fails with {type(exc).__name__}: {reason}", fix) from None
+    if worst > 1e-4:
+        raise UnsupportedModelError(
+            f"{names} of {pipeline.location}/modules.json cannot be exported: its ONNX trace answers another batch "
+            f"shape {worst:.3g} away from the module itself (the trace kept values computed outside torch as "
+            "constants)", fix)
     if pipeline.truncate_dim and pipeline.truncate_dim > width:
         raise UnsupportedModelError(
             f"truncate_dim {pipeline.truncate_dim} is wider than the {width} values {pipeline.location}'s pipeline "
             "gives", f"set -p truncate_dim to at most {width}, or leave it out (the full width)")
+
+
+def _features(batch: int, tokens: int, hidden_size: int) -> dict[str, torch.Tensor]:
+    """Random token embeddings and an attention mask whose last text is padded, as a head receives them."""
+    import torch
+
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    mask[-1, tokens // 2:] = 0
+    return {"token_embeddings": torch.randn(batch, tokens, hidden_size), "attention_mask": mask}
+
+
+def _trace_error(head: torch.nn.Module, hidden_size: int) -> float:
+    """Largest difference between the head's ONNX trace (on a 2 x 5 batch) and the head itself on a 3 x 7 one."""
+    import io
+
+    import numpy as np
+    import onnxruntime
+    import torch
+
+    from workbench.models.heads import FeaturesToEmbedding
+
+    traced, graph = FeaturesToEmbedding(head).eval(), io.BytesIO()
+    names = ["token_embeddings", "attention_mask"]
+    with quiet_tracer(), torch.no_grad():
+        torch.onnx.export(traced, tuple(_features(2, 5, hidden_size).values()), graph, dynamo=False,
+                          input_names=names, output_names=["sentence_embedding"],
+                          dynamic_axes={name: {0: "batch", 1: "sequence"} for name in names})
+        other = _features(3, 7, hidden_size)
+        want = traced(*other.values()).numpy()
+    session = onnxruntime.InferenceSession(graph.getvalue(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {name: value.numpy() for name, value in other.items()})[0]
+    return float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
 
 
 def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,

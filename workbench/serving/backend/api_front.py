@@ -238,9 +238,10 @@ async def embeddings(request: web.Request) -> web.Response:
         raise ApiError(400, "'input' holds token ids: this deployment tokenizes with the model's own tokenizer, send "
                             "strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)", "input",
                        "token_ids_not_supported")
-    if asked.dimensions is not None and asked.dimensions != model.dimensions:
-        raise ApiError(400, f"dimensions={asked.dimensions}: {model.id} answers {model.dimensions} dimensions and "
-                            "cannot shorten them; leave 'dimensions' out", "dimensions", "dimensions_not_supported")
+    if asked.dimensions is not None and not 1 <= asked.dimensions <= model.dimensions:
+        raise ApiError(400, f"dimensions={asked.dimensions}: {model.id} answers at most {model.dimensions} "
+                            f"dimensions; ask for 1 to {model.dimensions}, or leave 'dimensions' out",
+                       "dimensions", "dimensions_not_supported")
     check_texts(texts, "input", model, model.max_texts, "triton.max_texts")
     parameters = {k: v for k, v in (("prompt_name", asked.prompt_name), ("prompt", asked.prompt)) if v is not None}
     try:
@@ -252,7 +253,8 @@ async def embeddings(request: web.Request) -> web.Response:
     calls = [front.infer(model.id, {"TEXT": strings(texts[start:stop]).reshape(-1, 1)}, model.output, parameters)
              for start, stop in pieces(lengths, model.batch, model.max_request_tokens)]
     chunks = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
-    vectors = np.concatenate(chunks).astype("<f4").reshape(len(texts), -1)
+    # encode(truncate_dim=d): the first d values, not renormalized (docs/api.md)
+    vectors = np.concatenate(chunks).astype("<f4").reshape(len(texts), -1)[:, :asked.dimensions]
     encode: Callable[[np.ndarray], object] = (
         (lambda v: base64.b64encode(v.tobytes()).decode("ascii")) if asked.encoding_format == "base64"
         else (lambda v: v.tolist()))

@@ -1,0 +1,140 @@
+"""Model kinds a 2026 retrieval stack deploys, run as their library's modules compute them: a Matryoshka model
+(truncate_dim), a sentence-T5 (T5EncoderModel, Dense without bias), a module of the model's own code
+(trust_remote_code), each checked against `SentenceTransformer.encode()` in process and as a real Triton serves it."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.test_sentence import SMALL, TEXTS, _deploy, _encode, _gate, _served
+from workbench.cli import main
+from workbench.core.config import RunConfig
+from workbench.core.errors import UnsupportedModelError
+from workbench.models.tiny import build_sentence_encoder, build_sentence_t5
+from workbench.preflight import check_model_limits
+
+pytestmark = pytest.mark.slow
+SCALE = '''import torch
+from sentence_transformers.base.modules import Module
+
+
+class Scale(Module):
+    config_keys = ["factor"]
+
+    def __init__(self, factor: float = 2.0):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, features, **kwargs):
+        features["sentence_embedding"] = features["sentence_embedding"] * self.factor
+        return features
+
+    def save(self, output_path, *args, **kwargs):
+        self.save_config(output_path)
+'''
+# A module whose forward leaves torch for numpy: it runs in encode(), and no trace can follow it.
+UNTRACEABLE = SCALE.replace('features["sentence_embedding"] * self.factor',
+                            'torch.from_numpy(features["sentence_embedding"].numpy() * self.factor)')
+
+
+def _with_module(source, dest, code, factor=3.0):
+    """`source` with the model's own module (`code` in scale_module.py) appended to its modules.json."""
+    shutil.copytree(source, dest)
+    (dest / "scale_module.py").write_text(code, encoding="utf-8")
+    modules = json.loads((dest / "modules.json").read_text())
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "9_Scale", "type": "scale_module.Scale"})
+    (dest / "modules.json").write_text(json.dumps(modules))
+    (dest / "9_Scale").mkdir()
+    (dest / "9_Scale" / "config.json").write_text(json.dumps({"factor": factor}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def matryoshka(tmp_path_factory):
+    """Mean pooling, Dense to 48, Normalize, and truncate_dim 16 in config_sentence_transformers.json."""
+    folder = build_sentence_encoder(tmp_path_factory.mktemp("matryoshka") / "model", pooling="mean", dense=48,
+                                    normalize=True)
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**settings, "truncate_dim": 16}))
+    return folder
+
+
+def test_a_matryoshka_model_is_served_at_its_truncate_dim_as_encode_returns(matryoshka, tmp_path):
+    config, record = _deploy(matryoshka, tmp_path)
+    pipeline = record.data["metrics"]["export"]["sentence_pipeline"]
+    assert pipeline["truncate_dim"] == 16 and pipeline["steps"][-2:] == ["Normalize", "Truncate(16)"]
+    assert record.data["metrics"]["export"]["io"]["outputs"]["sentence_embedding"] == ["batch", 16]
+    lab = record.data["metrics"]["parity"]["reference"]
+    assert "cut at truncate_dim 16" in lab["library"] and lab["passed"], lab
+    want = _encode(matryoshka, TEXTS)
+    assert want.shape == (len(TEXTS), 16)  # the library's own answer: cut after Normalize, not renormalized
+    assert np.linalg.norm(want, axis=1).max() < 0.99
+    name = record.metric("triton")["name"]
+    served = _served(tmp_path / "repos" / name, name, TEXTS, tmp_path)
+    for protocol in ("http", "grpc"):
+        max_abs, cosine = _gate(served[protocol], want)
+        assert served[protocol].shape == (len(TEXTS), 16) and max_abs < 1e-5 and cosine > 0.99999, protocol
+
+
+def test_truncate_dim_set_for_the_run_cuts_there_and_a_wider_one_is_refused(matryoshka, tmp_path):
+    narrower = RunConfig.model_validate({"model": str(matryoshka), **SMALL, "truncate_dim": 8})
+    check_model_limits(narrower)
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_model_limits(narrower.model_copy(update={"truncate_dim": 64}))
+    assert "truncate_dim 64 is wider than the 48 values" in refused.value.problem
+    assert "at most 48" in refused.value.fix
+    from workbench.core.record import RunRecord
+    from workbench.steps import export, optimize, parity
+
+    record = RunRecord.create(tmp_path / "run", narrower)
+    for step in (export, optimize, parity):
+        assert step.run(narrower, record).status == "ok", record.data["steps"]
+    assert record.data["metrics"]["export"]["io"]["outputs"]["sentence_embedding"] == ["batch", 8]
+    assert "model.truncate_dim = 8" in record.data["metrics"]["parity"]["reference"]["reference"]
+
+
+def test_a_sentence_t5_loads_its_encoder_and_is_served_as_encode_returns(tmp_path):
+    folder = build_sentence_t5(tmp_path / "st5")
+    config, record = _deploy(folder, tmp_path)
+    export = record.data["metrics"]["export"]
+    assert export["architecture"] == "t5" and export["sentence_pipeline"]["steps"] == [
+        "Transformer", "Pooling(mean)", "Dense", "Normalize"]
+    assert set(export["io"]["inputs"]) == {"input_ids", "attention_mask"}
+    want = _encode(folder, TEXTS)
+    name = record.metric("triton")["name"]
+    served = _served(tmp_path / "repos" / name, name, TEXTS, tmp_path)
+    for protocol in ("http", "grpc"):
+        max_abs, cosine = _gate(served[protocol], want)
+        assert max_abs < 1e-5 and cosine > 0.99999, (protocol, max_abs, cosine)
+
+
+def test_the_models_own_module_needs_trust_and_then_runs_in_the_graph(matryoshka, tmp_path, capsys):
+    folder = _with_module(matryoshka, tmp_path / "custom", SCALE)
+    code = main(["run", "--model", str(folder), "--steps", "export", "--output-dir", str(tmp_path / "refused")])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert code == 2 and "Scale (scale_module.Scale), a module of the model's own code" in text, text
+    assert "-p trust_remote_code=true" in text and "Traceback" not in text
+    assert not (tmp_path / "refused").exists()
+
+    from workbench.core.record import RunRecord
+    from workbench.steps import export, optimize, parity
+
+    config = RunConfig.model_validate({"model": str(folder), **SMALL, "trust_remote_code": True})
+    record = RunRecord.create(tmp_path / "run", config)
+    for step in (export, optimize, parity):
+        assert step.run(config, record).status == "ok", record.data["steps"]
+    assert record.data["metrics"]["export"]["sentence_pipeline"]["steps"][-2:] == ["Scale", "Truncate(16)"]
+    assert record.data["metrics"]["parity"]["reference"]["passed"]
+    assert record.data["metrics"]["parity"]["variants"]["fp32"]["passed"]
+
+
+def test_a_module_that_cannot_be_traced_is_refused_in_preflight_by_its_class(matryoshka, tmp_path):
+    folder = _with_module(matryoshka, tmp_path / "untraceable", UNTRACEABLE)
+    with pytest.raises(UnsupportedModelError) as refused:
+        check_model_limits(RunConfig.model_validate({"model": str(folder), "trust_remote_code": True}))
+    assert "Scale (scale_module.Scale)" in refused.value.problem and "cannot be exported" in refused.value.problem
+    assert "-p pooling=none" in refused.value.fix
