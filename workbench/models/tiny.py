@@ -122,7 +122,8 @@ def build_encoder(dest: Path, family: str = "bert", task: str = "feature-extract
     shape = TinyShape(hidden, layers, heads, inner, known.tiny_positions(positions), common)
     auto = {"feature-extraction": transformers.AutoModel,
             "sequence-classification": transformers.AutoModelForSequenceClassification,
-            "token-classification": transformers.AutoModelForTokenClassification}[task]
+            "token-classification": transformers.AutoModelForTokenClassification,
+            "fill-mask": transformers.AutoModelForMaskedLM}[task]
     hf_config = known.tiny_config(shape)
     encoder = task == "feature-extraction" and encoder_class(hf_config)  # T5: the encoder its library loads
     model = encoder(hf_config) if encoder else auto.from_config(hf_config)
@@ -208,6 +209,31 @@ def build_sentence_t5(dest: Path, dense: int = 24, seed: int = 0, truncate_dim: 
         modules = [transformer, Pooling(width, "mean"),
                    Dense(width, dense, bias=False, activation_function=torch.nn.Identity()), Normalize()]
         SentenceTransformer(modules=modules, device="cpu", truncate_dim=truncate_dim).save(str(dest))
+    return Path(dest)
+
+
+def build_sparse_encoder(dest: Path, pooling: str = "max", offset: float = -3.0, seed: int = 0,
+                         prompts: dict[str, str] | None = None, max_active_dims: int | None = None) -> Path:
+    """A tiny SPLADE saved by sentence-transformers' SparseEncoder: a BERT masked language model (Transformer,
+    fill-mask) -> SpladePooling (`pooling` max or sum of log(1 + relu(logits)) over the tokens), with `prompts` and
+    `max_active_dims` in its config. Random weights make every logit about as likely positive as negative; the
+    vocabulary bias is moved by `offset` so a text keeps 10 to 50 of its 600 terms
+    active, as a trained SPLADE keeps tens of its 30,000."""
+    import tempfile
+
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build_encoder(Path(tmp) / "mlm", "bert", "fill-mask", seed=seed, initializer_range=0.2)
+        transformer = Transformer(str(base), transformer_task="fill-mask")
+        with torch.no_grad():
+            transformer.auto_model.get_output_embeddings().bias.add_(offset)
+        model = SparseEncoder(modules=[transformer, SpladePooling(pooling)], device="cpu", prompts=prompts,
+                              max_active_dims=max_active_dims)
+        model.save(str(dest))
     return Path(dest)
 
 
