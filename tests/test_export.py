@@ -7,7 +7,7 @@ import torch
 from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import ExportError, OpsetError
+from workbench.core.errors import ConfigError, ExportError, OpsetError
 from workbench.core.record import RunRecord
 from workbench.models.loading import load_model
 from workbench.models.tiny import build_encoder
@@ -79,3 +79,31 @@ def test_family_the_exporter_cannot_handle_at_an_opset_is_a_typed_error(tmp_path
     assert "-p opset=17" in info.value.fix
     assert record.data["steps"]["export"]["status"] == "failed"
     assert not list((tmp_path / "run" / "onnx").glob("*.onnx"))
+
+
+def test_a_classifier_folder_run_without_a_task_follows_its_head(tiny_models, tmp_path, capsys):
+    """task auto (the default): a folder without sentence-transformers files whose config.json names a sequence or
+    token classifier's head is exported for that head's task, said first and recorded with why; a set task wins."""
+    config = RunConfig(model=str(tiny_models["bert-seqcls"]))
+    assert config.task == "auto"
+    record = RunRecord.create(tmp_path / "run", config)
+    capsys.readouterr()
+    metrics = export.run(config, record).metrics
+    reason = ("auto: follows the head config.json names (BertForSequenceClassification); -p task=feature-extraction "
+              "for its embeddings")
+    assert metrics["task"] == "sequence-classification" and metrics["task_reason"] == reason
+    assert metrics["io"]["outputs"] == {"logits": ["batch", 3]}, "the head is kept, not mean-pooled away"
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].endswith("started") and said[1].endswith(f"task sequence-classification: {reason}")
+    assert export.lines(record)[0] == f"task sequence-classification: {reason}"
+    assert RunConfig(model=str(tiny_models["bert-tokcls"])).task_choice.name == "token-classification"
+    assert "no sequence or token classifier's head in config.json's architectures (BertModel)" in RunConfig(
+        model=str(tiny_models["bert"])).task_choice.reason
+    with pytest.raises(ConfigError) as refused:  # pooling on a followed head: the fix names the embeddings' task
+        RunConfig(model=str(tiny_models["bert-seqcls"]), pooling="cls").check_pooling_task()
+    assert refused.value.fix.endswith("or -p task=feature-extraction for its embeddings")
+    embeddings = RunConfig(model=str(tiny_models["bert-seqcls"]), task="feature-extraction")
+    record = RunRecord.create(tmp_path / "embeddings", embeddings)
+    metrics = export.run(embeddings, record).metrics
+    assert metrics["task_reason"] == "set: task=feature-extraction"
+    assert list(metrics["io"]["outputs"]) == ["token_embeddings", "sentence_embedding"]

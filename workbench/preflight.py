@@ -121,10 +121,10 @@ def check_model_limits(config: RunConfig) -> None:
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
-    task, problems = TASKS[config.task], Problems()
+    task, problems = TASKS[config.task_choice.name], Problems()
     problems.check(config.check_pooling_task)
     pipeline = problems.check(read_pipeline, source.location, config.trust_remote_code) \
-        if config.task == "feature-extraction" else None
+        if task.name == "feature-extraction" else None
     pipeline = with_truncation(pipeline, config.truncate_dim) if pipeline is not None else None
     problems.check(check_supported, hf_config, task, pipeline is not None and pipeline.declared)
     if not any(isinstance(p, UnsupportedModelError) for p in problems.found):  # an architecture that has the task

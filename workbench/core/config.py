@@ -19,7 +19,7 @@ from workbench.core import dotted
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.flavor import Flavor
-from workbench.core.tasks import TASKS, OutputSpec, served_outputs
+from workbench.core.tasks import AUTO, TASKS, OutputSpec, TaskChoice, choose_task, served_outputs
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Settings that existed once, and what replaces them.
@@ -482,7 +482,9 @@ class RunConfig(_Strict):
     """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
 
     model: str = Field(DEFAULT_MODEL, description="HF model id, local folder, or the embedded default")
-    task: str = "feature-extraction"
+    task: str = Field(default=AUTO, description=(
+        "auto: the task of the head a model folder's config.json names (a sequence or token classifier) where it has "
+        "no sentence-transformers files, else feature-extraction; recorded with why in metrics.export"))
     pooling: Literal["auto", "mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean", "none"] = Field(
         default="auto", description=(
             "feature extraction: auto reads the model's sentence-transformers files (1_Pooling/config.json), mean "
@@ -535,8 +537,8 @@ class RunConfig(_Strict):
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+        if task not in TASKS and task != AUTO:
+            raise ValueError(f"unknown task {task!r}; known tasks: {AUTO}, {', '.join(TASKS)}")
         return task
 
     @field_validator("steps")
@@ -561,12 +563,12 @@ class RunConfig(_Strict):
             close = {n: RENAMED_OUTPUTS.get(n) or next(iter(difflib.get_close_matches(n, outputs, n=1)), None)
                      for n in unknown}
             hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
-            raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task} with pooling "
+            raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task_choice.name} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
         unserved = [name for name in self.triton.outputs or () if name not in outputs]
         if unserved:
-            raise ValueError(f"triton.outputs names {unserved}, which {self.task} with pooling {self.pooling} does "
-                             f"not produce; choose among: {', '.join(outputs)}")
+            raise ValueError(f"triton.outputs names {unserved}, which {self.task_choice.name} with pooling "
+                             f"{self.pooling} does not produce; choose among: {', '.join(outputs)}")
         return self
 
     @model_validator(mode="after")
@@ -585,18 +587,24 @@ class RunConfig(_Strict):
     def check_pooling_task(self) -> None:
         """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
         (ConfigError, from preflight with the model's problems, or when a step loads the model)."""
-        if self.task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or
-                                                  self.truncate_dim):
+        task = self.task_choice.name
+        if task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or self.truncate_dim):
             chosen = (f"truncate_dim={self.truncate_dim}" if self.truncate_dim else "pooling_override=true"
                       if self.pooling == "auto" else f"pooling={self.pooling}")
-            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {self.task} returns its "
+            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns its "
                               "classifier's logits",
-                              "drop -p pooling, -p pooling_override and -p truncate_dim for this task")
+                              "drop -p pooling, -p pooling_override and -p truncate_dim for this task"
+                              + (", or -p task=feature-extraction for its embeddings" if self.task == AUTO else ""))
 
     @property
     def output_specs(self) -> tuple[OutputSpec, ...]:
         """The graph outputs this configuration exports, in order."""
-        return TASKS[self.task].outputs(self.pooling != "none", self.token_embeddings)
+        return TASKS[self.task_choice.name].outputs(self.pooling != "none", self.token_embeddings)
+
+    @property
+    def task_choice(self) -> TaskChoice:
+        """The task this run exports (`task`, or the one `auto` reads from the model's files) and why."""
+        return choose_task(self.task, self.model)
 
     @property
     def served_specs(self) -> tuple[OutputSpec, ...]:

@@ -179,6 +179,8 @@ class ModelOrigin(Metrics):
 
 class ExportMetrics(Metrics):
     source: ModelOrigin | None = None
+    task: str | None = None  # the task the graph was exported for (older records: not recorded)
+    task_reason: str | None = None  # why: the task setting, or what `task: auto` read in the model's files
     architecture: str
     optimizer_model_type: str | None = None
     num_heads: int

@@ -1,8 +1,10 @@
 """Task registry: what each task's exported graph takes and returns."""
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -147,3 +149,48 @@ def score_output(activation: str) -> OutputSpec:
     """A sequence classifier's served `score` as parity compares it: the best label's probability after a softmax,
     else every label's score."""
     return OutputSpec(SCORE, (BATCH, "best" if activation == "softmax" else "labels"), "scores")
+
+
+AUTO = "auto"  # the task setting's default: the task the model's head names (`choose_task`)
+HEAD_TASKS = {"ForSequenceClassification": "sequence-classification", "ForTokenClassification": "token-classification"}
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    """The task a run exports and why (`choose_task`)."""
+
+    name: str
+    reason: str
+
+
+def choose_task(task: str, model: str) -> TaskChoice:
+    """`task` as set; auto: where `model` is a local folder without sentence-transformers files (modules.json) whose
+    config.json `architectures` name a sequence or token classifier's head, the task of that head, else
+    feature-extraction (an embedding model's task)."""
+    if task != AUTO:
+        return TaskChoice(task, f"set: task={task}")
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return TaskChoice("feature-extraction", "auto: not a local folder, so no head is read before it loads: its "
+                                                "embeddings (-p task=sequence-classification or token-classification "
+                                                "for a classifier's head)")
+    if (folder / "modules.json").is_file():
+        return TaskChoice("feature-extraction", "auto: a sentence-transformers folder (modules.json)")
+    architectures = _architectures(folder)
+    for architecture in architectures:
+        for suffix, head in HEAD_TASKS.items():
+            if architecture.endswith(suffix):
+                return TaskChoice(head, f"auto: follows the head config.json names ({architecture}); -p "
+                                        "task=feature-extraction for its embeddings")
+    named = f" ({', '.join(architectures)})" if architectures else ""
+    return TaskChoice("feature-extraction", f"auto: no sequence or token classifier's head in config.json's "
+                                            f"architectures{named}: the encoder's embeddings")
+
+
+def _architectures(folder: Path) -> list[str]:
+    """The class names config.json's `architectures` lists (none where it cannot be read: loading says why)."""
+    try:
+        found = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [name for name in found if isinstance(name, str)] if isinstance(found, list) else []

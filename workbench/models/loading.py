@@ -553,7 +553,7 @@ def check_task_head(source: ModelSource, hf_config: PretrainedConfig, task: Task
 
 
 def load_model(config: RunConfig) -> LoadedModel:
-    """Load tokenizer and torch model for `config.task`, in eval mode with the configured attention; the model's
+    """Load tokenizer and torch model for `config.task_choice`, in eval mode with the configured attention; the model's
     sentence-transformers pipeline (feature extraction) and the run's sequence range are settled before the weights
     load."""
     import torch
@@ -562,7 +562,7 @@ def load_model(config: RunConfig) -> LoadedModel:
     if config.threads:
         torch.set_num_threads(config.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    task = TASKS[config.task]
+    task = TASKS[config.task_choice.name]
     config.check_pooling_task()
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)

@@ -29,7 +29,7 @@ from workbench.core.memory import first_to_go
 from workbench.core.progress import use_text_bars
 from workbench.core.quiet import quiet_known_warnings
 from workbench.core.record import RECORD_NAME, RunRecord, described, settings_changes
-from workbench.core.tasks import TASKS
+from workbench.core.tasks import AUTO, TASKS
 
 SHIPPED_NOTEBOOKS = Path(sys.prefix) / "share" / "workbench" / "notebooks"  # where a wheel install puts them
 
@@ -66,7 +66,8 @@ class Parameter:
 
 PARAMETERS = (
     Parameter("model", "model", "str", "HF model id or local folder; the default is embedded in a pip package"),
-    Parameter("task", "task", "str", ", ".join(TASKS)),
+    Parameter("task", "task", "str", f"{AUTO} (the head a folder's config.json names, else feature-extraction), "
+              + ", ".join(TASKS)),
     Parameter("pooling", "pooling", "str", "feature-extraction: auto (the model's sentence-transformers files, else "
               "mean), mean, cls, max, lasttoken, ... or none"),
     Parameter("precisions", "precisions", "list or auto", "ONNX variants to build and check: a list of fp32, fp16, "

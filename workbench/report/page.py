@@ -13,7 +13,7 @@ from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import HostEnvironment
+from workbench.core.results import ExportMetrics, HostEnvironment
 from workbench.report.figures import Snippet
 from workbench.report.recommend import recommend
 
@@ -158,12 +158,14 @@ def build_report(record: RunRecord, dest: Path, steps: tuple[Declared, ...]) -> 
         rendered.append({"title": title, "text": text, "figures": html_parts})
     env = record.environment
     config = record.config
+    export = record.results_of(ExportMetrics)
     headline, warnings = opening(record, steps)
     entries = [entry for entry in record.step_entries() if entry.status != StepStatus.RUNNING]
     templates = jinja2.Environment(autoescape=True)
     templates.filters["code"] = code
     page = templates.from_string(TEMPLATE.read_text(encoding="utf-8")).render(
-        title=f"{config.model} · {config.task}", created=record.created,
+        title=f"{config.model} · {export.task if export and export.task else config.task_choice.name}",
+        created=record.created,
         environment=f"{env.cpu} ({env.cpu_count} cores{_features(env)}), GPU: {env.gpu or 'none'}, "
                     f"onnxruntime {env.packages.get('onnxruntime') or env.packages.get('onnxruntime-gpu')}",
         settings=", ".join(record.own_settings()) or "none",

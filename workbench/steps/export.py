@@ -110,8 +110,11 @@ def _export_errors(loaded: LoadedModel, config: RunConfig) -> Iterator[None]:
 
 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
-    """Export the configured model; record the graph, the tokenizer folder and export metrics."""
+    """Export the configured model for its task (said first: which and why); record the graph, the tokenizer folder
+    and export metrics."""
     with record.step(STEP):
+        task = config.task_choice
+        record.phase(task_line(task.name, task.reason))
         check_opset(config.exporter, config.opset)
         start = time.perf_counter()
         loaded = load_model(config)
@@ -125,6 +128,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         graph = export_onnx(loaded, config, dest)
         metrics = {
             "source": {"kind": loaded.source.kind, "location": loaded.source.location},
+            "task": task.name,
+            "task_reason": task.reason,
             "architecture": loaded.architecture,
             "optimizer_model_type": loaded.optimizer_model_type,
             "num_heads": loaded.num_heads,
@@ -154,9 +159,10 @@ def lines(record: RunRecord) -> list[str]:
     info = record.export_info()
     dynamic = [name for name, axes in info.io.inputs.items() if axes[:2] == ["batch", "sequence"]]
     size = f"{info.parameters:,} parameters" if info.parameters is not None else "the model"
-    lines = [f"{info.architecture}: {size} exported to ONNX opset {info.opset} "
-             f"({info.nodes} nodes, onnx.checker passed); batch and sequence axes dynamic on "
-             f"{len(dynamic)} of {len(info.io.inputs)} inputs"]
+    lines = [task_line(info.task, info.task_reason)] if info.task and info.task_reason else []
+    lines += [f"{info.architecture}: {size} exported to ONNX opset {info.opset} "
+              f"({info.nodes} nodes, onnx.checker passed); batch and sequence axes dynamic on "
+              f"{len(dynamic)} of {len(info.io.inputs)} inputs"]
     sequence = info.sequence
     if sequence:
         lines.append(f"tokens per text: {sequence.min}-{sequence.max} (opt {sequence.opt}); max "
@@ -172,6 +178,11 @@ def lines(record: RunRecord) -> list[str]:
                      f"similarity {pipeline.similarity}{override}"
                      + "".join(f"; {option}" for option in options))
     return lines
+
+
+def task_line(task: str, reason: str) -> str:
+    """The task the graph is exported for and why, in words."""
+    return f"task {task}: {reason}"
 
 
 def pipeline_text(pipeline: PipelineSummary, run_max: int | None = None) -> str:

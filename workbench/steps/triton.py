@@ -169,7 +169,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     with the configured Triton settings."""
     from transformers import AutoConfig
 
-    flavor = flavor or choose_flavor(config.triton.flavor, config.device, config.task)
+    flavor = flavor or choose_flavor(config.triton.flavor, config.device, config.task_choice.name)
     variant = variant or candidate_variants(config, record, flavor)[0]
     outputs = config.served_specs
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
@@ -177,7 +177,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     hf_config = AutoConfig.from_pretrained(folder) if classifies else None
     id2label = {str(k): v for k, v in hf_config.id2label.items()} if hf_config else {}
     activation = head_activation(hf_config.problem_type, hf_config.num_labels) \
-        if hf_config and config.task == "sequence-classification" else "softmax"
+        if hf_config and config.task_choice.name == "sequence-classification" else "softmax"
     export = record.export_info()
     request = ServingRequest(
         name=config.triton.name or config.model_slug, flavor=flavor,
@@ -246,7 +246,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
         loaded = load_model(config)
-        flavor = choose_flavor(config.triton.flavor, config.device, config.task)  # chosen once, recorded
+        flavor = choose_flavor(config.triton.flavor, config.device, config.task_choice.name)  # chosen once, recorded
         candidates = candidate_variants(config, record, flavor)  # ordered once, recorded
         served_failures: dict[str, list[str]] = {}
         while not deploy_first_passing(config, record, flavor, candidates, loaded, served_failures):

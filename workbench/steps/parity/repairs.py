@@ -52,7 +52,7 @@ def repair_plan(config: RunConfig, budget_s: float) -> RepairPlan:
 
 def serving_order(config: RunConfig, record: RunRecord) -> tuple[str, ...]:
     """The variants the run's deployment would serve, best first (`serving.plan.preference`)."""
-    flavor = choose_flavor(config.triton.flavor, config.device, config.task)
+    flavor = choose_flavor(config.triton.flavor, config.device, config.task_choice.name)
     return recorded_preference(flavor, record.results_of(OptimizeMetrics), record.results_of(ParityMetrics))[0]
 
 
