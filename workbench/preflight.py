@@ -107,7 +107,7 @@ def check_model_limits(config: RunConfig) -> None:
     """The model resolves, its architecture suits the task (and its weights hold the task's head), its
     sentence-transformers pipeline (feature extraction) can be exported and agrees with `pooling`, and `sequence`
     fits its limits: every problem found, in one refusal."""
-    from workbench.core.tasks import TASKS
+    from workbench.core.tasks import PIPELINE_TASKS, TASKS
     from workbench.models.loading import (
         check_decoder_padding,
         check_supported,
@@ -123,8 +123,8 @@ def check_model_limits(config: RunConfig) -> None:
     hf_config = load_config(source, config.trust_remote_code)
     task, problems = TASKS[config.task_choice.name], Problems()
     problems.check(config.check_pooling_task)
-    pipeline = problems.check(read_pipeline, source.location, config.trust_remote_code) \
-        if task.name == "feature-extraction" else None
+    pipeline = problems.check(read_pipeline, source.location, config.trust_remote_code, task.name) \
+        if task.name in PIPELINE_TASKS else None
     pipeline = with_truncation(pipeline, config.truncate_dim) if pipeline is not None else None
     problems.check(check_supported, hf_config, task, pipeline is not None and pipeline.declared)
     if not any(isinstance(p, UnsupportedModelError) for p in problems.found):  # an architecture that has the task

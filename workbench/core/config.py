@@ -196,6 +196,10 @@ class Tolerance(_Strict):
         "embeddings: rank correlation of all pairwise similarities with PyTorch's"))
     min_kendall_tau: float | None = Field(default=None, ge=-1, le=1, description=(
         "rerankers: mean Kendall tau of each query's document order against the reference's"))
+    min_top_k_overlap: float | None = Field(default=None, ge=0, le=1, description=(
+        "sparse embeddings: the smallest share, over texts, of the reference's 20 heaviest terms among the variant's"))
+    max_dot_error: float | None = Field(default=None, ge=0, description=(
+        "sparse embeddings: the largest error of a pair of texts' dot product, relative to the largest reference one"))
 
 
 # Docker's image reference grammar (distribution/reference), lowercase throughout: a registry host[:port] and
@@ -591,8 +595,8 @@ class RunConfig(_Strict):
         if task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or self.truncate_dim):
             chosen = (f"truncate_dim={self.truncate_dim}" if self.truncate_dim else "pooling_override=true"
                       if self.pooling == "auto" else f"pooling={self.pooling}")
-            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns its "
-                              "classifier's logits",
+            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns "
+                              f"{TASKS[task].description}",
                               "drop -p pooling, -p pooling_override and -p truncate_dim for this task"
                               + (", or -p task=feature-extraction for its embeddings" if self.task == AUTO else ""))
 

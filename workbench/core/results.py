@@ -78,14 +78,16 @@ class OutputResult(Metrics):
     max_prob_shift: float | None = None
     retrieval: dict[str, float | int] | None = None  # neighbour agreement over the corpus (embedding outputs)
     ranking: dict[str, float | int] | None = None  # each query's document order (a reranker's scores)
+    sparse: dict[str, float | int] | None = None  # active terms and dot products (a sparse embedding)
     failures: list[str] = Field(default_factory=list)
     violation: float = 0.0  # how far past its gate (0 where it passes)
     gated: bool = True  # whether it decides the variant's verdict: the deployment serves it
 
     @property
     def order(self) -> dict[str, float | int]:
-        """The neighbour or document-order metrics: retrieval for embeddings, ranking for rerankers."""
-        return self.retrieval or self.ranking or {}
+        """The neighbour, document-order or term metrics: retrieval for embeddings, ranking for rerankers, sparse for
+        sparse embeddings."""
+        return self.retrieval or self.ranking or self.sparse or {}
 
 
 class WorstText(Metrics):
@@ -154,6 +156,7 @@ class PipelineSummary(Metrics):
     default_prompt_name: str | None = None
     similarity: str = "cosine"
     truncate_dim: int | None = None  # the embedding's first values the graph returns (encode(truncate_dim=...))
+    max_active_dims: int | None = None  # a sparse encoder's heaviest terms kept (encode(max_active_dims=...))
     override: str | None = None  # the pooling_override, said in words
 
 

@@ -118,6 +118,21 @@ def served_outputs(outputs: tuple[OutputSpec, ...], chosen: list[str] | None) ->
     return tuple(o for o in outputs if o.name in chosen)
 
 
+class SparseEmbedding(Task):
+    """A sentence-transformers SparseEncoder (SPLADE): the masked language model's logits per token, pooled by the
+    model's own modules (SpladePooling: log(1 + relu) then max or sum over the tokens) into one weight per vocabulary
+    term: `sentence_embedding` as `SparseEncoder.encode()` returns it, dense, mostly zeros; the deployment serves
+    its active terms."""
+
+    def outputs(self, pooled: bool = True, token_embeddings: bool = True) -> tuple[OutputSpec, ...]:
+        return (OutputSpec(SENTENCE_EMBEDDING, (BATCH, "vocabulary"), "sparse"),)
+
+    def forward(self, model, inputs, head):
+        logits = model(**inputs).logits
+        return {SENTENCE_EMBEDDING: head({TOKEN_EMBEDDINGS: logits, "attention_mask": inputs["attention_mask"]}
+                                         )[SENTENCE_EMBEDDING]}
+
+
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
@@ -129,6 +144,8 @@ TASKS: dict[str, Task] = {
                "a cross-encoder's scores for (query, document) pairs"),
         TokenClassification("token-classification", "AutoModelForTokenClassification",
                             "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "one label per token"),
+        SparseEmbedding("sparse-embedding", "AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                        "a sparse encoder's (SPLADE) weight per vocabulary term"),
     )
 }
 
@@ -151,7 +168,12 @@ def score_output(activation: str) -> OutputSpec:
     return OutputSpec(SCORE, (BATCH, "best" if activation == "softmax" else "labels"), "scores")
 
 
+# The tasks whose graph runs a sentence-transformers pipeline after the transformer (its modules.json, read first).
+PIPELINE_TASKS = ("feature-extraction", "sparse-embedding")
 AUTO = "auto"  # the task setting's default: the task the model's head names (`choose_task`)
+# The task that exports what a sentence-transformers model class computes (`SentenceTransformer`: feature-extraction).
+LIBRARY_TASKS = {"SentenceTransformer": "feature-extraction", "SparseEncoder": "sparse-embedding",
+                 "CrossEncoder": "rerank"}
 HEAD_TASKS = {"ForSequenceClassification": "sequence-classification", "ForTokenClassification": "token-classification"}
 
 
@@ -164,9 +186,10 @@ class TaskChoice:
 
 
 def choose_task(task: str, model: str) -> TaskChoice:
-    """`task` as set; auto: where `model` is a local folder without sentence-transformers files (modules.json) whose
-    config.json `architectures` name a sequence or token classifier's head, the task of that head, else
-    feature-extraction (an embedding model's task)."""
+    """`task` as set; auto: where `model` is a local folder saved by sentence-transformers' SparseEncoder or
+    CrossEncoder, the task that exports it; one without sentence-transformers files (modules.json) whose config.json
+    `architectures` name a sequence or token classifier's head, the task of that head; else feature-extraction (an
+    embedding model's task)."""
     if task != AUTO:
         return TaskChoice(task, f"set: task={task}")
     folder = Path(model).expanduser()
@@ -175,7 +198,10 @@ def choose_task(task: str, model: str) -> TaskChoice:
                                                 "embeddings (-p task=sequence-classification or token-classification "
                                                 "for a classifier's head)")
     if (folder / "modules.json").is_file():
-        return TaskChoice("feature-extraction", "auto: a sentence-transformers folder (modules.json)")
+        kind = _sentence_kind(folder)
+        return TaskChoice(LIBRARY_TASKS.get(kind, "feature-extraction"),
+                          f"auto: a sentence-transformers {kind} (modules.json; config_sentence_transformers.json "
+                          "names the class)")
     architectures = _architectures(folder)
     for architecture in architectures:
         for suffix, head in HEAD_TASKS.items():
@@ -185,6 +211,16 @@ def choose_task(task: str, model: str) -> TaskChoice:
     named = f" ({', '.join(architectures)})" if architectures else ""
     return TaskChoice("feature-extraction", f"auto: no sequence or token classifier's head in config.json's "
                                             f"architectures{named}: the encoder's embeddings")
+
+
+def _sentence_kind(folder: Path) -> str:
+    """The sentence-transformers model class a folder was saved by (SentenceTransformer where it does not say)."""
+    try:
+        found = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "SentenceTransformer"
+    kind = found.get("model_type") if isinstance(found, dict) else None
+    return kind if isinstance(kind, str) else "SentenceTransformer"
 
 
 def _architectures(folder: Path) -> list[str]:

@@ -15,6 +15,20 @@ class Truncate(torch.nn.Module):
         return {**features, "sentence_embedding": features["sentence_embedding"][..., :self.dim]}
 
 
+class KeepTop(torch.nn.Module):
+    """A sparse encoder's encode(max_active_dims=k): the `k` largest weights of each row kept, the others zero."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        embedding = features["sentence_embedding"]
+        values, ids = torch.topk(embedding.abs(), min(self.k, embedding.shape[-1]), dim=-1)
+        kept = torch.zeros_like(embedding).scatter(-1, ids, embedding.gather(-1, ids))
+        return {**features, "sentence_embedding": kept}
+
+
 class FeaturesToEmbedding(torch.nn.Module):
     """A head (features dict in and out) taking token embeddings and the attention mask positionally and returning
     the sentence embedding, as torch.onnx traces a module."""

@@ -24,7 +24,7 @@ from workbench.core.errors import (
     ZippedModelError,
 )
 from workbench.core.pins import pin, project_version
-from workbench.core.tasks import INPUT_NAMES, POOLING_MASK, TASKS, Task
+from workbench.core.tasks import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task
 from workbench.models.families import family
 from workbench.models.sentence import (
     SentencePipeline,
@@ -447,10 +447,11 @@ def load_config(source: ModelSource, trust_remote_code: bool = False) -> Any:
 
 
 def check_supported(hf_config: PretrainedConfig, task: Task, embedder: bool = False) -> None:
-    """Accept any encoder-only architecture transformers loads with the task's auto class, and a decoder-only one
-    with a sentence-transformers pipeline (`embedder`: a decoder embedder); refuse other generators."""
+    """Accept any encoder-only architecture transformers loads with the task's auto class, a decoder-only one
+    with a sentence-transformers pipeline (`embedder`: a decoder embedder) and an encoder-decoder's encoder its
+    library embeds with (sentence-T5); refuse other generators."""
     kind = generative_kind(hf_config)
-    if kind == "seq2seq" and task.name == "feature-extraction" and encoder_class(hf_config) is not None:
+    if kind == "seq2seq" and task.name == "feature-extraction" and encoder_class(hf_config, embedder):
         kind = None  # its library embeds with the encoder alone (T5EncoderModel for sentence-T5)
     if kind and not (embedder and kind == "decoder-only"):
         raise UnsupportedModelError(
@@ -462,7 +463,8 @@ def check_supported(hf_config: PretrainedConfig, task: Task, embedder: bool = Fa
         )
     custom = getattr(hf_config, "auto_map", None) or {}
     if hf_config.model_type not in task.architectures() and task.auto_class not in custom:
-        others = [t.name for t in TASKS.values() if hf_config.model_type in t.architectures()]
+        others = [t.name for t in TASKS.values() if hf_config.model_type in t.architectures()
+                  and t.name != "sparse-embedding"]  # that one reads a SparseEncoder's folder, not any masked LM
         raise UnsupportedModelError(
             f"transformers has no {task.auto_class} for architecture {hf_config.model_type!r}, so it cannot be "
             f"exported for {task.name}",
@@ -543,7 +545,10 @@ def check_task_head(source: ModelSource, hf_config: PretrainedConfig, task: Task
     with torch.device("meta"):
         model = getattr(transformers, task.auto_class).from_config(hf_config)
     prefix = f"{model.base_model_prefix}."
-    missing = [key for key in model.state_dict() if not key.startswith(prefix) and key not in keys]
+    tensors = model.state_dict(keep_vars=True)
+    saved = {id(tensor) for key, tensor in tensors.items() if key in keys}  # a tied head shares its embeddings'
+    missing = [key for key, tensor in tensors.items()
+               if not key.startswith(prefix) and key not in keys and id(tensor) not in saved]
     if missing:
         raise UnsupportedModelError(
             f"task={task.name} needs {type(model).__name__}'s head ({', '.join(missing)}), and the weights in "
@@ -566,8 +571,8 @@ def load_model(config: RunConfig) -> LoadedModel:
     config.check_pooling_task()
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
-    pipeline = with_truncation(read_pipeline(source.location, config.trust_remote_code), config.truncate_dim) \
-        if task.name == "feature-extraction" else None
+    pipeline = with_truncation(read_pipeline(source.location, config.trust_remote_code, task.name),
+                               config.truncate_dim) if task.name in PIPELINE_TASKS else None
     check_supported(hf_config, task, pipeline is not None and pipeline.declared)
     check_task_head(source, hf_config, task)
     tokenizer = load_tokenizer(source, config.trust_remote_code)
@@ -582,7 +587,9 @@ def load_model(config: RunConfig) -> LoadedModel:
     limit = sequence_limit(hf_config, tokenizer, pipeline)
     sequence = config.sequence.resolve(limit.tokens, limit.source)
     # The class the model's library loads: an encoder-decoder's encoder alone for an embedder (sentence-T5)
-    auto = (pipeline is not None and encoder_class(hf_config)) or getattr(transformers, task.auto_class)
+    declared = pipeline is not None and pipeline.declared
+    auto = (task.name == "feature-extraction" and encoder_class(hf_config, declared)) or \
+        getattr(transformers, task.auto_class)
     model = _from_pretrained(auto, source, "model", trust_remote_code=config.trust_remote_code,
                              attn_implementation=config.attn_implementation)
     model.eval()

@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING, Any
 from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
 from workbench.core.quiet import quiet_tracer
 from workbench.core.results import PipelineSummary
+from workbench.core.tasks import LIBRARY_TASKS
 
 if TYPE_CHECKING:
     import torch
-    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer, SparseEncoder
     from transformers import PretrainedConfig
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
 # The library's modules after the Transformer that the exported graph holds (Dropout is the identity at inference);
 # a module of the model's own code (trust_remote_code) is held where it traces (`check_head`).
-HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout")
+HEAD_MODULES = ("Pooling", "Dense", "Normalize", "LayerNorm", "Dropout", "SpladePooling")
 LIBRARY_PREFIX = "sentence_transformers."
 DEFAULT_POOLING = "mean"  # what sentence-transformers builds for a plain transformers encoder
 
@@ -50,6 +51,7 @@ class SentencePipeline:
     location: str
     declared: bool
     modules: tuple[ModuleRef, ...] = ()
+    kind: str = "SentenceTransformer"  # the library class that loads it (SparseEncoder: a SPLADE)
     pooling: str = DEFAULT_POOLING
     include_prompt: bool = True
     do_lower_case: bool = False
@@ -58,6 +60,7 @@ class SentencePipeline:
     default_prompt_name: str | None = None
     similarity: str = "cosine"
     truncate_dim: int | None = None  # encode() returns the first truncate_dim values (Matryoshka), as the files say
+    max_active_dims: int | None = None  # a sparse encoder's encode() keeps this many heaviest terms
 
     @property
     def normalized(self) -> bool:
@@ -73,6 +76,7 @@ class SentencePipeline:
             return ["Transformer"]
         names = [m.name for m in self.modules] if self.declared else ["Pooling"]
         cut = [f"Truncate({self.truncate_dim})"] if self.truncate_dim else []
+        cut += [f"KeepTop({self.max_active_dims})"] if self.max_active_dims else []
         return ["Transformer", *(f"Pooling({mode})" if name == "Pooling" else name for name in names), *cut]
 
     def prompt(self, name: str | None) -> str:
@@ -97,7 +101,7 @@ class SentencePipeline:
             declared_pooling=self.pooling, normalize=self.normalized, dense_layers=self.dense_layers,
             max_seq_length=self.max_seq_length, prompts=self.prompts, include_prompt=self.include_prompt,
             do_lower_case=self.do_lower_case, default_prompt_name=self.default_prompt_name,
-            similarity=self.similarity, truncate_dim=self.truncate_dim)
+            similarity=self.similarity, truncate_dim=self.truncate_dim, max_active_dims=self.max_active_dims)
         if overridden:
             result.override = f"pooling {mode} instead of the declared {self.pooling} (pooling_override)"
         return result
@@ -113,10 +117,12 @@ def _json(location: str, filename: str, subfolder: str = "") -> dict[str, Any] |
         return json.load(handle)
 
 
-def read_pipeline(location: str, trust_remote_code: bool = False) -> SentencePipeline:
+def read_pipeline(location: str, trust_remote_code: bool = False, task: str = "feature-extraction"
+                  ) -> SentencePipeline:
     """The pipeline the model's files declare, read without loading any weights (the library's own config readers
-    and class loader); UnsupportedModelError for a module the exported graph cannot hold, or the model's own code
-    while `trust_remote_code` is off."""
+    and class loader), for `task` (a SentenceTransformer's feature-extraction, a SparseEncoder's sparse-embedding);
+    UnsupportedModelError for a model class `task` does not export, a module the exported graph cannot hold, or the
+    model's own code while `trust_remote_code` is off."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
@@ -125,18 +131,24 @@ def read_pipeline(location: str, trust_remote_code: bool = False) -> SentencePip
     # name encode(prompt_name=...) takes, for a folder without sentence-transformers files too.
     defaults = dict.fromkeys(getattr(SentenceTransformer, "_default_prompts", {}), "")
     listed = _json(location, "modules.json")
+    if (not isinstance(listed, list) or not listed) and task == "sparse-embedding":
+        raise UnsupportedModelError(
+            f"{location} has no sentence-transformers files (modules.json): sparse-embedding exports a "
+            "SparseEncoder's folder (its masked language model, then SpladePooling)",
+            "save the model with sentence_transformers.SparseEncoder(...).save(folder) and pass that folder, or "
+            "leave task at auto")
     if not isinstance(listed, list) or not listed:
         return SentencePipeline(location, declared=False, prompts=defaults)
     settings = _json(location, "config_sentence_transformers.json") or {}
     assert isinstance(settings, dict)
     kind = settings.get("model_type", "SentenceTransformer")
-    if kind != "SentenceTransformer":
+    if LIBRARY_TASKS.get(kind) != task:
+        wanted = next(name for name, exported in LIBRARY_TASKS.items() if exported == task)
         raise UnsupportedModelError(
-            f"{location} is a sentence-transformers {kind}, not a SentenceTransformer: feature extraction exports "
-            "embedding models" + (" (a CrossEncoder scores (query, document) pairs)" if kind == "CrossEncoder"
-                                  else ""),
-            "-p task=rerank exports a CrossEncoder: pair inputs, its logits and the scores predict() returns"
-            if kind == "CrossEncoder" else
+            f"{location} is a sentence-transformers {kind}, not a {wanted}: {task} exports {wanted} models"
+            + (" (a CrossEncoder scores (query, document) pairs)" if kind == "CrossEncoder" else ""),
+            f"-p task={LIBRARY_TASKS[kind]} exports a {kind} (or leave task at auto: it reads the model class)"
+            if kind in LIBRARY_TASKS else
             "export the transformers model inside it with -p task=... , or pick a SentenceTransformer folder")
     first = module_class(location, listed[0]["type"], trust_remote_code)
     if not issubclass(first, Transformer):
@@ -155,6 +167,11 @@ def read_pipeline(location: str, trust_remote_code: bool = False) -> SentencePip
             "export the token embeddings alone with -p pooling=none and pool outside the graph")
     pooling, include_prompt = DEFAULT_POOLING, True
     for module in modules:
+        if module.name == "SpladePooling" and not module.custom:
+            from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+            splade = SpladePooling.load_config(location, subfolder=module.path)
+            pooling = f"splade-{splade.get('pooling_strategy', 'max')}"
         if module.name == "Pooling" and not module.custom:
             pooling_settings = Pooling.load_config(location, subfolder=module.path)
             mode = pooling_settings.get("pooling_mode", DEFAULT_POOLING)
@@ -165,13 +182,13 @@ def read_pipeline(location: str, trust_remote_code: bool = False) -> SentencePip
     assert isinstance(tokenizer, dict)
     prompts = {**defaults, **{name: text or "" for name, text in (settings.get("prompts") or {}).items()}}
     return SentencePipeline(
-        location, declared=True, modules=modules, pooling=pooling, include_prompt=include_prompt,
+        location, declared=True, modules=modules, kind=kind, pooling=pooling, include_prompt=include_prompt,
         do_lower_case=bool(transformer.get("do_lower_case", False)),
         max_seq_length=transformer.get("max_seq_length") or _limit(tokenizer.get("model_max_length")),
         prompts=prompts,
         default_prompt_name=settings.get("default_prompt_name") or None,
-        similarity=settings.get("similarity_fn_name") or "cosine",
-        truncate_dim=settings.get("truncate_dim") or None)
+        similarity=settings.get("similarity_fn_name") or ("dot" if kind == "SparseEncoder" else "cosine"),
+        truncate_dim=settings.get("truncate_dim") or None, max_active_dims=settings.get("max_active_dims") or None)
 
 
 def module_class(location: str, ref: str, trust_remote_code: bool) -> type:
@@ -206,15 +223,16 @@ def _limit(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and value < 1_000_000 else None
 
 
-def encoder_class(hf_config: PretrainedConfig) -> type | None:
+def encoder_class(hf_config: PretrainedConfig, declared: bool = True) -> type | None:
     """The encoder-only class sentence-transformers' Transformer loads for an encoder-decoder config (T5EncoderModel
-    for T5: sentence-T5, GTR), from the library's own table; None where it loads the auto class."""
+    for T5: sentence-T5, GTR), from the library's own table, for a sentence-transformers folder (`declared`) or one
+    whose config.json names that class; None where the auto class loads it (a translation model stays one)."""
     import importlib
 
     from sentence_transformers.base.modules.transformer import _ENCODER_ONLY_MODELS
 
     for config_class, module, name in _ENCODER_ONLY_MODELS:
-        if isinstance(hf_config, config_class):
+        if isinstance(hf_config, config_class) and (declared or name in (hf_config.architectures or [])):
             return getattr(importlib.import_module(module), name)
     return None
 
@@ -297,10 +315,11 @@ def load_head(pipeline: SentencePipeline, mode: str, hidden_size: int,
 
     if mode == "none":
         return None
-    from workbench.models.heads import Truncate
+    from workbench.models.heads import KeepTop, Truncate
 
     modules = _modules(pipeline, mode, hidden_size, trust_remote_code)
     cut = [Truncate(pipeline.truncate_dim)] if pipeline.truncate_dim else []
+    cut += [KeepTop(pipeline.max_active_dims)] if pipeline.max_active_dims else []
     return torch.nn.Sequential(*modules, *cut).eval()
 
 
@@ -367,6 +386,15 @@ def _trace_error(head: torch.nn.Module, hidden_size: int) -> float:
     session = onnxruntime.InferenceSession(graph.getvalue(), providers=["CPUExecutionProvider"])
     got = session.run(None, {name: value.numpy() for name, value in other.items()})[0]
     return float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
+
+
+def sparse_encoder(pipeline: SentencePipeline, trust_remote_code: bool = False) -> tuple[SparseEncoder, list[str]]:
+    """The sparse encoder as sentence-transformers loads it, and the statement that builds it as `model`."""
+    from sentence_transformers import SparseEncoder
+
+    trusted = ", trust_remote_code=True" if trust_remote_code else ""
+    return (SparseEncoder(pipeline.location, device="cpu", trust_remote_code=trust_remote_code),
+            [f"model = SparseEncoder({pipeline.location!r}{trusted})"])
 
 
 def library_model(pipeline: SentencePipeline, mode: str, hidden_size: int,

@@ -11,6 +11,7 @@ from workbench.core.results import OutputResult, Verdict, WorstValue
 from workbench.core.tasks import OutputSpec
 from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
+from workbench.precision.sparse import Terms, sparse_agreement, terms
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
@@ -20,6 +21,7 @@ HALF: dict[str, Tolerance] = {  # fp16 and bf16
     "logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
     "token_logits": Tolerance(atol=5e-2, rtol=1e-2, min_agreement=0.98),
     "scores": Tolerance(atol=2e-2, rtol=1e-2, min_agreement=0.98, min_kendall_tau=0.95),
+    "sparse": Tolerance(min_cosine=0.999, min_top_k_overlap=0.9, max_dot_error=0.02),
 }
 # Task-aware defaults: precision class -> output kind -> tolerance. None means "not checked at this precision".
 DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
@@ -29,6 +31,7 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
         "logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
         "token_logits": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
         "scores": Tolerance(atol=1e-4, rtol=1e-3, min_agreement=0.99),
+        "sparse": Tolerance(atol=1e-4, rtol=1e-3, min_cosine=0.9999, min_top_k_overlap=0.95, max_dot_error=1e-3),
     },
     "fp16": HALF,
     # bf16 (OpenVINO's float ops on a CPU with bf16) keeps 8 significant bits to fp16's 11 but accumulates in f32, and
@@ -40,6 +43,9 @@ DEFAULT_TOLERANCES: dict[str, dict[str, Tolerance]] = {
         "logits": Tolerance(min_agreement=0.95),
         "token_logits": Tolerance(min_agreement=0.95),
         "scores": Tolerance(min_agreement=0.95, min_kendall_tau=0.8, min_agreement_at_1=0.9),
+        # A SPLADE's weak terms sit near relu's 0, where int8 turns some on or off: gated on the heavy terms and on
+        # the scores a search engine computes from them.
+        "sparse": Tolerance(min_cosine=0.99, min_top_k_overlap=0.75, max_dot_error=0.05),
     },
 }
 
@@ -90,6 +96,8 @@ class OutputParity:
     worst: WorstValue | None = None
     per_text: dict[int, dict[str, float]] = field(default_factory=dict)
     vectors: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # embeddings: text -> got, want
+    terms: dict[int, tuple[Terms, Terms]] = field(default_factory=dict)  # sparse embeddings: text -> got, want
+    width: int = 0  # a sparse embedding's vocabulary
     max_prob_shift: float = 0.0
     scores: dict[int, tuple[float, float]] = field(default_factory=dict)  # one-score outputs: text -> got, want
 
@@ -113,12 +121,16 @@ class OutputParity:
         self._track_worst(batch, text_ids, masked, got, want)
         row_err = masked.reshape(masked.shape[0], -1).max(axis=1)
         row_cos = np.full(len(text_ids), np.nan)
-        if self.spec.kind in ("hidden", "embedding"):
+        if self.spec.kind in ("hidden", "embedding", "sparse"):
             cos = cosine(np.nan_to_num(got64), want64)
             self.cosines.append(cos[mask.astype(bool)] if self.spec.per_token else cos)
             row_cos = np.where(mask.astype(bool), cos, np.inf).min(axis=1) if self.spec.per_token else cos
             if self.spec.kind == "embedding":  # a text's last batch wins: the sweep, or the regrouped, hold it whole
                 self.vectors.update({int(t): (g, w) for t, g, w in zip(text_ids, got64, want64)})
+            if self.spec.kind == "sparse":  # the active terms alone: a vocabulary-wide row is mostly zeros
+                self.width = got.shape[-1]
+                self.terms.update({int(t): (terms(np.nan_to_num(g)), terms(w))
+                                   for t, g, w in zip(text_ids, got64, want64)})
         else:
             agree = same_top(got64, want64)
             self.agreements.append(agree[mask.astype(bool)] if self.spec.per_token else agree)
@@ -135,7 +147,7 @@ class OutputParity:
 
     @property
     def per_text_metric(self) -> str:
-        return "1 - cosine" if self.spec.kind in ("hidden", "embedding") else "max abs error"
+        return "1 - cosine" if self.spec.kind in ("hidden", "embedding", "sparse") else "max abs error"
 
     def per_text_error(self, text_id: int) -> float:
         stats = self.per_text[text_id]
@@ -186,6 +198,9 @@ class OutputParity:
                                             np.stack([self.vectors[i][1] for i in ids]))
             if retrieval:
                 result.retrieval = retrieval
+        if self.terms:
+            result.sparse = sparse_agreement({t: g for t, (g, _) in self.terms.items()},
+                                             {t: w for t, (_, w) in self.terms.items()}, self.width)
         if self.scores:
             ranking = ranking_agreement({i: g for i, (g, _) in self.scores.items()},
                                         {i: w for i, (_, w) in self.scores.items()}, self.groups)
@@ -211,6 +226,9 @@ class OutputParity:
             value = r.order.get(key)
             if value is not None and not value >= limit:
                 failures.append(f"{key.replace('_', ' ')} {value:.4f} < {limit}")
+        dots = (r.sparse or {}).get("dot_rel_error")
+        if tol.max_dot_error is not None and dots is not None and not dots <= tol.max_dot_error:
+            failures.append(f"dot product error {dots:.4g} > {tol.max_dot_error} of the largest reference score")
         return failures
 
     def _violation(self, r: OutputResult) -> float:
@@ -229,13 +247,16 @@ class OutputParity:
             value = r.order.get(key)
             if value is not None:
                 total += max(0.0, limit - value) / max(1.0 - limit, 1e-12)
+        dots = (r.sparse or {}).get("dot_rel_error")
+        if tol.max_dot_error is not None and dots is not None:
+            total += max(0.0, dots - tol.max_dot_error) / max(tol.max_dot_error, 1e-12)
         return total
 
 
 def _order_gates(tol: Tolerance) -> list[tuple[str, float]]:
     """The retrieval (embeddings) and ranking (rerankers) metrics this tolerance gates on, with their limits."""
     gates = {"agreement_at_1": tol.min_agreement_at_1, f"recall_at_{TOP_K}": tol.min_recall_at_10,
-             "spearman": tol.min_spearman, "kendall_tau": tol.min_kendall_tau}
+             "spearman": tol.min_spearman, "kendall_tau": tol.min_kendall_tau, "top_k_overlap": tol.min_top_k_overlap}
     return [(key, limit) for key, limit in gates.items() if limit is not None]
 
 

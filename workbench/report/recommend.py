@@ -29,10 +29,11 @@ PRECISION_MIN_GAIN = MIN_GAIN
 PRECISION_RANK = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2}  # higher: less precise
 # (tolerance key, recorded value key, what people call it); a criterion is "at least" the threshold
 _AT_LEAST = (("min_cosine", "min_cosine", "min cosine"), ("min_agreement", "agreement", "label agreement"))
-# gates on outputs.<o>.retrieval (embeddings) or .ranking (a reranker's scores)
+# gates on outputs.<o>.retrieval (embeddings), .ranking (a reranker's scores) or .sparse (a sparse embedding)
 _NEIGHBOURS = (("min_agreement_at_1", "agreement_at_1", "agreement@1"),
                ("min_recall_at_10", "recall_at_10", "recall@10"), ("min_spearman", "spearman", "Spearman"),
-               ("min_kendall_tau", "kendall_tau", "Kendall tau"))
+               ("min_kendall_tau", "kendall_tau", "Kendall tau"),
+               ("min_top_k_overlap", "top_k_overlap", "top-20 terms"))
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,14 @@ def gate(verdict: Verdict) -> Gate | None:
     for output, result in verdict.outputs.items():
         if not result.gated:
             continue
-        tolerance, retrieval = result.tolerance, result.retrieval or result.ranking or {}
+        tolerance, retrieval = result.tolerance, result.order
         found = [Gate(name, output, measured, tolerance[key], True) for key, value, name in _AT_LEAST
                  if key in tolerance and (measured := getattr(result, value)) is not None]
         found += [Gate(name, output, retrieval[value], tolerance[key], True)
                   for key, value, name in _NEIGHBOURS if key in tolerance and value in retrieval]
+        dots = retrieval.get("dot_rel_error")
+        if "max_dot_error" in tolerance and dots is not None:
+            found.append(Gate("dot product error", output, dots, tolerance["max_dot_error"], False))
         if not found and "atol" in tolerance and result.max_abs is not None:
             found = [Gate("max abs error", output, result.max_abs, tolerance["atol"], False)]
         gates += found

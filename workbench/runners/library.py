@@ -12,11 +12,11 @@ import numpy as np
 from workbench.core.batches import Batch
 from workbench.core.data import Text
 from workbench.core.tasks import LOGITS, SCORE, SCORES, SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS, head_activation
-from workbench.models.sentence import cross_encoder, library_model
+from workbench.models.sentence import cross_encoder, library_model, sparse_encoder
 from workbench.runners import Runner, RunnerClosedError
 
 if TYPE_CHECKING:
-    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from sentence_transformers import CrossEncoder, SentenceTransformer, SparseEncoder
     from transformers import Pipeline
 
     from workbench.models.loading import LoadedModel
@@ -61,6 +61,30 @@ class SentenceTransformerRunner(LibraryRunner):
                 out[places] = real[:len(places)]
             result[TOKEN_EMBEDDINGS] = tokens
         return result
+
+    def close(self) -> None:
+        self.model = None
+
+
+class SparseEncoderRunner(LibraryRunner):
+    """`SparseEncoder.encode()` on each batch's texts (the named prompt, else the model's default), each text's
+    vocabulary-wide weights as a dense row: what parity compares term by term."""
+
+    def __init__(self, model: SparseEncoder, statements: list[str], texts: tuple[str, ...],
+                 input_names: tuple[str, ...], prompt_name: str | None = None) -> None:
+        self.model: SparseEncoder | None = model
+        self.prompt_name = prompt_name
+        named = f", prompt_name={prompt_name!r}" if prompt_name is not None else ""
+        self.call, self.texts = "; ".join([*statements, f"model.encode(texts{named})"]), texts
+        self.input_names, self.output_names = input_names, (SENTENCE_EMBEDDING,)
+        self.name, self.providers, self.library = "sentence-transformers", ["torch-cpu"], "SparseEncoder.encode()"
+
+    def infer(self, batch: Batch) -> dict[str, np.ndarray]:
+        if self.model is None:
+            raise RunnerClosedError(f"{self.name}: the runner is closed")
+        rows = self.model.encode([self.texts[i] for i in batch.text_ids], prompt_name=self.prompt_name,
+                                 batch_size=len(batch.text_ids), convert_to_sparse_tensor=False)
+        return {SENTENCE_EMBEDDING: rows.float().cpu().numpy()}
 
     def close(self) -> None:
         self.model = None
@@ -137,6 +161,14 @@ def library_runner(loaded: LoadedModel, texts: tuple[Text, ...], output_names: t
     model's own limit: a statement in the call where the library would take more than the model can), with the
     named sentence-transformers prompt (None: the model's default); None for token classification: its pipeline
     returns each token's best label, not logits, so transformers' own model is the reference there."""
+    if loaded.pipeline is not None and loaded.pipeline.kind == "SparseEncoder":
+        encoder, statements = sparse_encoder(loaded.pipeline, trust_remote_code)
+        if encoder.max_seq_length != max_length:
+            encoder.max_seq_length = max_length
+            statements.append(f"model.max_seq_length = {max_length}")
+        sparse = SparseEncoderRunner(encoder, statements, texts, loaded.input_names, prompt_name)
+        sparse.identity = _identity(loaded, sparse.call, "sentence_transformers", (SENTENCE_EMBEDDING,))
+        return sparse
     if loaded.pipeline is not None:
         model, statements = library_model(loaded.pipeline, loaded.pooling, loaded.hidden_size, trust_remote_code)
         if model.max_seq_length != max_length:
