@@ -22,6 +22,9 @@ from workbench.core.flavor import Flavor
 from workbench.core.tasks import AUTO, TASKS, OutputSpec, TaskChoice, choose_task, served_outputs
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# Tasks one Python model serves, and what it takes and answers.
+ONE_PYTHON_MODEL = {"rerank": "a query and its documents in, scores out",
+                    "sparse-embedding": "texts in, each one's active vocabulary terms and weights out"}
 # Settings that existed once, and what replaces them.
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
@@ -577,15 +580,17 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _rerank_layout(self) -> RunConfig:
-        """A reranker is served by one Python model (serving/backend/rerank_model.py): refused before the run, not
-        after its parity."""
+        """A reranker and a sparse encoder are served by one Python model (serving/backend/rerank_model.py,
+        fused_model.py with sparse_terms.py): another layout or flavor is refused before the run, not after its
+        parity."""
         flavor = self.triton.flavor
-        if self.task == "rerank" and (self.triton.layout == "ensemble" or flavor not in ("auto", Flavor.PYTHON_ORT)):
+        other = self.triton.layout == "ensemble" or flavor not in ("auto", Flavor.PYTHON_ORT)
+        task = self.task_choice.name if other else self.task
+        if other and task in ONE_PYTHON_MODEL:
             asked = f"triton.layout={self.triton.layout}" if self.triton.layout == "ensemble" else \
                 f"triton.flavor={Flavor(flavor).value}"
-            raise ValueError(f"task rerank is served by one Python model (a query and its documents in, scores out); "
-                             f"{asked} cannot serve it: use triton.layout fused (or auto) and triton.flavor "
-                             "python-ort (or auto)")
+            raise ValueError(f"task {task} is served by one Python model ({ONE_PYTHON_MODEL[task]}); {asked} cannot "
+                             "serve it: use triton.layout fused (or auto) and triton.flavor python-ort (or auto)")
         return self
 
     def check_pooling_task(self) -> None:

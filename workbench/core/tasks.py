@@ -17,6 +17,8 @@ INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
 POOLING_MASK = "pooling_mask"
 TOKEN_EMBEDDINGS, SENTENCE_EMBEDDING = "token_embeddings", "sentence_embedding"
 LOGITS, SCORES = "logits", "scores"
+# A sparse embedding as served: each text's active vocabulary ids and their weights (serving/backend/sparse_terms.py)
+SPARSE_INDICES, SPARSE_VALUES = "sparse_indices", "sparse_values"
 
 
 @dataclass(frozen=True)

@@ -368,3 +368,46 @@ def build_decoder_embedder(dest: Path, family: str = "llama", padding_side: str 
 
 
 TINY = {"tiny:marian": build_marian, "tiny:gpt2": build_gpt2}
+
+
+def build_gemma_embedder(dest: Path, sliding_window: int = 16, truncate_dim: int | None = None,
+                         vocab_size: int = 400, seed: int = 0) -> Path:
+    """A tiny EmbeddingGemma: a Gemma 3 text model with bidirectional attention (use_bidirectional_attention; a
+    sliding layer of `sliding_window` tokens, then a full one), saved by sentence-transformers' own classes as the
+    real one ships: Transformer -> mean Pooling -> Dense (64 -> 256) -> Dense (256 -> 64), both without bias or
+    activation -> Normalize, with its query and document prompts and `truncate_dim` where given (Matryoshka).
+    A byte-level tokenizer trained here frames each text as `<bos> text <eos>`."""
+    import tempfile
+
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    torch.manual_seed(seed)
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(load_corpus(), vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                show_progress=False)
+    trained.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", 2), ("<eos>", 1)])
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=trained._tokenizer, bos_token="<bos>",
+                                                     eos_token="<eos>", unk_token="<pad>", pad_token="<pad>",
+                                                     padding_side="right", model_max_length=MAX_POSITIONS)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=MAX_POSITIONS,
+        sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention=True, initializer_range=0.2, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        transformers.Gemma3TextModel(config).save_pretrained(tmp)
+        transformer = Transformer(tmp)
+        width = transformer.get_embedding_dimension()
+        modules = [transformer, Pooling(width, "mean"),
+                   Dense(width, 4 * width, bias=False, activation_function=torch.nn.Identity()),
+                   Dense(4 * width, width, bias=False, activation_function=torch.nn.Identity()), Normalize()]
+        prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
+        SentenceTransformer(modules=modules, device="cpu", prompts=prompts, truncate_dim=truncate_dim).save(str(dest))
+    return Path(dest)

@@ -58,7 +58,8 @@ class Gate:
 
     def __str__(self) -> str:
         if not self.at_least:
-            return f"{self.metric} {self.value:.2e} vs atol {self.threshold:g} (margin {self.margin:+.2e})"
+            limit = "atol " if self.metric == "max abs error" else "at most "
+            return f"{self.metric} {self.value:.2e} vs {limit}{self.threshold:g} (margin {self.margin:+.2e})"
         threshold = f"{self.threshold:.12g}"
         digits = len(threshold.partition(".")[2]) + 2
         return f"{self.metric} {self.value:.{digits}f} vs {threshold} (margin {self.margin:+.{digits}f})"

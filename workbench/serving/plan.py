@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.config import BatchRange, TritonSettings
+from workbench.core.config import ONE_PYTHON_MODEL, BatchRange, TritonSettings
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
@@ -100,10 +100,11 @@ def repository_root(repository_dir: str | None) -> Path:
 
 def choose_flavor(setting: Flavor | Literal["auto"], device: str, task: str = "feature-extraction") -> Flavor:
     """The configured flavor; `auto`: Triton's ONNX Runtime backend where ONNX Runtime runs on CUDA, else (and for
-    a reranker, served by one Python model) python-ort."""
+    a reranker or a sparse encoder, served by one Python model) python-ort."""
     if setting != "auto":
         return Flavor(setting)
-    return Flavor.ONNXRUNTIME if device != "cpu" and task != "rerank" and cuda_usable() else Flavor.PYTHON_ORT
+    one_python_model = task in ONE_PYTHON_MODEL
+    return Flavor.ONNXRUNTIME if device != "cpu" and not one_python_model and cuda_usable() else Flavor.PYTHON_ORT
 
 
 def choose_layout(setting: str, flavor: Flavor) -> str:

@@ -18,7 +18,7 @@ from workbench.core.atomic import atomic_dir, sha256_file, write_text
 from workbench.core.data import lowercase_inputs
 from workbench.core.errors import RepositoryError
 from workbench.core.flavor import Flavor
-from workbench.core.tasks import OutputSpec
+from workbench.core.tasks import SPARSE_INDICES, SPARSE_VALUES, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.runners.registry import runner_kind
 
@@ -93,6 +93,11 @@ class ServingPlan:
     @property
     def classifies(self) -> bool:
         return any(o.kind in ("logits", "token_logits") for o in self.outputs) and not self.reranks
+
+    @property
+    def sparse(self) -> bool:
+        """A sparse encoder: each text's active terms served beside its dense row (`sparse_terms.py`)."""
+        return any(o.kind == "sparse" for o in self.outputs)
 
     @property
     def reranks(self) -> bool:
@@ -262,6 +267,9 @@ def _text_outputs(config: mc.ModelConfig, plan: ServingPlan) -> None:
     if plan.classifies:
         for name, data_type in (("label", STRING), ("score", FP32)):
             add_tensor(config.output, name, data_type, _label_dims(plan))
+    if plan.sparse:
+        add_tensor(config.output, SPARSE_INDICES, INT64, [-1])
+        add_tensor(config.output, SPARSE_VALUES, FP32, [-1])
     add_tensor(config.output, "truncated", BOOL, [1])
 
 
@@ -278,6 +286,8 @@ def fused_config(plan: ServingPlan) -> mc.ModelConfig:
     _limits(config, plan)
     if plan.classifies:
         _label_parameters(config, plan)
+    if plan.sparse:
+        config.parameters["sparse"].string_value = "true"
     _instances(config, plan, mc.ModelInstanceGroup.KIND_GPU if plan.gpu else mc.ModelInstanceGroup.KIND_CPU)
     return config
 
@@ -405,7 +415,8 @@ def model_files(plan: ServingPlan) -> dict[str, tuple[mc.ModelConfig, dict[str, 
             name: MODELS_SOURCE / source for name, source in (
                 ("model.py", "rerank_model.py" if plan.reranks else "fused_model.py"),
                 ("text_input.py", "text_input.py"),
-                ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"), ("stages.py", "stages.py"))}}
+                ("ort_batches.py", "ort_batches.py"), ("labels.py", "labels.py"), ("stages.py", "stages.py"),
+                ("sparse_terms.py", "sparse_terms.py"))}}
         encoder = encoder_json(plan.tokenizer_dir, plan.max_length, plan.lowercase)
         if encoder is not None:
             fused["encoder.json"] = encoder

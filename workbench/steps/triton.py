@@ -15,7 +15,7 @@ from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import BatchingBurst, ServedCut, TritonMetrics, Verdict, Verification
-from workbench.core.tasks import head_activation, score_output
+from workbench.core.tasks import SENTENCE_EMBEDDING, head_activation, score_output
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
@@ -85,7 +85,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
         endpoints = (("http", server.http_url), ("grpc", server.grpc_url))
         for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
             with (TritonClient(url, protocol) as client,
-                  ServedRunner(client, plan.name, texts, loaded.input_names, outputs) as runner):
+                  ServedRunner(client, plan.name, texts, loaded.input_names, outputs,
+                               vocabulary=sparse_vocabulary(plan)) as runner):
                 parity[protocol] = lab.within().compare(runner, precision)
                 if lab.beyond:
                     beyond[protocol] = lab.subset(list(lab.beyond)).compare(runner, precision)
@@ -100,6 +101,11 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
             metrics.burst = observe_batching(server, plan, list(texts), 4 * plan.max_batch_size)
     metrics.stop_seconds = server.timings["stop_seconds"]
     metrics.served_passed = {protocol: verdict.passed for protocol, verdict in served_checks(metrics).items()}
+
+
+def sparse_vocabulary(plan: ServingPlan) -> int:
+    """A sparse encoder's vocabulary, whose served active terms make its sentence embedding; 0 for other models."""
+    return plan.output_dims[SENTENCE_EMBEDDING][0] if plan.sparse else 0
 
 
 def served_settings(settings: LabSettings, plan: ServingPlan) -> LabSettings:
@@ -137,7 +143,8 @@ def prompt_parity(labs: dict[str, ParityLab], loaded: LoadedModel, plan: Serving
     results = {}
     for name in track(list(labs), "served prompts", "prompts", note=lambda prompt: prompt):
         with (TritonClient(url, "http") as client,
-              ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name}) as runner):
+              ServedRunner(client, plan.name, texts, loaded.input_names, outputs, {"prompt_name": name},
+                           sparse_vocabulary(plan)) as runner):
             results[name] = labs[name].within().compare(runner, precision)
     return results
 

@@ -12,6 +12,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, str(Path(__file__).parent))
 from labels import label_and_score, label_names  # noqa: E402  (copied beside this file)
 from ort_batches import MAX_PADDING, PaddedRunner, model_args, sessions  # noqa: E402
+from sparse_terms import active_terms  # noqa: E402
 from stages import StageClock  # noqa: E402
 from text_input import Limits, Prompts, RequestBudget, TextEncoder, decode  # noqa: E402
 
@@ -45,6 +46,7 @@ class TritonPythonModel:
         id2label = json.loads(params.get("id2label", "{}"))
         self.labels = label_names(id2label) if id2label else None
         self.activation = params.get("activation")  # a classifier's head (labels.py)
+        self.sparse = params.get("sparse") == "true"  # a sparse encoder's active terms (sparse_terms.py)
         self.prompts = Prompts(params)
         self.limits = Limits.of(params)
         self.budget = RequestBudget(params)
@@ -61,6 +63,9 @@ class TritonPythonModel:
                    if name in wanted or (self.labels is not None and name == "logits")}
         if self.labels is not None and wanted & {"label", "score"}:
             tensors["label"], tensors["score"] = label_and_score(tensors["logits"], self.labels, self.activation)
+        if self.sparse and wanted & {"sparse_indices", "sparse_values"}:
+            dense = stack([o["sentence_embedding"][0] for o in outputs])
+            tensors["sparse_indices"], tensors["sparse_values"] = active_terms(dense)
         if "truncated" in wanted:
             tensors["truncated"] = np.array([[flag] for flag in truncated])
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value))
