@@ -13,7 +13,7 @@ from tests.test_sentence import SMALL, TEXTS, _deploy, _encode, _gate, _served
 from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.errors import UnsupportedModelError
-from workbench.models.tiny import build_sentence_encoder, build_sentence_t5
+from workbench.models.tiny import build_sentence_encoder, build_sentence_t5, build_sparse_encoder
 from workbench.preflight import check_model_limits
 
 pytestmark = pytest.mark.slow
@@ -138,3 +138,62 @@ def test_a_module_that_cannot_be_traced_is_refused_in_preflight_by_its_class(mat
         check_model_limits(RunConfig.model_validate({"model": str(folder), "trust_remote_code": True}))
     assert "Scale (scale_module.Scale)" in refused.value.problem and "cannot be exported" in refused.value.problem
     assert "-p pooling=none" in refused.value.fix
+
+
+def _sparse_encode(folder, texts, **kwargs):
+    """encode() cutting at the deployment's 64 tokens (SMALL), as test_sentence's _encode does."""
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(folder), device="cpu")
+    model.max_seq_length = 64
+    return model.encode(texts, convert_to_sparse_tensor=False, **kwargs).numpy()
+
+
+def test_a_splade_is_exported_gated_on_its_terms_and_served_as_its_active_terms(tmp_path):
+    """A SparseEncoder folder, task auto: exported through its own SpladePooling, gated on its terms and dot
+    products, served by Triton as each text's active terms and by the API front's /embed_sparse, as encode() returns
+    them (query prompt included)."""
+    import urllib.request
+
+    from workbench.serving.backend.sparse_terms import dense_rows
+    from workbench.serving.client import TritonClient
+    from workbench.serving.front import ApiFront
+    from workbench.serving.server import TritonServer
+
+    folder = build_sparse_encoder(tmp_path / "splade", prompts={"query": "query: ", "document": ""})
+    config, record = _deploy(folder, tmp_path)
+    export = record.data["metrics"]["export"]
+    assert export["task"] == "sparse-embedding" and "SparseEncoder" in export["task_reason"]
+    assert export["sentence_pipeline"]["steps"] == ["Transformer", "SpladePooling"]
+    assert export["sentence_pipeline"]["similarity"] == "dot"
+    fp32 = record.data["metrics"]["parity"]["variants"]["fp32"]["outputs"]["sentence_embedding"]
+    assert fp32["passed"] and fp32["sparse"]["top_k_overlap"] == 1.0 and fp32["sparse"]["dot_rel_error"] < 1e-4
+    assert 5 < fp32["sparse"]["mean_active_terms"] < 100  # a sparse vector: tens of 600 terms
+    deployment = record.metric("triton")
+    assert all(v["passed"] for v in deployment["served_parity"].values())
+    assert set(deployment["prompt_parity"]) == {"query", "document"}
+
+    name = deployment["name"]
+    repository = tmp_path / "repos" / name
+    want = _sparse_encode(folder, TEXTS)
+    queries = _sparse_encode(folder, TEXTS, prompt_name="query")
+    with TritonServer(repository, tmp_path / "server") as server:
+        with TritonClient(server.grpc_url, "grpc") as client:
+            got = client.infer_texts(name, TEXTS[:8], outputs=["sparse_indices", "sparse_values"])
+        ids, weights = got["sparse_indices"], got["sparse_values"]
+        assert ids.dtype == np.int64 and all((np.diff(w[i >= 0]) <= 0).all() for i, w in zip(ids, weights))
+        # the same terms (a weight within fp32 rounding of relu's 0 may be on in one and off in the other)
+        assert [set(i[w > 1e-4]) for i, w in zip(ids, weights)] == [set(np.flatnonzero(r > 1e-4)) for r in want[:8]]
+        np.testing.assert_allclose(dense_rows(ids, weights, want.shape[1]), want[:8], atol=1e-5)
+        with ApiFront(repository, server.grpc_url, tmp_path / "front") as api:
+            for body, expected in (({"inputs": TEXTS}, want), ({"inputs": TEXTS, "prompt_name": "query"}, queries),
+                                   ({"inputs": TEXTS[0]}, want[:1])):
+                request = urllib.request.Request(f"{api.url}/embed_sparse", data=json.dumps(body).encode(),
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answer = json.loads(response.read())
+                assert len(answer) == len(expected)
+                for terms, row in zip(answer, expected):
+                    assert {t["index"] for t in terms if t["value"] > 1e-4} == set(np.flatnonzero(row > 1e-4))
+                    np.testing.assert_allclose([t["value"] for t in terms], row[[t["index"] for t in terms]],
+                                               atol=1e-5)

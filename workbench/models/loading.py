@@ -8,6 +8,8 @@ import json
 import os
 import shlex
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
@@ -506,6 +508,27 @@ def generative_kind(hf_config: PretrainedConfig) -> str | None:
     causal, masked = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
     causal_only = hf_config.model_type in causal and hf_config.model_type not in masked
     return "decoder-only" if getattr(hf_config, "is_decoder", False) or causal_only else None
+
+
+@contextmanager
+def traceable_masks() -> Iterator[None]:
+    """Build attention masks without torch.vmap while inside: transformers vmaps a custom pattern (Gemma 3's
+    bidirectional attention and its two-sided window, EmbeddingGemma's), which the TorchScript tracer cannot follow
+    (RuntimeError: unordered_map::at). Those patterns are index arithmetic, so its broadcast path builds the same
+    mask, and the graph keeps it for every batch and length."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    def broadcast(build: Any) -> Any:
+        return lambda *args, **kwargs: build(*args, **{**kwargs, "use_vmap": False})
+
+    names = ("eager", "sdpa")
+    for name in names:
+        ALL_MASK_ATTENTION_FUNCTIONS[name] = broadcast(ALL_MASK_ATTENTION_FUNCTIONS[name])
+    try:
+        yield
+    finally:
+        for name in names:
+            del ALL_MASK_ATTENTION_FUNCTIONS[name]  # the local override: the global mapping shows through again
 
 
 def checkpoint_keys(folder: Path) -> set[str] | None:

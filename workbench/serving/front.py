@@ -34,8 +34,8 @@ def _parameters(names: list[str], models: dict[str, mc.ModelConfig]) -> dict[str
 
 def front_spec(repository: Path) -> FrontSpec:
     """The models of `repository` the front answers for: embedding models (an endpoint whose answer is one float
-    vector per text) and one-score rerankers, with their limits, prompts and tokenizer folder; RepositoryError when
-    there is none."""
+    vector per text), sparse encoders (their active terms too) and one-score rerankers, with their limits, prompts
+    and tokenizer folder; RepositoryError when there is none."""
     models = read_repository(repository)
     served = []
     for endpoint in text_endpoints(repository):
@@ -47,6 +47,7 @@ def front_spec(repository: Path) -> FrontSpec:
         scores = endpoint.reranks and next(o for o in config.output if o.name == "scores").dims[-1] == 1
         if tokenizing is None or not (embeds or scores):
             continue
+        sparse = any(o.name == "sparse_indices" for o in config.output)
         params = _parameters(names, models)
         versions = sorted((p for p in (repository / tokenizing).iterdir() if p.name.isdigit()), key=lambda p: int(
             p.name))
@@ -54,7 +55,8 @@ def front_spec(repository: Path) -> FrontSpec:
         def number(key: str) -> int | None:
             return int(params[key]) or None if key in params else None
         served.append(ServedModel(
-            id=endpoint.model, kind="rerank" if endpoint.reranks else "embeddings", output=endpoint.output,
+            id=endpoint.model, kind="rerank" if endpoint.reranks else "sparse" if sparse else "embeddings",
+            output=endpoint.output,
             dimensions=output.dims[0] if embeds else 0, tokenizer=str(versions[-1].relative_to(repository)),
             max_length=int(params["max_length"]), batch=config.max_batch_size, max_texts=number("max_texts"),
             max_text_chars=number("max_text_chars"), max_documents=number("max_documents"),

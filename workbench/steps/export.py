@@ -19,7 +19,7 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
-from workbench.models.loading import LoadedModel, load_model
+from workbench.models.loading import LoadedModel, load_model, traceable_masks
 from workbench.report import figures
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ def export_onnx(loaded: LoadedModel, config: RunConfig, dest: Path) -> Any:
     args = tuple(inputs[name] for name in loaded.input_names)
     output_names = [o.name for o in outputs]
     large = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) > onnxfiles.EXTERNAL_DATA_THRESHOLD
-    with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad(), _export_errors(loaded, config):
+    with onnxfiles.onnx_destination(dest) as tmp, torch.no_grad(), _export_errors(loaded, config), \
+            traceable_masks():
         if config.exporter == "dynamo":
             from torch.export import Dim
 

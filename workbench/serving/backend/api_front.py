@@ -1,15 +1,17 @@
-"""The API front: OpenAI's embeddings API and a Cohere-style rerank API in front of a running Triton, so the clients
-of the retrieval stack (openai, LangChain, LlamaIndex, litellm) use the verified deployment as they are.
+"""The API front: OpenAI's embeddings API, a Cohere-style rerank API and text-embeddings-inference's sparse route in
+front of a running Triton, so the clients of the retrieval stack (openai, LangChain, LlamaIndex, litellm, TEI's
+clients and the vector databases' SPLADE hooks) use the verified deployment as they are.
 
     python api_front.py --spec front.json --repository /models --triton 127.0.0.1:8001 [--host H] [--port 8080]
 
-`POST /v1/embeddings`, `POST /v1/rerank`, `GET /v1/models`, `GET /health` (ready when Triton's models are). Each
+`POST /v1/embeddings`, `POST /v1/rerank`, `POST /embed_sparse`, `GET /v1/models`, `GET /health` (ready when Triton's
+models are). Each
 request is checked against the deployment's limits (the same settings, the same messages' sense) and tokenized with
 the served tokenizer (for `usage` and the token budget) before it goes to Triton over one shared gRPC channel, as it
 comes, so Triton's dynamic batcher still forms the batches; the model runs in Triton alone. Errors are OpenAI's
 shape: `{"error": {"message", "type", "param", "code"}}`. API keys: WORKBENCH_API_KEY (several: comma-separated),
-asked as `Authorization: Bearer <key>` on /v1/ routes. Runs from the workbench package or as a file copied beside
-text_input.py (the deployment image).
+asked as `Authorization: Bearer <key>` on /v1/ routes and /embed_sparse. Runs from the workbench package or as a
+file copied beside text_input.py (the deployment image).
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ KEY_VARIABLE = "WORKBENCH_API_KEY"
 BODY_SLACK = 2**20  # bytes a request body may hold past its texts (JSON syntax, the other fields)
 UTF8_BYTES = 4  # at most, per character
 EXPECTED = {"input": "a string or a list of strings", "documents": "a list of strings or of {\"text\": ...} objects"}
+# Each kind of served model's route: OpenAI's, Cohere's and text-embeddings-inference's.
+ROUTES = {"embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "sparse": "/embed_sparse"}
+SPARSE_INDICES, SPARSE_VALUES = "sparse_indices", "sparse_values"  # a sparse encoder's served outputs
 INLINE_CHARS = 4096  # a request this short is tokenized on the event loop: a thread's hop would cost more
 
 
@@ -49,7 +54,7 @@ class ServedModel(BaseModel):
     tokenizer of the deployment (`workbench.serving.front.front_spec` reads them from the repository)."""
 
     id: str
-    kind: Literal["embeddings", "rerank"]
+    kind: Literal["embeddings", "rerank", "sparse"]
     output: str  # the Triton output that answers: the embedding, or the scores
     dimensions: int = 0  # an embedding's width
     tokenizer: str  # the folder (under the repository) with the served tokenizer
@@ -85,6 +90,17 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = None
     prompt_name: str | None = None
     prompt: str | None = None
+
+
+class SparseRequest(BaseModel):
+    """text-embeddings-inference's /embed_sparse request; `model` (an extra field) names one where the front serves
+    several sparse encoders."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    truncate: bool | None = None  # texts are cut at the model's limit, as SparseEncoder.encode() cuts them
+    prompt_name: str | None = None
+    model: str | None = None
 
 
 class Document(BaseModel):
@@ -149,12 +165,20 @@ class Front:
         self.triton_url, self.keys = triton_url, [k.encode() for k in keys]
         self.client: grpcclient.InferenceServerClient | None = None  # made in the server's event loop
 
+    def only(self, kind: str) -> str:
+        """The one model of `kind` a request that names none means; 400 where there are several."""
+        found = [m.id for m in self.models.values() if m.kind == kind]
+        if len(found) > 1:
+            raise ApiError(400, f"this deployment serves several {kind} models ({', '.join(found)}): name one in "
+                                "'model'", "model", "model_required")
+        return found[0] if found else ""
+
     def model(self, name: str, kind: str) -> ServedModel:
         served = self.models.get(name)
         if served is None or served.kind != kind:
             these = ", ".join(m.id for m in self.models.values() if m.kind == kind) or "none"
-            raise ApiError(404, f"model {name!r} is not served here for /v1/{kind}; this deployment serves: {these} "
-                                "(GET /v1/models lists them)", "model", "model_not_found")
+            raise ApiError(404, f"model {name!r} is not served here for {ROUTES[kind]}; this deployment serves: "
+                                f"{these} (GET /v1/models lists them)", "model", "model_not_found")
         return served
 
     def authorized(self, request: web.Request) -> bool:
@@ -178,7 +202,12 @@ class Front:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], output: str,
                     parameters: dict[str, str] | None = None) -> np.ndarray:
-        """One Triton request; its refusal is a 400 with Triton's message, no answer a 503."""
+        """One Triton request answering `output`; its refusal is a 400 with Triton's message, no answer a 503."""
+        return (await self.infer_outputs(model, inputs, (output,), parameters))[0]
+
+    async def infer_outputs(self, model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...],
+                            parameters: dict[str, str] | None = None) -> list[np.ndarray]:
+        """One Triton request answering `outputs`, in their order."""
         assert self.client is not None, "the application's startup connects the client"
         tensors = []
         for name, array in inputs.items():
@@ -186,15 +215,15 @@ class Front:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         try:
-            result = await self.client.infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(output)],
-                                             parameters=parameters or None)
+            result = await self.client.infer(model, tensors, parameters=parameters or None,
+                                             outputs=[grpcclient.InferRequestedOutput(name) for name in outputs])
         except InferenceServerException as exc:
             status = str(exc.status())
             if status == "StatusCode.INVALID_ARGUMENT":
                 raise ApiError(400, exc.message() or str(exc), None, "invalid_input") from None
             raise ApiError(503, f"Triton at {self.triton_url} did not answer ({status}): {exc.message()}", None,
                            "triton_unavailable", "server_error") from None
-        return result.as_numpy(output)
+        return [result.as_numpy(name) for name in outputs]
 
 
 def pieces(lengths: list[int], texts: int, tokens: int | None) -> list[tuple[int, int]]:
@@ -264,6 +293,29 @@ async def embeddings(request: web.Request) -> web.Response:
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
+async def embed_sparse(request: web.Request) -> web.Response:
+    """text-embeddings-inference's sparse embeddings: per text, its active vocabulary terms as
+    [{"index": id, "value": weight}], heaviest first, as the served SparseEncoder answers them."""
+    front: Front = request.app["front"]
+    asked = await body(request, SparseRequest)
+    model = front.model(asked.model or front.only("sparse"), "sparse")
+    texts = [asked.inputs] if isinstance(asked.inputs, str) else asked.inputs
+    check_texts(texts, "inputs", model, model.max_texts, "triton.max_texts")
+    parameters = {"prompt_name": asked.prompt_name} if asked.prompt_name is not None else {}
+    try:
+        prompted, _ = front.prompts[model.id].apply(texts, json.dumps(parameters))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "prompt_name", "unknown_prompt") from None
+    lengths = await front.tokens(model.id, prompted)
+    calls = [front.infer_outputs(model.id, {"TEXT": strings(texts[start:stop]).reshape(-1, 1)},
+                                 (SPARSE_INDICES, SPARSE_VALUES), parameters)
+             for start, stop in pieces(lengths, model.batch, model.max_request_tokens)]
+    answers = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+    terms = [[{"index": int(i), "value": float(v)} for i, v in zip(ids, weights) if i >= 0]
+             for ids_piece, weights_piece in answers for ids, weights in zip(ids_piece, weights_piece)]
+    return web.json_response(terms)
+
+
 async def rerank(request: web.Request) -> web.Response:
     front: Front = request.app["front"]
     asked = await body(request, RerankRequest)
@@ -311,7 +363,8 @@ async def openai_errors(request: web.Request,
     """Keys asked on /v1/ routes; every error (ours, a wrong route or method, a body past the limit) in OpenAI's
     shape."""
     try:
-        if request.path.startswith("/v1/") and not request.app["front"].authorized(request):
+        keyed = request.path.startswith("/v1/") or request.path == ROUTES["sparse"]
+        if keyed and not request.app["front"].authorized(request):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
                            "invalid_api_key", "authentication_error")
         return await handler(request)
@@ -325,8 +378,8 @@ async def openai_errors(request: web.Request,
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status)
         return ApiError(exc.status, f"{request.method} {request.path}: {exc.reason}; the routes are POST "
-                                    "/v1/embeddings, POST /v1/rerank, GET /v1/models, GET /health", None,
-                        code).response()
+                                    "/v1/embeddings, POST /v1/rerank, POST /embed_sparse, GET /v1/models, GET "
+                                    "/health", None, code).response()
 
 
 def application(spec: FrontSpec, repository: Path, triton_url: str, keys: list[str]) -> web.Application:
@@ -344,7 +397,8 @@ def application(spec: FrontSpec, repository: Path, triton_url: str, keys: list[s
 
     app.on_startup.append(connect)
     app.on_cleanup.append(close)
-    app.add_routes([web.post("/v1/embeddings", embeddings), web.post("/v1/rerank", rerank),
+    app.add_routes([web.post(ROUTES["embeddings"], embeddings), web.post(ROUTES["rerank"], rerank),
+                    web.post(ROUTES["sparse"], embed_sparse),
                     web.get("/v1/models", models), web.get("/health", health)])
     return app
 
