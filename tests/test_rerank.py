@@ -128,12 +128,15 @@ def test_ranking_agreement_and_its_gate():
     assert any(f.startswith("agreement at 1 0.5000") for f in summary.failures)
 
 
-def test_a_cross_encoder_folder_read_for_embeddings_is_refused_with_the_rerank_task(rerankers):
+def test_a_cross_encoder_folder_runs_rerank_by_default_and_is_refused_for_embeddings(rerankers):
     from workbench.preflight import check_model_limits
 
     model = rerankers[1][0]
+    chosen = RunConfig(model=str(model)).task_choice
+    assert chosen.name == "rerank" and "CrossEncoder" in chosen.reason
+    check_model_limits(RunConfig(model=str(model)))
     with pytest.raises(UnsupportedModelError) as refused:
-        check_model_limits(RunConfig(model=str(model)))
+        check_model_limits(RunConfig(model=str(model), task="feature-extraction"))
     assert "-p task=rerank" in refused.value.fix
     assert "rerank" in TASKS and TASKS["rerank"].auto_class == "AutoModelForSequenceClassification"
 

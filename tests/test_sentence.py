@@ -235,7 +235,8 @@ def test_a_cross_encoder_folder_is_not_read_as_an_embedding_model(tmp_path):
     base = build_encoder(tmp_path / "classifier", "bert", "sequence-classification")
     CrossEncoder(str(base), device="cpu").save(str(tmp_path / "reranker"))
     with pytest.raises(UnsupportedModelError) as refused:
-        check_model_limits(RunConfig(model=str(tmp_path / "reranker")))
+        check_model_limits(RunConfig(model=str(tmp_path / "reranker"), task="feature-extraction"))
     assert "sentence-transformers CrossEncoder" in refused.value.problem
     assert "-p task=rerank" in refused.value.fix
     check_model_limits(RunConfig(model=str(tmp_path / "reranker"), task="rerank"))
+    check_model_limits(RunConfig(model=str(tmp_path / "reranker")))  # task auto: the class that saved it
