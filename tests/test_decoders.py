@@ -12,7 +12,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import UnsupportedModelError
 from workbench.core.record import RunRecord
-from workbench.models.tiny import DECODER_CONFIGS, build_decoder_embedder, build_gpt2
+from workbench.models.tiny import DECODER_CONFIGS, build_decoder_embedder, build_gemma_embedder, build_gpt2
 from workbench.preflight import check_model_limits
 from workbench.serving.client import TritonClient
 from workbench.serving.server import TritonServer
@@ -73,6 +73,41 @@ def test_served_answers_equal_encode_and_its_query_prompt(decoder_run, tmp_path)
             assert np.abs(got - want).max() < 1e-5, prompt
     assert np.abs(library.encode(texts[:4], prompt_name="query") - library.encode(texts[:4])).max() > 1e-3, \
         "the prompt changes the answer: the check above would catch a server that ignored it"
+
+
+def test_a_bidirectional_gemma_embedder_is_exported_and_served_equal_to_encode(tmp_path):
+    """EmbeddingGemma's build (a Gemma 3 text model attending both ways, a two-sided window on its sliding layer,
+    mean pooling, two Dense, Normalize, prompts, truncate_dim): its graph and its served answers equal
+    encode(truncate_dim=32), with and without the query prompt; a causal graph would not come close."""
+    from sentence_transformers import SentenceTransformer
+
+    model = build_gemma_embedder(tmp_path / "model", truncate_dim=32)
+    config = RunConfig.model_validate({"model": str(model), **SMALL, "precisions": ["fp32"], "threads": 1,
+                                       "optimize": {"openvino": "never"},
+                                       "triton": {"repository_dir": str(tmp_path / "repos")}})
+    record = RunRecord.create(tmp_path / "run", config)
+    for step in (export, optimize, parity):
+        step.run(config, record)
+    assert record.metric("export.architecture") == "gemma3_text"
+    assert record.metric("export.sentence_pipeline")["steps"] == [
+        "Transformer", "Pooling(mean)", "Dense", "Dense", "Normalize", "Truncate(32)"]
+    assert record.metric("parity.reference")["outputs"]["sentence_embedding"]["max_abs"] < 1e-5
+    deployment = triton.run(config, record).metrics
+    assert all(deployment["served_passed"].values()) and "http, prompt_name='query'" in deployment["served_passed"]
+    answers = [record.metric("parity.variants.fp32"), deployment["served_parity"]["http"],
+               deployment["served_parity"]["grpc"], deployment["prompt_parity"]["query"]]
+    for answer in answers:
+        embedding = answer["outputs"]["sentence_embedding"]
+        assert embedding["max_abs"] < 1e-5 and embedding["min_cosine"] > 0.99999
+
+    library = SentenceTransformer(str(model), device="cpu")
+    texts = list(load_corpus()[:16])
+    want = library.encode(texts, prompt_name="query")
+    library[0].auto_model.config.use_bidirectional_attention = False
+    for layer in library[0].auto_model.layers:
+        layer.self_attn.is_causal = True
+    causal = library.encode(texts, prompt_name="query")
+    assert want.shape == (16, 32) and np.abs(causal - want).max() > 0.1, "the checks above tell the two apart"
 
 
 def test_a_decoder_without_sentence_transformers_files_is_refused(tmp_path):
