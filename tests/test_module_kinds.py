@@ -173,6 +173,13 @@ def test_a_splade_is_exported_gated_on_its_terms_and_served_as_its_active_terms(
     assert all(v["passed"] for v in deployment["served_parity"].values())
     assert set(deployment["prompt_parity"]) == {"query", "document"}
 
+    from workbench.serving.repository import ensemble_config, fused_config
+    from workbench.steps.triton import serving_plan
+
+    plan, _ = serving_plan(config, record)  # the bench's ensemble (tokenizer -> network model) has no terms to serve
+    terms = {"sparse_indices", "sparse_values"}
+    assert terms <= {o.name for o in fused_config(plan).output}
+    assert not terms & {o.name for o in ensemble_config(plan).output}
     name = deployment["name"]
     repository = tmp_path / "repos" / name
     want = _sparse_encode(folder, TEXTS)

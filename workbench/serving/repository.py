@@ -260,14 +260,15 @@ def _label_parameters(config: mc.ModelConfig, plan: ServingPlan) -> None:
     config.parameters["activation"].string_value = plan.activation
 
 
-def _text_outputs(config: mc.ModelConfig, plan: ServingPlan) -> None:
-    """What text-in models answer: the task outputs, label and score for classifiers, and `truncated`."""
+def _text_outputs(config: mc.ModelConfig, plan: ServingPlan, terms: bool = True) -> None:
+    """What text-in models answer: the task outputs, label and score for classifiers, a sparse encoder's active
+    terms (where `terms`: the fused model computes them, an ensemble's network model does not), and `truncated`."""
     for spec in plan.outputs:
         add_tensor(config.output, spec.name, FP32, _output_dims(spec, plan))
     if plan.classifies:
         for name, data_type in (("label", STRING), ("score", FP32)):
             add_tensor(config.output, name, data_type, _label_dims(plan))
-    if plan.sparse:
+    if plan.sparse and terms:
         add_tensor(config.output, SPARSE_INDICES, INT64, [-1])
         add_tensor(config.output, SPARSE_VALUES, FP32, [-1])
     add_tensor(config.output, "truncated", BOOL, [1])
@@ -344,7 +345,7 @@ def ensemble_config(plan: ServingPlan) -> mc.ModelConfig:
         post.input_map["logits"] = "logits"
         for name in ("label", "score"):
             post.output_map[name] = name
-    _text_outputs(config, plan)
+    _text_outputs(config, plan, terms=False)
     return config
 
 
