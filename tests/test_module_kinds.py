@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -13,45 +12,15 @@ from tests.test_sentence import SMALL, TEXTS, _deploy, _encode, _gate, _served
 from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.errors import UnsupportedModelError
-from workbench.models.tiny import build_sentence_encoder, build_sentence_t5, build_sparse_encoder
+from workbench.models.tiny import (
+    build_sentence_encoder,
+    build_sentence_t5,
+    build_sparse_encoder,
+    with_custom_module,
+)
 from workbench.preflight import check_model_limits
 
 pytestmark = pytest.mark.slow
-SCALE = '''import torch
-from sentence_transformers.base.modules import Module
-
-
-class Scale(Module):
-    config_keys = ["factor"]
-
-    def __init__(self, factor: float = 2.0):
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, features, **kwargs):
-        features["sentence_embedding"] = features["sentence_embedding"] * self.factor
-        return features
-
-    def save(self, output_path, *args, **kwargs):
-        self.save_config(output_path)
-'''
-# A module whose forward leaves torch for numpy: it runs in encode(), and no trace can follow it.
-UNTRACEABLE = SCALE.replace('features["sentence_embedding"] * self.factor',
-                            'torch.from_numpy(features["sentence_embedding"].numpy() * self.factor)')
-
-
-def _with_module(source, dest, code, factor=3.0):
-    """`source` with the model's own module (`code` in scale_module.py) appended to its modules.json."""
-    shutil.copytree(source, dest)
-    (dest / "scale_module.py").write_text(code, encoding="utf-8")
-    modules = json.loads((dest / "modules.json").read_text())
-    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "9_Scale", "type": "scale_module.Scale"})
-    (dest / "modules.json").write_text(json.dumps(modules))
-    (dest / "9_Scale").mkdir()
-    (dest / "9_Scale" / "config.json").write_text(json.dumps({"factor": factor}))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def matryoshka(tmp_path_factory):
     """Mean pooling, Dense to 48, Normalize, and truncate_dim 16 in config_sentence_transformers.json."""
@@ -112,7 +81,7 @@ def test_a_sentence_t5_loads_its_encoder_and_is_served_as_encode_returns(tmp_pat
 
 
 def test_the_models_own_module_needs_trust_and_then_runs_in_the_graph(matryoshka, tmp_path, capsys):
-    folder = _with_module(matryoshka, tmp_path / "custom", SCALE)
+    folder = with_custom_module(matryoshka, tmp_path / "custom")
     code = main(["run", "--model", str(folder), "--steps", "export", "--output-dir", str(tmp_path / "refused")])
     out = capsys.readouterr()
     text = out.out + out.err
@@ -133,7 +102,7 @@ def test_the_models_own_module_needs_trust_and_then_runs_in_the_graph(matryoshka
 
 
 def test_a_module_that_cannot_be_traced_is_refused_in_preflight_by_its_class(matryoshka, tmp_path):
-    folder = _with_module(matryoshka, tmp_path / "untraceable", UNTRACEABLE)
+    folder = with_custom_module(matryoshka, tmp_path / "untraceable", traceable=False)
     with pytest.raises(UnsupportedModelError) as refused:
         check_model_limits(RunConfig.model_validate({"model": str(folder), "trust_remote_code": True}))
     assert "Scale (scale_module.Scale)" in refused.value.problem and "cannot be exported" in refused.value.problem

@@ -411,3 +411,44 @@ def build_gemma_embedder(dest: Path, sliding_window: int = 16, truncate_dim: int
         prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
         SentenceTransformer(modules=modules, device="cpu", prompts=prompts, truncate_dim=truncate_dim).save(str(dest))
     return Path(dest)
+
+
+# The model's own module, as a user writes one: a sentence-transformers Module in a .py file of the model's folder.
+SCALE_MODULE = '''import torch
+from sentence_transformers.base.modules import Module
+
+
+class Scale(Module):
+    config_keys = ["factor"]
+
+    def __init__(self, factor: float = 2.0):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, features, **kwargs):
+        features["sentence_embedding"] = {product}
+        return features
+
+    def save(self, output_path, *args, **kwargs):
+        self.save_config(output_path)
+'''
+# Traceable: a torch operation; not: a detour through numpy, which runs in encode() and which no trace can follow.
+SCALED = {True: 'features["sentence_embedding"] * self.factor',
+          False: 'torch.from_numpy(features["sentence_embedding"].numpy() * self.factor)'}
+
+
+def with_custom_module(source: Path, dest: Path, factor: float = 3.0, traceable: bool = True) -> Path:
+    """A copy of the sentence-transformers folder `source` at `dest` with the model's own module appended to its
+    modules.json: `scale_module.Scale` (in scale_module.py beside it) multiplying the sentence embedding by `factor`,
+    through torch (`traceable`) or numpy."""
+    import shutil
+
+    shutil.copytree(source, dest)
+    dest = Path(dest)
+    (dest / "scale_module.py").write_text(SCALE_MODULE.format(product=SCALED[traceable]), encoding="utf-8")
+    modules = json.loads((dest / "modules.json").read_text(encoding="utf-8"))
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "9_Scale", "type": "scale_module.Scale"})
+    (dest / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    (dest / "9_Scale").mkdir()
+    (dest / "9_Scale" / "config.json").write_text(json.dumps({"factor": factor}), encoding="utf-8")
+    return dest
