@@ -1,6 +1,7 @@
 """Model kinds a 2026 retrieval stack deploys, run as their library's modules compute them: a Matryoshka model
 (truncate_dim), a sentence-T5 (T5EncoderModel, Dense without bias), a module of the model's own code
-(trust_remote_code), each checked against `SentenceTransformer.encode()` in process and as a real Triton serves it."""
+(trust_remote_code), a SPLADE (SparseEncoder), each checked against its library's `encode()` in process and as a
+real Triton and the API front serve it."""
 from __future__ import annotations
 
 import json
