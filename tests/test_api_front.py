@@ -198,6 +198,9 @@ def test_bad_requests_get_the_documented_status_in_openais_shape_and_the_front_s
         error = answer["error"]
         assert (got, error["code"]) == (status, code), (what, answer)
         assert set(error) == {"message", "type", "param", "code"} and error["message"], what
+    status, answer = _post(f"{api.url}/embed_sparse", {"inputs": ["a"]})  # no sparse encoder here: said so
+    assert (status, answer["error"]["code"]) == (404, "model_not_found")
+    assert "serves no sparse encoder, which /embed_sparse answers for" in answer["error"]["message"]
     budget = next(body for what, _, body, *_ in BAD if what == "over the token budget")
     assert "triton.max_request_tokens" in _post(f"{api.url}/v1/rerank", budget)[1]["error"]["message"]
     assert _post(f"{api.url}/v1/embeddings", {"model": "embedder", "input": 3})[1]["error"]["message"] == \

@@ -38,7 +38,7 @@ def test_a_matryoshka_model_is_served_at_its_truncate_dim_as_encode_returns(matr
     assert pipeline["truncate_dim"] == 16 and pipeline["steps"][-2:] == ["Normalize", "Truncate(16)"]
     assert record.data["metrics"]["export"]["io"]["outputs"]["sentence_embedding"] == ["batch", 16]
     lab = record.data["metrics"]["parity"]["reference"]
-    assert "cut at truncate_dim 16" in lab["library"] and lab["passed"], lab
+    assert "with truncate_dim=16" in lab["library"] and lab["passed"], lab
     want = _encode(matryoshka, TEXTS)
     assert want.shape == (len(TEXTS), 16)  # the library's own answer: cut after Normalize, not renormalized
     assert np.linalg.norm(want, axis=1).max() < 0.99
@@ -123,10 +123,13 @@ def test_a_splade_is_exported_gated_on_its_terms_and_served_as_its_active_terms(
     """A SparseEncoder folder, task auto: exported through its own SpladePooling, gated on its terms and dot
     products, served by Triton as each text's active terms and by the API front's /embed_sparse, as encode() returns
     them (query prompt included)."""
+    import subprocess
+    import urllib.error
     import urllib.request
 
     from workbench.serving.backend.sparse_terms import dense_rows
     from workbench.serving.client import TritonClient
+    from workbench.serving.endpoints import request_lines
     from workbench.serving.front import ApiFront
     from workbench.serving.server import TritonServer
 
@@ -163,6 +166,15 @@ def test_a_splade_is_exported_gated_on_its_terms_and_served_as_its_active_terms(
         assert [set(i[w > 1e-4]) for i, w in zip(ids, weights)] == [set(np.flatnonzero(r > 1e-4)) for r in want[:8]]
         np.testing.assert_allclose(dense_rows(ids, weights, want.shape[1]), want[:8], atol=1e-5)
         with ApiFront(repository, server.grpc_url, tmp_path / "front") as api:
+            lines = request_lines(api.url, [(name, "sparse")], "tea", keyed=False)
+            assert "/embed_sparse" in lines[1] and json.loads(subprocess.run(
+                ["bash", "-c", lines[1]], capture_output=True, text=True, check=True, timeout=60).stdout)[0]
+            refused = urllib.request.Request(f"{api.url}/v1/embeddings", headers={"Content-Type": "application/json"},
+                                             data=json.dumps({"model": name, "input": "a"}).encode())
+            with pytest.raises(urllib.error.HTTPError) as wrong_route:
+                urllib.request.urlopen(refused, timeout=60)
+            assert wrong_route.value.code == 404
+            assert "is a sparse encoder: POST /embed_sparse answers it" in wrong_route.value.read().decode()
             for body, expected in (({"inputs": TEXTS}, want), ({"inputs": TEXTS, "prompt_name": "query"}, queries),
                                    ({"inputs": TEXTS[0]}, want[:1])):
                 request = urllib.request.Request(f"{api.url}/embed_sparse", data=json.dumps(body).encode(),
@@ -174,3 +186,15 @@ def test_a_splade_is_exported_gated_on_its_terms_and_served_as_its_active_terms(
                     assert {t["index"] for t in terms if t["value"] > 1e-4} == set(np.flatnonzero(row > 1e-4))
                     np.testing.assert_allclose([t["value"] for t in terms], row[[t["index"] for t in terms]],
                                                atol=1e-5)
+
+
+def test_a_module_whose_code_does_not_import_is_refused_naming_its_file_and_line(matryoshka, tmp_path, capsys):
+    folder = with_custom_module(matryoshka, tmp_path / "broken")
+    code = (folder / "scale_module.py").read_text()
+    (folder / "scale_module.py").write_text(code.replace("        self.factor = factor", "          self.factor = 1"))
+    status = main(["run", "--model", str(folder), "--steps", "export", "-p", "trust_remote_code=true",
+                   "--output-dir", str(tmp_path / "refused")])
+    out = capsys.readouterr()
+    assert status == 2 and "Traceback" not in out.out + out.err
+    assert "scale_module.Scale, which cannot be imported here: IndentationError (scale_module.py, line" in out.err
+    assert not (tmp_path / "refused").exists()

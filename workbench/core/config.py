@@ -600,9 +600,12 @@ class RunConfig(_Strict):
         if task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or self.truncate_dim):
             chosen = (f"truncate_dim={self.truncate_dim}" if self.truncate_dim else "pooling_override=true"
                       if self.pooling == "auto" else f"pooling={self.pooling}")
+            passed = [f"-p {name}" for name, on in (("pooling", self.pooling != "auto"),
+                                                     ("pooling_override", self.pooling_override),
+                                                     ("truncate_dim", self.truncate_dim)) if on]
             raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns "
                               f"{TASKS[task].description}",
-                              "drop -p pooling, -p pooling_override and -p truncate_dim for this task"
+                              f"drop {' and '.join(passed)} for this task"
                               + (", or -p task=feature-extraction for its embeddings" if self.task == AUTO else ""))
 
     @property

@@ -207,11 +207,15 @@ def module_class(location: str, ref: str, trust_remote_code: bool) -> type:
             f"permissions; read {source} first), or pick a model without custom code")
     try:
         found = import_module_class(ref, location, trust_remote_code=trust_remote_code)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except Exception as exc:  # the model's own code can fail in any way on import: said by its file, not as a traceback
+        # a SyntaxError names no file of its own (the library parses the file from text): said by the reference
+        at = f" ({ref.rsplit('.', 1)[0].replace('.', '/')}.py, line {exc.lineno})" \
+            if isinstance(exc, SyntaxError) else ""
+        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc).splitlines()[0] if str(exc) else ""
         raise UnsupportedModelError(
-            f"{where} lists {ref}, which cannot be imported here: {str(exc).splitlines()[0]}",
-            "check the module's .py file in the model folder (its name and class), or install the package it "
-            "comes from") from None
+            f"{where} lists {ref}, which cannot be imported here: {type(exc).__name__}{at}: {reason}",
+            "mend the module's .py file in the model folder (its code, its name and class), or install the package "
+            "it comes from") from None
     if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
         raise UnsupportedModelError(f"{where} lists {ref}, which is not a torch module",
                                     "pick a model whose modules are torch.nn.Module classes")
@@ -353,7 +357,8 @@ def check_head(pipeline: SentencePipeline, mode: str, hidden_size: int, trust_re
     if pipeline.truncate_dim and pipeline.truncate_dim > width:
         raise UnsupportedModelError(
             f"truncate_dim {pipeline.truncate_dim} is wider than the {width} values {pipeline.location}'s pipeline "
-            "gives", f"set -p truncate_dim to at most {width}, or leave it out (the full width)")
+            "gives", f"set -p truncate_dim to at most {width}, or leave it out (the cut the model's "
+                     "config_sentence_transformers.json names, else its full width)")
 
 
 def _features(batch: int, tokens: int, hidden_size: int) -> dict[str, torch.Tensor]:

@@ -177,7 +177,7 @@ def library_runner(loaded: LoadedModel, texts: tuple[Text, ...], output_names: t
         cut = loaded.pipeline.truncate_dim
         library = "SentenceTransformer.encode()" + (f" with {loaded.pooling} pooling (pooling_override)"
                                                     if loaded.pooling_overridden else "") + (
-            f" cut at truncate_dim {cut}" if cut and loaded.pooling != "none" else "")
+            f" with truncate_dim={cut}" if cut and loaded.pooling != "none" else "")
         runner = SentenceTransformerRunner(model, statements, texts, loaded.input_names, output_names, library,
                                            prompt_name)
         runner.identity = _identity(loaded, runner.call, "sentence_transformers", output_names)

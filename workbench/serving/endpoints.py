@@ -75,18 +75,22 @@ def perf_analyzer_command(executable: list[str], grpc_url: str, endpoint: TextEn
 def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: bool) -> list[str]:
     """A curl per (model, kind) through the front at `url`, and the openai client's three lines for an embedder;
     `keyed`: the requests send $WORKBENCH_API_KEY."""
-    from workbench.serving.backend.api_front import KEY_VARIABLE
+    from workbench.serving.backend.api_front import KEY_VARIABLE, ROUTES
 
     key = f' -H "Authorization: Bearer ${KEY_VARIABLE}"' if keyed else ""  # the shell fills the key in
 
-    def curl(route: str, body: dict[str, object]) -> str:
-        return (f"  curl -s {url}/v1/{route} -H 'Content-Type: application/json'{key} -d "
+    def curl(kind: str, body: dict[str, object]) -> str:
+        return (f"  curl -s {url}{ROUTES[kind]} -H 'Content-Type: application/json'{key} -d "
                 f"{shlex.quote(json.dumps(body))}")
     lines = []
     for model, kind in models:
         if kind == "rerank":
             lines += [f"rerank two documents with {model}:", curl("rerank", {
                 "model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1})]
+            continue
+        if kind == "sparse":
+            lines += [f"a text's active terms with {model} (text-embeddings-inference's sparse API):",
+                      curl("sparse", {"model": model, "inputs": [sample]})]
             continue
         lines += [f"embed a text with {model} (OpenAI's embeddings API):",
                   curl("embeddings", {"model": model, "input": [sample]}),

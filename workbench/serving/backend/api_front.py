@@ -45,6 +45,7 @@ UTF8_BYTES = 4  # at most, per character
 EXPECTED = {"input": "a string or a list of strings", "documents": "a list of strings or of {\"text\": ...} objects"}
 # Each kind of served model's route: OpenAI's, Cohere's and text-embeddings-inference's.
 ROUTES = {"embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "sparse": "/embed_sparse"}
+KINDS = {"embeddings": "embedding model", "rerank": "reranker", "sparse": "sparse encoder"}
 SPARSE_INDICES, SPARSE_VALUES = "sparse_indices", "sparse_values"  # a sparse encoder's served outputs
 INLINE_CHARS = 4096  # a request this short is tokenized on the event loop: a thread's hop would cost more
 
@@ -171,11 +172,17 @@ class Front:
         if len(found) > 1:
             raise ApiError(400, f"this deployment serves several {kind} models ({', '.join(found)}): name one in "
                                 "'model'", "model", "model_required")
-        return found[0] if found else ""
+        if not found:
+            raise ApiError(404, f"this deployment serves no {KINDS[kind]}, which {ROUTES[kind]} answers for; "
+                                "GET /v1/models lists what it serves", "model", "model_not_found")
+        return found[0]
 
     def model(self, name: str, kind: str) -> ServedModel:
         served = self.models.get(name)
-        if served is None or served.kind != kind:
+        if served is not None and served.kind != kind:
+            raise ApiError(404, f"model {name!r} is a {KINDS[served.kind]}: POST {ROUTES[served.kind]} answers it, "
+                                f"not {ROUTES[kind]}", "model", "model_not_found")
+        if served is None:
             these = ", ".join(m.id for m in self.models.values() if m.kind == kind) or "none"
             raise ApiError(404, f"model {name!r} is not served here for {ROUTES[kind]}; this deployment serves: "
                                 f"{these} (GET /v1/models lists them)", "model", "model_not_found")

@@ -262,7 +262,7 @@ def _neighbours(verdict: Verdict) -> str:
     retrieval, sparse = verdict.retrieval, next((o.sparse for o in verdict.outputs.values() if o.sparse), None)
     if sparse:
         return (f", top-{sparse['top_k']} terms {sparse['top_k_overlap']:.3f}, active terms "
-                f"{sparse['active_overlap']:.3f}, dot product error {sparse['dot_rel_error']:.2g}")
+                f"{sparse['active_overlap']:.3f}")
     return f", recall@10 {retrieval['recall_at_10']:.3f}" if retrieval else ""
 
 
