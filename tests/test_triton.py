@@ -116,7 +116,8 @@ def test_configs_read_back_through_the_protobuf(served, fused):
     assert [i.name for i in model.input] == ["TEXT"]
     assert [o.name for o in model.output] == [o.name for o in parsed_outputs(served)]
     assert sorted(p.name for p in (server.repository / one.name / "1").iterdir() if p.name != "__pycache__") == [
-        "encoder.json", "labels.py", "model.onnx", "model.py", "ort_batches.py", "stages.py", "text_input.py",
+        "encoder.json", "labels.py", "model.onnx", "model.py", "ort_batches.py", "sparse_terms.py", "stages.py",
+        "text_input.py",
         "tokenizer"]
     assert model.instance_group[0].count == 2 and model.parameters["intra_op_threads"].string_value == "1"
     for config, graph in ((parsed_model, model_file), (model, server.repository / one.name / "1" / "model.onnx")):
