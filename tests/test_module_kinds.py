@@ -79,6 +79,13 @@ def test_a_sentence_t5_loads_its_encoder_and_is_served_as_encode_returns(tmp_pat
     for protocol in ("http", "grpc"):
         max_abs, cosine = _gate(served[protocol], want)
         assert max_abs < 1e-5 and cosine > 0.99999, (protocol, max_abs, cosine)
+    # a Unigram tokenizer whose JSON reads scores back one ulp off is served as the library loads it, not from JSON
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    saved = AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer.to_str()
+    exact = Tokenizer.from_str(saved).to_str() == saved
+    assert (tmp_path / "repos" / name / "1" / "encoder.json").exists() == exact
 
 
 def test_the_models_own_module_needs_trust_and_then_runs_in_the_graph(matryoshka, tmp_path, capsys):

@@ -387,7 +387,10 @@ def configs(plan: ServingPlan) -> dict[str, mc.ModelConfig]:
 def encoder_json(tokenizer_dir: Path, max_length: int, lowercase: bool = False) -> bytes | None:
     """The transformers tokenizer's own `tokenizers` backend as the served models run it (padding off, truncation
     to `max_length` on the tokenizer's side, lowercasing first where the model's sentence-transformers files say
-    so), serialized; None for a tokenizer without one (the model then loads the transformers tokenizer itself)."""
+    so), serialized; None for a tokenizer without one, or one its JSON does not give back whole (the model then
+    loads the transformers tokenizer itself, as the library does). tokenizers 0.23 reads some of a Unigram
+    model's scores back one ulp off (47 of a tiny T5's 600), and where two segmentations tie that flips one
+    ("000": "00 0" in the library, "0 00" served); a lowercasing one is kept, as only its backend lowercases."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -397,7 +400,10 @@ def encoder_json(tokenizer_dir: Path, max_length: int, lowercase: bool = False) 
     backend = getattr(wrapper, "backend_tokenizer", None)
     if backend is None:
         return None
-    encoder = Tokenizer.from_str(backend.to_str())
+    saved = backend.to_str()
+    encoder = Tokenizer.from_str(saved)
+    if encoder.to_str() != saved and not lowercase:
+        return None
     encoder.no_padding()
     encoder.enable_truncation(max_length, direction=wrapper.truncation_side)
     return encoder.to_str().encode("utf-8")
