@@ -11,6 +11,7 @@ import pytest
 from workbench.core.data import load_corpus
 from workbench.core.errors import TokenizerNotFoundError
 from workbench.models.loading import ModelSource, load_tokenizer
+from workbench.serving.backend.text_input import TextEncoder
 from workbench.serving.repository import encoder_json
 
 
@@ -36,7 +37,6 @@ def spiece_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_sentencepiece_only_folder_gives_sentencepiece_ids_loaded_and_served(spiece_only: Path, tmp_path: Path):
     import sentencepiece
-    from tokenizers import Tokenizer
 
     processor = sentencepiece.SentencePieceProcessor(model_file=str(spiece_only / "spiece.model"))
     texts = load_corpus()
@@ -45,9 +45,13 @@ def test_a_sentencepiece_only_folder_gives_sentencepiece_ids_loaded_and_served(s
 
     tokenizer = load_tokenizer(ModelSource("local", str(spiece_only)))
     assert [tokenizer(text)["input_ids"] for text in texts] == expected
-    tokenizer.save_pretrained(tmp_path)  # as export writes the run's tokenizer: tokenizer.json, what Triton serves
-    served = Tokenizer.from_str(encoder_json(tmp_path, max_length=4096).decode("utf-8"))
-    assert [encoding.ids for encoding in served.encode_batch(list(texts))] == expected
+    served = tmp_path / "served"  # as the repository lays it out: the run's tokenizer, encoder.json where it is whole
+    tokenizer.save_pretrained(served / "tokenizer")  # as export writes the run's tokenizer: tokenizer.json
+    encoder = encoder_json(served / "tokenizer", max_length=4096)
+    if encoder is not None:
+        (served / "encoder.json").write_bytes(encoder)
+    parts, _ = TextEncoder(served, 4096, ["input_ids", "attention_mask"]).encode(list(texts), [""] * len(texts))
+    assert [part["input_ids"][0].tolist() for part in parts] == expected
 
 
 def test_an_unreadable_sentencepiece_model_names_the_pinned_package(spiece_only: Path,
