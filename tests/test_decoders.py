@@ -21,16 +21,21 @@ from workbench.steps import export, optimize, parity, triton
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 128}}
 
 
-@pytest.fixture(scope="module", params=list(DECODER_CONFIGS))
-def decoder_run(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(request.param)
-    model = build_decoder_embedder(root / "model", request.param)
+def _checked(model, root):
+    """`model` through export, optimize and parity in fp32 (its repository under `root`/repos)."""
     config = RunConfig.model_validate({"model": str(model), **SMALL, "precisions": ["fp32"], "threads": 1,
                                        "optimize": {"openvino": "never"},
                                        "triton": {"repository_dir": str(root / "repos")}})
     record = RunRecord.create(root / "run", config)
     for step in (export, optimize, parity):
         step.run(config, record)
+    return config, record
+
+
+@pytest.fixture(scope="module", params=list(DECODER_CONFIGS))
+def decoder_run(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    config, record = _checked(build_decoder_embedder(root / "model", request.param), root)
     return request.param, root, config, record
 
 
@@ -82,12 +87,7 @@ def test_a_bidirectional_gemma_embedder_is_exported_and_served_equal_to_encode(t
     from sentence_transformers import SentenceTransformer
 
     model = build_gemma_embedder(tmp_path / "model", truncate_dim=32)
-    config = RunConfig.model_validate({"model": str(model), **SMALL, "precisions": ["fp32"], "threads": 1,
-                                       "optimize": {"openvino": "never"},
-                                       "triton": {"repository_dir": str(tmp_path / "repos")}})
-    record = RunRecord.create(tmp_path / "run", config)
-    for step in (export, optimize, parity):
-        step.run(config, record)
+    config, record = _checked(model, tmp_path)
     assert record.metric("export.architecture") == "gemma3_text"
     assert record.metric("export.sentence_pipeline")["steps"] == [
         "Transformer", "Pooling(mean)", "Dense", "Dense", "Normalize", "Truncate(32)"]
