@@ -205,3 +205,18 @@ def test_a_module_whose_code_does_not_import_is_refused_naming_its_file_and_line
     assert status == 2 and "Traceback" not in out.out + out.err
     assert "scale_module.Scale, which cannot be imported here: IndentationError (scale_module.py, line" in out.err
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_splade_with_max_active_dims_keeps_its_heaviest_terms_in_the_graph(tmp_path):
+    from workbench.core.record import RunRecord
+    from workbench.steps import export, optimize, parity
+
+    folder = build_sparse_encoder(tmp_path / "splade", max_active_dims=5)
+    config = RunConfig.model_validate({"model": str(folder), **SMALL})
+    record = RunRecord.create(tmp_path / "run", config)
+    for step in (export, optimize, parity):
+        assert step.run(config, record).status == "ok", record.data["steps"]
+    assert record.data["metrics"]["export"]["sentence_pipeline"]["steps"][-1] == "KeepTop(5)"
+    fp32 = record.data["metrics"]["parity"]["variants"]["fp32"]["outputs"]["sentence_embedding"]
+    assert fp32["passed"] and fp32["sparse"]["mean_active_terms"] <= 5
+    assert record.data["metrics"]["parity"]["reference"]["passed"]

@@ -23,10 +23,9 @@ class KeepTop(torch.nn.Module):
         self.k = k
 
     def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        embedding = features["sentence_embedding"]
-        values, ids = torch.topk(embedding.abs(), min(self.k, embedding.shape[-1]), dim=-1)
-        kept = torch.zeros_like(embedding).scatter(-1, ids, embedding.gather(-1, ids))
-        return {**features, "sentence_embedding": kept}
+        from sentence_transformers.util import select_max_active_dims  # the library's own cut, torch ops alone
+
+        return {**features, "sentence_embedding": select_max_active_dims(features["sentence_embedding"], self.k)}
 
 
 class FeaturesToEmbedding(torch.nn.Module):
