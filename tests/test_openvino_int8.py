@@ -285,8 +285,8 @@ def test_where_the_cpu_has_bf16_the_faster_precision_is_written_into_the_file(qu
     assert onnxfiles.openvino_precision(dest) == chosen.chosen and onnxfiles.runtime(dest) == "openvino"
     if chosen.ms:
         assert set(chosen.ms) == {"f32", "bf16"}
-        default = "OpenVINO's default on this CPU; f32 "
-        assert chosen.reason.startswith("f32 " if chosen.chosen == "f32" else default)
+        # bf16 kept: by the race, or because the host was busy or f32 lost a cell; each reason says which
+        assert chosen.reason.startswith("f32 " if chosen.chosen == "f32" else "OpenVINO's default on this CPU")
     else:
         assert chosen.recorded() == {"chosen": "f32", "reason": "bf16 not tried: OpenVINO compiled it at f32"}
     with OpenVinoRunner("openvino_int8", dest, 1, "int8") as runner:
