@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= cpu,openvino,serve,generation,dev
+EXTRAS ?= cpu,openvino,serve,generation,ray,dev
 ARGS ?=
 PYTEST_ARGS ?=
 # The suite's processes (pytest-xdist; each runs one test module at a time, its fixtures built once); 0: one process.

@@ -3,6 +3,8 @@ run, serve a deployment, sweep many runs and compare them."""
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -116,8 +118,6 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-
     from workbench.serve import run_repository, serve
     from workbench.serving.backend.api_front import KEY_VARIABLE
 
@@ -138,7 +138,30 @@ def _sweep(args: argparse.Namespace) -> int:
                   f"image or the claim holds them at that path ({'; '.join(local)}): use hub ids, or put the "
                   "models into kubernetes.image at those paths", file=sys.stderr)
         return 0
+    ray = sweep.spec.ray
+    address = args.ray or (ray.address if ray else None)
+    if address:
+        from workbench.fleet.driver import run_on_cluster
+
+        return run_on_cluster(sweep, address, ray.kinds if ray else None, ray.retries if ray else 1)
     return run_sweep(sweep, args.index, progress=not args.quiet)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from workbench.fleet.node import plan_start, run_node
+
+    if args.head == bool(args.address):
+        raise ConfigError("pass --head (this node starts the cluster) or --address HOST:PORT (it joins one)",
+                          "one of the two")
+    start = plan_start(args.address, args.port, args.kind, args.num_cpus, args.ip, args.temp_dir)
+    how = "told" if start.told else "from this CPU's flags"
+    print(f"host kind {start.kind.name} ({how}: {start.kind.about}); advertising {start.resources}", flush=True)
+    if args.dry_run:
+        print(shlex.join(start.argv))
+        return 0
+    print(f"node running (pid {os.getpid()}); Ctrl-C or `kill {os.getpid()}` stops it with all its processes",
+          flush=True)
+    return run_node(start)
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -217,8 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--output-root", help="where the run folders go (default: the file's output_root)")
     sweep.add_argument("--index", type=int, help="run only this run (0-based; an Indexed Job's pods pass theirs)")
     sweep.add_argument("--kubernetes", metavar="FILE", help="write the Indexed Job manifest to FILE, run nothing")
+    sweep.add_argument("--ray", metavar="ADDRESS", help="measure each run on every host kind of the Ray cluster at "
+                       "ADDRESS (host:port), each cell on a node of its kind (`ray:` in the file sets it too)")
     sweep.add_argument("--quiet", action="store_true", help="only the line per run")
     sweep.set_defaults(func=_sweep)
+    node = sub.add_parser("node", help="a Ray node that advertises its host kind, for `workbench sweep --ray`")
+    node_sub = node.add_subparsers(dest="action", required=True)
+    start = node_sub.add_parser("start", help="`ray start --block` advertising this host's kind (runs until stopped)")
+    start.add_argument("--head", action="store_true", help="start the cluster (its GCS on --port)")
+    start.add_argument("--address", metavar="HOST:PORT", help="join the cluster whose head is there")
+    start.add_argument("--port", type=_port, default=6379, help="the head's GCS port (default 6379)")
+    start.add_argument("--kind", help="advertise this host kind instead of the one this CPU's flags make "
+                       "(docs/compare.md lists them)")
+    start.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule here (default: all)")
+    start.add_argument("--ip", default="127.0.0.1", help="this node's address as the cluster reaches it")
+    start.add_argument("--temp-dir", help="the head's Ray session folder (default Ray's /tmp/ray)")
+    start.add_argument("--dry-run", action="store_true", help="print the `ray start` command line, start nothing")
+    start.set_defaults(func=_node)
     compared = sub.add_parser("compare", help="runs side by side: one HTML page, a CSV and a JSON table, and the "
                               "(model, variant) to deploy per goal and host")
     compared.add_argument("runs", nargs="+", help="run folders, or folders of runs (a sweep's output root)")

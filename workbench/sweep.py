@@ -53,12 +53,20 @@ class KubernetesSettings(_Strict):
     gpu: int = Field(default=0, ge=0, description="NVIDIA GPUs per pod")
 
 
+class RaySettings(_Strict):
+    address: str | None = Field(default=None, description="the cluster's GCS address, host:port (or --ray)")
+    kinds: list[str] = Field(default_factory=list, description="host kinds each run is measured on; default: "
+                             "every kind the cluster's live nodes offer")
+    retries: int = Field(default=1, ge=0, description="times a cell whose node was lost is placed again")
+
+
 class SweepFile(_Strict):
     output_root: str = Field(description="run folders go to <output_root>/<run name> (relative: to the file)")
     settings: dict[str, Any] = Field(default_factory=dict, description="every run's settings")
     runs: list[SweepRun] = Field(default_factory=list)
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="every combination of these values")
     kubernetes: KubernetesSettings | None = None
+    ray: RaySettings | None = None
 
 
 @dataclass(frozen=True)
@@ -134,8 +142,8 @@ def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
     except ValidationError as exc:
         found = "; ".join(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
         raise ConfigError(f"sweep file {path}: {found}",
-                          "the keys are output_root, settings, runs (name, model, settings), grid, kubernetes "
-                          "(docs/compare.md)") from None
+                          "the keys are output_root, settings, runs (name, model, settings), grid, kubernetes, "
+                          "ray (docs/compare.md)") from None
     root = output_root or (path.parent / spec.output_root)
     try:
         configure(spec.settings)

@@ -190,6 +190,14 @@ class DeviceMismatchError(WorkbenchError):
     """Two measurements from different devices were about to be compared as if they were one."""
 
 
+class ClusterError(WorkbenchError):
+    """A sweep's Ray cluster cannot do what the sweep asks: unreachable, no node of a host kind, a node lost."""
+
+
+class TransferError(WorkbenchError):
+    """A run folder packed on a cluster node does not match its checksums on the driver: nothing of it was kept."""
+
+
 class ProblemsError(ConfigError):
     """Several problems found by one check (preflight lists them all at once), each with its own fix."""
 

@@ -1,6 +1,7 @@
 """What the run ran on: versions, CPU, GPU (or none) and ONNX Runtime providers."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -39,6 +40,8 @@ def _cpuinfo(field: str) -> str | None:
 def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
+
+NODE_VARIABLE = "WORKBENCH_NODE"  # a sweep cell's run reads the cluster node it runs on from here (JSON)
 
 # The instruction-set features that decide how fast int8 (and fp32) matmuls run on a CPU.
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
@@ -86,6 +89,9 @@ def collect_environment() -> dict[str, Any]:
         "gpu": gpu_name(),
         "packages": {name: version for name in PACKAGES if (version := package_version(name))},
     }
+    node = os.environ.get(NODE_VARIABLE)
+    if node:
+        env["node"] = json.loads(node)
     try:
         import onnxruntime
 

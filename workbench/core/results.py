@@ -28,6 +28,17 @@ class OrtEnvironment(Metrics):
     providers_used: list[str] = Field(default_factory=list)
 
 
+class NodeInfo(Metrics):
+    """The cluster node a sweep cell measured on (`workbench sweep --ray`): Ray's node id, its address, the host
+    kind it advertised, and whether that kind was told (`workbench node start --kind`) rather than read from its
+    flags."""
+
+    id: str
+    address: str
+    kind: str
+    told: bool = False
+
+
 class HostEnvironment(Metrics):
     """The machine a run ran on (`machine.collect_environment`); runs recorded before the CPU features were have
     none."""
@@ -40,6 +51,7 @@ class HostEnvironment(Metrics):
     gpu: str | None = None
     packages: dict[str, str] = Field(default_factory=dict)
     onnxruntime: OrtEnvironment | None = None  # None: not installed
+    node: NodeInfo | None = None  # the cluster node, for a sweep cell run on one
 
     @property
     def int8_dot_product(self) -> str | None:
