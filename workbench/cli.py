@@ -179,6 +179,10 @@ def _compare(args: argparse.Namespace) -> int:
             print(f"  {pick.goal:10s} {chosen}  [{pick.rule}]")
         if found.unmeasured and found.latency_cell:
             print(f"  not picked (no bench): {', '.join(found.unmeasured)}; `{bench_command('<run>')}` measures one")
+    for row in compared.fleet:
+        chosen = f"{row.run}: {row.variant} ({row.value}, {row.speedup:.3g}x PyTorch, margin {row.margin:+.2g})" \
+            if row.variant and row.speedup is not None and row.margin is not None else f"none: {row.reason}"
+        print(f"fleet: {row.kind:12s} {Path(row.model).name} {row.goal:10s} {chosen}")
     for label, why in compared.left_out.items():
         print(f"{label}: no row: {why}")
     shown = len(runs) - len(compared.left_out)

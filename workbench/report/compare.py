@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +104,21 @@ def run_labels(run_dirs: list[Path]) -> dict[Path, str]:
 
 
 def host_of(record: RunRecord) -> str:
-    """The machine and device a run measured on: runs are compared only with runs on the same one."""
+    """The machine and device a run measured on: runs are compared only with runs on the same one. A sweep cell's
+    names its node's host kind first (two kinds are two groups, even on one machine)."""
     env = record.environment
     int8 = env.int8_dot_product or "no int8 dot product"
     device = record.config.device if record.config.device != "auto" else ("cuda" if env.gpu else "cpu")
-    return f"{env.cpu} ({env.cpu_count} cores, {int8}), GPU {env.gpu or 'none'}, {device}"
+    machine = f"{env.cpu} ({env.cpu_count} cores, {int8}), GPU {env.gpu or 'none'}, {device}"
+    if env.node is None:
+        return machine
+    return f"host kind {env.node.kind}{' (told)' if env.node.told else ''}: {machine}"
+
+
+def kind_of_host(host: str) -> str | None:
+    """The host kind a group's host names (None: not a sweep cell's)."""
+    return host.split(":", 1)[0].removeprefix("host kind ").removesuffix(" (told)") \
+        if host.startswith("host kind ") else None
 
 
 def rows_of(record: RunRecord, name: str) -> list[Row]:
@@ -206,13 +216,50 @@ def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = No
     return Group(rows[0].host, rows, latency, throughput, picks, list(unmeasured))
 
 
+@dataclass(frozen=True)
+class FleetRow:
+    """What one host kind deploys of one model for one goal: the verified fastest variant there, its speedup over
+    the run's PyTorch at the goal's cell, and its parity margin."""
+
+    kind: str
+    model: str
+    goal: str
+    run: str | None
+    variant: str | None
+    value: str
+    speedup: float | None
+    margin: float | None
+    reason: str
+
+
+def fleet(groups: list[Group], floor: float) -> list[FleetRow]:
+    """Per host kind (the groups of sweep cells) and model, each goal's pick among that model's variants."""
+    found = []
+    for host_group in groups:
+        kind = kind_of_host(host_group.host)
+        if kind is None:
+            continue
+        for model in dict.fromkeys(row.model for row in host_group.rows):
+            rows = [replace(row) for row in host_group.rows if row.model == model]
+            by_variant = {(row.run, row.variant): row for row in rows}
+            for pick in group(rows, floor).picks:
+                row = by_variant.get((pick.run, pick.variant))
+                speedup = (row.throughput_speedup if pick.goal == "throughput" else row.latency_speedup) \
+                    if row else None
+                found.append(FleetRow(kind, model, pick.goal, pick.run, pick.variant, pick.value, speedup,
+                                      row.margin if row else None, pick.reason if not row else pick.rule))
+    return found
+
+
 @dataclass
 class Comparison:
-    """Every run given, by label: the host groups its variants are compared in, and the runs with no row and why."""
+    """Every run given, by label: the host groups its variants are compared in, the runs with no row and why, and
+    per host kind of sweep cells, what each kind deploys."""
 
     runs: list[str]
     groups: list[Group]
     left_out: dict[str, str]  # label -> why it has no row, and what gives it one
+    fleet: list[FleetRow] = field(default_factory=list)
 
 
 def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> Comparison:
@@ -233,8 +280,8 @@ def compare(run_dirs: list[Path], floor: float = ACCURACY_FLOOR) -> Comparison:
             rows.setdefault(row.host, []).append(row)
         if found and not any(row.cells for row in found):
             unmeasured.setdefault(found[0].host, {})[labels[run_dir]] = run_dir
-    return Comparison(list(labels.values()), [group(found, floor, unmeasured.get(host))
-                                              for host, found in rows.items()], left_out)
+    groups = [group(found, floor, unmeasured.get(host)) for host, found in rows.items()]
+    return Comparison(list(labels.values()), groups, left_out, fleet(groups, floor))
 
 
 def _no_rows(record: RunRecord, run_dir: Path) -> str:
@@ -289,6 +336,18 @@ def group_figures(found: Group) -> list[go.Figure]:
     return made
 
 
+def fleet_figure(rows: list[FleetRow]) -> go.Figure:
+    """The fleet table: per host kind and model, what each goal deploys there."""
+    cells = [[r.kind, Path(r.model).name, r.goal, f"{r.run}: {r.variant}" if r.variant else "none",
+              r.value, f"{r.speedup:.3g}x" if r.speedup is not None else "",
+              f"{r.margin:+.2g}" if r.margin is not None else "", r.reason] for r in rows]
+    made = figures.table("The fleet: what each host kind deploys, per model and goal (verified there, fastest there)",
+                         ["host kind", "model", "goal", "run: variant", "value", "speedup vs PyTorch",
+                          "parity margin", "rule"], cells)
+    made.update_layout(height=90 + 48 * (len(cells) + 1))
+    return made
+
+
 def write_compare(compared: Comparison, folder: Path, overwrite: bool = False) -> dict[str, Path]:
     """compare.html (self-contained), compare.csv and compare.json in `folder`; files there are replaced only with
     `overwrite`."""
@@ -297,7 +356,8 @@ def write_compare(compared: Comparison, folder: Path, overwrite: bool = False) -
     if existing and not overwrite:
         raise OutputDirError(f"{existing[0]} exists", "pass another --output folder, or --overwrite to replace it")
     ensure_writable(folder, "--output")
-    data = {"runs": compared.runs, "left_out": compared.left_out, "groups": [
+    data = {"runs": compared.runs, "left_out": compared.left_out,
+            "fleet": [asdict(row) for row in compared.fleet], "groups": [
         {"host": g.host, "latency_cell": g.latency_cell, "throughput_cell": g.throughput_cell,
          "picks": [asdict(p) for p in g.picks], "unmeasured": g.unmeasured, "rows": table([g])} for g in groups]}
     buffer = io.StringIO()
@@ -305,6 +365,11 @@ def write_compare(compared: Comparison, folder: Path, overwrite: bool = False) -
     writer.writeheader()
     writer.writerows(table(groups))
     sections, first = [], True
+    fleet_html = ""
+    if compared.fleet:
+        fleet_html = fleet_figure(compared.fleet).to_html(full_html=False, include_plotlyjs=True,
+                                                          config={"responsive": True})
+        first = False
     for found in groups:
         parts = []
         for figure in group_figures(found):
@@ -312,6 +377,6 @@ def write_compare(compared: Comparison, folder: Path, overwrite: bool = False) -
             first = False
         sections.append({"host": found.host, "figures": parts})
     page = jinja2.Template(TEMPLATE.read_text(encoding="utf-8"), autoescape=True).render(
-        runs=compared.runs, left_out=compared.left_out, groups=sections)
+        runs=compared.runs, left_out=compared.left_out, groups=sections, fleet=fleet_html)
     return {"html": write_text(folder / FILES[0], page), "csv": write_text(folder / FILES[1], buffer.getvalue()),
             "json": write_text(folder / FILES[2], json.dumps(data, indent=1))}
