@@ -138,6 +138,11 @@ def _sweep(args: argparse.Namespace) -> int:
                   f"image or the claim holds them at that path ({'; '.join(local)}): use hub ids, or put the "
                   "models into kubernetes.image at those paths", file=sys.stderr)
         return 0
+    if args.kuberay:
+        from workbench.fleet.kuberay import write_kuberay
+
+        print(f"RayCluster and RayJob of {len(sweep.runs)} runs: {write_kuberay(sweep, Path(args.kuberay))}")
+        return 0
     ray = sweep.spec.ray
     address = args.ray or (ray.address if ray else None)
     if address:
@@ -246,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--kubernetes", metavar="FILE", help="write the Indexed Job manifest to FILE, run nothing")
     sweep.add_argument("--ray", metavar="ADDRESS", help="measure each run on every host kind of the Ray cluster at "
                        "ADDRESS (host:port), each cell on a node of its kind (`ray:` in the file sets it too)")
+    sweep.add_argument("--kuberay", metavar="FILE", help="write KubeRay manifests to FILE (a RayCluster with a "
+                       "worker group per host kind, a RayJob running the sweep on it), run nothing")
     sweep.add_argument("--quiet", action="store_true", help="only the line per run")
     sweep.set_defaults(func=_sweep)
     node = sub.add_parser("node", help="a Ray node that advertises its host kind, for `workbench sweep --ray`")

@@ -27,6 +27,7 @@ from workbench.core.errors import (
 )
 from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.fleet.cell import CellOutcome, CellSpec, measure_cell
+from workbench.fleet.deployments import write_fleet
 from workbench.fleet.kinds import host_kind, kinds_offered
 from workbench.fleet.transfer import install
 from workbench.sweep import PlannedRun, Sweep, pending_steps
@@ -217,6 +218,14 @@ class FleetSweep:
         self.line(cell, f"finished in {cell.seconds:.0f} s on node {node.id[:12]} ({node.address}), "
                         f"{len(outcome.packed.files)} files checked -> {cell.run_dir}")
 
+    def write_fleet_manifests(self) -> None:
+        """Per run, every kind's Deployment in one file beside the cells (where their deploy steps wrote one)."""
+        for run in self.sweep.runs:
+            done = [cell.run_dir for cell in self.cells if cell.run == run.name and cell.status == "done"]
+            written = write_fleet(run.name, done, self.root / f"{run.name}-fleet.yaml")
+            if written is not None:
+                print(f"{run.name}: each host kind's deployment in {written}", flush=True)
+
     def _run_of(self, cell: Cell) -> PlannedRun:
         return next(run for c, run in self.planned if c is cell)
 
@@ -250,6 +259,7 @@ class FleetSweep:
             raise RunInterruptedError(f"the sweep {self.sweep.path} was interrupted; its cells were cancelled",
                                       f"workbench sweep {self.sweep.path} --ray ... again runs what is left: finished "
                                       "cells are kept", signal.SIGINT) from None
+        self.write_fleet_manifests()
         failed = [cell.name for cell in self.cells if cell.status == "failed"]
         if failed:
             print(f"failed: {', '.join(failed)}; the same command again runs them (finished cells are kept)",

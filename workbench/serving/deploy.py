@@ -17,6 +17,7 @@ from workbench.core.config import TritonSettings
 from workbench.core.flavor import Flavor
 from workbench.core.metrics import Metrics
 from workbench.core.pins import pin
+from workbench.fleet.kinds import HostKind
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
 
@@ -46,6 +47,7 @@ exit $code
 """ % API_PORT
 QUEUE_COUNTER = "nv_inference_queue_duration_us"  # Triton's cumulative queue microseconds, per model
 SUCCESS_COUNTER = "nv_inference_request_success"  # Triton's cumulative successful requests, per model
+HOST_KIND_LABEL = "host-kind"  # a per-kind Deployment's pods carry their kind: the Service spans the kinds
 QUEUE_METRIC = "triton_queue_us_per_request"  # what prometheus-adapter serves the autoscaler, per pod
 RATE_WINDOW = "1m"
 KSERVE_RUNTIME = "kserve-tritonserver"
@@ -143,32 +145,42 @@ def docker_script(image: str, front: bool) -> str:
             f"exec docker run --rm --gpus all --shm-size=1g {published} {image}\n")
 
 
-def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling, front: bool) -> list[dict[str, Any]]:
+def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling, front: bool,
+                         kind: HostKind | None = None) -> list[dict[str, Any]]:
     """Deployment, Service, HorizontalPodAutoscaler (queue time per request, through prometheus-adapter) and the
     ServiceMonitor that has Prometheus scrape the metrics port. With the API front, the pod is ready when the front
-    is (its /health answers 200 once Triton's models are ready)."""
+    is (its /health answers 200 once Triton's models are ready). For a run measured on a node of host `kind` (a
+    sweep cell), the Deployment and its autoscaler are that kind's (`<app>-<kind>`), placed on nodes whose
+    node-feature-discovery labels make them that kind, asking a GPU only on the GPU kind; the Service and the
+    ServiceMonitor select the app across every kind's Deployment."""
     name = app_name(plan)
     labels = {"app": name}
+    own = f"{name}-{kind.name.replace('_', '-')}" if kind else name
+    pod_labels = {**labels, HOST_KIND_LABEL: kind.name.replace("_", "-")} if kind else labels
     exposed = [{"name": n, "containerPort": p} for n, p in ports(front)]
     health = {"path": "/health", "port": FRONT_PORT[0]} if front else {"path": "/v2/health/ready", "port": "http"}
+    gpu = {"nvidia.com/gpu": 1} if kind is None or kind.name == "gpu" else {}
     container = {
         "name": "triton", "image": image, "ports": exposed,
-        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi", "nvidia.com/gpu": 1}},
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi", **gpu}},
         "startupProbe": {"httpGet": health, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {"httpGet": health, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10},
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}  # the Python backend's tensors pass through it
+    placement: dict[str, Any] = {"nodeSelector": kind.node_selector(), **({"affinity": kind.affinity()}
+                                                                           if kind.affinity() else {})} if kind else {}
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-        "spec": {"replicas": scaling.min_replicas, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels}, "spec": {"containers": [container], "volumes": [
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": own, "labels": pod_labels},
+        "spec": {"replicas": scaling.min_replicas, "selector": {"matchLabels": pod_labels}, "template": {
+            "metadata": {"labels": pod_labels}, "spec": {**placement, "containers": [container], "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]}}}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
                "spec": {"selector": labels, "ports": [{"name": p["name"], "port": p["containerPort"],
                                                        "targetPort": p["name"]} for p in exposed]}}
     autoscaler = {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": name, "labels": labels},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": own, "labels": pod_labels},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": own},
                  "minReplicas": scaling.min_replicas, "maxReplicas": scaling.max_replicas,
                  "metrics": [{"type": "Pods", "pods": {"metric": {"name": QUEUE_METRIC}, "target": {
                      "type": "AverageValue", "averageValue": str(scaling.queue_target_us)}}}],
@@ -211,14 +223,16 @@ def inference_service(triton: TritonSettings, plan: ServingPlan, image: str, sca
 
 
 def deployment_files(triton: TritonSettings, plan: ServingPlan, repository: Path, repository_sha256: str,
-                     scaling: Scaling, capacity: list[str], folder: Path, front: FrontSpec | None) -> dict[str, Path]:
+                     scaling: Scaling, capacity: list[str], folder: Path, front: FrontSpec | None,
+                     kind: HostKind | None = None) -> dict[str, Path]:
     """Every file in `folder` (deploy/), by FILES key; `capacity` is the README's lines on how the numbers were
-    chosen; `front`: the API front's models, where the image runs it."""
+    chosen; `front`: the API front's models, where the image runs it; `kind`: the host kind the run measured on,
+    where it is a sweep cell (its Deployment is that kind's)."""
     image = image_tag(triton, plan, repository_sha256, front)
     with_front = front is not None
     texts = {"dockerfile": dockerfile(triton, plan, with_front), "docker": docker_script(image, with_front),
              **front_texts(front),
-             "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling, with_front)),
+             "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling, with_front, kind)),
              "adapter": _yaml({"rules": {"default": False, "custom": [adapter_rule(plan)]}}),
              "kserve": _yaml(inference_service(triton, plan, image, scaling)),
              "readme": readme(plan, repository, image, scaling, capacity, front)}

@@ -13,6 +13,7 @@ from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
+from workbench.fleet.kinds import host_kind
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
@@ -70,8 +71,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         repository = record.artifact("triton.repository")
         digest = record.artifact_sha256("triton.repository")
         front = api_front(repository)
+        node = record.environment.node
         files = deployment_files(config.triton, plan, repository.relative_to(record.run_dir), digest, scaling,
-                                 capacity_lines(capacity), record.run_dir / STEP, front)
+                                 capacity_lines(capacity), record.run_dir / STEP, front,
+                                 host_kind(node.kind) if node else None)
         for key, path in files.items():
             record.add_artifact(f"{STEP}.{key}", path, kind="deployment")
         deployment = record.deployment()
