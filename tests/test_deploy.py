@@ -42,7 +42,11 @@ KUBERNETES = "1.37.0"  # the newest schemas kubernetes-validate (pinned in pypro
 CRDS = {  # kind -> the CRD schema file, from the projects' own CRD manifests at these versions
     "InferenceService": "kserve-0.20.0-inferenceservice-v1beta1.json.gz",
     "ServiceMonitor": "prometheus-operator-0.93.0-servicemonitor-v1.json.gz",
+    "RayCluster": "kuberay-1.7.0-raycluster-v1.json.gz",
+    "RayJob": "kuberay-1.7.0-rayjob-v1.json.gz",
 }
+
+
 def level(concurrency: int, throughput: float, p99: float) -> dict:
     """A served level as the bench step records it (metrics.bench.served.batching_on.text.<concurrency>)."""
     return {"concurrency": concurrency, "requests": 200, "errors": 0, "seconds": 200 / throughput,

@@ -158,7 +158,8 @@ def _node(args: argparse.Namespace) -> int:
     if args.head == bool(args.address):
         raise ConfigError("pass --head (this node starts the cluster) or --address HOST:PORT (it joins one)",
                           "one of the two")
-    start = plan_start(args.address, args.port, args.kind, args.num_cpus, args.ip, args.temp_dir)
+    start = plan_start(args.address, args.port, args.kind, args.num_cpus, args.ip, args.temp_dir,
+                       args.object_store_mb)
     how = "told" if start.told else "from this CPU's flags"
     print(f"host kind {start.kind.name} ({how}: {start.kind.about}); advertising {start.resources}", flush=True)
     if args.dry_run:
@@ -265,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(docs/compare.md lists them)")
     start.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule here (default: all)")
     start.add_argument("--ip", default="127.0.0.1", help="this node's address as the cluster reaches it")
+    start.add_argument("--object-store-mb", type=int, help="Ray's object store here, in MiB (default Ray's: 30%% of "
+                       "memory); a cell's run folder passes through it")
     start.add_argument("--temp-dir", help="the head's Ray session folder (default Ray's /tmp/ray)")
     start.add_argument("--dry-run", action="store_true", help="print the `ray start` command line, start nothing")
     start.set_defaults(func=_node)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections import deque
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 STATUS_NAME = "sweep.json"  # in the output root: every cell's state, node and seconds
 POLL_S = 1.0
+CONNECT_TIMEOUT_S = 10.0
 CANCEL_GRACE_S = 60.0  # cancelled cells' runs stop their kernels and servers within this
 
 
@@ -101,6 +103,14 @@ def connected(address: str) -> Iterator[None]:
     """Connected to the cluster at `address` as its driver (Ray's lines forwarded, not folded together)."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray = _ray()
+    if address != "auto":  # ray.init retries an address nobody answers at for minutes: asked once, here
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc}",
+                               "start one with `workbench node start --head`, or pass its address (host:port)"
+                               ) from None
     try:
         ray.init(address=address, log_to_driver=True, logging_level="WARNING")
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -43,7 +43,7 @@ def ray_executable() -> str:
 
 
 def plan_start(address: str | None, port: int | None = None, kind: str | None = None, num_cpus: int | None = None,
-               ip: str = "127.0.0.1", temp_dir: str | None = None) -> NodeStart:
+               ip: str = "127.0.0.1", temp_dir: str | None = None, object_store_mb: int | None = None) -> NodeStart:
     """The `ray start --block` of a head node (no `address`; `port` its GCS port) or of a node joining `address`,
     advertising `kind` (default: this machine's, from its CPU flags and GPU)."""
     features = cpu_features()
@@ -56,6 +56,7 @@ def plan_start(address: str | None, port: int | None = None, kind: str | None = 
     else:
         argv += [f"--address={address}"]
     argv += [f"--num-cpus={num_cpus}"] if num_cpus else []
+    argv += [f"--object-store-memory={object_store_mb << 20}"] if object_store_mb else []
     return NodeStart(chosen, kind is not None, argv, resources)
 
 
