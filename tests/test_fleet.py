@@ -253,3 +253,23 @@ def test_a_node_lost_mid_cell(models, tmp_path):
         while _cell_processes(running) and time.monotonic() < deadline:
             time.sleep(1)
         assert not _cell_processes(running), "the lost nodes' runs ended with their nodes"
+
+
+def test_the_fleet_notebook_runs_a_sweep_on_the_cluster(cluster, models, tmp_path):
+    """The notebook beside the steps: its cell shows each cell's lines, then the fleet table and its picks."""
+    import nbformat
+    import papermill
+
+    from workbench.pipeline import NOTEBOOKS_DIR
+
+    path = _sweep_file(tmp_path, {"bert": models["bert"]}, ["amx"])
+    out = tmp_path / "fleet.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS_DIR / "tools" / "fleet.ipynb"), str(out), kernel_name="python3",
+                               parameters={"sweep_file": str(path), "ray_address": cluster.address},
+                               progress_bar=False)
+    cells = nbformat.read(out, as_version=4).cells
+    printed = "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs)
+    assert "[1/1] bert-amx: placed on node" in printed and "bert-amx: [1/4] export" in printed
+    assert "[1/1] bert-amx: finished in" in printed and "every cell finished" in printed
+    assert "amx bert latency: bert-amx/fp32" in printed
+    assert RunRecord.load(tmp_path / "runs" / "bert-amx").environment.node.kind == "amx"
