@@ -243,3 +243,39 @@ def test_the_autoscaler_reads_counters_the_real_server_exposes(deployed):
             exposed = response.read().decode()
     for counter, value in ((QUEUE_COUNTER, "[0-9]"), (SUCCESS_COUNTER, "[1-9]")):
         assert re.search(rf'^{counter}\{{[^}}]*model="{model}"[^}}]*\}} {value}', exposed, re.M), counter
+
+
+def test_a_sweep_cell_deploys_on_its_host_kind_and_the_fleet_file_spans_the_kinds(deployed, tmp_path):
+    """The same verified run as two sweep cells (their nodes told amx and avx2): each deploy step writes its kind's
+    Deployment and autoscaler, placed by node-feature-discovery's labels, no GPU asked; the fleet file holds both
+    kinds' Deployments and one Service selecting them all; each document passes its schema strictly."""
+    import shutil
+
+    from workbench.fleet.deployments import write_fleet
+
+    record, _ = deployed
+    cells = []
+    for kind in ("amx", "avx2"):
+        cell = tmp_path / f"tiny-{kind}"
+        shutil.copytree(record.run_dir, cell, symlinks=True)
+        copied = RunRecord.load(cell)
+        copied.data["environment"]["node"] = {"id": "f" * 56, "address": "10.0.0.7", "kind": kind, "told": True}
+        copied.save()
+        assert deploy.run(copied.config, copied).status == "ok"
+        cells.append(cell)
+    amx = {d["kind"]: d for d in _documents(RunRecord.load(cells[0]), "kubernetes")}
+    pod = amx["Deployment"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"feature.node.kubernetes.io/cpu-cpuid.AMXINT8": "true"}
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+    assert amx["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == amx["Deployment"]["metadata"]["name"]
+    written = write_fleet("tiny", cells, tmp_path / "tiny-fleet.yaml")
+    documents = list(yaml.safe_load_all(written.read_text()))
+    assert [(d["kind"], d["metadata"]["name"].rsplit("-", 1)[-1]) for d in documents[:4]] == [
+        ("Deployment", "amx"), ("HorizontalPodAutoscaler", "amx"), ("Deployment", "avx2"),
+        ("HorizontalPodAutoscaler", "avx2")]
+    (service,) = [d for d in documents if d["kind"] == "Service"]
+    assert "host-kind" not in service["spec"]["selector"], "one Service across every kind's pods"
+    avx2 = documents[2]["spec"]["template"]["spec"]
+    assert {e["key"] for e in avx2["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]} >= {"feature.node.kubernetes.io/cpu-cpuid.AMXINT8"}
+    assert all(validate(d) for d in documents)
