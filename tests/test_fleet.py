@@ -273,3 +273,15 @@ def test_the_fleet_notebook_runs_a_sweep_on_the_cluster(cluster, models, tmp_pat
     assert "[1/1] bert-amx: finished in" in printed and "every cell finished" in printed
     assert "amx bert latency: bert-amx/fp32" in printed
     assert RunRecord.load(tmp_path / "runs" / "bert-amx").environment.node.kind == "amx"
+
+
+def test_the_cluster_takes_only_drivers_with_its_token(cluster, models, tmp_path):
+    """Ray listens on the host's address, not 127.0.0.1: a driver without the local cluster's token is refused."""
+    import os
+
+    path = _sweep_file(tmp_path, {"bert": models["bert"]}, ["avx2"])
+    env = {name: value for name, value in os.environ.items() if not name.startswith("RAY_AUTH")}
+    done = subprocess.run(_workbench("sweep", str(path), "--ray", cluster.address), capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 2 and "cannot connect to the Ray cluster" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

@@ -114,8 +114,9 @@ def connected(address: str) -> Iterator[None]:
     try:
         ray.init(address=address, log_to_driver=True, logging_level="WARNING")
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ClusterError(f"cannot reach the Ray cluster at {address}: {str(exc).splitlines()[0]}",
-                           "start one with `workbench node start --head`, or pass its address (host:port)") from None
+        raise ClusterError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}",
+                           "where the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token and "
+                           "RAY_AUTH_TOKEN as its nodes have them; else check the address") from None
     try:
         yield
     finally:

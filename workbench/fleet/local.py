@@ -1,9 +1,11 @@
 """A Ray cluster of several nodes on this machine, each told its host kind (`workbench node start --kind`): what the
-tests, `benchmarks/fleet.py` and a first try of `workbench sweep --ray` run on. Bound to 127.0.0.1, each node
-stopped by its PID with every process it started."""
+tests, `benchmarks/fleet.py` and a first try of `workbench sweep --ray` run on. Ray listens on the host's address
+(it does not keep to 127.0.0.1 on Linux), so the cluster takes only requests carrying its own random token; each
+node is stopped by its PID with every process it started."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,6 +33,10 @@ class LocalCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen[bytes]] = []
+        # Ray resolves 127.0.0.1 to the host's routable address and listens there: only holders of this token may
+        # talk to the cluster (Ray's token authentication, read from the environment by its nodes and drivers)
+        self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self._saved: dict[str, str | None] = {}
 
     def _start(self, kind: str, head: bool) -> subprocess.Popen[bytes]:
         where = ["--head", "--port", str(self.port), "--temp-dir", str(self.folder / "ray")] if head \
@@ -38,10 +44,14 @@ class LocalCluster:
         argv = [sys.executable, "-m", "workbench", "node", "start", *where, "--kind", kind,
                 "--num-cpus", str(self.cpus), "--object-store-mb", str(self.object_store_mb)]
         log = (self.folder / f"node-{len(self.nodes)}.log").open("wb")
-        env = {**os.environ, "TMPDIR": str(self.folder)}  # the cells' folders and kernels' files, removed with it
+        env = {**os.environ, **self.auth, "TMPDIR": str(self.folder)}  # cells' folders and kernels' files: in it
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def __enter__(self) -> LocalCluster:
+        """The nodes started, and this process's environment holding the cluster's token (for the drivers it
+        starts) until the cluster stops."""
+        self._saved = {name: os.environ.get(name) for name in self.auth}
+        os.environ.update(self.auth)
         try:
             for index, kind in enumerate(self.kinds):
                 self.nodes.append(self._start(kind, head=index == 0))
@@ -102,3 +112,9 @@ class LocalCluster:
                 node.wait()
         self.nodes.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved = {}
