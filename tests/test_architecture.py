@@ -94,6 +94,8 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "core/dotted.py": (3, "dotted keys into JSON mappings"),
     "core/machine.py": (2, "the host's facts as run.json records them"),
     "core/record.py": (8, JSON),
+    "fleet/deployments.py": (3, "Kubernetes manifests read and written as YAML"),
+    "fleet/kuberay.py": (4, "KubeRay manifests written as YAML"),
     "core/metrics.py": (1, "the Json alias: a nested table as recorded"),
     "graphs/engines.py": (1, JSON),
     "measure/load.py": (1, "Triton's statistics JSON"),
@@ -106,7 +108,7 @@ UNTYPED_ALLOWED: dict[str, tuple[int, str]] = {
     "runners/onnxruntime.py": (2, JSON),
     "serving/batching.py": (1, "Triton's statistics JSON"),
     "serving/client.py": (6, "Triton's HTTP/JSON answers"),
-    "serving/deploy.py": (4, "Kubernetes manifests written as YAML"),
+    "serving/deploy.py": (5, "Kubernetes manifests written as YAML"),
     "serving/repository.py": (3, f"{JSON}; a repository read back as JSON"),
     "sweep.py": (6, "sweep YAML settings and the Kubernetes Job it writes"),
 }

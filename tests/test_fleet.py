@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from workbench.core.errors import ClusterError, ConfigError, OutputDirError, TransferError
+from workbench.core.hostkinds import KINDS, host_kind, kind_of, node_resources
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
-from workbench.fleet.kinds import KINDS, host_kind, kind_of, node_resources
 from workbench.fleet.kuberay import manifests
 from workbench.fleet.local import LocalCluster
 from workbench.fleet.node import plan_start

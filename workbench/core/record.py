@@ -242,6 +242,12 @@ class RunRecord:
     def save(self) -> None:
         write_json(self.path, self.data)
 
+    def moved_here(self) -> None:
+        """Name the folder the record now lies in as the run's output_dir (a sweep cell measured in a node's own
+        folder, brought back into the output root)."""
+        self.data["config"]["output_dir"] = str(self.run_dir.resolve())
+        self.save()
+
     # ---- steps ---------------------------------------------------------------------------
     @contextmanager
     def step(self, name: str) -> Iterator[RunRecord]:

@@ -18,9 +18,9 @@ from typing import IO
 
 import yaml
 
+from workbench.core.hostkinds import kind_of
 from workbench.core.machine import NODE_VARIABLE, cpu_features, gpu_name
 from workbench.core.results import NodeInfo
-from workbench.fleet.kinds import kind_of
 from workbench.fleet.node import die_with_parent
 from workbench.fleet.transfer import PackedRun, pack
 

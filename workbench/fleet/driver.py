@@ -26,10 +26,10 @@ from workbench.core.errors import (
     TransferError,
     WorkbenchError,
 )
+from workbench.core.hostkinds import host_kind, kinds_offered
 from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.fleet.cell import CellOutcome, CellSpec, measure_cell
 from workbench.fleet.deployments import write_fleet
-from workbench.fleet.kinds import host_kind, kinds_offered
 from workbench.fleet.transfer import install
 from workbench.sweep import PlannedRun, Sweep, pending_steps
 
@@ -222,9 +222,7 @@ class FleetSweep:
         except (TransferError, WorkbenchError) as error:
             self.fail(cell, error.problem)
             return
-        record = RunRecord.load(cell.run_dir)
-        record.data["config"]["output_dir"] = str(cell.run_dir.resolve())
-        record.save()
+        RunRecord.load(cell.run_dir).moved_here()
         cell.status, cell.seconds = "done", round(time.perf_counter() - started, 3)
         self.line(cell, f"finished in {cell.seconds:.0f} s on node {node.id[:12]} ({node.address}), "
                         f"{len(outcome.packed.files)} files checked -> {cell.run_dir}")

@@ -10,8 +10,8 @@ import yaml
 
 from workbench.core.atomic import write_text
 from workbench.core.errors import ConfigError, OutputDirError
+from workbench.core.hostkinds import host_kind
 from workbench.core.pins import pin
-from workbench.fleet.kinds import host_kind
 from workbench.sweep import Sweep
 
 RAY_PORT = 6379

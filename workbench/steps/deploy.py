@@ -11,9 +11,9 @@ from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
+from workbench.core.hostkinds import host_kind
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.fleet.kinds import host_kind
 from workbench.measure.capacity import Capacity, plan_capacity
 from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
