@@ -132,7 +132,7 @@ class FleetSweep:
         self.cells = [cell for cell, _ in self.planned]
         self.root = self.cells[0].run_dir.parent
         self.in_flight: dict[ObjectRef, tuple[Cell, Node, float]] = {}
-        self.lost: set[str] = set()
+        self.lost: dict[str, Node] = {}  # by id: nodes lost mid-cell, never given a cell again
 
     def line(self, cell: Cell, text: str) -> None:
         number = self.cells.index(cell) + 1
@@ -174,8 +174,10 @@ class FleetSweep:
         for cell, run in list(queue):
             if not any(cell.kind in node.kinds for node in nodes):
                 queue.remove((cell, run))
-                self.fail(cell, f"its node {', '.join(cell.lost_nodes) or '?'} was lost and no other node offers "
-                                f"host kind {cell.kind!r}")
+                lost = ", ".join(_label(n) for n in self.lost.values() if cell.kind in n.kinds)
+                self.fail(cell, f"its node {', '.join(cell.lost_nodes)} was lost and no other node offers host kind "
+                                f"{cell.kind!r}" if cell.lost_nodes else
+                          f"no live node offers host kind {cell.kind!r} any more (lost: {lost or 'none'})")
                 continue
             idle = [node for node in nodes if cell.kind in node.kinds and node.id not in busy]
             if not idle:
@@ -203,9 +205,9 @@ class FleetSweep:
             self.fail(cell, f"on node {node.id[:12]}: {str(error).strip().splitlines()[-1]}")
             return
         except ray.exceptions.RayError:  # the node died, or its worker, or the object with the folder
-            self.lost.add(node.id)
-            cell.lost_nodes.append(f"{node.id[:12]} ({node.address})")
-            self.line(cell, f"node {node.id[:12]} ({node.address}) was lost mid-cell; nothing of it kept")
+            self.lost[node.id] = node
+            cell.lost_nodes.append(_label(node))
+            self.line(cell, f"node {_label(node)} was lost mid-cell; nothing of it kept")
             if cell.attempts <= self.retries:
                 cell.status = "pending"
                 queue.appendleft((cell, self._run_of(cell)))
@@ -274,6 +276,10 @@ class FleetSweep:
             print(f"failed: {', '.join(failed)}; the same command again runs them (finished cells are kept)",
                   file=sys.stderr, flush=True)
         return 1 if failed else 0
+
+
+def _label(node: Node) -> str:
+    return f"{node.id[:12]} ({node.address})"
 
 
 def _at(run: PlannedRun, run_dir: Path) -> PlannedRun:
