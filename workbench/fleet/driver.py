@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from workbench.core.atomic import write_text
@@ -83,7 +84,8 @@ def plan_cells(sweep: Sweep, kinds: list[str]) -> list[tuple[Cell, PlannedRun]]:
     return planned
 
 
-def _ray():  # noqa: ANN202 - the ray module, imported where it is used
+def _ray() -> ModuleType:
+    """The ray module (an extra: imported where a sweep uses it)."""
     try:
         import ray
     except ImportError:
@@ -132,6 +134,7 @@ class FleetSweep:
         self.cells = [cell for cell, _ in self.planned]
         self.root = self.cells[0].run_dir.parent
         self.in_flight: dict[ObjectRef, tuple[Cell, Node, float]] = {}
+        self.remote = _ray().remote(max_retries=0, num_cpus=0)(measure_cell)  # placed by its host-kind resource
         self.lost: dict[str, Node] = {}  # by id: nodes lost mid-cell, never given a cell again
 
     def line(self, cell: Cell, text: str) -> None:
@@ -186,7 +189,7 @@ class FleetSweep:
             queue.remove((cell, run))
             busy.add(node.id)
             spec = CellSpec(cell.name, cell.kind, run.config.model_copy(update={"output_dir": None}).to_params())
-            ref = _ray().remote(max_retries=0, num_cpus=0)(measure_cell).options(
+            ref = self.remote.options(
                 resources={host_kind(cell.kind).resource: 1},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote(spec)
             cell.status, cell.node, cell.address = "running", node.id, node.address
