@@ -99,6 +99,15 @@ def _sweep_file(folder: Path, models: dict[str, Path], kinds: list[str], **ray: 
     return path
 
 
+def test_a_misspelt_kind_or_key_names_the_file_and_what_it_takes(tmp_path):
+    path = _sweep_file(tmp_path, {"tiny": tmp_path}, ["amxx", "avx2"], adress="127.0.0.1:6379")
+    with pytest.raises(ConfigError) as refused:
+        load_sweep(path)
+    assert str(path) in refused.value.problem
+    assert "ray.kinds: 'amxx' is not a host kind (did you mean 'amx'?)" in refused.value.problem
+    assert "ray.adress: unknown key (its section takes address, kinds, retries)" in refused.value.problem
+
+
 def test_the_kuberay_manifests_pass_kuberay_s_crd_schemas(tmp_path):
     sweep = load_sweep(_sweep_file(tmp_path, {"tiny": tmp_path}, ["amx", "avx2", "gpu"]))
     documents = manifests(sweep)
@@ -213,7 +222,10 @@ def test_ctrl_c_of_the_driver_cancels_every_cell(cluster, models, tmp_path):
     sweep.send_signal(signal.SIGINT)
     rest = sweep.communicate(timeout=300)[0]
     assert sweep.returncode == 130, "".join(seen[-20:]) + rest
-    assert "were cancelled" in rest
+    assert "were cancelled" in rest and f"--ray {cluster.address}`) runs what is left" in rest
+    for name in ("bert-avx2", "bert-amx"):  # each run was told to stop, and stopped, before the driver exited
+        assert re.search(rf"{name}: stopped \(RunInterruptedError\).*SIGTERM", "".join(seen) + rest), name
+    assert not list(cluster.folder.glob("workbench-cell-*")), "the nodes' folders of the cells are gone"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sweep.json"]
     cells = json.loads((tmp_path / "runs" / "sweep.json").read_text())["cells"]
     assert {c["status"] for c in cells} == {"failed"} and {c["error"] for c in cells} == {"interrupted"}

@@ -130,18 +130,18 @@ def _sweep(args: argparse.Namespace) -> int:
     from workbench.sweep import load_sweep, local_models, run_sweep, write_manifest
 
     sweep = load_sweep(Path(args.file), Path(args.output_root) if args.output_root else None)
-    if args.kubernetes:
-        print(f"Indexed Job of {len(sweep.runs)} runs: {write_manifest(sweep, Path(args.kubernetes))}")
+    if args.kubernetes or args.kuberay:
+        if args.kubernetes:
+            print(f"Indexed Job of {len(sweep.runs)} runs: {write_manifest(sweep, Path(args.kubernetes))}")
+        else:
+            from workbench.fleet.kuberay import write_kuberay
+
+            print(f"RayCluster and RayJob of {len(sweep.runs)} runs: {write_kuberay(sweep, Path(args.kuberay))}")
         local = local_models(sweep)
         if local:
             print(f"warning: {len(local)} model(s) are paths on this machine, which the pods see only where the "
                   f"image or the claim holds them at that path ({'; '.join(local)}): use hub ids, or put the "
                   "models into kubernetes.image at those paths", file=sys.stderr)
-        return 0
-    if args.kuberay:
-        from workbench.fleet.kuberay import write_kuberay
-
-        print(f"RayCluster and RayJob of {len(sweep.runs)} runs: {write_kuberay(sweep, Path(args.kuberay))}")
         return 0
     ray = sweep.spec.ray
     address = args.ray or (ray.address if ray else None)
@@ -188,7 +188,8 @@ def _compare(args: argparse.Namespace) -> int:
     for row in compared.fleet:
         chosen = f"{row.run}: {row.variant} ({row.value}, {row.speedup:.3g}x PyTorch, margin {row.margin:+.2g})" \
             if row.variant and row.speedup is not None and row.margin is not None else f"none: {row.reason}"
-        print(f"fleet: {row.kind:12s} {Path(row.model).name} {row.goal:10s} {chosen}")
+        print(f"fleet: {row.kind:12s} {Path(row.model).name} {row.goal:10s} {chosen}"
+              + (f" at {row.cell.replace('_', ' ')}" if row.cell and row.variant else ""))
     for label, why in compared.left_out.items():
         print(f"{label}: no row: {why}")
     shown = len(runs) - len(compared.left_out)
@@ -265,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--kind", help="advertise this host kind instead of the one this CPU's flags make "
                        "(docs/compare.md lists them)")
     start.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule here (default: all)")
-    start.add_argument("--ip", default="127.0.0.1", help="this node's address as the cluster reaches it")
+    start.add_argument("--ip", help="this node's address as the other nodes reach it (default: Ray's choice; Ray "
+                       "does not keep to 127.0.0.1 on Linux: docs/compare.md on token authentication)")
     start.add_argument("--object-store-mb", type=int, help="Ray's object store here, in MiB (default Ray's: 30%% of "
                        "memory); a cell's run folder passes through it")
     start.add_argument("--temp-dir", help="the head's Ray session folder (default Ray's /tmp/ray)")

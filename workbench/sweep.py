@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from workbench.core import dotted
 from workbench.core.atomic import write_text
@@ -25,6 +26,7 @@ from workbench.core.errors import (
     RunLockedError,
     WorkbenchError,
 )
+from workbench.core.hostkinds import BY_NAME, host_kind
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
@@ -58,6 +60,16 @@ class RaySettings(_Strict):
     kinds: list[str] = Field(default_factory=list, description="host kinds each run is measured on; default: "
                              "every kind the cluster's live nodes offer")
     retries: int = Field(default=1, ge=0, description="times a cell whose node was lost is placed again")
+
+    @field_validator("kinds")
+    @classmethod
+    def _known(cls, kinds: list[str]) -> list[str]:
+        for kind in kinds:
+            try:
+                host_kind(kind)
+            except ConfigError as unknown:
+                raise ValueError(f"{unknown.problem}; one of {', '.join(BY_NAME)}") from None
+        return kinds
 
 
 class SweepFile(_Strict):
@@ -129,6 +141,22 @@ def expand(spec: SweepFile) -> list[SweepRun]:
     return runs
 
 
+def _said(error: ErrorDetails) -> str:
+    """One validation error as a person says it: an unknown key named with the keys its section takes."""
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] != "extra_forbidden":
+        return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+    model: type[BaseModel] = SweepFile
+    for part in error["loc"][:-1]:
+        field = model.model_fields.get(str(part))
+        inner = field.annotation if field else None
+        found = [t for t in getattr(inner, "__args__", (inner,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not found:
+            break
+        model = found[0]
+    return f"{where}: unknown key (its section takes {', '.join(model.model_fields)})"
+
+
 def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
     """The sweep file, validated; each run's configuration checked now, not when its turn comes."""
     try:
@@ -140,7 +168,7 @@ def load_sweep(path: Path, output_root: Path | None = None) -> Sweep:
         raise ConfigError(f"sweep file {path} is not YAML: {exc}", "fix the YAML (docs/compare.md has an example)"
                           ) from None
     except ValidationError as exc:
-        found = "; ".join(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
+        found = "; ".join(_said(error) for error in exc.errors()[:3])
         raise ConfigError(f"sweep file {path}: {found}",
                           "the keys are output_root, settings, runs (name, model, settings), grid, kubernetes, "
                           "ray (docs/compare.md)") from None

@@ -3,6 +3,7 @@ after the CPU flags the run record holds, with the Ray resource a node advertise
 node-feature-discovery labels that place a Kubernetes pod on a node of that kind."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from workbench.core.errors import ConfigError
@@ -59,7 +60,8 @@ def host_kind(name: str) -> HostKind:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise ConfigError(f"{name!r} is not a host kind",
+        close = difflib.get_close_matches(name, BY_NAME, n=1)
+        raise ConfigError(f"{name!r} is not a host kind" + (f" (did you mean {close[0]!r}?)" if close else ""),
                           f"use one of {', '.join(BY_NAME)} (docs/compare.md, 'A fleet')") from None
 
 

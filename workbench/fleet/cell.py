@@ -1,7 +1,7 @@
 """One sweep cell on the node it was placed on: `workbench run` of the cell's configuration in a folder of the
-node's own, with the node recorded in run.json, its lines printed with the cell's name (Ray forwards them to the
-driver), and the finished folder packed to travel back. Cancelled (the driver's Ctrl-C) or orphaned (its node
-lost), the run is stopped with everything it started."""
+node's own, with the node recorded in run.json, its lines posted to the sweep's board with the cell's name (the
+folder named as the driver will hold it), and the finished folder packed to travel back. Cancelled (the board says
+so after the driver's Ctrl-C) or orphaned (its node lost), the run is stopped with everything it started."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import yaml
 
@@ -24,17 +24,24 @@ from workbench.core.results import NodeInfo
 from workbench.fleet.node import die_with_parent
 from workbench.fleet.transfer import PackedRun, pack
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 STOP_GRACE_S = 30.0  # the run's own cleanup (kernels, servers) gets this long after SIGTERM
 TAIL_LINES = 20
+POLL_S = 0.5  # how often the cell asks the board whether the sweep was cancelled
 
 
 @dataclass(frozen=True)
 class CellSpec:
-    """What a node needs to measure a cell: its name (its folder's), host kind and run configuration."""
+    """What a node needs to measure a cell: its name (its folder's), host kind, run configuration, where the
+    driver will put its folder (the lines name that one), and the sweep's board."""
 
     name: str
     kind: str
     settings: dict[str, object]  # RunConfig.to_params() without output_dir
+    destination: str
+    board: ActorHandle
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class CellOutcome:
     packed: PackedRun | None
     tail: list[str]
     exit_code: int
+    cancelled: bool = False
 
 
 def this_node(kind: str) -> NodeInfo:
@@ -62,15 +70,31 @@ def this_node(kind: str) -> NodeInfo:
     return NodeInfo(id=context.get_node_id(), address=ray.util.get_node_ip_address(), kind=kind, told=own != kind)
 
 
-def _pump(stream: IO[str], name: str, tail: list[str]) -> None:
-    """Each line the run prints, with the cell's name (progress bars' redraws dropped), and the last ones kept."""
+def _pump(stream: IO[str], cell: CellSpec, run_dir: Path, tail: list[str]) -> None:
+    """Each line the run prints to the board with the cell's name, the node's folder named as the driver's (progress
+    bars' redraws dropped), and the last ones kept."""
     for line in stream:
-        text = line.rstrip("\n")
+        text = line.rstrip("\n").replace(str(run_dir), cell.destination)
         if "\r" in text or not text.strip():
             continue
-        print(f"{name}: {text}", flush=True)
+        _say(cell, text)
         tail.append(text)
         del tail[:-TAIL_LINES]
+
+
+def _say(cell: CellSpec, text: str) -> None:
+    cell.board.say.remote(f"{cell.name}: {text}")
+
+
+def _cancelled(cell: CellSpec) -> bool:
+    """Whether the driver has cancelled the sweep (a board out of reach: not cancelled, the driver is gone and Ray
+    ends this task with it)."""
+    import ray
+
+    try:
+        return bool(ray.get(cell.board.cancelled.remote(), timeout=POLL_S * 5))
+    except ray.exceptions.RayError:
+        return False
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -86,7 +110,7 @@ def _stop(process: subprocess.Popen[str]) -> None:
 def measure_cell(cell: CellSpec) -> CellOutcome:
     """Run the cell here and bring its folder back packed; the node's folder is removed either way."""
     node = this_node(cell.kind)
-    print(f"{cell.name}: on node {node.id[:12]} ({node.address}, {cell.kind})", flush=True)
+    _say(cell, f"on node {node.id[:12]} ({node.address}, {cell.kind})")
     work = Path(tempfile.mkdtemp(prefix="workbench-cell-"))
     try:
         run_dir = work / cell.name
@@ -98,16 +122,18 @@ def measure_cell(cell: CellSpec) -> CellOutcome:
             [sys.executable, "-m", "workbench", "run", "--config", str(settings), "--output-dir", str(run_dir)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=die_with_parent)
         tail: list[str] = []
-        pump = threading.Thread(target=_pump, args=(process.stdout, cell.name, tail), daemon=True)
+        pump = threading.Thread(target=_pump, args=(process.stdout, cell, run_dir, tail), daemon=True)
         pump.start()
+        cancelled = False
         try:
-            while process.poll() is None:
-                time.sleep(0.2)  # KeyboardInterrupt (the driver cancelled the cell) lands here
+            while process.poll() is None and not cancelled:
+                time.sleep(POLL_S)
+                cancelled = _cancelled(cell)
         finally:
             _stop(process)
         pump.join(5)
         seconds = time.perf_counter() - started
-        packed = pack(run_dir) if process.returncode == 0 else None
-        return CellOutcome(cell.name, node, round(seconds, 3), packed, tail, process.returncode)
+        packed = pack(run_dir) if process.returncode == 0 and not cancelled else None
+        return CellOutcome(cell.name, node, round(seconds, 3), packed, tail, process.returncode, cancelled)
     finally:
         shutil.rmtree(work, ignore_errors=True)

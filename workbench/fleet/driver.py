@@ -5,7 +5,6 @@ cancels every cell and waits for their runs to stop."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -29,6 +28,7 @@ from workbench.core.errors import (
 )
 from workbench.core.hostkinds import host_kind, kinds_offered
 from workbench.core.record import RECORD_NAME, RunRecord
+from workbench.fleet.board import Board
 from workbench.fleet.cell import CellOutcome, CellSpec, measure_cell
 from workbench.fleet.deployments import write_fleet
 from workbench.fleet.transfer import install
@@ -36,6 +36,7 @@ from workbench.sweep import PlannedRun, Sweep, pending_steps
 
 if TYPE_CHECKING:
     from ray import ObjectRef
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 STATUS_NAME = "sweep.json"  # in the output root: every cell's state, node and seconds
 POLL_S = 1.0
@@ -102,8 +103,7 @@ def live_nodes() -> list[Node]:
 
 @contextmanager
 def connected(address: str) -> Iterator[None]:
-    """Connected to the cluster at `address` as its driver (Ray's lines forwarded, not folded together)."""
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    """Connected to the cluster at `address` as its driver."""
     ray = _ray()
     if address != "auto":  # ray.init retries an address nobody answers at for minutes: asked once, here
         host, _, port = address.rpartition(":")
@@ -114,7 +114,7 @@ def connected(address: str) -> Iterator[None]:
                                "start one with `workbench node start --head`, or pass its address (host:port)"
                                ) from None
     try:
-        ray.init(address=address, log_to_driver=True, logging_level="WARNING")
+        ray.init(address=address, log_to_driver=False, logging_level="WARNING")  # the cells' lines: the board
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}",
                            "where the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token and "
@@ -128,13 +128,16 @@ def connected(address: str) -> Iterator[None]:
 class FleetSweep:
     """The driver's side of a sweep on a cluster: places cells, collects their folders, keeps sweep.json."""
 
-    def __init__(self, sweep: Sweep, kinds: list[str], retries: int) -> None:
-        self.sweep, self.retries = sweep, retries
+    def __init__(self, sweep: Sweep, address: str, kinds: list[str], retries: int) -> None:
+        self.sweep, self.address, self.retries = sweep, address, retries
         self.planned = plan_cells(sweep, kinds)
         self.cells = [cell for cell, _ in self.planned]
         self.root = self.cells[0].run_dir.parent
         self.in_flight: dict[ObjectRef, tuple[Cell, Node, float]] = {}
-        self.remote = _ray().remote(max_retries=0, num_cpus=0)(measure_cell)  # placed by its host-kind resource
+        ray = _ray()
+        self.remote = ray.remote(max_retries=0, num_cpus=0)(measure_cell)  # placed by its host-kind resource
+        here = _pinned(ray.get_runtime_context().get_node_id())
+        self.board = ray.remote(num_cpus=0)(Board).options(scheduling_strategy=here).remote()
         self.lost: dict[str, Node] = {}  # by id: nodes lost mid-cell, never given a cell again
 
     def line(self, cell: Cell, text: str) -> None:
@@ -170,8 +173,6 @@ class FleetSweep:
     def place(self, queue: deque[tuple[Cell, PlannedRun]]) -> None:
         """Each idle live node of a waiting cell's kind takes the first such cell; a kind whose every node was lost
         fails its waiting cells."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         nodes = [node for node in live_nodes() if node.id not in self.lost]
         busy = {node.id for _, node, _ in self.in_flight.values()}
         for cell, run in list(queue):
@@ -188,10 +189,11 @@ class FleetSweep:
             node = idle[0]
             queue.remove((cell, run))
             busy.add(node.id)
-            spec = CellSpec(cell.name, cell.kind, run.config.model_copy(update={"output_dir": None}).to_params())
+            spec = CellSpec(cell.name, cell.kind, run.config.model_copy(update={"output_dir": None}).to_params(),
+                            str(cell.run_dir.resolve()), self.board)
             ref = self.remote.options(
                 resources={host_kind(cell.kind).resource: 1},
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote(spec)
+                scheduling_strategy=_pinned(node.id)).remote(spec)
             cell.status, cell.node, cell.address = "running", node.id, node.address
             cell.attempts += 1
             self.in_flight[ref] = (cell, node, time.perf_counter())
@@ -243,20 +245,29 @@ class FleetSweep:
     def _run_of(self, cell: Cell) -> PlannedRun:
         return next(run for c, run in self.planned if c is cell)
 
+    def relay(self) -> None:
+        """The lines the cells posted since the last call, printed here."""
+        for line in _ray().get(self.board.take.remote()):
+            print(line, flush=True)
+
     def cancel(self) -> None:
-        """Cancel every cell in flight and wait for their runs to stop (then force what is left)."""
+        """Tell every cell in flight to stop its run and wait until they have (then end what is left by force)."""
         ray = _ray()
+        self.board.cancel.remote()
         refs = list(self.in_flight)
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while refs and time.monotonic() < deadline:
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+            self.relay()
         for ref in refs:
-            ray.cancel(ref)
-        _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S) if refs else ([], [])
-        for ref in left:
             ray.cancel(ref, force=True)
         for cell, _, _ in self.in_flight.values():
             cell.status, cell.error = "failed", "interrupted"
         self.save()
 
     def run(self) -> int:
+        """Every cell to its end; 0 when each finished, 1 when one failed. SIGTERM or Ctrl-C cancels them."""
+        signal.signal(signal.SIGTERM, _interrupt)
         queue = self.start()
         self.save()
         try:
@@ -265,20 +276,33 @@ class FleetSweep:
                 if not self.in_flight:
                     continue
                 ready, _ = _ray().wait(list(self.in_flight), num_returns=1, timeout=POLL_S)
+                self.relay()
                 for ref in ready:
                     self.collect(ref, queue)
                 self.save()
         except KeyboardInterrupt:
             self.cancel()
             raise RunInterruptedError(f"the sweep {self.sweep.path} was interrupted; its cells were cancelled",
-                                      f"workbench sweep {self.sweep.path} --ray ... again runs what is left: finished "
-                                      "cells are kept", signal.SIGINT) from None
+                                      f"the same command again (`workbench sweep {self.sweep.path} --ray "
+                                      f"{self.address}`) runs what is left: finished cells are kept",
+                                      signal.SIGINT) from None
         self.write_fleet_manifests()
         failed = [cell.name for cell in self.cells if cell.status == "failed"]
         if failed:
             print(f"failed: {', '.join(failed)}; the same command again runs them (finished cells are kept)",
                   file=sys.stderr, flush=True)
         return 1 if failed else 0
+
+
+def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
+    """Placed on that node, or not at all."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _label(node: Node) -> str:
@@ -296,4 +320,4 @@ def run_on_cluster(sweep: Sweep, address: str, kinds: list[str] | None, retries:
         if not chosen:
             raise ClusterError(f"no node of the cluster at {address} advertises a host kind",
                                "start nodes with `workbench node start`, which advertises one")
-        return FleetSweep(sweep, chosen, retries).run()
+        return FleetSweep(sweep, address, chosen, retries).run()

@@ -43,13 +43,14 @@ def ray_executable() -> str:
 
 
 def plan_start(address: str | None, port: int | None = None, kind: str | None = None, num_cpus: int | None = None,
-               ip: str = "127.0.0.1", temp_dir: str | None = None, object_store_mb: int | None = None) -> NodeStart:
+               ip: str | None = None, temp_dir: str | None = None, object_store_mb: int | None = None) -> NodeStart:
     """The `ray start --block` of a head node (no `address`; `port` its GCS port) or of a node joining `address`,
     advertising `kind` (default: this machine's, from its CPU flags and GPU)."""
     features = cpu_features()
     chosen = host_kind(kind) if kind else kind_of(features, gpu_name())
     resources = node_resources(chosen, features)
-    argv = [ray_executable(), "start", "--block", f"--node-ip-address={ip}", f"--resources={json.dumps(resources)}"]
+    argv = [ray_executable(), "start", "--block", f"--resources={json.dumps(resources)}"]
+    argv += [f"--node-ip-address={ip}"] if ip else []  # else Ray's choice: the address other hosts reach
     if address is None:
         argv += ["--head", f"--port={port or 6379}", "--include-dashboard=false"]
         argv += [f"--temp-dir={temp_dir}"] if temp_dir else []

@@ -230,6 +230,7 @@ class FleetRow:
     speedup: float | None
     margin: float | None
     reason: str
+    cell: str | None = None  # the goal's cell among this model's runs of this kind
 
 
 def fleet(groups: list[Group], floor: float) -> list[FleetRow]:
@@ -242,12 +243,14 @@ def fleet(groups: list[Group], floor: float) -> list[FleetRow]:
         for model in dict.fromkeys(row.model for row in host_group.rows):
             rows = [replace(row) for row in host_group.rows if row.model == model]
             by_variant = {(row.run, row.variant): row for row in rows}
-            for pick in group(rows, floor).picks:
+            picked = group(rows, floor)
+            for pick in picked.picks:
                 row = by_variant.get((pick.run, pick.variant))
-                speedup = (row.throughput_speedup if pick.goal == "throughput" else row.latency_speedup) \
-                    if row else None
+                throughput = pick.goal == "throughput"
+                speedup = (row.throughput_speedup if throughput else row.latency_speedup) if row else None
                 found.append(FleetRow(kind, model, pick.goal, pick.run, pick.variant, pick.value, speedup,
-                                      row.margin if row else None, pick.reason if not row else pick.rule))
+                                      row.margin if row else None, pick.reason if not row else pick.rule,
+                                      picked.throughput_cell if throughput else picked.latency_cell))
     return found
 
 
@@ -339,7 +342,8 @@ def group_figures(found: Group) -> list[go.Figure]:
 def fleet_figure(rows: list[FleetRow]) -> go.Figure:
     """The fleet table: per host kind and model, what each goal deploys there."""
     cells = [[r.kind, Path(r.model).name, r.goal, f"{r.run}: {r.variant}" if r.variant else "none",
-              r.value, f"{r.speedup:.3g}x" if r.speedup is not None else "",
+              f"{r.value} at {r.cell.replace('_', ' ')}" if r.cell and r.variant else r.value,
+              f"{r.speedup:.3g}x" if r.speedup is not None else "",
               f"{r.margin:+.2g}" if r.margin is not None else "", r.reason] for r in rows]
     made = figures.table("The fleet: what each host kind deploys, per model and goal (verified there, fastest there)",
                          ["host kind", "model", "goal", "run: variant", "value", "speedup vs PyTorch",
