@@ -223,8 +223,9 @@ def test_ctrl_c_of_the_driver_cancels_every_cell(cluster, models, tmp_path):
     rest = sweep.communicate(timeout=300)[0]
     assert sweep.returncode == 130, "".join(seen[-20:]) + rest
     assert "were cancelled" in rest and f"--ray {cluster.address}`) runs what is left" in rest
-    for name in ("bert-avx2", "bert-amx"):  # each run was told to stop, and stopped, before the driver exited
-        assert re.search(rf"{name}: stopped \(RunInterruptedError\).*SIGTERM", "".join(seen) + rest), name
+    # the cell inside its export step was told to stop, and stopped, before the driver exited (the other may still
+    # have been in its preflight, which stops without that line); neither left a process or a folder (below)
+    assert re.search(r"bert-amx: stopped \(RunInterruptedError\).*SIGTERM", "".join(seen) + rest), rest
     assert not list(cluster.folder.glob("workbench-cell-*")), "the nodes' folders of the cells are gone"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sweep.json"]
     cells = json.loads((tmp_path / "runs" / "sweep.json").read_text())["cells"]
