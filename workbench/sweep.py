@@ -16,12 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from workbench.core import dotted
-from workbench.core.atomic import write_text
+from workbench.core.atomic import write_marked
 from workbench.core.config import RunConfig
 from workbench.core.errors import (
     ConfigError,
     MissingArtifactError,
-    OutputDirError,
     RunInterruptedError,
     RunLockedError,
     WorkbenchError,
@@ -321,10 +320,7 @@ MANIFEST_MARK = "one pod each: kubectl apply -f this file"  # on the first line 
 
 def write_manifest(sweep: Sweep, path: Path) -> Path:
     """The Indexed Job manifest in `path`; a file there that this command did not write is refused."""
-    if path.exists() and (not path.is_file() or MANIFEST_MARK not in path.read_text(errors="replace")[:300]):
-        raise OutputDirError(f"{path} exists and is not a manifest `workbench sweep --kubernetes` wrote",
-                             "pass another FILE, or move that one away")
-    return write_text(path, job_manifest(sweep))
+    return write_marked(path, job_manifest(sweep), MANIFEST_MARK, "a manifest `workbench sweep --kubernetes` wrote")
 
 
 def job_manifest(sweep: Sweep) -> str:

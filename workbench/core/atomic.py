@@ -82,6 +82,16 @@ def write_text(dest: Path | str, text: str) -> Path:
     return Path(dest)
 
 
+def write_marked(dest: Path, text: str, mark: str, what: str) -> Path:
+    """`text` (whose first line holds `mark`) into `dest`, unless a file there lacks the mark: one a person made,
+    refused (OutputDirError naming `what` wrote the marked ones) rather than replaced."""
+    from workbench.core.errors import OutputDirError
+
+    if dest.exists() and (not dest.is_file() or mark not in dest.read_text(errors="replace")[:300]):
+        raise OutputDirError(f"{dest} exists and is not {what}", "pass another path, or move that one away")
+    return write_text(dest, text)
+
+
 def _finite(value: Any) -> Any:
     """JSON has no NaN/Infinity: non-finite floats become null (counts of them are recorded separately)."""
     if isinstance(value, float):

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from workbench.core.atomic import write_text
-from workbench.core.errors import MissingArtifactError, OutputDirError
+from workbench.core.atomic import write_marked
+from workbench.core.errors import MissingArtifactError
 from workbench.core.record import RunRecord
 from workbench.serving.deploy import HOST_KIND_LABEL
 
@@ -38,10 +38,7 @@ def write_fleet(run: str, cell_dirs: list[Path], path: Path) -> Path | None:
     documents = fleet_documents(cell_dirs)
     if not documents:
         return None
-    if path.exists() and MANIFEST_MARK not in path.read_text(errors="replace")[:300]:
-        raise OutputDirError(f"{path} exists and is not a fleet manifest the sweep wrote",
-                             "move it away, or pass another --output-root")
     kinds = ", ".join(str(d["metadata"]["labels"].get(HOST_KIND_LABEL, "?")) for d in documents
                       if d["kind"] == "Deployment")
-    return write_text(path, f"# {run} on host kinds {kinds}: {MANIFEST_MARK}\n"
-                      + yaml.safe_dump_all(documents, sort_keys=False))
+    text = f"# {run} on host kinds {kinds}: {MANIFEST_MARK}\n" + yaml.safe_dump_all(documents, sort_keys=False)
+    return write_marked(path, text, MANIFEST_MARK, "a fleet manifest the sweep wrote")

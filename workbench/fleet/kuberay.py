@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from workbench.core.atomic import write_text
-from workbench.core.errors import ConfigError, OutputDirError
+from workbench.core.atomic import write_marked
+from workbench.core.errors import ConfigError
 from workbench.core.hostkinds import host_kind
 from workbench.core.pins import pin
 from workbench.sweep import Sweep
@@ -64,10 +64,7 @@ def manifests(sweep: Sweep) -> list[dict[str, Any]]:
 
 def write_kuberay(sweep: Sweep, path: Path) -> Path:
     """The manifests in `path`; a file there that this command did not write is refused."""
-    if path.exists() and (not path.is_file() or MANIFEST_MARK not in path.read_text(errors="replace")[:300]):
-        raise OutputDirError(f"{path} exists and is not a manifest `workbench sweep --kuberay` wrote",
-                             "pass another FILE, or move that one away")
-    documents = manifests(sweep)
-    return write_text(path, f"# {len(sweep.runs)} runs of {sweep.path.name} on each host kind, {MANIFEST_MARK}; the "
-                            "run folders land on the claim; then `workbench compare` them.\n"
-                      + yaml.safe_dump_all(documents, sort_keys=False))
+    text = (f"# {len(sweep.runs)} runs of {sweep.path.name} on each host kind, {MANIFEST_MARK}; the run folders "
+            "land on the claim; then `workbench compare` them.\n"
+            + yaml.safe_dump_all(manifests(sweep), sort_keys=False))
+    return write_marked(path, text, MANIFEST_MARK, "a manifest `workbench sweep --kuberay` wrote")
