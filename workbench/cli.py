@@ -118,12 +118,15 @@ def _lab(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from workbench.serve import run_repository, serve
-    from workbench.serving.backend.api_front import KEY_VARIABLE
+    from workbench.serve import api_keys, checked_repository, run_repository, serve
+    from workbench.serving.backend.api_schema import KEY_VARIABLE
 
-    repository = run_repository(Path(args.run)) if args.run else Path(args.repository)
+    keys = api_keys(args.api_key, "--api-key") if args.api_key is not None else \
+        api_keys(os.environ.get(KEY_VARIABLE, ""), KEY_VARIABLE)
+    repository = run_repository(Path(args.run)) if args.run else \
+        checked_repository(Path(args.repository), args.unverified)
     return serve(repository, args.host, (args.http_port, args.grpc_port, args.metrics_port),
-                 None if args.no_api else args.api_port, args.api_key or os.environ.get(KEY_VARIABLE) or None)
+                 None if args.no_api else args.api_port, keys, args.api_workers)
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -204,6 +207,13 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count}: give 1 or more")
+    return count
+
+
 def _serve_args(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_FOLDER", help="serve what this run's triton step deployed")
@@ -214,8 +224,15 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{protocol}-port", type=_port, default=default, metavar="PORT",
                             help=f"default {default}, as tritonserver's own; 0 picks a free one")
     parser.add_argument("--api-port", type=_port, default=API_PORT, metavar="PORT", help=(
-        f"the API front (OpenAI /v1/embeddings, /v1/rerank; docs/api.md): default {API_PORT}; 0 picks a free one"))
+        f"the API front (OpenAI's, Cohere's and text-embeddings-inference's routes; docs/api.md): default "
+        f"{API_PORT}; 0 picks a free one"))
+    parser.add_argument("--api-workers", type=_positive, default=1, metavar="N", help=(
+        "processes of the API front, accepting on its one port (default 1; more where the front's own CPU is the "
+        "bottleneck: docs/api.md)"))
     parser.add_argument("--no-api", action="store_true", help="serve Triton's own protocol only, no API front")
+    parser.add_argument("--unverified", action="store_true", help=(
+        "with --repository: serve a repository the workbench wrote even where files changed since its triton step "
+        "checked them"))
     parser.add_argument("--api-key", metavar="KEY", help=(
         "the key the API front asks for (Authorization: Bearer KEY); default: $WORKBENCH_API_KEY, else none (the "
         "variable keeps it out of the process list)"))

@@ -6,6 +6,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -17,6 +18,7 @@ from workbench.core.interrupt import SIGNALS
 from workbench.core.record import RunRecord, StepStatus
 from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
+from workbench.serving.backend.api_schema import parse_keys
 from workbench.serving.client import text_array
 from workbench.serving.endpoints import (
     SAMPLE_TEXT,
@@ -25,12 +27,13 @@ from workbench.serving.endpoints import (
     perf_analyzer_command,
     text_endpoints,
 )
-from workbench.serving.front import ApiFront, front_spec
+from workbench.serving.front import ApiFront, check_api_port, front_spec
 from workbench.serving.front import usage_lines as front_lines
-from workbench.serving.repository import changed_files, ours_and_untouched, published_by, written_files
+from workbench.serving.repository import MARKER, changed_files, ours_and_untouched, published_by, written_files
 from workbench.serving.server import ANY_ADDRESS, HOST, Ports, TritonServer
 
 LOAD_TEXTS = 64  # corpus texts perf_analyzer cycles through, one per request
+WATCH_S = 0.5  # how often serve looks at its processes
 WINDOW_REQUESTS = 200  # perf_analyzer's measurement windows hold at least this many requests
 
 
@@ -73,6 +76,37 @@ def run_repository(run_dir: Path) -> Path:
         print(f"note: {published} no longer holds what this run checked (changed, or published by another run): "
               f"serving the run's own copy, {run_copy}", file=sys.stderr)
     return run_copy
+
+
+def checked_repository(repository: Path, unverified: bool) -> Path:
+    """`repository` to serve (`--repository`): refused by name where the workbench wrote it and a file changed since
+    (as `--run` refuses it), unless `unverified`; a note where the workbench did not write it."""
+    if written_files(repository) is None:
+        if repository.is_dir():
+            print(f"note: {repository} was not written by the workbench (no {MARKER}): it is served unchecked",
+                  file=sys.stderr, flush=True)
+        return repository
+    changed = changed_files(repository)
+    if changed and not unverified:
+        raise RepositoryError(f"{repository} no longer holds what its triton step checked: {', '.join(changed[:5])}"
+                              f"{' ...' if len(changed) > 5 else ''} changed since it was written",
+                              "deploy it again (workbench run --resume --output-dir <run> --steps triton), or serve "
+                              "the changed files as they are with --unverified")
+    if changed:
+        print(f"warning: serving {repository} unverified: {', '.join(changed[:5])} changed since its triton step "
+              "checked it", file=sys.stderr, flush=True)
+    return repository
+
+
+def api_keys(value: str, source: str) -> str | None:
+    """The API front's keys in `value` (comma-separated, each stripped), as the front reads them; ConfigError
+    naming an empty entry of `source`."""
+    try:
+        keys = parse_keys(value, source)
+    except ValueError as exc:
+        raise ConfigError(str(exc).partition(": ")[0], "give each key between commas, e.g. \"alpha,beta\", or none "
+                                                       "at all") from None
+    return ",".join(keys) or None
 
 
 def check_host(host: str) -> None:
@@ -162,8 +196,20 @@ def front_for(repository: Path, api_port: int | None) -> bool:
     return True
 
 
+def watch(server: TritonServer, front: ApiFront | None) -> None:
+    """Until tritonserver or the front exits by itself (each reaped): then ServerStartError naming it."""
+    while True:
+        if front is not None:
+            front.check_running("while serving")
+        code = server.process.poll() if server.process else 0
+        if code is not None:
+            raise ServerStartError(f"tritonserver exited by itself with code {code}:\n{server.log_tail()}",
+                                   "read its log above; fix the repository or free the resources it names")
+        time.sleep(WATCH_S)
+
+
 def serve(repository: Path, host: str, ports: tuple[int, int, int], api_port: int | None = None,
-          api_key: str | None = None) -> int:
+          api_key: str | None = None, front_workers: int = 1) -> int:
     """Serve `repository` (and the API front on `api_port`, 0: a free one; None: none) until a stop signal; 128 +
     the signal's number once the server is stopped (as an interrupted `workbench run`). A server that exits by
     itself is a ServerStartError with its log."""
@@ -175,7 +221,7 @@ def serve(repository: Path, host: str, ports: tuple[int, int, int], api_port: in
         if api_port in (chosen.http, chosen.grpc, chosen.metrics):
             raise ConfigError(f"--api-port {api_port} is one of tritonserver's ports",
                               "choose another --api-port (0 picks a free one)")
-        pick_ports(api_port, 0, 0, host=host)  # free now, as the others
+        check_api_port(api_port, host)  # free now, as the others
     warning = exposure_warning(host, with_front and not api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -186,12 +232,10 @@ def serve(repository: Path, host: str, ports: tuple[int, int, int], api_port: in
                                               [{"TEXT": text_array([t])} for t in load_corpus()[:LOAD_TEXTS]])
                 server = TritonServer(repository, Path(workdir), chosen, host=host, cleanup=(Path(workdir),))
                 with server, ApiFront(repository, server.grpc_url, Path(workdir) / "front", host, api_port or 0,
-                                      api_key) if with_front else nullcontext() as front:
+                                      api_key, front_workers) if with_front else nullcontext() as front:
                     print("\n".join(usage_lines(server, endpoints, find_perf_analyzer(), input_data, front)),
                           flush=True)
-                    code = server.process.wait() if server.process else None
-                    raise ServerStartError(f"tritonserver exited by itself with code {code}:\n{server.log_tail()}",
-                                           "read its log above; fix the repository or free the resources it names")
+                    watch(server, front)
         except Stopped as stopped:
             print(f"stopped ({stopped}): tritonserver and its model processes are gone", file=sys.stderr, flush=True)
             return 128 + stopped.signum

@@ -22,14 +22,16 @@ from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
 
 if TYPE_CHECKING:  # the front's own modules load aiohttp: not for every command that imports the steps
-    from workbench.serving.backend.api_front import FrontSpec
+    from workbench.serving.backend.api_schema import FrontSpec
 
 CONTAINER_PACKAGES = ("transformers", "tokenizers")  # installed into NVIDIA's container as pyproject.toml pins them
 PORTS = (("http", 8000), ("grpc", 8001), ("metrics", 8002))
 FRONT_PORT = ("api", API_PORT)
-FRONT_FILES = ("api_front.py", "text_input.py")  # what the image copies to run the API front
+FRONT_FILES = ("api_front.py", "api_core.py", "api_schema.py", "api_tei.py", "api_metrics.py",
+               "text_input.py")  # what the image copies to run the API front
 FRONT_FOLDER = "front"  # deploy/front: the API front's files, the image's second build context
-FRONT_PACKAGES = ("aiohttp", "pydantic")  # the front's imports, beside tritonclient's gRPC client and tokenizers
+# the front's imports, beside tritonclient's gRPC client and tokenizers
+FRONT_PACKAGES = ("aiohttp", "pydantic", "orjson", "uvloop", "prometheus-client")
 START_SCRIPT = """#!/usr/bin/env bash
 # tritonserver and the workbench's API front in one container: it ends when either ends, and passes SIGTERM
 # (docker stop, a pod's end) on to both. MODELS, FRONT and the ports can be set for a run outside the image.

@@ -88,6 +88,10 @@ def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: b
             lines += [f"rerank two documents with {model}:", curl("rerank", {
                 "model": model, "query": sample, "documents": [sample, SAMPLE_DOCUMENT], "top_n": 1})]
             continue
+        if kind == "classify":
+            lines += [f"classify a text with {model} (text-embeddings-inference's predict API):",
+                      curl("classify", {"model": model, "inputs": sample})]
+            continue
         if kind == "sparse":
             lines += [f"a text's active terms with {model} (text-embeddings-inference's sparse API):",
                       curl("sparse", {"model": model, "inputs": [sample]})]

@@ -22,7 +22,7 @@ from workbench.serving.deploy import Scaling, deployment_files, image_tag, netwo
 from workbench.serving.plan import deployed_plan
 
 if TYPE_CHECKING:
-    from workbench.serving.backend.api_front import FrontSpec
+    from workbench.serving.backend.api_schema import FrontSpec
 
 STEP = "deploy"
 
