@@ -141,10 +141,10 @@ def test_the_image_is_the_verified_repository_with_the_project_pins(deployed):
     assert steps[-2:] == [("EXPOSE", "8000 8001 8002 8080"), ("CMD", '["bash", "/opt/workbench/start.sh"]')]
     installed = shlex.split(next(v for i, v in steps if i == "RUN" and "pip install" in v))
     pinned = [word.replace("[grpc]", "[all]") for word in installed if "==" in word]  # the front's client: gRPC
-    declared = re.findall(r'"((?:transformers|tokenizers|onnxruntime-gpu|tritonclient)\b[^"]*==[^"]+)"',
-                          (ROOT / "pyproject.toml").read_text())
+    declared = re.findall(r'"((?:transformers|tokenizers|onnxruntime-gpu|tritonclient|orjson|uvloop|'
+                          r'prometheus-client)\b[^"]*==[^"]+)"', (ROOT / "pyproject.toml").read_text())
     assert sorted(pinned) == sorted(declared), "the same pins, one place"
-    assert len(pinned) == 4 and all(re.fullmatch(r"[\w\-\[\],]+==[\d.]+", p) for p in pinned)
+    assert len(pinned) == 7 and all(re.fullmatch(r"[\w\-\[\],]+==[\d.]+", p) for p in pinned)
 
     image = record.metric("deploy.image")
     digest = record.artifact_sha256("triton.repository")

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -367,3 +368,47 @@ def test_a_request_past_its_token_budget_is_refused_and_a_server_losing_its_port
         with pytest.raises(Exception) as answered:
             raw.infer(plan.name, [tensor])
         assert str(answered.value.status()) == "400" and server.is_ready()
+
+
+def test_empty_api_keys_are_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    for value, where in ((" , ", "(entry 1, 2 of 2"), ("alpha,,beta", "(entry 2 of 3")):
+        monkeypatch.setenv("WORKBENCH_API_KEY", value)
+        assert main(["serve", "--repository", str(tmp_path)]) == 2
+        error = capsys.readouterr().err
+        assert f"WORKBENCH_API_KEY has an empty key {where}" in error and "alpha,beta" in error
+    monkeypatch.delenv("WORKBENCH_API_KEY")
+    assert main(["serve", "--repository", str(tmp_path), "--api-key", "alpha,"]) == 2
+    assert "--api-key has an empty key (entry 2 of 2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_changed_repository_or_a_taken_api_port_is_refused_by_name(published, tmp_path, capsys):
+    copy = tmp_path / "repository"
+    shutil.copytree(published[2], copy)
+    graph = next(copy.rglob("*.onnx"))
+    graph.write_bytes(graph.read_bytes() + b"\0")
+    assert main(["serve", "--repository", str(copy)]) == 2
+    error = capsys.readouterr().err
+    assert "no longer holds what its triton step checked" in error and graph.name in error and "--unverified" in error
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert main(["serve", "--repository", str(published[2]), "--http-port", "0", "--grpc-port", "0",
+                     "--metrics-port", "0", "--api-port", str(port)]) == 2
+    error = capsys.readouterr().err
+    assert f"API front port {port} on 127.0.0.1 is already in use" in error and "another --api-port" in error
+
+
+@pytest.mark.slow
+def test_a_front_killed_under_serve_stops_serve_naming_it(published):
+    serve, lines, server_pid = _serve(published[2])
+    try:
+        front = psutil.Process(int(re.search(r"API: http://127.0.0.1:\d+/v1 \(pid (\d+)", "\n".join(lines)).group(1)))
+        front.send_signal(signal.SIGKILL)
+        assert serve.wait(timeout=60) == 2
+        error = serve.stderr.read()
+        assert f"the API front (pid {front.pid}, port" in error and "exited with code -9 while serving" in error
+        _wait_for(lambda: not _alive({server_pid, front.pid}, {server_pid}), "the server and the front gone", 60)
+    finally:
+        _kill_leftovers(serve, {server_pid})
