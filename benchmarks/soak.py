@@ -3,7 +3,7 @@ check that it is still healthy, answers the same and did not grow, and how the s
 large ones.
 
     python benchmarks/soak.py [--run outputs/<run>] [--reranker [base|minilm]] [--requests 10000] [--concurrency 32]
-                              [--max-seconds 1800] [--warmup N]
+                              [--max-seconds 1800] [--warmup N] [--front]
 
 Without --run it first runs export, optimize, parity and triton on all-MiniLM-L6-v2 (with --reranker: on a random-
 weight cross-encoder of BERT-base's shape or MiniLM-L6's, 512 tokens, built under outputs/). Serves the run's
@@ -16,27 +16,33 @@ outcomes per kind, the small requests' p50/p99 against alone, the RSS of the ser
 half way through the load (each session's buffers have grown to the largest shapes by then) and after it, and whether
 the server is still ready and answers a probe bit-identically to its answer before. Exits 1 when a request got an
 answer its kind does not expect, the RSS grew 5 % or more in the load's second half, or the server is not ready or
-answers the probe otherwise.
+answers the probe otherwise. `--front`: the requests go through the API front (OpenAI's /v1/embeddings, base64
+vectors, or /v1/rerank) over HTTP instead, a bad one answered 400, one at the limits answered or refused 413; the RSS
+is the server's and the front's.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
 from workbench.core.config import RunConfig
 from workbench.core.errors import MissingArtifactError, ServedError
 from workbench.core.record import RunRecord
-from workbench.measure.load import asyncio_level
+from workbench.measure.load import asyncio_level, closed_loop_level
 from workbench.models.tiny import build_cross_encoder
 from workbench.pipeline import run_pipeline
+from workbench.serving.backend.api_front import ROUTES
 from workbench.serving.client import AsyncTritonClient, TritonClient, rerank_arrays, text_array
+from workbench.serving.front import ApiFront
 from workbench.serving.repository import read_repository
-from workbench.serving.server import TritonServer
+from workbench.serving.server import TritonServer, tree_rss
 
 STEPS = ["export", "optimize", "parity", "triton"]
 MAX_GROWTH = 0.05
@@ -57,18 +63,30 @@ class Deployment:
     texts: list[str]
     limits: dict[str, int]
 
-    def arrays(self, kind: str, index: int) -> dict[str, np.ndarray]:
-        """A request of `kind` (small, bad, large), its texts chosen by `index`."""
+    def request(self, kind: str, index: int, front: bool = False) -> tuple[str, list[str]]:
+        """A request of `kind` (small, bad, large), its texts chosen by `index`: the query (a reranker's; else the
+        text) and the documents (else the texts). At the limits a batched model takes batch.max texts at most, the
+        front max_texts (it splits them)."""
         text = self.texts[index % len(self.texts)]
         if kind == "large":
             long = (" ".join(self.texts) * 60)[:self.limits["max_text_chars"]]
-            many = [long] * (self.limits["max_documents"] if self.reranks else  # a batched model: batch.max too
-                             min(self.limits["max_texts"], self.limits["max_batch_size"] or self.limits["max_texts"]))
-            return rerank_arrays([text], many) if self.reranks else {"TEXT": text_array(many)}
+            count = self.limits["max_texts"] if front else \
+                min(self.limits["max_texts"], self.limits["max_batch_size"] or self.limits["max_texts"])
+            return text, [long] * (self.limits["max_documents"] if self.reranks else count)
         if self.reranks:
-            documents = [] if kind == "bad" else [self.texts[(index + k) % len(self.texts)] for k in range(1, 5)]
-            return rerank_arrays([text], documents)
-        return {"TEXT": text_array(["" if kind == "bad" else text])}
+            return text, [] if kind == "bad" else [self.texts[(index + k) % len(self.texts)] for k in range(1, 5)]
+        return text, ["" if kind == "bad" else text]
+
+    def arrays(self, kind: str, index: int) -> dict[str, np.ndarray]:
+        query, texts = self.request(kind, index)
+        return rerank_arrays([query], texts) if self.reranks else {"TEXT": text_array(texts)}
+
+    def body(self, kind: str, index: int) -> dict[str, object]:
+        """The front's request: OpenAI's embeddings (base64, as the openai client asks) or a rerank."""
+        query, texts = self.request(kind, index, front=True)
+        if self.reranks:
+            return {"model": self.model, "query": query, "documents": texts}
+        return {"model": self.model, "input": texts, "encoding_format": "base64"}
 
 
 def deployed(run: Path) -> Deployment:
@@ -120,6 +138,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="bound on the load (and on the warm-up)")
     parser.add_argument("--warmup", type=int, help="requests before the load (default: one per corpus text)")
+    parser.add_argument("--front", action="store_true", help="send through the API front (HTTP JSON)")
     args = parser.parse_args()
     target = deployed(args.run or built_run(args.reranker))
     rss: dict[str, int] = {}
@@ -127,18 +146,26 @@ def main() -> int:
     small_ms: list[float] = []
     large_ms: list[float] = []
 
-    async def send(client: AsyncTritonClient, index: int) -> object:
+    async def send(client: AsyncTritonClient | aiohttp.ClientSession, index: int) -> object:
         kind = kind_of(index)
         begin = time.perf_counter()
-        try:
-            await client.infer(target.model, target.arrays(kind, index))
-            error = None
-        except ServedError as refused:
-            error = refused
-        found = "ok" if error is None else "refused"
+        error: ServedError | None = None
+        if isinstance(client, aiohttp.ClientSession):
+            async with client.post(f"{front.url}{ROUTES['rerank' if target.reranks else 'embeddings']}",
+                                   json=target.body(kind, index)) as response:
+                answer = await response.read()
+            if response.status != 200:
+                error = ServedError(f"HTTP {response.status}: {answer[:300]!r}", "")
+            found = "ok" if error is None else "refused" if 400 <= response.status < 500 else "failed"
+        else:
+            try:
+                await client.infer(target.model, target.arrays(kind, index))
+            except ServedError as refused:
+                error = refused
+            found = "ok" if error is None else "refused"
         seen[kind][found] = seen[kind].get(found, 0) + 1
         if index == args.requests // 2 and "before" in rss:
-            rss["middle"] = server.rss_bytes()  # by the middle every shape has run: growth past it is a leak
+            rss["middle"] = held()  # by the middle every shape has run: growth past it is a leak
         if kind == "small" and found == "ok":
             small_ms.append((time.perf_counter() - begin) * 1e3)
         if kind == "large":
@@ -151,9 +178,13 @@ def main() -> int:
         with TritonClient(server.grpc_url, "grpc") as client:
             return client.infer(target.model, target.arrays("small", 0))
 
-    with TritonServer(target.repository, (args.run or target.repository.parent) / "soak" / "server") as server:
+    work = (args.run or target.repository.parent) / "soak"
+    with TritonServer(target.repository, work / "server") as server, \
+            ApiFront(target.repository, server.grpc_url, work / "front") if args.front else nullcontext() as front:
+        def held() -> int:
+            return server.rss_bytes() + (tree_rss(front.process.pid) if front and front.process else 0)
         print(f"model: {target.model} ({'reranker' if target.reranks else 'text'}; limits {target.limits})  "
-              f"gRPC {server.grpc_url}  server log: {server.log_path}")
+              f"gRPC {server.grpc_url}  server log: {server.log_path}" + (f"  front {front.url}" if front else ""))
         before = probe(server)
         with TritonClient(server.grpc_url, "grpc") as client:
             alone = []
@@ -163,15 +194,24 @@ def main() -> int:
                 alone.append((time.perf_counter() - begin) * 1e3)
         try:
             with server.watch():
-                level = asyncio_level(server.grpc_url, "grpc", send, args.concurrency, args.requests,
-                                      args.max_seconds, after_warmup=lambda: (
-                                          rss.update(before=server.rss_bytes()), small_ms.clear(), large_ms.clear(),
-                                          [counts.clear() for counts in seen.values()]),
-                                      warmup=args.warmup or len(target.texts))
+                def reset() -> None:
+                    rss.update(before=held())
+                    small_ms.clear()
+                    large_ms.clear()
+                    for counts in seen.values():
+                        counts.clear()
+                warmup = args.warmup or len(target.texts)
+                if front:
+                    level = closed_loop_level(lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)),
+                                              send, args.concurrency, args.requests, args.max_seconds, front.url,
+                                              reset, warmup)
+                else:
+                    level = asyncio_level(server.grpc_url, "grpc", send, args.concurrency, args.requests,
+                                          args.max_seconds, reset, warmup)
         except ServedError as error:
             print(f"FAIL: the load stopped: {error}")
             return 1
-        rss["after"] = server.rss_bytes()
+        rss["after"] = held()
         ready = server.is_ready()
         after = probe(server) if ready else {}
     growth = rss["after"] / rss.get("middle", rss["before"]) - 1
@@ -188,7 +228,8 @@ def main() -> int:
     if large_ms:
         print(f"at limits:  p50 {np.percentile(large_ms, 50):.0f} ms, the longest {max(large_ms):.0f} ms to be "
               "answered or refused")
-    print(f"server RSS: {rss['before'] / MIB:.1f} MiB after the warm-up, {rss.get('middle', 0) / MIB:.1f} MiB "
+    owner = "server and front" if args.front else "server"
+    print(f"{owner} RSS: {rss['before'] / MIB:.1f} MiB after the warm-up, {rss.get('middle', 0) / MIB:.1f} MiB "
           f"half way, {rss['after'] / MIB:.1f} MiB after the load: {growth:+.2%} in the second half (must stay under "
           f"+{MAX_GROWTH:.0%})  {verdict(growth < MAX_GROWTH)}")
     print(f"healthy:    {'ready' if ready else 'NOT ready'}  {verdict(ready)}")
