@@ -112,6 +112,8 @@ def test_every_manifest_passes_its_schema_strictly(deployed):
                                                 "serving.kserve.io/v1beta1"]
     text = record.artifact("deploy.kubernetes").read_text()
     assert "&id" not in text and "*id" not in text, "written out in full, as people write manifests"
+    scraped = [(e["port"], e["path"]) for e in documents[3]["spec"]["endpoints"]]
+    assert scraped == [("metrics", "/metrics"), ("api", "/metrics")], "Triton's metrics and the front's"
 
 
 @pytest.mark.parametrize("kind", ["Deployment", "HorizontalPodAutoscaler", "ServiceMonitor", "InferenceService"])

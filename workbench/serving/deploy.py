@@ -150,11 +150,11 @@ def docker_script(image: str, front: bool) -> str:
 def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling, front: bool,
                          kind: HostKind | None = None) -> list[dict[str, Any]]:
     """Deployment, Service, HorizontalPodAutoscaler (queue time per request, through prometheus-adapter) and the
-    ServiceMonitor that has Prometheus scrape the metrics port. With the API front, the pod is ready when the front
-    is (its /health answers 200 once Triton's models are ready). For a run measured on a node of host `kind` (a
-    sweep cell), the Deployment and its autoscaler are that kind's (`<app>-<kind>`), placed on nodes whose
-    node-feature-discovery labels make them that kind, asking a GPU only on the GPU kind; the Service and the
-    ServiceMonitor select the app across every kind's Deployment."""
+    ServiceMonitor that has Prometheus scrape the metrics port (and the API front's /metrics). With the API front,
+    the pod is ready when the front is (its /health answers 200 once Triton's models are ready). For a run measured
+    on a node of host `kind` (a sweep cell), the Deployment and its autoscaler are that kind's (`<app>-<kind>`),
+    placed on nodes whose node-feature-discovery labels make them that kind, asking a GPU only on the GPU kind; the
+    Service and the ServiceMonitor select the app across every kind's Deployment."""
     name = app_name(plan)
     labels = {"app": name}
     own = f"{name}-{kind.name.replace('_', '-')}" if kind else name
@@ -190,7 +190,8 @@ def kubernetes_documents(plan: ServingPlan, image: str, scaling: Scaling, front:
     monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
                "metadata": {"name": name, "labels": labels},
                "spec": {"selector": {"matchLabels": labels},
-                        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}]}}
+                        "endpoints": [{"port": port, "path": "/metrics", "interval": "15s"}
+                                      for port in ("metrics", *([FRONT_PORT[0]] if front else []))]}}
     return [deployment, service, autoscaler, monitor]
 
 
