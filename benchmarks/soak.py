@@ -63,15 +63,15 @@ class Deployment:
     texts: list[str]
     limits: dict[str, int]
 
-    def request(self, kind: str, index: int, front: bool = False) -> tuple[str, list[str]]:
+    def request(self, kind: str, index: int) -> tuple[str, list[str]]:
         """A request of `kind` (small, bad, large), its texts chosen by `index`: the query (a reranker's; else the
-        text) and the documents (else the texts). At the limits a batched model takes batch.max texts at most, the
-        front max_texts (it splits them)."""
+        text) and the documents (else the texts). At the limits: as many texts as one Triton request takes (a
+        batched model batch.max at most; `benchmarks/api_limits.py` sends the front's own limit), each as long as
+        max_text_chars allows."""
         text = self.texts[index % len(self.texts)]
         if kind == "large":
             long = (" ".join(self.texts) * 60)[:self.limits["max_text_chars"]]
-            count = self.limits["max_texts"] if front else \
-                min(self.limits["max_texts"], self.limits["max_batch_size"] or self.limits["max_texts"])
+            count = min(self.limits["max_texts"], self.limits["max_batch_size"] or self.limits["max_texts"])
             return text, [long] * (self.limits["max_documents"] if self.reranks else count)
         if self.reranks:
             return text, [] if kind == "bad" else [self.texts[(index + k) % len(self.texts)] for k in range(1, 5)]
@@ -83,7 +83,7 @@ class Deployment:
 
     def body(self, kind: str, index: int) -> dict[str, object]:
         """The front's request: OpenAI's embeddings (base64, as the openai client asks) or a rerank."""
-        query, texts = self.request(kind, index, front=True)
+        query, texts = self.request(kind, index)
         if self.reranks:
             return {"model": self.model, "query": query, "documents": texts}
         return {"model": self.model, "input": texts, "encoding_format": "base64"}
