@@ -61,6 +61,10 @@ def test_cli_runs_the_step_notebooks(tiny_bert, tmp_path, capsys):
     bench = [line for line in verdict_lines["07_bench.ipynb"].splitlines()  # a word on the host's load comes first
              if not line.startswith(("the host was busy", "timings disturbed by other work"))]
     assert bench[0].startswith("latency: "), verdict_lines["07_bench.ipynb"]
+    memory = record["metrics"]["bench"]["served"]["memory"]  # each served instance's PSS beside its weights
+    assert memory and all(m["instance"].startswith(record["metrics"]["triton"]["name"]) and
+                          m["pss_mib"] > 10 for m in memory), memory
+    assert "served memory (PSS after the load): " in verdict_lines["07_bench.ipynb"]
     # The deploy step sized the deployment from the bench's real served sweep (one level: concurrency 2).
     level = record["metrics"]["bench"]["served"]["batching_on"]["text"]["2"]
     capacity = record["metrics"]["deploy"]["capacity"]

@@ -32,6 +32,7 @@ from workbench.measure.tables import (
     BatchingSweeps,
     Efficiency,
     InProcessRates,
+    InstanceMemory,
     Levels,
     MeasuredPlan,
     SearchCandidate,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
 BATCHING = (("batching_off", False), ("batching_on", True))
+MIB = 2**20
+WEIGHT_SUFFIXES = {".onnx", ".data", ".bin", ".xml", ".plan"}  # a model folder's graphs and their weights
 T = TypeVar("T")
 
 
@@ -187,16 +190,31 @@ def pick(candidates: list[SearchCandidate], p99_limit_ms: float) -> SearchCandid
     return max(within, key=lambda c: c.throughput) if within else None
 
 
+def instance_memory(server: TritonServer) -> list[InstanceMemory]:
+    """Each Python-backend instance's PSS beside its model's weights on disk (the graphs and their data under the
+    model's folder in the repository)."""
+    weights = {}
+    for folder in server.repository.iterdir():
+        if folder.is_dir():
+            weights[folder.name] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()
+                                       and f.suffix in WEIGHT_SUFFIXES)
+    return [InstanceMemory(instance=name, pss_mib=round(pss / MIB, 1), weights_mib=round(weights.get(
+        name.rsplit("_", 2)[0], 0) / MIB, 1)) for name, pss in sorted(server.instance_memory().items())]
+
+
 def run_served_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[str], tokenizer: Tokenizer,
                          workdir: Path) -> ServedBenchmark:
     """Everything under metrics.bench.served: sweeps, the layouts compared (python-ort), the batching search, and
     where tokenization runs (measured on the ensemble layout, whose network model takes token ids)."""
     tool = load_tool(bench)
     levels = sorted(set(bench.concurrency))
+    memory: list[InstanceMemory] = []
 
     def sweep(server: TritonServer, measured_plan: ServingPlan, label: str) -> BatchingSweeps:
         runner = ServedBench(bench, measured_plan, server, texts, tokenizer, tool, workdir / label)
         out = BatchingSweeps(text=runner.sweep(levels))
+        if label == "batching_on" and measured_plan.layout == plan.layout:
+            memory.extend(instance_memory(server))
         if label == "batching_on" and measured_plan.layout == "ensemble":  # like with like: both via asyncio
             generator = ServedBench(bench, measured_plan, server, texts, tokenizer, None, workdir / label)
             out.client_tokenization = generator.sweep(levels, client_tokenization=True)
@@ -211,7 +229,7 @@ def run_served_benchmark(bench: BenchSettings, plan: ServingPlan, texts: list[st
         tool="perf_analyzer" if tool else "asyncio", protocol="grpc", levels=levels,
         variant_plan=MeasuredPlan(flavor=plan.flavor.value, layout=plan.layout, max_batch_size=plan.max_batch_size,
                                   instances=plan.instances, threads=plan.threads, why=plan.instances_reason),
-        batching_off=sweeps["batching_off"], batching_on=sweeps["batching_on"])
+        batching_off=sweeps["batching_off"], batching_on=sweeps["batching_on"], memory=memory)
     if plan.flavor is Flavor.PYTHON_ORT and result.batching_on:  # the other layout, batching on, same load
         other = replace(plan, dynamic_batching=True, layout="ensemble" if plan.layout == "fused" else "fused")
         measured = _with_server(other, workdir / f"layout_{other.layout}",

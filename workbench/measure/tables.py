@@ -178,6 +178,15 @@ class MeasuredPlan(Metrics):
     why: str | None = None
 
 
+class InstanceMemory(Metrics):
+    """What one served model instance holds after the load: its proportional set size (its own memory and its share
+    of what it maps with the other instances) beside its model's weights on disk."""
+
+    instance: str
+    pss_mib: float
+    weights_mib: float
+
+
 class ServedBenchmark(Metrics):
     """Everything under metrics.bench.served, or why it was not measured (`skipped`)."""
 
@@ -192,6 +201,7 @@ class ServedBenchmark(Metrics):
     search: BatchingSearch | None = None
     efficiency: Efficiency | None = None
     rerank: dict[str, Levels] | None = None  # a reranker: documents per request ("n16") -> "c<concurrency>" -> level
+    memory: list[InstanceMemory] = Field(default_factory=list)  # the deployment's instances, after its load
     variant: str | None = None
     verified: bool | None = None
     seconds: float | None = None

@@ -36,6 +36,9 @@ MAX_READY_S = 1800  # however much progress it makes, a server not ready after t
 ANY_ADDRESS = "0.0.0.0"  # every interface; clients on this machine still reach it on HOST
 
 
+STUB = "triton_python_backend_stub"  # the process of one Python-backend model instance
+
+
 @dataclass(frozen=True)
 class TritonBinary:
     """A tritonserver executable and the backend folder it should use."""
@@ -332,6 +335,20 @@ class TritonServer:
     def rss_bytes(self) -> int:
         """Resident memory of the server process and its children (the Python-backend stubs), in bytes."""
         return tree_rss(self.process.pid) if self.process is not None else 0
+
+    def instance_memory(self) -> dict[str, int]:
+        """Each Python-backend model instance (`<model>_<group>_<index>`, its stub's argument) and its proportional
+        set size in bytes: its own memory and its share of what it maps with the others (shared libraries)."""
+        held: dict[str, int] = {}
+        if self.process is None:
+            return held
+        try:
+            stubs = [p for p in psutil.Process(self.process.pid).children() if p.name().startswith(STUB)]
+            for stub in stubs:
+                held[stub.cmdline()[-2]] = stub.memory_full_info().pss
+        except psutil.Error:
+            pass  # the server or a stub went away while it was read
+        return held
 
     @contextmanager
     def watch(self) -> Iterator[None]:

@@ -26,7 +26,14 @@ from workbench.measure.latency import (
     needs_lab,
 )
 from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
-from workbench.measure.tables import BatchingSearch, BenchMetrics, InProcessRates, LatencyGrid, ServedBenchmark
+from workbench.measure.tables import (
+    BatchingSearch,
+    BenchMetrics,
+    InProcessRates,
+    InstanceMemory,
+    LatencyGrid,
+    ServedBenchmark,
+)
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.report.recommend import recommend
@@ -138,7 +145,15 @@ def lines(record: RunRecord) -> list[str]:
              *(r.line() + (differs(record, r.variant) if differs and r.variant else "") for r in recommend(record))]
     if bench and bench.served and bench.served.skipped:
         found.append(f"served benchmark skipped: {bench.served.skipped}")
+    if bench and bench.served and bench.served.memory:
+        found.append(memory_line(bench.served.memory))
     return found
+
+
+def memory_line(memory: list[InstanceMemory]) -> str:
+    """What each served instance holds, beside its weights."""
+    return "served memory (PSS after the load): " + ", ".join(
+        f"{m.instance} {m.pss_mib:.0f} MiB for {m.weights_mib:.0f} MiB of weights" for m in memory)
 
 
 def disturbed_warning(bench: BenchMetrics) -> str:
@@ -231,6 +246,10 @@ def served_section(bench: BenchMetrics) -> Parts:
     parts: Parts = [("Served throughput and latency", f"Load tool: {served.tool} over {served.protocol}; one text "
                      f"per request; measured: {measured}{served.variant_plan.layout} layout.",
                      [figures.throughput_figure(served), figures.breakdown_figure(served.batching_on)])]
+    if served.memory:
+        parts.append(("Served memory", f"{memory_line(served.memory)}. PSS counts an instance's own memory and its "
+                      "share of what it maps with the others; the rest beyond the weights is the runtime, its "
+                      "arenas and the Python backend's interpreter.", []))
     if served.efficiency:
         parts.append(("Serving efficiency", "What the server delivers of what the same variant does in process on "
                       "the same texts with the same threads (targets: throughput >= 0.8, p50 <= 1.5x).",
