@@ -224,7 +224,8 @@ def test_bad_requests_get_the_documented_status_in_openais_shape_and_the_front_s
         "input: expected a string or a list of strings (got int)"
     for line in request_lines(api.url, [(m.id, m.kind) for m in front_spec(api.repository).models], "tea", keyed=True):
         if line.strip().startswith("curl "):  # as printed, the shell filling in the key
-            done = subprocess.run(["bash", "-c", line], env={**os.environ, "WORKBENCH_API_KEY": KEY},
+            several = {**os.environ, "WORKBENCH_API_KEY": f"{KEY}, sk-another"}  # the first key is sent
+            done = subprocess.run(["bash", "-c", line], env=several,
                                   capture_output=True, text=True, check=True, timeout=60)
             assert "error" not in json.loads(done.stdout), done.stdout
     with urllib.request.urlopen(f"{api.url}/health", timeout=10) as response:

@@ -371,7 +371,7 @@ def test_a_request_past_its_token_budget_is_refused_and_a_server_losing_its_port
 
 
 def test_empty_api_keys_are_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
-    for value, where in ((" , ", "(entry 1, 2 of 2"), ("alpha,,beta", "(entry 2 of 3")):
+    for value, where in ((" , ", "(entries 1 and 2 of 2"), ("alpha,,beta", "(entry 2 of 3")):
         monkeypatch.setenv("WORKBENCH_API_KEY", value)
         assert main(["serve", "--repository", str(tmp_path)]) == 2
         error = capsys.readouterr().err

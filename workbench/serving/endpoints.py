@@ -77,7 +77,8 @@ def request_lines(url: str, models: list[tuple[str, str]], sample: str, keyed: b
     `keyed`: the requests send $WORKBENCH_API_KEY."""
     from workbench.serving.backend.api_front import KEY_VARIABLE, ROUTES
 
-    key = f' -H "Authorization: Bearer ${KEY_VARIABLE}"' if keyed else ""  # the shell fills the key in
+    # the shell fills the key in: the first of several (comma-separated)
+    key = f' -H "Authorization: Bearer ${{{KEY_VARIABLE}%%,*}}"' if keyed else ""
 
     def curl(kind: str, body: dict[str, object]) -> str:
         return (f"  curl -s {url}{ROUTES[kind]} -H 'Content-Type: application/json'{key} -d "

@@ -155,7 +155,8 @@ class ApiFront:
         if self.process is not None and self.process.poll() is not None:
             raise ServerStartError(f"the API front (pid {self.process.pid}, port {self.port}) exited with code "
                                    f"{self.process.returncode} {when}:\n{self.log_tail()}",
-                                   "read its log above; serve again (--no-api serves Triton alone)")
+                                   "read its log above (a port taken: choose another --api-port); serve again, or "
+                                   "with --no-api to serve Triton alone")
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -191,6 +191,7 @@ def parse_keys(value: str, source: str = KEY_VARIABLE) -> list[str]:
     entries = [entry.strip() for entry in value.split(",")]
     empty = [str(index + 1) for index, entry in enumerate(entries) if not entry]
     if empty:
-        raise ValueError(f"{source} has an empty key (entry {', '.join(empty)} of {len(entries)}, comma-separated): "
-                         "remove the stray comma, or leave it unset to ask for no key")
+        which = f"entry {empty[0]}" if len(empty) == 1 else f"entries {', '.join(empty[:-1])} and {empty[-1]}"
+        raise ValueError(f"{source} has an empty key ({which} of {len(entries)}, comma-separated): remove the stray "
+                         "comma, or leave it unset to ask for no key")
     return entries
