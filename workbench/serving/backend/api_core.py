@@ -21,11 +21,11 @@ from tritonclient.utils import InferenceServerException
 
 if __package__:  # imported from the workbench package, or run with -m
     from .api_metrics import FrontMetrics
-    from .api_schema import KINDS, ApiError, ServedModel, check_unicode, too_large
+    from .api_schema import ANSWERS, KINDS, ApiError, ServedModel, check_unicode, too_large
     from .text_input import Prompts, RequestBudget, TextEncoder
 else:  # files copied beside each other (the deployment image)
     from api_metrics import FrontMetrics
-    from api_schema import KINDS, ApiError, ServedModel, check_unicode, too_large
+    from api_schema import ANSWERS, KINDS, ApiError, ServedModel, check_unicode, too_large
     from text_input import Prompts, RequestBudget, TextEncoder
 
 INLINE_CHARS = 4096  # a request this short is tokenized on the event loop: a thread's hop would cost more
@@ -66,9 +66,8 @@ class Front:
             name = self.only(kind, route)
         served = self.models.get(name)
         if served is not None and served.kind != kind:
-            raise ApiError(404, f"model {name!a} is {article(KINDS[served.kind])}, not {article(KINDS[kind])} "
-                                f"({route} answers those); GET /v1/models lists each model's kind", "model",
-                           "model_not_found")
+            raise ApiError(404, f"model {name!a} is {article(KINDS[served.kind])}: POST {ANSWERS[served.kind]} answers "
+                                f"it, not {route}; GET /v1/models lists each model's kind", "model", "model_not_found")
         if served is None:
             these = ", ".join(m.id for m in self.models.values() if m.kind == kind) or "none"
             raise ApiError(404, f"model {name!a} is not served here for {route}; this deployment serves: {these} "

@@ -40,6 +40,7 @@ if __package__:  # imported from the workbench package, or run with -m
     from .api_core import Front, answer, body, rerank_scores, vectors
     from .api_metrics import CONTENT_TYPE, MULTIPROCESS_VARIABLE
     from .api_schema import (
+        ANSWERS,
         KEY_VARIABLE,
         ApiError,
         EmbeddingsRequest,
@@ -56,6 +57,7 @@ else:  # run as a file copied beside its siblings (the deployment image)
     from api_core import Front, answer, body, rerank_scores, vectors
     from api_metrics import CONTENT_TYPE, MULTIPROCESS_VARIABLE
     from api_schema import (
+        ANSWERS,
         KEY_VARIABLE,
         ApiError,
         EmbeddingsRequest,
@@ -71,7 +73,7 @@ else:  # run as a file copied beside its siblings (the deployment image)
 
 __all__ = ["KEY_VARIABLE", "ROUTES", "FrontSpec", "application", "main"]
 # Each kind of served model's route: OpenAI's, Cohere's and text-embeddings-inference's.
-ROUTES = {"embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "sparse": "/embed_sparse", "classify": "/predict"}
+ROUTES = ANSWERS
 RERANK_V2 = "/v2/rerank"
 OPEN = frozenset({"/health", "/metrics"})  # asked for no key
 PR_SET_PDEATHSIG = 1  # prctl(2): a worker gets SIGTERM when its supervisor dies

@@ -13,6 +13,8 @@ UTF8_BYTES = 4  # at most, per character
 Kind = Literal["embeddings", "rerank", "sparse", "classify"]
 KINDS: dict[str, str] = {"embeddings": "embedding model", "rerank": "reranker", "sparse": "sparse encoder",
                          "classify": "classifier"}
+ANSWERS: dict[str, str] = {"embeddings": "/v1/embeddings", "rerank": "/v1/rerank", "sparse": "/embed_sparse",
+                           "classify": "/predict"}  # the route that answers each kind
 
 
 class ServedModel(BaseModel):
