@@ -20,22 +20,13 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+from api_front import default_repository
 
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, others_busy
 from workbench.serving.front import ApiFront
 from workbench.serving.server import TritonServer
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_repository() -> Path:
-    found = sorted(p for p in (ROOT / "model_repository").glob("*") if (p / ".workbench.json").is_file())
-    if not found:
-        raise ConfigError("no repository under model_repository/", "run `make demo` first, or pass --repository")
-    return found[0]
 
 
 async def small_requests(url: str, model: str, texts: list[str], concurrency: int, until: asyncio.Event,
