@@ -453,7 +453,8 @@ def test_a_multi_label_classifier_is_served_with_every_labels_sigmoid_score_and_
     with TorchRunner(loaded, config.output_specs) as reference:
         logits = reference.infer(Batch("texts", list(range(len(texts))), feed))["logits"]
     expected = 1 / (1 + np.exp(-logits.astype(np.float64)))
-    assert np.abs(expected - 0.5).min() > 1e-3, "no score within rounding of the threshold"
+    clear = np.abs(expected - 0.5) > 1e-4  # labels compared where rounding (max_abs < 1e-5 above) cannot move them
+    assert clear.mean() > 0.9, "the wide weights put most scores away from the threshold"
     names = [loaded.hf_config.id2label[i] for i in range(5)]
     wanted = [[name if p > 0.5 else "" for name, p in zip(names, row)] for row in expected]
     assert any(sum(map(bool, row)) >= 2 for row in wanted) and any(not all(row) for row in wanted)
@@ -467,7 +468,9 @@ def test_a_multi_label_classifier_is_served_with_every_labels_sigmoid_score_and_
             got = client.infer_texts(served.name, texts)
             assert got["score"].shape == (len(texts), 5) and got["label"].shape == (len(texts), 5)
             assert np.allclose(got["score"], expected, atol=1e-5), served.layout
-            assert [[label.decode() for label in row] for row in got["label"]] == wanted, served.layout
+            labels = [[label.decode() for label in row] for row in got["label"]]
+            assert [[a for a, c in zip(row, keep) if c] for row, keep in zip(labels, clear)] == \
+                [[w for w, c in zip(row, keep) if c] for row, keep in zip(wanted, clear)], served.layout
 
 
 def test_the_cpu_serving_order_follows_the_measured_int8_decision_else_the_cpus_instructions():

@@ -263,6 +263,8 @@ class FleetSweep:
             ray.cancel(ref, force=True)
         for cell, _, _ in self.in_flight.values():
             cell.status, cell.error = "failed", "interrupted"
+        for partial in self.root.glob(f".{STATUS_NAME}.*.partial"):  # a save the signal cut between create and try
+            partial.unlink(missing_ok=True)
         self.save()
 
     def run(self) -> int:
