@@ -559,3 +559,14 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
     np.testing.assert_allclose(whole, alone, atol=1e-5)
     unbounded = 32 * 4 * 8000**2 * 4  # the whole request's attention scores in one layer: 4 heads, fp32
     assert peak[0] - idle < unbounded / 8, f"{(peak[0] - idle) / 2**30:.1f} GiB over idle"
+
+
+def test_repositories_publish_where_the_setting_else_the_variable_else_the_project_says(monkeypatch, tmp_path):
+    from workbench.core.config import REPOSITORY_VARIABLE
+    from workbench.serving.plan import PROJECT_REPOSITORIES, repository_root
+
+    monkeypatch.delenv(REPOSITORY_VARIABLE, raising=False)
+    assert repository_root(None) == PROJECT_REPOSITORIES
+    monkeypatch.setenv(REPOSITORY_VARIABLE, str(tmp_path / "scratch"))
+    assert repository_root(None) == tmp_path / "scratch"
+    assert repository_root(str(tmp_path / "set")) == tmp_path / "set"

@@ -6,9 +6,14 @@ kernel is idle, saves (Ctrl+S), and counts from the saved file and the page: cel
 figures (in the file, and drawn on the page), progress bars that did not finish, and whether the notebook's first
 output names the run and `sequence.max 128 (01_export.ipynb)`, then closes it and shuts its kernel down. 09's report
 must load inside its frame. No saved notebook may hold a widget (blank once saved, an error once reopened); every
-saved one is reopened to check it shows no widget error. Screenshots and lab-check.json go into the run folder.
+saved one is reopened to check it shows no widget error.
 
-    python tests/browser/lab_check.py [--out FOLDER] [--notebooks 01,02,03]
+It touches nothing of the user's: the runs go to a scratch outputs folder, the triton and generation steps publish
+into a scratch repository in it ($WORKBENCH_REPOSITORY), and the checkout's model_repository/ and outputs/ are hashed
+before and after (a difference fails the check). The scratch folder is removed at the end unless --keep; the
+screenshots and lab-check.json stay in a small folder of their own, printed at the end.
+
+    python tests/browser/lab_check.py [--out FOLDER] [--keep] [--notebooks 01,02,03]
 """
 from __future__ import annotations
 
@@ -29,10 +34,14 @@ import nbformat
 from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from workbench.core.atomic import sha256_file
 from workbench.core.catalog import specs
-from workbench.core.config import RunConfig
+from workbench.core.config import REPOSITORY_VARIABLE, RunConfig
 from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, working_copies
+from workbench.serving.plan import PROJECT_REPOSITORIES
 from workbench.serving.server import free_port
+
+USERS = (PROJECT_REPOSITORIES, PROJECT_REPOSITORIES.parent / "outputs")  # what the check must leave as it was
 
 VIEWPORT = {"width": 1600, "height": 1000}
 EDIT = "sequence_max = 128"
@@ -164,13 +173,26 @@ def report_in_frame(panel: Locator) -> bool:
         return False
 
 
+def tree_hashes(folder: Path) -> dict[str, str]:
+    """Every file under `folder` by relative path, with its sha256 (links by their target)."""
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): (f"-> {os.readlink(p)}" if p.is_symlink() else sha256_file(p))
+            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="outputs folder for the Lab (default: a new temporary one)")
     parser.add_argument("--notebooks", help="prefixes to run, e.g. 01,02,03 (default: every step notebook)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch outputs folder (runs, repository)")
     args = parser.parse_args()
+    if args.out is not None and args.out.resolve() in [p.resolve() for p in USERS]:
+        raise SystemExit(f"--out {args.out} is the checkout's own folder: pass a scratch folder")
+    before = {folder: tree_hashes(folder) for folder in USERS}
     root = (args.out or Path(tempfile.mkdtemp(prefix="lab-check-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    os.environ[REPOSITORY_VARIABLE] = str(root / "model_repository")  # the Lab's kernels publish there
     working_copies(root)
     wanted = [s.notebook for s in specs() if not args.notebooks or s.notebook[:2] in args.notebooks.split(",")]
     run = root / f"interactive-{RunConfig().model_slug}"
@@ -195,13 +217,20 @@ def main() -> int:
         lab.wait(timeout=60)
         shutil.rmtree(state, ignore_errors=True)
     config = json.loads((run / "run.json").read_text())["config"] if (run / "run.json").is_file() else {}
-    (run / "lab-check").mkdir(parents=True, exist_ok=True)
+    evidence = (run if args.keep else shots) / "lab-check"
+    evidence.mkdir(parents=True, exist_ok=True)
     for item in seen:
-        item.screenshot = str(shutil.move(item.screenshot, run / "lab-check" / Path(item.screenshot).name))
-    shutil.rmtree(shots, ignore_errors=True)
+        item.screenshot = str(shutil.move(item.screenshot, evidence / Path(item.screenshot).name))
+    if args.keep:
+        shutil.rmtree(shots, ignore_errors=True)
+    touched = [str(folder) for folder in USERS if tree_hashes(folder) != before[folder]]
+    published = sorted(p.name for p in (root / "model_repository").glob("*"))
     verdict = {"notebooks": [asdict(s) for s in seen], "report_in_frame": framed, "reopened_without_widget_errors":
-               clean, "kernels_left": left, "run_sequence_max": config.get("sequence", {}).get("max")}
-    (run / "lab-check" / "lab-check.json").write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+               clean, "kernels_left": left, "run_sequence_max": config.get("sequence", {}).get("max"),
+               "published_in_scratch": published, "users_folders_changed": touched}
+    (evidence / "lab-check.json").write_text(json.dumps(verdict, indent=1), encoding="utf-8")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
     print("| notebook | cells | seconds | errors | plots (file / drawn) | unfinished bars | widgets saved | "
           "settings inherited |")
     print("|---|---|---|---|---|---|---|---|")
@@ -209,10 +238,11 @@ def main() -> int:
         print(f"| {s.notebook} | {s.cells} | {s.seconds:.0f} | {s.errors} | {s.plots} / {s.drawn} | "
               f"{s.unfinished_bars} | {s.widgets} | {'yes' if s.inherited else 'NO'} |")
     print(f"report in its frame: {framed}; reopened without widget errors: {clean}; kernels left running: "
-          f"{len(left)} {left}; run.json sequence.max: {verdict['run_sequence_max']}; screenshots and "
-          f"lab-check.json: {run / 'lab-check'}")
+          f"{len(left)} {left}; run.json sequence.max: {verdict['run_sequence_max']}; published in the scratch "
+          f"repository: {published}; the checkout's folders changed: {touched or 'none'}; scratch folder "
+          f"{root if args.keep else 'removed'}; screenshots and lab-check.json: {evidence}")
     ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.widgets == 0 and s.inherited for s in seen) and clean \
-        and framed is not False and not left and verdict["run_sequence_max"] == 128
+        and framed is not False and not left and verdict["run_sequence_max"] == 128 and not touched
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

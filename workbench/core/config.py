@@ -43,6 +43,7 @@ SWITCHES = ("parity.repair",)
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
+REPOSITORY_VARIABLE = "WORKBENCH_REPOSITORY"  # where repositories publish when triton.repository_dir is unset
 
 
 def _step_names() -> tuple[str, ...]:
@@ -272,7 +273,8 @@ class TritonSettings(_Strict):
     allow_unverified: bool = Field(default=False, description="publish a variant that did not pass parity (in "
                                                                 "process and served); the record says verified: false")
     repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
-                                                                 "the project's model_repository/")
+                                                                 "$WORKBENCH_REPOSITORY, else the project's "
+                                                                 "model_repository/")
     _repository_here = field_validator("repository_dir")(staticmethod(_from_here))
 
     _positive = field_validator("max_request_tokens")(staticmethod(at_least_one("triton.max_request_tokens")))

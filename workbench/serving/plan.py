@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.config import ONE_PYTHON_MODEL, BatchRange, TritonSettings
+from workbench.core.config import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, BatchRange, TritonSettings
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
@@ -94,8 +94,9 @@ def _cpu_preference(int8: PrecisionDecision | None, features: CpuFeatures) -> tu
 
 
 def repository_root(repository_dir: str | None) -> Path:
-    """Where generated repositories are published: triton.repository_dir, else the project's model_repository/."""
-    return Path(repository_dir) if repository_dir else PROJECT_REPOSITORIES
+    """Where generated repositories are published: triton.repository_dir, else $WORKBENCH_REPOSITORY, else the
+    project's model_repository/."""
+    return Path(repository_dir or os.environ.get(REPOSITORY_VARIABLE) or PROJECT_REPOSITORIES)
 
 
 def choose_flavor(setting: Flavor | Literal["auto"], device: str, task: str = "feature-extraction") -> Flavor:
