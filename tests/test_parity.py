@@ -558,3 +558,22 @@ def test_minilm_int8_repair_reaches_the_embedding_tolerance(tmp_path, int8_first
     if any(b["chosen"] and b["passed"] for b in repair["bases"]):  # on the AVX-512 VNNI / AMX host: per-token, 0.9914
         # a base that passes the full lab alone is the repair: one candidate, no sensitivity pass, no bisection
         assert repair["chosen"]["blocked"] == [] and len(repair["candidates"]) == 1 and not repair["sensitivity"]
+
+
+def test_the_repair_chart_draws_before_and_after_from_the_recipes_tables_numbers():
+    from workbench.precision.tables import RecipeResult, RepairCandidate, RepairOutcome
+    from workbench.steps.parity import figures
+
+    plain = RecipeResult(recipe="per-channel weights", passed=False, latency_ms=512.0, min_cosine=0.95, chosen=False)
+    smoothed = RecipeResult(recipe="smoothing 0.7 per-token", passed=True, latency_ms=540.38, min_cosine=0.9908,
+                            chosen=True)
+    searched = RepairCandidate(passed=True, latency_ms=741.7, min_cosine=0.9908)  # the same graph, timed later
+    outcome = RepairOutcome(precision="int8", outcome="repaired", units=12, bases=[plain, smoothed], chosen=searched,
+                            before=searched, candidates=[searched])
+    traces = {t.name: t for t in figures.repair_tradeoff(outcome).data}
+    before, chosen = traces["before repair (per-channel weights)"], traces["chosen (smoothing 0.7 per-token)"]
+    assert (before.x[0], before.y[0]) == (512.0, 0.95) and (chosen.x[0], chosen.y[0]) == (540.38, 0.9908)
+    alone = outcome.model_copy(update={"bases": [smoothed.model_copy(update={"recipe": "per-channel weights"})]})
+    names = [t.name for t in figures.repair_tradeoff(alone).data]
+    assert "chosen (per-channel weights) (passed as it was: nothing to repair)" in names
+    assert not any(name.startswith("before repair") for name in names), "one point, not two drawn on each other"

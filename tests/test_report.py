@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from workbench.core.batches import Cell
+from workbench.core.catalog import spec
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
@@ -159,8 +160,8 @@ def test_report_is_self_contained(reported):
     stale = record.artifact("report").read_text()
     # parity, served parity, latency, served; a bench whose timings were disturbed says that instead of its inputs
     assert stale.count("STALE: ") >= 3 and stale.count("STALE: inputs changed since it ran") >= 2
-    assert f"run <code>workbench run --resume --output-dir {record.run_dir} --steps bench</code> to refresh them" \
-        in stale
+    assert f"run <code>workbench run --resume --output-dir {record.run_dir} --steps bench</code> (in JupyterLab: " \
+        "07_bench.ipynb) to refresh them" in stale, "the command and the notebook: the same step either way"
 
 
 def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):
@@ -181,7 +182,7 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
     assert "The optimize step failed (RuntimeError: the disk is full)" in html
     for step in ("tensorrt", "generation", "bench"):
         assert f"the {step} step did not run; run <code>workbench run --resume --output-dir {tmp_path} " \
-               f"--steps {step}</code> to fill it" in html, step
+               f"--steps {step}</code> (in JupyterLab: {spec(step).notebook}) to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
     assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (ValidationError" in html
     assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run <code>workbench run "

@@ -197,13 +197,18 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
 
 def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool, resume: bool,
                notebooks_dir: Path) -> RunRecord:
-    preflight_apart(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
+    memory = preflight_apart(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
+    if memory is not None and memory.verdict == "warned":
+        print(f"warning: {memory.describe()}; going on as preflight.memory=warn asks (a step that runs out stops "
+              "with OutOfMemoryError)", file=sys.stderr, flush=True)
     if resume:
         record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
         remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
+    if memory is not None:
+        record.note_memory_estimate(memory)
     steps = [s.name for s in specs() if s.name in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):

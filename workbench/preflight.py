@@ -9,15 +9,17 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
+from workbench.core.memory import MemoryEstimate
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
 
-def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
+def preflight(config: RunConfig, resumed: RunRecord | None = None) -> MemoryEstimate | None:
     """What the selected steps declare they need, checked before anything runs, every problem listed in one refusal:
     device cuda, the corpus, each step's own check (e.g. the export opset), the model (its task, pipeline, pooling
     and limits), free ports, a writable repository folder, and the earlier steps whose outputs each reads (in this
-    run, or ok in the `resumed` record); then, when nothing else is wrong, room on the disk."""
+    run, or ok in the `resumed` record); then, when nothing else is wrong, room on the disk and in memory (its
+    estimate returned, to be recorded)."""
     selected = [step for step in specs() if step.name in config.steps]
     problems = Problems()
     if config.device == "cuda":  # asked for, not available: refused now, not found out mid-run
@@ -33,20 +35,22 @@ def preflight(config: RunConfig, resumed: RunRecord | None = None) -> None:
         if need in needs:
             problems.check(CHECKS[need], config)
     problems.check(check_reads, selected, config, resumed)
+    estimate = None
     if not problems.found:
         problems.check(check_disk, config, selected)
-        problems.check(check_memory, config, selected)
+        estimate = problems.check(check_memory, config, selected)
     problems.raise_all()
+    return estimate
 
 
-def preflight_apart(config: RunConfig, resumed: RunRecord | None = None) -> None:
+def preflight_apart(config: RunConfig, resumed: RunRecord | None = None) -> MemoryEstimate | None:
     """`preflight` in a child process: what it loads to read the model (transformers, and torch with it: 0.4 GB)
     goes with the child instead of staying in the process that waits on the steps' kernels for the whole run."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-        child.submit(preflight, config, resumed).result()
+        return child.submit(preflight, config, resumed).result()
 
 
 def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
@@ -61,22 +65,28 @@ def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
         require_free(Path(config.output_dir), needed, f"this run ({', '.join(s.name for s in selected)})")
 
 
-def check_memory(config: RunConfig, selected: list[StepSpec]) -> None:
+def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate | None:
     """The memory this process tree may hold (its cgroup's limit, else the machine's) covers what a step holding the
-    model peaks at (`memory.step_need`); unknown for a hub id, so not checked."""
-    from workbench.core.memory import STEP_BASE_BYTES, WEIGHT_MULTIPLE, memory_limit, step_need
+    model peaks at (`memory.step_need`): refused where it does not, unless `preflight.memory` is warn; unknown for a
+    hub id, so not checked."""
+    from workbench.core.memory import memory_limit, step_need
     from workbench.models.loading import resolve_source, weight_bytes
 
     weights = weight_bytes(resolve_source(config.model))
-    holding = [step.name for step in selected if "model" in step.needs]
+    holding = tuple(step.name for step in selected if "model" in step.needs)
+    if not weights or not holding:
+        return None
     limit, source = memory_limit()
-    if weights and holding and step_need(weights) > limit:
+    over = step_need(weights) > limit
+    estimate = MemoryEstimate(round(step_need(weights) / 2**20, 1), round(limit / 2**20, 1), source,
+                              round(weights / 2**20, 3), holding,
+                              "fits" if not over else "warned" if config.preflight.memory == "warn" else "refused")
+    if estimate.verdict == "refused":
         raise OutOfMemoryError(
-            f"this run's {', '.join(holding)} need about {step_need(weights) / 2**20:.0f} MB at their peak "
-            f"({WEIGHT_MULTIPLE} x the model's {weights / 2**20:.3g} MB of weights + {STEP_BASE_BYTES / 2**30:g} GB), "
-            f"more than {source}: {limit / 2**20:.0f} MB",
-            "run it where it has more memory (another host, or a higher cgroup limit); a model of this size needs "
-            "that much whatever the settings")
+            f"this run's {estimate.describe()}",
+            "run it where it has more memory (another host, or a higher cgroup limit); or, if you know it fits, "
+            "go on anyway with -p preflight.memory=warn (a step that runs out still stops with this error's kind)")
+    return estimate
 
 
 def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:

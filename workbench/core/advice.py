@@ -25,6 +25,30 @@ def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
     if os.environ.get(IN_LAB) if lab is None else lab:
         notebooks = ", then ".join(catalog.spec(step).notebook for step in steps)
         return f"run {notebooks}" + (f" (config={json.dumps(settings)} in the first)" if settings else "")
-    values = "".join(f" -p {key}={value if isinstance(value, str) else json.dumps(value)}"
-                     for key, value in settings.items())
+    values = f" {set_settings(settings, lab=False)}" if settings else ""
     return f"workbench run --resume --output-dir {run_dir or '<run>'} --steps {','.join(steps)}{values}"
+
+
+def set_settings(settings: Mapping[str, object], lab: bool | None = None) -> str:
+    """How to set `settings` where the user is: `-p precisions=[fp32,int8]` on the command line; in JupyterLab
+    `config = {"precisions": ["fp32", "int8"]} in the parameters cell of 02_optimize.ipynb`, the notebook of the first
+    step that reads them (`lab`: which, else where this runs)."""
+    if os.environ.get(IN_LAB) if lab is None else lab:
+        reader = _reader(next(iter(settings)))
+        return f"config = {json.dumps(dict(settings))} in the parameters cell of {catalog.spec(reader).notebook}"
+    return " ".join(f"-p {key}={_cli_value(value)}" for key, value in settings.items())
+
+
+def _reader(key: str) -> str:
+    """The first step that reads setting `key`: the one whose section it is, or which first reads it, else the
+    first step (run-wide settings)."""
+    top = key.split(".")[0]
+    found = [s.name for s in catalog.specs() if s.settings == top or top in s.first_reads]
+    return found[0] if found else catalog.step_names()[0]
+
+
+def _cli_value(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return value if isinstance(value, str) else json.dumps(value)
+

@@ -372,6 +372,12 @@ class Int8Settings(_Strict):
     nodes_to_exclude: list[str] = Field(default_factory=list, description="node names left in float")
 
 
+class PreflightSettings(_Strict):
+    memory: Literal["refuse", "warn"] = Field(default="refuse", description=(
+        "refuse: a run whose steps need more memory at their peak than its limit (the cgroup's, else the machine's) "
+        "stops before anything runs; warn: says so and goes on (a step that runs out stops with OutOfMemoryError)"))
+
+
 class OptimizeSettings(_Strict):
     """The optimize step: the fused graph's form and rules, the OpenVINO variants, the fp16 and int8 variants."""
 
@@ -530,6 +536,7 @@ class RunConfig(_Strict):
     optimize: OptimizeSettings = OptimizeSettings()
     parity: ParitySettings = ParitySettings()
     tensorrt: TensorrtSettings = TensorrtSettings()
+    preflight: PreflightSettings = PreflightSettings()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None

@@ -6,8 +6,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import psutil
 
@@ -16,15 +18,37 @@ CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 NO_LIMIT = 2**60  # cgroup v1 writes its "no limit" as a number near 2**63
 # What a step that holds the model peaks at, its whole process tree: WEIGHT_MULTIPLE x the fp32 weights +
-# STEP_BASE_BYTES (libraries, kernels, activations within batch.max_tokens); measured with defaults on 2 cores:
-# all-mpnet-base-v2 2.74 GB of 2.79, all-MiniLM-L6-v2 1.45 GB of 1.80 (docs/bench.md, benchmarks/real_models.py).
+# LIBRARY_BYTES (torch, ONNX Runtime, a kernel) + its batches' activations, ACTIVATION_MULTIPLE x the weights up to
+# ACTIVATION_BYTES (batch.max_tokens bounds them); measured with defaults on 2 cores: all-mpnet-base-v2 2.74 GB of
+# 2.79, all-MiniLM-L6-v2 1.45 GB of 1.69, a tiny BERT (0.43 MB) 0.51-0.75 GB of 0.76 (docs/bench.md).
 WEIGHT_MULTIPLE = 3
-STEP_BASE_BYTES = 3 * 2**29
+LIBRARY_BYTES = 3 * 2**28
+ACTIVATION_MULTIPLE = 8
+ACTIVATION_BYTES = 3 * 2**28
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Preflight's memory estimate for a run: what its steps holding the model need at their peak, the limit and
+    where that comes from, and what preflight did (`fits`, `refused`, or `warned`: over, gone on as asked)."""
+
+    need_mb: float
+    limit_mb: float
+    source: str
+    weights_mb: float
+    steps: tuple[str, ...]
+    verdict: Literal["fits", "refused", "warned"]
+
+    def describe(self) -> str:
+        return (f"{', '.join(self.steps)} need about {self.need_mb:.0f} MB at their peak ({WEIGHT_MULTIPLE} x the "
+                f"model's {self.weights_mb:.3g} MB of weights + {LIBRARY_BYTES / 2**30:g} GB of libraries + "
+                f"activations), {'within' if self.verdict == 'fits' else 'more than'} {self.source}: "
+                f"{self.limit_mb:.0f} MB")
 
 
 def step_need(weights: int) -> int:
     """About the most a step that holds a model of `weights` fp32 bytes needs at once (its process tree)."""
-    return WEIGHT_MULTIPLE * weights + STEP_BASE_BYTES
+    return WEIGHT_MULTIPLE * weights + LIBRARY_BYTES + min(ACTIVATION_MULTIPLE * weights, ACTIVATION_BYTES)
 
 
 def activation_room(weights: int) -> int:

@@ -9,7 +9,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -25,7 +25,7 @@ from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
-from workbench.core.memory import PeakMemory
+from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
 from workbench.core.progress import say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
@@ -39,7 +39,7 @@ _RUN_DEFINING = ("model", "task", "pooling", "pooling_override", "token_embeddin
                  "attn_implementation")
 
 
-_NOT_SETTINGS = ("steps", "output_dir")  # which steps run and where: not how any of them runs
+_NOT_SETTINGS = ("steps", "output_dir", "preflight")  # which steps run, where, what is checked first: not how
 _OTHER_SETTINGS = "it ran with other settings"  # how a stale step's reason starts when only its settings differ
 
 
@@ -641,6 +641,11 @@ class RunRecord:
         from workbench.core.machine import collect_environment
 
         self.data["environment"] = collect_environment()
+        self.save()
+
+    def note_memory_estimate(self, estimate: MemoryEstimate) -> None:
+        """Keep preflight's memory estimate (`preflight.memory` in run.json)."""
+        self.data.setdefault("preflight", {})["memory"] = asdict(estimate)
         self.save()
 
     def note_providers(self, providers: list[str]) -> None:

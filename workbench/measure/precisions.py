@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from workbench.core.advice import set_settings
 from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
 from workbench.core.timing import interleaved
 from workbench.graphs.tables import PrecisionDecision, Timings
@@ -127,7 +128,7 @@ def settle(decided: PrecisionDecision, precision: str, speedups: dict[str, float
     else:
         decided.built = False
         decided.reason = (f"does not pay on this host: {shown} (needs {MIN_GAIN}x at one goal cell); to build it "
-                          f"anyway: -p precisions=[fp32,{precision}]")
+                          f"anyway: {set_settings({'precisions': ['fp32', precision]})}")
     return decided
 
 

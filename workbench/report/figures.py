@@ -34,7 +34,10 @@ class Snippet:
 def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]
-    widths = [min(_WIDEST, max([len(h)] + [len(row[i]) for row in texts]) + 2) for i, h in enumerate(header)]
+    wanted = [min(_WIDEST, max([len(h)] + [len(row[i]) for row in texts]) + 2) for i, h in enumerate(header)]
+    words = [max(len(word) for cell in [h, *(row[i] for row in texts)] for word in [*cell.split(), ""]) + 2
+             for i, h in enumerate(header)]
+    widths = _fitted(wanted, words)
     shrink = min(1.0, _LINE_CHARS / sum(widths))  # plotly narrows the columns to the page, in proportion
     lines = [max(math.ceil(len(cell) / max(1.0, width * shrink - 2)) for cell, width in zip(row, widths))
              for row in texts]  # a long cell wraps: its row grows, and so must the figure, or the last row is cut
@@ -43,6 +46,19 @@ def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go
     figure.update_layout(title=title, height=70 + _ROW_PX * 2 + _LINE_PX * sum(max(1, n) for n in lines)
                          + (_ROW_PX - _LINE_PX) * len(lines), margin={"t": 50, "b": 10, "l": 20, "r": 20})
     return figure
+
+
+def _fitted(wanted: list[int], words: list[int]) -> list[float]:
+    """Column widths that fit the page by narrowing the columns with room to wrap, never one below its longest word
+    (plotly cuts a word wider than its column: `sentence_embeddin`)."""
+    if sum(wanted) <= _LINE_CHARS:
+        return [float(w) for w in wanted]
+    floors = [min(word, w) for w, word in zip(wanted, words)]
+    slack = [w - f for w, f in zip(wanted, floors)]
+    excess = sum(wanted) - _LINE_CHARS
+    if sum(slack) <= excess:  # the longest words alone fill the page: each column at its longest word
+        return [float(f) for f in floors]
+    return [w - s * excess / sum(slack) for w, s in zip(wanted, slack)]
 
 
 def parity_table(results: dict[str, Verdict], against: str = "PyTorch fp32") -> go.Figure:

@@ -51,6 +51,13 @@ def resume_command(record: RunRecord, step: str) -> str:
     return f"`{run_again(step.split(','), record.run_dir, lab=False)}`"
 
 
+def again_both_ways(record: RunRecord, step: str) -> str:
+    """`run `workbench run ... --steps bench` (in JupyterLab: 07_bench.ipynb)`: the command and the notebooks, the
+    same steps either way."""
+    notebooks = run_again(step.split(","), lab=True).removeprefix("run ")
+    return f"run {resume_command(record, step)} (in JupyterLab: {notebooks})"
+
+
 def code(text: str) -> Markup:
     """`text` escaped, its `quoted` parts as <code>."""
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
@@ -58,7 +65,7 @@ def code(text: str) -> Markup:
 
 def _missing(record: RunRecord, step: StepEntry) -> str:
     """Why a section of `step` is empty, and how to fill it."""
-    fill = f"run {resume_command(record, step.name)} to fill it"
+    fill = f"{again_both_ways(record, step.name)} to fill it"
     if step.status is None:
         return f"Not in this run: the {step.name} step did not run; {fill}."
     if step.status == StepStatus.OK:
@@ -82,14 +89,14 @@ def sections(record: RunRecord, steps: tuple[Declared, ...]) -> Parts:
             rendered = section.render(typed) if typed is not None else []
         except (KeyError, TypeError, ValueError) as exc:  # metrics an older workbench wrote, or a damaged record
             rendered = [(section.title, f"Could not be drawn from the recorded metrics ({type(exc).__name__}: "
-                                        f"{exc}); run {resume_command(record, step.name)} to measure again.", [])]
+                                        f"{exc}); {again_both_ways(record, step.name)} to measure again.", [])]
         else:
             if rendered and section.served:
                 title, text, made = rendered[0]
                 rendered[0] = (title, f"{served} {text}", made)
         if rendered and step.status in (StepStatus.STALE, StepStatus.SKIPPED):
             title, text, made = rendered[0]
-            note = (f"STALE: {step.detail}; these figures are from before, run {resume_command(record, step.name)} to "
+            note = (f"STALE: {step.detail}; these figures are from before, {again_both_ways(record, step.name)} to "
                     "refresh them." if step.status == StepStatus.STALE else f"Skipped: {step.detail}.")
             rendered[0] = (title, f"{note} {text}", made)
         parts += rendered or [(section.title, _missing(record, step), [])]
@@ -129,7 +136,7 @@ def recommendation_rows(record: RunRecord, steps: tuple[Declared, ...]) -> list[
                      "gate": (f"{choice.gate} on {choice.gate.output}" if choice.gate else "")
                      + (f"; nearest neighbours as PyTorch's: top-1 {choice.retrieval['agreement_at_1']:.1%}, "
                         f"top-10 {choice.retrieval['recall_at_10']:.1%}" if choice.retrieval else ""),
-                     "why": choice.reason + ("" if found else f"; run {resume_command(record, run)}.")
+                     "why": choice.reason + ("" if found else f"; {again_both_ways(record, run)}.")
                      + (differs(record, choice.variant) if differs and choice.variant else "")})
     return rows
 

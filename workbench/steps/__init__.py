@@ -43,10 +43,30 @@ def discover() -> tuple[StepSpec, ...]:
 
 
 def verdict_line(name: str, record: RunRecord) -> str:
-    """What step `name` found, in one or a few lines (the last cell of its notebook), or why it did not run."""
+    """What step `name` found, in one or a few lines (the last cell of its notebook), or why it did not run; in
+    JupyterLab, then the later steps this run made stale and the notebook to open next."""
+    from workbench.core.advice import IN_LAB
     from workbench.report.takeaways import takeaway
 
-    return takeaway(spec(name), record)
+    found = takeaway(spec(name), record)
+    return "\n".join([found, *whats_next(name, record)]) if os.environ.get(IN_LAB) else found
+
+
+def whats_next(name: str, record: RunRecord) -> list[str]:
+    """`now stale (...): parity, report: run 03_parity.ipynb, then 09_report.ipynb` where this step's outputs
+    changed what later steps read, then `next: open 03_parity.ipynb (...)`."""
+    from workbench.core.advice import run_again
+    from workbench.core.record import RunRecord, StepStatus
+
+    fresh = RunRecord.load(record.run_dir)  # the statuses as the step's end left them
+    order = step_names()
+    later = order[order.index(name) + 1:]
+    stale = [step for step in later if fresh.status(step) == StepStatus.STALE]
+    lines = [f"now stale (what they read changed): {', '.join(stale)}: {run_again(stale, lab=True)}"] if stale else []
+    if not later:
+        return [*lines, f"this was the last step: report.html is in {record.run_dir}"]
+    following = spec(later[0])
+    return [*lines, f"next: open {following.notebook} ({following.name}: {following.summary})"]
 
 
 discover()

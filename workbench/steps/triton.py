@@ -7,7 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from workbench.core.advice import run_again
+from workbench.core.advice import run_again, set_settings
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import LabSettings, RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
@@ -342,8 +342,8 @@ def lines(record: RunRecord) -> list[str]:
               if deployment.head else []),
             *([cut_line(cut.deployment, cut.library, cut.texts_beyond, deployment.served_library or "the library",
                         next(iter(cut.beyond.values()), None))] if cut else []),
-            *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (name it apart with "
-               "-p triton.name=... to keep both)"] if replaced else []),
+            *([f"replaced the deployment {deployment.name!r} that run {replaced} had published (to keep both, name "
+               f"this one apart: {set_settings({'triton.name': deployment.name + '_2'})})"] if replaced else []),
             *([f"prompts (request parameter prompt_name) against encode(prompt_name=...): {prompts}"]
               if prompts else [])]
 
@@ -351,11 +351,11 @@ def lines(record: RunRecord) -> list[str]:
 def section(triton: TritonMetrics) -> Parts:
     if triton.served_parity is None:
         return []
-    against = triton.served_reference or "PyTorch"
+    against = triton.served_library or "PyTorch"
     served = {f"served {p}": r for p, r in triton.served_parity.items()}
-    served.update({f"served, prompt_name={name!r}": r for name, r in triton.prompt_parity.items()})
-    return [("Served parity", f"The deployment against {against} over HTTP and gRPC; each named prompt over HTTP "
-             "against encode(texts, prompt_name=...).", [figures.parity_table(served, against)])]
+    served.update({f"served, prompt {name!r}": r for name, r in triton.prompt_parity.items()})
+    return [("Served parity", f"The deployment against {against} over HTTP and gRPC, on the same texts; each named "
+             "prompt over HTTP against the library given the same prompt.", [figures.parity_table(served, against)])]
 
 
 def calling(triton: TritonMetrics) -> Parts:

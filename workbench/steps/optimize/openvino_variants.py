@@ -226,9 +226,12 @@ def openvino_line(openvino: Trial) -> str:
         return f"OpenVINO fp32 kept as the openvino variant: {openvino.reason}"
     if openvino.matches is None:
         return f"OpenVINO fp32 {openvino.reason}"
-    anyway = f"; to keep it anyway: {run_again(['optimize'], settings={'optimize.openvino': 'always'})}" \
-        if openvino.matches else ""
+    anyway = f"; to keep it anyway: {_keep_anyway()}" if openvino.matches else ""
     return f"OpenVINO fp32 not kept: {openvino.reason}{anyway}"
+
+
+def _keep_anyway() -> str:
+    return run_again(["optimize"], settings={"optimize.openvino": "always"})
 
 
 def openvino_bf16_line(openvino_bf16: Trial) -> str:
@@ -238,7 +241,7 @@ def openvino_bf16_line(openvino_bf16: Trial) -> str:
         return f"OpenVINO bf16 kept as the openvino_bf16 variant: {openvino_bf16.reason}"
     if not openvino_bf16.ms:
         return f"OpenVINO bf16 {openvino_bf16.reason}"
-    return f"OpenVINO bf16 not kept: {openvino_bf16.reason}; to keep it anyway: -p optimize.openvino=always"
+    return f"OpenVINO bf16 not kept: {openvino_bf16.reason}; to keep it anyway: {_keep_anyway()}"
 
 
 def openvino_int8_line(openvino_int8: OpenvinoInt8) -> str:
@@ -251,8 +254,7 @@ def openvino_int8_line(openvino_int8: OpenvinoInt8) -> str:
     if openvino_int8.against is None:
         return f"OpenVINO int8 (NNCF) {openvino_int8.reason}"
     timed = f" (timed with its float ops in {computed_in.chosen})" if computed_in else ""
-    return (f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8.reason}; to keep it anyway: "
-            "-p optimize.openvino=always")
+    return f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8.reason}; to keep it anyway: {_keep_anyway()}"
 
 
 

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
-from workbench.core.advice import run_again
+from workbench.core.advice import run_again, set_settings
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
@@ -90,7 +90,7 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
         record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
             precision=record.variant(name).precision, units=0,
             outcome=f"not run: {served} passed and is faster than fp32 (parity.variants=served repairs only where "
-                    "none faster passes; -p parity.variants=all repairs it)").recorded())
+                    f"none faster passes; {set_settings({'parity.variants': 'all'})} repairs it)").recorded())
 
 
 def unchecked(record: RunRecord, results: dict[str, Verdict], order: tuple[str, ...]) -> dict[str, str]:
@@ -225,10 +225,12 @@ def lines(record: RunRecord) -> list[str]:
         if outcome.outcome == "repaired" and chosen:
             base = f", quantized as {outcome.base}" if outcome.base else ""
             stopped = f"; the search stopped early: {outcome.stopped}" if outcome.stopped else ""
-            built = len(outcome.candidates)
+            built, recipes = len(outcome.candidates), len(outcome.bases) + len(outcome.recipes)
             probes = f", {outcome.probes} probes" if outcome.probes else ""
+            measured = f"{recipes} recipe{'s' if recipes != 1 else ''} measured, " if recipes else ""
             lines.append(f"{precision}_repaired keeps {len(chosen.blocked)} of {outcome.units} units in fp32"
-                         f"{base} ({built} candidate{'s' if built != 1 else ''} built{probes}{stopped}"
+                         f"{base} ({measured}{built} node-search candidate{'s' if built != 1 else ''} built"
+                         f"{probes}{stopped}"
                          f"{'; ' + spent if spent else ''})"
                          + (f"; {outcome.race.reason}" if outcome.race else ""))
         else:

@@ -53,16 +53,34 @@ def repair_tradeoff(repair: RepairOutcome) -> go.Figure:
                                hovertext=[f"{r.recipe}: {'passes' if r.passed else 'fails'}"
                                           f"{' (the base)' if r.chosen else ''}{_retrieval_note(r)}"
                                           for r in recipes])
-    for label, entry, marker in (("before repair", repair.before, {"symbol": "x", "size": 12}),
-                                 ("chosen", repair.chosen, {"symbol": "star", "size": 20,
-                                                            "line": {"width": 1.5, "color": "black"}})):
-        if entry:  # the chosen star drawn last: on top where the two meet
+    before, chosen = before_and_after(repair)
+    star = {"symbol": "star", "size": 20, "line": {"width": 1.5, "color": "black"}}
+    for label, entry, marker in ((f"before repair{_recipe_of(before)}", before if before is not chosen else None,
+                                  {"symbol": "x", "size": 14, "line": {"width": 2}}),
+                                 (f"chosen{_recipe_of(chosen)}" + (" (passed as it was: nothing to repair)"
+                                                                   if before is chosen else ""), chosen, star)):
+        if entry:
             figure.add_scatter(name=label, mode="markers", x=[entry.latency_ms], y=[getattr(entry, metric)],
                                marker=marker)
     figure.update_layout(title=f"{repair.precision} repair: accuracy vs latency ({repair.outcome})",
                          xaxis_title=f"latency (ms) at batch x sequence {repair.latency_feed}",
                          yaxis_title=f"{metric.replace('_', ' ')} on the hard texts (marker size: nodes kept in fp32)")
     return figure
+
+
+def before_and_after(repair: RepairOutcome) -> tuple[RepairCandidate | None, RepairCandidate | None]:
+    """The quantization as the variant had it (the first whole-graph recipe: the configured granularity alone) and
+    what the repair chose, each with the numbers the recipes table shows where it is one of its recipes (the same
+    object where the repair chose that recipe as it was)."""
+    before = repair.bases[0] if repair.bases else repair.before
+    chosen = repair.chosen
+    if chosen is not None and not chosen.blocked:  # a whole-graph recipe passed as it is: that recipe's row
+        chosen = next((r for r in repair.bases if r.chosen), chosen)
+    return before, chosen
+
+
+def _recipe_of(entry: RepairCandidate | None) -> str:
+    return f" ({entry.recipe})" if isinstance(entry, RecipeResult) else ""
 
 
 def _retrieval_note(entry: RepairCandidate) -> str:
