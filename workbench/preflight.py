@@ -66,26 +66,24 @@ def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
 
 
 def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate | None:
-    """The memory this process tree may hold (its cgroup's limit, else the machine's) covers what a step holding the
-    model peaks at (`memory.step_need`): refused where it does not, unless `preflight.memory` is warn; unknown for a
-    hub id, so not checked."""
-    from workbench.core.memory import memory_limit, step_need
+    """The memory this process tree may hold (its cgroup's limit, else the machine's) covers what each selected step
+    peaks at: a step holding the model `memory.step_need` of its weights, another what it declares (`memory`);
+    refused where one does not fit, unless `preflight.memory` is warn; a hub id's weights are unknown, not checked."""
+    from workbench.core.memory import memory_limit, model_step
     from workbench.models.loading import resolve_source, weight_bytes
 
     weights = weight_bytes(resolve_source(config.model))
-    holding = tuple(step.name for step in selected if "model" in step.needs)
-    if not weights or not holding:
+    needs = [step.memory(config) if step.memory is not None else model_step(step.name, weights)
+             for step in selected if step.memory is not None or ("model" in step.needs and weights)]
+    if not needs:
         return None
-    limit, source = memory_limit()
-    over = step_need(weights) > limit
-    estimate = MemoryEstimate(round(step_need(weights) / 2**20, 1), round(limit / 2**20, 1), source,
-                              round(weights / 2**20, 3), holding,
-                              "fits" if not over else "warned" if config.preflight.memory == "warn" else "refused")
+    estimate = MemoryEstimate.of(needs, *memory_limit(), warn=config.preflight.memory == "warn")
     if estimate.verdict == "refused":
         raise OutOfMemoryError(
             f"this run's {estimate.describe()}",
-            "run it where it has more memory (another host, or a higher cgroup limit); or, if you know it fits, "
-            "go on anyway with -p preflight.memory=warn (a step that runs out still stops with this error's kind)")
+            "run it where it has more memory (another host, or a higher cgroup limit), or leave those steps out of "
+            "--steps; or, if you know it fits, go on anyway with -p preflight.memory=warn (a step that runs out still "
+            "stops with this error's kind)")
     return estimate
 
 

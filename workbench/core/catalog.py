@@ -14,6 +14,7 @@ from workbench.core.metrics import Metrics
 
 if TYPE_CHECKING:
     from workbench.core.config import RunConfig
+    from workbench.core.memory import StepMemory
     from workbench.core.record import RunRecord, StepEntry
 
 # What preflight checks for a step that needs it (workbench/preflight.py): the model resolves and fits `sequence`,
@@ -50,7 +51,9 @@ class StepSpec:
     earlier steps as they are); `verdicts`: where under its metrics it records a parity verdict per variant (e.g.
     `variants`), which the record's `verdict` reads; `headline` and `warning`: the lines and the warning report.html
     opens with, from its metrics model; `served` and `served_differs`, for the step that deploys: what the served
-    sections open with, and a note where it serves another variant than the recommended one ("" where not)."""
+    sections open with, and a note where it serves another variant than the recommended one ("" where not);
+    `memory`: what a step that does not hold the run's model needs at its peak (preflight's estimate; a step that
+    needs "model" is estimated from the model's weights)."""
 
     name: str
     number: int
@@ -73,6 +76,7 @@ class StepSpec:
     warning: Callable[[Any], str] | None = None
     served: Callable[[RunRecord], str] | None = None
     served_differs: Callable[[RunRecord, str], str] | None = None
+    memory: Callable[[RunConfig], StepMemory] | None = None
 
     @property
     def notebook(self) -> str:

@@ -27,23 +27,53 @@ ACTIVATION_MULTIPLE = 8
 ACTIVATION_BYTES = 3 * 2**28
 
 
+# What the generation step peaks at over its models' weights: Triton with a Python-backend stub per model, HF and
+# CTranslate2 in the step's kernel (tiny:marian and tiny:gpt2, measured: 1.34 GB).
+GENERATION_BYTES = 3 * 2**29
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What one step needs at its peak, in bytes, and how that is made up (`3 x the model's 0.16 MB of weights ...`)."""
+
+    step: str
+    need: int
+    how: str
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Preflight's memory estimate for a run: what its steps holding the model need at their peak, the limit and
-    where that comes from, and what preflight did (`fits`, `refused`, or `warned`: over, gone on as asked)."""
+    """Preflight's memory estimate for a run: each step's need at its peak (MB), the limit and where it comes from,
+    what the largest is made of, and what preflight did (`fits`, `refused`, or `warned`: over, gone on as asked)."""
 
+    steps: dict[str, float]
     need_mb: float
     limit_mb: float
     source: str
-    weights_mb: float
-    steps: tuple[str, ...]
+    how: str
     verdict: Literal["fits", "refused", "warned"]
 
+    @classmethod
+    def of(cls, needs: list[StepMemory], limit: int, source: str, warn: bool) -> MemoryEstimate:
+        """The estimate for `needs` under `limit`: the steps over it (else the largest) named in its description."""
+        peak = max(n.need for n in needs)
+        over = [n for n in needs if n.need > limit]
+        named = over or [n for n in needs if n.need == peak]
+        how = "; ".join(f"{', '.join(n.step for n in named if n.how == made)} need about "
+                        f"{max(n.need for n in named if n.how == made) / 2**20:.0f} MB at their peak ({made})"
+                        for made in dict.fromkeys(n.how for n in named))
+        return cls({n.step: round(n.need / 2**20, 1) for n in needs}, round(peak / 2**20, 1), round(limit / 2**20, 1),
+                   source, how, "fits" if not over else "warned" if warn else "refused")
+
     def describe(self) -> str:
-        return (f"{', '.join(self.steps)} need about {self.need_mb:.0f} MB at their peak ({WEIGHT_MULTIPLE} x the "
-                f"model's {self.weights_mb:.3g} MB of weights + {LIBRARY_BYTES / 2**30:g} GB of libraries + "
-                f"activations), {'within' if self.verdict == 'fits' else 'more than'} {self.source}: "
-                f"{self.limit_mb:.0f} MB")
+        within = "within" if self.verdict == "fits" else "more than"
+        return f"{self.how}, {within} {self.source}: {self.limit_mb:.0f} MB"
+
+
+def model_step(step: str, weights: int) -> StepMemory:
+    """A step holding the run's model of `weights` fp32 bytes."""
+    return StepMemory(step, step_need(weights), f"{WEIGHT_MULTIPLE} x the model's {weights / 2**20:.3g} MB of weights "
+                                                f"+ {LIBRARY_BYTES / 2**30:g} GB of libraries + activations")
 
 
 def step_need(weights: int) -> int:

@@ -13,6 +13,7 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
+from workbench.core.memory import GENERATION_BYTES, WEIGHT_MULTIPLE, StepMemory
 from workbench.core.metrics import Metrics
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
@@ -240,8 +241,21 @@ def section(generation: GenerationMetrics) -> Parts:
              "Triton's Python backend; greedy decoding, one text per request.", generation_figures(tasks))]
 
 
+def memory_need(config: RunConfig) -> StepMemory:
+    """Triton with its generation models, HF and CTranslate2 at once: GENERATION_BYTES + 3 x the local models'
+    weights (tiny:<arch> builds and hub ids: not counted)."""
+    from workbench.models.loading import resolve_source, weight_bytes
+
+    models = [m for m in (config.generation.translation_model, config.generation.text_generation_model)
+              if m and not m.startswith("tiny:")]
+    weights = sum(weight_bytes(resolve_source(m)) or 0 for m in models)
+    return StepMemory(STEP, GENERATION_BYTES + WEIGHT_MULTIPLE * weights,
+                      f"Triton serving its models, HF and CTranslate2: {GENERATION_BYTES / 2**30:g} GB"
+                      + (f" + {WEIGHT_MULTIPLE} x their {weights / 2**20:.3g} MB of weights" if weights else ""))
+
+
 SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
-    metrics=GenerationMetrics, after="triton", settings="generation")
+    metrics=GenerationMetrics, after="triton", settings="generation", memory=memory_need)
