@@ -181,7 +181,7 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
         update={"memory": "warn"})})
     record = run_pipeline(warned, tmp_path / "warned", progress=False)
     assert record.status("export") == "ok"
-    assert "warning: export need about 7" in capsys.readouterr().err
+    assert "warning: export needs about 7" in capsys.readouterr().err
     estimate = record.data["preflight"]["memory"]
     assert estimate["verdict"] == "warned" and estimate["limit_mb"] == 512 and 700 < estimate["need_mb"] < 800
     monkeypatch.setattr(memory, "memory_limit", lambda: (2**30, "the memory cgroup's limit (a test's)"))
@@ -189,7 +189,7 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
     assert fits.data["preflight"]["memory"]["verdict"] == "fits"
     # the generation step holds its own models, Triton, HF and CTranslate2: it alone is named over a 1000 MB limit
     monkeypatch.setattr(memory, "memory_limit", lambda: (1000 * 2**20, "the memory cgroup's limit (a test's)"))
-    with pytest.raises(OutOfMemoryError, match=r"this run's generation need about 1536 MB at their peak \(Triton "
+    with pytest.raises(OutOfMemoryError, match=r"this run's generation needs about 1536 MB at its peak \(Triton "
                                                 r"serving its models, HF and CTranslate2: 1.5 GB\), more than") as over:
         preflight(config.model_copy(update={"steps": ["export", "generation"]}))
     assert "export" not in over.value.problem and "leave those steps out of --steps" in over.value.fix

@@ -108,3 +108,25 @@ def test_atomic_dir_replaces_only_when_complete(tmp_path):
         raise RuntimeError("interrupted")
     assert (dest / "a.txt").read_text() == "first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_step_run_again_names_the_later_steps_it_made_stale_and_the_notebook_to_open_next(tmp_path):
+    from workbench.steps import whats_next
+
+    record = RunRecord.create(tmp_path, RunConfig())
+    graph = tmp_path / "onnx" / "fp32.onnx"
+    graph.parent.mkdir()
+    graph.write_bytes(b"first")
+    with record.step("optimize"):
+        record.add_artifact("onnx.fp32", graph, kind="onnx", variant="fp32", precision="fp32")
+    with record.step("parity"):
+        record.artifact("onnx.fp32")
+    assert whats_next("optimize", record) == ["next: open 03_parity.ipynb (parity: every variant vs PyTorch on real "
+                                              "text; fp16/int8 precision repair)"]
+    with record.step("optimize"):  # run again: what parity read changed
+        graph.parent.mkdir(exist_ok=True)
+        graph.write_bytes(b"second")
+        record.add_artifact("onnx.fp32", graph, kind="onnx", variant="fp32", precision="fp32")
+    said = whats_next("optimize", record)
+    assert said[0] == "now stale (what they read changed): parity: run 03_parity.ipynb", said
+    assert whats_next("report", record) == [f"this was the last step: report.html is in {tmp_path}"]

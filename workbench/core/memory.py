@@ -59,9 +59,10 @@ class MemoryEstimate:
         peak = max(n.need for n in needs)
         over = [n for n in needs if n.need > limit]
         named = over or [n for n in needs if n.need == peak]
-        how = "; ".join(f"{', '.join(n.step for n in named if n.how == made)} need about "
-                        f"{max(n.need for n in named if n.how == made) / 2**20:.0f} MB at their peak ({made})"
-                        for made in dict.fromkeys(n.how for n in named))
+        groups = {made: [n for n in named if n.how == made] for made in dict.fromkeys(n.how for n in named)}
+        how = "; ".join(f"{', '.join(n.step for n in group)} need{'s' if len(group) == 1 else ''} about "
+                        f"{max(n.need for n in group) / 2**20:.0f} MB at {'its' if len(group) == 1 else 'their'} "
+                        f"peak ({made})" for made, group in groups.items())
         return cls({n.step: round(n.need / 2**20, 1) for n in needs}, round(peak / 2**20, 1), round(limit / 2**20, 1),
                    source, how, "fits" if not over else "warned" if warn else "refused")
 

@@ -87,8 +87,14 @@ class Progress:
 
 def say(line: str) -> None:
     """A line of a step's progress: printed where the step runs (its notebook keeps it) and, under `workbench run`,
-    appended to the pipeline's file."""
-    print(line, flush=True)
+    appended to the pipeline's file. Under an open text bar, on a line of its own above the bar (tqdm.write)."""
+    if _text_bars:
+        from tqdm.std import tqdm as text_tqdm
+
+        text_tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+    else:
+        print(line, flush=True)
     path = os.environ.get(PROGRESS_FILE_VAR)
     if path:
         _append(path, line)

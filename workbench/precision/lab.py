@@ -24,6 +24,7 @@ from workbench.core.batches import (
 )
 from workbench.core.config import LabSettings, Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
+from workbench.core.progress import track
 from workbench.core.results import Verdict, WorstText
 from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
@@ -68,7 +69,8 @@ class ParityLab:
             cache = ReferenceCache(Path(folder) if folder else default_folder())
             key = cache_key(runner.identity, batches) if runner.identity else None
             kept = cache.load(key, len(batches)) if key else None
-            self.expected = kept or [runner.infer(b) for b in self.batches]
+            self.expected = kept or [runner.infer(b) for b in track(
+                self.batches, f"reference outputs ({runner.name})", "batches", note=lambda b: b.name)]
             if key and kept is None:
                 cache.save(key, self.expected)
             self.reference_seconds = time.perf_counter() - start
@@ -173,27 +175,29 @@ class ParityLab:
         return next((s for s in self.specs if s.kind in ("embedding", "scores")), self.specs[0])
 
     def collect(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None,
-                gated: Collection[str] | None = None) -> dict[str, OutputParity]:
+                gated: Collection[str] | None = None, progress: str | None = None) -> dict[str, OutputParity]:
         """Run every batch through `runner` and accumulate the comparison of each output it returns, against the
         task-aware default tolerances with `tolerances` (default: the run configuration's) on top; the outputs
-        `gated` (default: those the deployment serves) decide the verdict."""
+        `gated` (default: those the deployment serves) decide the verdict. `progress`: a bar of that label counts
+        the batches (none inside another bar)."""
         check_inputs(self.reference.input_names, runner.input_names, runner.name)
         overrides = self.settings.tolerances if tolerances is None else tolerances
         deciding = self.settings.gated if gated is None else gated
         outputs = {s.name: OutputParity(s, tolerance_for(s, precision, overrides), self.groups, s.name in deciding)
                    for s in self.specs if s.name in runner.output_names}
-        for batch, expected in zip(self.batches, self.expected):
+        pairs = list(zip(self.batches, self.expected))
+        for batch, expected in track(pairs, progress, "batches", note=lambda p: p[0].name) if progress else pairs:
             got = runner.infer(batch)
             for name, parity in outputs.items():
                 parity.add(batch.name, batch.text_ids, got[name], expected[name], batch.mask)
         return outputs
 
     def compare(self, runner: Runner, precision: str, tolerances: dict[str, Tolerance] | None = None,
-                gated: Collection[str] | None = None) -> Verdict:
+                gated: Collection[str] | None = None, progress: str | None = None) -> Verdict:
         """`runner`'s verdict on every batch (`collect`), with its providers, the seconds it took and the texts it
         got most wrong on the primary output."""
         start = time.perf_counter()
-        outputs = self.collect(runner, precision, tolerances, gated)
+        outputs = self.collect(runner, precision, tolerances, gated, progress)
         seconds = time.perf_counter() - start
         result = verdict({name: parity.summary() for name, parity in outputs.items()})
         return result.model_copy(update={"precision": precision, "providers": list(runner.providers),
@@ -267,7 +271,8 @@ def library_check(settings: LabSettings, loaded: LoadedModel, texts: tuple[Text,
     from workbench.runners.torch import TorchRunner
 
     with TorchRunner(loaded, lab.specs) as module:
-        result = lab.compare(module, "fp32", tolerances={}, gated=[s.name for s in lab.specs]).recorded()
+        result = lab.compare(module, "fp32", tolerances={}, gated=[s.name for s in lab.specs],
+                             progress=f"the PyTorch module vs {library}").recorded()
         cut = cut_row(loaded, lab, module)
     check = LibraryCheck(checked=True, library=library, reference=call, texts=len(texts), **result, cut=cut,
                          reference_cached=lab.reference_cached)

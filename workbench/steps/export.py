@@ -118,6 +118,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.phase(task_line(task.name, task.reason))
         check_opset(config.exporter, config.opset)
         start = time.perf_counter()
+        record.phase(f"loading {config.model} with transformers")
         loaded = load_model(config)
         load_seconds = time.perf_counter() - start
         with atomic_dir(record.run_dir / "model") as tmp:
@@ -126,6 +127,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.add_artifact("tokenizer", record.run_dir / "model", kind="tokenizer", source=loaded.source.kind)
         start = time.perf_counter()
         dest = record.run_dir / "onnx" / "original.onnx"
+        record.phase(f"exporting with torch.onnx ({config.exporter} exporter, opset {config.opset}), then onnx.checker")
         graph = export_onnx(loaded, config, dest)
         metrics = {
             "source": {"kind": loaded.source.kind, "location": loaded.source.location},

@@ -70,6 +70,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
     precision = metrics.precision or "fp32"
     settings = served_settings(config.lab, plan)
     texts = lab_texts(settings, loaded)
+    record.phase("loading the model's own library for the reference answers")
     reference = library_reference(settings, loaded, texts)
     metrics.served_reference = reference.call if reference else "the workbench's PyTorch module"
     metrics.served_library = reference.library if reference else "PyTorch"
@@ -79,17 +80,20 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
     ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
     metrics.server = str(binary.executable)
     loaded.drop_weights()  # the references are the library's (or computed): the server gets the memory
+    record.phase(f"starting tritonserver on {repository.name} (its models load before it answers)")
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
+        record.phase(f"tritonserver ready in {server.timings['ready_seconds']:.0f} s")
         metrics.ready_seconds = server.timings["ready_seconds"]
         parity, beyond = {}, {}
         endpoints = (("http", server.http_url), ("grpc", server.grpc_url))
-        for protocol, url in track(endpoints, "served parity", "protocols", note=lambda endpoint: endpoint[0]):
+        for protocol, url in endpoints:
             with (TritonClient(url, protocol) as client,
                   ServedRunner(client, plan.name, texts, loaded.input_names, outputs,
                                vocabulary=sparse_vocabulary(plan)) as runner):
-                parity[protocol] = lab.within().compare(runner, precision)
+                parity[protocol] = lab.within().compare(runner, precision, progress=f"served parity {protocol}")
                 if lab.beyond:
-                    beyond[protocol] = lab.subset(list(lab.beyond)).compare(runner, precision)
+                    beyond[protocol] = lab.subset(list(lab.beyond)).compare(
+                        runner, precision, progress=f"served parity {protocol}, texts past the cut")
         metrics.served_parity = parity
         metrics.cut = ServedCut(deployment=loaded.sequence.max, library=loaded.max_sequence,
                                 texts_within=len(texts) - len(lab.beyond), texts_beyond=len(lab.beyond),

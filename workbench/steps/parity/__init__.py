@@ -12,7 +12,7 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
-from workbench.core.progress import Progress, track
+from workbench.core.progress import Progress
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
 from workbench.core.variants import VariantName
@@ -111,7 +111,8 @@ def compare(name: str, config: RunConfig, record: RunRecord, lab: ParityLab) -> 
     built = record.variant(name)
     with open_variant(built, config.device, config.threads, SessionSettings(config.threads, arena=False)) as runner:
         record.note_providers(runner.providers)
-        result = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(runner, built.precision)
+        result = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(runner, built.precision,
+                                                                                progress=f"parity {name}")
     release_memory()  # the session's weights and arenas: a base-size variant holds 1 GB
     record.set_metric(f"{STEP}.variants.{name}", result.recorded())
     return result
@@ -150,10 +151,10 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     """The PyTorch module every variant is compared with, against what the model's users run today (its own
     library); recorded, and the step fails here when they differ: every verdict after would be against the wrong
     reference."""
-    with Progress("module vs the model's own library", 1, "checks") as bar:
-        check = library_check(config.lab, loaded, texts)
-        release_memory()  # the library's own copy of the model
-        bar.update(1, note="FAIL" if check.checked and not check.passed else "pass")
+    record.phase("the PyTorch module against the model's own library, every text")
+    check = library_check(config.lab, loaded, texts)
+    release_memory()  # the library's own copy of the model
+    record.phase(f"the module against {check.library}: {'FAIL' if check.checked and not check.passed else 'pass'}")
     record.set_metric(f"{STEP}.reference", check.recorded())
     if check.checked and not check.passed:
         raise ReferenceMismatchError(
@@ -187,7 +188,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "reference_cached": lab.reference_cached})
         scope, why = config.parity.scope(record.export_info().parameters)
         first = checked_variants(list(variants)) if scope == "all" else [n for n in ("fp32",) if n in variants]
-        results = {name: compare(name, config, record, lab) for name in track(first, STEP, "variants")}
+        results = {name: compare(name, config, record, lab) for name in first}  # a bar of batches each
         if "original" in variants and not (results["fp32"].passed if "fp32" in results else False):
             results["original"] = compare("original", config, record, lab)  # the export, or the fusion?
         if scope == "all":
