@@ -75,7 +75,7 @@ def test_the_token_budget_shrinks_where_the_memory_limit_leaves_little_past_the_
     assert tokens == 2**27 // per_token == 992 and "1/4 of the 0.5 GiB the memory limit leaves" in source
     assert batch.token_budget(per_token, 384, room=-2**30)[0] == 384, "one text at the max, whatever is left"
     monkeypatch.setattr(memory, "memory_limit", lambda: (6 * 2**30, "a cgroup"))
-    assert memory.activation_room(2**30) == 6 * 2**30 - memory.step_need(2**30) == 1.5 * 2**30
+    assert memory.activation_room(2**30) == 6 * 2**30 - memory.step_need(2**30) == 1.375 * 2**30
 
 
 def test_misspelled_key_names_the_closest_setting():

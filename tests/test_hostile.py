@@ -170,8 +170,8 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
     monkeypatch.setattr(memory, "memory_limit", lambda: (2**29, "the memory cgroup's limit (a test's)"))
     monkeypatch.setattr(pipeline, "preflight_apart", preflight)  # in this process, where the limit is faked
     config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["export", "optimize"]})
-    with pytest.raises(OutOfMemoryError, match=r"this run's export, optimize need about 7\d\d MB at their peak \(3 x "
-                                                r"the model's [\d.]+ MB of weights \+ 0.75 GB of libraries \+ "
+    with pytest.raises(OutOfMemoryError, match=r"this run's export, optimize need about [89]\d\d MB at their peak \(3 x "
+                                                r"the model's [\d.]+ MB of weights \+ 0.875 GB of libraries \+ "
                                                 r"activations\), more than the memory cgroup's limit \(a test's\): "
                                                 r"512 MB") as refused:
         run_pipeline(config, tmp_path / "run", progress=False)
@@ -181,9 +181,9 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
         update={"memory": "warn"})})
     record = run_pipeline(warned, tmp_path / "warned", progress=False)
     assert record.status("export") == "ok"
-    assert "warning: export needs about 7" in capsys.readouterr().err
+    assert "warning: export needs about " in capsys.readouterr().err
     estimate = record.data["preflight"]["memory"]
-    assert estimate["verdict"] == "warned" and estimate["limit_mb"] == 512 and 700 < estimate["need_mb"] < 800
+    assert estimate["verdict"] == "warned" and estimate["limit_mb"] == 512 and 850 < estimate["need_mb"] < 950
     monkeypatch.setattr(memory, "memory_limit", lambda: (2**30, "the memory cgroup's limit (a test's)"))
     fits = run_pipeline(config.model_copy(update={"steps": ["export"]}), tmp_path / "fits", progress=False)
     assert fits.data["preflight"]["memory"]["verdict"] == "fits"
