@@ -12,7 +12,6 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RepairSettings, RunConfig
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
-from workbench.core.progress import Progress
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
 from workbench.core.variants import VariantName
@@ -68,24 +67,25 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
     after it left unchecked (`unchecked`); a failing fp16/int8 is repaired (in serving order) only where none
     faster than fp32 passed: a repair takes several lab checks, each many minutes on a large model."""
     built = set(record.variants())
-    with Progress(f"{STEP} in serving order", len(built - set(results)), "variants") as bar:
-        def walk(repairable: set[str]) -> str | None:
-            """Check (and repair) in serving order until one passes; the first that passed in that order."""
-            while name := next_in_serving_order(serving_order(config, record), built, results, repairable):
-                if name in built:
-                    results[name] = compare(name, config, record, lab)
-                else:
-                    repairable.discard(base := name.removesuffix("_repaired"))
-                    if repair(base, config, record, lab, results) is not None:
-                        results[name] = compare(name, config, record, lab)
-                bar.update(1, note=f"{name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
-            return first_passed(serving_order(config, record), results)
 
-        served = walk(set())
-        failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
-        if served is None or served in EXACT_VARIANTS:
-            walk(set(failing) if config.parity.repair.enabled else set())
-            return
+    def walk(repairable: set[str]) -> str | None:
+        """Check (and repair) in serving order until one passes; the first that passed in that order (each variant
+        a bar of its own, one line after it: no bar inside another)."""
+        while name := next_in_serving_order(serving_order(config, record), built, results, repairable):
+            if name in built:
+                results[name] = compare(name, config, record, lab)
+            else:
+                repairable.discard(base := name.removesuffix("_repaired"))
+                if repair(base, config, record, lab, results) is not None:
+                    results[name] = compare(name, config, record, lab)
+            record.phase(f"in serving order, {name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
+        return first_passed(serving_order(config, record), results)
+
+    served = walk(set())
+    failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
+    if served is None or served in EXACT_VARIANTS:
+        walk(set(failing) if config.parity.repair.enabled else set())
+        return
     for name in failing:
         record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
             precision=record.variant(name).precision, units=0,
