@@ -170,8 +170,8 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
     monkeypatch.setattr(memory, "memory_limit", lambda: (2**29, "the memory cgroup's limit (a test's)"))
     monkeypatch.setattr(pipeline, "preflight_apart", preflight)  # in this process, where the limit is faked
     config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["export", "optimize"]})
-    with pytest.raises(OutOfMemoryError, match=r"this run's export, optimize need about [89]\d\d MB at their peak \(3 x "
-                                                r"the model's [\d.]+ MB of weights \+ 0.875 GB of libraries \+ "
+    with pytest.raises(OutOfMemoryError, match=r"this run's export, optimize need about [89]\d\d MB at their peak "
+                                                r"\(3 x the model's [\d.]+ MB of weights \+ 0.875 GB of libraries \+ "
                                                 r"activations\), more than the memory cgroup's limit \(a test's\): "
                                                 r"512 MB") as refused:
         run_pipeline(config, tmp_path / "run", progress=False)

@@ -63,6 +63,7 @@ class Seen:
     unfinished_bars: int
     widgets: int
     inherited: bool
+    ends_with_next: bool  # its last output names the notebook to open next (09: where the report is)
     report_framed: bool | None
     screenshot: str
 
@@ -93,6 +94,9 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     page.wait_for_timeout(2_000)
     drawn = panel.locator(".jp-OutputArea .js-plotly-plot").count()
     shot = shots / notebook.replace(".ipynb", ".png")
+    panel.locator(".jp-Cell").last.scroll_into_view_if_needed()  # its ending in view: the verdict and what next
+    panel.locator(".jp-Cell").last.locator(".jp-OutputArea").last.scroll_into_view_if_needed()
+    page.wait_for_timeout(1_000)
     page.screenshot(path=str(shot))
     framed = report_in_frame(panel) if notebook.startswith("09") else None
     running = kernels_left(port, token)
@@ -109,11 +113,13 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     first = next((c for c in saved.cells if c.cell_type == "code" and "start(globals()" in c.source), None)
     opened = "".join(o.get("text", "") for o in (first.outputs if first else []))
+    ending = "".join(o.get("text", "") for o in saved.cells[-1].get("outputs", []))
     return Seen(notebook, len(saved.cells), round(seconds, 1), sum(o.output_type == "error" for o in outputs),
                 sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs), drawn,
                 unfinished("".join(o.get("text", "") for o in outputs if o.output_type == "stream")),
                 sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs),
-                SET_BY in opened, framed, str(shot))
+                SET_BY in opened, bool(re.search(r"^(next: open \d\d_\w+\.ipynb|this was the last step)", ending,
+                                                 re.MULTILINE)), framed, str(shot))
 
 
 def wait_idle(panel: Locator, limit_s: float) -> None:
@@ -173,6 +179,10 @@ def report_in_frame(panel: Locator) -> bool:
         return False
 
 
+def _stop(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def tree_hashes(folder: Path) -> dict[str, str]:
     """Every file under `folder` by relative path, with its sha256 (links by their target)."""
     if not folder.is_dir():
@@ -182,6 +192,7 @@ def tree_hashes(folder: Path) -> dict[str, str]:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)  # killed: the Lab, its kernels and the scratch folder go too
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="outputs folder for the Lab (default: a new temporary one)")
     parser.add_argument("--notebooks", help="prefixes to run, e.g. 01,02,03 (default: every step notebook)")
@@ -212,6 +223,12 @@ def main() -> int:
             left = sessions_left(port, token)
             clean = reopened_clean(context.new_page(), wanted, port, token)
             browser.close()
+    except BaseException:  # interrupted, or the Lab failed: nothing of the check is left behind unless --keep
+        for folder in ([] if args.keep else [root]) + [shots]:
+            shutil.rmtree(folder, ignore_errors=True)
+        print(f"stopped: the Lab and its kernels ended; {root if args.keep else 'the scratch folder'} "
+              f"{'kept' if args.keep else 'removed'}", flush=True)
+        raise
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
@@ -232,16 +249,18 @@ def main() -> int:
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     print("| notebook | cells | seconds | errors | plots (file / drawn) | unfinished bars | widgets saved | "
-          "settings inherited |")
-    print("|---|---|---|---|---|---|---|---|")
+          "settings inherited | ends naming the next |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in seen:
         print(f"| {s.notebook} | {s.cells} | {s.seconds:.0f} | {s.errors} | {s.plots} / {s.drawn} | "
-              f"{s.unfinished_bars} | {s.widgets} | {'yes' if s.inherited else 'NO'} |")
+              f"{s.unfinished_bars} | {s.widgets} | {'yes' if s.inherited else 'NO'} | "
+              f"{'yes' if s.ends_with_next else 'NO'} |")
     print(f"report in its frame: {framed}; reopened without widget errors: {clean}; kernels left running: "
           f"{len(left)} {left}; run.json sequence.max: {verdict['run_sequence_max']}; published in the scratch "
           f"repository: {published}; the checkout's folders changed: {touched or 'none'}; scratch folder "
           f"{root if args.keep else 'removed'}; screenshots and lab-check.json: {evidence}")
-    ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.widgets == 0 and s.inherited for s in seen) and clean \
+    ok = all(s.errors == 0 and s.unfinished_bars == 0 and s.widgets == 0 and s.inherited and s.ends_with_next
+             for s in seen) and clean \
         and framed is not False and not left and verdict["run_sequence_max"] == 128 and not touched
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

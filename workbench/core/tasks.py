@@ -197,8 +197,8 @@ def choose_task(task: str, model: str) -> TaskChoice:
     folder = Path(model).expanduser()
     if not folder.is_dir():
         return TaskChoice("feature-extraction", "auto: not a local folder, so no head is read before it loads: its "
-                                                "embeddings (-p task=sequence-classification or token-classification "
-                                                "for a classifier's head)")
+                                                "embeddings (set task to sequence-classification or token-"
+                                                "classification for a classifier's head)")
     if (folder / "modules.json").is_file():
         kind = _sentence_kind(folder)
         return TaskChoice(LIBRARY_TASKS.get(kind, "feature-extraction"),
