@@ -23,6 +23,7 @@ from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
 from workbench.steps import deploy, export, optimize, parity, triton
 from workbench.steps.optimize import openvino_variants
+from workbench.steps.optimize.openvino_variants import OPENVINO_BUILDS
 
 from .conftest import run_race_bench
 
@@ -255,8 +256,10 @@ def test_the_optimize_line_lists_the_openvino_variants_it_kept(minilm):
     """The line named only ONNX Runtime's graphs (fresh-clone trial: "variants built: fp32 90 MB, int8 23 MB,
     tensorrt 90 MB" for a run that kept openvino_bf16), and tiny files as 0 MB."""
     _, _, record = minilm
-    built = next(line for line in optimize.lines(record) if line.startswith("variants built: "))
-    sizes = dict(item.rsplit(" ", 2)[:2] for item in built.removeprefix("variants built: ").split(", "))
-    kept = [name for name in optimize.OPENVINO_BUILDS if name in record.variant_names()]
+    prefix = "variants in this run (as in the table): "
+    built = next(line for line in optimize.lines(record) if line.startswith(prefix))
+    sizes = dict(item.rsplit(" ", 2)[:2] for item in built.removeprefix(prefix).split(", "))
+    kept = [name for name in OPENVINO_BUILDS if name in record.variant_names()]
+    assert list(sizes) == list(record.variant_megabytes()), "the table's variants, in its order"
     assert "openvino" in kept and set(kept) <= set(sizes)
     assert float(sizes["openvino"]) == pytest.approx(record.variant("openvino").path.stat().st_size / 1e6, rel=1e-2)

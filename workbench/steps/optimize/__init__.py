@@ -23,7 +23,6 @@ from workbench.measure.forms import race_bench
 from workbench.steps.optimize import figures
 from workbench.steps.optimize.onnxruntime_variants import build_fp32, fusion_stats, smoke_test, unavailable_fusions
 from workbench.steps.optimize.openvino_variants import (
-    OPENVINO_BUILDS,
     build_openvino,
     build_openvino_bf16,
     build_openvino_int8,
@@ -150,12 +149,9 @@ def lines(record: RunRecord) -> list[str]:
     borrowed = fp32.borrowed
     if borrowed and borrowed.kept:
         fused += f" ({borrowed.rules}'s rules borrowed, attention {borrowed.attention}; {borrowed.reason})"
-    megabytes = {name: stats.megabytes for name, stats in variants.items() if stats.megabytes is not None}
-    megabytes.update({name: (record.artifact_bytes(f"onnx.{name}") or 0) / 1e6
-                      for name in record.variant_names() if name in OPENVINO_BUILDS})
-    sizes = ", ".join(f"{name} {size:.3g} MB" for name, size in megabytes.items())
+    sizes = ", ".join(f"{name} {size:.3g} MB" for name, size in record.variant_megabytes().items())
     lines = [f"{fused}; fp32 graph {export.nodes} -> {fp32.nodes if 'fp32' in variants else None} nodes",
-             f"variants built: {sizes}"]
+             f"variants in this run (as in the table): {sizes}"]
     decisions = optimize.precisions.decisions if optimize.precisions else {}
     lines += [f"{precision} {'built' if d.built else 'not built'}: {d.reason}" for precision, d in decisions.items()]
     if fp32.form:

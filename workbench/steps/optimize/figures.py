@@ -19,7 +19,7 @@ def variants_table(optimized: OptimizeMetrics, megabytes: dict[str, float]) -> g
         fused = ", ".join(f"{op} {n}" for op, n in stats.fused.items()) if stats else "at compile time (OpenVINO)"
         note = (trial.reason if trial else stats.warning if stats else "") or ""
         rows.append((variant, "OpenVINO" if variant in trials else "ONNX Runtime", stats.nodes if stats else "",
-                     fused, f"{size:.1f}", note))
+                     fused, f"{size:.3g}", note))
     return table(f"{len(rows)} variants in this run", ["variant", "runs on", "nodes", "fused operators", "MB", "note"],
                  rows)
 
