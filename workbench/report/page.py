@@ -45,17 +45,12 @@ def served_note(record: RunRecord, steps: tuple[Declared, ...]) -> str:
     return next((step.served(record) for step in steps if step.served), "")
 
 
-def resume_command(record: RunRecord, step: str) -> str:
-    """The command that runs `step` (steps, comma-separated) again into the record's run folder (the command, not
-    notebooks: a report is read away from the Lab too)."""
-    return f"`{run_again(step.split(','), record.run_dir, lab=False)}`"
-
-
-def again_both_ways(record: RunRecord, step: str) -> str:
+def again_both_ways(record: RunRecord, step: str, settings: dict[str, object] | None = None) -> str:
     """`run `workbench run ... --steps bench` (in JupyterLab: 07_bench.ipynb)`: the command and the notebooks, the
-    same steps either way."""
-    notebooks = run_again(step.split(","), lab=True).removeprefix("run ")
-    return f"run {resume_command(record, step)} (in JupyterLab: {notebooks})"
+    same steps (and `settings`) either way."""
+    steps = step.split(",")
+    notebooks = run_again(steps, settings=settings, lab=True).removeprefix("run ")
+    return f"run `{run_again(steps, record.run_dir, settings, lab=False)}` (in JupyterLab: {notebooks})"
 
 
 def code(text: str) -> Markup:

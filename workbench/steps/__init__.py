@@ -64,7 +64,7 @@ def whats_next(name: str, record: RunRecord) -> list[str]:
     stale = [step for step in later if fresh.status(step) == StepStatus.STALE]
     lines = [f"now stale (what they read changed): {', '.join(stale)}: {run_again(stale, lab=True)}"] if stale else []
     if not later:
-        return [*lines, f"this was the last step: report.html is in {record.run_dir}"]
+        return [*lines, "this was the last step of the run"]
     following = spec(later[0])
     return [*lines, f"next: open {following.notebook} ({following.name}: {following.summary})"]
 

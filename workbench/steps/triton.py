@@ -22,7 +22,7 @@ from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
-from workbench.report.page import resume_command
+from workbench.report.page import again_both_ways
 from workbench.report.takeaways import cut_line
 from workbench.runners.registry import open_variant
 from workbench.serving.batching import observe_batching
@@ -390,11 +390,11 @@ def served_note(record: RunRecord) -> str:
     """What Triton serves from this run, for the report's served sections."""
     deployment = readable_deployment(record)
     if isinstance(deployment, str):
-        return f"Served: unknown, the triton step's record is unreadable ({deployment}); run " \
-               f"{resume_command(record, STEP)} to deploy again."
+        return f"Served: unknown, the triton step's record is unreadable ({deployment}); " \
+               f"{again_both_ways(record, STEP)} to deploy again."
     if deployment is None:
-        return (f"Served: nothing current (triton: {record.step_entry(STEP).label}); run "
-                f"{resume_command(record, STEP)} to deploy.")
+        return (f"Served: nothing current (triton: {record.step_entry(STEP).label}); "
+                f"{again_both_ways(record, STEP)} to deploy.")
     unverified = "" if deployment.verified else " (unverified)"
     return f"Served: {deployment.variant} via the {deployment.layout} layout{unverified}."
 
@@ -405,7 +405,7 @@ def served_differs(record: RunRecord, variant: str) -> str:
     if not isinstance(deployment, TritonMetrics) or deployment.variant == variant:
         return ""
     return (f". Triton serves {deployment.variant} (the triton step's order, chosen before bench measured); to "
-            f"serve {variant}: {resume_command(record, 'triton,bench,report')[:-1]} -p triton.variant={variant}`")
+            f"serve {variant}: {again_both_ways(record, 'triton,bench,report', {'triton.variant': variant})}")
 
 
 def batch_size_figure(burst: BatchingBurst) -> go.Figure:
