@@ -123,7 +123,9 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
             answers = padded.run([parts[i] for i in batch.text_ids])
             got = runner.infer(batch)["sentence_embedding"]
             want = np.concatenate([answer["sentence_embedding"] for answer in answers])
-            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=batch.name)
+            # the same groups: equal up to a dynamic scale's rounding (seen 1.1e-5 and 1.7e-5 across hosts), far
+            # below what another grouping changes
+            np.testing.assert_allclose(got, want, atol=1e-4, err_msg=batch.name)
         both = lab.for_variant(True).collect(runner, "int8")["sentence_embedding"].per_text
         alone = lab.for_variant(False).collect(runner, "int8")["sentence_embedding"].per_text
     assert any(both[i]["min_cosine"] < alone[i]["min_cosine"] for i in alone), "some text fares worse in its group"
@@ -226,7 +228,9 @@ def test_fp16_overflow_is_found_and_repaired(tiny_models, tmp_path, monkeypatch)
     assert repair["before"]["passed"] is False
     assert not (tmp_path / "run" / "repair").exists(), "candidate files and their folders are cleaned up"
     lines = progress.read_text().splitlines()
-    assert "parity: 2/2 variants (fp16)" in lines, "fp32 first; the exported graph not checked: fp32 passed"
+    checked = [line.split(":")[0] for line in lines if line.startswith("parity ") and " batches" in line]
+    assert list(dict.fromkeys(checked)) == ["parity fp32", "parity fp16", "parity fp16_repaired"], \
+        "fp32 first, a bar of batches each; the exported graph not checked: fp32 passed"
     repair_lines = [line for line in lines if line.startswith("repair fp16: ")]
     assert repair_lines[0] == "repair fp16: 0/80 builds"
     built = len(repair['candidates'])  # the search ended early: its bar finishes there, saying so
