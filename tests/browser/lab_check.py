@@ -224,14 +224,17 @@ def main() -> int:
             clean = reopened_clean(context.new_page(), wanted, port, token)
             browser.close()
     except BaseException:  # interrupted, or the Lab failed: nothing of the check is left behind unless --keep
+        os.killpg(lab.pid, signal.SIGTERM)  # the Lab and its kernels first: a dying kernel still writes its run
+        lab.wait(timeout=60)
         for folder in ([] if args.keep else [root]) + [shots]:
             shutil.rmtree(folder, ignore_errors=True)
         print(f"stopped: the Lab and its kernels ended; {root if args.keep else 'the scratch folder'} "
               f"{'kept' if args.keep else 'removed'}", flush=True)
         raise
     finally:
-        os.killpg(lab.pid, signal.SIGTERM)
-        lab.wait(timeout=60)
+        if lab.poll() is None:
+            os.killpg(lab.pid, signal.SIGTERM)
+            lab.wait(timeout=60)
         shutil.rmtree(state, ignore_errors=True)
     config = json.loads((run / "run.json").read_text())["config"] if (run / "run.json").is_file() else {}
     evidence = (run if args.keep else shots) / "lab-check"

@@ -18,13 +18,15 @@ def speak_notebooks() -> None:
 
 def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
               settings: Mapping[str, object] | None = None, lab: bool | None = None) -> str:
-    """`run 05_triton.ipynb, then 07_bench.ipynb (config={"bench.served": true} in the first)` in JupyterLab;
+    """`run 05_triton.ipynb, then 07_bench.ipynb (config = {"bench.served": true} in the parameters cell of
+    05_triton.ipynb)` in JupyterLab;
     `workbench run --resume --output-dir RUN --steps triton,bench -p bench.served=true` elsewhere (`lab`: which,
     else where this runs)."""
     settings = dict(settings or {})
     if os.environ.get(IN_LAB) if lab is None else lab:
         notebooks = ", then ".join(catalog.spec(step).notebook for step in steps)
-        return f"run {notebooks}" + (f" (config={json.dumps(settings)} in the first)" if settings else "")
+        return f"run {notebooks}" + (f" (config = {json.dumps(settings)} in the parameters cell of "
+                                     f"{catalog.spec(steps[0]).notebook})" if settings else "")
     values = f" {set_settings(settings, lab=False)}" if settings else ""
     return f"workbench run --resume --output-dir {run_dir or '<run>'} --steps {','.join(steps)}{values}"
 
