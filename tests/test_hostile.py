@@ -192,7 +192,7 @@ def test_preflight_refuses_a_model_the_memory_cannot_hold(tiny_bert, tmp_path, m
     with pytest.raises(OutOfMemoryError, match=r"this run's generation needs about 1536 MB at its peak \(Triton "
                                                 r"serving its models, HF and CTranslate2: 1.5 GB\), more than") as over:
         preflight(config.model_copy(update={"steps": ["export", "generation"]}))
-    assert "export" not in over.value.problem and "leave those steps out of --steps" in over.value.fix
+    assert "export" not in over.value.problem and "run the others alone (--steps export)" in over.value.fix
 
 
 # ---- a full disk ------------------------------------------------------------------------------------------------

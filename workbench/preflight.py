@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
-from workbench.core.memory import MemoryEstimate
+from workbench.core.memory import MemoryEstimate, StepMemory
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
@@ -79,12 +79,21 @@ def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate 
         return None
     estimate = MemoryEstimate.of(needs, *memory_limit(), warn=config.preflight.memory == "warn")
     if estimate.verdict == "refused":
+        limit_mb = estimate.limit_mb * 2**20
+        fitting = [step.name for step, need in zip(selected, _needs_by_step(selected, needs)) if need <= limit_mb]
+        others = f", or run the others alone (--steps {','.join(fitting)})" if fitting else ""
         raise OutOfMemoryError(
             f"this run's {estimate.describe()}",
-            "run it where it has more memory (another host, or a higher cgroup limit), or leave those steps out of "
-            "--steps; or, if you know it fits, go on anyway with -p preflight.memory=warn (a step that runs out still "
-            "stops with this error's kind)")
+            f"run it where it has more memory (another host, or a higher cgroup limit){others}; or, if you know it "
+            "fits, go on anyway with -p preflight.memory=warn (a step that runs out still stops with this error's "
+            "kind)")
     return estimate
+
+
+def _needs_by_step(selected: list[StepSpec], needs: list[StepMemory]) -> list[int]:
+    """Each selected step's estimated need (0 for a step that holds no model)."""
+    by_name = {need.step: need.need for need in needs}
+    return [by_name.get(step.name, 0) for step in selected]
 
 
 def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:
