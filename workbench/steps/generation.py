@@ -38,13 +38,15 @@ from workbench.serving.generation import (
 )
 from workbench.serving.generation_repository import ENGINES, GenerationPlan, generation_models
 from workbench.serving.plan import repository_root
-from workbench.serving.repository import model_name_for, write_models
+from workbench.serving.repository import check_replaceable, model_name_for, write_models
 from workbench.serving.server import TritonServer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
+    from tritonclient.grpc import model_config_pb2 as mc
 
 STEP = "generation"
+Models = dict[str, tuple["mc.ModelConfig", dict[str, Path]]]  # a repository's models, as generation_models gives them
 REQUEST_TEXTS = 4  # texts per request when checking served answers
 
 
@@ -138,7 +140,9 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
     return results
 
 
-def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> GenerationTask:
+def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
+             published: list[tuple[Models, Path, str]]) -> GenerationTask:
+    """One generation model end to end; its repository goes into `published`, for the step to publish at its end."""
     gen = config.generation
     language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
     work = record.run_dir / "generation" / task.name
@@ -156,8 +160,9 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
                           compute_type=gen.ct2_compute_type, threads=config.threads or 0)
     models = generation_models(plan)
     repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
-    shared = repository_root(config.triton.repository_dir)
-    write_models(models, shared / plan.name, overwrite=config.triton.overwrite, about={"name": plan.name})
+    shared = repository_root(config.triton.repository_dir) / plan.name
+    check_replaceable(shared, config.triton.overwrite)  # refused now, published once every task is served
+    published.append((models, shared, plan.name))
     record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
     result = GenerationTask(model=name, kind=task.kind, target_language=language, name=plan.name,
                             conversion=conversion, compute_type=gen.ct2_compute_type,
@@ -180,14 +185,16 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord) -> 
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Each configured generation model (translation, text generation) end to end; results in metrics.generation."""
     with record.step(STEP):
-        results = {}
+        results, published = {}, []
         for task in GEN_TASKS.values():
             name = getattr(config.generation, task.setting)
             if name:
-                result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record))
+                result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record, published))
                 result.seconds = round(seconds, 1)
                 results[task.name] = result
                 record.set_metric(f"{STEP}.{task.name}", result.recorded())
+        for models, shared, name in published:  # only now: a step stopped midway publishes nothing
+            write_models(models, shared, overwrite=config.triton.overwrite, about={"name": name})
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
                               "and/or -p generation.text_generation_model=<id>")
