@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
-from workbench.core.memory import MemoryEstimate, StepMemory
+from workbench.core.memory import MemoryEstimate
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.steps import NEEDS, StepSpec, specs
 
@@ -77,10 +77,11 @@ def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate 
              for step in selected if step.memory is not None or ("model" in step.needs and weights)]
     if not needs:
         return None
-    estimate = MemoryEstimate.of(needs, *memory_limit(), warn=config.preflight.memory == "warn")
+    limit, source = memory_limit()
+    estimate = MemoryEstimate.of(needs, limit, source, warn=config.preflight.memory == "warn")
     if estimate.verdict == "refused":
-        limit_mb = estimate.limit_mb * 2**20
-        fitting = [step.name for step, need in zip(selected, _needs_by_step(selected, needs)) if need <= limit_mb]
+        over = {need.step for need in needs if need.need > limit}
+        fitting = [step.name for step in selected if step.name not in over]
         others = f", or run the others alone (--steps {','.join(fitting)})" if fitting else ""
         raise OutOfMemoryError(
             f"this run's {estimate.describe()}",
@@ -88,12 +89,6 @@ def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate 
             "fits, go on anyway with -p preflight.memory=warn (a step that runs out still stops with this error's "
             "kind)")
     return estimate
-
-
-def _needs_by_step(selected: list[StepSpec], needs: list[StepMemory]) -> list[int]:
-    """Each selected step's estimated need (0 for a step that holds no model)."""
-    by_name = {need.step: need.need for need in needs}
-    return [by_name.get(step.name, 0) for step in selected]
 
 
 def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord | None) -> None:

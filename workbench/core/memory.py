@@ -27,11 +27,6 @@ ACTIVATION_MULTIPLE = 8
 ACTIVATION_BYTES = 3 * 2**28
 
 
-# What the generation step peaks at over its models' weights: Triton with a Python-backend stub per model, HF and
-# CTranslate2 in the step's kernel (tiny:marian and tiny:gpt2, measured: 1.34 GB).
-GENERATION_BYTES = 3 * 2**29
-
-
 @dataclass(frozen=True)
 class StepMemory:
     """What one step needs at its peak, in bytes, and how that is made up (`3 x the model's 0.16 MB of weights ...`)."""

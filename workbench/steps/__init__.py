@@ -56,12 +56,11 @@ def whats_next(name: str, record: RunRecord) -> list[str]:
     """`now stale (...): parity, report: run 03_parity.ipynb, then 09_report.ipynb` where this step's outputs
     changed what later steps read, then `next: open 03_parity.ipynb (...)`."""
     from workbench.core.advice import run_again
-    from workbench.core.record import RunRecord, StepStatus
+    from workbench.core.record import StepStatus
 
-    fresh = RunRecord.load(record.run_dir)  # the statuses as the step's end left them
     order = step_names()
     later = order[order.index(name) + 1:]
-    stale = [step for step in later if fresh.status(step) == StepStatus.STALE]
+    stale = [step for step in later if record.status(step) == StepStatus.STALE]
     lines = [f"now stale (what they read changed): {', '.join(stale)}: {run_again(stale, lab=True)}"] if stale else []
     if not later:
         return [*lines, "this was the last step of the run"]
