@@ -9,6 +9,7 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import ServedError
+from workbench.core.interrupt import remove_partials
 from workbench.core.record import RunRecord
 from workbench.report.page import build_report
 from workbench.serving.backend import generation_core as core
@@ -174,3 +175,23 @@ def test_generation_step_and_its_report_section(tmp_path):
         assert (tmp_path / "repos" / result["name"] / f"{result['name']}_hf_text" / "config.pbtxt").is_file()
     html = build_report(record, tmp_path / "report.html", specs()).read_text()
     assert "Translation and text generation" in html and "transformers vs CTranslate2" in html
+    assert sorted(p.name for p in (tmp_path / "run" / "generation").iterdir()) == ["text-generation", "translation"]
+    for task, result in results.items():
+        artifact = record.data["artifacts"][f"generation.{task}.repository"]
+        assert artifact["path"].endswith(f"generation/{task}/model_repository/{result['name']}"), artifact
+
+
+def test_a_generation_step_that_fails_midway_publishes_and_records_no_task(tmp_path, monkeypatch):
+    """The translation served, the text generation's model then fails to load: no repository is published, no task
+    is recorded, and the work left is all `.partial` (what the pipeline removes when it records the stop)."""
+    config = RunConfig.model_validate({
+        "threads": 1, "triton": {"repository_dir": str(tmp_path / "repos")},
+        "generation": {"text_generation_model": str(tmp_path / "no-such-model"), "texts": 4, "max_new_tokens": 8,
+                       "concurrency": [1], "requests_per_level": 4, "seconds_per_level": 1}})
+    record = RunRecord.create(tmp_path / "run", config)
+    with pytest.raises(Exception, match="no-such-model"):
+        generation.run(config, record)
+    assert not (tmp_path / "repos").exists() or not any((tmp_path / "repos").iterdir())
+    assert "generation" not in RunRecord.load(tmp_path / "run").data.get("metrics", {})
+    assert [p.name for p in (tmp_path / "run" / "generation").iterdir()] == [".translation.partial"]
+    assert remove_partials(tmp_path / "run") and not any((tmp_path / "run" / "generation").iterdir())

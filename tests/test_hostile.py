@@ -156,6 +156,8 @@ def test_a_step_killed_for_memory_is_an_out_of_memory_error_with_the_limit_and_t
                      rf"its processes held up to \d+ MB \(sampled every 0.2 s\) where the memory cgroup's limit "
                      rf"\({group}/memory.limit_in_bytes\) is 450 MB", run.stderr), run.stderr
     assert "fix: give the run more memory" in run.stderr and "--resume" in run.stderr
+    assert "make the step need less: a lower batch.max_tokens or sequence.max" in run.stderr
+    assert "or leave it out: the steps before it are recorded as they ended" in run.stderr  # export was the only one
     export = json.loads((tmp_path / "run" / "run.json").read_text())["steps"]["export"]
     assert export["status"] == "failed" and "killed for memory" in export["error"]
     assert not (tmp_path / "run" / "onnx").exists() or not any((tmp_path / "run" / "onnx").iterdir())

@@ -20,7 +20,7 @@ from workbench.core.disk import FIX, as_disk_full, disk_full_typed
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
-from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
+from workbench.core.memory import LIGHTER, SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.preflight import preflight_apart
@@ -223,7 +223,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                 with ProgressTail() if progress else nullcontext(), peak:
                     run_notebook(step, config, run_dir, progress, notebooks_dir)
             except Exception as exc:
-                killed = _out_of_memory(step, exc, kills, peak.mb, again)
+                killed = _out_of_memory(config, step, exc, (kills, peak.mb), again, steps[index + 1:])
                 _record_stop(step, steps[index + 1:], run_dir, guard.reason or (killed.problem if killed else
                                                                                 _describe(exc)), again)
                 guard.check(f"step {step!r}", again)
@@ -245,19 +245,27 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
     return record
 
 
-def _out_of_memory(step: str, exc: Exception, kills: int, peak_mb: float, again: str) -> OutOfMemoryError | None:
-    """The step's kernel died and the out-of-memory killer killed a process meanwhile (its count passed `kills`):
-    typed, with the most the step's processes were seen to hold (`peak_mb`), the limit, and what to change."""
+def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int, float], again: str,
+                   later: list[str]) -> OutOfMemoryError | None:
+    """The step's kernel died and the out-of-memory killer killed a process meanwhile (its count passed `seen`'s
+    kills): typed, with the most the step's processes were seen to hold (`seen`'s MB), the limit, the settings that
+    make this step need less, and how to go on without it (the `later` steps)."""
     from nbclient.exceptions import DeadKernelError
 
+    kills, peak_mb = seen
     if not isinstance(exc, DeadKernelError) or oom_kills() <= kills:
         return None
     limit, source = memory_limit()
+    declared = spec(step).memory
+    lighter = declared(config).lighter if declared is not None else LIGHTER
+    command = [sys.executable, "-m", "workbench", "run", "--resume", "--output-dir", str(config.output_dir)]
+    without = (f"; or go on without it: {shlex.join([*command, '--steps', ','.join(later)])}" if later else
+               "; or leave it out: the steps before it are recorded as they ended")
     return OutOfMemoryError(
         f"step {step!r} was killed for memory by the out-of-memory killer: its processes held up to {peak_mb:.0f} "
         f"MB (sampled every {SAMPLE_S:g} s) where {source} is {limit / 2**20:.0f} MB",
-        f"give the run more memory (another host, or a higher cgroup limit), or make the step need less: a lower "
-        f"batch.max_tokens or sequence.max, fewer precisions (-p precisions=[fp32,int8]); then {again}")
+        f"give the run more memory (another host, or a higher cgroup limit), or make the step need less: {lighter}; "
+        f"then {again}{without}")
 
 
 def _disk_full(exc: Exception, run_dir: Path) -> DiskFullError | None:

@@ -25,15 +25,18 @@ WEIGHT_MULTIPLE = 3
 LIBRARY_BYTES = 7 * 2**27
 ACTIVATION_MULTIPLE = 8
 ACTIVATION_BYTES = 3 * 2**28
+LIGHTER = "a lower batch.max_tokens or sequence.max, fewer precisions (-p precisions=[fp32,int8])"
 
 
 @dataclass(frozen=True)
 class StepMemory:
-    """What one step needs at its peak, in bytes, and how that is made up (`3 x the model's 0.16 MB of weights ...`)."""
+    """What one step needs at its peak, in bytes, how that is made up (`3 x the model's 0.16 MB of weights ...`),
+    and the settings that make it need less (`lighter`, said when it runs out)."""
 
     step: str
     need: int
     how: str
+    lighter: str = LIGHTER
 
 
 @dataclass(frozen=True)

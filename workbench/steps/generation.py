@@ -2,6 +2,8 @@
 CTranslate2, greedy outputs checked token for token, then a load test of both."""
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,12 +145,33 @@ def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[s
     return results
 
 
+@dataclass(frozen=True)
+class Served:
+    """A task's models, served from its work folder (a `.partial` name until the step ends, so that a step killed
+    midway leaves nothing a resumed run keeps), and the repository they publish as."""
+
+    task: str
+    models: Models
+    repository: Path
+    work: Path
+
+    def settle(self, record: RunRecord, overwrite: bool) -> None:
+        """Publish the repository, move the work folder to `generation/<task>`, and record its repository there."""
+        write_models(self.models, self.repository, overwrite=overwrite, about={"name": self.repository.name})
+        final = self.work.with_name(self.task)
+        shutil.rmtree(final, ignore_errors=True)
+        self.work.rename(final)
+        record.add_artifact(f"generation.{self.task}.repository", final / "model_repository" / self.repository.name,
+                            kind="triton-repository")
+
+
 def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
-             published: list[tuple[Models, Path, str]]) -> GenerationTask:
-    """One generation model end to end; its repository goes into `published`, for the step to publish at its end."""
+             served: list[Served]) -> GenerationTask:
+    """One generation model end to end; what it served goes into `served`, for the step to settle at its end."""
     gen = config.generation
     language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
-    work = record.run_dir / "generation" / task.name
+    work = record.run_dir / "generation" / f".{task.name}.partial"
+    shutil.rmtree(work, ignore_errors=True)
     folder = materialize(name, work / "hf", config.trust_remote_code)
     model, tokenizer = load_hf(task, folder, config.threads)
     conversion = convert_ct2(folder, work / "ct2")
@@ -165,8 +188,7 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
     repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
     shared = repository_root(config.triton.repository_dir) / plan.name
     check_replaceable(shared, config.triton.overwrite)  # refused now, published once every task is served
-    published.append((models, shared, plan.name))
-    record.add_artifact(f"generation.{task.name}.repository", repository, kind="triton-repository")
+    served.append(Served(task.name, models, shared, work))
     result = GenerationTask(model=name, kind=task.kind, target_language=language, name=plan.name,
                             conversion=conversion, compute_type=gen.ct2_compute_type,
                             max_new_tokens=gen.max_new_tokens, in_process=compared,
@@ -188,16 +210,17 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Each configured generation model (translation, text generation) end to end; results in metrics.generation."""
     with record.step(STEP):
-        results, published = {}, []
+        results: dict[str, GenerationTask] = {}
+        served: list[Served] = []
         for task in GEN_TASKS.values():
             name = getattr(config.generation, task.setting)
             if name:
-                result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record, published))
+                result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record, served))
                 result.seconds = round(seconds, 1)
                 results[task.name] = result
-                record.set_metric(f"{STEP}.{task.name}", result.recorded())
-        for models, shared, name in published:  # only now: a step stopped midway publishes nothing
-            write_models(models, shared, overwrite=config.triton.overwrite, about={"name": name})
+        for each in served:  # only now: a step stopped midway publishes nothing and records no task
+            each.settle(record, config.triton.overwrite)
+            record.set_metric(f"{STEP}.{each.task}", results[each.task].recorded())
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
                               "and/or -p generation.text_generation_model=<id>")
@@ -261,7 +284,9 @@ def memory_need(config: RunConfig) -> StepMemory:
     weights = sum(weight_bytes(resolve_source(m)) or 0 for m in models)
     return StepMemory(STEP, GENERATION_BYTES + WEIGHT_MULTIPLE * weights,
                       f"Triton serving its models, HF and CTranslate2: {GENERATION_BYTES / 2**30:g} GB"
-                      + (f" + {WEIGHT_MULTIPLE} x their {weights / 2**20:.3g} MB of weights" if weights else ""))
+                      + (f" + {WEIGHT_MULTIPLE} x their {weights / 2**20:.3g} MB of weights" if weights else ""),
+                      "one generation model at a time (-p generation.text_generation_model=null, then "
+                      "-p generation.translation_model=null), a lower generation.max_batch_size")
 
 
 SPEC = StepSpec(
