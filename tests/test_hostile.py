@@ -16,6 +16,7 @@ import pytest
 from workbench import pipeline
 from workbench.cli import main
 from workbench.core import data, disk
+from workbench.core.advice import command
 from workbench.core.config import DEFAULT_MODEL, RunConfig
 from workbench.core.errors import DiskFullError, OutOfMemoryError, RunLockedError
 from workbench.core.lock import LOCK_NAME, run_lock
@@ -377,7 +378,7 @@ def test_same_named_runs_are_told_apart_and_a_run_without_bench_is_named_with_wh
     assert {pick.run for pick in group.picks if pick.variant} == {"a/full"}, "picked among the runs with a bench"
     (alone,) = compare(find_runs([tmp_path / "c" / "full"])).groups
     assert {pick.variant for pick in alone.picks} == {None}
-    assert alone.picks[0].reason == (f"no bench in full: run `workbench run --resume --output-dir {tmp_path}/c/full "
+    assert alone.picks[0].reason == (f"no bench in full: run `{command()} run --resume --output-dir {tmp_path}/c/full "
                                      "--steps bench` (each run alike), then compare again")
 
 
@@ -457,8 +458,7 @@ def test_deploy_sizing_says_whether_a_served_bench_ran():
 
     never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
                                                                                  "not run")
-    assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start; to "
-                                     "size it: workbench run --resume --output-dir <run> --steps triton,bench,deploy")
+    assert never.replicas_reason == "not measured (no served bench: bench step not run): one replica to start"
     slow = ServedBenchmark.model_validate({"batching_on": {"text": {"1": {
         "concurrency": 1, "requests": 10, "seconds": 2.0, "throughput": 5.0, "p50": 800.0, "p90": 880.0, "p95": 890.0,
         "p99": 900.0, "mean": 810.0}}}})

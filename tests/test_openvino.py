@@ -106,7 +106,7 @@ def test_bf16_is_tried_only_where_the_cpu_has_it_and_the_run_asks(minilm, tmp_pa
     assert openvino_variants.build_openvino_bf16(fp32_only, record, bench, host).reason == \
         "not tried: bf16 is not among the run's precisions"
     not_asked = Trial(kept=False, reason="not tried: bf16 is not among the run's precisions")
-    assert openvino_variants.openvino_bf16_line(not_asked) == \
+    assert openvino_variants.openvino_bf16_line(not_asked, record.run_dir) == \
         "OpenVINO bf16 not tried: bf16 is not among the run's precisions"
     monkeypatch.setattr(openvino_variants, "bf16_problem", lambda: None)
     auto = config.model_copy(update={"precisions": "auto"}, deep=True)

@@ -5,9 +5,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from workbench.core.advice import command
 from workbench.core.batches import Cell
 from workbench.core.catalog import spec
 from workbench.core.config import RunConfig
@@ -160,7 +162,7 @@ def test_report_is_self_contained(reported):
     stale = record.artifact("report").read_text()
     # parity, served parity, latency, served; a bench whose timings were disturbed says that instead of its inputs
     assert stale.count("STALE: ") >= 3 and stale.count("STALE: inputs changed since it ran") >= 2
-    assert f"run <code>workbench run --resume --output-dir {record.run_dir} --steps bench</code> (in JupyterLab: " \
+    assert f"run <code>{command()} run --resume --output-dir {record.run_dir} --steps bench</code> (in JupyterLab: " \
         "07_bench.ipynb) to refresh them" in stale, "the command and the notebook: the same step either way"
 
 
@@ -181,11 +183,11 @@ def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_pa
     assert result.status == "ok" and "Plotly.newPlot" not in html
     assert "The optimize step failed (RuntimeError: the disk is full)" in html
     for step in ("tensorrt", "generation", "bench"):
-        assert f"the {step} step did not run; run <code>workbench run --resume --output-dir {tmp_path} " \
+        assert f"the {step} step did not run; run <code>{command()} run --resume --output-dir {tmp_path} " \
                f"--steps {step}</code> (in JupyterLab: {spec(step).notebook}) to fill it" in html, step
     assert "The parity step ran but recorded nothing" in html
     assert "Served parity</h2>\n<p>Could not be drawn from the recorded metrics (ValidationError" in html
-    assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run <code>workbench run "
+    assert html.count(f"nothing was benchmarked in process in this run (bench: not run); run <code>{command()} run "
                       f"--resume --output-dir {tmp_path} --steps parity,bench</code>") == 2  # latency and throughput
     assert "Served: unknown, the triton step&#39;s record is unreadable (ValidationError: 1 validation error for " \
            "TritonMetrics); run" in html
@@ -286,8 +288,8 @@ def test_the_recommendation_is_the_fastest_variant_that_passes_parity(benched):
     assert latency.speedup == pytest.approx(2.5) and latency.gate_metric == "min cosine"
     assert latency.margin == pytest.approx(0.0003)
     assert "faster but failing parity: int8 (5x, sentence_embedding: min cosine 0.955600 < 0.99)" in latency.reason
-    assert latency.line() == ("latency: int8_repaired, 2.5x faster than PyTorch at b1 s16, min cosine 0.9903 vs "
-                              "0.99 (margin +0.0003)")
+    assert latency.line(Path("run")) == ("latency: int8_repaired, 2.5x faster than PyTorch at b1 s16, min cosine "
+                                         "0.9903 vs 0.99 (margin +0.0003)")
     # the largest batch at its longest sequence: fp32 beats the repaired int8 there
     assert (throughput.goal, throughput.cell, throughput.variant) == ("throughput", Cell(8, 128), "fp32")
     assert throughput.speedup == pytest.approx(4.0) and throughput.margin == pytest.approx(0.00009)
@@ -315,7 +317,8 @@ def test_no_recommendation_without_a_variant_that_passes(tmp_path):
         assert choice.steps == ("parity", "bench")
         assert choice.reason.startswith(f"no variant measured at {choice.cell.label} passes parity")
         assert "int8_repaired: sentence_embedding: min cosine 0.985000 < 0.99" in choice.reason
-        assert choice.line().endswith("; workbench run --resume --output-dir <run> --steps parity,bench")
+        assert choice.line(tmp_path).endswith(
+            f"; {command()} run --resume --output-dir {tmp_path} --steps parity,bench")
 
 
 def test_a_stale_bench_recommends_nothing(benched):
@@ -425,7 +428,7 @@ def test_the_recommendation_shows_how_many_neighbours_it_keeps():
     cell = _cell({"pytorch": 10.0, "int8_repaired": 4.0})
     timed = LatencyGrid(cells={"b1_s16": cell}).cells["b1_s16"]
     choice = pick("latency", Cell(1, 16), candidates(timed, {"int8_repaired": Verdict.model_validate(verdict)}), "AMX")
-    assert choice.line().endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
+    assert choice.line(Path("run")).endswith("(margin +0.0003), recall@10 0.970 of PyTorch's neighbours")
 
 
 def test_a_lower_precision_within_noise_of_a_more_precise_one_gives_way():
@@ -516,5 +519,6 @@ def test_the_bench_verdict_says_when_other_work_loaded_the_host(tmp_path):
     lines = bench.lines(record)
     assert lines[0] == ("the host was busy when measuring began (other work kept 2.0 of 2 cores busy): read the "
                         "speedups below as this host's under load")
-    assert lines[1:] == [choice.line() for choice in recommend(record)] and "x faster than PyTorch" in lines[1]
+    assert lines[1:] == [choice.line(record.run_dir) for choice in recommend(record)]
+    assert "x faster than PyTorch" in lines[1]
     assert bench.headline(record.results_as("bench", BenchMetrics))[0].startswith("The host was busy")

@@ -12,6 +12,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from workbench.core.advice import run_again
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, RepositoryError, ServerStartError
 from workbench.core.interrupt import SIGNALS
@@ -54,10 +55,10 @@ def run_repository(run_dir: Path) -> Path:
     if triton.status != StepStatus.OK:
         why = f"{triton.label}: {triton.detail}" if triton.detail else triton.label
         raise MissingArtifactError(f"the run in {run_dir} has no deployment to serve (its triton step: {why})",
-                                   f"deploy it first: workbench run --resume --output-dir {run_dir} --steps triton")
+                                   f"deploy it first: {run_again(['triton'], run_dir, lab=False)}")
     published = Path(triton.metrics["repository"])
     intact = bool(triton.metrics.get("published")) and ours_and_untouched(published)
-    again = f"deploy it again: workbench run --resume --output-dir {run_dir} --steps triton"
+    again = f"deploy it again: {run_again(['triton'], run_dir, lab=False)}"
     try:
         run_copy = record.artifact("triton.repository")
     except MissingArtifactError:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,7 +30,18 @@ def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
         return f"run {notebooks}" + (f" (config = {json.dumps(settings)} in the parameters cell of "
                                      f"{catalog.spec(steps[0]).notebook})" if settings else "")
     values = f" {set_settings(settings, lab=False)}" if settings else ""
-    return f"workbench run --resume --output-dir {run_dir or '<run>'} --steps {','.join(steps)}{values}"
+    return f"{command()} run --resume --output-dir {run_dir or '<run>'} --steps {','.join(steps)}{values}"
+
+
+def command() -> str:
+    """How to call the workbench from here: `workbench` where PATH finds this one, else its script beside this
+    Python (`.venv/bin/workbench`, relative where it lies under the working folder), else `python -m workbench`."""
+    script = Path(sys.executable).parent / "workbench"
+    if not script.is_file():
+        return f"{sys.executable} -m workbench"
+    if shutil.which("workbench") == str(script):
+        return "workbench"
+    return str(script.relative_to(Path.cwd())) if script.is_relative_to(Path.cwd()) else str(script)
 
 
 def set_settings(settings: Mapping[str, object], lab: bool | None = None) -> str:

@@ -15,6 +15,7 @@ import jinja2
 import plotly.graph_objects as go
 from pydantic import ValidationError
 
+from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
 from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
@@ -186,7 +187,7 @@ def _no_bench(unmeasured: dict[str, Path]) -> str:
 
 def bench_command(run: Path | str) -> str:
     """What measures a run that has no bench."""
-    return f"workbench run --resume --output-dir {run} --steps bench"
+    return run_again(["bench"], run, lab=False)
 
 
 def group(rows: list[Row], floor: float, unmeasured: dict[str, Path] | None = None) -> Group:
@@ -292,8 +293,7 @@ def _no_rows(record: RunRecord, run_dir: Path) -> str:
     entry = record.step_entry("parity")
     state = f"its parity step is {entry.label}" + (f" ({entry.detail})" if entry.detail else "") \
         if entry.status is not None else "its parity step never ran"
-    return f"no variant with a parity verdict: {state}; run `workbench run --resume --output-dir {run_dir} " \
-           "--steps optimize,parity,bench`"
+    return f"no variant with a parity verdict: {state}; run `{run_again(['optimize', 'parity', 'bench'], run_dir)}`"
 
 
 COLUMNS = ("run", "model", "variant", "precision", "passed", "gate", "value", "margin", "agreement_at_1", "size_mb",

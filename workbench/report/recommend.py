@@ -8,6 +8,7 @@ engines) is a pass now. `candidates` lists what was measured, `pick` chooses amo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -105,11 +106,11 @@ class Recommendation:
     def where(self) -> str:
         return self.cell.label if self.cell else "not measured"
 
-    def line(self) -> str:
+    def line(self, run_dir: Path) -> str:
         """One plain-text line, e.g. `latency: int8_repaired, 2.83x faster than PyTorch at b1 s16, min cosine
-        0.9903 vs 0.99 (margin +0.0003)`."""
+        0.9903 vs 0.99 (margin +0.0003)`; where there is none, why and what to run again in `run_dir`."""
         if self.variant is None:
-            return f"{self.goal}: nothing to recommend: {self.reason}; {run_again(self.steps)}"
+            return f"{self.goal}: nothing to recommend: {self.reason}; {run_again(self.steps, run_dir)}"
         gate = str(self.gate) if self.gate else "parity passed"
         pace = "faster than" if self.speedup and self.speedup >= 1 else "the speed of"
         neighbours = (f", recall@10 {self.retrieval['recall_at_10']:.3f} of PyTorch's neighbours"

@@ -66,6 +66,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                       else f"the served bench was skipped: {served.skipped}" if served.skipped else "")
         capacity = plan_capacity(config.triton, config.bench, None if unmeasured else served, network_model(plan),
                                  plan.max_queue_delay_us, f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
+        if capacity.per_replica_rps is None:
+            size_it = run_again(["triton", "bench", "deploy"], record.run_dir)
+            capacity = capacity.model_copy(update={"replicas_reason": f"{capacity.replicas_reason}; to size it: "
+                                                                      f"{size_it}"})
         scaling = Scaling(min_replicas=capacity.min_replicas, max_replicas=capacity.max_replicas,
                           queue_target_us=round(capacity.queue_target_ms * 1000), concurrency=capacity.concurrency or 1)
         repository = record.artifact("triton.repository")

@@ -22,7 +22,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 def lines(record: RunRecord) -> list[str]:
     """The verdict line: the recommendation per goal, and where the page is."""
-    return [*disturbed_lines(record), *(r.line() for r in recommend(record)),
+    return [*disturbed_lines(record), *(r.line(record.run_dir) for r in recommend(record)),
             f"report: {record.run_dir / 'report.html'}"]
 
 

@@ -142,7 +142,8 @@ def lines(record: RunRecord) -> list[str]:
     differs = next((step.served_differs for step in specs() if step.served_differs), None)
     found = [*([f"{busy}: read the speedups below as this host's under load"] if busy else []),
              *disturbed_lines(record),
-             *(r.line() + (differs(record, r.variant) if differs and r.variant else "") for r in recommend(record))]
+             *(r.line(record.run_dir) + (differs(record, r.variant) if differs and r.variant else "")
+               for r in recommend(record))]
     if bench and bench.served and bench.served.skipped:
         found.append(f"served benchmark skipped: {bench.served.skipped}")
     if bench and bench.served and bench.served.memory:

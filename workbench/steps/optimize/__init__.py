@@ -157,11 +157,11 @@ def lines(record: RunRecord) -> list[str]:
     if fp32.form:
         lines.append(f"layer norms {fp32.form.chosen}: {fp32.form.reason}")
     if optimize.openvino:
-        lines.append(openvino_line(optimize.openvino))
+        lines.append(openvino_line(optimize.openvino, record.run_dir))
     if optimize.openvino_bf16:
-        lines.append(openvino_bf16_line(optimize.openvino_bf16))
+        lines.append(openvino_bf16_line(optimize.openvino_bf16, record.run_dir))
     if optimize.openvino_int8:
-        lines.append(openvino_int8_line(optimize.openvino_int8))
+        lines.append(openvino_int8_line(optimize.openvino_int8, record.run_dir))
     return lines
 
 
@@ -174,13 +174,13 @@ def section(optimize: OptimizeMetrics) -> Parts:
     text = "Fused operators and node counts per variant." + (f" {decided}" if decided else "")
     parts: Parts = [("ONNX Runtime fusions", text, [figures.fusion_figure(optimize.variants)])]
     if optimize.openvino:
-        parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino)}.", []))
+        parts.append(("OpenVINO, tried against the fp32 graph", f"{openvino_line(optimize.openvino, None)}.", []))
     if optimize.openvino_bf16:
         parts.append(("OpenVINO bf16, raced against the fastest fp32 graph",
-                      f"{openvino_bf16_line(optimize.openvino_bf16)}.", []))
+                      f"{openvino_bf16_line(optimize.openvino_bf16, None)}.", []))
     if optimize.openvino_int8:
         parts.append(("OpenVINO int8 (NNCF), raced against the fastest graph",
-                      f"{openvino_int8_line(optimize.openvino_int8)}.", []))
+                      f"{openvino_int8_line(optimize.openvino_int8, None)}.", []))
     return parts
 
 

@@ -220,31 +220,33 @@ def choose_openvino_precision(config: RunConfig, bench: RaceBench, dest: Path) -
     return InferencePrecision(chosen="bf16", ms=ms, reason=f"OpenVINO's default on this CPU; f32 {reason}")
 
 
-def openvino_line(openvino: Trial) -> str:
+def openvino_line(openvino: Trial, run_dir: Path | None) -> str:
     """The OpenVINO trial in one line: kept, not kept and why (with how to keep it anyway), or not tried and why."""
     if openvino.kept:
         return f"OpenVINO fp32 kept as the openvino variant: {openvino.reason}"
     if openvino.matches is None:
         return f"OpenVINO fp32 {openvino.reason}"
-    anyway = f"; to keep it anyway: {_keep_anyway()}" if openvino.matches else ""
+    anyway = _keep_anyway(run_dir) if openvino.matches else ""
     return f"OpenVINO fp32 not kept: {openvino.reason}{anyway}"
 
 
-def _keep_anyway() -> str:
-    return run_again(["optimize"], settings={"optimize.openvino": "always"})
+def _keep_anyway(run_dir: Path | None) -> str:
+    """`; to keep it anyway: ...` for the run in `run_dir` (None: nothing, where no run is at hand)."""
+    return f"; to keep it anyway: {run_again(['optimize'], run_dir, {'optimize.openvino': 'always'})}" if run_dir \
+        else ""
 
 
-def openvino_bf16_line(openvino_bf16: Trial) -> str:
+def openvino_bf16_line(openvino_bf16: Trial, run_dir: Path | None) -> str:
     """OpenVINO in bf16 in one line: kept (its accuracy is the parity step's to judge), not kept and why, or not
     tried and why."""
     if openvino_bf16.kept:
         return f"OpenVINO bf16 kept as the openvino_bf16 variant: {openvino_bf16.reason}"
     if not openvino_bf16.ms:
         return f"OpenVINO bf16 {openvino_bf16.reason}"
-    return f"OpenVINO bf16 not kept: {openvino_bf16.reason}; to keep it anyway: {_keep_anyway()}"
+    return f"OpenVINO bf16 not kept: {openvino_bf16.reason}{_keep_anyway(run_dir)}"
 
 
-def openvino_int8_line(openvino_int8: OpenvinoInt8) -> str:
+def openvino_int8_line(openvino_int8: OpenvinoInt8, run_dir: Path | None) -> str:
     """NNCF's int8 on OpenVINO in one line: kept (its accuracy is the parity step's to judge), not kept and why, or
     not tried and why."""
     computed_in = openvino_int8.inference_precision  # older records: none (f32)
@@ -254,7 +256,7 @@ def openvino_int8_line(openvino_int8: OpenvinoInt8) -> str:
     if openvino_int8.against is None:
         return f"OpenVINO int8 (NNCF) {openvino_int8.reason}"
     timed = f" (timed with its float ops in {computed_in.chosen})" if computed_in else ""
-    return f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8.reason}; to keep it anyway: {_keep_anyway()}"
+    return f"OpenVINO int8 (NNCF) not kept{timed}: {openvino_int8.reason}{_keep_anyway(run_dir)}"
 
 
 
