@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from workbench.core.advice import set_settings
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
 from workbench.measure.latency import disturbance_note
@@ -45,8 +46,8 @@ def cut_line(deployment: int, own: int, count: int, library: str, beyond: Verdic
         worst = f": min cosine {primary.min_cosine:.4f}" if primary.min_cosine is not None else \
             f": max abs {primary.max_abs:.3g}"
     return (f"equal to {library} up to {deployment} tokens; longer texts are cut at {deployment} where {library} "
-            f"cuts at {own} ({_texts(count)} longer{worst}; leave sequence.max at auto to cut where the library "
-            "does)")
+            f"cuts at {own} ({_texts(count)} longer{worst}; to cut where the library does: "
+            f"{set_settings({'sequence.max': 'auto'})})")
 
 
 def _texts(count: int) -> str:
