@@ -67,6 +67,14 @@ class Seen:
     report_framed: bool | None
     screenshot: str
 
+    def line(self) -> str:
+        """What the browser saw, in one line."""
+        bars = f", {self.unfinished_bars} unfinished bars" if self.unfinished_bars else ""
+        widgets = f", {self.widgets} widgets saved" if self.widgets else ""
+        return (f"{self.notebook}: {self.cells} cells in {self.seconds:.0f} s, {self.errors} errors, plots drawn "
+                f"{self.drawn} of {self.plots}{bars}{widgets}, settings {'' if self.inherited else 'NOT '}inherited, "
+                f"{'ends naming the next' if self.ends_with_next else 'does NOT end naming the next'}")
+
 
 def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots: Path, edit: str | None) -> Seen:
     """Open `notebook` (a reset workspace: the Lab reopens no closed tab), optionally replace its parameters cell,
@@ -191,11 +199,32 @@ def tree_hashes(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
 
 
+def chosen(parser: argparse.ArgumentParser, asked: str | None) -> list[str]:
+    """The step notebooks `--notebooks` names (`1`, `01`, `export`), in run order; a name no notebook has is a usage
+    error listing them, before the Lab starts."""
+    notebooks = [s.notebook for s in specs()]
+    if not asked:
+        return notebooks
+    found, unknown = set(), []
+    for word in (w.strip() for w in asked.split(",") if w.strip()):
+        match = [n for n in notebooks if (word.isdigit() and int(n[:2]) == int(word)) or n[3:].removesuffix(
+            ".ipynb") == word or n == word]
+        if match:
+            found.update(match)
+        else:
+            unknown.append(word)
+    if unknown or not found:
+        parser.error(f"--notebooks {asked}: no step notebook {', '.join(unknown) or 'named'}; choose among "
+                     f"{', '.join(notebooks)} (by number or step, e.g. --notebooks 1,2 or export,optimize)")
+    return [n for n in notebooks if n in found]
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, _stop)  # killed: the Lab, its kernels and the scratch folder go too
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="outputs folder for the Lab (default: a new temporary one)")
-    parser.add_argument("--notebooks", help="prefixes to run, e.g. 01,02,03 (default: every step notebook)")
+    parser.add_argument("--notebooks", help="the notebooks to run, by number or step, e.g. 1,2,03 or export,optimize "
+                                            "(default: every step notebook)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch outputs folder (runs, repository)")
     args = parser.parse_args()
     if args.out is not None and args.out.resolve() in [p.resolve() for p in USERS]:
@@ -205,7 +234,7 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     os.environ[REPOSITORY_VARIABLE] = str(root / "model_repository")  # the Lab's kernels publish there
     working_copies(root)
-    wanted = [s.notebook for s in specs() if not args.notebooks or s.notebook[:2] in args.notebooks.split(",")]
+    wanted = chosen(parser, args.notebooks)
     run = root / f"interactive-{RunConfig().model_slug}"
     shots = Path(tempfile.mkdtemp(prefix="lab-check-shots-"))
     port, token, state = free_port(), secrets.token_hex(16), Path(tempfile.mkdtemp(prefix="lab-state-"))
@@ -217,8 +246,9 @@ def main() -> int:
             context = browser.new_context(viewport=VIEWPORT)
             page = context.new_page()
             for notebook in wanted:
-                seen.append(run_all(page, root, notebook, port, token, shots, EDIT if notebook == wanted[0] else None))
-                print(asdict(seen[-1]), flush=True)
+                edit = EDIT if notebook.startswith("01") else None  # a setting in 01 that later notebooks inherit
+                seen.append(run_all(page, root, notebook, port, token, shots, edit))
+                print(seen[-1].line(), flush=True)
             framed = seen[-1].report_framed
             left = sessions_left(port, token)
             clean = reopened_clean(context.new_page(), wanted, port, token)
@@ -270,4 +300,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:  # what was stopped and what was removed is said above
+        raise SystemExit(130) from None
