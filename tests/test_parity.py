@@ -573,8 +573,10 @@ def test_the_repair_chart_draws_before_and_after_from_the_recipes_tables_numbers
                             chosen=True)
     searched = RepairCandidate(passed=True, latency_ms=741.7, min_cosine=0.9908)  # the same graph, timed later
     outcome = RepairOutcome(precision="int8", outcome="repaired", units=12, bases=[plain, smoothed], chosen=searched,
-                            before=searched, candidates=[searched])
-    traces = {t.name: t for t in figures.repair_tradeoff(outcome).data}
+                            before=searched, candidates=[searched], latency_feed=[8, 128])
+    figure = figures.repair_tradeoff(outcome)
+    assert figure.layout.xaxis.title.text == "latency (ms) at batch 8 x sequence 128"
+    traces = {t.name: t for t in figure.data}
     before, chosen = traces["before repair (per-channel weights)"], traces["chosen (smoothing 0.7 per-token)"]
     assert (before.x[0], before.y[0]) == (512.0, 0.95) and (chosen.x[0], chosen.y[0]) == (540.38, 0.9908)
     alone = outcome.model_copy(update={"bases": [smoothed.model_copy(update={"recipe": "per-channel weights"})]})

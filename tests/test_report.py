@@ -234,6 +234,8 @@ def test_tables_leave_room_for_every_row():
     assert drawable >= table.header.height + len(results) * table.cells.height
     assert list(table.cells.values[0]) == ["variant_0", "variant_1"]
     assert table.columnwidth[-1] > table.columnwidth[3]  # the long "why" column gets the room, not the verdict
+    assert list(table.header.values) == ["variant", "precision", "output", "verdict", "max abs", "mean abs",
+                                         "min cosine", "why"], "an embedding has no label agreement, nor neighbours"
 
 
 def _verdict(precision: str, min_cosine: float, threshold: float = 0.99) -> dict:

@@ -74,7 +74,9 @@ def parity_table(results: dict[str, Verdict], against: str = "PyTorch fp32") -> 
                          "; ".join(out.failures)])
     header = ["variant", "precision", "output", "verdict", "max abs", "mean abs", "min cosine", "agreement",
               "neighbours (agreement@1 / recall@10 / Spearman)", "why"]
-    return table(f"Parity against {against} (padded positions excluded)", header, rows)
+    shown = [i for i in range(len(header)) if i < 4 or any(row[i] for row in rows)]  # no column of empty cells
+    return table(f"Parity against {against} (padded positions excluded)", [header[i] for i in shown],
+                 [[row[i] for i in shown] for row in rows])
 
 
 def formatted(value: float | None, spec: str) -> str:

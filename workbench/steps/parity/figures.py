@@ -26,12 +26,20 @@ def error_distribution(results: dict[str, Verdict]) -> go.Figure:
 def worst_texts(results: dict[str, Verdict], variant: str) -> go.Figure:
     """The texts a variant gets most wrong (1 - cosine of the main output, or its max abs error)."""
     texts = results[variant].worst_texts[::-1]
-    figure = go.Figure(go.Bar(x=[t.error for t in texts], y=[f"#{t.text_id}: {t.text[:50]}" for t in texts],
+    figure = go.Figure(go.Bar(x=[t.error for t in texts], y=[f"#{t.text_id}: {_opening(t.text)}" for t in texts],
                               orientation="h", hovertext=[t.text for t in texts]))
     figure.update_layout(title=f"Worst texts for {variant}", xaxis_title=texts[0].metric if texts else "",
                          yaxis_title="text (corpus id)",
                          height=200 + 30 * len(texts), margin={"l": 380})
     return figure
+
+
+def _opening(text: str, limit: int = 50) -> str:
+    """`text` up to `limit` characters, cut after a whole word (`...` where cut)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1].rsplit(" ", 1)[0] if " " in text[:limit + 1] else text[:limit]
+    return f"{cut.rstrip(' ,.;:')}..."
 
 
 def repair_tradeoff(repair: RepairOutcome) -> go.Figure:
@@ -63,7 +71,8 @@ def repair_tradeoff(repair: RepairOutcome) -> go.Figure:
             figure.add_scatter(name=label, mode="markers", x=[entry.latency_ms], y=[getattr(entry, metric)],
                                marker=marker)
     figure.update_layout(title=f"{repair.precision} repair: accuracy vs latency ({repair.outcome})",
-                         xaxis_title=f"latency (ms) at batch x sequence {repair.latency_feed}",
+                         xaxis_title="latency (ms)" + (" at batch {} x sequence {}".format(*repair.latency_feed)
+                                                       if repair.latency_feed else ""),
                          yaxis_title=f"{metric.replace('_', ' ')} on the hard texts (marker size: nodes kept in fp32)")
     return figure
 
