@@ -241,10 +241,17 @@ def test_the_autoscaler_reads_counters_the_real_server_exposes(deployed):
     with TritonServer(record.artifact("triton.repository"), root / "scrape") as server:
         with TritonClient(server.http_url, "http") as client:
             client.infer_texts(plan.name, ["a text to count"])
-        with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as response:
-            exposed = response.read().decode()
-    for counter, value in ((QUEUE_COUNTER, "[0-9]"), (SUCCESS_COUNTER, "[1-9]")):
-        assert re.search(rf'^{counter}\{{[^}}]*model="{model}"[^}}]*\}} {value}', exposed, re.M), counter
+        wanted = {counter: re.compile(rf'^{counter}\{{[^}}]*model="{model}"[^}}]*\}} {value}', re.M)
+                  for counter, value in ((QUEUE_COUNTER, "[0-9]"), (SUCCESS_COUNTER, "[1-9]"))}
+        deadline = time.monotonic() + 120  # the server updates its counters on its own time: polled, bounded
+        while True:
+            with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=30) as response:
+                exposed = response.read().decode()
+            missing = [counter for counter, pattern in wanted.items() if not pattern.search(exposed)]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert not missing, f"{missing} not counted within 120 s"
 
 
 def test_a_sweep_cell_deploys_on_its_host_kind_and_the_fleet_file_spans_the_kinds(deployed, tmp_path):
