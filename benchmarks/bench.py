@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from peerlib.pages import add_page_argument, printed_to
+
 from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
@@ -154,7 +156,13 @@ def measure_and_print() -> None:
     parser.add_argument("--profile", action="store_true", help="ONNX Runtime op profile of the best variant")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--in-process", action="store_true", help="in-process items only (1 and 2)")
+    add_page_argument(parser)
     args = parser.parse_args()
+    printed_to(args.page, "Speedups, efficiency and batching on the embedded model: benchmarks/bench.py",
+               lambda: measure(args))
+
+
+def measure(args: argparse.Namespace) -> None:
     if args.run is None:
         args.run = Path("outputs") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(RunConfig(steps=["export", "optimize", "parity"], device=args.device), args.run)

@@ -27,6 +27,8 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from peerlib.pages import add_page_argument, printed_to
+
 from workbench.core.batches import long_texts, token_lengths  # noqa: E402
 from workbench.core.config import RunConfig  # noqa: E402
 from workbench.core.data import load_corpus  # noqa: E402
@@ -130,8 +132,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="folder for the runs and fidelity.json (default: a temporary one)")
     parser.add_argument("--cases", default=None, help="comma-separated case names to run (default: all)")
+    add_page_argument(parser)
     args = parser.parse_args()
-    return script_exit(lambda: measure(args.out, args.cases), "fidelity.json not written")
+    return script_exit(lambda: printed_to(args.page, "Served answers against the library: benchmarks/fidelity.py",
+                                          lambda: measure(args.out, args.cases)), "fidelity.json not written")
 
 
 def measure(out_dir: str | None, names: str | None) -> None:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from peerlib.graph_checks import Control, accuracy, control_lines, table, targets, verdicts
 from peerlib.graphs import GraphRow
+from peerlib.pages import add_page_argument, printed_to
 from peerlib.peers import (
     PeerNotInstalledError,
     build_openvino,
@@ -93,7 +94,11 @@ PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}  # OpenVINO's infere
 
 def main() -> int:
     """Run the comparison (exit 0); errors and signals end it as `script_exit` says, graphs.json not written."""
-    return script_exit(lambda: compare(arguments()), "graphs.json not written")
+    def body() -> None:
+        args = arguments()
+        printed_to(args.page, "Graphs beside Optimum's and OpenVINO's: benchmarks/graphs.py", lambda: compare(args))
+
+    return script_exit(body, "graphs.json not written")
 
 
 def arguments() -> argparse.Namespace:
@@ -106,6 +111,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds per cell (default: 40)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="intra-op threads of every graph (default: all cores)")
+    add_page_argument(parser)
     args = parser.parse_args()
     require_positive([("--rounds", args.rounds), ("--threads", args.threads)])
     return args

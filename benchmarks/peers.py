@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from peerlib.pages import add_page_argument, printed_to
 from peerlib.peers import (
     Embedder,
     InfinityServer,
@@ -91,7 +92,11 @@ FRONT_LEVELS = (16, 64)  # where the front's throughput is held to FRONT_THROUGH
 def main() -> int:
     """Run the comparison (exit 0); errors and signals end it as `script_exit` says: the servers it started are
     stopped on the way out."""
-    return script_exit(lambda: compare(arguments()), "every server it started is stopped; peers.json not written")
+    def body() -> None:
+        args = arguments()
+        printed_to(args.page, "The deployment beside its peers: benchmarks/peers.py", lambda: compare(args))
+
+    return script_exit(body, "every server it started is stopped; peers.json not written")
 
 
 def arguments() -> argparse.Namespace:
@@ -107,6 +112,7 @@ def arguments() -> argparse.Namespace:
         "rerank: a cross-encoder (without --run: the embedded model's weights under a one-label head, the shape of "
         "ms-marco-MiniLM-L6-v2) beside infinity-emb's /rerank"))
     parser.add_argument("--documents", type=int, default=16, help="rerank: documents per request")
+    add_page_argument(parser)
     args = parser.parse_args()
     try:
         args.levels = sorted({int(c) for c in args.levels.split(",")})

@@ -28,6 +28,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from peerlib.pages import add_page_argument, printed_to
 from timeline import ROOT, run_model
 
 from workbench.core.interrupt import script_exit
@@ -173,13 +174,15 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "outputs" / "real-models"),
                         help="folder for the runs and real_models.json (rewritten by each benchmark run)")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds of the speedup timing")
+    add_page_argument(parser)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in ("mpnet", "minilm")]
     if unknown:
         parser.error(f"unknown models {unknown}: choose among mpnet, minilm")
 
-    return script_exit(lambda: measure(models, Path(args.cache), Path(args.out), args.rounds),
+    return script_exit(lambda: printed_to(args.page, "A trained base model with defaults: benchmarks/real_models.py",
+                                          lambda: measure(models, Path(args.cache), Path(args.out), args.rounds)),
                        "real_models.json not written")
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from peerlib.pages import add_page_argument, printed_to
 
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_model, others_busy
@@ -387,13 +388,17 @@ def main() -> int:
                         help="run inside a memory cgroup of this many GiB (root; e.g. 12 for the large model)")
     parser.add_argument("--long-texts", type=int, default=32, metavar="N",
                         help="texts of 8,000 tokens in the request sent to the large model's deployment (0: none)")
+    add_page_argument(parser)
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in TARGETS]
     if unknown:
         parser.error(f"unknown models {unknown}: choose among {', '.join(TARGETS)}")
-    return script_exit(lambda: measure(models, args.out, args.overrides, args.warm_cache, args.memory_limit,
-                                       args.long_texts), "timeline.json not written")
+    def body() -> None:
+        measure(models, args.out, args.overrides, args.warm_cache, args.memory_limit, args.long_texts)
+
+    return script_exit(lambda: printed_to(args.page, "Where a run's time goes: benchmarks/timeline.py", body),
+                       "timeline.json not written")
 
 
 if __name__ == "__main__":

@@ -226,3 +226,22 @@ def test_a_run_cut_short_is_not_timed(tmp_path, tiny_models):
         script.ready_run(tmp_path / "run")
     assert "optimize not run, parity failed, no fp32 graph, no int8 graph" in refused.value.problem
     assert f"--output-dir {tmp_path / 'run'} --resume --steps optimize,parity" in refused.value.fix
+
+
+def test_a_benchmark_writes_its_results_page_whole_with_the_host_and_the_command(tmp_path, capsys):
+    """`--page`: what the benchmark printed, under its date, CPU flags and command; a benchmark that fails writes
+    no page."""
+    from peerlib.pages import printed_to
+
+    from workbench.core.machine import cpu_features
+
+    page = tmp_path / "results" / "graphs.md"
+    printed_to(page, "Results: a test", lambda: print("| graph | b1 s16 |\n|---|---|\n| fp32 | 1.00 |"))
+    text = page.read_text()
+    assert text.startswith("# Results: a test\n\nMeasured 20") and f"`{' '.join(cpu_features().flags)}`" in text
+    assert "```text\n| graph | b1 s16 |\n|---|---|\n| fp32 | 1.00 |\n```\n" in text
+    assert "| fp32 | 1.00 |" in capsys.readouterr().out, "still printed"
+    failed = tmp_path / "results" / "failed.md"
+    with pytest.raises(RuntimeError):
+        printed_to(failed, "Results: a failure", lambda: (print("half"), (_ for _ in ()).throw(RuntimeError("x"))))
+    assert not failed.exists() and sorted(p.name for p in page.parent.iterdir()) == ["graphs.md"]

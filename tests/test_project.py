@@ -111,6 +111,19 @@ def test_steps_do_not_import_steps_and_only_record_reads_the_raw_record():
             assert not re.search(r"record\.data\b|\.data\[\"(steps|metrics|artifacts)", text), path
 
 
+def test_docs_pages_are_a_few_screens_and_results_live_in_pages_of_their_own():
+    """A guide page says what to run and how to read it in at most about 300 lines; measured tables from particular
+    days and hosts live in docs/results/, each page naming its date and host."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "docs").rglob("*.md"))
+            if (n := len(p.read_text().splitlines())) > 310}
+    assert not long, long
+    results = sorted((ROOT / "docs" / "results").glob("*.md"))
+    assert len(results) > 3
+    for page in results:
+        if page.name != "README.md":
+            assert re.search(r"20\d\d-\d\d-\d\d", page.read_text()) and "host" in page.read_text(), page
+
+
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_tests():
     readme = (ROOT / "README.md").read_text()
     head = readme[:600]
@@ -120,7 +133,7 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_tests():
 
 def test_the_readme_and_docs_pages_link_only_to_what_exists():
     """Every relative link of README.md and docs/*.md, and every repository path they name in backticks, exists."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     assert len(pages) > 5 and len((ROOT / "README.md").read_text()) < 12_000, "the README is the front door"
     broken = []
     for page in pages:
