@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workbench.core.advice import command as workbench_command
 from workbench.pipeline import KERNEL_FOLDER_PREFIX, kernel_folder
 
 pytestmark = pytest.mark.slow
@@ -107,8 +108,8 @@ def test_sigint_during_the_repair_leaves_no_candidate_or_partial_file(tiny_bert,
                                          "error": "interrupted (SIGINT)"}
     assert not list(run_dir.rglob("candidate-*")) and not list(run_dir.rglob("*partial*"))
     assert _step_status(run_dir, "export") == "ok"
-    assert f"{sys.executable} -m workbench run --resume --output-dir {run_dir} --steps parity" in output, \
-        "the fix is a command that runs as printed, naming the steps left"
+    assert f"{workbench_command()} run --resume --output-dir {run_dir} --steps parity" in output, \
+        "the fix is a command that runs as printed (here, where it ran), naming the steps left"
 
 
 def _children(process: psutil.Process) -> list[psutil.Process]:

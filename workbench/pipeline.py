@@ -4,7 +4,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from workbench.core.advice import run_again
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
@@ -212,9 +212,8 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
     steps = [s.name for s in specs() if s.name in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):
-            command = [sys.executable, "-m", "workbench", "run", "--resume", "--output-dir", str(run_dir),
-                       "--steps", ",".join(steps[index:])]
-            again = f"re-run the steps that did not finish, keeping the others: {shlex.join(command)}"
+            rest = run_again(steps[index:], run_dir, lab=False)
+            again = f"re-run the steps that did not finish, keeping the others: {rest}"
             guard.check(f"the run, before step {step!r}", again)
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {spec(step).summary}", flush=True)
@@ -258,8 +257,7 @@ def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int
     limit, source = memory_limit()
     declared = spec(step).memory
     lighter = declared(config).lighter if declared is not None else LIGHTER
-    command = [sys.executable, "-m", "workbench", "run", "--resume", "--output-dir", str(config.output_dir)]
-    without = (f"; or go on without it: {shlex.join([*command, '--steps', ','.join(later)])}" if later else
+    without = (f"; or go on without it: {run_again(later, config.output_dir, lab=False)}" if later else
                "; or leave it out: the steps before it are recorded as they ended")
     return OutOfMemoryError(
         f"step {step!r} was killed for memory by the out-of-memory killer: its processes held up to {peak_mb:.0f} "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,8 @@ def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
         return f"run {notebooks}" + (f" (config = {json.dumps(settings)} in the parameters cell of "
                                      f"{catalog.spec(steps[0]).notebook})" if settings else "")
     values = f" {set_settings(settings, lab=False)}" if settings else ""
-    return f"{command()} run --resume --output-dir {run_dir or '<run>'} --steps {','.join(steps)}{values}"
+    folder = shlex.quote(str(run_dir)) if run_dir else "<run>"
+    return f"{command()} run --resume --output-dir {folder} --steps {','.join(steps)}{values}"
 
 
 def command() -> str:
