@@ -222,7 +222,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                 with ProgressTail() if progress else nullcontext(), peak:
                     run_notebook(step, config, run_dir, progress, notebooks_dir)
             except Exception as exc:
-                killed = _out_of_memory(config, step, exc, (kills, peak.mb), again, steps[index + 1:])
+                killed = _out_of_memory(config, step, exc, (kills, peak.mb), again, steps[index + 1:], index > 0)
                 _record_stop(step, steps[index + 1:], run_dir, guard.reason or (killed.problem if killed else
                                                                                 _describe(exc)), again)
                 guard.check(f"step {step!r}", again)
@@ -245,10 +245,10 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
 
 
 def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int, float], again: str,
-                   later: list[str]) -> OutOfMemoryError | None:
+                   later: list[str], after_others: bool) -> OutOfMemoryError | None:
     """The step's kernel died and the out-of-memory killer killed a process meanwhile (its count passed `seen`'s
     kills): typed, with the most the step's processes were seen to hold (`seen`'s MB), the limit, the settings that
-    make this step need less, and how to go on without it (the `later` steps)."""
+    make this step need less, and how to go on without it (the `later` steps; `after_others`: steps ran before it)."""
     from nbclient.exceptions import DeadKernelError
 
     kills, peak_mb = seen
@@ -258,7 +258,7 @@ def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int
     declared = spec(step).memory
     lighter = declared(config).lighter if declared is not None else LIGHTER
     without = (f"; or go on without it: {run_again(later, config.output_dir, lab=False)}" if later else
-               "; or leave it out: the steps before it are recorded as they ended")
+               "; or leave it out: the steps before it are recorded as they ended" if after_others else "")
     return OutOfMemoryError(
         f"step {step!r} was killed for memory by the out-of-memory killer: its processes held up to {peak_mb:.0f} "
         f"MB (sampled every {SAMPLE_S:g} s) where {source} is {limit / 2**20:.0f} MB",

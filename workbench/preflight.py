@@ -81,7 +81,10 @@ def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate 
     estimate = MemoryEstimate.of(needs, limit, source, warn=config.preflight.memory == "warn")
     if estimate.verdict == "refused":
         over = {need.step for need in needs if need.need > limit}
-        fitting = [step.name for step in selected if step.name not in over]
+        fitting: list[str] = []  # the steps that fit and whose inputs come from steps that fit too
+        for step in selected:
+            if step.name not in over and all(earlier in fitting for earlier in step.reads):
+                fitting.append(step.name)
         others = f", or run the others alone (--steps {','.join(fitting)})" if fitting else ""
         raise OutOfMemoryError(
             f"this run's {estimate.describe()}",

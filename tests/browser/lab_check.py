@@ -187,8 +187,13 @@ def report_in_frame(panel: Locator) -> bool:
         return False
 
 
+STOPPED: list[int] = []  # the signal that stopped the check, once one did
+
+
 def _stop(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    if not STOPPED:
+        STOPPED.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def tree_hashes(folder: Path) -> dict[str, str]:
@@ -220,7 +225,8 @@ def chosen(parser: argparse.ArgumentParser, asked: str | None) -> list[str]:
 
 
 def main() -> int:
-    signal.signal(signal.SIGTERM, _stop)  # killed: the Lab, its kernels and the scratch folder go too
+    for signum in (signal.SIGTERM, signal.SIGINT):  # stopped: the Lab, its kernels and the scratch folder go too
+        signal.signal(signum, _stop)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="outputs folder for the Lab (default: a new temporary one)")
     parser.add_argument("--notebooks", help="the notebooks to run, by number or step, e.g. 1,2,03 or export,optimize "
@@ -229,12 +235,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.out is not None and args.out.resolve() in [p.resolve() for p in USERS]:
         raise SystemExit(f"--out {args.out} is the checkout's own folder: pass a scratch folder")
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"--out {args.out} already holds files, which the check would remove: pass a new or empty "
+                         "folder")
+    wanted = chosen(parser, args.notebooks)  # a bad choice is refused before anything is made
     before = {folder: tree_hashes(folder) for folder in USERS}
     root = (args.out or Path(tempfile.mkdtemp(prefix="lab-check-"))).resolve()
     root.mkdir(parents=True, exist_ok=True)
     os.environ[REPOSITORY_VARIABLE] = str(root / "model_repository")  # the Lab's kernels publish there
     working_copies(root)
-    wanted = chosen(parser, args.notebooks)
     run = root / f"interactive-{RunConfig().model_slug}"
     shots = Path(tempfile.mkdtemp(prefix="lab-check-shots-"))
     port, token, state = free_port(), secrets.token_hex(16), Path(tempfile.mkdtemp(prefix="lab-state-"))
@@ -302,5 +311,7 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except KeyboardInterrupt:  # what was stopped and what was removed is said above
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, Exception):  # stopped: what ended and what was removed is said above
+        if not STOPPED:
+            raise
+        raise SystemExit(128 + STOPPED[0]) from None
