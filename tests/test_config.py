@@ -14,6 +14,8 @@ def test_defaults_describe_the_embedded_model():
     assert config.exporter == "legacy" and config.attn_implementation == "eager"
     assert config.steps[:2] == ["export", "optimize"]
     assert config.model_slug == "all-MiniLM-L6-v2"
+    # the task is read from the embedded package's own files, as from a local folder
+    assert config.task_choice.reason.startswith("auto: a sentence-transformers SentenceTransformer (modules.json")
 
 
 def test_yaml_then_overrides(tmp_path):

