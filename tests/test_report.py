@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.core.advice import command
+from workbench.core.advice import IN_LAB, command
 from workbench.core.batches import Cell
 from workbench.core.catalog import spec
 from workbench.core.config import RunConfig
@@ -24,6 +24,7 @@ from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
 from workbench.measure.tables import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
+from workbench.report.page import again_both_ways
 from workbench.report.recommend import recommend
 from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
 from workbench.steps.bench import figures as bench_figures
@@ -164,6 +165,17 @@ def test_report_is_self_contained(reported):
     assert stale.count("STALE: ") >= 3 and stale.count("STALE: inputs changed since it ran") >= 2
     assert f"run <code>{command()} run --resume --output-dir {record.run_dir} --steps bench</code> (in JupyterLab: " \
         "07_bench.ipynb) to refresh them" in stale, "the command and the notebook: the same step either way"
+
+
+def test_a_report_built_in_jupyterlab_names_the_notebook_first_and_the_command_second(tmp_path, monkeypatch):
+    record = RunRecord.create(tmp_path, RunConfig())
+    monkeypatch.setenv(IN_LAB, "1")
+    assert again_both_ways(record, "triton,bench", {"triton.variant": "int8"}) == (
+        'run 05_triton.ipynb, then 07_bench.ipynb (config = {"triton.variant": "int8"} in the parameters cell of '
+        f"05_triton.ipynb) (from a terminal: `{command()} run --resume --output-dir {tmp_path} --steps triton,bench "
+        "-p triton.variant=int8`)")
+    monkeypatch.delenv(IN_LAB)
+    assert again_both_ways(record, "bench").startswith(f"run `{command()} run --resume")
 
 
 def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):

@@ -1,6 +1,7 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 import jinja2
 from markupsafe import Markup, escape
 
-from workbench.core.advice import run_again
+from workbench.core.advice import IN_LAB, run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
@@ -46,11 +47,15 @@ def served_note(record: RunRecord, steps: tuple[Declared, ...]) -> str:
 
 
 def again_both_ways(record: RunRecord, step: str, settings: dict[str, object] | None = None) -> str:
-    """`run `workbench run ... --steps bench` (in JupyterLab: 07_bench.ipynb)`: the command and the notebooks, the
-    same steps (and `settings`) either way."""
+    """The same steps (and `settings`) both ways, the way the user is working first: `run 07_bench.ipynb (from a
+    terminal: `workbench run ... --steps bench`)` in JupyterLab, `run `workbench run ... --steps bench` (in
+    JupyterLab: 07_bench.ipynb)` elsewhere."""
     steps = step.split(",")
-    notebooks = run_again(steps, settings=settings, lab=True).removeprefix("run ")
-    return f"run `{run_again(steps, record.run_dir, settings, lab=False)}` (in JupyterLab: {notebooks})"
+    notebooks = run_again(steps, settings=settings, lab=True)
+    line = run_again(steps, record.run_dir, settings, lab=False)
+    if os.environ.get(IN_LAB):
+        return f"{notebooks} (from a terminal: `{line}`)"
+    return f"run `{line}` (in JupyterLab: {notebooks.removeprefix('run ')})"
 
 
 def code(text: str) -> Markup:
