@@ -129,7 +129,7 @@ def recommendation_rows(record: RunRecord, steps: tuple[Declared, ...]) -> list[
     rows = []
     for choice in recommend(record):
         run = ",".join(choice.steps)
-        disturbed = " (disturbed timings)" if choice.disturbed else ""
+        disturbed = " (disturbed timings: not a speed to expect)" if choice.disturbed else ""
         found = choice.variant is not None
         rows.append({"goal": choice.goal, "cell": choice.where, "variant": choice.variant or "none",
                      "speedup": f"{choice.speedup:.3g}x{disturbed}" if found else "",
