@@ -6,10 +6,12 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from workbench.core import progress
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepFailedError
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
@@ -164,3 +166,23 @@ def test_a_bar_whose_work_ends_early_finishes_saying_where_and_a_step_says_what_
     with other.step("deploy"):  # other settings: no earlier time is theirs
         other.set_metric("deploy.image", "workbench/tiny:1")
     assert _lines(progress_file)[-2:] == ["deploy 0:00 started", "deploy 0:00 recorded deploy.image"]
+
+
+def test_a_step_quiet_for_long_says_what_it_is_still_doing(tmp_path, monkeypatch, capsys):
+    """A library call that prints nothing (NNCF quantizing, a model loading): the step says it is still at it."""
+    monkeypatch.setattr(progress, "QUIET_S", 0.2)
+    record = RunRecord.create(tmp_path, RunConfig())
+    printed = ""
+    with record.step("optimize"):
+        record.phase("building openvino_int8: NNCF calibrates on 300 texts")
+        deadline = time.monotonic() + 120  # a bound, not a speed: the line comes after 0.2 s of quiet
+        while "still" not in printed and time.monotonic() < deadline:
+            time.sleep(0.1)
+            printed += capsys.readouterr().out
+    printed += capsys.readouterr().out
+    lines = printed.splitlines()
+    assert lines[0].startswith("optimize 0:00 started")
+    assert lines[1].startswith("optimize ")
+    assert lines[1].endswith(" building openvino_int8: NNCF calibrates on 300 texts")
+    assert re.fullmatch(r"optimize \d+:\d\d still building openvino_int8", lines[2]), lines
+    assert record.status("optimize") == "ok" and record._heartbeat is None  # the step's end stops it

@@ -23,8 +23,10 @@ PROGRESS_FILE_VAR = "WORKBENCH_PROGRESS_FILE"
 LINE_INTERVAL_S = 1.0  # at most one line per bar this often, plus the last one
 POLL_S = 0.2  # how often the pipeline looks for new lines
 INDENT = "    "
+QUIET_S = 10.0  # a running step that said nothing this long says what it is still doing (`Heartbeat`)
 T = TypeVar("T")
 _text_bars = False  # set in notebooks: a saved notebook keeps a text bar's last state, never a widget's
+_said_at = time.monotonic()  # when this process last said a line or moved a bar
 
 
 def use_text_bars() -> None:
@@ -58,7 +60,9 @@ class Progress:
 
     def update(self, steps: int = 1, note: str | None = None) -> None:
         """Count `steps` more done; `note` (kept until the next one) says what was last done or found."""
+        global _said_at
         self.done += steps
+        _said_at = time.monotonic()
         if note is not None:
             self.note = note
             self._bar.set_postfix_str(note, refresh=False)
@@ -88,6 +92,8 @@ class Progress:
 def say(line: str) -> None:
     """A line of a step's progress: printed where the step runs (its notebook keeps it) and, under `workbench run`,
     appended to the pipeline's file. Under an open text bar, on a line of its own above the bar (tqdm.write)."""
+    global _said_at
+    _said_at = time.monotonic()
     if _text_bars:
         from tqdm.std import tqdm as text_tqdm
 
@@ -98,6 +104,29 @@ def say(line: str) -> None:
     path = os.environ.get(PROGRESS_FILE_VAR)
     if path:
         _append(path, line)
+
+
+class Heartbeat:
+    """While active, `say(line())` whenever this process said nothing and moved no bar for `quiet` seconds: a long
+    library call (a quantizer, a compiler, a model load) shows it is still at work (default: `QUIET_S`)."""
+
+    def __init__(self, line: Callable[[], str], quiet: float | None = None) -> None:
+        self.line, self.quiet = line, QUIET_S if quiet is None else quiet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(1.0, self.quiet)):
+            if time.monotonic() - _said_at >= self.quiet:
+                say(self.line())
 
 
 def _append(path: str, line: str) -> bool:

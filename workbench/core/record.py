@@ -27,7 +27,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirEr
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
-from workbench.core.progress import say
+from workbench.core.progress import Heartbeat, say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
 if TYPE_CHECKING:
@@ -136,6 +136,8 @@ class RunRecord:
         self._current: str | None = None  # the step running in this process, if any
         self._started = 0.0  # when it started (time.perf_counter)
         self._earlier: Earlier | None = None  # how long it took before, where known
+        self._phase = ""  # what the running step said it started last (`phase`)
+        self._heartbeat: Heartbeat | None = None
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -264,10 +266,11 @@ class RunRecord:
         self._drop_outputs(name)
         self.data["steps"][name] = {"status": StepStatus.RUNNING, "started": _now(), "run_id": uuid.uuid4().hex,
                                     "settings": settings, "inputs": {}, "metrics": []}
-        self._current, self._started = name, time.perf_counter()
+        self._current, self._started, self._phase = name, time.perf_counter(), ""
         self._refresh_stale()
         self._progress("started" if self._earlier is None else
                        f"started (it took {clock(self._earlier.seconds)} in {self._earlier.run})", left=False)
+        self._heartbeat = Heartbeat(self._still).__enter__()  # stopped by _finish, however the step ends
         entry: dict[str, Any]
         try:
             yield self
@@ -323,6 +326,9 @@ class RunRecord:
         return Deployed(deployment.plan, variant, self.artifact("tokenizer"))
 
     def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.__exit__(None, None, None)
+            self._heartbeat = None
         self._current = None
         peak.__exit__(None, None, None)
         if entry["status"] == StepStatus.FAILED:
@@ -469,7 +475,12 @@ class RunRecord:
 
     def phase(self, what: str) -> None:
         """Say what the running step starts now (`building fp32: ONNX Runtime fusions`), with its time so far."""
+        self._phase = what.split(":")[0]
         self._progress(what)
+
+    def _still(self) -> str:
+        """The heartbeat's line: `optimize 1:12 still building openvino_int8` (`phase`)."""
+        return f"{self._current} {clock(time.perf_counter() - self._started)} still {self._phase or 'at work'}"
 
     def _progress(self, what: str, left: bool = True) -> None:
         """Say what the running step just did, with the time since it started and, where it ran before here, about
