@@ -478,6 +478,11 @@ class RunRecord:
         self._phase = what.split(":")[0]
         self._progress(what)
 
+    def found(self, what: str) -> None:
+        """Say what the running step found or finished (`tritonserver ready in 12 s`), with its time so far; the
+        phase it is in stays."""
+        self._progress(what)
+
     def _still(self) -> str:
         """The heartbeat's line: `optimize 1:12 still building openvino_int8` (`phase`)."""
         return f"{self._current} {clock(time.perf_counter() - self._started)} still {self._phase or 'at work'}"

@@ -115,7 +115,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     and export metrics."""
     with record.step(STEP):
         task = config.task_choice
-        record.phase(task_line(task.name, task.reason))
+        record.found(task_line(task.name, task.reason))
         check_opset(config.exporter, config.opset)
         start = time.perf_counter()
         record.phase(f"loading {config.model} with transformers")

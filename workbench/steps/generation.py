@@ -172,13 +172,16 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
     language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
     work = record.run_dir / "generation" / f".{task.name}.partial"
     shutil.rmtree(work, ignore_errors=True)
+    record.phase(f"loading {name} with transformers, for {task.name}")
     folder = materialize(name, work / "hf", config.trust_remote_code)
     model, tokenizer = load_hf(task, folder, config.threads)
+    record.phase(f"converting {name} to CTranslate2 ({gen.ct2_compute_type}), for {task.name}")
     conversion = convert_ct2(folder, work / "ct2")
     engine = load_ct2(task, work / "ct2", gen.ct2_compute_type, config.threads)
     limit = max_input_tokens(model, tokenizer, gen.max_input_tokens)
     texts = short_texts(tokenizer, gen.texts, limit)
     sequences = prepared_inputs(tokenizer, texts, language, limit)
+    record.phase(f"comparing greedy outputs of transformers and CTranslate2 on {len(texts)} texts, in process")
     compared, reference = compare_greedy(task, model, engine, tokenizer, sequences, gen.max_new_tokens, language)
     plan = GenerationPlan(name=model_name_for(f"{Path(name).name}_{task.name}"), kind=task.kind, hf_dir=folder,
                           ct2_dir=work / "ct2", max_input_tokens=limit, max_new_tokens=gen.max_new_tokens,
@@ -193,10 +196,12 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
                             conversion=conversion, compute_type=gen.ct2_compute_type,
                             max_new_tokens=gen.max_new_tokens, in_process=compared,
                             served={}, load={})
+    record.phase(f"starting tritonserver with both {task.name} engines (their models load before it answers)")
     with TritonServer(repository, work / "server") as server:
         result.ready_seconds = server.timings["ready_seconds"]
         for engine_name in ENGINES:
             ensemble = f"{plan.name}_{engine_name}_text"
+            record.phase(f"checking {engine_name}'s served answers to {len(texts)} texts, then its load")
             got = served_ids(server, ensemble, texts, language, gen.max_new_tokens)
             result.served[engine_name] = ServedIdentity(
                 identical_to_hf_in_process=sum(a == b for a, b in zip(got, reference)), sequences=len(reference))

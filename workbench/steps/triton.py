@@ -82,7 +82,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
     loaded.drop_weights()  # the references are the library's (or computed): the server gets the memory
     record.phase(f"starting tritonserver on {repository.name} (its models load before it answers)")
     with TritonServer(repository, record.run_dir / "triton" / "server", ports, binary=binary) as server:
-        record.phase(f"tritonserver ready in {server.timings['ready_seconds']:.0f} s")
+        record.found(f"tritonserver ready in {server.timings['ready_seconds']:.0f} s")
         metrics.ready_seconds = server.timings["ready_seconds"]
         parity, beyond = {}, {}
         endpoints = (("http", server.http_url), ("grpc", server.grpc_url))

@@ -78,7 +78,7 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
                 repairable.discard(base := name.removesuffix("_repaired"))
                 if repair(base, config, record, lab, results) is not None:
                     results[name] = compare(name, config, record, lab)
-            record.phase(f"in serving order, {name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
+            record.found(f"in serving order, {name}: {'pass' if name in results and results[name].passed else 'FAIL'}")
         return first_passed(serving_order(config, record), results)
 
     served = walk(set())
@@ -151,10 +151,10 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     """The PyTorch module every variant is compared with, against what the model's users run today (its own
     library); recorded, and the step fails here when they differ: every verdict after would be against the wrong
     reference."""
-    record.phase("the PyTorch module against the model's own library, every text")
+    record.phase("comparing the PyTorch module with the model's own library, every text")
     check = library_check(config.lab, loaded, texts)
     release_memory()  # the library's own copy of the model
-    record.phase(f"the module against {check.library}: {'FAIL' if check.checked and not check.passed else 'pass'}")
+    record.found(f"the module against {check.library}: {'FAIL' if check.checked and not check.passed else 'pass'}")
     record.set_metric(f"{STEP}.reference", check.recorded())
     if check.checked and not check.passed:
         raise ReferenceMismatchError(

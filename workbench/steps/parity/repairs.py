@@ -82,6 +82,7 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     built = record.variant(name)
     path, precision = built.path, built.precision
     budget_s, budget_source = config.parity.repair.budget(results[name].seconds)
+    record.phase(f"repairing {name}: each build keeps more of the graph in fp32 and is checked on the corpus")
     with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
         checker = Checker(lab.for_variant(onnxfiles.batch_dependent(path)), built, config.device, config.threads)
         problem = None
