@@ -21,7 +21,7 @@ from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
-from workbench.measure.tables import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate
+from workbench.measure.tables import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, ServedLevel
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.page import again_both_ways
@@ -376,6 +376,16 @@ def test_the_speedup_heatmap_is_centred_on_1x(benched):
     low, high = ([int(c) for c in re.findall(r"\d+", colour)] for _, colour in (heatmap.colorscale[0],
                                                                               heatmap.colorscale[-1]))
     assert low[0] > low[2] and high[2] > high[0], "slower than PyTorch reads red, faster blue"
+
+
+def test_a_log_concurrency_axis_ticks_only_the_levels_measured():
+    def level(concurrency: int) -> ServedLevel:
+        return ServedLevel(concurrency=concurrency, requests=8, seconds=1.0, throughput=8.0 * concurrency, p50=1.0,
+                           p90=1.0, p95=1.0, p99=1.0, mean=1.0)
+
+    sweep = {str(c): level(c) for c in (1, 4, 16)}
+    axis = bench_figures.layouts_figure({"ensemble": sweep, "fused": sweep}).layout.xaxis
+    assert axis.type == "log" and list(axis.tickvals) == [1, 4, 16]
 
 
 def test_figures_name_their_units(benched):

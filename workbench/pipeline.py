@@ -20,7 +20,7 @@ from workbench.core.disk import FIX, as_disk_full, disk_full_typed
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.interrupt import InterruptGuard, remove_partials
 from workbench.core.lock import LOCK_NAME, run_lock
-from workbench.core.memory import LIGHTER, SAMPLE_S, PeakMemory, memory_limit, oom_kills
+from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.preflight import preflight_apart
@@ -256,13 +256,15 @@ def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int
         return None
     limit, source = memory_limit()
     declared = spec(step).memory
-    lighter = declared(config).lighter if declared is not None else LIGHTER
+    lighter = declared(config).lighter if declared is not None else spec(step).lighter
+    less = (f"or make the step need less: {lighter}" if lighter else
+            "its settings change little of what it holds (the model and the libraries that run it)")
     without = (f"; or go on without it: {run_again(later, config.output_dir, lab=False)}" if later else
                "; or leave it out: the steps before it are recorded as they ended" if after_others else "")
     return OutOfMemoryError(
         f"step {step!r} was killed for memory by the out-of-memory killer: its processes held up to {peak_mb:.0f} "
         f"MB (sampled every {SAMPLE_S:g} s) where {source} is {limit / 2**20:.0f} MB",
-        f"give the run more memory (another host, or a higher cgroup limit), or make the step need less: {lighter}; "
+        f"give the run more memory (another host, or a higher cgroup limit), {less}; "
         f"then {again}{without}")
 
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import urllib.request
@@ -191,8 +193,12 @@ STOPPED: list[int] = []  # the signal that stopped the check, once one did
 
 
 def _stop(signum: int, _frame: object) -> None:
+    """Stop the check: what playwright's event loop and driver say as they are torn down midway (pending tasks, a
+    closed connection) is no news to the user who stopped it, so it goes unsaid."""
     if not STOPPED:
         STOPPED.append(signum)
+        logging.getLogger("asyncio").disabled = True
+        sys.unraisablehook = lambda _unraisable: None
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
 

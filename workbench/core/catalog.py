@@ -77,6 +77,7 @@ class StepSpec:
     served: Callable[[RunRecord], str] | None = None
     served_differs: Callable[[RunRecord, str], str] | None = None
     memory: Callable[[RunConfig], StepMemory] | None = None
+    lighter: str = ""  # the settings that make this step hold less, said when it runs out of memory
 
     @property
     def notebook(self) -> str:

@@ -25,7 +25,6 @@ WEIGHT_MULTIPLE = 3
 LIBRARY_BYTES = 7 * 2**27
 ACTIVATION_MULTIPLE = 8
 ACTIVATION_BYTES = 3 * 2**28
-LIGHTER = "a lower batch.max_tokens or sequence.max, fewer precisions (-p precisions=[fp32,int8])"
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class StepMemory:
     step: str
     need: int
     how: str
-    lighter: str = LIGHTER
+    lighter: str = ""
 
 
 @dataclass(frozen=True)

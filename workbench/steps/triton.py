@@ -424,5 +424,6 @@ SPEC = StepSpec(
     STEP, 5, "Triton model repository; a real server; served parity and batching", run, lines,
     sections=(Section("Served parity", section, served=True), Section("Calling the deployment", calling)),
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
+    lighter="one model instance (-p triton.instances=1), a lower batch.max_tokens",
     owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt",
     settings="triton", served=served_note, served_differs=served_differs)

@@ -280,4 +280,6 @@ SPEC = StepSpec(
     lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
-    metrics=BenchMetrics, after="generation", settings="bench", headline=headline, warning=disturbed_warning)
+    metrics=BenchMetrics, after="generation", settings="bench", headline=headline, warning=disturbed_warning,
+    lighter="a lower batch.max_tokens or sequence.max, one instance in the batching search "
+            "(-p bench.search_instances=[1])")

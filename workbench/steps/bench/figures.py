@@ -130,7 +130,8 @@ def tokenization_figure(batching_on: BatchingSweeps) -> go.Figure:
         figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v.throughput for v in levels.values()],
                            mode="lines+markers")
     figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency (requests in flight)",
-                         yaxis_title="throughput (requests/s)", xaxis_type="log")
+                         yaxis_title="throughput (requests/s)", xaxis_type="log",
+                         xaxis_tickvals=_levels(text, batching_on.client_tokenization))
     return figure
 
 
@@ -142,8 +143,13 @@ def layouts_figure(layouts: dict[str, Levels]) -> go.Figure:
                            mode="lines+markers", hovertext=[f"p50 {v.p50:.1f} ms" for v in levels.values()])
     figure.update_layout(title="Repository layouts: ensemble (tokenizer -> model) vs fused (one Python model)",
                          xaxis_title="concurrency (requests in flight)", xaxis_type="log",
-                         yaxis_title="throughput (requests/s)")
+                         xaxis_tickvals=_levels(*layouts.values()), yaxis_title="throughput (requests/s)")
     return figure
+
+
+def _levels(*sweeps: Levels) -> list[int]:
+    """The concurrency levels measured, as a log axis's only ticks (no 2 or 5 between them)."""
+    return sorted({int(c) for levels in sweeps for c in levels})
 
 
 def efficiency_table(efficiency: Efficiency) -> go.Figure:

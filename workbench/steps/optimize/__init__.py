@@ -188,6 +188,7 @@ SPEC = StepSpec(
     STEP, 2, "ONNX Runtime fusions, fp16, int8, symbolic shapes; OpenVINO variants raced", run, lines,
     sections=(Section("ONNX Runtime fusions", section),),
     needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
+    lighter="fewer precisions (-p precisions=[fp32,int8]), no OpenVINO variants (-p optimize.openvino=never)",
     metrics=OptimizeMetrics, after="export", settings="optimize",
     first_reads=("precisions", "target", "corpus", "corpus_max_texts"))
 

@@ -325,5 +325,7 @@ SPEC = StepSpec(
     STEP, 3, "every variant vs PyTorch on real text; fp16/int8 precision repair", run, lines,
     sections=(Section("Parity against PyTorch", section),),
     needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"), writes=1.2,
+    lighter="a lower batch.max_tokens or sequence.max, only the variants the deployment serves "
+            "(-p parity.variants=served)",
     metrics=ParityMetrics, after="optimize", settings="parity", first_reads=("tolerances",),
     verdicts="variants")
