@@ -21,7 +21,7 @@ from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
-from workbench.measure.tables import BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, ServedLevel
+from workbench.measure.tables import BatchingSweeps, BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, ServedLevel
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.page import again_both_ways
@@ -386,6 +386,8 @@ def test_a_log_concurrency_axis_ticks_only_the_levels_measured():
     sweep = {str(c): level(c) for c in (1, 4, 16)}
     axis = bench_figures.layouts_figure({"ensemble": sweep, "fused": sweep}).layout.xaxis
     assert axis.type == "log" and list(axis.tickvals) == [1, 4, 16]
+    served = bench_figures.tokenization_figure(BatchingSweeps(text=sweep, client_tokenization={"2": level(2)}))
+    assert list(served.layout.xaxis.tickvals) == [1, 2, 4, 16]
 
 
 def test_figures_name_their_units(benched):

@@ -31,6 +31,16 @@ class Snippet:
         print("\n".join(self.lines))
 
 
+CONCURRENCY = "concurrency (requests in flight)"
+
+
+def concurrency_axis(figure: go.Figure, levels: Sequence[Sequence[str | int]], **where: int) -> None:
+    """`figure`'s x axis (`where`: row and col of a subplot) as concurrency on a log scale, ticked only at the
+    `levels` measured (each a sweep's concurrencies): no 2, 3 or 5 between them."""
+    figure.update_xaxes(title_text=CONCURRENCY, type="log", tickvals=sorted({int(c) for sweep in levels
+                                                                             for c in sweep}), **where)
+
+
 def table(title: str, header: list[str], rows: Sequence[Sequence[object]]) -> go.Figure:
     """A table sized to its content: columns as wide as their longest cell, one line per row, tight margins."""
     texts = [[str(v) for v in row] for row in rows]

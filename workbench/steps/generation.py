@@ -265,8 +265,9 @@ def generation_figures(tasks: dict[str, GenerationTask]) -> list[go.Figure]:
         for engine, levels in result.load.items():
             figure.add_scatter(name=f"{task} {engine}", x=[int(c) for c in levels], mode="lines+markers",
                                y=[v.tokens_per_s for v in levels.values()])
-    figure.update_layout(title="Generated tokens per second", xaxis_title="concurrency (requests in flight)",
-                         xaxis_type="log", yaxis_title="throughput (generated tokens/s)", yaxis_type="log")
+    figure.update_layout(title="Generated tokens per second", yaxis_title="throughput (generated tokens/s)",
+                         yaxis_type="log")
+    figures.concurrency_axis(figure, [levels for result in tasks.values() for levels in result.load.values()])
     return [figure, generation_table(tasks)]
 
 

@@ -7,7 +7,7 @@ import math
 import plotly.graph_objects as go
 
 from workbench.measure.tables import BatchingSearch, BatchingSweeps, Efficiency, LatencyGrid, Levels, ServedBenchmark
-from workbench.report.figures import table
+from workbench.report.figures import CONCURRENCY, concurrency_axis, table
 from workbench.runners.onnxruntime import SessionSettings
 
 
@@ -87,7 +87,7 @@ def throughput_figure(served: ServedBenchmark) -> go.Figure:
                            mode="lines+markers", row=1, col=1)
         figure.add_scatter(name=f"{label.replace('_', ' ')} p99", x=x, y=[v.p99 for v in levels.values()],
                            mode="lines+markers", row=1, col=2)
-    figure.update_xaxes(title_text="concurrency (requests in flight)", type="log")
+    concurrency_axis(figure, [sweeps.text for sweeps in served.sweeps().values()])
     figure.update_yaxes(title_text="throughput (requests/s)", row=1, col=1)
     figure.update_yaxes(title_text="p99 latency (ms)", row=1, col=2)
     figure.update_layout(title="Served: throughput and latency vs concurrency")
@@ -103,7 +103,7 @@ def breakdown_figure(batching_on: BatchingSweeps) -> go.Figure:
             figure.add_bar(name=f"{model.rsplit('_', 1)[-1]} {stage}", x=[int(c) for c in levels],
                            y=[v.server[model][stage] for v in levels.values()], offsetgroup=model)
     figure.update_layout(title="Server-side time per request by stage (batching on)", barmode="stack",
-                         xaxis_title="concurrency (requests in flight)", yaxis_title="time per request (ms)")
+                         xaxis_title=CONCURRENCY, xaxis_type="category", yaxis_title="time per request (ms)")
     return figure
 
 
@@ -129,9 +129,8 @@ def tokenization_figure(batching_on: BatchingSweeps) -> go.Figure:
                                                                     batching_on.client_tokenization)):
         figure.add_scatter(name=label, x=[int(c) for c in levels], y=[v.throughput for v in levels.values()],
                            mode="lines+markers")
-    figure.update_layout(title="Where tokenization runs (batching on)", xaxis_title="concurrency (requests in flight)",
-                         yaxis_title="throughput (requests/s)", xaxis_type="log",
-                         xaxis_tickvals=_levels(text, batching_on.client_tokenization))
+    figure.update_layout(title="Where tokenization runs (batching on)", yaxis_title="throughput (requests/s)")
+    concurrency_axis(figure, [text, batching_on.client_tokenization])
     return figure
 
 
@@ -142,14 +141,9 @@ def layouts_figure(layouts: dict[str, Levels]) -> go.Figure:
         figure.add_scatter(name=layout, x=[int(c) for c in levels], y=[v.throughput for v in levels.values()],
                            mode="lines+markers", hovertext=[f"p50 {v.p50:.1f} ms" for v in levels.values()])
     figure.update_layout(title="Repository layouts: ensemble (tokenizer -> model) vs fused (one Python model)",
-                         xaxis_title="concurrency (requests in flight)", xaxis_type="log",
-                         xaxis_tickvals=_levels(*layouts.values()), yaxis_title="throughput (requests/s)")
+                         yaxis_title="throughput (requests/s)")
+    concurrency_axis(figure, list(layouts.values()))
     return figure
-
-
-def _levels(*sweeps: Levels) -> list[int]:
-    """The concurrency levels measured, as a log axis's only ticks (no 2 or 5 between them)."""
-    return sorted({int(c) for levels in sweeps for c in levels})
 
 
 def efficiency_table(efficiency: Efficiency) -> go.Figure:
