@@ -174,7 +174,7 @@ def test_a_step_quiet_for_long_says_what_it_is_still_doing(tmp_path, monkeypatch
     record = RunRecord.create(tmp_path, RunConfig())
     printed = ""
     with record.step("optimize"):
-        record.phase("building openvino_int8: NNCF calibrates on 300 texts")
+        record.phase("building openvino_int8 of tiny:bert: NNCF calibrates on 300 texts (the longest build)")
         deadline = time.monotonic() + 120  # a bound, not a speed: the line comes after 0.2 s of quiet
         while "still" not in printed and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -183,6 +183,6 @@ def test_a_step_quiet_for_long_says_what_it_is_still_doing(tmp_path, monkeypatch
     lines = printed.splitlines()
     assert lines[0].startswith("optimize 0:00 started")
     assert lines[1].startswith("optimize ")
-    assert lines[1].endswith(" building openvino_int8: NNCF calibrates on 300 texts")
-    assert re.fullmatch(r"optimize \d+:\d\d still building openvino_int8", lines[2]), lines
+    assert lines[1].endswith(" building openvino_int8 of tiny:bert: NNCF calibrates on 300 texts (the longest build)")
+    assert re.fullmatch(r"optimize \d+:\d\d still building openvino_int8 of tiny:bert", lines[2]), lines
     assert record.status("optimize") == "ok" and record._heartbeat is None  # the step's end stops it

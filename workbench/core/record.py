@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 import traceback
@@ -475,7 +476,7 @@ class RunRecord:
 
     def phase(self, what: str) -> None:
         """Say what the running step starts now (`building fp32: ONNX Runtime fusions`), with its time so far."""
-        self._phase = what.split(":")[0]
+        self._phase = re.split(r": | \(", what, maxsplit=1)[0]  # `building openvino_int8`, without the detail
         self._progress(what)
 
     def found(self, what: str) -> None:

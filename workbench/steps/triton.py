@@ -256,6 +256,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     check what it answers; only then publish it to model_repository/<name>/. A repository whose served check failed
     or did not finish is never published, and an earlier published one stays as it was."""
     with record.step(STEP):
+        record.phase(f"loading {config.model_slug} with transformers, for the served answers' reference")
         loaded = load_model(config)
         flavor = choose_flavor(config.triton.flavor, config.device, config.task_choice.name)  # chosen once, recorded
         candidates = candidate_variants(config, record, flavor)  # ordered once, recorded

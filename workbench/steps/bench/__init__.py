@@ -56,6 +56,7 @@ def engine_profiles(record: RunRecord, name: str) -> list[ShapeProfile]:
 def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
     """The grid's rows for this run: PyTorch on the run's device, its ONNX variants and TensorRT engines."""
     engines = {name: (engine, engine_profiles(record, name)) for name, engine in record.variants("engine").items()}
+    record.phase(f"loading {config.model_slug} with transformers, the grid's PyTorch row")
     return GridRows(load_model(config), config.output_specs, device_for(config.device),
                     config.threads or os.cpu_count() or 1, record.variants("onnx"), engines,
                     config.bench.torch_compile)

@@ -172,6 +172,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         if not variants:
             raise MissingArtifactError(f"the run in {record.run_dir} has no ONNX variant to compare",
                                        "run the export and optimize steps first: --steps export,optimize,parity")
+        record.phase(f"loading {config.model_slug} with transformers, the reference every variant is compared with")
         loaded = load_model(config)
         texts = lab_texts(config.lab, loaded)
         check_module(config, record, loaded, texts)
