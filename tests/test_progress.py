@@ -179,7 +179,13 @@ def test_a_step_quiet_for_long_says_what_it_is_still_doing(tmp_path, monkeypatch
         while "still" not in printed and time.monotonic() < deadline:
             time.sleep(0.1)
             printed += capsys.readouterr().out
+        with Progress("repair int8", total=80, unit="builds"):  # a build that takes long: the bar is named
+            deadline = time.monotonic() + 120
+            while "still on" not in printed and time.monotonic() < deadline:
+                time.sleep(0.1)
+                printed += capsys.readouterr().out
     printed += capsys.readouterr().out
+    assert re.search(r"^optimize \d+:\d\d still on repair int8, 0/80 builds$", printed, re.MULTILINE), printed
     lines = printed.splitlines()
     assert lines[0].startswith("optimize 0:00 started")
     assert lines[1].startswith("optimize ")

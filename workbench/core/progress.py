@@ -27,6 +27,7 @@ QUIET_S = 10.0  # a running step that said nothing this long says what it is sti
 T = TypeVar("T")
 _text_bars = False  # set in notebooks: a saved notebook keeps a text bar's last state, never a widget's
 _said_at = time.monotonic()  # when this process last said a line or moved a bar
+_open: list[Progress] = []  # the bars open in this process, the innermost last
 
 
 def use_text_bars() -> None:
@@ -56,6 +57,7 @@ class Progress:
         self._bar = _tqdm()(total=self.total, desc=self.label, unit=self.unit,
                             **({"file": sys.stdout} if _text_bars else {}))  # a notebook's stdout: no red
         self._write()
+        _open.append(self)
         return self
 
     def update(self, steps: int = 1, note: str | None = None) -> None:
@@ -71,6 +73,7 @@ class Progress:
             self._write()
 
     def __exit__(self, *exc: object) -> None:
+        _open.remove(self)
         if exc[0] is None and self.done < self.total:  # the work ended early (found, out of time): the bar finishes
             self.note = f"{self.note}; done at {self.done} of {self.total}" if self.note else \
                 f"done at {self.done} of {self.total}"
@@ -87,6 +90,12 @@ class Progress:
         self._written, self._written_at = self.line(), time.monotonic()
         if self._path is not None and not _append(self._path, self._written):
             self._path = None
+
+
+def open_bar() -> str | None:
+    """The innermost bar open in this process, in words (`on latency grid, 3/5 cells`), else None."""
+    bar = _open[-1] if _open else None
+    return f"on {bar.label}, {bar.done}/{bar.total} {bar.unit}" if bar else None
 
 
 def say(line: str) -> None:

@@ -28,7 +28,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirEr
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
-from workbench.core.progress import Heartbeat, say
+from workbench.core.progress import Heartbeat, open_bar, say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
 if TYPE_CHECKING:
@@ -485,8 +485,10 @@ class RunRecord:
         self._progress(what)
 
     def _still(self) -> str:
-        """The heartbeat's line: `optimize 1:12 still building openvino_int8` (`phase`)."""
-        return f"{self._current} {clock(time.perf_counter() - self._started)} still {self._phase or 'at work'}"
+        """The heartbeat's line: `bench 2:38 still on latency grid, 3/5 cells` where a bar is open, else `optimize
+        1:12 still building openvino_int8` (`phase`)."""
+        doing = open_bar() or self._phase or "at work"
+        return f"{self._current} {clock(time.perf_counter() - self._started)} still {doing}"
 
     def _progress(self, what: str, left: bool = True) -> None:
         """Say what the running step just did, with the time since it started and, where it ran before here, about
