@@ -184,8 +184,20 @@ def test_a_step_quiet_for_long_says_what_it_is_still_doing(tmp_path, monkeypatch
             while "still on" not in printed and time.monotonic() < deadline:
                 time.sleep(0.1)
                 printed += capsys.readouterr().out
+        # the bar closed: the phase it belonged to is over, and the heartbeat says what was done last
+        deadline = time.monotonic() + 120
+        while "after: repair int8" not in printed and time.monotonic() < deadline:
+            time.sleep(0.1)
+            printed += capsys.readouterr().out
+        record.found("tritonserver ready in 3 s")
+        deadline = time.monotonic() + 120
+        while "after: tritonserver" not in printed and time.monotonic() < deadline:
+            time.sleep(0.1)
+            printed += capsys.readouterr().out
     printed += capsys.readouterr().out
     assert re.search(r"^optimize \d+:\d\d still on repair int8, 0/80 builds$", printed, re.MULTILINE), printed
+    assert re.search(r"^optimize \d+:\d\d still at work after: repair int8$", printed, re.MULTILINE), printed
+    assert re.search(r"^optimize \d+:\d\d still at work after: tritonserver ready in 3 s$", printed, re.MULTILINE)
     lines = printed.splitlines()
     assert lines[0].startswith("optimize 0:00 started")
     assert lines[1].startswith("optimize ")

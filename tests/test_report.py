@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.core.advice import IN_LAB, command
+from workbench.core.advice import IN_LAB, command, set_settings
 from workbench.core.batches import Cell
 from workbench.core.catalog import spec
 from workbench.core.config import RunConfig
@@ -171,11 +171,16 @@ def test_a_report_built_in_jupyterlab_names_the_notebook_first_and_the_command_s
     record = RunRecord.create(tmp_path, RunConfig())
     monkeypatch.setenv(IN_LAB, "1")
     assert again_both_ways(record, "triton,bench", {"triton.variant": "int8"}) == (
-        'run 05_triton.ipynb, then 07_bench.ipynb (config = {"triton.variant": "int8"} in the parameters cell of '
-        f"05_triton.ipynb) (from a terminal: `{command()} run --resume --output-dir {tmp_path} --steps triton,bench "
+        'run 05_triton.ipynb with config = {"triton.variant": "int8"} in its parameters cell, then 07_bench.ipynb '
+        f"(from a terminal: `{command()} run --resume --output-dir {tmp_path} --steps triton,bench "
         "-p triton.variant=int8`)")
     monkeypatch.delenv(IN_LAB)
     assert again_both_ways(record, "bench").startswith(f"run `{command()} run --resume")
+    # a setting the parameters cell names is set by its own parameter there; any other by a `config` line of Python
+    assert set_settings({"sequence.max": "auto"}, lab=True) == \
+        'sequence_max = "auto" in the parameters cell of 01_export.ipynb'
+    assert set_settings({"bench.served": True}, lab=True) == \
+        'config = {"bench.served": True} in the parameters cell of 07_bench.ipynb'
 
 
 def test_a_report_of_a_partial_run_names_the_steps_that_fill_each_section(tmp_path):

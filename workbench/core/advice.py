@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from workbench.core import catalog
+from workbench.core.parameters import parameter_of
 
 IN_LAB = "WORKBENCH_IN_LAB"  # set in a kernel JupyterLab runs (not papermill's): advice names notebooks
 
@@ -21,15 +22,15 @@ def speak_notebooks() -> None:
 
 def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
               settings: Mapping[str, object] | None = None, lab: bool | None = None) -> str:
-    """`run 05_triton.ipynb, then 07_bench.ipynb (config = {"bench.served": true} in the parameters cell of
-    05_triton.ipynb)` in JupyterLab;
+    """`run 05_triton.ipynb with config = {"bench.served": True} in its parameters cell, then 07_bench.ipynb` in
+    JupyterLab;
     `workbench run --resume --output-dir RUN --steps triton,bench -p bench.served=true` elsewhere (`lab`: which,
     else where this runs)."""
     settings = dict(settings or {})
     if os.environ.get(IN_LAB) if lab is None else lab:
-        notebooks = ", then ".join(catalog.spec(step).notebook for step in steps)
-        return f"run {notebooks}" + (f" (config = {json.dumps(settings)} in the parameters cell of "
-                                     f"{catalog.spec(steps[0]).notebook})" if settings else "")
+        first = f"run {catalog.spec(steps[0]).notebook}" + (
+            f" with {_cell_lines(settings)} in its parameters cell" if settings else "")
+        return ", then ".join([first, *(catalog.spec(step).notebook for step in steps[1:])])
     values = f" {set_settings(settings, lab=False)}" if settings else ""
     folder = shlex.quote(str(run_dir)) if run_dir else "<run>"
     return f"{command()} run --resume --output-dir {folder} --steps {','.join(steps)}{values}"
@@ -47,13 +48,31 @@ def command() -> str:
 
 
 def set_settings(settings: Mapping[str, object], lab: bool | None = None) -> str:
-    """How to set `settings` where the user is: `-p precisions=[fp32,int8]` on the command line; in JupyterLab
-    `config = {"precisions": ["fp32", "int8"]} in the parameters cell of 02_optimize.ipynb`, the notebook of the first
-    step that reads them (`lab`: which, else where this runs)."""
+    """How to set `settings` where the user is: `-p sequence.max=auto` on the command line; in JupyterLab
+    `sequence_max = "auto" in the parameters cell of 01_export.ipynb`, the notebook of the first step that reads
+    them (`lab`: which, else where this runs)."""
     if os.environ.get(IN_LAB) if lab is None else lab:
         reader = _reader(next(iter(settings)))
-        return f"config = {json.dumps(dict(settings))} in the parameters cell of {catalog.spec(reader).notebook}"
+        return f"{_cell_lines(settings)} in the parameters cell of {catalog.spec(reader).notebook}"
     return " ".join(f"-p {key}={_cli_value(value)}" for key, value in settings.items())
+
+
+def _cell_lines(settings: Mapping[str, object]) -> str:
+    """What to type into a parameters cell: `sequence_max = "auto"` where each setting has a parameter of its own,
+    else `config = {"optimize.openvino": "always"}` (Python: True, not true)."""
+    named = {key: parameter_of(key) for key in settings}
+    if all(named.values()):
+        return "; ".join(f"{named[key]} = {_python(value)}" for key, value in settings.items())
+    return f"config = {_python(dict(settings))}"
+
+
+def _python(value: object) -> str:
+    """`value` as Python source, strings in double quotes."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_python(k)}: {_python(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_python(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else repr(value)
 
 
 def _reader(key: str) -> str:

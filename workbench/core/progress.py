@@ -28,6 +28,7 @@ T = TypeVar("T")
 _text_bars = False  # set in notebooks: a saved notebook keeps a text bar's last state, never a widget's
 _said_at = time.monotonic()  # when this process last said a line or moved a bar
 _open: list[Progress] = []  # the bars open in this process, the innermost last
+_closed: list[str] = []  # the labels of the bars closed in this process, in order
 
 
 def use_text_bars() -> None:
@@ -74,6 +75,7 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         _open.remove(self)
+        _closed.append(self.label)
         if exc[0] is None and self.done < self.total:  # the work ended early (found, out of time): the bar finishes
             self.note = f"{self.note}; done at {self.done} of {self.total}" if self.note else \
                 f"done at {self.done} of {self.total}"
@@ -96,6 +98,16 @@ def open_bar() -> str | None:
     """The innermost bar open in this process, in words (`on latency grid, 3/5 cells`), else None."""
     bar = _open[-1] if _open else None
     return f"on {bar.label}, {bar.done}/{bar.total} {bar.unit}" if bar else None
+
+
+def bars_closed() -> int:
+    """How many bars this process has closed so far."""
+    return len(_closed)
+
+
+def last_closed() -> str:
+    """The label of the bar this process closed last ("" before any)."""
+    return _closed[-1] if _closed else ""
 
 
 def say(line: str) -> None:

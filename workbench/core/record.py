@@ -28,7 +28,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirEr
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
-from workbench.core.progress import Heartbeat, open_bar, say
+from workbench.core.progress import Heartbeat, bars_closed, last_closed, open_bar, say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
 if TYPE_CHECKING:
@@ -137,7 +137,8 @@ class RunRecord:
         self._current: str | None = None  # the step running in this process, if any
         self._started = 0.0  # when it started (time.perf_counter)
         self._earlier: Earlier | None = None  # how long it took before, where known
-        self._phase = ""  # what the running step said it started last (`phase`)
+        self._phase = ""  # what the running step started last (`phase`), until it says anything else
+        self._said = ("", 0)  # the running step's last line and how many bars had closed then
         self._heartbeat: Heartbeat | None = None
 
     # ---- opening -------------------------------------------------------------------------
@@ -271,6 +272,7 @@ class RunRecord:
         self._refresh_stale()
         self._progress("started" if self._earlier is None else
                        f"started (it took {clock(self._earlier.seconds)} in {self._earlier.run})", left=False)
+        self._said = ("", bars_closed())  # nothing done yet
         self._heartbeat = Heartbeat(self._still).__enter__()  # stopped by _finish, however the step ends
         entry: dict[str, Any]
         try:
@@ -476,18 +478,21 @@ class RunRecord:
 
     def phase(self, what: str) -> None:
         """Say what the running step starts now (`building fp32: ONNX Runtime fusions`), with its time so far."""
-        self._phase = re.split(r": | \(", what, maxsplit=1)[0]  # `building openvino_int8`, without the detail
         self._progress(what)
+        self._phase = re.split(r": | \(", what, maxsplit=1)[0]  # `building openvino_int8`, without the detail
 
     def found(self, what: str) -> None:
-        """Say what the running step found or finished (`tritonserver ready in 12 s`), with its time so far; the
-        phase it is in stays."""
+        """Say what the running step found or finished (`tritonserver ready in 12 s`), with its time so far."""
         self._progress(what)
 
     def _still(self) -> str:
-        """The heartbeat's line: `bench 2:38 still on latency grid, 3/5 cells` where a bar is open, else `optimize
-        1:12 still building openvino_int8` (`phase`)."""
-        doing = open_bar() or self._phase or "at work"
+        """The heartbeat's line: `bench 2:38 still on latency grid, 3/5 cells` where a bar is open; `optimize 1:12
+        still building openvino_int8` where the step said nothing since that phase began; else what it did last
+        (`triton 0:40 still at work after: tritonserver ready in 3 s`, `... after: repair int8`)."""
+        line, closed = self._said
+        after = last_closed() if bars_closed() > closed else line
+        doing = open_bar() or (self._phase if bars_closed() == closed else "") or \
+            (f"at work after: {after}" if after else "at work")
         return f"{self._current} {clock(time.perf_counter() - self._started)} still {doing}"
 
     def _progress(self, what: str, left: bool = True) -> None:
@@ -497,6 +502,7 @@ class RunRecord:
             elapsed = time.perf_counter() - self._started
             remaining = "" if self._earlier is None or not left else f" ({self._earlier.left(elapsed)})"
             say(f"{self._current} {clock(elapsed)} {what}{remaining}")
+            self._phase, self._said = "", (what, bars_closed())
 
     def remove_artifact(self, name: str) -> None:
         """Delete an artifact (its file or folder inside the run folder) and its entry."""

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,10 @@ from workbench.core.config import RunConfig, outputs_root
 from workbench.core.dotted import Tree
 from workbench.core.errors import ConfigError
 from workbench.core.memory import first_to_go
+from workbench.core.parameters import PARAMETERS, Parameter
 from workbench.core.progress import use_text_bars
 from workbench.core.quiet import quiet_known_warnings
 from workbench.core.record import RECORD_NAME, RunRecord, described, settings_changes
-from workbench.core.tasks import AUTO, TASKS
 
 SHIPPED_NOTEBOOKS = Path(sys.prefix) / "share" / "workbench" / "notebooks"  # where a wheel install puts them
 
@@ -44,45 +43,14 @@ NOTEBOOKS_DIR = notebooks_dir()
 INJECTED_MARK = "# Parameters"  # the whole first line of the cell papermill injects after the parameters cell
 
 
-@dataclass(frozen=True)
-class Parameter:
-    """One notebook parameter: its name, the run-configuration setting it sets, and a help line."""
-
-    name: str
-    setting: str
-    type_name: str
-    help: str
-
-    @property
-    def default(self) -> Any:
-        return dotted.get(RunConfig().to_params(), self.setting)
-
-    def line(self) -> str:
-        """`name: type = None  # help (new run: default)`; a type in words (e.g. `int or auto`) quoted, as papermill
-        reads it."""
-        annotation = f'"{self.type_name}"' if " " in self.type_name else self.type_name
-        return f"{self.name}: {annotation} = None  # {self.help} (new run: {self.default!r})"
+def parameter_line(parameter: Parameter) -> str:
+    """`name: type = None  # help (new run: default)`; a type in words (e.g. `int or auto`) quoted, as papermill
+    reads it."""
+    annotation = f'"{parameter.type_name}"' if " " in parameter.type_name else parameter.type_name
+    default = dotted.get(RunConfig().to_params(), parameter.setting)
+    return f"{parameter.name}: {annotation} = None  # {parameter.help} (new run: {default!r})"
 
 
-PARAMETERS = (
-    Parameter("model", "model", "str", "HF model id or local folder; the default is embedded in a pip package"),
-    Parameter("task", "task", "str", f"{AUTO} (the head a folder's config.json names, else feature-extraction), "
-              + ", ".join(TASKS)),
-    Parameter("pooling", "pooling", "str", "feature-extraction: auto (the model's sentence-transformers files, else "
-              "mean), mean, cls, max, lasttoken, ... or none"),
-    Parameter("precisions", "precisions", "list or auto", "ONNX variants to build and check: a list of fp32, fp16, "
-              "bf16, int8; auto: fp32, and fp16/bf16/int8 where the deployment's target serves them faster"),
-    Parameter("batch_min", "batch.min", "int", "batch sizes served: smallest"),
-    Parameter("batch_opt", "batch.opt", "int", "most frequent"),
-    Parameter("batch_max", "batch.max", "int", "largest"),
-    Parameter("sequence_min", "sequence.min", "int", "tokens per text: fewest"),
-    Parameter("sequence_opt", "sequence.opt", "int or auto", "most frequent; auto: the smaller of 128 and max"),
-    Parameter("sequence_max", "sequence.max", "int or auto", "most; auto: the model's own limit (where its library "
-              "cuts texts)"),
-    Parameter("corpus", "corpus", "str", "UTF-8 text file, one text per line; None: the shipped corpus"),
-    Parameter("device", "device", "str", "auto, cpu or cuda"),
-    Parameter("threads", "threads", "int", "intra-op threads for PyTorch and ONNX Runtime; None: all cores"),
-)
 OTHER_PARAMETERS = (
     'config: dict = {}  # any other setting (`workbench config` lists them), as a dict or a YAML/JSON string, '
     'e.g. {"opset": 18, "triton": {"layout": "fused"}}',
@@ -97,7 +65,7 @@ def parameters_cell() -> str:
     """The source of every notebook's parameters cell."""
     head = ("# Parameters (papermill: -p NAME VALUE). None keeps the run's setting (its run.json; a new run's "
             "default); a value you set changes the run's, and the steps it makes stale are named.")
-    return "\n".join([head, *(p.line() for p in PARAMETERS), *OTHER_PARAMETERS])
+    return "\n".join([head, *(parameter_line(p) for p in PARAMETERS), *OTHER_PARAMETERS])
 
 
 def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig, RunRecord]:
