@@ -13,6 +13,7 @@ PYTEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing the workbench and its dependencies into $(VENV) (a few minutes the first time; quiet until done)"
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(BIN)/workbench install-perf-analyzer || echo "perf_analyzer not installed: served benchmarks use the asyncio load generator"

@@ -39,6 +39,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from workbench.core.atomic import sha256_file
 from workbench.core.catalog import specs
 from workbench.core.config import REPOSITORY_VARIABLE, RunConfig
+from workbench.core.estimate import clock
+from workbench.core.progress import Heartbeat
 from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, working_copies
 from workbench.serving.plan import PROJECT_REPOSITORIES
 from workbench.serving.server import free_port
@@ -46,6 +48,7 @@ from workbench.serving.server import free_port
 USERS = (PROJECT_REPOSITORIES, PROJECT_REPOSITORIES.parent / "outputs")  # what the check must leave as it was
 
 VIEWPORT = {"width": 1600, "height": 1000}
+HEARTBEAT_S = 30.0  # a notebook running longer says so this often
 EDIT = "sequence_max = 128"
 SET_BY = "sequence.max 128 (01_export.ipynb)"
 ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook in view (others stay in the DOM, hidden)
@@ -95,10 +98,12 @@ def run_all(page: Page, root: Path, notebook: str, port: int, token: str, shots:
         page.keyboard.type(edit)
         page.keyboard.press("Escape")
     started = time.monotonic()
+    print(f"{notebook}: Run All Cells", flush=True)
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
     page.wait_for_timeout(2_000)
-    wait_idle(panel, 3_600)
+    with Heartbeat(lambda: f"{notebook}: still running, {clock(time.monotonic() - started)}", quiet=HEARTBEAT_S):
+        wait_idle(panel, 3_600)
     seconds = time.monotonic() - started
     page.keyboard.press("Control+s")
     page.wait_for_timeout(2_000)
@@ -253,6 +258,7 @@ def main() -> int:
     run = root / f"interactive-{RunConfig().model_slug}"
     shots = Path(tempfile.mkdtemp(prefix="lab-check-shots-"))
     port, token, state = free_port(), secrets.token_hex(16), Path(tempfile.mkdtemp(prefix="lab-state-"))
+    print(f"starting JupyterLab on 127.0.0.1:{port} over {root} and headless Chromium", flush=True)
     lab = started_lab(root, port, token, state)
     seen: list[Seen] = []
     try:
@@ -273,8 +279,8 @@ def main() -> int:
         lab.wait(timeout=60)
         for folder in ([] if args.keep else [root]) + [shots]:
             shutil.rmtree(folder, ignore_errors=True)
-        print(f"stopped: the Lab and its kernels ended; {root if args.keep else 'the scratch folder'} "
-              f"{'kept' if args.keep else 'removed'}", flush=True)
+        print(f"stopped: the Lab and its kernels ended; the scratch folder {root} {'kept' if args.keep else 'removed'}"
+              f", the screenshots ({shots}) removed", flush=True)
         raise
     finally:
         if lab.poll() is None:
@@ -303,7 +309,8 @@ def main() -> int:
         print(f"| {s.notebook} | {s.cells} | {s.seconds:.0f} | {s.errors} | {s.plots} / {s.drawn} | "
               f"{s.unfinished_bars} | {s.widgets} | {'yes' if s.inherited else 'NO'} | "
               f"{'yes' if s.ends_with_next else 'NO'} |")
-    print(f"report in its frame: {framed}; reopened without widget errors: {clean}; kernels left running: "
+    shown = {True: "yes", False: "NO", None: "not looked at (09_report.ipynb did not run)"}[framed]
+    print(f"report in its frame: {shown}; reopened without widget errors: {clean}; kernels left running: "
           f"{len(left)} {left}; run.json sequence.max: {verdict['run_sequence_max']}; published in the scratch "
           f"repository: {published}; the checkout's folders changed: {touched or 'none'}; scratch folder "
           f"{root if args.keep else 'removed'}; screenshots and lab-check.json: {evidence}")
