@@ -134,9 +134,11 @@ class Heartbeat:
     def __init__(self, line: Callable[[], str], quiet: float | None = None) -> None:
         self.line, self.quiet = line, QUIET_S if quiet is None else quiet
         self._stop = threading.Event()
+        self._since = 0.0  # when it started: quiet is counted from then at the earliest
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
 
     def __enter__(self) -> Heartbeat:
+        self._since = time.monotonic()
         self._thread.start()
         return self
 
@@ -146,7 +148,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(min(1.0, self.quiet)):
-            if time.monotonic() - _said_at >= self.quiet:
+            if time.monotonic() - max(_said_at, self._since) >= self.quiet:
                 say(self.line())
 
 
