@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.errors import ConfigError
+from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.flavor import Flavor
 from workbench.serving.plan import instances_for
 
@@ -104,6 +104,16 @@ def test_a_bad_value_s_fix_lists_the_values_the_setting_takes():
     with pytest.raises(ConfigError) as bad:
         RunConfig.load(None, ["target.cpu=foo"])
     assert bad.value.fix == "set target.cpu to a valid value: host, avx2, avx512, avx512_vnni, avx_vnni, amx"
+
+
+def test_a_sequence_max_below_one_is_the_one_problem_named_where_opt_follows_it():
+    """A fresh-user trial: `-p sequence.max=-3` blamed sequence.opt, never set, and offered sequence.max=1."""
+    with pytest.raises(ShapeError) as bad:
+        RunConfig.load(None, ["sequence.max=-3"]).sequence.resolve(256)
+    assert bad.value.problem == "sequence.max=-3 is below 1" and bad.value.fix.endswith("e.g. -p sequence.max=128")
+    with pytest.raises(ConfigError) as bad:
+        RunConfig.load(None, ["steps=[export, ship]"])
+    assert "`workbench steps` lists them; e.g. --steps export,optimize" in bad.value.fix
 
 
 @pytest.mark.parametrize("override, message", [

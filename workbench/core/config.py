@@ -161,19 +161,22 @@ class SequenceSetting(_Strict):
         (a setting below 1, out of order, or past the limit) with the values that fix them."""
         top = limit if self.max == "auto" else self.max
         opt = min(AUTO_OPT, top) if self.opt == "auto" else self.opt
-        problems = [f"sequence.{name}={value} is below 1" for name, value in
-                    (("min", self.min), ("opt", opt), ("max", top)) if value < 1]
+        problems = [f"sequence.{name}={value} is below 1" for name, value, auto in
+                    (("min", self.min, False), ("opt", opt, self.opt == "auto"), ("max", top, False))
+                    if value < 1 and not auto]  # an auto opt below 1 follows a max below 1: that one is named
         if top > limit:
             problems.append(f"sequence.max={top} exceeds the model's limit of {limit} tokens ({limit_source})")
-        if not self.min <= opt <= top:
+        if not self.min <= opt <= top and not (self.opt == "auto" and top < 1):  # an auto opt follows a bad max
             auto_opt, auto_max = (" (auto)" if value == "auto" else "" for value in (self.opt, self.max))
             problems.append(f"need sequence.min <= opt <= max, got {self.min}, {opt}{auto_opt}, {top}{auto_max}")
         if problems:
-            best = min(max(top, 1), limit)
+            best = limit if top > limit else top if top >= 1 else min(AUTO_OPT, limit)
+            good_opt = opt if 1 <= opt <= best else min(AUTO_OPT, best)
+            example = f"-p sequence.max={best}" + ("" if self.opt == "auto" else f" -p sequence.opt={good_opt}")
             raise ShapeError("; ".join(problems), (
                 "leave sequence.max and sequence.opt at auto (the model's own limit, then the smaller of "
                 f"{AUTO_OPT} and max), or set values with 1 <= sequence.min <= sequence.opt <= sequence.max <= "
-                f"{limit}, e.g. -p sequence.max={best} -p sequence.opt={min(max(opt, 1), best)}"))
+                f"{limit}, e.g. {example}"))
         return ShapeRange(min=self.min, opt=opt, max=top)
 
     def sources(self, limit_source: str) -> dict[str, str]:
@@ -540,7 +543,8 @@ class RunConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None
-    steps: list[str] = Field(default_factory=lambda: list(_step_names()))
+    steps: list[str] = Field(default_factory=lambda: list(_step_names()), description=(
+        "the steps to run by name, run in pipeline order: `workbench steps` lists them; e.g. --steps export,optimize"))
     seed: int = 0
     _inputs_here = field_validator("model", "corpus")(staticmethod(_found_here))
 
