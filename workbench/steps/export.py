@@ -213,7 +213,8 @@ def io_table(export: ExportMetrics) -> go.Figure:
     """Graph inputs and outputs with their symbolic shapes."""
     sides = (("input", export.io.inputs), ("output", export.io.outputs))
     rows = [(kind, name, " x ".join(map(str, shape))) for kind, found in sides for name, shape in found.items()]
-    title = f"{export.architecture} exported with {export.exporter} (opset {export.opset}): {export.nodes} nodes"
+    exporter = {"legacy": "TorchScript", "dynamo": "torch.export"}.get(export.exporter, export.exporter)
+    title = f"{export.architecture} exported by torch.onnx ({exporter}, opset {export.opset}): {export.nodes} nodes"
     return figures.table(title, ["", "name", "shape"], rows)
 
 
