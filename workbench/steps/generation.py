@@ -266,7 +266,7 @@ def generation_figures(tasks: dict[str, GenerationTask]) -> list[go.Figure]:
             figure.add_scatter(name=f"{task} {engine}", x=[int(c) for c in levels], mode="lines+markers",
                                y=[v.tokens_per_s for v in levels.values()])
     figure.update_layout(title="Generated tokens per second", yaxis_title="throughput (generated tokens/s)",
-                         yaxis_type="log")
+                         yaxis_type="log", yaxis_dtick="D2")  # 1, 2 and 5 of each decade labelled, not every digit
     figures.concurrency_axis(figure, [levels for result in tasks.values() for levels in result.load.values()])
     return [figure, generation_table(tasks)]
 
