@@ -255,8 +255,7 @@ def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int
     if not isinstance(exc, DeadKernelError) or oom_kills() <= kills:
         return None
     limit, source = memory_limit()
-    declared = spec(step).memory
-    lighter = declared(config).lighter if declared is not None else spec(step).lighter
+    lighter = spec(step).lighter
     less = (f"or make the step need less: {lighter}" if lighter else
             "its settings change little of what it holds (the model and the libraries that run it)")
     without = (f"; or go on without it: {run_again(later, config.output_dir, lab=False)}" if later else

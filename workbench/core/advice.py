@@ -20,6 +20,11 @@ def speak_notebooks() -> None:
     os.environ[IN_LAB] = "1"
 
 
+def in_lab(lab: bool | None = None) -> bool:
+    """Whether advice names notebooks: `lab` where given, else whether this process runs in JupyterLab."""
+    return bool(os.environ.get(IN_LAB)) if lab is None else lab
+
+
 def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
               settings: Mapping[str, object] | None = None, lab: bool | None = None) -> str:
     """`run 05_triton.ipynb with config = {"bench.served": True} in its parameters cell, then 07_bench.ipynb` in
@@ -27,7 +32,7 @@ def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
     `workbench run --resume --output-dir RUN --steps triton,bench -p bench.served=true` elsewhere (`lab`: which,
     else where this runs)."""
     settings = dict(settings or {})
-    if os.environ.get(IN_LAB) if lab is None else lab:
+    if in_lab(lab):
         first = f"run {catalog.spec(steps[0]).notebook}" + (
             f" with {_cell_lines(settings)} in its parameters cell" if settings else "")
         return ", then ".join([first, *(catalog.spec(step).notebook for step in steps[1:])])
@@ -51,7 +56,7 @@ def set_settings(settings: Mapping[str, object], lab: bool | None = None) -> str
     """How to set `settings` where the user is: `-p sequence.max=auto` on the command line; in JupyterLab
     `sequence_max = "auto" in the parameters cell of 01_export.ipynb`, the notebook of the first step that reads
     them (`lab`: which, else where this runs)."""
-    if os.environ.get(IN_LAB) if lab is None else lab:
+    if in_lab(lab):
         reader = _reader(next(iter(settings)))
         return f"{_cell_lines(settings)} in the parameters cell of {catalog.spec(reader).notebook}"
     return " ".join(f"-p {key}={_cli_value(value)}" for key, value in settings.items())

@@ -29,13 +29,12 @@ ACTIVATION_BYTES = 3 * 2**28
 
 @dataclass(frozen=True)
 class StepMemory:
-    """What one step needs at its peak, in bytes, how that is made up (`3 x the model's 0.16 MB of weights ...`),
-    and the settings that make it need less (`lighter`, said when it runs out)."""
+    """What one step needs at its peak, in bytes, and how that is made up (`3 x the model's 0.16 MB of weights
+    ...`)."""
 
     step: str
     need: int
     how: str
-    lighter: str = ""
 
 
 @dataclass(frozen=True)

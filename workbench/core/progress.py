@@ -100,14 +100,9 @@ def open_bar() -> str | None:
     return f"on {bar.label}, {bar.done}/{bar.total} {bar.unit}" if bar else None
 
 
-def bars_closed() -> int:
-    """How many bars this process has closed so far."""
-    return len(_closed)
-
-
-def last_closed() -> str:
-    """The label of the bar this process closed last ("" before any)."""
-    return _closed[-1] if _closed else ""
+def closed_bars() -> tuple[int, str]:
+    """How many bars this process has closed so far, and the label of the last ("" before any)."""
+    return len(_closed), (_closed[-1] if _closed else "")
 
 
 def say(line: str) -> None:

@@ -28,7 +28,7 @@ from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirEr
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
-from workbench.core.progress import Heartbeat, bars_closed, last_closed, open_bar, say
+from workbench.core.progress import Heartbeat, closed_bars, open_bar, say
 from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
 
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ class RunRecord:
         self._refresh_stale()
         self._progress("started" if self._earlier is None else
                        f"started (it took {clock(self._earlier.seconds)} in {self._earlier.run})", left=False)
-        self._said = ("", bars_closed())  # nothing done yet
+        self._said = ("", closed_bars()[0])  # nothing done yet
         self._heartbeat = Heartbeat(self._still).__enter__()  # stopped by _finish, however the step ends
         entry: dict[str, Any]
         try:
@@ -490,8 +490,9 @@ class RunRecord:
         still building openvino_int8` where the step said nothing since that phase began; else what it did last
         (`triton 0:40 still at work after: tritonserver ready in 3 s`, `... after: repair int8`)."""
         line, closed = self._said
-        after = last_closed() if bars_closed() > closed else line
-        doing = open_bar() or (self._phase if bars_closed() == closed else "") or \
+        count, last_bar = closed_bars()
+        after = last_bar if count > closed else line
+        doing = open_bar() or (self._phase if count == closed else "") or \
             (f"at work after: {after}" if after else "at work")
         return f"{self._current} {clock(time.perf_counter() - self._started)} still {doing}"
 
@@ -502,7 +503,7 @@ class RunRecord:
             elapsed = time.perf_counter() - self._started
             remaining = "" if self._earlier is None or not left else f" ({self._earlier.left(elapsed)})"
             say(f"{self._current} {clock(elapsed)} {what}{remaining}")
-            self._phase, self._said = "", (what, bars_closed())
+            self._phase, self._said = "", (what, closed_bars()[0])
 
     def remove_artifact(self, name: str) -> None:
         """Delete an artifact (its file or folder inside the run folder) and its entry."""

@@ -1,7 +1,6 @@
 """report.html: one self-contained page (plotly embedded once, works offline) built from run.json."""
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any, Protocol
 import jinja2
 from markupsafe import Markup, escape
 
-from workbench.core.advice import IN_LAB, run_again
+from workbench.core.advice import in_lab, run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
@@ -53,7 +52,7 @@ def again_both_ways(record: RunRecord, step: str, settings: dict[str, object] | 
     steps = step.split(",")
     notebooks = run_again(steps, settings=settings, lab=True)
     line = run_again(steps, record.run_dir, settings, lab=False)
-    if os.environ.get(IN_LAB):
+    if in_lab():
         return f"{notebooks} (from a terminal: `{line}`)"
     return f"run `{line}` (in JupyterLab: {notebooks.removeprefix('run ')})"
 

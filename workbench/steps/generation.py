@@ -290,13 +290,13 @@ def memory_need(config: RunConfig) -> StepMemory:
     weights = sum(weight_bytes(resolve_source(m)) or 0 for m in models)
     return StepMemory(STEP, GENERATION_BYTES + WEIGHT_MULTIPLE * weights,
                       f"Triton serving its models, HF and CTranslate2: {GENERATION_BYTES / 2**30:g} GB"
-                      + (f" + {WEIGHT_MULTIPLE} x their {weights / 2**20:.3g} MB of weights" if weights else ""),
-                      "one generation model at a time (-p generation.text_generation_model=null, then "
-                      "-p generation.translation_model=null), a lower generation.max_batch_size")
+                      + (f" + {WEIGHT_MULTIPLE} x their {weights / 2**20:.3g} MB of weights" if weights else ""))
 
 
 SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
-    metrics=GenerationMetrics, after="triton", settings="generation", memory=memory_need)
+    metrics=GenerationMetrics, after="triton", settings="generation", memory=memory_need,
+    lighter="one generation model at a time (-p generation.text_generation_model=null, then "
+            "-p generation.translation_model=null), a lower generation.max_batch_size")
