@@ -10,6 +10,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import ShapeError
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
+from workbench.serving.settings import lab_settings
 
 NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -65,7 +66,7 @@ def test_whole_corpus_sweep_respects_sequence_max(tiny_models, limit):
                                        "sequence": {"min": 1, "opt": 32, "max": limit}})
     loaded = load_model(config)
     texts = load_corpus()
-    lab = ParityLab.build(config.lab, loaded, texts)
+    lab = ParityLab.build(lab_settings(config), loaded, texts)
     assert loaded.max_sequence == 128 and (token_lengths(loaded.tokenizer, list(texts)) > limit).sum() > 10
     assert sorted(i for b in lab.sweep for i in b.text_ids) == list(range(len(texts)))
     assert max(b.shape[1] for b in lab.batches) == limit

@@ -187,10 +187,14 @@ def test_each_step_section_of_the_configuration_is_declared_by_its_step():
     SPEC names that section; no section is named after a step that does not declare it."""
     from workbench.core import catalog
 
-    declared = {spec.settings: spec.name for spec in catalog.specs() if spec.settings}
-    assert all(section == step and section in RunConfig.model_fields for section, step in declared.items())
-    named_after_steps = set(RunConfig.model_fields) & set(catalog.step_names()) - {"steps"}
-    assert named_after_steps == set(declared) >= {"optimize", "parity", "tensorrt", "triton", "bench", "generation"}
+    config = RunConfig()
+    declared = {spec.name: spec.settings for spec in catalog.specs() if spec.settings}
+    assert {name: type(getattr(config, name)) for name in config.sections()} == declared
+    assert set(declared) == {"optimize", "parity", "tensorrt", "triton", "bench", "generation"}
+    assert not set(RunConfig.model_fields) & set(catalog.step_names()), "the run-wide settings name no step"
+    rooms = ("workbench.graphs", "workbench.measure", "workbench.precision", "workbench.serving")
+    assert all(spec.settings.__module__.startswith((*rooms, f"workbench.steps.{spec.name}"))
+               for spec in catalog.specs() if spec.settings), "each lives with the step's code, none in core"
 
 
 def test_settings_that_moved_into_their_steps_section_still_work_with_a_deprecation_line():

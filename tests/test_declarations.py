@@ -19,12 +19,17 @@ from workbench.steps import STEPS_PATH, StepSpec, discover, spec, specs, step_na
 
 PROBE = '''
     """The probe step: a throwaway step declared in its own module, for tests/test_declarations.py."""
+    from workbench.core.config import StepSettings
     from workbench.core.errors import ConfigError
     from workbench.core.metrics import Metrics
     from workbench.core.catalog import Section
     from workbench.steps import StepSpec
 
     STEP = "probe"
+
+
+    class ProbeSettings(StepSettings):
+        factor: int = 1
 
 
     class ProbeMetrics(Metrics):
@@ -38,7 +43,7 @@ PROBE = '''
 
     def run(config, record):
         with record.step(STEP):
-            record.set_metric(STEP, {"export_nodes": record.metric("export.nodes")})
+            record.set_metric(STEP, {"export_nodes": record.metric("export.nodes") * ProbeSettings.of(config).factor})
         return record.step_entry(STEP)
 
 
@@ -51,7 +56,7 @@ PROBE = '''
 
 
     SPEC = StepSpec(STEP, NUMBER, "a throwaway step", run, lines, sections=(Section("Probe", section),), check=check,
-                    reads=("export",), owns=("probe",), metrics=ProbeMetrics, after=AFTER)
+                    reads=("export",), owns=("probe",), metrics=ProbeMetrics, settings=ProbeSettings, after=AFTER)
 '''
 
 
@@ -78,21 +83,24 @@ def probe(request, tmp_path, monkeypatch):
     monkeypatch.delenv(STEPS_PATH)
     sys.modules.pop("workbench.steps.probe")  # the next probe may be declared elsewhere in the run order
     discover()
-    assert "probe" not in step_names()
+    assert "probe" not in step_names() and "probe" not in RunConfig().sections()
 
 
 def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
     assert step_names()[-1] == "probe" and spec("probe").notebook == "10_probe.ipynb"
-    config = RunConfig.model_validate({"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
-                                       "sequence": {"min": 1, "opt": 32, "max": 64}})
+    config = RunConfig.load(values={"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
+                                    "sequence.opt": 32, "sequence.max": 64}, overrides=["probe.factor=3"])
     assert config.steps == ["export", "probe"], "in the order the declarations give"
+    with pytest.raises(ConfigError, match="unknown setting 'probe.factr' \\(did you mean 'probe.factor'\\?\\)"):
+        RunConfig.load(overrides=["probe.factr=2"])
     with pytest.raises(ConfigError, match="the probe step refuses seed 13"):
         preflight(config.model_copy(update={"seed": 13}))
     with pytest.raises(MissingArtifactError, match="the probe step reads what the export step writes"):
         preflight(config.model_copy(update={"steps": ["probe"]}))
     record = run_pipeline(config, tmp_path / "run", progress=False, notebooks_dir=probe)
     assert [(s.name, s.status) for s in record.step_entries()] == [("export", "ok"), ("probe", "ok")]
-    nodes = record.metric("export.nodes")
+    nodes = record.metric("export.nodes") * 3
+    assert record.settings["probe"] == {"factor": 3}, "its section, in run.json as the run's others"
     assert verdict_line("probe", record) == f"probe: export wrote {nodes} nodes"
     assert (tmp_path / "run" / "notebooks" / "10_probe.ipynb").is_file()
     page = build_report(record, tmp_path / "report.html", specs()).read_text()

@@ -459,9 +459,10 @@ def test_a_kubernetes_job_of_local_models_warns_and_a_foreign_file_is_kept(tiny_
 
 
 def test_deploy_sizing_says_whether_a_served_bench_ran():
-    from workbench.core.config import BenchSettings, TritonSettings
     from workbench.measure.capacity import plan_capacity
+    from workbench.measure.settings import BenchSettings
     from workbench.measure.tables import ServedBenchmark
+    from workbench.serving.settings import TritonSettings
 
     never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
                                                                                  "not run")

@@ -28,6 +28,7 @@ from workbench.precision.lab import ParityLab, lab_texts
 from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
+from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, triton
 from workbench.steps.parity import repairs
 
@@ -94,13 +95,13 @@ def test_a_dynamic_int8_is_judged_in_the_groups_the_served_model_makes_too(bert_
     record, results = bert_parity
     config, loaded = record.config, load_model(record.config)
     budget = record.data["metrics"]["parity"]["inputs"]["max_tokens"]  # groups within the served token budget
-    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded),
+    lab = ParityLab.build(lab_settings(config), loaded, lab_texts(lab_settings(config), loaded),
                           regroup=lambda lengths, rows: served_groups(lengths, rows, budget))
     int8, fp32 = record.variant("int8"), record.variant("fp32")
     assert onnxfiles.batch_dependent(int8.path) and not onnxfiles.batch_dependent(fp32.path)
     served = lab.batches[-lab.regrouped:]
     assert sorted(i for b in served for i in b.text_ids) == list(range(len(lab.texts)))
-    assert max(len(b.text_ids) for b in served) == config.lab.batch.max, "no group past the model's max_batch_size"
+    assert max(len(b.text_ids) for b in served) == config.batch.max, "no group past the model's max_batch_size"
     assert sorted(i for b in lab.sweep for i in b.text_ids) == list(range(len(lab.texts))), "the sweep alone"
     hard = lab.subset([served[0].text_ids[0]])
     assert hard.regrouped == 1 and hard.sweep and hard.batches[-1].name == served[0].name, "a view keeps its count"

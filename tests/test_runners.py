@@ -18,6 +18,7 @@ from workbench.runners import Runner, RunnerClosedError
 from workbench.runners.onnxruntime import CPU, OrtRunner
 from workbench.runners.torch import TorchRunner
 from workbench.serving.runner import ServedRunner
+from workbench.serving.settings import lab_settings
 from workbench.steps import export
 from workbench.steps.bench import grid_rows
 
@@ -82,7 +83,7 @@ def test_an_error_inside_the_block_still_releases_the_session(exported):
 
 def test_the_parity_lab_closes_its_reference_and_compares_what_a_runner_returns(exported):
     model, config, record, loaded, _ = exported
-    lab = ParityLab.corpus_only(config.lab, loaded, tuple(TEXTS))
+    lab = ParityLab.corpus_only(lab_settings(config), loaded, tuple(TEXTS))
     with pytest.raises(RunnerClosedError):
         lab.reference.infer(lab.batches[0])
     with OrtRunner("original", record.artifact("onnx.original"), [CPU]) as runner:
@@ -112,7 +113,7 @@ class FakeClient:
 
 def test_a_served_runner_is_compared_through_the_same_infer(exported):
     model, config, _, loaded, _ = exported
-    lab = ParityLab.corpus_only(config.lab, loaded, tuple(TEXTS))
+    lab = ParityLab.corpus_only(lab_settings(config), loaded, tuple(TEXTS))
     outputs = [*OUTPUTS[model], "truncated"]
     with ServedRunner(FakeClient(loaded, config), "served", tuple(TEXTS), loaded.input_names, outputs) as runner:
         got = runner.infer(lab.batches[0])

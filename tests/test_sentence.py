@@ -21,6 +21,7 @@ from workbench.precision.lab import library_check
 from workbench.preflight import preflight
 from workbench.serving.client import TritonClient
 from workbench.serving.server import TritonServer
+from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, triton
 
 SMALL = {"batch": {"min": 1, "opt": 4, "max": 8}, "sequence": {"min": 1, "opt": 32, "max": 64},
@@ -162,7 +163,7 @@ def test_an_override_is_noted_and_checked_against_the_library_pooling_that_way(c
     assert loaded.pooling == "mean" and loaded.pooling_overridden
     assert loaded.pipeline.describe("mean", True).override == \
         "pooling mean instead of the declared cls (pooling_override)"
-    check = library_check(config.lab, loaded, load_corpus()[:24])
+    check = library_check(lab_settings(config), loaded, load_corpus()[:24])
     assert check.passed and check.reference == (
         f"model = SentenceTransformer({str(cls_dense)!r}); model[1] = Pooling(32, pooling_mode='mean'); "
         "model.encode(texts)"), "the model as it ships: cut where it cuts, not at the run's sequence.max"
@@ -175,7 +176,7 @@ def test_a_module_pooled_the_wrong_way_fails_the_check_against_encode(cls_dense)
     config = RunConfig.model_validate({"model": str(cls_dense), **SMALL})
     loaded = load_model(config)
     loaded.head = torch.nn.Sequential(Pooling(loaded.hidden_size, "mean"), loaded.head[1]).eval()
-    check = library_check(config.lab, loaded, load_corpus()[:24])
+    check = library_check(lab_settings(config), loaded, load_corpus()[:24])
     assert check.checked and not check.passed
     assert any("sentence_embedding: min cosine" in failure for failure in check.failures)
 

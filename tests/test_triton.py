@@ -562,8 +562,8 @@ def test_a_request_of_32_texts_at_8000_tokens_runs_within_the_token_budget(tmp_p
 
 
 def test_repositories_publish_where_the_setting_else_the_variable_else_the_project_says(monkeypatch, tmp_path):
-    from workbench.core.config import REPOSITORY_VARIABLE
     from workbench.serving.plan import PROJECT_REPOSITORIES, repository_root
+    from workbench.serving.settings import REPOSITORY_VARIABLE
 
     monkeypatch.delenv(REPOSITORY_VARIABLE, raising=False)
     assert repository_root(None) == PROJECT_REPOSITORIES

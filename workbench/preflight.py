@@ -11,6 +11,7 @@ from workbench.core.disk import require_free
 from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
 from workbench.core.memory import MemoryEstimate
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
+from workbench.serving.settings import TritonSettings
 from workbench.steps import NEEDS, StepSpec, specs
 
 
@@ -109,13 +110,14 @@ def check_reads(selected: list[StepSpec], config: RunConfig, resumed: RunRecord 
 def check_ports(config: RunConfig) -> None:
     from workbench.serving.server import Ports
 
-    Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
+    triton = TritonSettings.of(config)
+    Ports.pick(triton.http_port, triton.grpc_port, triton.metrics_port)
 
 
 def check_repository(config: RunConfig) -> None:
     from workbench.serving.plan import repository_root
 
-    ensure_writable(repository_root(config.triton.repository_dir), "triton.repository_dir")
+    ensure_writable(repository_root(TritonSettings.of(config).repository_dir), "triton.repository_dir")
 
 
 def check_model_limits(config: RunConfig) -> None:

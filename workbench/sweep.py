@@ -29,6 +29,7 @@ from workbench.core.hostkinds import BY_NAME, host_kind
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
+from workbench.steps.generation import GenerationSettings
 
 INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -308,7 +309,7 @@ def local_models(sweep: Sweep) -> list[str]:
     claim holds it at that path."""
     found = []
     for run in sweep.runs:
-        generation = run.config.generation
+        generation = GenerationSettings.of(run.config)
         for model in (run.config.model, generation.translation_model, generation.text_generation_model):
             if model and is_path(model):
                 found.append(f"{run.name}: {model}")

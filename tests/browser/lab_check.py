@@ -38,12 +38,13 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from workbench.core.atomic import sha256_file
 from workbench.core.catalog import specs
-from workbench.core.config import REPOSITORY_VARIABLE, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.estimate import clock
 from workbench.core.progress import Heartbeat
 from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, working_copies
 from workbench.serving.plan import PROJECT_REPOSITORIES
 from workbench.serving.server import free_port
+from workbench.serving.settings import REPOSITORY_VARIABLE
 
 USERS = (PROJECT_REPOSITORIES, PROJECT_REPOSITORIES.parent / "outputs")  # what the check must leave as it was
 

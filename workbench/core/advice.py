@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from workbench.core import catalog
+from workbench.core import registry
 from workbench.core.parameters import parameter_of
 
 IN_LAB = "WORKBENCH_IN_LAB"  # set in a kernel JupyterLab runs (not papermill's): advice names notebooks
@@ -33,9 +33,9 @@ def run_again(steps: Sequence[str], run_dir: Path | str | None = None,
     else where this runs)."""
     settings = dict(settings or {})
     if in_lab(lab):
-        first = f"run {catalog.spec(steps[0]).notebook}" + (
+        first = f"run {registry.fact(steps[0]).notebook}" + (
             f" with {_cell_lines(settings)} in its parameters cell" if settings else "")
-        return ", then ".join([first, *(catalog.spec(step).notebook for step in steps[1:])])
+        return ", then ".join([first, *(registry.fact(step).notebook for step in steps[1:])])
     values = f" {set_settings(settings, lab=False)}" if settings else ""
     folder = shlex.quote(str(run_dir)) if run_dir else "<run>"
     return f"{command()} run --resume --output-dir {folder} --steps {','.join(steps)}{values}"
@@ -58,7 +58,7 @@ def set_settings(settings: Mapping[str, object], lab: bool | None = None) -> str
     them (`lab`: which, else where this runs)."""
     if in_lab(lab):
         reader = _reader(next(iter(settings)))
-        return f"{_cell_lines(settings)} in the parameters cell of {catalog.spec(reader).notebook}"
+        return f"{_cell_lines(settings)} in the parameters cell of {registry.fact(reader).notebook}"
     return " ".join(f"-p {key}={_cli_value(value)}" for key, value in settings.items())
 
 
@@ -84,8 +84,8 @@ def _reader(key: str) -> str:
     """The first step that reads setting `key`: the one whose section it is, or which first reads it, else the
     first step (run-wide settings)."""
     top = key.split(".")[0]
-    found = [s.name for s in catalog.specs() if s.settings == top or top in s.first_reads]
-    return found[0] if found else catalog.step_names()[0]
+    found = [s.name for s in registry.facts() if (s.settings and s.name == top) or top in s.first_reads]
+    return found[0] if found else registry.step_names()[0]
 
 
 def _cli_value(value: object) -> str:

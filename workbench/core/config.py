@@ -2,29 +2,25 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, Union, cast, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from workbench.core import dotted
+from workbench.core import dotted, registry
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, ShapeError
-from workbench.core.flavor import Flavor
-from workbench.core.tasks import AUTO, TASKS, OutputSpec, TaskChoice, choose_task, served_outputs
+from workbench.core.tasks import AUTO, TASKS, OutputSpec, TaskChoice, choose_task
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-# Tasks one Python model serves, and what it takes and answers.
-ONE_PYTHON_MODEL = {"rerank": "a query and its documents in, scores out",
-                    "sparse-embedding": "texts in, each one's active vocabulary terms and weights out"}
 # Settings that existed once, and what replaces them.
 REMOVED = {"bench.enabled": "measuring is the bench step's job now: leave bench out of --steps to measure nothing, "
                             "and --resume --steps report re-renders the report"}
@@ -43,15 +39,6 @@ SWITCHES = ("parity.repair",)
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 OUTPUTS_VARIABLE = "WORKBENCH_OUTPUTS"
-REPOSITORY_VARIABLE = "WORKBENCH_REPOSITORY"  # where repositories publish when triton.repository_dir is unset
-
-
-def _step_names() -> tuple[str, ...]:
-    """The registered steps in run order (imported here: the catalog's StepSpec carries results' Metrics, and
-    results reads this module)."""
-    from workbench.core.catalog import step_names
-
-    return step_names()
 
 
 def outputs_root() -> Path:
@@ -59,7 +46,7 @@ def outputs_root() -> Path:
     return Path(os.environ.get(OUTPUTS_VARIABLE) or "outputs")
 
 
-def _found_here(value: str | None) -> str | None:
+def found_here(value: str | None) -> str | None:
     """A relative path that exists from the working directory, made absolute (symbolic links kept): the step
     notebooks run in notebooks/, where it would name nothing. Anything else (an HF id) stays as written."""
     if value and not Path(value).is_absolute() and Path(value).expanduser().exists():
@@ -67,13 +54,34 @@ def _found_here(value: str | None) -> str | None:
     return value
 
 
-def _from_here(value: str | None) -> str | None:
+def from_here(value: str | None) -> str | None:
     """A folder the steps write to, made absolute from the working directory (the notebooks run in notebooks/)."""
     return os.path.abspath(os.path.expanduser(value)) if value else value
 
 
-class _Strict(BaseModel):
+class Settings(BaseModel):
+    """A group of settings: an unknown key is refused, a value is checked when it is set."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # JSON has no inf
+
+
+class StepSettings(Settings):
+    """A step's section of the run configuration, declared by the step (`StepSpec.settings`) in the room that reads
+    it, and kept under the step's name (`-p <step>.<setting>`, YAML `<step>:`, run.json `config.<step>`)."""
+
+    def check(self, config: RunConfig) -> None:
+        """A check of this section against the run's other settings (ValueError naming the problem and its fix),
+        when the configuration is read."""
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Self:
+        """This section of `config`."""
+        for name in config.sections():
+            section = getattr(config, name)
+            if isinstance(section, cls):
+                return section
+        raise ConfigError(f"no registered step declares the settings {cls.__name__}",
+                          "import workbench.steps (it registers the steps and their settings) before reading them")
 
 
 def at_least_one(setting: str) -> Callable[[int | Literal["auto"]], int | Literal["auto"]]:
@@ -85,7 +93,7 @@ def at_least_one(setting: str) -> Callable[[int | Literal["auto"]], int | Litera
     return check
 
 
-class ShapeRange(_Strict):
+class ShapeRange(Settings):
     """Smallest, most frequent and largest value of one dynamic axis."""
 
     min: int = Field(ge=1)
@@ -148,7 +156,7 @@ def activation_bytes_per_token(heads: int, hidden: int, intermediate: int, seque
 AUTO_OPT = 128  # sequence.opt when auto: the corpus's common lengths lie below it, and max caps it
 
 
-class SequenceSetting(_Strict):
+class SequenceSetting(Settings):
     """Tokens per text: `auto` follows the model (max: its own limit as its library applies it; opt: the smaller of
     AUTO_OPT and max). Checked against the model by `resolve`, which lists every problem at once."""
 
@@ -187,7 +195,7 @@ class SequenceSetting(_Strict):
                 "max": f"auto: {limit_source}" if self.max == "auto" else "configured (sequence.max)"}
 
 
-class Tolerance(_Strict):
+class Tolerance(Settings):
     """Pass criteria for one output; unset fields fall back to the task-aware default."""
 
     atol: float | None = Field(default=None, ge=0)
@@ -209,122 +217,10 @@ class Tolerance(_Strict):
         "sparse embeddings: the largest error of a pair of texts' dot product, relative to the largest reference one"))
 
 
-# Docker's image reference grammar (distribution/reference), lowercase throughout: a registry host[:port] and
-# repository path, then, for a full image, a :tag and/or an @digest.
-_DOMAIN = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]+)?"
-_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REGISTRY = re.compile(rf"{_DOMAIN}(?:/{_PATH})*")
-IMAGE = re.compile(rf"{REGISTRY.pattern}(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?")
-
-
-def _image_reference(value: str, pattern: re.Pattern[str], example: str) -> str:
-    """`value` if Docker takes it as written; else why not, with the fix."""
-    if pattern.fullmatch(value):
-        return value
-    problem = ("holds whitespace" if re.search(r"\s", value) else
-               "has uppercase letters (Docker refuses them in a repository path, and DNS ignores case in a host)"
-               if value != value.lower() else "is not a Docker image reference")
-    fixed = re.sub(r"\s+", "", value).lower()
-    hint = f" (did you mean {fixed!r}?)" if pattern.fullmatch(fixed) else ""
-    raise ValueError(f"{value!r} {problem}: Docker takes lowercase letters, digits, '.', '-', '_' and '/' "
-                     f"(a :port after the host), like {example!r}{hint}")
-
-
-# triton.max_request_tokens auto: the model calls (batch.max_tokens each) one request may need. One call of a base
-# model (0.25 GiB of activations: 5 x 384 tokens of BERT-base's shape) took 2.2 s in ONNX Runtime fp32, unfused, on 2
-# Zen 4 cores: 4 calls bound what one request holds an instance for to about 9 s there (8 let it hold 17 s) and still
-# take a reranker's 32 documents of 200 tokens in one request; one call would refuse a 10-document rerank.
-REQUEST_CALLS = 4
-
-
-class TritonSettings(_Strict):
-    """How the deployment is generated and served."""
-
-    name: str | None = Field(default=None, description="repository/ensemble name; default from the model")
-    flavor: Flavor | Literal["auto"] = Field(default="auto", description=(
-        "onnxruntime, tensorrt_plan or python-ort; auto: onnxruntime where ONNX Runtime runs on CUDA, else python-ort"))
-    layout: Literal["auto", "ensemble", "fused"] = Field(default="auto", description=(
-        "ensemble: tokenizer -> model models behind an ensemble (any flavor); fused: one Python model tokenizes and "
-        "runs ONNX Runtime in one hop (python-ort); auto: fused for python-ort, else ensemble"))
-    variant: str | None = Field(default=None, description="ONNX variant or engine to serve; default: best passing")
-    outputs: list[str] | None = Field(default=None, description="outputs to serve; default: the sentence embedding "
-                                                                "alone when there is one, else every task output")
-    instances: int | Literal["auto"] = Field(default="auto", description=(
-        "model instances; auto: two sharing the cores for python-ort on a CPU with two or more (one tokenizes and "
-        "answers while the other infers), else one"))
-    dynamic_batching: bool = True
-    max_documents: int = Field(default=256, ge=1, description=(
-        "rerankers: documents one request may score against its query; more are refused with a 400 naming this"))
-    max_texts: int = Field(default=256, ge=1, description=(
-        "texts (or reranker queries) one request may send; more are refused with a 400 naming this (a batched "
-        "model also takes at most batch.max: Triton's own check)"))
-    max_text_chars: int = Field(default=100_000, ge=1, description=(
-        "characters one text (query, document) may have; a longer one is refused with a 400 naming this, before "
-        "it holds a model instance"))
-    max_request_tokens: int | Literal["auto"] = Field(default="auto", description=(
-        "tokens one request may hold, each text counted as the model runs it (cut at sequence.max: a longer text "
-        "costs no more than its kept part); more are refused with a 400 naming this. auto: 4 model calls (4 x "
-        "batch.max_tokens), at least one text at sequence.max, so one request holds an instance for at most 4 "
-        "calls. Python models (fused layout, rerankers)"))
-    preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
-    max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
-    gpu_accelerator: Literal["none", "tensorrt"] = "none"
-    http_port: int | None = None
-    grpc_port: int | None = None
-    metrics_port: int | None = None
-    overwrite: bool = False
-    allow_unverified: bool = Field(default=False, description="publish a variant that did not pass parity (in "
-                                                                "process and served); the record says verified: false")
-    repository_dir: str | None = Field(default=None, description="where model_repository/<name> goes; default: "
-                                                                 "$WORKBENCH_REPOSITORY, else the project's "
-                                                                 "model_repository/")
-    _repository_here = field_validator("repository_dir")(staticmethod(_from_here))
-
-    _positive = field_validator("max_request_tokens")(staticmethod(at_least_one("triton.max_request_tokens")))
-
-    def request_tokens(self, max_tokens: int, sequence_max: int) -> int:
-        """The tokens one request may hold (0: no bound, for a model without a bound on one call's tokens)."""
-        if self.max_request_tokens != "auto":
-            return self.max_request_tokens
-        return max(REQUEST_CALLS * max_tokens, sequence_max) if max_tokens else 0
-    container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
-        "the Triton container the deployment image starts FROM"))
-    image_registry: str = Field(default="localhost:5000", description=(
-        "where the deployment image is pushed: its tag is <registry>/<name>:<content hash>"))
-    target_rps: float = Field(default=100.0, gt=0, description=(
-        "requests per second the deployment must sustain: sets the autoscaler's minimum replicas"))
-    burst_factor: float = Field(default=2.0, ge=1, description="the autoscaler's maximum over its minimum replicas")
-    queue_target_ms: float | None = Field(default=None, gt=0, description=(
-        "average queue time per request the autoscaler keeps; default: what the bench measured at the best "
-        "throughput within bench.p99_limit_ms"))
-    storage_uri: str | None = Field(default=None, description=(
-        "KServe storageUri of the repository; default: pvc://<name>-models/ (copy the repository there)"))
-
-    @field_validator("image_registry")
-    @classmethod
-    def _registry(cls, value: str) -> str:
-        return _image_reference(value.rstrip("/"), REGISTRY, "registry.example.com:5000/ml")
-
-    @field_validator("container_image")
-    @classmethod
-    def _container_image(cls, value: str) -> str:
-        return _image_reference(value, IMAGE, "nvcr.io/nvidia/tritonserver:24.10-py3")
-
-    @field_validator("flavor", mode="before")
-    @classmethod
-    def _known_flavor(cls, value: object) -> object:
-        names = ["auto", *(f.value for f in Flavor)]
-        if value not in names:
-            close = difflib.get_close_matches(str(value), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"flavor must be one of {', '.join(names)}{hint}")
-        return value
-
-
 TargetCpu = Literal["host", "avx2", "avx512", "avx512_vnni", "avx_vnni", "amx"]
 
 
-class TargetSettings(_Strict):
+class TargetSettings(Settings):
     """The machine the deployment is for: what `precisions: auto` builds follows it."""
 
     cpu: TargetCpu = Field(default="host", description=(
@@ -332,172 +228,16 @@ class TargetSettings(_Strict):
         "instruction set of another CPU the deployment is for (avx2, avx512, avx512_vnni, avx_vnni, amx)"))
 
 
-REPAIR_LAB_PASSES = 8  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
-REPAIR_MIN_SECONDS = 180.0  # and at least this (a small model's builds and sessions cost more than its lab pass)
-ALL_VARIANTS_UP_TO = 300_000_000  # parameters: parity.variants auto checks every variant of a model up to this size
-
-
-class RepairSettings(_Strict):
-    """Precision repair of a failing fp16/int8 variant, and its bounds."""
-
-    enabled: bool = True
-    budget_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | Literal["auto"] = Field(default="auto", description=(
-        "seconds the repair of one precision may take: it ends with the best passing candidate found by then, or "
-        "says it found none (the best candidate's numbers and how to give it more time); auto: "
-        f"{REPAIR_LAB_PASSES} times the failing variant's own check on the parity lab, at least "
-        f"{REPAIR_MIN_SECONDS:g} s"))
-    max_builds: int = Field(default=80, ge=2, description="candidate files one repair may build")
-
-    def budget(self, lab_seconds: float | None) -> tuple[float, str]:
-        """The repair's seconds and where the number comes from: the setting, or (auto) REPAIR_LAB_PASSES times
-        `lab_seconds` (the failing variant's own check on the lab; a model's size and the host's load both show in
-        it), at least REPAIR_MIN_SECONDS."""
-        if self.budget_s != "auto":
-            return self.budget_s, "configured (parity.repair.budget_s)"
-        passes = REPAIR_LAB_PASSES * (lab_seconds or 0.0)
-        if passes <= REPAIR_MIN_SECONDS:
-            return REPAIR_MIN_SECONDS, (f"auto: at least {REPAIR_MIN_SECONDS:g} s (under {REPAIR_LAB_PASSES} times "
-                                        f"the variant's {lab_seconds or 0:.1f} s check on the lab)")
-        return round(passes, 1), f"auto: {REPAIR_LAB_PASSES} times the variant's {lab_seconds:.1f} s check on the lab"
-
-
-class Fp16Settings(_Strict):
-    """What the fp16 variant keeps in fp32."""
-
-    op_block_list: list[str] = Field(default_factory=list, description="op types kept in fp32")
-    node_block_list: list[str] = Field(default_factory=list, description="node names kept in fp32")
-
-
-class Int8Settings(_Strict):
-    """ONNX Runtime's dynamic quantization of the int8 variant."""
-
-    per_channel: bool = True
-    nodes_to_exclude: list[str] = Field(default_factory=list, description="node names left in float")
-
-
-class PreflightSettings(_Strict):
+class PreflightSettings(Settings):
     memory: Literal["refuse", "warn"] = Field(default="refuse", description=(
         "refuse: a run whose steps need more memory at their peak than its limit (the cgroup's, else the machine's) "
         "stops before anything runs; warn: says so and goes on (a step that runs out stops with OutOfMemoryError)"))
 
 
-class OptimizeSettings(_Strict):
-    """The optimize step: the fused graph's form and rules, the OpenVINO variants, the fp16 and int8 variants."""
-
-    graph_form: Literal["auto", "fused", "separate"] = Field(default="auto", description=(
-        "layer norms of the fused graph: SkipLayerNormalization (fused), Add + LayerNormalization (separate), or "
-        "whichever runs faster here (auto)"))
-    borrowed_rules: Literal["auto", "always", "never"] = Field(default="auto", description=(
-        "for an encoder family ONNX Runtime's optimizer has no fusion rules for (MPNet, ALBERT, DeBERTa-v2, ...): "
-        "BERT's rules and attention with its position bias fused, kept when its outputs match the basic graph's and "
-        "it runs clearly faster here (auto), whenever they match (always), or not tried (never)"))
-    openvino: Literal["auto", "always", "never"] = Field(default="auto", description=(
-        "a CPU deployment's fp32 graph run by OpenVINO instead of ONNX Runtime (the [openvino] extra): kept as the "
-        "`openvino` variant when its outputs match the fp32 graph's and it runs clearly faster here (auto), "
-        "whenever they match (always), or not tried (never); NNCF's int8 run by OpenVINO likewise, raced against the "
-        "fastest graph kept before it"))
-    fp16: Fp16Settings = Fp16Settings()
-    int8: Int8Settings = Int8Settings()
-
-
-class ParitySettings(_Strict):
-    """The parity step: its precision repair, and where the lab keeps reference outputs between runs."""
-
-    repair: RepairSettings = Field(default_factory=RepairSettings, description=(
-        "precision repair; -p parity.repair=false turns it off"))
-    variants: Literal["auto", "all", "served"] = Field(default="auto", description=(
-        "the variants the lab checks: all; or served: fp32, then the others in the order the deployment serves "
-        "them until one passes (those served after it could not be served), a failing fp16/int8 repaired only "
-        "where none faster than fp32 passes; "
-        f"auto: all up to {ALL_VARIANTS_UP_TO // 10**6}M parameters, served past them (one check of a larger "
-        "model takes many minutes on a few cores)"))
-    reference_cache_dir: str | None = Field(default=None, description=(
-        "where the parity lab's reference outputs are kept between runs, by model files and texts; default: "
-        "$XDG_CACHE_HOME (~/.cache)/transformer-workbench/reference"))
-    _cache_here = field_validator("reference_cache_dir")(staticmethod(_from_here))
-
-    def scope(self, parameters: int | None) -> tuple[Literal["all", "served"], str]:
-        """The variants the lab checks (`variants`, auto resolved by the model's `parameters`) and why."""
-        if self.variants != "auto":
-            return self.variants, "configured (parity.variants)"
-        if parameters is None or parameters <= ALL_VARIANTS_UP_TO:
-            return "all", f"auto: the model has at most {ALL_VARIANTS_UP_TO // 10**6}M parameters"
-        return "served", (f"auto: the model has {parameters / 1e6:.0f}M parameters (past "
-                          f"{ALL_VARIANTS_UP_TO // 10**6}M each check takes many minutes on a few cores); "
-                          "-p parity.variants=all checks every variant")
-
-
-class TensorrtSettings(_Strict):
-    """The tensorrt step: shape profiles, the builder's workspace, the engine cache."""
-
-    profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
-    workspace_mb: int = Field(default=4096, ge=64)
-    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
-    _cache_here = field_validator("engine_cache_dir")(staticmethod(_from_here))
-
-
-class BenchSettings(_Strict):
-    """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
-
-    batches: list[int] = [1, 8]
-    sequences: list[int] = [16, 128]
-    rounds: int = Field(default=20, ge=3)
-    warmup: int = Field(default=3, ge=0)
-    seconds_per_cell: float = Field(default=60.0, gt=0)
-    long_texts: bool = Field(default=True, description=(
-        "a batch-1 cell at 2048 tokens and one at sequence.max, where they are longer than the grid's longest"))
-    tune_sessions: bool = Field(default=True, description="measure ONNX Runtime session settings per variant first")
-    torch_compile: bool = Field(default=False, description=(
-        "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))
-    served: bool = True
-    concurrency: list[int] = [1, 4, 16]
-    requests_per_level: int = Field(default=160, ge=8)
-    seconds_per_level: float = Field(default=20.0, gt=0)
-    load_tool: Literal["auto", "perf_analyzer", "asyncio"] = "auto"
-    p99_limit_ms: float = Field(default=500.0, gt=0)
-    search_queue_delays_us: list[int] = [0, 4000]
-    search_instances: list[int] = [1, 2]
-
-
-class GenerationSettings(_Strict):
-    """The generation step: a seq2seq (translation) and a decoder-only model, HF generate vs CTranslate2."""
-
-    translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
-    text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")
-    _models_here = field_validator("translation_model", "text_generation_model")(staticmethod(_found_here))
-    target_language: str | None = Field(default=None, description="for multilingual models, e.g. >>fra<< or fra_Latn")
-    max_new_tokens: int = Field(default=32, ge=1)
-    max_new_tokens_limit: int = Field(default=256, ge=1)
-    max_input_tokens: int | None = Field(default=None, ge=1, description="default: the model's limit")
-    ct2_compute_type: str = "float32"
-    texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
-    max_batch_size: int = Field(default=16, ge=1)
-    concurrency: list[int] = [1, 4, 16]
-    requests_per_level: int = Field(default=24, ge=4)
-    seconds_per_level: float = Field(default=10.0, gt=0)
-
-
-@dataclass(frozen=True)
-class LabSettings:
-    """What the parity lab reads from a run's configuration (`RunConfig.lab`): the outputs it compares, those that
-    gate a verdict (the outputs the deployment serves) and their tolerances, the batch range and seed of its corner
-    batches, the device its reference runs on, where reference outputs are kept between runs, whether the model's
-    own code may run, and the corpus."""
-
-    specs: tuple[OutputSpec, ...]
-    gated: tuple[str, ...]
-    tolerances: dict[str, Tolerance]
-    batch: BatchRange
-    seed: int
-    device: str
-    cache_dir: str | None
-    trust_remote_code: bool
-    corpus: str | None
-    corpus_max_texts: int
-
-
-class RunConfig(_Strict):
-    """Everything a run needs to know; defaults run the embedded MiniLM on this machine."""
+class RunConfig(Settings):
+    """Everything a run needs to know; defaults run the embedded MiniLM on this machine. The run-wide settings are
+    declared here, each step's section by the step (`StepSettings`): `RunConfig(...)`, `load` and `model_validate`
+    give the configuration assembled from the registered steps (`assembled`)."""
 
     model: str = Field(DEFAULT_MODEL, description="HF model id, local folder, or the embedded default")
     task: str = Field(default=AUTO, description=(
@@ -533,20 +273,34 @@ class RunConfig(_Strict):
     corpus: str | None = Field(default=None, description="UTF-8 text file, one text per line; default: shipped")
     corpus_max_texts: int = Field(default=2000, ge=1, description=(
         "texts kept from the corpus (a seeded uniform sample when it holds more; recorded in run.json `corpus`)"))
-    triton: TritonSettings = TritonSettings()
-    bench: BenchSettings = BenchSettings()
-    generation: GenerationSettings = GenerationSettings()
-    optimize: OptimizeSettings = OptimizeSettings()
-    parity: ParitySettings = ParitySettings()
-    tensorrt: TensorrtSettings = TensorrtSettings()
     preflight: PreflightSettings = PreflightSettings()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, ge=1, description="intra-op threads for torch and ORT")
     output_dir: str | None = None
-    steps: list[str] = Field(default_factory=lambda: list(_step_names()), description=(
+    steps: list[str] = Field(default_factory=lambda: list(registry.step_names()), description=(
         "the steps to run by name, run in pipeline order: `workbench steps` lists them; e.g. --steps export,optimize"))
     seed: int = 0
-    _inputs_here = field_validator("model", "corpus")(staticmethod(_found_here))
+    _inputs_here = field_validator("model", "corpus")(staticmethod(found_here))
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RunConfig:
+        """An instance of the assembled configuration where this base class is called."""
+        return super().__new__(assembled() if cls is RunConfig else cls)
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:  # type: ignore[override]
+        """pydantic's, by the assembled configuration where this base class is called."""
+        if cls is RunConfig:
+            return cast(Self, assembled().model_validate(obj, *args, **kwargs))
+        return super().model_validate(obj, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Callable[..., RunConfig], tuple[object]]:
+        """Pickled as its settings (the assembled class is made at runtime, pickle could not name it)."""
+        return RunConfig.from_dict, (self.to_params(),)
+
+    def sections(self) -> list[str]:
+        """The steps' sections this configuration holds, by name."""
+        return [name for name, field in type(self).model_fields.items()
+                if isinstance(field.annotation, type) and issubclass(field.annotation, StepSettings)]
 
     @model_validator(mode="before")
     @classmethod
@@ -564,7 +318,7 @@ class RunConfig(_Strict):
     @field_validator("steps")
     @classmethod
     def _known_steps(cls, steps: list[str]) -> list[str]:
-        names = _step_names()
+        names = registry.step_names()
         unknown = [s for s in steps if s not in names]
         if unknown:
             close = {s: difflib.get_close_matches(s, names, n=1) for s in unknown}
@@ -585,25 +339,10 @@ class RunConfig(_Strict):
             hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
             raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task_choice.name} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
-        unserved = [name for name in self.triton.outputs or () if name not in outputs]
-        if unserved:
-            raise ValueError(f"triton.outputs names {unserved}, which {self.task_choice.name} with pooling "
-                             f"{self.pooling} does not produce; choose among: {', '.join(outputs)}")
-        return self
-
-    @model_validator(mode="after")
-    def _rerank_layout(self) -> RunConfig:
-        """A reranker and a sparse encoder are served by one Python model (serving/backend/rerank_model.py,
-        fused_model.py with sparse_terms.py): another layout or flavor is refused before the run, not after its
-        parity."""
-        flavor = self.triton.flavor
-        other = self.triton.layout == "ensemble" or flavor not in ("auto", Flavor.PYTHON_ORT)
-        task = self.task_choice.name if other else self.task
-        if other and task in ONE_PYTHON_MODEL:
-            asked = f"triton.layout={self.triton.layout}" if self.triton.layout == "ensemble" else \
-                f"triton.flavor={Flavor(flavor).value}"
-            raise ValueError(f"task {task} is served by one Python model ({ONE_PYTHON_MODEL[task]}); {asked} cannot "
-                             "serve it: use triton.layout fused (or auto) and triton.flavor python-ort (or auto)")
+        for name in self.sections():
+            section = getattr(self, name)
+            if isinstance(section, StepSettings):
+                section.check(self)
         return self
 
     def check_pooling_task(self) -> None:
@@ -630,19 +369,6 @@ class RunConfig(_Strict):
     def task_choice(self) -> TaskChoice:
         """The task this run exports (`task`, or the one `auto` reads from the model's files) and why."""
         return choose_task(self.task, self.model)
-
-    @property
-    def served_specs(self) -> tuple[OutputSpec, ...]:
-        """The outputs the deployment returns (`triton.outputs`, else the sentence embedding alone where there is
-        one): the ones a variant's parity verdict is decided on."""
-        return served_outputs(self.output_specs, self.triton.outputs)
-
-    @property
-    def lab(self) -> LabSettings:
-        """What the parity lab reads from this configuration."""
-        return LabSettings(self.output_specs, tuple(o.name for o in self.served_specs), self.tolerances, self.batch,
-                           self.seed, self.device,
-                           self.parity.reference_cache_dir, self.trust_remote_code, self.corpus, self.corpus_max_texts)
 
     def texts(self) -> tuple[str, ...]:
         """The run's corpus: `corpus` (default: the shipped one), at most `corpus_max_texts` texts."""
@@ -677,6 +403,17 @@ class RunConfig(_Strict):
         for key, value in [_parse_override(item) for item in overrides or []] + list((values or {}).items()):
             dotted.put(data, *switched(moved_key(key), value))
         return cls.from_dict(data)
+
+
+def assembled() -> type[RunConfig]:
+    """The run configuration with the sections the registered steps declare, each under its step's name."""
+    return _assembled(tuple((step.name, step.settings) for step in registry.facts() if step.settings))
+
+
+@functools.cache
+def _assembled(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[RunConfig]:
+    return create_model("RunConfig", __base__=RunConfig, __module__=__name__, __doc__=RunConfig.__doc__,
+                        **{name: (model, Field(default_factory=model)) for name, model in sections})
 
 
 def moved_key(key: str) -> str:
@@ -753,7 +490,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
 
 def _model_at(path: Sequence[int | str]) -> type[BaseModel] | None:
     """The settings model at `path` (e.g. ("batch",) -> ShapeRange), None where `path` names no model."""
-    model: type[BaseModel] = RunConfig
+    model: type[BaseModel] = assembled()
     parts = list(path)
     while parts:
         field = model.model_fields.get(str(parts.pop(0)))

@@ -16,8 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from workbench.core import catalog
 from workbench.core import dotted as dotted_keys
+from workbench.core import registry
 from workbench.core.advice import run_again
 from workbench.core.atomic import sha256_file, write_json
 from workbench.core.config import RunConfig, quietly_moved
@@ -47,10 +47,10 @@ _OTHER_SETTINGS = "it ran with other settings"  # how a stale step's reason star
 def step_settings(params: Tree, step: str) -> Tree:
     """The settings step `step` runs with: the run-wide ones (but those first read by a later step) and its own
     section, not other steps' sections."""
-    order = catalog.step_names()
+    order = registry.step_names()
     later = order[order.index(step) + 1:] if step in order else ()
-    others = {s.settings for s in catalog.specs() if s.settings and s.name != step} \
-        | {key for s in catalog.specs() if s.name in later for key in s.first_reads}
+    others = {s.name for s in registry.facts() if s.settings and s.name != step} \
+        | {key for s in registry.facts() if s.name in later for key in s.first_reads}
     return {key: value for key, value in params.items() if key not in others and key not in _NOT_SETTINGS}
 
 
@@ -180,7 +180,7 @@ class RunRecord:
         if data.get("schema", 1) > SCHEMA_VERSION:
             raise OutputDirError(f"{path} was written by a newer workbench (schema {data['schema']}, this one reads "
                                  f"up to {SCHEMA_VERSION})", "upgrade the workbench to read this run")
-        return cls(Path(run_dir), migrate(data, {spec.name: spec.metrics for spec in catalog.specs()}))
+        return cls(Path(run_dir), migrate(data, {spec.name: spec.metrics for spec in registry.facts()}))
 
     @classmethod
     def open(cls, run_dir: Path | str, config: RunConfig, must_exist: bool = False, by: str = "") -> RunRecord:
@@ -298,13 +298,13 @@ class RunRecord:
         refuses fails here, naming the field)."""
         section = self.data["metrics"].get(name)
         if section is not None:
-            typed = catalog.spec(name).metrics.model_validate(section)
+            typed = registry.fact(name).metrics.model_validate(section)
             self.data["metrics"][name] = typed.recorded()
 
     def results(self, name: str) -> Metrics | None:
         """Step `name`'s metrics as its declared model (None when it recorded none)."""
         section = self.metric(name)
-        return None if section is None else catalog.spec(name).metrics.model_validate(section)
+        return None if section is None else registry.fact(name).metrics.model_validate(section)
 
     def results_as(self, name: str, model: type[M]) -> M | None:
         """Step `name`'s metrics as `model`, its declared one, for a caller that names the type it reads."""
@@ -314,9 +314,9 @@ class RunRecord:
         return found
 
     def results_of(self, model: type[M]) -> M | None:
-        """The metrics of the step that declares `model` for them (the catalog's), for a reader that names the table
+        """The metrics of the step that declares `model` for them (the registry's), for a reader that names the table
         it reads, not the step (None: no such step, or it recorded none)."""
-        step = next((s.name for s in catalog.specs() if s.metrics is model), None)
+        step = next((s.name for s in registry.facts() if s.metrics is model), None)
         return None if step is None else self.results_as(step, model)
 
     def deployed(self) -> Deployed | None:
@@ -373,7 +373,7 @@ class RunRecord:
 
     def step_entries(self) -> list[StepEntry]:
         """Every step the record has, in pipeline order."""
-        return [self.step_entry(name) for name in catalog.step_names() if name in self.data["steps"]]
+        return [self.step_entry(name) for name in registry.step_names() if name in self.data["steps"]]
 
     def _drop_outputs(self, name: str) -> None:
         """Forget the metrics `name` wrote and remove the artifacts it produced (inside the run folder)."""
@@ -402,7 +402,7 @@ class RunRecord:
         """A finished step whose inputs came from a step that re-ran, failed or is stale (or whose input file
         changed), or whose settings are no longer the run's, reads `stale`, naming why; one stale only by its
         settings reads ok again once they are the run's again; then save."""
-        for name in catalog.step_names():
+        for name in registry.step_names():
             step = self.data["steps"].get(name)
             if not step or step.get("status") not in (StepStatus.OK, StepStatus.STALE) or name == self._current:
                 continue
@@ -739,4 +739,4 @@ def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
 
 def _verdict_paths() -> list[str]:
     """Where the registered steps record a parity verdict per variant (`parity.variants`, `tensorrt.parity`)."""
-    return [f"{step.name}.{step.verdicts}" for step in catalog.specs() if step.verdicts]
+    return [f"{step.name}.{step.verdicts}" for step in registry.facts() if step.verdicts]

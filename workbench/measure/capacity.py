@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from workbench.core.config import BenchSettings, TritonSettings
 from workbench.core.metrics import Metrics
+from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import ServedBenchmark, ServedLevel
+from workbench.serving.settings import TritonSettings
 
 MIN_QUEUE_TARGET_MS = 1.0  # below this the autoscaler would chase noise
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from workbench.core.config import BenchSettings
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
@@ -27,6 +26,7 @@ from workbench.measure.load import (
     text_level,
 )
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer
+from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import (
     BatchingSearch,
     BatchingSweeps,

@@ -22,7 +22,7 @@ from workbench.core.batches import (
     token_lengths,
     within,
 )
-from workbench.core.config import LabSettings, Tolerance
+from workbench.core.config import Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.progress import track
 from workbench.core.results import Verdict, WorstText
@@ -31,6 +31,7 @@ from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
 from workbench.precision.ranking import by_query, lab_pairs, query_groups
+from workbench.precision.settings import LabSettings
 from workbench.precision.tables import LibraryCheck, ReferenceCut
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner

@@ -21,6 +21,7 @@ from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.measure.latency import is_variant_row
+from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import BenchMetrics, CellTiming
 from workbench.report import figures
 from workbench.report.recommend import gate, goal_cells
@@ -132,7 +133,7 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
     except ValidationError:  # a damaged triton section: nothing is known to be deployed
         deployment = None
     deployed = deployment.variant if deployment else None
-    level = served.best_level(record.config.bench.p99_limit_ms) if served else None
+    level = served.best_level(BenchSettings.of(record.config).p99_limit_ms) if served else None
     rows = []
     for variant, verdict in record.verdicts().items():
         least = gate(verdict)

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from workbench.core.atomic import write_text
-from workbench.core.config import TritonSettings
 from workbench.core.flavor import Flavor
 from workbench.core.hostkinds import HostKind
 from workbench.core.metrics import Metrics
 from workbench.core.pins import pin
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
+from workbench.serving.settings import TritonSettings
 
 if TYPE_CHECKING:  # the front's own modules load aiohttp: not for every command that imports the steps
     from workbench.serving.backend.api_schema import FrontSpec

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.config import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, BatchRange, TritonSettings
+from workbench.core.config import BatchRange
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
@@ -20,6 +20,7 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics, PrecisionDecision, ShapeProfile
 from workbench.precision.tables import ParityMetrics
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
+from workbench.serving.settings import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, TritonSettings
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 

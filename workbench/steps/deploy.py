@@ -15,11 +15,13 @@ from workbench.core.hostkinds import host_kind
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.measure.capacity import Capacity, plan_capacity
+from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
 from workbench.report.compare import host_of
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
 from workbench.serving.plan import deployed_plan
+from workbench.serving.settings import TritonSettings
 
 if TYPE_CHECKING:
     from workbench.serving.backend.api_schema import FrontSpec
@@ -64,7 +66,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         served = bench.served if bench else None
         unmeasured = (f"no served bench: bench step {record.step_entry('bench').label}" if not served
                       else f"the served bench was skipped: {served.skipped}" if served.skipped else "")
-        capacity = plan_capacity(config.triton, config.bench, None if unmeasured else served, network_model(plan),
+        triton = TritonSettings.of(config)
+        capacity = plan_capacity(triton, BenchSettings.of(config), None if unmeasured else served, network_model(plan),
                                  plan.max_queue_delay_us, f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
         if capacity.per_replica_rps is None:
             size_it = run_again(["triton", "bench", "deploy"], record.run_dir)
@@ -76,7 +79,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         digest = record.artifact_sha256("triton.repository")
         front = api_front(repository)
         node = record.environment.node
-        files = deployment_files(config.triton, plan, repository.relative_to(record.run_dir), digest, scaling,
+        files = deployment_files(triton, plan, repository.relative_to(record.run_dir), digest, scaling,
                                  capacity_lines(capacity), record.run_dir / STEP, front,
                                  host_kind(node.kind) if node else None)
         for key, path in files.items():
@@ -85,7 +88,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")
-        record.set_metric(STEP, DeployMetrics(image=image_tag(config.triton, plan, digest, front), capacity=capacity,
+        record.set_metric(STEP, DeployMetrics(image=image_tag(triton, plan, digest, front), capacity=capacity,
                                               scaling=scaling, verified=verified).recorded())
     return record.step_entry(STEP)
 

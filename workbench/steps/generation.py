@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, StepSettings, found_here
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.memory import WEIGHT_MULTIPLE, StepMemory
@@ -42,6 +42,7 @@ from workbench.serving.generation_repository import ENGINES, GenerationPlan, gen
 from workbench.serving.plan import repository_root
 from workbench.serving.repository import check_replaceable, model_name_for, write_models
 from workbench.serving.server import TritonServer
+from workbench.serving.settings import TritonSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -53,6 +54,24 @@ REQUEST_TEXTS = 4  # texts per request when checking served answers
 # What the step peaks at over its models' weights: Triton with a Python-backend stub per model, HF and CTranslate2 in
 # the step's kernel (tiny:marian and tiny:gpt2, measured: 1.34 GiB).
 GENERATION_BYTES = 3 * 2**29
+
+
+class GenerationSettings(StepSettings):
+    """The generation step: a seq2seq (translation) and a decoder-only model, HF generate vs CTranslate2."""
+
+    translation_model: str | None = Field(default="tiny:marian", description="HF id, local folder, or tiny:marian")
+    text_generation_model: str | None = Field(default="tiny:gpt2", description="HF id, local folder, or tiny:gpt2")
+    _models_here = field_validator("translation_model", "text_generation_model")(staticmethod(found_here))
+    target_language: str | None = Field(default=None, description="for multilingual models, e.g. >>fra<< or fra_Latn")
+    max_new_tokens: int = Field(default=32, ge=1)
+    max_new_tokens_limit: int = Field(default=256, ge=1)
+    max_input_tokens: int | None = Field(default=None, ge=1, description="default: the model's limit")
+    ct2_compute_type: str = "float32"
+    texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
+    max_batch_size: int = Field(default=16, ge=1)
+    concurrency: list[int] = [1, 4, 16]
+    requests_per_level: int = Field(default=24, ge=4)
+    seconds_per_level: float = Field(default=10.0, gt=0)
 
 
 class GenerationLevel(ServedLevel):
@@ -125,7 +144,7 @@ def served_ids(server: TritonServer, model: str, texts: list[str], language: str
 def load_test(config: RunConfig, server: TritonServer, model: str, texts: list[str],
               language: str | None) -> dict[str, GenerationLevel]:
     """Generated tokens/s, words/s and latency per concurrency, one text per request."""
-    gen = config.generation
+    gen = GenerationSettings.of(config)
     results = {}
     for concurrency in track(gen.concurrency, f"generation load, {model}", "concurrency levels",
                              note=lambda c: f"concurrency {c}"):
@@ -168,7 +187,7 @@ class Served:
 def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
              served: list[Served]) -> GenerationTask:
     """One generation model end to end; what it served goes into `served`, for the step to settle at its end."""
-    gen = config.generation
+    gen = GenerationSettings.of(config)
     language = gen.target_language if task.kind == "seq2seq" else None  # a target language is for translation
     work = record.run_dir / "generation" / f".{task.name}.partial"
     shutil.rmtree(work, ignore_errors=True)
@@ -189,8 +208,8 @@ def run_task(task: GenTask, name: str, config: RunConfig, record: RunRecord,
                           compute_type=gen.ct2_compute_type, threads=config.threads or 0)
     models = generation_models(plan)
     repository = write_models(models, work / "model_repository" / plan.name, overwrite=True, about={"name": plan.name})
-    shared = repository_root(config.triton.repository_dir) / plan.name
-    check_replaceable(shared, config.triton.overwrite)  # refused now, published once every task is served
+    shared = repository_root(TritonSettings.of(config).repository_dir) / plan.name
+    check_replaceable(shared, TritonSettings.of(config).overwrite)  # refused now, published once every task is served
     served.append(Served(task.name, models, shared, work))
     result = GenerationTask(model=name, kind=task.kind, target_language=language, name=plan.name,
                             conversion=conversion, compute_type=gen.ct2_compute_type,
@@ -218,13 +237,13 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         results: dict[str, GenerationTask] = {}
         served: list[Served] = []
         for task in GEN_TASKS.values():
-            name = getattr(config.generation, task.setting)
+            name = getattr(GenerationSettings.of(config), task.setting)
             if name:
                 result, seconds = timed(lambda task=task, name=name: run_task(task, name, config, record, served))
                 result.seconds = round(seconds, 1)
                 results[task.name] = result
         for each in served:  # only now: a step stopped midway publishes nothing and records no task
-            each.settle(record, config.triton.overwrite)
+            each.settle(record, TritonSettings.of(config).overwrite)
             record.set_metric(f"{STEP}.{each.task}", results[each.task].recorded())
         if not results:
             raise StepSkipped("no generation model is configured", "set -p generation.translation_model=<id> "
@@ -285,7 +304,8 @@ def memory_need(config: RunConfig) -> StepMemory:
     weights (tiny:<arch> builds and hub ids: not counted)."""
     from workbench.models.loading import resolve_source, weight_bytes
 
-    models = [m for m in (config.generation.translation_model, config.generation.text_generation_model)
+    gen = GenerationSettings.of(config)
+    models = [m for m in (gen.translation_model, gen.text_generation_model)
               if m and not m.startswith("tiny:")]
     weights = sum(weight_bytes(resolve_source(m)) or 0 for m in models)
     return StepMemory(STEP, GENERATION_BYTES + WEIGHT_MULTIPLE * weights,
@@ -297,6 +317,6 @@ SPEC = StepSpec(
     STEP, 6, "translation and text generation on Triton: HF vs CTranslate2", run, lines,
     sections=(Section("Translation and text generation", section),),
     needs=("ports", "repository"), machine=("tritonserver", "ctranslate2"), owns=("generation",), writes=0.15,
-    metrics=GenerationMetrics, after="triton", settings="generation", memory=memory_need,
+    metrics=GenerationMetrics, after="triton", settings=GenerationSettings, memory=memory_need,
     lighter="one generation model at a time (-p generation.text_generation_model=null, then "
             "-p generation.translation_model=null), a lower generation.max_batch_size")

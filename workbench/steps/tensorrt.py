@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+from pydantic import Field, field_validator
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
 from workbench.core.batches import token_lengths
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, StepSettings, from_here
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
@@ -26,11 +27,22 @@ from workbench.graphs.engines import (
     trtexec_command,
 )
 from workbench.graphs.profiles import design_profiles, padding_waste
+from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import EngineBuild, EngineRecord, Histogram, LengthStats, ShapeProfile, TensorrtMetrics
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
+from workbench.serving.settings import lab_settings
 
 STEP = "tensorrt"
+
+
+class TensorrtSettings(StepSettings):
+    """The tensorrt step: shape profiles, the builder's workspace, the engine cache."""
+
+    profiles: int = Field(default=2, ge=1, le=8, description="TensorRT profiles (sequence-length buckets)")
+    workspace_mb: int = Field(default=4096, ge=64)
+    engine_cache_dir: str | None = Field(default=None, description="default: ~/.cache/transformer-workbench/tensorrt")
+    _cache_here = field_validator("engine_cache_dir")(staticmethod(from_here))
 
 
 def default_cache_dir() -> Path:
@@ -55,7 +67,7 @@ def fp16_repair_pins(record: RunRecord) -> list[str]:
 def fp16_pins(config: RunConfig, record: RunRecord) -> dict[str, list[str]]:
     """Nodes of the exported graph to keep fp32 in the fp16 engine: the configured block list and what the parity
     step's fp16 repair found (if it ran), mapped from the fused ORT graph back to the exported one."""
-    wanted = list(dict.fromkeys([*config.optimize.fp16.node_block_list, *fp16_repair_pins(record)]))
+    wanted = list(dict.fromkeys([*OptimizeSettings.of(config).fp16.node_block_list, *fp16_repair_pins(record)]))
     if not wanted:
         return {}
     optimized = onnxfiles.skeleton(record.artifact("onnx.fp32"))
@@ -68,7 +80,7 @@ def engine_specs(config: RunConfig, profiles: list[ShapeProfile], pins: dict[str
     serves."""
     pinned = list(dict.fromkeys(n for nodes in pins.values() for n in nodes))
     wanted = ("fp32", "fp16") if config.precisions == "auto" else config.precisions
-    return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], config.tensorrt.workspace_mb)
+    return [EngineSpec(f"trt_{p}", p, profiles, pinned if p == "fp16" else [], TensorrtSettings.of(config).workspace_mb)
             for p in ("fp32", "fp16") if p in wanted]
 
 
@@ -113,7 +125,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
     from workbench.runners.tensorrt import TrtEngineRunner
 
     loaded = load_model(config)
-    lab = ParityLab.build(config.lab, loaded, lab_texts(config.lab, loaded))
+    lab = ParityLab.build(lab_settings(config), loaded, lab_texts(lab_settings(config), loaded))
     for name, (path, spec) in built.items():
         with TrtEngineRunner(name, path, spec.profiles, spec.precision) as runner:
             metrics.parity = {**metrics.parity, name: lab.compare(runner, spec.precision)}
@@ -129,7 +141,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         lengths = token_lengths(tokenizer, list(config.texts()))
         sequence = export.sequence_range
         max_tokens, max_tokens_source = export.token_budget(config.batch, sequence.max)
-        profiles = design_profiles(lengths, config.tensorrt.profiles, config.batch, sequence, max_tokens)
+        profiles = design_profiles(lengths, TensorrtSettings.of(config).profiles, config.batch, sequence, max_tokens)
         single = design_profiles(lengths, 1, config.batch, sequence, max_tokens)
         metrics = TensorrtMetrics.model_validate({
             "lengths": length_stats(lengths).recorded(),
@@ -143,7 +155,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         specs = engine_specs(config, profiles, pins)
         input_names = tuple(export.io.inputs)
         engines_dir = record.run_dir / "engines"
-        cache_dir = Path(config.tensorrt.engine_cache_dir) if config.tensorrt.engine_cache_dir else default_cache_dir()
+        cached = TensorrtSettings.of(config).engine_cache_dir
+        cache_dir = Path(cached) if cached else default_cache_dir()
         commands = {spec.name: trtexec_command(source.relative_to(record.run_dir), Path(f"engines/{spec.name}.plan"),
                                                spec, input_names, Path("engines/timing.cache"),
                                                Path("engines/reports")) for spec in specs}
@@ -221,4 +234,4 @@ SPEC = StepSpec(
     STEP, 4, "shape profiles from token lengths; TensorRT engines (GPU), cached and checked", run, lines,
     sections=(Section("TensorRT shape profiles", section),),
     needs=("model",), reads=("optimize",), machine=(GPU_FINDING, "tensorrt"), owns=("engines",), writes=0.5,
-    metrics=TensorrtMetrics, after="parity", settings="tensorrt", verdicts="parity")
+    metrics=TensorrtMetrics, after="parity", settings=TensorrtSettings, verdicts="parity")

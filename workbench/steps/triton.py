@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from workbench.core.advice import run_again, set_settings
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import LabSettings, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
@@ -20,6 +20,7 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
+from workbench.precision.settings import LabSettings
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.page import again_both_ways
@@ -48,6 +49,7 @@ from workbench.serving.repository import (
 )
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_tritonserver
+from workbench.serving.settings import TritonSettings, lab_settings, served_specs
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -68,7 +70,7 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
                                      "serve it from NVIDIA's container (deploy/docker_run.sh), or use "
                                      "-p triton.flavor=python-ort")
     precision = metrics.precision or "fp32"
-    settings = served_settings(config.lab, plan)
+    settings = served_settings(lab_settings(config), plan)
     texts = lab_texts(settings, loaded)
     record.phase("loading the model's own library for the reference answers")
     reference = library_reference(settings, loaded, texts)
@@ -77,7 +79,8 @@ def serve_and_check(config: RunConfig, record: RunRecord, plan: ServingPlan, met
     lab = ParityLab.corpus_only(settings, loaded, texts, reference)  # the served answers against what users run today
     prompts = prompt_labs(config, loaded, plan, texts[:PROMPT_TEXTS])
     outputs = list(settings.gated)  # the served outputs, a sequence classifier's score among them
-    ports = Ports.pick(config.triton.http_port, config.triton.grpc_port, config.triton.metrics_port)
+    triton = TritonSettings.of(config)
+    ports = Ports.pick(triton.http_port, triton.grpc_port, triton.metrics_port)
     metrics.server = str(binary.executable)
     loaded.drop_weights()  # the references are the library's (or computed): the server gets the memory
     record.phase(f"starting tritonserver on {repository.name} (its models load before it answers)")
@@ -135,8 +138,9 @@ def prompt_labs(config: RunConfig, loaded: LoadedModel, plan: ServingPlan, texts
                 ) -> dict[str, ParityLab]:
     """Per named prompt of the model, `texts` and `encode(texts, prompt_name=...)`'s answers, computed before the
     server starts (the library's copy of the model is gone by then)."""
-    return {name: ParityLab.corpus_only(config.lab, loaded, texts, library_reference(config.lab, loaded, texts, name),
-                                        name) for name in plan.prompts}
+    settings = lab_settings(config)
+    return {name: ParityLab.corpus_only(settings, loaded, texts, library_reference(settings, loaded, texts, name), name)
+            for name in plan.prompts}
 
 
 def prompt_parity(labs: dict[str, ParityLab], loaded: LoadedModel, plan: ServingPlan, url: str,
@@ -163,7 +167,7 @@ def recorded_verdict(config: RunConfig, record: RunRecord, variant: str) -> Verd
     """`variant`'s current parity verdict, where it holds for what this deployment serves: a pass gated on fewer
     outputs than are served (triton.outputs changed since the parity step) is no verdict, and is checked again."""
     found = record.verdict(variant)
-    served = {o.name for o in config.served_specs}
+    served = {o.name for o in served_specs(config)}
     return None if found is not None and found.passed and not served <= set(found.gated_on) else found
 
 
@@ -171,7 +175,7 @@ def candidate_variants(config: RunConfig, record: RunRecord, flavor: Flavor) -> 
     """The run's variants `flavor` could serve, best first (`serving.plan.candidates`)."""
     int8, lost = int8_decision(record.results_of(OptimizeMetrics)), lost_races(record.results_of(ParityMetrics))
     return candidates(set(record.variant_names(flavor.artifact_kind)), partial(recorded_verdict, config, record),
-                      flavor, config.triton.variant, int8, lost)
+                      flavor, TritonSettings.of(config).variant, int8, lost)
 
 
 def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = None,
@@ -180,9 +184,9 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     with the configured Triton settings."""
     from transformers import AutoConfig
 
-    flavor = flavor or choose_flavor(config.triton.flavor, config.device, config.task_choice.name)
+    flavor = flavor or choose_flavor(TritonSettings.of(config).flavor, config.device, config.task_choice.name)
     variant = variant or candidate_variants(config, record, flavor)[0]
-    outputs = config.served_specs
+    outputs = served_specs(config)
     folder = record.artifact("tokenizer")  # tokenizer and model config, saved by the export step
     classifies = any(o.kind in ("logits", "token_logits") for o in outputs)
     hf_config = AutoConfig.from_pretrained(folder) if classifies else None
@@ -191,11 +195,11 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
         if hf_config and config.task_choice.name == "sequence-classification" else "softmax"
     export = record.export_info()
     request = ServingRequest(
-        name=config.triton.name or config.model_slug, flavor=flavor,
+        name=TritonSettings.of(config).name or config.model_slug, flavor=flavor,
         variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
         pad_token_id=record.tokenizer().pad_token_id or 0, id2label=id2label, activation=activation,
         outputs=outputs,
-        profiles=shape_profiles(record), triton=config.triton, batch=config.batch,
+        profiles=shape_profiles(record), triton=TritonSettings.of(config), batch=config.batch,
         sequence_max=export.sequence_range.max, threads=config.threads)
     return build_plan(request), variant
 
@@ -211,7 +215,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, order
         raise UnverifiedError(f"every variant that passed parity in process fails it served: {served_failures}",
                               "read metrics.triton.served_parity in run.json; serve another variant "
                               "(-p triton.variant=...) or publish it anyway with -p triton.allow_unverified=true")
-    order = "configured: triton.variant" if config.triton.variant else \
+    order = "configured: triton.variant" if TritonSettings.of(config).variant else \
         recorded_preference(flavor, record.results_of(OptimizeMetrics), record.results_of(ParityMetrics))[1]
     checks: dict[str, Verdict] = {}
     seen: dict[str, Verdict | None] = {}  # the candidates ahead, by their verdict
@@ -221,7 +225,8 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, order
         if verdict is None and flavor is not Flavor.TENSORRT_PLAN:
             built = record.variant(variant)
             reference = loaded if loaded.has_weights else load_model(config)  # dropped while a server ran
-            lab = lab or ParityLab.build(config.lab, reference, lab_texts(config.lab, loaded), regroup=partial(
+            settings = lab_settings(config)
+            lab = lab or ParityLab.build(settings, reference, lab_texts(settings, loaded), regroup=partial(
                 served_groups, max_tokens=loaded.token_budget(config.batch)[0]))
             with open_variant(built, config.device, config.threads) as runner:
                 verdict = checks[variant] = lab.for_variant(onnxfiles.batch_dependent(built.path)).compare(
@@ -231,7 +236,7 @@ def verified_variant(config: RunConfig, record: RunRecord, flavor: Flavor, order
                                 order=order, checked_here=checks, passed_over={**served_failures, **failures_of(seen)})
         seen[variant] = verdict
     failures = {**served_failures, **failures_of(seen)}
-    if not config.triton.allow_unverified:
+    if not TritonSettings.of(config).allow_unverified:
         raise UnverifiedError(f"no variant to serve passed parity in this run: {failures}",
                               f"{run_again(['parity', 'triton'], record.run_dir)} (its repair may fix the "
                               "variant), serve another (setting triton.variant), or publish it anyway (setting "
@@ -258,7 +263,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         record.phase(f"loading {config.model_slug} with transformers, for the served answers' reference")
         loaded = load_model(config)
-        flavor = choose_flavor(config.triton.flavor, config.device, config.task_choice.name)  # chosen once, recorded
+        flavor = choose_flavor(TritonSettings.of(config).flavor, config.device, config.task_choice.name)  # recorded
         candidates = candidate_variants(config, record, flavor)  # ordered once, recorded
         served_failures: dict[str, list[str]] = {}
         while not deploy_first_passing(config, record, flavor, candidates, loaded, served_failures):
@@ -273,8 +278,9 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, c
     UnverifiedError when none is left (a variant the user chose is not replaced)."""
     verification = verified_variant(config, record, flavor, candidates, loaded, served_failures)
     plan, variant = serving_plan(config, record, verification.variant, flavor)
-    destination = repository_root(config.triton.repository_dir) / plan.name
-    check_replaceable(destination, config.triton.overwrite)
+    triton = TritonSettings.of(config)
+    destination = repository_root(triton.repository_dir) / plan.name
+    check_replaceable(destination, triton.overwrite)
     run_copy = write_repository(plan, record.run_dir / "model_repository" / plan.name, overwrite=True)
     record.add_artifact("triton.repository", run_copy, kind="triton-repository", flavor=plan.flavor.value,
                         variant=variant)
@@ -290,7 +296,7 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, c
         earlier = published_by(destination)
         if earlier is not None and Path(earlier) != record.run_dir.resolve():
             metrics.replaced = earlier  # another run's deployment of the same name
-        write_repository(plan, destination, overwrite=config.triton.overwrite, run=record.run_dir.resolve())
+        write_repository(plan, destination, overwrite=triton.overwrite, run=record.run_dir.resolve())
         metrics.published = True
         record.set_metric(STEP, metrics.recorded())
 
@@ -305,11 +311,11 @@ def deploy_first_passing(config: RunConfig, record: RunRecord, flavor: Flavor, c
     failed = [check for check, ok in metrics.served_passed.items() if not ok]
     metrics.verified = metrics.verified and not failed
     record.set_metric(STEP, metrics.recorded())
-    if failed and not config.triton.allow_unverified:
+    if failed and not triton.allow_unverified:
         record.remove_artifact("triton.repository")
         failures = served_checks(metrics)[failed[0]].failures
         served_failures[variant] = [f"served over {', '.join(failed)}: {failures[0]}"]
-        if config.triton.variant is None and len(candidates) > len(served_failures):
+        if triton.variant is None and len(candidates) > len(served_failures):
             return False
         raise UnverifiedError(
             f"{variant} served by Triton fails parity over {', '.join(failed)}: {'; '.join(failures)}; nothing was "
@@ -427,4 +433,4 @@ SPEC = StepSpec(
     needs=("model", "ports", "repository"), reads=("optimize",), machine=("onnxruntime", "tritonserver"),
     lighter="one model instance (-p triton.instances=1), a lower batch.max_tokens",
     owns=("triton", "model_repository"), writes=0.8, metrics=TritonMetrics, after="tensorrt",
-    settings="triton", served=served_note, served_differs=served_differs)
+    settings=TritonSettings, served=served_note, served_differs=served_differs)

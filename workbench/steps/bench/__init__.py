@@ -25,6 +25,7 @@ from workbench.measure.latency import (
     measure_grid,
     needs_lab,
 )
+from workbench.measure.settings import BenchSettings
 from workbench.measure.sweeps import rerank_benchmark, run_served_benchmark, serving_efficiency
 from workbench.measure.tables import (
     BatchingSearch,
@@ -43,6 +44,7 @@ from workbench.runners.registry import open_variant
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
+from workbench.serving.settings import lab_settings
 from workbench.steps.bench import figures
 
 STEP = "bench"
@@ -59,13 +61,13 @@ def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
     record.phase(f"loading {config.model_slug} with transformers, the grid's PyTorch row")
     return GridRows(load_model(config), config.output_specs, device_for(config.device),
                     config.threads or os.cpu_count() or 1, record.variants("onnx"), engines,
-                    config.bench.torch_compile)
+                    BenchSettings.of(config).torch_compile)
 
 
 def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
-    """The in-process grid of `config.bench` on the run's corpus, cells up to the exported sequence length, the
+    """The in-process grid of the bench settings on the run's corpus, cells up to the exported sequence length, the
     variants judged by their parity verdicts (metrics.bench.latency)."""
-    bench, export, rows = config.bench, record.export_info(), grid_rows(config, record)
+    bench, export, rows = BenchSettings.of(config), record.export_info(), grid_rows(config, record)
     sequences = [s for s in bench.sequences if s <= export.max_sequence]
     shape = GridShape(list(bench.batches), sequences, bench.rounds, bench.warmup, bench.seconds_per_cell,
                       bench.tune_sessions,
@@ -74,7 +76,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     texts = list(config.texts())
     text = GridText(record.tokenizer(), texts, tuple(export.io.inputs))
     dims = Dimensions(export.num_layers, export.hidden_size, export.intermediate_size)
-    lab = ParityLab.build(config.lab, rows.model, tuple(texts)) if needs_lab(rows) else None
+    lab = ParityLab.build(lab_settings(config), rows.model, tuple(texts)) if needs_lab(rows) else None
     passed = {name: verdict.passed for name, verdict in record.verdicts().items()}
     return measure_grid(rows, shape, text, dims, passed, lab)
 
@@ -95,10 +97,10 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
         return ServedBenchmark(skipped=f"the {plan.flavor.value} flavor needs NVIDIA's Triton container; {DOCTOR_HINT}")
     texts, tokenizer = list(config.texts()), record.tokenizer()
     if plan.reranks:
-        result = rerank_benchmark(config.bench, plan, texts, record.run_dir / "served-bench")
+        result = rerank_benchmark(BenchSettings.of(config), plan, texts, record.run_dir / "served-bench")
         result.variant = variant
         return result
-    result = run_served_benchmark(config.bench, plan, texts, tokenizer, record.run_dir / "served-bench")
+    result = run_served_benchmark(BenchSettings.of(config), plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result.efficiency = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
     deployment = record.deployment()
@@ -127,7 +129,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         record.set_metric(f"{STEP}.latency", grid.recorded())
         if grid.disturbed:  # the step ran, but its speeds cannot be trusted: the summary says so
             record.unverified(disturbance_note(grid.disturbed))
-        served, seconds = timed(lambda: served_benchmark(config, record) if config.bench.served else ServedBenchmark(
+        measured = BenchSettings.of(config).served
+        served, seconds = timed(lambda: served_benchmark(config, record) if measured else ServedBenchmark(
             skipped="bench.served is false; to measure serving: "
                     + run_again(["triton", "bench"], record.run_dir, {"bench.served": True})))
         served.seconds = round(seconds, 1)
@@ -281,6 +284,6 @@ SPEC = StepSpec(
     lines, sections=(Section("In-process latency", latency_section),
                            Section("Served throughput and latency", served_section, served=True)),
     needs=("model", "ports"), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("served-bench", "bench"),
-    metrics=BenchMetrics, after="generation", settings="bench", headline=headline, warning=disturbed_warning,
+    metrics=BenchMetrics, after="generation", settings=BenchSettings, headline=headline, warning=disturbed_warning,
     lighter="a lower batch.max_tokens or sequence.max, one instance in the batching search "
             "(-p bench.search_instances=[1])")

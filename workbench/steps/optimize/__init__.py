@@ -17,9 +17,11 @@ from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
+from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, OptimizeMetrics
 from workbench.graphs.variants import convert_fp16, infer_shapes, quantize_int8
 from workbench.measure.forms import race_bench
+from workbench.measure.settings import BenchSettings
 from workbench.steps.optimize import figures
 from workbench.steps.optimize.onnxruntime_variants import build_fp32, fusion_stats, smoke_test, unavailable_fusions
 from workbench.steps.optimize.openvino_variants import (
@@ -68,8 +70,9 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         form: FormChoice | None = None
         borrowed: Borrowed | None = None
         target, decisions = decide_precisions(config, record)
-        bench = race_bench(config.bench, list(config.texts()), config.device, config.threads, record.tokenizer(),
-                           export)  # every race of the step times these feeds
+        settings = OptimizeSettings.of(config)
+        bench = race_bench(BenchSettings.of(config), list(config.texts()), config.device, config.threads,
+                           record.tokenizer(), export)  # every race of the step times these feeds
 
         def fp32(dest: Path) -> ModelProto:
             nonlocal form, borrowed
@@ -85,10 +88,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
         builders = {
             "fp32": fp32,
-            "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, config.optimize.fp16.op_block_list,
-                                              config.optimize.fp16.node_block_list),
-            "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, config.optimize.int8.per_channel,
-                                               config.optimize.int8.nodes_to_exclude),
+            "fp16": lambda dest: convert_fp16(onnx_dir / "fp32.onnx", dest, settings.fp16.op_block_list,
+                                              settings.fp16.node_block_list),
+            "int8": lambda dest: quantize_int8(onnx_dir / "fp32.onnx", dest, settings.int8.per_channel,
+                                               settings.int8.nodes_to_exclude),
             "tensorrt": tensorrt,
         }
         wanted = ["fp32", *[p for p, decision in decisions.items() if decision.built], "tensorrt"]
@@ -189,6 +192,6 @@ SPEC = StepSpec(
     sections=(Section("ONNX Runtime fusions", section),),
     needs=("model",), reads=("export",), machine=("onnx", "onnxruntime"), writes=2.8, check=check,
     lighter="fewer precisions (-p precisions=[fp32,int8]), no OpenVINO variants (-p optimize.openvino=never)",
-    metrics=OptimizeMetrics, after="export", settings="optimize",
+    metrics=OptimizeMetrics, after="export", settings=OptimizeSettings,
     first_reads=("precisions", "target", "corpus", "corpus_max_texts"))
 

@@ -15,6 +15,7 @@ from workbench.core.record import RunRecord
 from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
+from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, SmokeTest, Unavailable
 from workbench.graphs.variants import GRAPH_FORMS, borrowed_fp32, optimize_fp32
 from workbench.measure.forms import RaceBench, choose_borrowed, choose_form
@@ -114,9 +115,9 @@ def build_fp32(original: Path, dest: Path, export: ExportMetrics, config: RunCon
     if not export.optimizer_model_type:
         model, borrowed = build_borrowed(original, dest, export, config, bench, target)
         return model, None, borrowed
-    if config.optimize.graph_form != "auto" or target.kind == "cpu":
-        form = config.optimize.graph_form if config.optimize.graph_form != "auto" else "fused"
-        why = (f"set by optimize.graph_form={form}" if config.optimize.graph_form != "auto" else
+    if OptimizeSettings.of(config).graph_form != "auto" or target.kind == "cpu":
+        form = OptimizeSettings.of(config).graph_form if OptimizeSettings.of(config).graph_form != "auto" else "fused"
+        why = (f"set by optimize.graph_form={form}" if OptimizeSettings.of(config).graph_form != "auto" else
                f"ONNX Runtime's default: {target.name} is not this host, whose timing would not tell")
         return optimize_fp32(original, dest, export, form), FormChoice(chosen=form, reason=why, ms={}), None
     workdir = temporary_dir(dest)  # both forms; removed however the step ends
@@ -139,7 +140,7 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
     """A family without fusion rules: the basic graph, or the one fused with borrowed rules where its outputs match
     the basic graph's and (optimize.borrowed_rules=auto, `target` this host) it runs clearly faster here; None when not
     tried (never)."""
-    if config.optimize.borrowed_rules == "never":
+    if OptimizeSettings.of(config).borrowed_rules == "never":
         return optimize_fp32(original, dest, export), None
     workdir = temporary_dir(dest)  # both graphs; removed however the step ends
     try:
@@ -151,7 +152,8 @@ def build_borrowed(original: Path, dest: Path, export: ExportMetrics, config: Ru
         attention = attention_outcome(fused, export.num_layers, biased, BORROWED_RULES)
         del model
         release_memory()
-        untimed = ("set by optimize.borrowed_rules=always" if config.optimize.borrowed_rules == "always" else
+        always = OptimizeSettings.of(config).borrowed_rules == "always"
+        untimed = ("set by optimize.borrowed_rules=always" if always else
                    f"kept as its outputs match: {target.name} is not this host, whose timing would not tell"
                    if target.kind == "cpu" else None)
         borrowed = choose_borrowed(files, bench, fused, attention, BORROWED_RULES, untimed)

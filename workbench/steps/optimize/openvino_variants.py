@@ -17,6 +17,7 @@ from workbench.core.timing import elapsed
 from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
+from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Target
@@ -30,11 +31,11 @@ OPENVINO_BUILDS = (VariantName.OPENVINO, VariantName.OPENVINO_BF16, VariantName.
 
 def openvino_skipped(config: RunConfig, target: Target) -> str | None:
     """Why the OpenVINO variant is not tried in this run, or None."""
-    if config.optimize.openvino == "never":
+    if OptimizeSettings.of(config).openvino == "never":
         return "not tried (optimize.openvino=never)"
     if target.kind == "gpu" or device_for(config.device) == "cuda":
         return "not tried: the deployment runs on a GPU, and OpenVINO's variant is for CPUs"
-    if target.kind == "cpu" and config.optimize.openvino == "auto":
+    if target.kind == "cpu" and OptimizeSettings.of(config).openvino == "auto":
         return (f"not tried: {target.name} is not this host, whose timing would not tell (optimize.openvino=always "
                 "keeps it where its outputs match)")
     problem = openvino_problem()
@@ -51,7 +52,7 @@ def build_openvino(config: RunConfig, record: RunRecord, bench: RaceBench, targe
     if why_not:
         return Trial(kept=False, reason=why_not)
     dest = record.run_dir / "onnx" / "openvino.onnx"
-    untimed = "set by optimize.openvino=always" if config.optimize.openvino == "always" else None
+    untimed = "set by optimize.openvino=always" if OptimizeSettings.of(config).openvino == "always" else None
     fp32_file = record.run_dir / "onnx" / "fp32.onnx"
     record.phase("trying openvino: the exported graph run by OpenVINO, against fp32")
     try:
@@ -123,7 +124,7 @@ def raced(name: str, precision: str, dest: Path, against: str, config: RunConfig
             engine = challenger.providers[0]
             if compiled_at and challenger.inference_precision != compiled_at:
                 ms, kept, reason = {}, False, f"not kept: OpenVINO compiled it at {challenger.inference_precision}"
-            elif config.optimize.openvino == "always":
+            elif OptimizeSettings.of(config).openvino == "always":
                 ms, kept, reason = {}, True, "set by optimize.openvino=always"
             else:
                 ms, kept, reason = race(against, name, {against: default, name: challenger}, bench.feeds,
@@ -263,6 +264,6 @@ def openvino_int8_line(openvino_int8: OpenvinoInt8, run_dir: Path | None) -> str
 def check(config: RunConfig) -> None:
     """Refuse optimize.openvino=always without OpenVINO before the run starts."""
     problem = openvino_problem()
-    if config.optimize.openvino == "always" and problem:
+    if OptimizeSettings.of(config).openvino == "always" and problem:
         raise DependencyMissingError(f"optimize.openvino=always needs OpenVINO: {problem}",
                                      f"{INSTALL}, or set optimize.openvino: auto")

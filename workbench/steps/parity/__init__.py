@@ -9,7 +9,7 @@ from pathlib import Path
 from workbench.core.advice import run_again, set_settings
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import RepairSettings, RunConfig
+from workbench.core.config import RunConfig
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
@@ -19,6 +19,7 @@ from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
+from workbench.precision.settings import ParitySettings, RepairSettings
 from workbench.precision.tables import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome
 from workbench.report.figures import parity_table
 from workbench.report.recommend import Gate, gate
@@ -26,6 +27,7 @@ from workbench.report.takeaways import cut_line
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant
 from workbench.serving.plan import served_groups
+from workbench.serving.settings import lab_settings
 from workbench.steps.parity.figures import error_distribution, node_error_figure, recipes_table, repair_tradeoff
 from workbench.steps.parity.repairs import REPAIRABLE, STEP, repair, repair_failing, serving_order
 
@@ -84,7 +86,7 @@ def check_in_serving_order(config: RunConfig, record: RunRecord, lab: ParityLab,
     served = walk(set())
     failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
     if served is None or served in EXACT_VARIANTS:
-        walk(set(failing) if config.parity.repair.enabled else set())
+        walk(set(failing) if ParitySettings.of(config).repair.enabled else set())
         return
     for name in failing:
         record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
@@ -152,7 +154,7 @@ def check_module(config: RunConfig, record: RunRecord, loaded: LoadedModel, text
     library); recorded, and the step fails here when they differ: every verdict after would be against the wrong
     reference."""
     record.phase("comparing the PyTorch module with the model's own library, every text")
-    check = library_check(config.lab, loaded, texts)
+    check = library_check(lab_settings(config), loaded, texts)
     release_memory()  # the library's own copy of the model
     record.found(f"the module against {check.library}: {'FAIL' if check.checked and not check.passed else 'pass'}")
     record.set_metric(f"{STEP}.reference", check.recorded())
@@ -174,10 +176,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                        "run the export and optimize steps first: --steps export,optimize,parity")
         record.phase(f"loading {config.model_slug} with transformers, the reference every variant is compared with")
         loaded = load_model(config)
-        texts = lab_texts(config.lab, loaded)
+        texts = lab_texts(lab_settings(config), loaded)
         check_module(config, record, loaded, texts)
         tokens, source = loaded.token_budget(config.batch)
-        lab = ParityLab.build(config.lab, loaded, texts,
+        lab = ParityLab.build(lab_settings(config), loaded, texts,
                               regroup=partial(served_groups, max_tokens=tokens) if any(
                                   onnxfiles.batch_dependent(v.path) for v in variants.values()) else None)
         loaded.drop_weights()  # the reference outputs are computed: nothing runs the module again
@@ -187,7 +189,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
-        scope, why = config.parity.scope(record.export_info().parameters)
+        scope, why = ParitySettings.of(config).scope(record.export_info().parameters)
         first = checked_variants(list(variants)) if scope == "all" else [n for n in ("fp32",) if n in variants]
         results = {name: compare(name, config, record, lab) for name in first}  # a bar of batches each
         if "original" in variants and not (results["fp32"].passed if "fp32" in results else False):
@@ -328,5 +330,5 @@ SPEC = StepSpec(
     needs=("model",), reads=("optimize",), machine=("torch", "onnxruntime"), owns=("parity", "repair"), writes=1.2,
     lighter="a lower batch.max_tokens or sequence.max, only the variants the deployment serves "
             "(-p parity.variants=served)",
-    metrics=ParityMetrics, after="optimize", settings="parity", first_reads=("tolerances",),
+    metrics=ParityMetrics, after="optimize", settings=ParitySettings, first_reads=("tolerances",),
     verdicts="variants")

@@ -14,12 +14,15 @@ from workbench.core.results import Verdict
 from workbench.core.timing import median_ms
 from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
+from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import OptimizeMetrics, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
+from workbench.measure.settings import BenchSettings
 from workbench.precision.checker import Checker
 from workbench.precision.lab import ParityLab
 from workbench.precision.repair import RepairPlan, openvino_int8_problem
 from workbench.precision.repair import repair as repair_variant
+from workbench.precision.settings import ParitySettings
 from workbench.precision.tables import ParityMetrics, RepairOutcome
 from workbench.runners.registry import open_variant
 from workbench.serving.plan import (
@@ -29,6 +32,7 @@ from workbench.serving.plan import (
     preference,
     recorded_preference,
 )
+from workbench.serving.settings import TritonSettings
 
 STEP = "parity"
 
@@ -45,14 +49,15 @@ RACED_AGAINST = (VariantName.INT8_REPAIRED, VariantName.INT8, VariantName.OPENVI
 
 
 def repair_plan(config: RunConfig, budget_s: float) -> RepairPlan:
-    repair, fp16, int8 = config.parity.repair, config.optimize.fp16, config.optimize.int8
+    optimize = OptimizeSettings.of(config)
+    repair, fp16, int8 = ParitySettings.of(config).repair, optimize.fp16, optimize.int8
     return RepairPlan(repair.max_builds, budget_s, fp16.op_block_list, fp16.node_block_list,
                       int8.nodes_to_exclude, int8.per_channel)
 
 
 def serving_order(config: RunConfig, record: RunRecord) -> tuple[str, ...]:
     """The variants the run's deployment would serve, best first (`serving.plan.preference`)."""
-    flavor = choose_flavor(config.triton.flavor, config.device, config.task_choice.name)
+    flavor = choose_flavor(TritonSettings.of(config).flavor, config.device, config.task_choice.name)
     return recorded_preference(flavor, record.results_of(OptimizeMetrics), record.results_of(ParityMetrics))[0]
 
 
@@ -81,14 +86,14 @@ def repair(name: str, config: RunConfig, record: RunRecord, lab: ParityLab, resu
     dest = record.run_dir / "onnx" / f"{repaired}.onnx"
     built = record.variant(name)
     path, precision = built.path, built.precision
-    budget_s, budget_source = config.parity.repair.budget(results[name].seconds)
+    budget_s, budget_source = ParitySettings.of(config).repair.budget(results[name].seconds)
     record.phase(f"repairing {name}: each build keeps more of the graph in fp32 and is checked on the corpus")
-    with Progress(f"repair {name}", config.parity.repair.max_builds, "builds") as bar:
+    with Progress(f"repair {name}", ParitySettings.of(config).repair.max_builds, "builds") as bar:
         checker = Checker(lab.for_variant(onnxfiles.batch_dependent(path)), built, config.device, config.threads)
         problem = None
         if name == VariantName.OPENVINO_INT8:
             problem = openvino_int8_problem(path, record.artifact("onnx.original"), checker)
-            always = config.optimize.openvino == "always"
+            always = OptimizeSettings.of(config).openvino == "always"
             problem.ceiling = None if always else ceiling(config, record, results, checker)
         outcome = repair_variant(checker, repair_plan(config, budget_s), record.artifact("onnx.fp32"),
                                  record.run_dir / "repair" / name, dest, bar, problem)
@@ -112,7 +117,7 @@ def repair_failing(config: RunConfig, record: RunRecord, lab: ParityLab, results
     """Repair each failing repairable variant of `results` (all checked), unless a variant served ahead of its
     repair passed; each repaired one checked into `results` (`compare`: the step's check of a variant by name)."""
     failing = [name for name in REPAIRABLE if name in results and not results[name].passed]
-    for name in repair_order(failing, config, record) if config.parity.repair.enabled else []:
+    for name in repair_order(failing, config, record) if ParitySettings.of(config).repair.enabled else []:
         ahead = served_ahead_of(VariantName(name).repaired, results, config, record)
         if ahead:
             record.set_metric(f"{STEP}.repair.{name}", RepairOutcome(
@@ -151,13 +156,14 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
     (`raced_against`), its record: an OpenVINO one is kept only where it is clearly faster (`forms.race`) or
     optimize.openvino=always; an ONNX Runtime one that is not clearly faster is served after it."""
     openvino = VariantName(name).openvino
-    if openvino and config.optimize.openvino == "always":
+    if openvino and OptimizeSettings.of(config).openvino == "always":
         return Trial(against=against, ms={}, kept=True, reason="set by optimize.openvino=always")
     with open_variant(record.variant(against), config.device, config.threads) as default, \
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
-                                race_bench(config.bench, list(config.texts()), config.device, config.threads,
-                                           record.tokenizer(), record.export_info()).feeds, RUNTIME_ROUNDS)
+                                race_bench(BenchSettings.of(config), list(config.texts()), config.device,
+                                           config.threads, record.tokenizer(), record.export_info()).feeds,
+                                RUNTIME_ROUNDS)
     release_memory()
     lost = "not kept (its file removed)" if openvino else f"served after {against}"
     return Trial(against=against, ms=ms, kept=kept, reason=f"{'kept' if kept else lost}: {reason}")
