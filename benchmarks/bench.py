@@ -30,7 +30,6 @@ from pathlib import Path
 
 from peerlib.pages import add_page_argument, printed_to
 
-from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
@@ -39,6 +38,7 @@ from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.measure.tables import BestRow, InProcessRates, LatencyGrid, ServedLevel
+from workbench.models.batches import Cell, shaped_batch, token_lengths
 from workbench.pipeline import run_pipeline
 from workbench.report.recommend import candidates, pick
 from workbench.serving.repository import LAYOUTS

@@ -54,7 +54,6 @@ from peerlib.peers import (
     require_positive,
 )
 
-from workbench.core.batches import cell_feeds
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError, RunInterruptedError
@@ -62,11 +61,12 @@ from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_flags, others_busy
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
-from workbench.core.timing import median_ms
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics
+from workbench.models.batches import cell_feeds
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
+from workbench.runners.timing import median_ms
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

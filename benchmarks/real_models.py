@@ -82,10 +82,10 @@ def weights_mb(folder: Path) -> float:
 def speedups(run_dir: Path, rounds: int) -> dict[str, Any]:
     """Median ms of the served variant, the ONNX Runtime fp32 graph and PyTorch eager at CELLS, interleaved in this
     process (the run's threads), and the served variant's speedups over the other two."""
-    from workbench.core.batches import Batch, cell_feeds
-    from workbench.core.timing import cell_medians_ms
+    from workbench.models.batches import Batch, cell_feeds
     from workbench.models.loading import load_model
     from workbench.runners.registry import open_variant
+    from workbench.runners.timing import cell_medians_ms
     from workbench.runners.torch import TorchRunner
 
     record = RunRecord.load(run_dir)

@@ -16,7 +16,9 @@ with `ast`; nothing is imported or run:
   tables (Metrics models), the largest step file, functions with 8 or more parameters, library rooms (models to
   measure) that read the run record, settings resolved again after export (`config.sequence.resolve(`,
   `choose_flavor(`), variant names written as string literals (all, and those no precision, runtime or step
-  shares), Metrics models that keep undeclared keys, and the figures in report/ that serve one step."""
+  shares), Metrics models that keep undeclared keys, and the figures in report/ that serve one step;
+- settings (issue #81): the settings model each step's SPEC declares and the module it lives in, and the step
+  settings models left in core/ (the run-wide TargetSettings and PreflightSettings are no step's)."""
 from __future__ import annotations
 
 import argparse
@@ -232,7 +234,7 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
     readers = sorted(name for name, tree in trees.items() if room_of(name) in LIBRARY_ROOMS and any(
         isinstance(node, ast.ImportFrom) and node.module == "workbench.core.record" and any(
             alias.name == "RunRecord" for alias in node.names) for node in ast.walk(tree)))
-    spelled = {name: tree for name, tree in trees.items() if name != "workbench.core.variants"}  # the one place
+    spelled = {name: tree for name, tree in trees.items() if name != "workbench.graphs.names"}  # the one place
     literals = {name: sum(1 for value in strings(tree) if value in VARIANT_NAMES) for name, tree in spelled.items()}
     only = {name: sum(1 for value in strings(tree) if value in VARIANT_ONLY) for name, tree in spelled.items()}
     figures = trees.get("workbench.report.figures")
@@ -255,7 +257,27 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
         "Metrics models keeping undeclared keys": sum(body.count("extra='allow'") for body in text.values()),
         "report figures serving exactly one step": f"{sum(1 for u in users.values() if len(u) == 1)} of "
                                                    f"{len(drawn)}",
+        "settings model per step (its module)": step_settings(trees),
+        "step settings models in core/": sum(1 for name, tree in trees.items() if room_of(name) == "core" for node in
+                                             tree.body if isinstance(node, ast.ClassDef) and node.name.endswith(
+                                                 "Settings") and node.name not in ("Settings", "StepSettings",
+                                                                                   "TargetSettings",
+                                                                                   "PreflightSettings")),
     }
+
+
+def step_settings(trees: dict[str, ast.Module]) -> dict[str, str]:
+    """Per step, the settings model its SPEC declares (`settings=`) and the module that defines it ("-": none)."""
+    defined = {node.name: name for name, tree in trees.items() for node in tree.body if isinstance(node, ast.ClassDef)}
+    found = {}
+    for name, tree in trees.items():
+        if room_of(name) != "steps" or name.count(".") != 2:
+            continue
+        call = next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(
+            node.value, ast.Call) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets)), None)
+        model = next((ast.unparse(k.value) for k in call.keywords if k.arg == "settings"), None) if call else None
+        found[name.rsplit(".", 1)[-1]] = f"{model} ({defined.get(model, '?')})" if model else "-"
+    return found
 
 
 def main() -> None:

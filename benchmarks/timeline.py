@@ -205,9 +205,9 @@ def memory_cgroup(limit_gb: float | None) -> Iterator[str]:
 def served_long_texts(run_dir: Path, count: int, tokens: int) -> dict[str, Any]:
     """The run's deployment on a real server answering one request of `count` texts of at least `tokens` tokens
     each: seconds, the server's peak memory (its tree, PSS), the answer's shape and the served token budget."""
-    from workbench.core.batches import long_texts, token_lengths
     from workbench.core.data import load_corpus
     from workbench.core.record import RunRecord
+    from workbench.models.batches import long_texts, token_lengths
     from workbench.serve import run_repository
     from workbench.serving.client import TritonClient
     from workbench.serving.plan import deployed_plan

@@ -129,7 +129,7 @@ def test_tables_refuse_undeclared_keys_and_values_resolved_once_are_read_not_der
     """Issue #67's ratchets, counted as benchmarks/structure.py prints them: no model keeps undeclared keys, no
     import circle at runtime, the sequence range resolved once (by loading, for export), no library room reading
     the run record (the steps read it and pass the tables down), and a variant's own name spelled only in
-    `core.variants.VariantName`."""
+    `graphs.names.VariantName`."""
     from structure import counts
 
     found = counts()

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from workbench.core.batches import Cell, corner_batches, corpus_batches, token_lengths
 from workbench.core.config import RunConfig, ShapeRange
 from workbench.core.data import load_corpus
 from workbench.core.errors import ShapeError
+from workbench.models.batches import Cell, corner_batches, corpus_batches, token_lengths
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.serving.settings import lab_settings

@@ -11,9 +11,9 @@ from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError
 from workbench.core.machine import gpu_name, package_version
-from workbench.core.pins import PROJECT
 from workbench.core.record import RunRecord
 from workbench.doctor import GPU, Finding, run_checks, step_support
+from workbench.models.pins import PROJECT
 from workbench.steps import specs, step_names
 
 needs_no_gpu = pytest.mark.skipif(gpu_name() is not None, reason="checks what doctor says on machines without a GPU")

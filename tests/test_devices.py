@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from workbench.core.batches import shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DeviceMismatchError
@@ -16,6 +15,7 @@ from workbench.core.record import RunRecord
 from workbench.measure.latency import baseline_for, speedup, summarize
 from workbench.measure.sessions import cuda_candidates
 from workbench.measure.tables import GridRunner
+from workbench.models.batches import shaped_batch, token_lengths
 from workbench.models.loading import load_model
 from workbench.report.page import build_report
 from workbench.runners.library import library_runner

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ConfigError, ExportError, OpsetError
 from workbench.core.record import RunRecord
+from workbench.models.batches import Batch
 from workbench.models.loading import load_model
 from workbench.models.tiny import build_encoder
 from workbench.runners.onnxruntime import OrtRunner

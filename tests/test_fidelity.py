@@ -36,7 +36,7 @@ def _library(folder):
 
 def _long(model, tokens):
     """A real text of about `tokens` tokens for `model` (corpus texts joined)."""
-    from workbench.core.batches import long_texts
+    from workbench.models.batches import long_texts
 
     return long_texts(model.tokenizer, load_corpus(), [tokens])[0]
 

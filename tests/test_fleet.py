@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from workbench.core.errors import ClusterError, ConfigError, OutputDirError, TransferError
-from workbench.core.hostkinds import KINDS, host_kind, kind_of, node_resources
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
 from workbench.fleet.kuberay import manifests
@@ -27,6 +26,7 @@ from workbench.fleet.node import plan_start
 from workbench.fleet.transfer import install, pack
 from workbench.models.tiny import build_encoder
 from workbench.report.compare import compare, write_compare
+from workbench.serving.hostkinds import KINDS, host_kind, kind_of, node_resources
 from workbench.sweep import load_sweep
 
 from .test_deploy import validate

@@ -539,7 +539,7 @@ def test_serve_run_uses_the_published_repository_when_the_runs_copy_is_gone(tmp_
 def test_sentence_transformers_the_parity_reference_is_pinned():
     from importlib.metadata import version
 
-    from workbench.core.pins import pin
+    from workbench.models.pins import pin
 
     assert pin("sentence-transformers") == f"sentence-transformers=={version('sentence-transformers')}"
 

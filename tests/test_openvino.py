@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import DependencyMissingError
@@ -14,6 +13,7 @@ from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision, Trial
 from workbench.measure.precisions import Target, target_for
+from workbench.models.batches import Batch
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner, bf16_problem
@@ -163,7 +163,7 @@ def test_its_deploy_image_installs_openvino(minilm):
 
     from dockerfile_parse import DockerfileParser
 
-    from workbench.core.pins import pin
+    from workbench.models.pins import pin
 
     _, config, record = minilm
     if record.metric("triton.variant") != "openvino":

@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import pytest
 
-from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
@@ -21,6 +20,7 @@ from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_o
 from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.forms import RaceBench
 from workbench.measure.precisions import Target, target_for
+from workbench.models.batches import Batch
 from workbench.precision.search import matmul_costs
 from workbench.precision.tables import RepairCandidate
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem
@@ -383,8 +383,8 @@ class CountingChecker:
 
 
 def search_for(tmp_path, ceiling):
-    from workbench.core.timing import Budget
     from workbench.precision.search import RepairProblem, RepairSearch
+    from workbench.runners.timing import Budget
 
     units = list("abcdefgh")
     problem = RepairProblem("int8", units, lambda blocked, dest: dest.write_text(" ".join(blocked)), ceiling=ceiling)

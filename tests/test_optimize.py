@@ -3,7 +3,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import OnnxModelError
@@ -11,6 +10,7 @@ from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import SEPARATE_FORM_DISABLED
 from workbench.measure import forms
+from workbench.models.batches import Batch
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize
 

@@ -12,7 +12,7 @@ import yaml
 
 from workbench.cli import main
 from workbench.core.config import RunConfig
-from workbench.core.pins import pin
+from workbench.models.pins import pin
 from workbench.steps import specs, step_names
 
 ROOT = Path(__file__).resolve().parent.parent

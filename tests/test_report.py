@@ -10,22 +10,22 @@ from pathlib import Path
 import pytest
 
 from workbench.core.advice import IN_LAB, command, set_settings
-from workbench.core.batches import Cell
 from workbench.core.catalog import spec
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
-from workbench.core.timing import interleaved
 from workbench.graphs.tables import GraphStats
 from workbench.measure.latency import matmul_flops, summarize
 from workbench.measure.load import breakdown, stage_totals
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.measure.sweeps import TextLoad, measure_text_loads, pick
 from workbench.measure.tables import BatchingSweeps, BenchMetrics, GridRunner, LatencyGrid, SearchCandidate, ServedLevel
+from workbench.models.batches import Cell
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.report.page import again_both_ways
 from workbench.report.recommend import recommend
+from workbench.runners.timing import interleaved
 from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
 from workbench.steps.bench import figures as bench_figures
 from workbench.steps.triton import serving_plan

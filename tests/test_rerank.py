@@ -89,7 +89,7 @@ def test_lab_pairs_hold_each_query_with_its_near_and_far_documents():
 def test_the_lab_regroups_a_rerankers_pairs_within_their_query_as_one_request_sends_them(rerankers):
     from functools import partial
 
-    from workbench.core.batches import grouped_batches
+    from workbench.models.batches import grouped_batches
     from workbench.models.loading import load_model
     from workbench.serving.plan import served_groups
 
@@ -167,7 +167,7 @@ def test_one_query_with_64_documents_is_scored_in_input_order_with_its_top_k(ser
     from sentence_transformers import CrossEncoder
     from transformers import AutoTokenizer
 
-    from workbench.core.batches import token_lengths
+    from workbench.models.batches import token_lengths
 
     model, plan, server = served
     texts = load_corpus()

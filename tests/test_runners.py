@@ -6,12 +6,12 @@ from contextlib import ExitStack
 import numpy as np
 import pytest
 
-from workbench.core.batches import Batch, shaped_batch, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import OnnxModelError
 from workbench.core.machine import gpu_name
 from workbench.core.record import RunRecord
+from workbench.models.batches import Batch, shaped_batch, token_lengths
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.runners import Runner, RunnerClosedError

@@ -17,7 +17,6 @@ import psutil
 import pytest
 from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
-from workbench.core.batches import Batch, long_texts, token_lengths
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import (
@@ -29,13 +28,14 @@ from workbench.core.errors import (
     UnstableMeasurementError,
 )
 from workbench.core.flavor import Flavor
-from workbench.core.pins import pin
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.perf_analyzer import PerfAnalyzer
+from workbench.models.batches import Batch, long_texts, token_lengths
 from workbench.models.loading import load_model
+from workbench.models.pins import pin
 from workbench.models.tiny import build_encoder
 from workbench.precision.tables import ParityMetrics
 from workbench.runners.torch import TorchRunner

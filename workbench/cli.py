@@ -12,8 +12,8 @@ import yaml
 
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, RunInterruptedError, WorkbenchError
-from workbench.core.pins import project_version
 from workbench.core.record import RunRecord, StepStatus
+from workbench.models.pins import project_version
 from workbench.serving.server import API_PORT, HOST
 from workbench.steps import specs
 

@@ -25,10 +25,10 @@ from workbench.core.errors import (
     RunLockedError,
     WorkbenchError,
 )
-from workbench.core.hostkinds import BY_NAME, host_kind
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
+from workbench.serving.hostkinds import BY_NAME, host_kind
 from workbench.steps.generation import GenerationSettings
 
 INDEX_VARIABLE = "WORKBENCH_SWEEP_INDEX"

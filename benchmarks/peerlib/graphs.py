@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from workbench.core.errors import WorkbenchError
-from workbench.core.timing import cell_medians_ms
 from workbench.runners.onnxruntime import SessionSettings, session
+from workbench.runners.timing import cell_medians_ms
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

@@ -24,9 +24,9 @@ import aiohttp
 import numpy as np
 
 from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError, WorkbenchError
-from workbench.core.pins import pin
 from workbench.measure.load import closed_loop_level, request_texts
 from workbench.measure.tables import ServedLevel
+from workbench.models.pins import pin
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement

@@ -18,11 +18,11 @@ from typing import IO, TYPE_CHECKING
 
 import yaml
 
-from workbench.core.hostkinds import kind_of
 from workbench.core.machine import NODE_VARIABLE, cpu_features, gpu_name
 from workbench.core.results import NodeInfo
 from workbench.fleet.node import die_with_parent
 from workbench.fleet.transfer import PackedRun, pack
+from workbench.serving.hostkinds import kind_of
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle

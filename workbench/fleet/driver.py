@@ -26,12 +26,12 @@ from workbench.core.errors import (
     TransferError,
     WorkbenchError,
 )
-from workbench.core.hostkinds import host_kind, kinds_offered
 from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.fleet.board import Board
 from workbench.fleet.cell import CellOutcome, CellSpec, measure_cell
 from workbench.fleet.deployments import write_fleet
 from workbench.fleet.transfer import install
+from workbench.serving.hostkinds import host_kind, kinds_offered
 from workbench.sweep import PlannedRun, Sweep, pending_steps
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import yaml
 
 from workbench.core.atomic import write_marked
 from workbench.core.errors import ConfigError
-from workbench.core.hostkinds import host_kind
-from workbench.core.pins import pin
+from workbench.models.pins import pin
+from workbench.serving.hostkinds import host_kind
 from workbench.sweep import Sweep
 
 RAY_PORT = 6379

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 
 from workbench.core.errors import DependencyMissingError
-from workbench.core.hostkinds import HostKind, host_kind, kind_of, node_resources
 from workbench.core.machine import cpu_features, gpu_name
+from workbench.serving.hostkinds import HostKind, host_kind, kind_of, node_resources
 
 STOP_GRACE_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36

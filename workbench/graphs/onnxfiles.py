@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.batches import Feed
 from workbench.core.errors import OnnxModelError
+from workbench.models.batches import Feed
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.core.batches import within
 from workbench.core.config import ShapeRange
 from workbench.graphs.tables import ShapeProfile
+from workbench.models.batches import within
 
 ALIGN = 8  # TensorRT kernels favour sequence lengths that are multiples of 8
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.batches import Batch, Feed, cell_feeds
 from workbench.core.results import ExportMetrics
-from workbench.core.timing import cell_medians_ms
 from workbench.graphs.tables import Borrowed, FormChoice, Timings, Trial
 from workbench.measure.settings import BenchSettings
+from workbench.models.batches import Batch, Feed, cell_feeds
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners import IO, Device, Runner
 from workbench.runners.onnxruntime import OrtRunner, device_for, providers_for
+from workbench.runners.timing import cell_medians_ms
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

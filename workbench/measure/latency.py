@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.batches import Cell, shaped_batch, token_lengths
 from workbench.core.errors import DeviceMismatchError
 from workbench.core.machine import OthersBusy, too_busy
 from workbench.core.results import Verdict
-from workbench.core.timing import elapsed, interleaved
 from workbench.measure.tables import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
+from workbench.models.batches import Cell, shaped_batch, token_lengths
 from workbench.runners import Device
+from workbench.runners.timing import elapsed, interleaved
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from workbench.core.batches import Batch
     from workbench.core.record import Variant
     from workbench.core.tasks import OutputSpec
     from workbench.graphs.tables import ShapeProfile
+    from workbench.models.batches import Batch
     from workbench.models.loading import LoadedModel
     from workbench.precision.lab import ParityLab
     from workbench.runners import Runner

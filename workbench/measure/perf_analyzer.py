@@ -15,7 +15,7 @@ from pathlib import Path
 
 from workbench.core.atomic import atomic_path, write_text
 from workbench.core.errors import DependencyMissingError
-from workbench.core.pins import pin
+from workbench.models.pins import pin
 
 # A deliberate pin of its own, not the project's tritonclient: the newest wheel whose perf_analyzer runs on glibc 2.36
 # (Debian 12). Only its binary is taken; the Python package stays the one pyproject.toml pins.

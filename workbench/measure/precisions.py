@@ -14,10 +14,10 @@ import numpy as np
 
 from workbench.core.advice import set_settings
 from workbench.core.machine import INT8_INSTRUCTIONS, SPEED_FLAGS, cpu_flags
-from workbench.core.timing import interleaved
 from workbench.graphs.tables import PrecisionDecision, Timings
 from workbench.measure.sessions import call_for
 from workbench.runners.onnxruntime import session
+from workbench.runners.timing import interleaved
 
 MIN_GAIN = 1.2  # a reduced precision pays where it is at least this much faster than fp32 in one goal cell
 # Rounds per cell (each file BLOCK calls a round, the first not counted): at most ROUNDS, stopping after CELL_SECONDS

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.timing import interleaved
 from workbench.measure.tables import SessionTuning
 from workbench.runners.onnxruntime import EXECUTION_MODES, OPTIMIZATION_LEVELS, SessionSettings
+from workbench.runners.timing import interleaved
 
 if TYPE_CHECKING:
     from onnxruntime import InferenceSession

@@ -24,9 +24,9 @@ from workbench.core.errors import (
     WorkbenchError,
     ZippedModelError,
 )
-from workbench.core.pins import pin, project_version
 from workbench.core.tasks import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task, embedded_folder
 from workbench.models.families import family
+from workbench.models.pins import pin, project_version
 from workbench.models.sentence import (
     SentencePipeline,
     cross_encoder,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.core.atomic import atomic_path
-from workbench.core.batches import Batch
+from workbench.models.batches import Batch
 
 MAX_BYTES = 4 << 30  # the folder's size past which the least recently used entries go
 CACHE_VARIABLE = "XDG_CACHE_HOME"

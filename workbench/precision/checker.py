@@ -7,13 +7,13 @@ from pathlib import Path
 
 from workbench.core.record import Variant
 from workbench.core.results import Verdict
-from workbench.core.timing import median_ms
 from workbench.precision.compare import OutputParity
 from workbench.precision.lab import ParityLab
 from workbench.precision.tables import RepairCandidate
 from workbench.runners import Runner
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant
+from workbench.runners.timing import median_ms
 
 HARD_TEXTS = 16  # worst texts per output whose batches the search checks candidates on
 SUMMARY_KEYS = ("max_abs", "min_cosine", "agreement", "loss", "retrieval")

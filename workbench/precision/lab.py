@@ -10,7 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from workbench.core.atomic import atomic_path
-from workbench.core.batches import (
+from workbench.core.config import Tolerance
+from workbench.core.data import Text, encode, load_corpus, shown
+from workbench.core.progress import track
+from workbench.core.results import Verdict, WorstText
+from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
+from workbench.models.batches import (
     Batch,
     Cell,
     Feed,
@@ -22,11 +27,6 @@ from workbench.core.batches import (
     token_lengths,
     within,
 )
-from workbench.core.config import Tolerance
-from workbench.core.data import Text, encode, load_corpus, shown
-from workbench.core.progress import track
-from workbench.core.results import Verdict, WorstText
-from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.loading import LoadedModel
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.core.batches import Feed
-from workbench.core.timing import Budget, elapsed
 from workbench.graphs import onnxfiles
 from workbench.graphs.variants import (
     activation_ranges,
@@ -20,7 +18,9 @@ from workbench.graphs.variants import (
     quantize_int8,
     smooth_activations,
 )
+from workbench.models.batches import Feed
 from workbench.precision.tables import RecipeResult
+from workbench.runners.timing import Budget, elapsed
 
 if TYPE_CHECKING:
     from workbench.precision.checker import Checker

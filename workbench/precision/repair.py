@@ -10,7 +10,6 @@ from functools import cache
 from pathlib import Path
 
 from workbench.core.progress import Progress
-from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 from workbench.graphs.nncf_int8 import keep_in_float, noise_order, quantizer_costs
 from workbench.graphs.variants import convert_fp16, keep_in_fp32, quantize_int8_blockwise
@@ -30,6 +29,7 @@ from workbench.precision.search import (
     sensitivity_order,
 )
 from workbench.precision.tables import NodeError, RecipeResult, RepairCandidate, RepairOutcome
+from workbench.runners.timing import Budget
 
 REPAIR_ROUNDS = 3
 # Recipes tried on an int8 repair's MatMuls instead of fp32: 8-bit block-quantized weights (MatMulNBits) with these

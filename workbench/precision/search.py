@@ -19,9 +19,9 @@ import numpy as np
 
 from workbench.core.machine import release_memory
 from workbench.core.progress import Progress
-from workbench.core.timing import Budget
 from workbench.graphs import onnxfiles
 from workbench.precision.tables import RepairCandidate, RepairOutcome
+from workbench.runners.timing import Budget
 
 if TYPE_CHECKING:
     from onnx import ModelProto

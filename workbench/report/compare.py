@@ -17,12 +17,12 @@ from pydantic import ValidationError
 
 from workbench.core.advice import run_again
 from workbench.core.atomic import write_text
-from workbench.core.batches import Cell
 from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, ensure_writable
 from workbench.measure.latency import is_variant_row
 from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import BenchMetrics, CellTiming
+from workbench.models.batches import Cell
 from workbench.report import figures
 from workbench.report.recommend import gate, goal_cells
 

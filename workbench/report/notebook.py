@@ -27,8 +27,8 @@ from workbench.core.errors import ConfigError
 from workbench.core.memory import first_to_go
 from workbench.core.parameters import PARAMETERS, Parameter
 from workbench.core.progress import use_text_bars
-from workbench.core.quiet import quiet_known_warnings
 from workbench.core.record import RECORD_NAME, RunRecord, described, settings_changes
+from workbench.models.quiet import quiet_known_warnings
 
 SHIPPED_NOTEBOOKS = Path(sys.prefix) / "share" / "workbench" / "notebooks"  # where a wheel install puts them
 

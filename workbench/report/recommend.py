@@ -13,13 +13,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from workbench.core.advice import run_again
-from workbench.core.batches import Cell
 from workbench.core.record import RunRecord, StepStatus
 from workbench.core.results import Verdict
 from workbench.graphs.tables import OptimizeMetrics
 from workbench.measure.latency import is_variant_row
 from workbench.measure.precisions import MIN_GAIN
 from workbench.measure.tables import BenchMetrics, CellTiming
+from workbench.models.batches import Cell
 from workbench.serving.plan import int8_decision
 
 GOALS = ("latency", "throughput")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 if TYPE_CHECKING:
     import numpy as np
 
-    from workbench.core.batches import Batch
+    from workbench.models.batches import Batch
 
 R = TypeVar("R", bound="Runner")
 Device = Literal["cpu", "cuda"]

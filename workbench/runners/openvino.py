@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.batches import Batch
 from workbench.core.errors import DependencyMissingError
 from workbench.graphs import onnxfiles
+from workbench.models.batches import Batch
 from workbench.runners import Runner, RunnerClosedError
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.core.batches import Batch
 from workbench.core.errors import ShapeError
 from workbench.graphs.profiles import profile_for
 from workbench.graphs.tables import ShapeProfile
+from workbench.models.batches import Batch
 from workbench.runners import Device, Runner
 
 

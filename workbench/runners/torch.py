@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from workbench.core.batches import Batch
 from workbench.core.tasks import OutputSpec
+from workbench.models.batches import Batch
 from workbench.models.loading import LoadedModel
 from workbench.runners import IO, Device, Runner, RunnerClosedError
 

@@ -14,9 +14,9 @@ import yaml
 
 from workbench.core.atomic import write_text
 from workbench.core.flavor import Flavor
-from workbench.core.hostkinds import HostKind
 from workbench.core.metrics import Metrics
-from workbench.core.pins import pin
+from workbench.models.pins import pin
+from workbench.serving.hostkinds import HostKind
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
 from workbench.serving.settings import TritonSettings

@@ -15,8 +15,8 @@ from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import Deployed, Variant
 from workbench.core.results import CpuFeatures, ExportMetrics, PipelineSummary, Verdict
 from workbench.core.tasks import OutputSpec
-from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
+from workbench.graphs.names import VariantName
 from workbench.graphs.tables import OptimizeMetrics, PrecisionDecision, ShapeProfile
 from workbench.precision.tables import ParityMetrics
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.core.batches import Batch
 from workbench.core.data import Text
 from workbench.core.tasks import SENTENCE_EMBEDDING, SPARSE_INDICES, SPARSE_VALUES
+from workbench.models.batches import Batch
 from workbench.runners import Runner
 from workbench.serving.backend.sparse_terms import dense_rows
 from workbench.serving.client import TritonClient

@@ -27,7 +27,7 @@ from workbench.core.errors import (
     TritonNotFoundError,
 )
 from workbench.core.memory import first_to_go
-from workbench.core.pins import pin
+from workbench.models.pins import pin
 
 HOST = "127.0.0.1"
 API_PORT = 8080  # the API front's (serving/front.py) in `workbench serve` and the deployment image

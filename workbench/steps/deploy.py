@@ -11,7 +11,6 @@ from workbench.core.advice import run_again
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
-from workbench.core.hostkinds import host_kind
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.measure.capacity import Capacity, plan_capacity
@@ -20,6 +19,7 @@ from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
 from workbench.report.compare import host_of
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
+from workbench.serving.hostkinds import host_kind
 from workbench.serving.plan import deployed_plan
 from workbench.serving.settings import TritonSettings
 

@@ -14,12 +14,12 @@ from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
-from workbench.core.quiet import quiet_tracer
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.loading import LoadedModel, load_model, traceable_masks
+from workbench.models.quiet import quiet_tracer
 from workbench.report import figures
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ from workbench.core.memory import WEIGHT_MULTIPLE, StepMemory
 from workbench.core.metrics import Metrics
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.timing import timed
 from workbench.measure.load import asyncio_level
 from workbench.measure.tables import ServedLevel
 from workbench.report import figures
+from workbench.runners.timing import timed
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
 from workbench.serving.generation import (

@@ -11,7 +11,6 @@ import plotly.graph_objects as go
 from pydantic import Field, field_validator
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
-from workbench.core.batches import token_lengths
 from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig, StepSettings, from_here
 from workbench.core.machine import GPU_FINDING, gpu_name
@@ -29,6 +28,7 @@ from workbench.graphs.engines import (
 from workbench.graphs.profiles import design_profiles, padding_waste
 from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import EngineBuild, EngineRecord, Histogram, LengthStats, ShapeProfile, TensorrtMetrics
+from workbench.models.batches import token_lengths
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
 from workbench.serving.settings import lab_settings

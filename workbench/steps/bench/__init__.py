@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 
 from workbench.core.advice import run_again
-from workbench.core.batches import corpus_batches
 from workbench.core.catalog import Parts, Section, StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.timing import timed
 from workbench.graphs.tables import ShapeProfile
 from workbench.measure.latency import (
     Dimensions,
@@ -35,12 +33,14 @@ from workbench.measure.tables import (
     LatencyGrid,
     ServedBenchmark,
 )
+from workbench.models.batches import corpus_batches
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
 from workbench.runners.onnxruntime import device_for
 from workbench.runners.registry import open_variant
+from workbench.runners.timing import timed
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.core.variants import VariantName
+from workbench.graphs.names import VariantName
 from workbench.graphs.tables import GraphStats, OptimizeMetrics
 from workbench.report.figures import table
 

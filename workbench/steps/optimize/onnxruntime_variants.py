@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.batches import Batch
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.machine import release_memory
@@ -20,6 +19,7 @@ from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, SmokeTest,
 from workbench.graphs.variants import GRAPH_FORMS, borrowed_fp32, optimize_fp32
 from workbench.measure.forms import RaceBench, choose_borrowed, choose_form
 from workbench.measure.precisions import Target
+from workbench.models.batches import Batch
 from workbench.models.families import BORROWED_RULES, with_fusion_rules
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 

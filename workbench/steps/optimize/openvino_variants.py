@@ -6,24 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.core.advice import run_again
-from workbench.core.batches import Feed
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import OthersBusy, release_memory, too_busy
 from workbench.core.record import RunRecord
 from workbench.core.results import ExportMetrics
-from workbench.core.timing import elapsed
-from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles, shared_tables
+from workbench.graphs.names import VariantName
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Target
+from workbench.models.batches import Feed
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 from workbench.runners.registry import open_variant
+from workbench.runners.timing import elapsed
 
 # the OpenVINO variants this step may keep
 OPENVINO_BUILDS = (VariantName.OPENVINO, VariantName.OPENVINO_BF16, VariantName.OPENVINO_INT8)

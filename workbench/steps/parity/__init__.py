@@ -14,8 +14,8 @@ from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
-from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
+from workbench.graphs.names import VariantName
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check

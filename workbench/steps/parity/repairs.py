@@ -11,9 +11,8 @@ from workbench.core.machine import release_memory
 from workbench.core.progress import Progress
 from workbench.core.record import RunRecord, Variant
 from workbench.core.results import Verdict
-from workbench.core.timing import median_ms
-from workbench.core.variants import VariantName
 from workbench.graphs import onnxfiles
+from workbench.graphs.names import VariantName
 from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import OptimizeMetrics, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
@@ -25,6 +24,7 @@ from workbench.precision.repair import repair as repair_variant
 from workbench.precision.settings import ParitySettings
 from workbench.precision.tables import ParityMetrics, RepairOutcome
 from workbench.runners.registry import open_variant
+from workbench.runners.timing import median_ms
 from workbench.serving.plan import (
     choose_flavor,
     int8_decision,
