@@ -36,6 +36,7 @@ from workbench.core.errors import WorkbenchError
 from workbench.core.machine import cpu_features, others_busy
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import ExportMetrics
 from workbench.measure.sweeps import TextLoad, load_tool, measure_text_loads
 from workbench.measure.tables import BestRow, InProcessRates, LatencyGrid, ServedLevel
 from workbench.models.batches import Cell, shaped_batch, token_lengths
@@ -253,7 +254,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.profile:
         best = (latency.best.get("b8_s128") or BestRow(variant="fp32", speedup=0.0)).variant
         path = record.variants()[best].path
-        feed = shaped_batch(tokenizer, tuple(record.export_info().io.inputs), texts,
+        feed = shaped_batch(tokenizer, tuple(record.needed(ExportMetrics).io.inputs), texts,
                             token_lengths(tokenizer, texts), 8, 128).feed
         print(f"\nONNX Runtime profile of {best} at b8_s128 (share of node time by op type):")
         for op, part in profile(path, feed, latency.threads or 1, args.run / "bench"):

@@ -39,6 +39,7 @@ from workbench.core.data import load_corpus
 from workbench.core.errors import RepositoryError
 from workbench.core.interrupt import script_exit
 from workbench.core.record import RunRecord
+from workbench.graphs.tables import ExportMetrics
 from workbench.models import tiny
 from workbench.precision.sparse import sparse_agreement, terms
 from workbench.report.recommend import gate
@@ -46,6 +47,7 @@ from workbench.serving.backend.sparse_terms import dense_rows
 from workbench.serving.client import TritonClient
 from workbench.serving.front import ApiFront
 from workbench.serving.server import TritonServer
+from workbench.serving.tables import TritonMetrics
 
 STEPS = "export,optimize,parity,triton"
 BUCKETS = (("<=16", 0, 16), ("17-64", 17, 64), (">64", 65, 10**9))
@@ -286,9 +288,9 @@ def agreement(kind: Kind, got: Any, want: Any) -> dict[str, float]:
 def served_check(kind: Kind, folder: Path, record: RunRecord, scratch: Path) -> tuple[dict[str, Any], str]:
     """Per protocol and bucket, the served answers against the library's; and what the front said if it has no
     route for this model."""
-    deployment = record.deployment()
+    deployment = record.current(TritonMetrics)
     name, repository = deployment.name, Path(deployment.repository)
-    cut = record.export_info().max_sequence
+    cut = record.needed(ExportMetrics).max_sequence
     tokenizer = record.tokenizer()
     corpus = list(load_corpus())
     lengths = [len(ids) for ids in tokenizer(corpus, verbose=False)["input_ids"]]
@@ -317,7 +319,7 @@ def served_check(kind: Kind, folder: Path, record: RunRecord, scratch: Path) -> 
 
 def recorded_gate(record: RunRecord) -> str:
     """The served variant's parity criterion with the least margin, and the triton step's served checks passed."""
-    deployment = record.deployment()
+    deployment = record.current(TritonMetrics)
     verdict = record.verdicts().get(deployment.variant)
     judged = gate(verdict) if verdict else None
     criterion = (f"{judged.metric} {judged.value:.6g} vs {judged.threshold:g} on {judged.output}" if judged
@@ -345,8 +347,8 @@ def measure_kind(kind: Kind, out: Path) -> dict[str, Any]:
     if kind.reads == "refused":
         return {**row, "note": "ran, though a refusal was expected"}
     record = RunRecord.load(run_dir)
-    deployment = record.deployment()
-    width = record.export_info().io.outputs.get("sentence_embedding", [None])[-1]
+    deployment = record.current(TritonMetrics)
+    width = record.needed(ExportMetrics).io.outputs.get("sentence_embedding", [None])[-1]
     shown = [f"{width}-d" if isinstance(width, int) else "", f"{deployment.head} head" if deployment.head else ""]
     row.update(served=" ".join([deployment.variant, *filter(None, shown)]), gate=recorded_gate(record))
     try:

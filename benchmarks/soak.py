@@ -43,6 +43,7 @@ from workbench.serving.client import AsyncTritonClient, TritonClient, rerank_arr
 from workbench.serving.front import ApiFront
 from workbench.serving.repository import read_repository
 from workbench.serving.server import TritonServer, tree_rss
+from workbench.serving.tables import TritonMetrics
 
 STEPS = ["export", "optimize", "parity", "triton"]
 MAX_GROWTH = 0.05
@@ -92,7 +93,7 @@ class Deployment:
 def deployed(run: Path) -> Deployment:
     """The run's served repository, its model and limits, and the run's corpus; the triton step must be ok."""
     record = RunRecord.load(run)
-    deployment = record.deployment()
+    deployment = record.current(TritonMetrics)
     if deployment is None:
         raise MissingArtifactError(f"the triton step of {run} is {record.status('triton') or 'not run'}, not ok",
                                    f"run it: workbench run --resume --output-dir {run} --steps triton, or leave "

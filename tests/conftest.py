@@ -12,6 +12,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import workbench.steps  # noqa: E402, F401  the test entry point registers the steps (the catalog core reads)
 from workbench.core.config import RunConfig  # noqa: E402
 from workbench.core.record import RunRecord  # noqa: E402
+from workbench.graphs.tables import ExportMetrics
 from workbench.measure.forms import RaceBench, race_bench  # noqa: E402
 from workbench.models.tiny import build_encoder  # noqa: E402
 
@@ -74,4 +75,4 @@ def export_metrics(**changes: object) -> dict[str, object]:
 def run_race_bench(config: RunConfig, record: RunRecord) -> RaceBench:
     """The races' bench the optimize and parity steps build for a run (`measure.forms.race_bench`)."""
     return race_bench(config.bench, list(config.texts()), config.device, config.threads, record.tokenizer(),
-                      record.export_info())
+                      record.needed(ExportMetrics))

@@ -11,6 +11,7 @@ from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import fuse_biased_attention, unpack_biased_attention
+from workbench.graphs.tables import ExportMetrics
 from workbench.graphs.variants import borrowed_fp32, keep_in_fp32, optimize_fp32, quantize_int8
 from workbench.measure import forms
 from workbench.measure.forms import RaceBench
@@ -30,7 +31,7 @@ def mpnet_graphs(tmp_path_factory):
     config = RunConfig.model_validate({"model": str(build_encoder(root / "model", "mpnet")), **SMALL})
     record = RunRecord.create(root / "run", config)
     export.run(config, record)
-    info = record.export_info()
+    info = record.needed(ExportMetrics)
     files = {"basic": root / "basic.onnx", "borrowed": root / "borrowed.onnx"}
     optimize_fp32(record.artifact("onnx.original"), files["basic"], info)
     _, biased = borrowed_fp32(record.artifact("onnx.original"), files["borrowed"], info)

@@ -17,7 +17,7 @@ from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
 from workbench.graphs import nncf_int8, onnxfiles
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, keep_in_float, noise_order, quantizer_costs, quantizers
-from workbench.graphs.tables import PrecisionDecision
+from workbench.graphs.tables import ExportMetrics, PrecisionDecision
 from workbench.measure.forms import RaceBench
 from workbench.measure.precisions import Target, target_for
 from workbench.models.batches import Batch
@@ -227,7 +227,7 @@ def test_an_interrupted_race_leaves_no_openvino_int8_file(quantized, tmp_path, m
 
     monkeypatch.setattr(openvino_variants, "race", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+        openvino_variants.build_openvino_int8(config, record, record.needed(ExportMetrics), bench(config, record),
         target_for("host", False),
                                      optimize.decide_precisions(config, record)[1]["int8"])
     path = record.run_dir / "onnx" / "openvino_int8.onnx"
@@ -238,20 +238,20 @@ def test_where_it_is_not_tried_the_record_says_why(quantized, monkeypatch):
     config, record = quantized
     host = Target("host", frozenset({"avx2"}))
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    assert openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+    assert openvino_variants.build_openvino_int8(config, record, record.needed(ExportMetrics), bench(config, record),
         host, None).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     fp32_only = config.model_copy(update={"precisions": ["fp32"]})  # int8 decided: not in the precisions
-    assert openvino_variants.build_openvino_int8(fp32_only, record, record.export_info(), bench(config, record),
+    assert openvino_variants.build_openvino_int8(fp32_only, record, record.needed(ExportMetrics), bench(config, record),
         host, decision).recorded() == {
         "kept": False, "reason": "not tried: int8 is not among the run's precisions"}
     never = config.model_copy(deep=True)
     never.optimize.openvino = "never"
-    assert openvino_variants.build_openvino_int8(never, record, record.export_info(), bench(config, record),
+    assert openvino_variants.build_openvino_int8(never, record, record.needed(ExportMetrics), bench(config, record),
         host, decision).reason == \
         "not tried (optimize.openvino=never)"
     monkeypatch.setattr(openvino_variants, "nncf_problem", lambda: "NNCF is not installed (No module named 'nncf')")
-    reason = openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+    reason = openvino_variants.build_openvino_int8(config, record, record.needed(ExportMetrics), bench(config, record),
         host, decision).reason
     assert reason.startswith("not tried: NNCF is not installed") and "[openvino]" in reason
 
@@ -424,7 +424,7 @@ def test_a_graph_nncf_refuses_is_recorded_not_a_failed_step(quantized, tmp_path,
 
     monkeypatch.setattr(openvino_variants, "quantize_openvino_int8", refused)
     decision = optimize.decide_precisions(config, record)[1]["int8"]
-    built = openvino_variants.build_openvino_int8(config, record, record.export_info(), bench(config, record),
+    built = openvino_variants.build_openvino_int8(config, record, record.needed(ExportMetrics), bench(config, record),
         target_for("host", False), decision)
     assert built.recorded() == {"kept": False, "reason": "not built: NNCF could not quantize this graph "
                                                          "(AttributeError: 'NoneType' object has no attribute 'shape')"}

@@ -20,7 +20,7 @@ from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
-from workbench.graphs.tables import PrecisionDecision
+from workbench.graphs.tables import ExportMetrics, PrecisionDecision
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
@@ -253,7 +253,7 @@ def test_a_spliced_candidate_is_the_requantized_one_shared_weights_included(bert
 
     record, _ = bert_parity
     fp32 = tmp_path / "fused.onnx"  # the fused form whatever the optimize step measured faster here
-    optimize_fp32(record.artifact("onnx.original"), fp32, record.export_info(), form="fused")
+    optimize_fp32(record.artifact("onnx.original"), fp32, record.needed(ExportMetrics), form="fused")
     quantize_int8(fp32, tmp_path / "int8.onnx", True, [])
     quantized, source = onnxfiles.load(tmp_path / "int8.onnx"), onnxfiles.load(fp32)
     assert any(n.op_type == "DequantizeLinear" and n.output[0] in {i.name for i in source.graph.initializer}

@@ -14,7 +14,9 @@ from workbench.core.errors import OutputDirError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import SCHEMA_VERSION, migrate
+from workbench.graphs.tables import ExportMetrics
 from workbench.precision.tables import ParityMetrics
+from workbench.serving.tables import TritonMetrics
 
 from .conftest import export_metrics
 
@@ -40,11 +42,11 @@ def test_an_old_record_reads_into_the_models(tmp_path):
         "EmbedLayerNormalization_0"]
     assert not parity.variants["int8"].passed and parity.variants["int8_repaired"].passed
     assert parity.variants["int8_repaired"].retrieval["recall_at_10"] > 0.9
-    deployment = record.deployment()
+    deployment = record.current(TritonMetrics)
     assert deployment is not None
     assert deployment.flavor is Flavor.PYTHON_ORT and deployment.variant == "int8_repaired"
-    assert record.export_info().io.inputs["input_ids"] == ["batch", "sequence"]
-    resolved = record.export_info().sequence_range  # recorded by the migration from the run's own settings
+    assert record.needed(ExportMetrics).io.inputs["input_ids"] == ["batch", "sequence"]
+    resolved = record.needed(ExportMetrics).sequence_range  # recorded by the migration from the run's own settings
     assert (resolved.min, resolved.opt, resolved.max) == (1, 128, 256)
 
 
@@ -69,7 +71,7 @@ def test_a_step_whose_metrics_break_its_model_fails_naming_the_field(tmp_path):
         record.set_metric("export", export_metrics(nodez=7))  # a misspelt key is refused, not kept
     with record.step("export"):
         record.set_metric("export", export_metrics(nodes=7))
-    assert record.status("export") == "ok" and record.export_info().nodes == 7
+    assert record.status("export") == "ok" and record.needed(ExportMetrics).nodes == 7
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from workbench.core.errors import (
 )
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import load_model
 from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.precision.lab import ParityLab, lab_texts
@@ -87,7 +88,7 @@ def test_a_step_after_a_failed_one_reads_none_of_its_results_and_stays_ok(tmp_pa
             record.artifact("onnx.original")
         assert record.metric("export.nodes") is None
         with pytest.raises(MissingArtifactError, match="no export metrics"):
-            record.export_info()
+            record.needed(ExportMetrics)
     saved = RunRecord.load(tmp_path)
     assert saved.status("optimize") == "ok" and saved.data["steps"]["optimize"]["inputs"] == {}
 

@@ -26,10 +26,11 @@ from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
+from workbench.core.flavor import Flavor
 from workbench.core.memory import MemoryEstimate, PeakMemory
 from workbench.core.metrics import Json, Metrics
 from workbench.core.progress import Heartbeat, closed_bars, open_bar, say
-from workbench.core.results import SCHEMA_VERSION, ExportMetrics, HostEnvironment, TritonMetrics, Verdict, migrate
+from workbench.core.results import SCHEMA_VERSION, HostEnvironment, Verdict, migrate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -319,14 +320,29 @@ class RunRecord:
         step = next((s.name for s in registry.facts() if s.metrics is model), None)
         return None if step is None else self.results_as(step, model)
 
+    def current(self, model: type[M]) -> M | None:
+        """The metrics of the step that declares `model` (`results_of`) if that step is ok now (not stale, failed
+        or missing)."""
+        step = next((s.name for s in registry.facts() if s.metrics is model), None)
+        return self.results_of(model) if step and self.status(step) == StepStatus.OK else None
+
+    def needed(self, model: type[M]) -> M:
+        """The metrics of the step that declares `model` (`results_of`); MissingArtifactError naming that step and
+        how to run it where it recorded none."""
+        found = self.results_of(model)
+        if found is None:
+            step = next((s.name for s in registry.facts() if s.metrics is model), model.__name__)
+            raise MissingArtifactError(f"the run in {self.run_dir} has no {step} metrics",
+                                       f"run the {step} step first: " + run_again([step], self.run_dir))
+        return found
+
     def deployed(self) -> Deployed | None:
         """What the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
         that is current."""
-        deployment = self.deployment()
-        if deployment is None or deployment.plan is None or deployment.flavor is None or deployment.variant is None:
+        plan, flavor, variant = (self.metric(f"triton.{key}") for key in ("plan", "flavor", "variant"))
+        if self.status("triton") != StepStatus.OK or plan is None or flavor is None or variant is None:
             return None
-        variant = self.variant(deployment.variant, deployment.flavor.artifact_kind)
-        return Deployed(deployment.plan, variant, self.artifact("tokenizer"))
+        return Deployed(plan, self.variant(variant, Flavor(flavor).artifact_kind), self.artifact("tokenizer"))
 
     def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
         if self._heartbeat is not None:
@@ -612,29 +628,15 @@ class RunRecord:
         return {name: result for name, result in found.items() if result is not None}
 
     # ---- what steps read from each other -------------------------------------------------
-    def export_info(self) -> ExportMetrics:
-        """What the export step measured about the model and its graph (metrics.export)."""
-        info = self.metric("export")
-        if info is None:
-            raise MissingArtifactError(f"the run in {self.run_dir} has no export metrics",
-                                       "run the export step first: " + run_again(["export"], self.run_dir))
-        return ExportMetrics.model_validate(info)
-
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the export step saved with the model, lowercasing where the model's sentence-transformers
         files say so (transformers rebuilds some tokenizers' normalizers on loading, so it is applied again)."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.artifact("tokenizer"))
-        pipeline = self.export_info().sentence_pipeline
-        if pipeline and pipeline.do_lower_case:
+        if self.metric("export.sentence_pipeline.do_lower_case"):
             lowercase_inputs(tokenizer)
         return tokenizer
-
-    def deployment(self) -> TritonMetrics | None:
-        """What the triton step deployed, if it is ok now."""
-        found = self.metric("triton") if self.status("triton") == StepStatus.OK else None
-        return None if found is None else TritonMetrics.model_validate(found)
 
     def unverified(self, reason: str) -> None:
         """Mark the running step `verified: false` (it finished only because the user allowed it)."""

@@ -1,14 +1,13 @@
-"""The contracts in run.json that several rooms read: the host, the shared verdict types, what export resolved and
-what triton deployed; and the migration of records an older workbench wrote. A step's other tables live in the room
-that produces them (`graphs.tables`: optimize's and tensorrt's; `precision.tables`: parity's; `measure.tables`:
-bench's; a step's own module: the rest). Every key a step records is declared (diagnostics too, as untyped `Json`
-where they are nested tables); the record validates a step's section through its model (`StepSpec.metrics`)."""
+"""The contracts in run.json that every room reads: the host and the parity verdict; and the migration of records an
+older workbench wrote. A step's tables live in the room that produces them (`graphs.tables`: export's, optimize's
+and tensorrt's; `precision.tables`: parity's; `serving.tables`: triton's; `measure.tables`: bench's; a step's own
+module: the rest). Every key a step records is declared (diagnostics too, as untyped `Json` where they are nested
+tables); the record validates a step's section through its model (`StepSpec.metrics`)."""
 from __future__ import annotations
 
 from pydantic import Field
 
-from workbench.core.config import BatchRange, SequenceSetting, ShapeRange, activation_bytes_per_token
-from workbench.core.flavor import Flavor
+from workbench.core.config import SequenceSetting
 from workbench.core.metrics import Json, Metrics, declared_only
 
 SCHEMA_VERSION = 4
@@ -141,154 +140,6 @@ class Verdict(Metrics):
     def retrieval(self) -> dict[str, float | int] | None:
         """The neighbour agreement of its embedding output, if one recorded it."""
         return next((o.retrieval for o in self.outputs.values() if o.retrieval), None)
-
-
-class GraphIO(Metrics):
-    """The exported graph's inputs and outputs with their axes (names for dynamic ones, sizes for fixed ones)."""
-
-    inputs: dict[str, list[str | int]]
-    outputs: dict[str, list[str | int]]
-
-
-class PipelineSummary(Metrics):
-    """The sentence-transformers pipeline the exported graph runs, as run.json records it
-    (`models.sentence.SentencePipeline.describe`)."""
-
-    declared: bool = True  # from modules.json (False: what SentenceTransformer builds for a plain encoder)
-    source: str = ""
-    steps: list[str] = Field(default_factory=list)
-    pooling: str | None = None
-    declared_pooling: str | None = None
-    normalize: bool | None = None
-    dense_layers: int = 0
-    max_seq_length: int | None = None
-    prompts: dict[str, str] = Field(default_factory=dict)
-    include_prompt: bool = True
-    do_lower_case: bool = False
-    default_prompt_name: str | None = None
-    similarity: str = "cosine"
-    truncate_dim: int | None = None  # the embedding's first values the graph returns (encode(truncate_dim=...))
-    max_active_dims: int | None = None  # a sparse encoder's heaviest terms kept (encode(max_active_dims=...))
-    override: str | None = None  # the pooling_override, said in words
-
-
-class ResolvedSequence(Metrics):
-    """The run's tokens per text as the export step resolved them once (`SequenceSetting.resolve`): later steps read
-    this, never the setting again; where each value comes from."""
-
-    min: int
-    opt: int
-    max: int
-    sources: dict[str, str] = Field(default_factory=dict)
-
-    def shape(self) -> ShapeRange:
-        return ShapeRange(min=self.min, opt=self.opt, max=self.max)
-
-
-class ModelOrigin(Metrics):
-    """Where the exported model came from (`models.loading.ModelSource`)."""
-
-    kind: str
-    location: str
-
-
-class ExportMetrics(Metrics):
-    source: ModelOrigin | None = None
-    task: str | None = None  # the task the graph was exported for (older records: not recorded)
-    task_reason: str | None = None  # why: the task setting, or what `task: auto` read in the model's files
-    architecture: str
-    optimizer_model_type: str | None = None
-    num_heads: int
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    max_positions: int | None = None
-    max_sequence: int
-    max_sequence_source: str | None = None  # where the model's limit comes from (older records: not recorded)
-    sequence: ResolvedSequence | None = None  # None: a record made by a test without the export step
-    nodes: int | None = None
-    io: GraphIO
-    sentence_pipeline: PipelineSummary | None = None
-    parameters: int | None = None
-    opset: int | None = None
-    exporter: str | None = None
-    load_seconds: float | None = None
-    export_seconds: float | None = None
-
-    @property
-    def sequence_range(self) -> ShapeRange:
-        """The run's resolved tokens per text (where none was recorded, the model's whole range, as auto gives)."""
-        return self.sequence.shape() if self.sequence else SequenceSetting().resolve(self.max_sequence)
-
-    def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
-        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
-        model's shape at `sequence_max`)."""
-        from workbench.core.memory import activation_room
-
-        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size, sequence_max)
-        return batch.token_budget(per_token, sequence_max,
-                                  activation_room(4 * self.parameters) if self.parameters else None)
-
-
-class Verification(Metrics):
-    """How the served variant was chosen: by which step's parity check (None: nobody, allow_unverified), in what
-    order, the candidates the triton step checked itself, and those passed over with their failures."""
-
-    variant: str
-    by: str | None = None
-    order: str = ""
-    checked_here: dict[str, Verdict] = Field(default_factory=dict)
-    passed_over: dict[str, list[str]] = Field(default_factory=dict)
-
-
-class ServedCut(Metrics):
-    """The deployment's token limit against the library's: texts within and past it, whether the texts past it were
-    gated (both cut at the same length), and their comparison per protocol."""
-
-    deployment: int
-    library: int
-    texts_within: int | None = None
-    texts_beyond: int = 0
-    gated: bool = False
-    beyond: dict[str, Verdict] = Field(default_factory=dict)
-
-
-class TritonMetrics(Metrics):
-    """What the triton step deployed and how it checked it (`plan`: the serving plan, `ServingPlan.record()`)."""
-
-    name: str | None = None
-    flavor: Flavor | None = None
-    layout: str = "ensemble"
-    variant: str | None = None
-    precision: str | None = None
-    candidates: list[str] = Field(default_factory=list)  # the variants it could serve, best first (older: none)
-    models: list[str] = Field(default_factory=list)
-    max_batch_size: int | None = None
-    pad_to: list[int] = Field(default_factory=list)
-    repository: str | None = None  # where it is published (model_repository/<name>)
-    published: bool = False
-    verified: bool = False
-    plan: Json | None = None
-    server: str | None = None  # the tritonserver that served the check
-    ready_seconds: float | None = None
-    stop_seconds: float | None = None
-    served_parity: dict[str, Verdict] | None = None  # None: not checked (the step stopped before serving)
-    prompt_parity: dict[str, Verdict] = Field(default_factory=dict)
-    served_passed: dict[str, bool] = Field(default_factory=dict)  # each check served: protocol, long texts, prompts
-    served_library: str | None = None
-    served_reference: str | None = None
-    head: str | None = None  # a classifier's served head: the activation its score applies (softmax, sigmoid, none)
-    verification: Verification | None = None
-    cut: ServedCut | None = None  # texts past the deployment's token limit, checked against the library's own cut
-    replaced: str | None = None  # the run whose deployment of the same name this one replaced
-    burst: BatchingBurst | None = None  # the dynamic batcher watched (older runs, and rerankers: none)
-
-
-class BatchingBurst(Metrics):
-    """A burst of concurrent one-text requests and the batch sizes each model executed for it (size -> count)."""
-
-    requests: int
-    batch_sizes: dict[str, dict[int, int]]
 
 
 def migrate(data: Json, models: dict[str, type[Metrics]]) -> Json:

@@ -1,14 +1,75 @@
 """What the optimize and tensorrt steps built, as run.json records it (`metrics.optimize`, `metrics.tensorrt`): each
 graph variant with its fusions, trials and precision decisions; the shape profiles designed from the corpus and the
-engines. Later steps and the serving plan read these tables."""
+engines; and what the export step resolved about the model and its graph (`metrics.export`: `ExportMetrics`,
+read as `record.needed(ExportMetrics)`). Later steps and the serving plan read these tables."""
 from __future__ import annotations
 
 from pydantic import Field
 
+from workbench.core.config import BatchRange, SequenceSetting, ShapeRange, activation_bytes_per_token
 from workbench.core.metrics import Json, Metrics
 from workbench.core.results import Verdict
+from workbench.models.tables import ModelOrigin, PipelineSummary
 
 Timings = dict[str, dict[str, float]]  # graph -> cell name -> median ms
+
+
+class GraphIO(Metrics):
+    """The exported graph's inputs and outputs with their axes (names for dynamic ones, sizes for fixed ones)."""
+
+    inputs: dict[str, list[str | int]]
+    outputs: dict[str, list[str | int]]
+
+
+class ResolvedSequence(Metrics):
+    """The run's tokens per text as the export step resolved them once (`SequenceSetting.resolve`): later steps read
+    this, never the setting again; where each value comes from."""
+
+    min: int
+    opt: int
+    max: int
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def shape(self) -> ShapeRange:
+        return ShapeRange(min=self.min, opt=self.opt, max=self.max)
+
+
+class ExportMetrics(Metrics):
+    source: ModelOrigin | None = None
+    task: str | None = None  # the task the graph was exported for (older records: not recorded)
+    task_reason: str | None = None  # why: the task setting, or what `task: auto` read in the model's files
+    architecture: str
+    optimizer_model_type: str | None = None
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    max_positions: int | None = None
+    max_sequence: int
+    max_sequence_source: str | None = None  # where the model's limit comes from (older records: not recorded)
+    sequence: ResolvedSequence | None = None  # None: a record made by a test without the export step
+    nodes: int | None = None
+    io: GraphIO
+    sentence_pipeline: PipelineSummary | None = None
+    parameters: int | None = None
+    opset: int | None = None
+    exporter: str | None = None
+    load_seconds: float | None = None
+    export_seconds: float | None = None
+
+    @property
+    def sequence_range(self) -> ShapeRange:
+        """The run's resolved tokens per text (where none was recorded, the model's whole range, as auto gives)."""
+        return self.sequence.shape() if self.sequence else SequenceSetting().resolve(self.max_sequence)
+
+    def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
+        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
+        model's shape at `sequence_max`)."""
+        from workbench.core.memory import activation_room
+
+        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size, sequence_max)
+        return batch.token_budget(per_token, sequence_max,
+                                  activation_room(4 * self.parameters) if self.parameters else None)
 
 
 class Trial(Metrics):

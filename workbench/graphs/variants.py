@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import (
     ATTENTION_OPS,
@@ -21,6 +20,7 @@ from workbench.graphs.attention import (
     topological,
     unpack_biased_attention,
 )
+from workbench.graphs.tables import ExportMetrics
 from workbench.models.batches import Feed
 from workbench.models.families import BORROWED_RULES
 

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.results import ExportMetrics
-from workbench.graphs.tables import Borrowed, FormChoice, Timings, Trial
+from workbench.graphs.tables import Borrowed, ExportMetrics, FormChoice, Timings, Trial
 from workbench.measure.settings import BenchSettings
 from workbench.models.batches import Batch, Feed, cell_feeds
 from workbench.precision.compare import DEFAULT_TOLERANCES

@@ -25,6 +25,7 @@ from workbench.measure.tables import BenchMetrics, CellTiming
 from workbench.models.batches import Cell
 from workbench.report import figures
 from workbench.report.recommend import gate, goal_cells
+from workbench.serving.tables import TritonMetrics
 
 TEMPLATE = Path(__file__).parent / "templates" / "compare.html.j2"
 ACCURACY_FLOOR = 0.999  # the accuracy goal: min cosine (or label agreement) at least this against the reference
@@ -129,7 +130,7 @@ def rows_of(record: RunRecord, name: str) -> list[Row]:
     cells = bench.latency.cells if bench and bench.latency else {}
     served = bench.served if bench else None
     try:
-        deployment = record.deployment()
+        deployment = record.current(TritonMetrics)
     except ValidationError:  # a damaged triton section: nothing is known to be deployed
         deployment = None
     deployed = deployment.variant if deployment else None

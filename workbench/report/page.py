@@ -13,7 +13,8 @@ from workbench.core.advice import in_lab, run_again
 from workbench.core.atomic import write_text
 from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
-from workbench.core.results import ExportMetrics, HostEnvironment
+from workbench.core.results import HostEnvironment
+from workbench.graphs.tables import ExportMetrics
 from workbench.report.figures import Snippet
 from workbench.report.recommend import recommend
 

@@ -21,6 +21,7 @@ from workbench.measure.precisions import MIN_GAIN
 from workbench.measure.tables import BenchMetrics, CellTiming
 from workbench.models.batches import Cell
 from workbench.serving.plan import int8_decision
+from workbench.serving.tables import TritonMetrics
 
 GOALS = ("latency", "throughput")
 # A lower-precision variant is recommended over a passing more precise one only when it is at least this much faster
@@ -202,7 +203,7 @@ def served_failures(record: RunRecord) -> dict[str, Verdict]:
     """Variants that passed parity in process but failed it served (the triton step passed them over), as failing
     verdicts: a deployment would answer as the server did."""
     try:
-        deployment = record.deployment()
+        deployment = record.current(TritonMetrics)
     except ValidationError:  # a damaged triton section: its own section of the report says so
         deployment = None
     verification = deployment.verification if deployment else None

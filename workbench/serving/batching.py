@@ -5,10 +5,10 @@ import asyncio
 import time
 from typing import Any
 
-from workbench.core.results import BatchingBurst
 from workbench.serving.client import AsyncTritonClient, TritonClient, run_async
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import TritonServer
+from workbench.serving.tables import BatchingBurst
 
 
 async def burst(url: str, model: str, texts: list[str], concurrency: int) -> None:

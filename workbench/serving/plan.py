@@ -13,11 +13,12 @@ from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, cuda_usable, gpu_name
 from workbench.core.record import Deployed, Variant
-from workbench.core.results import CpuFeatures, ExportMetrics, PipelineSummary, Verdict
+from workbench.core.results import CpuFeatures, Verdict
 from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
-from workbench.graphs.tables import OptimizeMetrics, PrecisionDecision, ShapeProfile
+from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, PrecisionDecision, ShapeProfile
+from workbench.models.tables import PipelineSummary
 from workbench.precision.tables import ParityMetrics
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 from workbench.serving.settings import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, TritonSettings

@@ -22,6 +22,7 @@ from workbench.serving.deploy import Scaling, deployment_files, image_tag, netwo
 from workbench.serving.hostkinds import host_kind
 from workbench.serving.plan import deployed_plan
 from workbench.serving.settings import TritonSettings
+from workbench.serving.tables import TritonMetrics
 
 if TYPE_CHECKING:
     from workbench.serving.backend.api_schema import FrontSpec
@@ -84,7 +85,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
                                  host_kind(node.kind) if node else None)
         for key, path in files.items():
             record.add_artifact(f"{STEP}.{key}", path, kind="deployment")
-        deployment = record.deployment()
+        deployment = record.current(TritonMetrics)
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")

@@ -15,11 +15,12 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import ExportMetrics, PipelineSummary
 from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
+from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model, traceable_masks
 from workbench.models.quiet import quiet_tracer
+from workbench.models.tables import PipelineSummary
 from workbench.report import figures
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 
 def lines(record: RunRecord) -> list[str]:
-    info = record.export_info()
+    info = record.needed(ExportMetrics)
     dynamic = [name for name, axes in info.io.inputs.items() if axes[:2] == ["batch", "sequence"]]
     size = f"{info.parameters:,} parameters" if info.parameters is not None else "the model"
     lines = [task_line(info.task, info.task_reason)] if info.task and info.task_reason else []

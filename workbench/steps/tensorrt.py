@@ -27,7 +27,15 @@ from workbench.graphs.engines import (
 )
 from workbench.graphs.profiles import design_profiles, padding_waste
 from workbench.graphs.settings import OptimizeSettings
-from workbench.graphs.tables import EngineBuild, EngineRecord, Histogram, LengthStats, ShapeProfile, TensorrtMetrics
+from workbench.graphs.tables import (
+    EngineBuild,
+    EngineRecord,
+    ExportMetrics,
+    Histogram,
+    LengthStats,
+    ShapeProfile,
+    TensorrtMetrics,
+)
 from workbench.models.batches import token_lengths
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
@@ -135,7 +143,7 @@ def check_engines(config: RunConfig, record: RunRecord, built: dict[str, tuple[P
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Design profiles and write build commands everywhere; build and check engines where a GPU and TensorRT are."""
     with record.step(STEP):
-        export = record.export_info()
+        export = record.needed(ExportMetrics)
         source = record.artifact("onnx.tensorrt")
         tokenizer = record.tokenizer()
         lengths = token_lengths(tokenizer, list(config.texts()))

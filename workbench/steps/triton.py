@@ -14,10 +14,10 @@ from workbench.core.errors import DependencyMissingError, StepSkipped, Unverifie
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.results import BatchingBurst, ServedCut, TritonMetrics, Verdict, Verification
+from workbench.core.results import Verdict
 from workbench.core.tasks import SENTENCE_EMBEDDING, head_activation, score_output
 from workbench.graphs import onnxfiles
-from workbench.graphs.tables import OptimizeMetrics, ShapeProfile, TensorrtMetrics
+from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.precision.settings import LabSettings
@@ -50,6 +50,7 @@ from workbench.serving.repository import (
 from workbench.serving.runner import ServedRunner
 from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_tritonserver
 from workbench.serving.settings import TritonSettings, lab_settings, served_specs
+from workbench.serving.tables import BatchingBurst, ServedCut, TritonMetrics, Verification
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check
@@ -193,7 +194,7 @@ def serving_plan(config: RunConfig, record: RunRecord, variant: str | None = Non
     id2label = {str(k): v for k, v in hf_config.id2label.items()} if hf_config else {}
     activation = head_activation(hf_config.problem_type, hf_config.num_labels) \
         if hf_config and config.task_choice.name == "sequence-classification" else "softmax"
-    export = record.export_info()
+    export = record.needed(ExportMetrics)
     request = ServingRequest(
         name=TritonSettings.of(config).name or config.model_slug, flavor=flavor,
         variant=record.variant(variant, flavor.artifact_kind), export=export, tokenizer_dir=folder,
@@ -388,7 +389,7 @@ def readable_deployment(record: RunRecord) -> TritonMetrics | str | None:
     """The deployment when this step is ok now, or why its record cannot be read (damaged, or written by a
     workbench this one cannot read)."""
     try:
-        return record.deployment()
+        return record.current(TritonMetrics)
     except ValueError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 

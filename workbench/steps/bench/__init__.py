@@ -11,7 +11,7 @@ from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
 from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
-from workbench.graphs.tables import ShapeProfile
+from workbench.graphs.tables import ExportMetrics, ShapeProfile
 from workbench.measure.latency import (
     Dimensions,
     GridRows,
@@ -45,6 +45,7 @@ from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 from workbench.serving.settings import lab_settings
+from workbench.serving.tables import TritonMetrics
 from workbench.steps.bench import figures
 
 STEP = "bench"
@@ -67,7 +68,7 @@ def grid_rows(config: RunConfig, record: RunRecord) -> GridRows:
 def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
     """The in-process grid of the bench settings on the run's corpus, cells up to the exported sequence length, the
     variants judged by their parity verdicts (metrics.bench.latency)."""
-    bench, export, rows = BenchSettings.of(config), record.export_info(), grid_rows(config, record)
+    bench, export, rows = BenchSettings.of(config), record.needed(ExportMetrics), grid_rows(config, record)
     sequences = [s for s in bench.sequences if s <= export.max_sequence]
     shape = GridShape(list(bench.batches), sequences, bench.rounds, bench.warmup, bench.seconds_per_cell,
                       bench.tune_sessions,
@@ -103,7 +104,7 @@ def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
     result = run_served_benchmark(BenchSettings.of(config), plan, texts, tokenizer, record.run_dir / "served-bench")
     if plan.flavor is not Flavor.TENSORRT_PLAN:
         result.efficiency = serving_efficiency(result, in_process_rates(config, record, plan, variant, texts))
-    deployment = record.deployment()
+    deployment = record.current(TritonMetrics)
     result.variant, result.verified = variant, bool(deployment and deployment.verified)
     return result
 

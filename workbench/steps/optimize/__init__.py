@@ -18,7 +18,7 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.graphs.settings import OptimizeSettings
-from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, OptimizeMetrics
+from workbench.graphs.tables import Borrowed, ExportMetrics, FormChoice, GraphStats, OptimizeMetrics
 from workbench.graphs.variants import convert_fp16, infer_shapes, quantize_int8
 from workbench.measure.forms import race_bench
 from workbench.measure.settings import BenchSettings
@@ -62,7 +62,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     measurement here) asks for; their fusion counts in metrics.optimize.variants, the decisions in
     metrics.optimize.precisions."""
     with record.step(STEP):
-        export = record.export_info()
+        export = record.needed(ExportMetrics)
         original = record.artifact("onnx.original")
         layers = export.num_layers
         onnx_dir = record.run_dir / "onnx"
@@ -141,7 +141,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
 
 def lines(record: RunRecord) -> list[str]:
     optimize = record.results_as(STEP, OptimizeMetrics) or OptimizeMetrics()
-    export = record.export_info()
+    export = record.needed(ExportMetrics)
     variants, layers = optimize.variants, export.num_layers
     fp32 = variants.get("fp32") or GraphStats(nodes=0)
     attention = sum(fp32.fused.get(op, 0) for op in ATTENTION_OPS)

@@ -11,11 +11,10 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord
-from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
 from workbench.graphs.settings import OptimizeSettings
-from workbench.graphs.tables import Borrowed, FormChoice, GraphStats, SmokeTest, Unavailable
+from workbench.graphs.tables import Borrowed, ExportMetrics, FormChoice, GraphStats, SmokeTest, Unavailable
 from workbench.graphs.variants import GRAPH_FORMS, borrowed_fp32, optimize_fp32
 from workbench.measure.forms import RaceBench, choose_borrowed, choose_form
 from workbench.measure.precisions import Target

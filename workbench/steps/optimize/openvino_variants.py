@@ -11,12 +11,11 @@ from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import OthersBusy, release_memory, too_busy
 from workbench.core.record import RunRecord
-from workbench.core.results import ExportMetrics
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.names import VariantName
 from workbench.graphs.nncf_int8 import CALIBRATION_TEXTS, nncf_problem, quantize_openvino_int8, quantizer
 from workbench.graphs.settings import OptimizeSettings
-from workbench.graphs.tables import InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
+from workbench.graphs.tables import ExportMetrics, InferencePrecision, OpenvinoInt8, PrecisionDecision, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Target
 from workbench.models.batches import Feed

@@ -16,6 +16,7 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
+from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.lab import ParityLab, lab_texts, library_check
@@ -189,7 +190,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
             "batches": [{"name": b.name, "shape": list(b.shape)} for b in lab.batches],
             "reference": lab.reference.name, "reference_seconds": round(lab.reference_seconds, 3),
             "reference_cached": lab.reference_cached})
-        scope, why = ParitySettings.of(config).scope(record.export_info().parameters)
+        scope, why = ParitySettings.of(config).scope(record.needed(ExportMetrics).parameters)
         first = checked_variants(list(variants)) if scope == "all" else [n for n in ("fp32",) if n in variants]
         results = {name: compare(name, config, record, lab) for name in first}  # a bar of batches each
         if "original" in variants and not (results["fp32"].passed if "fp32" in results else False):

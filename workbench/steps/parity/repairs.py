@@ -14,7 +14,7 @@ from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
 from workbench.graphs.settings import OptimizeSettings
-from workbench.graphs.tables import OptimizeMetrics, Trial
+from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
 from workbench.measure.settings import BenchSettings
 from workbench.precision.checker import Checker
@@ -162,7 +162,7 @@ def race_repaired(name: str, path: Path, config: RunConfig, record: RunRecord, a
             open_variant(Variant(name, "int8", "onnx", path), config.device, config.threads) as challenger:
         ms, kept, reason = race(against, name, {against: default, name: challenger},
                                 race_bench(BenchSettings.of(config), list(config.texts()), config.device,
-                                           config.threads, record.tokenizer(), record.export_info()).feeds,
+                                           config.threads, record.tokenizer(), record.needed(ExportMetrics)).feeds,
                                 RUNTIME_ROUNDS)
     release_memory()
     lost = "not kept (its file removed)" if openvino else f"served after {against}"
