@@ -24,11 +24,12 @@ from peerlib.peers import Embedder, front_embedder, http_level, triton_embedder
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, others_busy
+from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
+from workbench.interrupt import script_exit
 from workbench.measure.tables import ServedLevel
 from workbench.models.tiny import build_sentence_encoder
+from workbench.runners.timing import others_busy
 from workbench.serving.endpoints import text_endpoints
 from workbench.serving.front import ApiFront
 from workbench.serving.repository import write_repository

@@ -23,8 +23,9 @@ import numpy as np
 from api_front import default_repository
 
 from workbench.core.data import load_corpus
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, others_busy
+from workbench.core.machine import cpu_features
+from workbench.interrupt import script_exit
+from workbench.runners.timing import others_busy
 from workbench.serving.front import ApiFront
 from workbench.serving.server import TritonServer
 

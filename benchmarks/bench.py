@@ -33,7 +33,7 @@ from peerlib.pages import add_page_argument, printed_to
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import WorkbenchError
-from workbench.core.machine import cpu_features, others_busy
+from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import ExportMetrics
@@ -42,6 +42,7 @@ from workbench.measure.tables import BestRow, InProcessRates, LatencyGrid, Serve
 from workbench.models.batches import Cell, shaped_batch, token_lengths
 from workbench.pipeline import run_pipeline
 from workbench.report.recommend import candidates, pick
+from workbench.runners.timing import others_busy
 from workbench.serving.repository import LAYOUTS
 from workbench.steps.bench import in_process_rates
 from workbench.steps.bench import latency as measure_latency

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.core.errors import ConfigError
-from workbench.core.interrupt import script_exit
+from workbench.interrupt import script_exit
 from workbench.models.tiny import MAX_POSITIONS, build_encoder, tiny_families
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,8 +31,8 @@ from peerlib.pages import add_page_argument, printed_to
 
 from workbench.core.config import RunConfig  # noqa: E402
 from workbench.core.data import load_corpus  # noqa: E402
-from workbench.core.interrupt import script_exit  # noqa: E402
 from workbench.core.record import RunRecord  # noqa: E402
+from workbench.interrupt import script_exit  # noqa: E402
 from workbench.models.batches import long_texts, token_lengths  # noqa: E402
 from workbench.models.loading import resolve_source  # noqa: E402
 from workbench.models.tiny import build_encoder, build_sentence_encoder  # noqa: E402

@@ -23,10 +23,11 @@ from pathlib import Path
 import yaml
 
 from workbench.core.config import DEFAULT_MODEL
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_model, others_busy
+from workbench.core.machine import cpu_model
 from workbench.fleet.local import LocalCluster
+from workbench.interrupt import script_exit
 from workbench.models.tiny import build_encoder
+from workbench.runners.timing import others_busy
 
 SETTINGS = {"steps": ["export", "optimize", "parity", "bench"], "precisions": ["fp32"], "parity": {"repair": False},
             "corpus_max_texts": 32, "optimize": {"openvino": "never"},

@@ -57,16 +57,16 @@ from peerlib.peers import (
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError, RunInterruptedError
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, cpu_flags, others_busy
+from workbench.core.machine import cpu_features, cpu_flags
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics
+from workbench.interrupt import script_exit
 from workbench.models.batches import cell_feeds
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
-from workbench.runners.timing import median_ms
+from workbench.runners.timing import median_ms, others_busy
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

@@ -37,9 +37,9 @@ from timeline import ROOT
 
 from workbench.core.data import load_corpus
 from workbench.core.errors import RepositoryError
-from workbench.core.interrupt import script_exit
 from workbench.core.record import RunRecord
 from workbench.graphs.tables import ExportMetrics
+from workbench.interrupt import script_exit
 from workbench.models import tiny
 from workbench.precision.sparse import sparse_agreement, terms
 from workbench.report.recommend import gate

@@ -62,9 +62,9 @@ from peerlib.peers import (
 
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, others_busy
+from workbench.core.machine import cpu_features
 from workbench.core.record import RunRecord
+from workbench.interrupt import script_exit
 from workbench.measure.load import (
     asyncio_level,
     breakdown,
@@ -76,6 +76,7 @@ from workbench.measure.load import (
 from workbench.measure.tables import ServedLevel
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
+from workbench.runners.timing import others_busy
 from workbench.serving.client import AsyncTritonClient, TritonClient
 from workbench.serving.front import ApiFront
 from workbench.serving.repository import ServingPlan, write_repository

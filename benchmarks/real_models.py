@@ -31,11 +31,12 @@ from typing import Any
 from peerlib.pages import add_page_argument, printed_to
 from timeline import ROOT, run_model
 
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, cpu_model, others_busy
+from workbench.core.machine import cpu_features, cpu_model
 from workbench.core.record import RunRecord
 from workbench.graphs.tables import ExportMetrics
+from workbench.interrupt import script_exit
 from workbench.models.loading import resolve_source
+from workbench.runners.timing import others_busy
 from workbench.serving.tables import TritonMetrics
 
 STEPS = "export,optimize,parity,tensorrt,triton"

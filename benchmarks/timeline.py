@@ -41,8 +41,9 @@ import numpy as np
 import psutil
 from peerlib.pages import add_page_argument, printed_to
 
-from workbench.core.interrupt import script_exit
-from workbench.core.machine import cpu_features, cpu_model, others_busy
+from workbench.core.machine import cpu_features, cpu_model
+from workbench.interrupt import script_exit
+from workbench.runners.timing import others_busy
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_STEPS = "export,optimize,parity,triton"

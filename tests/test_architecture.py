@@ -5,7 +5,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
-# Bottom to top. The top holds the commands: cli, pipeline, preflight, doctor, serve, sweep, lab.
+# Bottom to top. The top holds the commands (cli, pipeline, preflight, doctor, serve, sweep, lab) and what they
+# share (interrupt: signals and partial files; lock: one run per folder).
 ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
 
 
@@ -49,7 +50,7 @@ def test_every_room_is_a_package_that_says_what_it_holds():
         init = PACKAGE / room / "__init__.py"
         assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), room
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
-    assert top == {"cli", "pipeline", "preflight", "doctor", "serve", "sweep", "lab"}, top
+    assert top == {"cli", "pipeline", "preflight", "doctor", "serve", "sweep", "lab", "interrupt", "lock"}, top
 
 
 def test_core_reads_the_steps_from_the_catalog_they_register_into():

@@ -126,7 +126,7 @@ def test_a_sequence_max_below_one_is_the_one_problem_named_where_opt_follows_it(
     # the setting's path, not the union's inner types, nor the other alternative's "Input should be 'auto'"
     ("threads=0", "threads"),
     ("parity.repair.budget_s=.inf", "parity.repair.budget_s"),
-    ("batch.max_tokens=0", "batch.max_tokens must be at least 1"),
+    ("batch.max_tokens=0", "batch.max_tokens: must be at least 1 \\(or auto\\) \\(got 0\\)"),
 ])
 def test_invalid_values_are_typed_errors(override, message):
     with pytest.raises(ConfigError, match=message):

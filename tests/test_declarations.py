@@ -10,6 +10,7 @@ import textwrap
 import nbformat
 import pytest
 
+from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
@@ -86,11 +87,13 @@ def probe(request, tmp_path, monkeypatch):
     assert "probe" not in step_names() and "probe" not in RunConfig().sections()
 
 
-def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path):
+def test_a_new_step_is_one_module_and_one_notebook(probe, tiny_bert, tmp_path, capsys):
     assert step_names()[-1] == "probe" and spec("probe").notebook == "10_probe.ipynb"
     config = RunConfig.load(values={"model": str(tiny_bert), "steps": ["probe", "export"], "precisions": ["fp32"],
                                     "sequence.opt": 32, "sequence.max": 64}, overrides=["probe.factor=3"])
     assert config.steps == ["export", "probe"], "in the order the declarations give"
+    assert main(["steps"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("a throwaway step (settings: probe.*)")
     with pytest.raises(ConfigError, match="unknown setting 'probe.factr' \\(did you mean 'probe.factor'\\?\\)"):
         RunConfig.load(overrides=["probe.factr=2"])
     with pytest.raises(ConfigError, match="the probe step refuses seed 13"):

@@ -19,9 +19,9 @@ from workbench.core import data, disk
 from workbench.core.advice import command
 from workbench.core.config import DEFAULT_MODEL, RunConfig
 from workbench.core.errors import DiskFullError, OutOfMemoryError, RunLockedError
-from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
+from workbench.lock import LOCK_NAME, run_lock
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 from workbench.preflight import preflight
 
@@ -101,7 +101,7 @@ def test_runs_at_once_never_share_a_kernel_socket_nor_a_folder(tiny_bert, tmp_pa
 
 def _holder(run_dir: Path) -> subprocess.Popen:
     """Another process holding `run_dir` until it is killed."""
-    code = ("import sys, time\nfrom pathlib import Path\nfrom workbench.core.lock import run_lock\n"
+    code = ("import sys, time\nfrom pathlib import Path\nfrom workbench.lock import run_lock\n"
             "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(600)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"

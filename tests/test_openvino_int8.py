@@ -12,7 +12,6 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.flavor import Flavor
-from workbench.core.machine import OthersBusy
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
 from workbench.graphs import nncf_int8, onnxfiles
@@ -24,6 +23,7 @@ from workbench.models.batches import Batch
 from workbench.precision.search import matmul_costs
 from workbench.precision.tables import RepairCandidate
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem
+from workbench.runners.timing import OthersBusy
 from workbench.serving.backend import ort_batches
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity

@@ -432,7 +432,7 @@ def test_int8_that_is_not_meaningfully_faster_gives_way_to_fp32():
 
 
 def test_busy_cores_count_another_process():
-    from workbench.core.machine import others_busy
+    from workbench.runners.timing import others_busy
 
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

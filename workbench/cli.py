@@ -74,7 +74,7 @@ def _list_steps(args: argparse.Namespace) -> int:
         for written in write_parameter_cells():
             print(f"rewrote the parameters cell of {written}", file=sys.stderr)
     for step in specs():
-        settings = f" (settings: {step.settings}.*)" if step.settings else ""
+        settings = f" (settings: {step.name}.*)" if step.settings else ""
         print(f"{step.name:12s} notebooks/{step.notebook:24s} {step.summary}{settings}")
     return 0
 

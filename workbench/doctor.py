@@ -158,7 +158,7 @@ def check_cuda_provider() -> Finding:
     listed = _provider("CUDA", CUDA)
     if not listed.available:
         return listed
-    from workbench.core.machine import cuda_problem
+    from workbench.runners.cuda import cuda_problem
 
     problem = cuda_problem()
     if problem is None:

@@ -18,11 +18,11 @@ from workbench.core.advice import run_again
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
-from workbench.core.interrupt import InterruptGuard, remove_partials
-from workbench.core.lock import LOCK_NAME, run_lock
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import ProgressTail
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
+from workbench.interrupt import InterruptGuard, remove_partials
+from workbench.lock import LOCK_NAME, run_lock
 from workbench.preflight import preflight_apart
 from workbench.report.notebook import NOTEBOOKS_DIR, as_options, parameters_cell
 from workbench.steps import spec, specs

@@ -15,8 +15,8 @@ from typing import Any
 from workbench.core.advice import run_again
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, RepositoryError, ServerStartError
-from workbench.core.interrupt import SIGNALS
 from workbench.core.record import RunRecord, StepStatus
+from workbench.interrupt import SIGNALS
 from workbench.measure.load import write_input_data
 from workbench.measure.perf_analyzer import PerfAnalyzer, find_perf_analyzer, stability_options
 from workbench.serving.backend.api_schema import parse_keys

@@ -84,13 +84,11 @@ class StepSettings(Settings):
                           "import workbench.steps (it registers the steps and their settings) before reading them")
 
 
-def at_least_one(setting: str) -> Callable[[int | Literal["auto"]], int | Literal["auto"]]:
-    """A validator of a count that may be auto: at least 1, the refusal naming `setting`."""
-    def check(value: int | Literal["auto"]) -> int | Literal["auto"]:
-        if value != "auto" and value < 1:
-            raise ValueError(f"{setting} must be at least 1 (or auto)")
-        return value
-    return check
+def at_least_one(value: int | Literal["auto"]) -> int | Literal["auto"]:
+    """A count that may be auto, checked: at least 1 (a field validator; the error names the setting)."""
+    if value != "auto" and value < 1:
+        raise ValueError("must be at least 1 (or auto)")
+    return value
 
 
 class ShapeRange(Settings):
@@ -129,7 +127,7 @@ class BatchRange(ShapeRange):
         "about 0.25 GiB of activations for the model's shape at sequence.max (less where the memory limit leaves less "
         "than 1 GiB past the model's need), at least one text at sequence.max"))
 
-    _positive = field_validator("max_tokens")(staticmethod(at_least_one("batch.max_tokens")))
+    _positive = field_validator("max_tokens")(staticmethod(at_least_one))
 
     def token_budget(self, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
         """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.errors import DeviceMismatchError
-from workbench.core.machine import OthersBusy, too_busy
 from workbench.core.results import Verdict
 from workbench.measure.tables import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
 from workbench.models.batches import Cell, shaped_batch, token_lengths
 from workbench.runners import Device
-from workbench.runners.timing import elapsed, interleaved
+from workbench.runners.timing import OthersBusy, elapsed, interleaved, too_busy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,7 +1,9 @@
 """Wall-clock timing, one module for every measurement: a stopwatch, interleaved rounds that rotate their order (so a
-slow spell of a shared machine hits every candidate alike), and the median of repeated calls."""
+slow spell of a shared machine hits every candidate alike), the median of repeated calls, and how many cores other
+work kept busy meanwhile."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Hashable
@@ -78,3 +80,51 @@ class Budget:
     @property
     def spent(self) -> bool:
         return self.used() >= self.seconds
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as handle:
+            fields = handle.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class OthersBusy:
+    """How many cores other processes kept busy while the `with` block ran (`cores`, set on leaving it): the cores
+    busy in all, less this process's own CPU time, all its threads included. The 1-minute load average where
+    /proc/stat is missing."""
+
+    cores: float = 0.0
+    _start: float | None
+    _own: os.times_result
+    _wall: float
+
+    def __enter__(self) -> OthersBusy:
+        self._start, self._own, self._wall = _busy_seconds(), os.times(), time.monotonic()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._start is None:
+            self.cores = os.getloadavg()[0]
+            return
+        end, now = _busy_seconds() or self._start, os.times()
+        own = (now.user + now.system) - (self._own.user + self._own.system)
+        self.cores = max(0.0, (end - self._start - own) / max(time.monotonic() - self._wall, 1e-3))
+
+
+def too_busy(others: float) -> str:
+    """"other work kept X of N cores busy" where `others` (cores) is more than half this host's cores, else ""."""
+    cores = os.cpu_count() or 1
+    return f"other work kept {others:.1f} of {cores} cores busy" if others > cores / 2 else ""
+
+
+def others_busy(seconds: float = 1.0) -> float:
+    """How many cores other processes kept busy over the next `seconds`, this process idle meanwhile: unlike the
+    load average, it does not count the work this process itself has just done."""
+    with OthersBusy() as others:
+        time.sleep(seconds)
+    return others.cores

@@ -11,7 +11,7 @@ from typing import Literal
 from workbench.core.config import BatchRange
 from workbench.core.errors import MissingArtifactError
 from workbench.core.flavor import Flavor
-from workbench.core.machine import cpu_features, cuda_usable, gpu_name
+from workbench.core.machine import cpu_features, gpu_name
 from workbench.core.record import Deployed, Variant
 from workbench.core.results import CpuFeatures, Verdict
 from workbench.core.tasks import OutputSpec
@@ -20,6 +20,7 @@ from workbench.graphs.names import VariantName
 from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, PrecisionDecision, ShapeProfile
 from workbench.models.tables import PipelineSummary
 from workbench.precision.tables import ParityMetrics
+from workbench.runners.cuda import cuda_usable
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 from workbench.serving.settings import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, TritonSettings
 

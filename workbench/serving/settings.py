@@ -90,7 +90,7 @@ class TritonSettings(StepSettings):
                                                                  "model_repository/")
     _repository_here = field_validator("repository_dir")(staticmethod(from_here))
 
-    _positive = field_validator("max_request_tokens")(staticmethod(at_least_one("triton.max_request_tokens")))
+    _positive = field_validator("max_request_tokens")(staticmethod(at_least_one))
 
     def request_tokens(self, max_tokens: int, sequence_max: int) -> int:
         """The tokens one request may hold (0: no bound, for a model without a bound on one call's tokens)."""

@@ -9,7 +9,6 @@ from workbench.core.catalog import Parts, Section, StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
-from workbench.core.machine import others_busy
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs.tables import ExportMetrics, ShapeProfile
 from workbench.measure.latency import (
@@ -40,7 +39,7 @@ from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
 from workbench.runners.onnxruntime import device_for
 from workbench.runners.registry import open_variant
-from workbench.runners.timing import timed
+from workbench.runners.timing import others_busy, timed
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver

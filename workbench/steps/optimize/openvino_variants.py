@@ -9,7 +9,7 @@ from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
-from workbench.core.machine import OthersBusy, release_memory, too_busy
+from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.names import VariantName
@@ -22,7 +22,7 @@ from workbench.models.batches import Feed
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 from workbench.runners.registry import open_variant
-from workbench.runners.timing import elapsed
+from workbench.runners.timing import OthersBusy, elapsed, too_busy
 
 # the OpenVINO variants this step may keep
 OPENVINO_BUILDS = (VariantName.OPENVINO, VariantName.OPENVINO_BF16, VariantName.OPENVINO_INT8)
