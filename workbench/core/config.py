@@ -1,4 +1,5 @@
-"""The run configuration: one typed object shared by the CLI, papermill parameters and notebooks."""
+"""The run configuration: one typed object shared by the CLI, papermill parameters and notebooks. Its run-wide
+settings are declared here; each registered step adds its own section (a `StepSettings` declared in the step's room)."""
 from __future__ import annotations
 
 import difflib
@@ -337,6 +338,11 @@ class RunConfig(Settings):
             hints = "".join(f" ({n!r}: did you mean {c!r}?)" for n, c in close.items() if c)
             raise ValueError(f"tolerances for unknown outputs {unknown}{hints}; {self.task_choice.name} with pooling "
                              f"{self.pooling} has outputs: {', '.join(outputs)}")
+        return self
+
+    @model_validator(mode="after")
+    def _sections_agree(self) -> RunConfig:
+        """Each step's section checked against the run's other settings (`StepSettings.check`)."""
         for name in self.sections():
             section = getattr(self, name)
             if isinstance(section, StepSettings):
