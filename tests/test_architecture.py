@@ -70,8 +70,8 @@ def metric_calls(source: str) -> int:
 
 
 def test_only_the_record_reads_metrics_by_dotted_key():
-    """Steps, report and notebooks read a step's typed metrics (`record.results_as`, `record.export_info`,
-    `record.deployment`, a step's own reader), never `record.metric("dotted.key")`."""
+    """Steps, report and notebooks read a step's typed metrics (`record.results_as`, `record.needed`,
+    `record.current`, a step's own reader), never `record.metric("dotted.key")`."""
     import json
 
     found = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))

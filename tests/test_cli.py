@@ -84,3 +84,10 @@ def test_a_setting_passed_on_resume_mends_a_stored_one_that_no_longer_loads(tmp_
     with pytest.raises(ConfigError, match=r"parity.repair.budget_s: Input should be a finite number") as refused:
         RunConfig.load(overrides=["parity.repair.budget_s=.inf"])  # never recorded again
     assert refused.value.fix == "set parity.repair.budget_s to a valid value: a number, or auto"
+
+
+def test_a_moved_setting_is_taken_with_one_line_naming_its_new_key(capsys):
+    assert main(["config", "-p", "openvino=never"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "note: setting 'openvino' is now 'optimize.openvino' (the old key still works)\n"
+    assert "openvino: never" in captured.out

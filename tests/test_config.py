@@ -127,6 +127,14 @@ def test_a_sequence_max_below_one_is_the_one_problem_named_where_opt_follows_it(
     ("threads=0", "threads"),
     ("parity.repair.budget_s=.inf", "parity.repair.budget_s"),
     ("batch.max_tokens=0", "batch.max_tokens: must be at least 1 \\(or auto\\) \\(got 0\\)"),
+    ("triton.instances=0", "triton.instances: must be at least 1 \\(or auto\\) \\(got 0\\)"),
+    ("bench.batches=[8, 0]", "bench.batches.1: Input should be greater than or equal to 1 \\(got 0\\)"),
+    ("generation.concurrency=[]", "generation.concurrency: List should have at least 1 item"),
+    ("triton.http_port=99999", "triton.http_port: Input should be less than or equal to 65535"),
+    ("parity.repair=maybe", "parity.repair is a section of settings \\(enabled, budget_s, max_builds\\), not one "
+                            "value \\(got 'maybe'\\)(.|\\n)*-p parity.repair=true or false turns it on or off"),
+    ("triton.flavor=onnxrt", "did you mean 'onnxruntime'(.|\\n)*valid value: onnxruntime, tensorrt_plan, python-ort, "
+                             "or auto"),
 ])
 def test_invalid_values_are_typed_errors(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from workbench.core.advice import command as workbench_command
+from workbench.core.record import RunRecord, StepStatus
 from workbench.pipeline import KERNEL_FOLDER_PREFIX, kernel_folder
 
 pytestmark = pytest.mark.slow
@@ -152,3 +153,40 @@ def test_sigkill_of_the_run_takes_its_kernel_server_and_stubs_along(tiny_bert, t
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with kernel_folder():  # the next notebook's kernel folder: a dead run's are removed first
         assert not any(folder.exists() for folder in left)
+
+
+BETWEEN_STEPS = """
+import os, signal, sys
+from pathlib import Path
+from workbench import pipeline
+from workbench.core.config import RunConfig
+from workbench.core.errors import RunInterruptedError
+from workbench.steps import spec
+
+def finishes_as_a_signal_comes(step, config, run_dir, progress, notebooks):
+    os.kill(os.getpid(), signal.SIGINT)  # the step ends normally; the next one must not start
+    dest = run_dir / "notebooks" / spec(step).notebook
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("{}")
+    return dest
+
+pipeline.run_notebook = finishes_as_a_signal_comes
+try:
+    pipeline.run_pipeline(RunConfig.model_validate({"steps": ["export", "report"]}), Path(sys.argv[1]), progress=False)
+except RunInterruptedError as exc:
+    print(exc.problem)
+    print(exc.fix)
+    sys.exit(128 + exc.signum)
+"""
+
+
+def test_a_signal_between_steps_records_the_steps_left_as_not_run(tmp_path):
+    """Nothing runs after the signal, and run.json says which steps are left and why (as after a step stops)."""
+    done = subprocess.run([sys.executable, "-c", BETWEEN_STEPS, str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert "the run was interrupted (SIGINT) between steps, before step 'report'" in done.stdout
+    assert f"--resume --output-dir {tmp_path / 'run'} --steps report" in done.stdout
+    record = RunRecord.load(tmp_path / "run")
+    assert record.status("report") == StepStatus.SKIPPED
+    assert record.step_entry("report").detail == "not run: the run was interrupted (SIGINT) before it"

@@ -536,7 +536,7 @@ def test_a_variant_with_other_inputs_is_refused(bert_parity, tiny_models, tmp_pa
     other = RunRecord.create(tmp_path, roberta)
     export.run(roberta, other)
     bert = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL})
-    lab = ParityLab.build(bert.lab, load_model(bert), load_corpus()[:16])
+    lab = ParityLab.build(lab_settings(bert), load_model(bert), load_corpus()[:16])
     with (OrtRunner("roberta", other.artifact("onnx.original"), ["CPUExecutionProvider"]) as runner,
           pytest.raises(InputMismatchError, match="roberta takes inputs")):
         lab.compare(runner, "fp32")

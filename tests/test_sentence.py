@@ -185,18 +185,18 @@ def test_models_without_sentence_transformers_files_keep_working(tiny_models):
     embedding = RunConfig.model_validate({"model": str(tiny_models["bert"]), **SMALL})
     loaded = load_model(embedding)
     assert not loaded.pipeline.declared and loaded.pooling == "mean"
-    check = library_check(embedding.lab, loaded, load_corpus()[:24])
+    check = library_check(lab_settings(embedding), loaded, load_corpus()[:24])
     assert check.passed and check.reference == (
         f"model = SentenceTransformer(modules=[Transformer({str(tiny_models['bert'])!r}), Pooling(32, "
         "pooling_mode='mean')]); model.encode(texts)")
     classifier = RunConfig.model_validate({"model": str(tiny_models["bert-seqcls"]), **SMALL,
                                            "task": "sequence-classification"})
-    check = library_check(classifier.lab, load_model(classifier), load_corpus()[:24])
+    check = library_check(lab_settings(classifier), load_model(classifier), load_corpus()[:24])
     assert check.passed and check.reference.startswith("pipeline('text-classification'")
     assert check.outputs["logits"].agreement == 1.0 and check.outputs["logits"].max_abs < 1e-5
     tokens = RunConfig.model_validate({"model": str(tiny_models["bert-tokcls"]), **SMALL,
                                        "task": "token-classification"})
-    check = library_check(tokens.lab, load_model(tokens), load_corpus()[:24])
+    check = library_check(lab_settings(tokens), load_model(tokens), load_corpus()[:24])
     assert not check.checked and "returns each token's best label" in check.reason
 
 

@@ -25,6 +25,7 @@ from workbench.pipeline import prepare_run_dir, run_pipeline
 from workbench.precision.lab import ParityLab, lab_texts
 from workbench.report.page import build_report
 from workbench.runners.registry import open_variant
+from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, specs, triton
 
 from .conftest import export_metrics
@@ -166,13 +167,13 @@ def test_a_verdict_is_decided_on_the_outputs_the_deployment_serves(checked_run):
     strict = RunConfig.model_validate({**settings, "tolerances": NO_TOKEN_ERROR})
     served_tokens = RunConfig.model_validate({**settings, "tolerances": NO_TOKEN_ERROR,
                                               "triton": {"outputs": ["token_embeddings", "sentence_embedding"]}})
-    assert (strict.lab.gated, served_tokens.lab.gated) == (("sentence_embedding",),
+    assert (lab_settings(strict).gated, lab_settings(served_tokens).gated) == (("sentence_embedding",),
                                                             ("token_embeddings", "sentence_embedding"))
     loaded = load_model(strict)
-    texts = lab_texts(strict.lab, loaded)
+    texts = lab_texts(lab_settings(strict), loaded)
     with open_variant(record.variant("fp32"), "cpu", 1) as runner:
-        served = ParityLab.build(strict.lab, loaded, texts).compare(runner, "fp32")
-        both = ParityLab.build(served_tokens.lab, loaded, texts).compare(runner, "fp32")
+        served = ParityLab.build(lab_settings(strict), loaded, texts).compare(runner, "fp32")
+        both = ParityLab.build(lab_settings(served_tokens), loaded, texts).compare(runner, "fp32")
     tokens = served.outputs["token_embeddings"]
     assert tokens.max_abs > 0 and not tokens.passed and not tokens.gated, "measured past its gate"
     assert served.passed and served.gated_on == ["sentence_embedding"] and served.failures == []

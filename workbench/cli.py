@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 import yaml
@@ -42,7 +43,12 @@ def _load_config(args: argparse.Namespace) -> RunConfig:
         if not args.output_dir:
             raise ConfigError("--resume needs the run folder", "pass --output-dir <the run to continue>")
         base = RunRecord.load(args.output_dir).settings  # as stored: a -p below may mend a value that no longer loads
-    return RunConfig.load(args.config, overrides, base=base)
+    with warnings.catch_warnings(record=True) as moved:
+        warnings.simplefilter("always", FutureWarning)
+        config = RunConfig.load(args.config, overrides, base=base)
+    for warning in moved:  # a moved key: one line, not Python's file and source line
+        print(f"note: {warning.message} (the old key still works)", file=sys.stderr)
+    return config
 
 
 def _run(args: argparse.Namespace) -> int:

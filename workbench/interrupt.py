@@ -72,9 +72,9 @@ class InterruptGuard:
 
     def check(self, where: str, fix: str = "re-run the steps that did not finish (--resume --output-dir <run> "
                                            "--steps <them>)") -> None:
-        """Raise RunInterruptedError if a signal came; `fix` says how to go on."""
+        """Raise RunInterruptedError if a signal came (`where`: "during step 'parity'"); `fix` says how to go on."""
         if self.signum is not None:
-            raise RunInterruptedError(f"the run was {self.reason} during {where}", fix, self.signum)
+            raise RunInterruptedError(f"the run was {self.reason} {where}", fix, self.signum)
 
 
 def remove_partials(run_dir: Path) -> list[Path]:

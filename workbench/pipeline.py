@@ -214,7 +214,9 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
         for index, step in enumerate(steps):
             rest = run_again(steps[index:], run_dir, lab=False)
             again = f"re-run the steps that did not finish, keeping the others: {rest}"
-            guard.check(f"the run, before step {step!r}", again)
+            if guard.reason:  # stopped between steps: those left are recorded as not run, as after a step stops
+                _mark_not_run(steps[index:], run_dir, f"{NOT_RUN}the run was {guard.reason} before it")
+            guard.check(f"between steps, before step {step!r}", again)
             if progress:
                 print(f"[{index + 1}/{len(steps)}] {step}: {spec(step).summary}", flush=True)
             kills, peak = oom_kills(), PeakMemory()  # the step's whole tree, its kernel's death included
@@ -225,7 +227,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                 killed = _out_of_memory(config, step, exc, (kills, peak.mb), again, steps[index + 1:], index > 0)
                 _record_stop(step, steps[index + 1:], run_dir, guard.reason or (killed.problem if killed else
                                                                                 _describe(exc)), again)
-                guard.check(f"step {step!r}", again)
+                guard.check(f"during step {step!r}", again)
                 full = _disk_full(exc, run_dir)
                 if full is not None:
                     raise full from None
@@ -301,8 +303,14 @@ def _stop_at(step: str, later: list[str], run_dir: Path, reason: str) -> None:
     if record.status(step) != StepStatus.FAILED or reason.startswith("interrupted"):
         record.mark(step, StepStatus.FAILED, reason)
     ended = "was interrupted" if reason.startswith("interrupted") else "failed"
-    for name in later:
-        record.mark(name, StepStatus.SKIPPED, f"{NOT_RUN}step {step!r} {ended}")
+    _mark_not_run(later, run_dir, f"{NOT_RUN}step {step!r} {ended}", record)
     notebook = run_dir / "notebooks" / spec(step).notebook
     if notebook.is_file():
         record.add_artifact(f"notebook.{step}", notebook, kind="notebook")
+
+
+def _mark_not_run(steps: list[str], run_dir: Path, reason: str, record: RunRecord | None = None) -> None:
+    """Record `steps` skipped with `reason`: they still have to run."""
+    record = record or RunRecord.load(run_dir)
+    for name in steps:
+        record.mark(name, StepStatus.SKIPPED, reason)

@@ -8,6 +8,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
+from enum import Enum
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Self, Union, cast, get_args, get_origin
@@ -83,6 +84,10 @@ class StepSettings(Settings):
                 return section
         raise ConfigError(f"no registered step declares the settings {cls.__name__}",
                           "import workbench.steps (it registers the steps and their settings) before reading them")
+
+
+Count = Annotated[int, Field(ge=1)]  # an item of a list of counts (texts, tokens, clients, instances)
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 def at_least_one(value: int | Literal["auto"]) -> int | Literal["auto"]:
@@ -519,6 +524,8 @@ def _choices(annotation: object) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
         return ", ".join(str(arg) for arg in args)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return ", ".join(str(member.value) for member in annotation)
     if origin in (list, tuple) and args:
         inner = _choices(args[0])
         return f"a list of {inner}" if inner else ""
@@ -572,6 +579,14 @@ def _config_error(exc: ValidationError, where: str) -> ConfigError:
             lines.append(f"it must be a mapping of settings, got {type(err.get('input')).__name__} "
                          f"{err.get('input')!r}")
             fixes.append("pass key: value pairs, e.g. {\"opset\": 18}")
+            continue
+        if err["type"] == "model_type":  # a section given one value
+            keys = _fields_at(_setting_path(err))
+            switch = f" (-p {loc}=true or false turns it on or off)" if loc in SWITCHES else ""
+            lines.append(f"{loc} is a section of settings ({', '.join(keys)}), not one value (got "
+                         f"{err.get('input')!r})")
+            fixes.append(f"set its settings one by one, e.g. -p {loc}.{keys[0]}=...{switch}; `workbench config` "
+                         "prints them")
             continue
         if not loc:  # a check across settings
             lines.append(err["msg"].removeprefix("Value error, "))

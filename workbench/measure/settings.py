@@ -2,18 +2,18 @@
 bounds (rounds, requests and seconds)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from workbench.core.config import StepSettings
+from workbench.core.config import Count, StepSettings
 
 
 class BenchSettings(StepSettings):
     """The bench step: in-process and served benchmarks (bounded: rounds, requests and seconds)."""
 
-    batches: list[int] = [1, 8]
-    sequences: list[int] = [16, 128]
+    batches: list[Count] = Field(default=[1, 8], min_length=1)
+    sequences: list[Count] = Field(default=[16, 128], min_length=1)
     rounds: int = Field(default=20, ge=3)
     warmup: int = Field(default=3, ge=0)
     seconds_per_cell: float = Field(default=60.0, gt=0)
@@ -23,11 +23,11 @@ class BenchSettings(StepSettings):
     torch_compile: bool = Field(default=False, description=(
         "a torch.compile row beside PyTorch eager (compiles for minutes), checked on the parity lab like a variant"))
     served: bool = True
-    concurrency: list[int] = [1, 4, 16]
+    concurrency: list[Count] = Field(default=[1, 4, 16], min_length=1)
     requests_per_level: int = Field(default=160, ge=8)
     seconds_per_level: float = Field(default=20.0, gt=0)
     load_tool: Literal["auto", "perf_analyzer", "asyncio"] = "auto"
     p99_limit_ms: float = Field(default=500.0, gt=0)
-    search_queue_delays_us: list[int] = [0, 4000]
-    search_instances: list[int] = [1, 2]
+    search_queue_delays_us: list[Annotated[int, Field(ge=0)]] = Field(default=[0, 4000], min_length=1)
+    search_instances: list[Count] = Field(default=[1, 2], min_length=1)
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from workbench.core.config import RunConfig, StepSettings, at_least_one, from_here
+from workbench.core.config import Count, Port, RunConfig, StepSettings, at_least_one, from_here
 from workbench.core.flavor import Flavor
 from workbench.core.tasks import OutputSpec, served_outputs
 from workbench.precision.settings import LabSettings, ParitySettings
@@ -76,12 +76,12 @@ class TritonSettings(StepSettings):
         "costs no more than its kept part); more are refused with a 400 naming this. auto: 4 model calls (4 x "
         "batch.max_tokens), at least one text at sequence.max, so one request holds an instance for at most 4 "
         "calls. Python models (fused layout, rerankers)"))
-    preferred_batch_sizes: list[int] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
+    preferred_batch_sizes: list[Count] = Field(default_factory=list, description="default: [batch.opt, batch.max]")
     max_queue_delay_us: int = Field(default=0, ge=0, description="0: batch what queued while busy, wait for nothing")
     gpu_accelerator: Literal["none", "tensorrt"] = "none"
-    http_port: int | None = None
-    grpc_port: int | None = None
-    metrics_port: int | None = None
+    http_port: Port | None = None
+    grpc_port: Port | None = None
+    metrics_port: Port | None = None
     overwrite: bool = False
     allow_unverified: bool = Field(default=False, description="publish a variant that did not pass parity (in "
                                                                 "process and served); the record says verified: false")
@@ -90,7 +90,7 @@ class TritonSettings(StepSettings):
                                                                  "model_repository/")
     _repository_here = field_validator("repository_dir")(staticmethod(from_here))
 
-    _positive = field_validator("max_request_tokens")(staticmethod(at_least_one))
+    _positive = field_validator("max_request_tokens", "instances")(staticmethod(at_least_one))
 
     def request_tokens(self, max_tokens: int, sequence_max: int) -> int:
         """The tokens one request may hold (0: no bound, for a model without a bound on one call's tokens)."""

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from pydantic import ConfigDict, Field, field_validator
 
 from workbench.core.catalog import Parts, Section, StepSpec
-from workbench.core.config import RunConfig, StepSettings, found_here
+from workbench.core.config import Count, RunConfig, StepSettings, found_here
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
 from workbench.core.memory import WEIGHT_MULTIPLE, StepMemory
@@ -69,7 +69,7 @@ class GenerationSettings(StepSettings):
     ct2_compute_type: str = "float32"
     texts: int = Field(default=32, ge=1, description="corpus texts for the HF vs CTranslate2 comparison")
     max_batch_size: int = Field(default=16, ge=1)
-    concurrency: list[int] = [1, 4, 16]
+    concurrency: list[Count] = Field(default=[1, 4, 16], min_length=1)
     requests_per_level: int = Field(default=24, ge=4)
     seconds_per_level: float = Field(default=10.0, gt=0)
 
