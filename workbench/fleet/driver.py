@@ -269,11 +269,13 @@ class FleetSweep:
 
     def run(self) -> int:
         """Every cell to its end; 0 when each finished, 1 when one failed. SIGTERM or Ctrl-C cancels them."""
-        signal.signal(signal.SIGTERM, _interrupt)
-        queue = self.start()
-        self.save()
+        stopped: list[int] = []  # a signal noted, not raised: Ray's calls may defer or swallow a KeyboardInterrupt
+        previous = {sig: signal.signal(sig, lambda signum, _frame: stopped.append(signum))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while queue or self.in_flight:
+            queue = self.start()
+            self.save()
+            while (queue or self.in_flight) and not stopped:
                 self.place(queue)
                 if not self.in_flight:
                     continue
@@ -282,12 +284,15 @@ class FleetSweep:
                 for ref in ready:
                     self.collect(ref, queue)
                 self.save()
-        except KeyboardInterrupt:
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if stopped:
             self.cancel()
             raise RunInterruptedError(f"the sweep {self.sweep.path} was interrupted; its cells were cancelled",
                                       f"the same command again (`workbench sweep {self.sweep.path} --ray "
                                       f"{self.address}`) runs what is left: finished cells are kept",
-                                      signal.SIGINT) from None
+                                      stopped[0])
         self.write_fleet_manifests()
         failed = [cell.name for cell in self.cells if cell.status == "failed"]
         if failed:
@@ -301,10 +306,6 @@ def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _label(node: Node) -> str:
