@@ -317,23 +317,24 @@ class RunRecord:
     def results_of(self, model: type[M]) -> M | None:
         """The metrics of the step that declares `model` for them (the registry's), for a reader that names the table
         it reads, not the step (None: no such step, or it recorded none)."""
-        step = next((s.name for s in registry.facts() if s.metrics is model), None)
+        step = _declaring(model)
         return None if step is None else self.results_as(step, model)
 
     def current(self, model: type[M]) -> M | None:
         """The metrics of the step that declares `model` (`results_of`) if that step is ok now (not stale, failed
         or missing)."""
-        step = next((s.name for s in registry.facts() if s.metrics is model), None)
-        return self.results_of(model) if step and self.status(step) == StepStatus.OK else None
+        step = _declaring(model)
+        return self.results_as(step, model) if step and self.status(step) == StepStatus.OK else None
 
     def needed(self, model: type[M]) -> M:
         """The metrics of the step that declares `model` (`results_of`); MissingArtifactError naming that step and
         how to run it where it recorded none."""
-        found = self.results_of(model)
+        step = _declaring(model)
+        found = None if step is None else self.results_as(step, model)
         if found is None:
-            step = next((s.name for s in registry.facts() if s.metrics is model), model.__name__)
-            raise MissingArtifactError(f"the run in {self.run_dir} has no {step} metrics",
-                                       f"run the {step} step first: " + run_again([step], self.run_dir))
+            raise MissingArtifactError(f"the run in {self.run_dir} has no {step or model.__name__} metrics",
+                                       f"run the {step} step first: " + run_again([step], self.run_dir) if step else
+                                       f"no registered step declares {model.__name__} for its metrics")
         return found
 
     def deployed(self) -> Deployed | None:
@@ -737,6 +738,11 @@ def ensure_writable(folder: Path, setting: str = "--output-dir") -> None:
     except OSError as exc:
         raise OutputDirError(f"cannot write to {folder} ({setting}): {exc.strerror or exc}",
                              f"choose a writable folder with {setting}") from None
+
+
+def _declaring(model: type[Metrics]) -> str | None:
+    """The step that declares `model` for its metrics (None: no registered step does)."""
+    return next((s.name for s in registry.facts() if s.metrics is model), None)
 
 
 def _verdict_paths() -> list[str]:
