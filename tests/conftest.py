@@ -9,7 +9,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-import workbench.steps  # noqa: E402, F401  the test entry point registers the steps (the catalog core reads)
+import workbench.steps  # noqa: E402, F401  the test entry point registers the steps (the registry core reads)
 from workbench.core.config import RunConfig  # noqa: E402
 from workbench.core.record import RunRecord  # noqa: E402
 from workbench.graphs.tables import ExportMetrics

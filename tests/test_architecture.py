@@ -53,12 +53,12 @@ def test_every_room_is_a_package_that_says_what_it_holds():
     assert top == {"cli", "pipeline", "preflight", "doctor", "serve", "sweep", "lab", "interrupt", "lock"}, top
 
 
-def test_core_reads_the_steps_from_the_catalog_they_register_into():
-    """No exception to the rooms: the configuration and the record know the steps by the catalog alone."""
-    from workbench.core import catalog
+def test_core_reads_the_steps_from_the_registry_they_register_into():
+    """No exception to the rooms: the configuration and the record know the steps by the registry alone."""
+    from workbench.core import registry
     from workbench.steps import discover
 
-    assert [s.name for s in catalog.specs()] == [s.name for s in discover()]
+    assert [s.name for s in registry.facts()] == [s.name for s in discover()]
     assert not any(room_of(imported) == "steps" for path in (PACKAGE / "core").rglob("*.py") for imported in
                    imports(path))
 

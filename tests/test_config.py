@@ -181,7 +181,7 @@ def test_paths_given_from_the_working_directory_stay_right_in_the_notebooks(tmp_
 
 
 def test_a_configuration_is_made_without_importing_the_steps_first():
-    """The catalog registers the steps on first use: a script that imports the configuration alone works."""
+    """The registry registers the steps on first use: a script that imports the configuration alone works."""
     import subprocess
     import sys
 
@@ -193,16 +193,16 @@ def test_a_configuration_is_made_without_importing_the_steps_first():
 def test_each_step_section_of_the_configuration_is_declared_by_its_step():
     """A step's own settings live under its name (`optimize.fp16.op_block_list`, `tensorrt.profiles`), and its
     SPEC names that section; no section is named after a step that does not declare it."""
-    from workbench.core import catalog
+    from workbench.core import registry
 
     config = RunConfig()
-    declared = {spec.name: spec.settings for spec in catalog.specs() if spec.settings}
+    declared = {spec.name: spec.settings for spec in registry.facts() if spec.settings}
     assert {name: type(getattr(config, name)) for name in config.sections()} == declared
     assert set(declared) == {"optimize", "parity", "tensorrt", "triton", "bench", "generation"}
-    assert not set(RunConfig.model_fields) & set(catalog.step_names()), "the run-wide settings name no step"
+    assert not set(RunConfig.model_fields) & set(registry.step_names()), "the run-wide settings name no step"
     rooms = ("workbench.graphs", "workbench.measure", "workbench.precision", "workbench.serving")
     assert all(spec.settings.__module__.startswith((*rooms, f"workbench.steps.{spec.name}"))
-               for spec in catalog.specs() if spec.settings), "each lives with the step's code, none in core"
+               for spec in registry.facts() if spec.settings), "each lives with the step's code, none in core"
 
 
 def test_settings_that_moved_into_their_steps_section_still_work_with_a_deprecation_line():

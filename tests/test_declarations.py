@@ -23,7 +23,7 @@ PROBE = '''
     from workbench.core.config import StepSettings
     from workbench.core.errors import ConfigError
     from workbench.core.metrics import Metrics
-    from workbench.core.catalog import Section
+    from workbench.report.page import Section
     from workbench.steps import StepSpec
 
     STEP = "probe"
@@ -128,7 +128,7 @@ def test_a_step_goes_in_between_two_others_and_no_notebook_is_renamed(probe, tin
 
 
 def test_a_step_placed_before_what_it_reads_is_refused():
-    from workbench.core.catalog import run_order
+    from workbench.core.registry import run_order
 
     first, second, third = (StepSpec(name, number, name, run=lambda c, r: None, takeaway=lambda r: [], after=after,
                                      reads=reads)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.core.advice import IN_LAB, command, set_settings
-from workbench.core.catalog import spec
+from workbench.steps import spec
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict

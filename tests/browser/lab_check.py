@@ -37,7 +37,7 @@ from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from workbench.core.atomic import sha256_file
-from workbench.core.catalog import specs
+from workbench.steps import specs
 from workbench.core.config import RunConfig
 from workbench.core.estimate import clock
 from workbench.core.progress import Heartbeat

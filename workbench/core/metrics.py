@@ -1,5 +1,5 @@
 """The base of every table a step records (run.json `metrics.<step>` and what nests in it): a pydantic model that
-dumps as run.json holds it and shows itself as a table in a notebook. Apart from `results`, so the step catalog can
+dumps as run.json holds it and shows itself as a table in a notebook. Apart from `results`, so the step registry can
 name it without importing the configuration."""
 from __future__ import annotations
 

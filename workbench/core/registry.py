@@ -1,6 +1,6 @@
 """The registered steps as the configuration and the record read them: names in run order, the settings section and
 the metrics table each declares, where it records verdicts, what it reads and owns. A step declares itself once, in
-its own module, as a `catalog.StepSpec` (these facts, and what the step does); registering it puts it here.
+its own module, as a `workbench.steps.StepSpec` (these facts, and what the step does); registering it puts it here.
 
 `import workbench.steps` registers the package's steps and those in the folders $WORKBENCH_STEPS_PATH names; the
 first read of an empty registry imports it."""
@@ -23,7 +23,7 @@ STEPS_PACKAGE = "workbench.steps"  # importing it registers the steps (its `disc
 
 @dataclass(frozen=True)
 class StepFacts:
-    """What a step declares that the configuration and the record read (`catalog.StepSpec` adds what it does).
+    """What a step declares that the configuration and the record read (`workbench.steps.StepSpec` adds what it does).
 
     `after`: the step it runs right after (None: it runs first; steps after the same one run by `number`, then
     name), so a step goes in between two others without renumbering them; `number`: its notebook's prefix

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from IPython.display import HTML
 
-from workbench.core import catalog, dotted
+from workbench.core import dotted, registry
 from workbench.core.advice import speak_notebooks
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.dotted import Tree
@@ -84,7 +84,7 @@ def start(namespace: dict[str, Any], step: str | None = None) -> tuple[RunConfig
     folder = run_folder(namespace)
     recorded = RunRecord.load(folder).settings if (folder / RECORD_NAME).is_file() else None
     cfg = config_from(namespace, recorded)
-    by = f"{catalog.spec(step).notebook}" if step else "a notebook"
+    by = f"{registry.fact(step).notebook}" if step else "a notebook"
     before = recorded_steps(folder)
     record = RunRecord.open(folder, cfg, by=by)
     if not papermill:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -11,7 +12,6 @@ from markupsafe import Markup, escape
 
 from workbench.core.advice import in_lab, run_again
 from workbench.core.atomic import write_text
-from workbench.core.catalog import Parts, Section
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.core.results import HostEnvironment
 from workbench.graphs.tables import ExportMetrics
@@ -19,6 +19,19 @@ from workbench.report.figures import Snippet
 from workbench.report.recommend import recommend
 
 TEMPLATE = Path(__file__).parent / "templates" / "report.html.j2"
+Parts = list[tuple[str, str, list[Any]]]  # a report section's (title, text, figures)
+
+
+@dataclass(frozen=True)
+class Section:
+    """Part of report.html, declared by the step whose metrics fill it (`StepSpec.sections`): its title and how the
+    metrics render (none: the step left nothing); a served section names what Triton serves."""
+
+    title: str
+    render: Callable[[Any], Parts]  # the step's metrics model (StepSpec.metrics) in, parts out
+    served: bool = False
+
+
 class Declared(Protocol):
     """A step declaration as far as the page goes (workbench.steps.StepSpec)."""
 

@@ -1,6 +1,6 @@
-"""Pipeline steps: one module per step, each declaring itself once in `SPEC` (a core.catalog.StepSpec): its name,
+"""Pipeline steps: one module per step, each declaring itself once in `SPEC` (a `StepSpec`): its name,
 its notebook's number, what it needs, the folders it owns, its verdict line and its report sections. Importing this
-package registers every declaration in the catalog (workbench.core.catalog), which the pipeline, preflight,
+package registers every declaration (its facts in workbench.core.registry), which the pipeline, preflight,
 `workbench steps`, `workbench doctor`, the notebooks and the report read: a new step is a new module here plus its
 notebook.
 
@@ -13,21 +13,63 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any
 
-from workbench.core.catalog import NEEDS, StepSpec, register, spec, specs, step_names
+from workbench.core.registry import NEEDS, StepFacts, facts, register, step_names
+from workbench.report.page import Section
 
 if TYPE_CHECKING:
-    from workbench.core.record import RunRecord
+    from workbench.core.config import RunConfig
+    from workbench.core.memory import StepMemory
+    from workbench.core.record import RunRecord, StepEntry
 
 __all__ = ["NEEDS", "STEPS_PATH", "StepSpec", "discover", "spec", "specs", "step_names", "verdict_line"]
 STEPS_PATH = "WORKBENCH_STEPS_PATH"
 _HOME = __path__[0]  # this package's own folder
 
 
+@dataclass(frozen=True)
+class StepSpec(StepFacts):
+    """A step, declared once in its own module: its facts (`StepFacts`, which the configuration and the record read
+    from the registry) and what it does.
+
+    `run`: the step itself; `check`: a check of the step's own settings, before anything runs; `takeaway`: its
+    verdict line from the record; `sections`: its parts of report.html, drawn from its metrics as `metrics` (its
+    model) has them; `headline` and `warning`: the lines and the warning report.html opens with, from its metrics
+    model; `served` and `served_differs`, for the step that deploys: what the served sections open with, and a note
+    where it serves another variant than the recommended one ("" where not); `memory`: what a step that does not
+    hold the run's model needs at its peak (preflight's estimate; a step that needs "model" is estimated from the
+    model's weights)."""
+
+    run: Callable[[RunConfig, RunRecord], StepEntry]
+    takeaway: Callable[[RunRecord], list[str]]
+    _: KW_ONLY
+    sections: tuple[Section, ...] = ()
+    check: Callable[[RunConfig], None] | None = None
+    headline: Callable[[Any], list[str]] | None = None
+    warning: Callable[[Any], str] | None = None
+    served: Callable[[RunRecord], str] | None = None
+    served_differs: Callable[[RunRecord, str], str] | None = None
+    memory: Callable[[RunConfig], StepMemory] | None = None
+
+
+def specs() -> tuple[StepSpec, ...]:
+    """The registered steps in run order."""
+    return tuple(s for s in facts() if isinstance(s, StepSpec))
+
+
+def spec(name: str) -> StepSpec:
+    found = next((s for s in specs() if s.name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
+
+
 def discover() -> tuple[StepSpec, ...]:
     """Register every step module's declaration (this package's modules and those in $WORKBENCH_STEPS_PATH) in the
-    catalog, in place of what it held; the steps in run order."""
+    registry, in place of what it held; the steps in run order."""
     paths = [p for p in os.environ.get(STEPS_PATH, "").split(os.pathsep) if p]
     __path__[:] = [p for p in __path__ if p == _HOME or p in paths] + [p for p in paths if p not in __path__]
     found = []

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from workbench.core.advice import run_again
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import RepositoryError, StepSkipped
 from workbench.core.metrics import Metrics
@@ -18,11 +17,13 @@ from workbench.measure.settings import BenchSettings
 from workbench.measure.tables import BenchMetrics
 from workbench.report import figures
 from workbench.report.compare import host_of
+from workbench.report.page import Parts, Section
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
 from workbench.serving.hostkinds import host_kind
 from workbench.serving.plan import deployed_plan
 from workbench.serving.settings import TritonSettings
 from workbench.serving.tables import TritonMetrics
+from workbench.steps import StepSpec
 
 if TYPE_CHECKING:
     from workbench.serving.backend.api_schema import FrontSpec

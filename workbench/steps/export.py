@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 
 from workbench.core.atomic import atomic_dir
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
@@ -22,6 +21,8 @@ from workbench.models.loading import LoadedModel, load_model, traceable_masks
 from workbench.models.quiet import quiet_tracer
 from workbench.models.tables import PipelineSummary
 from workbench.report import figures
+from workbench.report.page import Parts, Section
+from workbench.steps import StepSpec
 
 if TYPE_CHECKING:
     import torch

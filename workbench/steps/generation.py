@@ -11,7 +11,6 @@ import numpy as np
 import plotly.graph_objects as go
 from pydantic import ConfigDict, Field, field_validator
 
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import Count, RunConfig, StepSettings, found_here
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
@@ -22,6 +21,7 @@ from workbench.core.record import RunRecord, StepEntry
 from workbench.measure.load import asyncio_level
 from workbench.measure.tables import ServedLevel
 from workbench.report import figures
+from workbench.report.page import Parts, Section
 from workbench.runners.timing import timed
 from workbench.serving.backend import generation_core as core
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
@@ -43,6 +43,7 @@ from workbench.serving.plan import repository_root
 from workbench.serving.repository import check_replaceable, model_name_for, write_models
 from workbench.serving.server import TritonServer
 from workbench.serving.settings import TritonSettings
+from workbench.steps import StepSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

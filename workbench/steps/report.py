@@ -2,12 +2,12 @@
 can run any number of times."""
 from __future__ import annotations
 
-from workbench.core.catalog import StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord, StepEntry
 from workbench.report.page import build_report
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
+from workbench.steps import StepSpec, specs
 
 STEP = "report"
 

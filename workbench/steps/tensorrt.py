@@ -11,7 +11,6 @@ import plotly.graph_objects as go
 from pydantic import Field, field_validator
 
 from workbench.core.atomic import atomic_path, sha256_file, write_text
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig, StepSettings, from_here
 from workbench.core.machine import GPU_FINDING, gpu_name
 from workbench.core.record import RunRecord, StepEntry
@@ -39,7 +38,9 @@ from workbench.graphs.tables import (
 from workbench.models.batches import token_lengths
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
+from workbench.report.page import Parts, Section
 from workbench.serving.settings import lab_settings
+from workbench.steps import StepSpec
 
 STEP = "tensorrt"
 

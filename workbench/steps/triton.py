@@ -8,7 +8,6 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from workbench.core.advice import run_again, set_settings
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
 from workbench.core.flavor import Flavor
@@ -23,7 +22,7 @@ from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.precision.settings import LabSettings
 from workbench.precision.tables import ParityMetrics
 from workbench.report import figures
-from workbench.report.page import again_both_ways
+from workbench.report.page import Parts, Section, again_both_ways
 from workbench.report.takeaways import cut_line
 from workbench.runners.registry import open_variant
 from workbench.serving.batching import observe_batching
@@ -51,6 +50,7 @@ from workbench.serving.runner import ServedRunner
 from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_tritonserver
 from workbench.serving.settings import TritonSettings, lab_settings, served_specs
 from workbench.serving.tables import BatchingBurst, ServedCut, TritonMetrics, Verification
+from workbench.steps import StepSpec
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check

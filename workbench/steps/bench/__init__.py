@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from workbench.core.advice import run_again
-from workbench.core.catalog import Parts, Section, StepSpec, specs
 from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
 from workbench.core.flavor import Flavor
@@ -35,6 +34,7 @@ from workbench.measure.tables import (
 from workbench.models.batches import corpus_batches
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
+from workbench.report.page import Parts, Section
 from workbench.report.recommend import recommend
 from workbench.report.takeaways import disturbed_lines
 from workbench.runners.onnxruntime import device_for
@@ -45,6 +45,7 @@ from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
 from workbench.serving.settings import lab_settings
 from workbench.serving.tables import TritonMetrics
+from workbench.steps import StepSpec, specs
 from workbench.steps.bench import figures
 
 STEP = "bench"

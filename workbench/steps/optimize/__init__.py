@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
@@ -22,6 +21,8 @@ from workbench.graphs.tables import Borrowed, ExportMetrics, FormChoice, GraphSt
 from workbench.graphs.variants import convert_fp16, infer_shapes, quantize_int8
 from workbench.measure.forms import race_bench
 from workbench.measure.settings import BenchSettings
+from workbench.report.page import Parts, Section
+from workbench.steps import StepSpec
 from workbench.steps.optimize import figures
 from workbench.steps.optimize.onnxruntime_variants import build_fp32, fusion_stats, smoke_test, unavailable_fusions
 from workbench.steps.optimize.openvino_variants import (

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from workbench.core.advice import run_again, set_settings
 from workbench.core.atomic import write_text
-from workbench.core.catalog import Parts, Section, StepSpec
 from workbench.core.config import RunConfig
 from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
 from workbench.core.machine import release_memory
@@ -23,12 +22,14 @@ from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.settings import ParitySettings, RepairSettings
 from workbench.precision.tables import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome
 from workbench.report.figures import parity_table
+from workbench.report.page import Parts, Section
 from workbench.report.recommend import Gate, gate
 from workbench.report.takeaways import cut_line
 from workbench.runners.onnxruntime import SessionSettings
 from workbench.runners.registry import open_variant
 from workbench.serving.plan import served_groups
 from workbench.serving.settings import lab_settings
+from workbench.steps import StepSpec
 from workbench.steps.parity.figures import error_distribution, node_error_figure, recipes_table, repair_tradeoff
 from workbench.steps.parity.repairs import REPAIRABLE, STEP, repair, repair_failing, serving_order
 
