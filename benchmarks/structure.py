@@ -12,7 +12,8 @@ with `ast`; nothing is imported or run:
 - raw key reads in report/ and the notebooks: subscripts and `.get` with a string key;
 - `record.metric(` calls outside the record, and step-status literals ("ok", "failed", "skipped", ...) compared or
   passed in the package;
-- where the tables live and what is derived twice (issue #67): core's share of the package's lines and its pydantic
+- where the tables live and what is derived twice (issue #67): core's share of the package's lines (and each room's
+  lines) and its pydantic
   tables (Metrics models), the largest step file, functions with 8 or more parameters, library rooms (models to
   measure) that read the run record, settings resolved again after export (`config.sequence.resolve(`,
   `choose_flavor(`), variant names written as string literals (all, and those no precision, runtime or step
@@ -29,9 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
-ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
+ROOMS = ("tasks", "core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
 STATUSES = {"ok", "failed", "skipped", "interrupted", "running"}
-LIBRARY_ROOMS = ("models", "graphs", "runners", "precision", "serving", "measure")
+LIBRARY_ROOMS = ("tasks", "models", "graphs", "runners", "precision", "serving", "measure")
 VARIANT_NAMES = {"fp16", "int8", "int8_repaired", "fp16_repaired", "openvino", "openvino_bf16", "openvino_int8",
                  "openvino_int8_repaired", "tensorrt"}  # fp32 left out: it is also a precision's name
 # The names no precision, runtime or step shares: a literal of one is a variant's name spelled again.
@@ -245,6 +246,8 @@ def tables_and_derivations(trees: dict[str, ast.Module]) -> dict[str, object]:
     return {
         "lines in core/ (share of the package)": f"{core} of {sum(sizes.values())} "
                                                  f"({100 * core / sum(sizes.values()):.0f}%)",
+        "lines per room, bottom to top": {room: sum(size for name, size in sizes.items() if room_of(name) == room)
+                                          for room in ROOMS},
         "pydantic tables (Metrics models) in core/": core_tables,
         "largest step file (lines)": f"{max(steps, key=lambda n: steps[n])} {max(steps.values())}",
         "functions with 8+ parameters": sum(1 for tree in trees.values() for node in ast.walk(tree) if isinstance(

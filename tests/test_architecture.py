@@ -7,7 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # Bottom to top. The top holds the commands (cli, pipeline, preflight, doctor, serve, sweep, lab) and what they
 # share (interrupt: signals and partial files; lock: one run per folder).
-ROOMS = ("core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
+ROOMS = ("tasks", "core", "models", "graphs", "runners", "precision", "serving", "measure", "report", "steps", "top")
 
 
 def room_of(module: str) -> str:

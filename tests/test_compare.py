@@ -5,9 +5,9 @@ import pytest
 
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
-from workbench.core.tasks import OutputSpec
 from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
 from workbench.precision.ranking import same_top
+from workbench.tasks.registry import OutputSpec
 
 HIDDEN = OutputSpec("token_embeddings", ("batch", "sequence", "hidden"), "hidden")
 EMBEDDING = OutputSpec("sentence_embedding", ("batch", "hidden"), "embedding")

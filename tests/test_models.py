@@ -14,10 +14,10 @@ from workbench.core.errors import (
     UnsupportedModelError,
     ZippedModelError,
 )
-from workbench.core.tasks import TASKS
 from workbench.models.loading import check_supported, load_model, resolve_source
 from workbench.models.tiny import build_encoder
 from workbench.preflight import preflight
+from workbench.tasks.registry import TASKS
 
 
 def test_default_id_resolves_to_the_embedded_package():

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from workbench.core.advice import IN_LAB, command, set_settings
-from workbench.steps import spec
 from workbench.core.config import RunConfig
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
@@ -26,7 +25,7 @@ from workbench.report import figures
 from workbench.report.page import again_both_ways
 from workbench.report.recommend import recommend
 from workbench.runners.timing import interleaved
-from workbench.steps import bench, export, optimize, parity, report, tensorrt, triton
+from workbench.steps import bench, export, optimize, parity, report, spec, tensorrt, triton
 from workbench.steps.bench import figures as bench_figures
 from workbench.steps.triton import serving_plan
 

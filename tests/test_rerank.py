@@ -9,7 +9,6 @@ from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import RepositoryError, ServedError, UnsupportedModelError
 from workbench.core.record import RunRecord
-from workbench.core.tasks import TASKS, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.models.tiny import build_cross_encoder
 from workbench.precision.compare import OutputParity
@@ -19,6 +18,7 @@ from workbench.serving.repository import configs, read_repository, write_reposit
 from workbench.serving.server import TritonServer
 from workbench.steps import export, optimize, parity, triton
 from workbench.steps.triton import serving_plan
+from workbench.tasks.registry import TASKS, OutputSpec
 
 
 @pytest.fixture(scope="module")

@@ -124,7 +124,6 @@ def check_model_limits(config: RunConfig) -> None:
     """The model resolves, its architecture suits the task (and its weights hold the task's head), its
     sentence-transformers pipeline (feature extraction) can be exported and agrees with `pooling`, and `sequence`
     fits its limits: every problem found, in one refusal."""
-    from workbench.core.tasks import PIPELINE_TASKS, TASKS
     from workbench.models.loading import (
         check_decoder_padding,
         check_supported,
@@ -135,6 +134,7 @@ def check_model_limits(config: RunConfig) -> None:
         sequence_limit,
     )
     from workbench.models.sentence import check_head, graph_pooling, read_pipeline, with_truncation
+    from workbench.tasks.registry import PIPELINE_TASKS, TASKS
 
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)

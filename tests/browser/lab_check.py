@@ -37,7 +37,6 @@ from playwright.sync_api import Locator, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from workbench.core.atomic import sha256_file
-from workbench.steps import specs
 from workbench.core.config import RunConfig
 from workbench.core.estimate import clock
 from workbench.core.progress import Heartbeat
@@ -45,6 +44,7 @@ from workbench.lab import CHROMIUM, CHROMIUM_ARGS, LAB_FOLDER, started_lab, work
 from workbench.serving.plan import PROJECT_REPOSITORIES
 from workbench.serving.server import free_port
 from workbench.serving.settings import REPOSITORY_VARIABLE
+from workbench.steps import specs
 
 USERS = (PROJECT_REPOSITORIES, PROJECT_REPOSITORIES.parent / "outputs")  # what the check must leave as it was
 

@@ -20,7 +20,8 @@ from pydantic_core import ErrorDetails
 from workbench.core import dotted, registry
 from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError, ShapeError
-from workbench.core.tasks import AUTO, TASKS, OutputSpec, TaskChoice, choose_task
+from workbench.tasks.choice import AUTO, TaskChoice, choose_task
+from workbench.tasks.registry import TASKS, OutputSpec
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Settings that existed once, and what replaces them.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from workbench.core.errors import ConfigError
-from workbench.core.tasks import POOLING_MASK
+from workbench.tasks.registry import POOLING_MASK
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.core.tasks import AUTO, TASKS
+from workbench.tasks.choice import AUTO
+from workbench.tasks.registry import TASKS
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from workbench.core.record import Variant
-    from workbench.core.tasks import OutputSpec
     from workbench.graphs.tables import ShapeProfile
     from workbench.models.batches import Batch
     from workbench.models.loading import LoadedModel
     from workbench.precision.lab import ParityLab
     from workbench.runners import Runner
+    from workbench.tasks.registry import OutputSpec
 
 PERCENTILES = (50, 90, 95, 99)
 

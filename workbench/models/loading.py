@@ -24,7 +24,6 @@ from workbench.core.errors import (
     WorkbenchError,
     ZippedModelError,
 )
-from workbench.core.tasks import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task, embedded_folder
 from workbench.models.families import family
 from workbench.models.pins import pin, project_version
 from workbench.models.sentence import (
@@ -37,6 +36,8 @@ from workbench.models.sentence import (
     read_pipeline,
     with_truncation,
 )
+from workbench.tasks.choice import embedded_folder
+from workbench.tasks.registry import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task
 
 if TYPE_CHECKING:
     import torch

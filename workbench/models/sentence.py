@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
-from workbench.core.tasks import LIBRARY_TASKS
 from workbench.models.quiet import quiet_tracer
 from workbench.models.tables import PipelineSummary
+from workbench.tasks.choice import LIBRARY_TASKS
 
 if TYPE_CHECKING:
     import torch

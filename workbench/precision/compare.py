@@ -8,10 +8,10 @@ import numpy as np
 from workbench.core.config import Tolerance
 from workbench.core.errors import InputMismatchError, ParityError
 from workbench.core.results import OutputResult, Verdict, WorstValue
-from workbench.core.tasks import OutputSpec
 from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
 from workbench.precision.sparse import Terms, sparse_agreement, terms
+from workbench.tasks.registry import OutputSpec
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 

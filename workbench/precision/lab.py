@@ -14,7 +14,6 @@ from workbench.core.config import Tolerance
 from workbench.core.data import Text, encode, load_corpus, shown
 from workbench.core.progress import track
 from workbench.core.results import Verdict, WorstText
-from workbench.core.tasks import SENTENCE_EMBEDDING, OutputSpec
 from workbench.models.batches import (
     Batch,
     Cell,
@@ -36,6 +35,7 @@ from workbench.precision.tables import LibraryCheck, ReferenceCut
 from workbench.runners import Runner
 from workbench.runners.library import LibraryRunner, library_runner
 from workbench.runners.onnxruntime import device_for
+from workbench.tasks.registry import SENTENCE_EMBEDDING, OutputSpec
 
 WORST_TEXTS = 10
 LONGEST = 4096  # tokens: models taking more get no text past their limit (one would cost minutes)

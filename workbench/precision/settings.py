@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from workbench.core.config import BatchRange, Settings, StepSettings, Tolerance, from_here
-from workbench.core.tasks import OutputSpec
+from workbench.tasks.registry import OutputSpec
 
 REPAIR_LAB_PASSES = 8  # parity.repair.budget_s auto: this many of the failing variant's lab checks,
 REPAIR_MIN_SECONDS = 180.0  # and at least this (a small model's builds and sessions cost more than its lab pass)

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from workbench.core.tasks import OutputSpec
 from workbench.models.batches import Batch
 from workbench.models.loading import LoadedModel
 from workbench.runners import IO, Device, Runner, RunnerClosedError
+from workbench.tasks.registry import OutputSpec
 
 
 def torch_device(device: Device) -> Device:

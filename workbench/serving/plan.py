@@ -14,7 +14,6 @@ from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, gpu_name
 from workbench.core.record import Deployed, Variant
 from workbench.core.results import CpuFeatures, Verdict
-from workbench.core.tasks import OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
 from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, PrecisionDecision, ShapeProfile
@@ -23,6 +22,7 @@ from workbench.precision.tables import ParityMetrics
 from workbench.runners.cuda import cuda_usable
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 from workbench.serving.settings import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, TritonSettings
+from workbench.tasks.registry import OutputSpec
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -194,7 +194,7 @@ def candidates(available: set[str], verdict: Callable[[str], Verdict | None], fl
 class ServingRequest:
     """What the triton step asks to serve: `variant` in `flavor` under `name`; `export` is what the export step
     recorded about the graph (inputs, outputs, sequence limit, the sentence-transformers pipeline); the tokenizer
-    folder with its pad token, the classifier's labels and its head's activation (`core.tasks.head_activation`); the
+    folder with its pad token, the classifier's labels and its head's activation (`tasks.registry.head_activation`); the
     outputs served; the TensorRT shape profiles; the batch range and token limit served; the Triton settings and the
     threads per instance."""
 

@@ -18,9 +18,9 @@ from workbench.core.atomic import atomic_dir, sha256_file, write_text
 from workbench.core.data import lowercase_inputs
 from workbench.core.errors import RepositoryError
 from workbench.core.flavor import Flavor
-from workbench.core.tasks import SPARSE_INDICES, SPARSE_VALUES, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.runners.registry import runner_kind
+from workbench.tasks.registry import SPARSE_INDICES, SPARSE_VALUES, OutputSpec
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer as Repeated
@@ -59,7 +59,7 @@ class ServingPlan:
     pad_token_id: int = 0
     threads: int = 0
     id2label: dict[str, str] = field(default_factory=dict)
-    activation: str = "softmax"  # a classifier's head, as its pipeline applies it (core.tasks.head_activation)
+    activation: str = "softmax"  # a classifier's head, as its pipeline applies it (tasks.registry.head_activation)
     layout: str = "ensemble"
     prompts: dict[str, str] = field(default_factory=dict)  # sentence-transformers prompts, by name
     default_prompt_name: str | None = None

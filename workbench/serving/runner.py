@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.core.data import Text
-from workbench.core.tasks import SENTENCE_EMBEDDING, SPARSE_INDICES, SPARSE_VALUES
 from workbench.models.batches import Batch
 from workbench.runners import Runner
 from workbench.serving.backend.sparse_terms import dense_rows
 from workbench.serving.client import TritonClient
+from workbench.tasks.registry import SENTENCE_EMBEDDING, SPARSE_INDICES, SPARSE_VALUES
 
 
 class ServedRunner(Runner):

@@ -10,8 +10,8 @@ from pydantic import Field, field_validator
 
 from workbench.core.config import Count, Port, RunConfig, StepSettings, at_least_one, from_here
 from workbench.core.flavor import Flavor
-from workbench.core.tasks import OutputSpec, served_outputs
 from workbench.precision.settings import LabSettings, ParitySettings
+from workbench.tasks.registry import OutputSpec, served_outputs
 
 # Tasks one Python model serves, and what it takes and answers.
 ONE_PYTHON_MODEL = {"rerank": "a query and its documents in, scores out",

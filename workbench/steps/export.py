@@ -14,7 +14,6 @@ from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
 from workbench.core.errors import ExportError, OpsetError
 from workbench.core.record import RunRecord, StepEntry
-from workbench.core.tasks import BATCH, SEQUENCE, OutputSpec
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model, traceable_masks
@@ -23,6 +22,7 @@ from workbench.models.tables import PipelineSummary
 from workbench.report import figures
 from workbench.report.page import Parts, Section
 from workbench.steps import StepSpec
+from workbench.tasks.registry import BATCH, SEQUENCE, OutputSpec
 
 if TYPE_CHECKING:
     import torch

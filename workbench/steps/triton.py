@@ -14,7 +14,6 @@ from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
-from workbench.core.tasks import SENTENCE_EMBEDDING, head_activation, score_output
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
@@ -51,6 +50,7 @@ from workbench.serving.server import API_PORT, HOST, Ports, TritonServer, find_t
 from workbench.serving.settings import TritonSettings, lab_settings, served_specs
 from workbench.serving.tables import BatchingBurst, ServedCut, TritonMetrics, Verification
 from workbench.steps import StepSpec
+from workbench.tasks.registry import SENTENCE_EMBEDDING, head_activation, score_output
 
 STEP = "triton"
 PROMPT_TEXTS = 32  # corpus texts per named prompt in the served prompt check

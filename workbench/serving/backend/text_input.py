@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 CHARS_PER_TOKEN = 8  # the first guess of the characters the kept tokens of a long text span; doubled until it holds
 FEW = 4  # texts `lengths` encodes one at a time
-POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.core.tasks.POOLING_MASK)
+POOLING_MASK = "pooling_mask"  # the attention mask less the prompt's tokens (workbench.tasks.registry.POOLING_MASK)
 
 
 class Limits:
