@@ -56,7 +56,7 @@ from peerlib.peers import (
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
-from workbench.core.errors import ConfigError, MissingArtifactError, ModelNotFoundError, RunInterruptedError
+from workbench.core.errors import ConfigError, MissingArtifactError, RunInterruptedError
 from workbench.core.machine import cpu_features, cpu_flags
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
@@ -64,6 +64,7 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.tables import OptimizeMetrics
 from workbench.interrupt import script_exit
 from workbench.models.batches import cell_feeds
+from workbench.models.errors import ModelNotFoundError
 from workbench.models.loading import resolve_source
 from workbench.pipeline import run_pipeline
 from workbench.runners.timing import median_ms, others_busy

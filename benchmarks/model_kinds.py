@@ -36,7 +36,6 @@ import numpy as np
 from timeline import ROOT
 
 from workbench.core.data import load_corpus
-from workbench.core.errors import RepositoryError
 from workbench.core.record import RunRecord
 from workbench.graphs.tables import ExportMetrics
 from workbench.interrupt import script_exit
@@ -45,6 +44,7 @@ from workbench.precision.sparse import sparse_agreement, terms
 from workbench.report.recommend import gate
 from workbench.serving.backend.sparse_terms import dense_rows
 from workbench.serving.client import TritonClient
+from workbench.serving.errors import RepositoryError
 from workbench.serving.front import ApiFront
 from workbench.serving.server import TritonServer
 from workbench.serving.tables import TritonMetrics

@@ -33,13 +33,14 @@ import aiohttp
 import numpy as np
 
 from workbench.core.config import RunConfig
-from workbench.core.errors import MissingArtifactError, ServedError
+from workbench.core.errors import MissingArtifactError
 from workbench.core.record import RunRecord
 from workbench.measure.load import asyncio_level, closed_loop_level
 from workbench.models.tiny import build_cross_encoder
 from workbench.pipeline import run_pipeline
 from workbench.serving.backend.api_front import ROUTES
 from workbench.serving.client import AsyncTritonClient, TritonClient, rerank_arrays, text_array
+from workbench.serving.errors import ServedError
 from workbench.serving.front import ApiFront
 from workbench.serving.repository import read_repository
 from workbench.serving.server import TritonServer, tree_rss

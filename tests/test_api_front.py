@@ -15,12 +15,12 @@ import psutil
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.errors import PortInUseError, ServerStartError
 from workbench.core.record import RunRecord
 from workbench.models.tiny import build_cross_encoder, build_encoder, build_sentence_encoder
 from workbench.serving.backend.api_core import bounded
 from workbench.serving.backend.api_schema import parse_keys
 from workbench.serving.endpoints import request_lines
+from workbench.serving.errors import PortInUseError, ServerStartError
 from workbench.serving.front import ApiFront, check_api_port, front_spec
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from workbench.core.config import Tolerance
-from workbench.core.errors import InputMismatchError, ParityError
 from workbench.precision.compare import OutputParity, check_inputs, raise_if_failed, tolerance_for, verdict
+from workbench.precision.errors import InputMismatchError, ParityError
 from workbench.precision.ranking import same_top
 from workbench.tasks.registry import OutputSpec
 

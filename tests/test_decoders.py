@@ -10,8 +10,8 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import UnsupportedModelError
 from workbench.core.record import RunRecord
+from workbench.models.errors import UnsupportedModelError
 from workbench.models.tiny import DECODER_CONFIGS, build_decoder_embedder, build_gemma_embedder, build_gpt2
 from workbench.preflight import check_model_limits
 from workbench.serving.client import TritonClient

@@ -10,8 +10,8 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import DeviceMismatchError
 from workbench.core.record import RunRecord
+from workbench.measure.errors import DeviceMismatchError
 from workbench.measure.latency import baseline_for, speedup, summarize
 from workbench.measure.sessions import cuda_candidates
 from workbench.measure.tables import GridRunner

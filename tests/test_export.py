@@ -6,8 +6,9 @@ import torch
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import ConfigError, ExportError, OpsetError
+from workbench.core.errors import ConfigError
 from workbench.core.record import RunRecord
+from workbench.graphs.errors import ExportError, OpsetError
 from workbench.models.batches import Batch
 from workbench.models.loading import load_model
 from workbench.models.tiny import build_encoder

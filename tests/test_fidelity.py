@@ -12,12 +12,13 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import PoolingMismatchError, ProblemsError, ShapeError, UnsupportedModelError
+from workbench.core.errors import ShapeError
 from workbench.core.record import RunRecord
+from workbench.models.errors import PoolingMismatchError, UnsupportedModelError
 from workbench.models.loading import load_model
 from workbench.models.sentence import read_pipeline
 from workbench.models.tiny import build_encoder, build_sentence_encoder
-from workbench.preflight import preflight
+from workbench.preflight import ProblemsError, preflight
 from workbench.serving.client import TritonClient
 from workbench.serving.server import TritonServer
 from workbench.steps import export, optimize, parity, triton, verdict_line

@@ -17,9 +17,10 @@ import psutil
 import pytest
 import yaml
 
-from workbench.core.errors import ClusterError, ConfigError, OutputDirError, TransferError
+from workbench.core.errors import ConfigError, OutputDirError
 from workbench.core.record import RunRecord
 from workbench.core.results import CpuFeatures
+from workbench.fleet.errors import ClusterError, TransferError
 from workbench.fleet.kuberay import manifests
 from workbench.fleet.local import LocalCluster
 from workbench.fleet.node import plan_start

@@ -8,13 +8,13 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import ServedError
 from workbench.core.record import RunRecord
 from workbench.interrupt import remove_partials
 from workbench.report.page import build_report
 from workbench.serving.backend import generation_core as core
 from workbench.serving.batching import batch_sizes
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
+from workbench.serving.errors import ServedError
 from workbench.serving.generation import (
     GEN_TASKS,
     compare_greedy,

@@ -18,10 +18,10 @@ from workbench.cli import main
 from workbench.core import data, disk
 from workbench.core.advice import command
 from workbench.core.config import DEFAULT_MODEL, RunConfig
-from workbench.core.errors import DiskFullError, OutOfMemoryError, RunLockedError
+from workbench.core.errors import DiskFullError, OutOfMemoryError
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
-from workbench.lock import LOCK_NAME, run_lock
+from workbench.lock import LOCK_NAME, RunLockedError, run_lock
 from workbench.pipeline import NOTEBOOKS_DIR, run_pipeline
 from workbench.preflight import preflight
 
@@ -475,7 +475,7 @@ def test_deploy_sizing_says_whether_a_served_bench_ran():
 
 
 def test_a_symlink_loop_or_a_dangling_link_is_named_as_such(tmp_path):
-    from workbench.core.errors import ModelNotFoundError
+    from workbench.models.errors import ModelNotFoundError
     from workbench.models.loading import resolve_source
 
     (tmp_path / "one").symlink_to(tmp_path / "two")

@@ -7,7 +7,7 @@ import zipfile
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.errors import (
+from workbench.models.errors import (
     ModelLoadError,
     ModelNotFoundError,
     TokenizerNotFoundError,

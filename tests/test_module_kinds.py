@@ -12,7 +12,7 @@ import pytest
 from tests.test_sentence import SMALL, TEXTS, _deploy, _encode, _gate, _served
 from workbench.cli import main
 from workbench.core.config import RunConfig
-from workbench.core.errors import UnsupportedModelError
+from workbench.models.errors import UnsupportedModelError
 from workbench.models.tiny import (
     build_sentence_encoder,
     build_sentence_t5,

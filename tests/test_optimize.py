@@ -5,9 +5,9 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import OnnxModelError
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
+from workbench.graphs.errors import OnnxModelError
 from workbench.graphs.variants import SEPARATE_FORM_DISABLED
 from workbench.measure import forms
 from workbench.models.batches import Batch

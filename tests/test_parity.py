@@ -14,7 +14,7 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import InputMismatchError, ParityError, ShapeError
+from workbench.core.errors import ShapeError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
@@ -24,6 +24,7 @@ from workbench.graphs.tables import ExportMetrics, PrecisionDecision
 from workbench.models.loading import load_model
 from workbench.models.tiny import make_fp16_overflow
 from workbench.precision.compare import raise_if_failed
+from workbench.precision.errors import InputMismatchError, ParityError
 from workbench.precision.lab import ParityLab, lab_texts
 from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY

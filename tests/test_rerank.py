@@ -7,13 +7,14 @@ import pytest
 
 from workbench.core.config import RunConfig, Tolerance
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import RepositoryError, ServedError, UnsupportedModelError
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
+from workbench.models.errors import UnsupportedModelError
 from workbench.models.tiny import build_cross_encoder
 from workbench.precision.compare import OutputParity
 from workbench.precision.ranking import NEIGHBOURS, by_query, lab_pairs, query_groups, ranking_agreement
 from workbench.serving.client import TritonClient, rerank_arrays
+from workbench.serving.errors import RepositoryError, ServedError
 from workbench.serving.repository import configs, read_repository, write_repository
 from workbench.serving.server import TritonServer
 from workbench.steps import export, optimize, parity, triton

@@ -8,9 +8,9 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import OnnxModelError
 from workbench.core.machine import gpu_name
 from workbench.core.record import RunRecord
+from workbench.graphs.errors import OnnxModelError
 from workbench.models.batches import Batch, shaped_batch, token_lengths
 from workbench.models.loading import load_model
 from workbench.precision.lab import ParityLab
@@ -148,7 +148,8 @@ def test_a_session_asked_for_cuda_that_falls_back_to_the_cpu_is_a_typed_error(tm
     """ONNX Runtime creates the session on the CPU and only warns; the workbench refuses that run."""
     from onnx import TensorProto, helper
 
-    from workbench.core.errors import CudaFallbackError, GpuRequiredError
+    from workbench.core.errors import GpuRequiredError
+    from workbench.runners.errors import CudaFallbackError
     from workbench.runners.onnxruntime import CPU, CUDA, cuda_problem, cuda_usable, providers_for, session
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
@@ -178,9 +179,9 @@ def test_a_variant_opens_through_the_registered_runner_of_its_file(tmp_path, mon
 
     from onnx import TensorProto, helper
 
-    from workbench.core.errors import UnsupportedModelError
     from workbench.core.record import Variant
     from workbench.graphs import onnxfiles
+    from workbench.models.errors import UnsupportedModelError
     from workbench.runners.registry import RUNNERS, open_variant, runner_kind
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
@@ -210,8 +211,8 @@ def test_a_ctranslate2_encoder_folder_is_a_registered_runner_that_answers_as_pyt
     """Adding a runner (docs/contributing.md), done once for real: CTranslate2's encoder on a converted tiny BERT,
     opened through the registry like any variant, answers as PyTorch does on the real positions (mean pooling);
     its int8 stays close; a pooling it cannot run is refused before anything is written."""
-    from workbench.core.errors import UnsupportedModelError
     from workbench.core.record import Variant
+    from workbench.models.errors import UnsupportedModelError
     from workbench.runners.ctranslate2 import convert_encoder
     from workbench.runners.registry import open_variant, runner_kind
 

@@ -12,8 +12,8 @@ import torch
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
 from workbench.core.record import RunRecord
+from workbench.models.errors import PoolingMismatchError, UnsupportedModelError
 from workbench.models.loading import load_model, resolve_source
 from workbench.models.sentence import read_pipeline
 from workbench.models.tiny import build_sentence_encoder

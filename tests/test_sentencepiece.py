@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.core.data import load_corpus
-from workbench.core.errors import TokenizerNotFoundError
+from workbench.models.errors import TokenizerNotFoundError
 from workbench.models.loading import ModelSource, load_tokenizer
 from workbench.serving.backend.text_input import TextEncoder
 from workbench.serving.repository import encoder_json

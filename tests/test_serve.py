@@ -23,14 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.data import encode
-from workbench.core.errors import (
-    ConfigError,
-    MissingArtifactError,
-    PortInUseError,
-    RepositoryError,
-    ServedError,
-    ServerStartError,
-)
+from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.record import RunRecord
 from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
 from workbench.models.batches import Batch
@@ -39,6 +32,7 @@ from workbench.runners.torch import TorchRunner
 from workbench.serve import check_host, exposure_warning, pick_ports, run_repository
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import SAMPLE_TEXT, curl_command, text_endpoints
+from workbench.serving.errors import PortInUseError, RepositoryError, ServedError, ServerStartError
 from workbench.serving.repository import ServingPlan, write_models, write_repository
 from workbench.serving.server import TritonBinary, TritonServer
 from workbench.steps import export, optimize

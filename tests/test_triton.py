@@ -19,18 +19,11 @@ from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import (
-    PortInUseError,
-    RepositoryError,
-    ServedError,
-    ServerStartError,
-    TritonNotFoundError,
-    UnstableMeasurementError,
-)
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision
+from workbench.measure.errors import UnstableMeasurementError
 from workbench.measure.load import perf_analyzer_level, settled_stages, text_level
 from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.batches import Batch, long_texts, token_lengths
@@ -41,6 +34,7 @@ from workbench.precision.tables import ParityMetrics
 from workbench.runners.torch import TorchRunner
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
+from workbench.serving.errors import PortInUseError, RepositoryError, ServedError, ServerStartError, TritonNotFoundError
 from workbench.serving.repository import model_files, parse_pbtxt, read_repository, write_models, write_repository
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import export, optimize, triton

@@ -7,24 +7,18 @@ from pathlib import Path
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.errors import (
-    ConfigError,
-    MissingArtifactError,
-    OnnxModelError,
-    OpsetError,
-    OutputDirError,
-    PortInUseError,
-    ShapeError,
-    UnverifiedError,
-)
+from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, ShapeError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
+from workbench.graphs.errors import OnnxModelError, OpsetError
 from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import load_model
 from workbench.pipeline import prepare_run_dir, run_pipeline
+from workbench.precision.errors import UnverifiedError
 from workbench.precision.lab import ParityLab, lab_texts
 from workbench.report.page import build_report
 from workbench.runners.registry import open_variant
+from workbench.serving.errors import PortInUseError
 from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, specs, triton
 

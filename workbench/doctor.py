@@ -10,12 +10,12 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.core.errors import TritonNotFoundError
 from workbench.core.machine import GPU_FINDING, gpu_name, package_version
 from workbench.measure.perf_analyzer import find_perf_analyzer
 from workbench.models.pins import pin
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT
 from workbench.runners.openvino import INSTALL as OPENVINO_INSTALL
+from workbench.serving.errors import TritonNotFoundError
 from workbench.serving.server import find_tritonserver
 from workbench.steps import specs
 

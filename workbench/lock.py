@@ -8,10 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from workbench.core.errors import RunLockedError
+from workbench.core.errors import OutputDirError
 from workbench.core.record import ensure_writable
 
 LOCK_NAME = ".workbench.lock"
+
+
+class RunLockedError(OutputDirError):
+    """Another workbench run holds the output directory."""
 
 
 @contextmanager

@@ -4,15 +4,54 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
-from workbench.core.errors import MissingArtifactError, OutOfMemoryError, Problems, UnsupportedModelError
+from workbench.core.errors import ConfigError, MissingArtifactError, OutOfMemoryError, WorkbenchError
 from workbench.core.memory import MemoryEstimate
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
+from workbench.models.errors import UnsupportedModelError
 from workbench.serving.settings import TritonSettings
 from workbench.steps import NEEDS, StepSpec, specs
+
+T = TypeVar("T")
+
+
+class ProblemsError(ConfigError):
+    """Several problems found by one check (preflight lists them all at once), each with its own fix."""
+
+    def __init__(self, problems: list[WorkbenchError]) -> None:
+        self.problems = problems
+        super().__init__(
+            f"{len(problems)} problems: " + " ".join(f"({i}) {type(p).__name__}: {p.problem}"
+                                                     for i, p in enumerate(problems, start=1)),
+            " ".join(f"({i}) {p.fix}" for i, p in enumerate(problems, start=1)))
+
+
+class Problems:
+    """Collects the typed errors of independent checks, so one refusal lists them all (`raise_all`)."""
+
+    def __init__(self) -> None:
+        self.found: list[WorkbenchError] = []
+
+    def check(self, function: Callable[..., T], *args: object) -> T | None:
+        """`function(*args)`, or None when it raised a WorkbenchError: kept, not raised."""
+        try:
+            return function(*args)
+        except ProblemsError as several:
+            self.found.extend(several.problems)
+        except WorkbenchError as problem:
+            self.found.append(problem)
+        return None
+
+    def raise_all(self) -> None:
+        """The one problem found as itself, several as a ProblemsError; nothing when none was found."""
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            raise ProblemsError(self.found)
 
 
 def preflight(config: RunConfig, resumed: RunRecord | None = None) -> MemoryEstimate | None:

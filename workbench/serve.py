@@ -14,7 +14,7 @@ from typing import Any
 
 from workbench.core.advice import run_again
 from workbench.core.data import load_corpus
-from workbench.core.errors import ConfigError, MissingArtifactError, PortInUseError, RepositoryError, ServerStartError
+from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.record import RunRecord, StepStatus
 from workbench.interrupt import SIGNALS
 from workbench.measure.load import write_input_data
@@ -28,6 +28,7 @@ from workbench.serving.endpoints import (
     perf_analyzer_command,
     text_endpoints,
 )
+from workbench.serving.errors import PortInUseError, RepositoryError, ServerStartError
 from workbench.serving.front import ApiFront, check_api_port, front_spec
 from workbench.serving.front import usage_lines as front_lines
 from workbench.serving.repository import MARKER, changed_files, ours_and_untouched, published_by, written_files

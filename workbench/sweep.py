@@ -18,14 +18,9 @@ from pydantic_core import ErrorDetails
 from workbench.core import dotted
 from workbench.core.atomic import write_marked
 from workbench.core.config import RunConfig
-from workbench.core.errors import (
-    ConfigError,
-    MissingArtifactError,
-    RunInterruptedError,
-    RunLockedError,
-    WorkbenchError,
-)
+from workbench.core.errors import ConfigError, MissingArtifactError, RunInterruptedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus
+from workbench.lock import RunLockedError
 from workbench.models.loading import is_path
 from workbench.pipeline import NOT_RUN, run_pipeline
 from workbench.serving.hostkinds import BY_NAME, host_kind

@@ -23,13 +23,14 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
-from workbench.core.errors import ConfigError, DependencyMissingError, ServerStartError, WorkbenchError
+from workbench.core.errors import ConfigError, DependencyMissingError, WorkbenchError
 from workbench.measure.load import closed_loop_level, request_texts
 from workbench.measure.tables import ServedLevel
 from workbench.models.pins import pin
 from workbench.precision.compare import cosine
 from workbench.precision.ranking import ranking_agreement
 from workbench.precision.retrieval import retrieval_agreement
+from workbench.serving.errors import ServerStartError
 from workbench.serving.front import ApiFront
 from workbench.serving.server import HOST, TritonServer, free_port, tree_rss
 

@@ -19,17 +19,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from workbench.core.atomic import write_text
-from workbench.core.errors import (
-    ClusterError,
-    DependencyMissingError,
-    RunInterruptedError,
-    TransferError,
-    WorkbenchError,
-)
+from workbench.core.errors import DependencyMissingError, RunInterruptedError, WorkbenchError
 from workbench.core.record import RECORD_NAME, RunRecord
 from workbench.fleet.board import Board
 from workbench.fleet.cell import CellOutcome, CellSpec, measure_cell
 from workbench.fleet.deployments import write_fleet
+from workbench.fleet.errors import ClusterError, TransferError
 from workbench.fleet.transfer import install
 from workbench.serving.hostkinds import host_kind, kinds_offered
 from workbench.sweep import PlannedRun, Sweep, pending_steps

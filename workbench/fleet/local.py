@@ -17,7 +17,7 @@ from types import TracebackType
 
 import psutil
 
-from workbench.core.errors import ClusterError
+from workbench.fleet.errors import ClusterError
 from workbench.serving.server import free_port
 
 START_TIMEOUT_S = 180.0

@@ -11,7 +11,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.core.errors import OutputDirError, TransferError
+from workbench.core.errors import OutputDirError
+from workbench.fleet.errors import TransferError
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.core.atomic import atomic_path
-from workbench.core.errors import DependencyMissingError, GpuRequiredError, OnnxModelError
+from workbench.core.errors import DependencyMissingError, GpuRequiredError
 from workbench.core.machine import gpu_name
+from workbench.graphs.errors import OnnxModelError
 from workbench.graphs.tables import ShapeProfile
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.errors import OnnxModelError
+from workbench.graphs.errors import OnnxModelError
 from workbench.models.batches import Feed
 
 if TYPE_CHECKING:

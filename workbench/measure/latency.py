@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.errors import DeviceMismatchError
 from workbench.core.results import Verdict
+from workbench.measure.errors import DeviceMismatchError
 from workbench.measure.tables import BestRow, CellTiming, GridRunner, InProcessRates, LatencyGrid, SessionTuning
 from workbench.models.batches import Cell, shaped_batch, token_lengths
 from workbench.runners import Device

@@ -16,11 +16,12 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from workbench.core.errors import ServedError, ServerUnreachableError, UnstableMeasurementError
+from workbench.measure.errors import UnstableMeasurementError
 from workbench.measure.perf_analyzer import STABILITY_TRIALS, PerfAnalyzer, stability_options
 from workbench.measure.tables import ServedLevel
 from workbench.models.batches import Feed
 from workbench.serving.client import AsyncTritonClient, rerank_arrays, run_async, text_array
+from workbench.serving.errors import ServedError, ServerUnreachableError
 
 
 class Closable(Protocol):

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from workbench.core.atomic import tree_checksum
 from workbench.core.config import BatchRange, RunConfig, ShapeRange, activation_bytes_per_token
 from workbench.core.data import Text, lowercase_inputs
-from workbench.core.errors import (
+from workbench.core.errors import WorkbenchError
+from workbench.models.errors import (
     ModelLoadError,
     ModelNotFoundError,
     TokenizerNotFoundError,
     UnsupportedModelError,
-    WorkbenchError,
     ZippedModelError,
 )
 from workbench.models.families import family

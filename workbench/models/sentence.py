@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.core.errors import PoolingMismatchError, UnsupportedModelError
+from workbench.models.errors import PoolingMismatchError, UnsupportedModelError
 from workbench.models.quiet import quiet_tracer
 from workbench.models.tables import PipelineSummary
 from workbench.tasks.choice import LIBRARY_TASKS

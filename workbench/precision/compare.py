@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.core.config import Tolerance
-from workbench.core.errors import InputMismatchError, ParityError
 from workbench.core.results import OutputResult, Verdict, WorstValue
+from workbench.precision.errors import InputMismatchError, ParityError
 from workbench.precision.ranking import ranking_agreement, same_top
 from workbench.precision.retrieval import TOP_K, retrieval_agreement
 from workbench.precision.sparse import Terms, sparse_agreement, terms

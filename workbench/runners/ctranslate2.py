@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.atomic import atomic_dir, temporary_dir
-from workbench.core.errors import DependencyMissingError, UnsupportedModelError
+from workbench.core.errors import DependencyMissingError
 from workbench.models.batches import Batch
+from workbench.models.errors import UnsupportedModelError
 from workbench.runners import FOLDER_METADATA, Device, Runner, RunnerClosedError, folder_metadata
 
 if TYPE_CHECKING:

@@ -8,11 +8,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workbench.core.errors import CudaFallbackError, GpuRequiredError, OnnxModelError, ShapeError
+from workbench.core.errors import GpuRequiredError, ShapeError
 from workbench.graphs import onnxfiles
+from workbench.graphs.errors import OnnxModelError
 from workbench.models.batches import Batch
 from workbench.runners import IO, Device, Runner, RunnerClosedError
 from workbench.runners.cuda import CPU, CUDA, cuda_problem, cuda_usable
+from workbench.runners.errors import CudaFallbackError
 
 OPTIMIZATION_LEVELS = ("all", "extended", "basic")
 EXECUTION_MODES = ("sequential", "parallel")

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workbench.core.errors import UnsupportedModelError
 from workbench.core.record import Variant
 from workbench.graphs import onnxfiles
+from workbench.models.errors import UnsupportedModelError
 from workbench.runners import Device, Runner, folder_metadata
 from workbench.runners.onnxruntime import SessionSettings
 

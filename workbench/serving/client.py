@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.core.errors import ServedError, ServerUnreachableError
+from workbench.serving.errors import ServedError, ServerUnreachableError
 
 PROTOCOLS = ("http", "grpc")
 DATATYPES = {"int64": "INT64", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}

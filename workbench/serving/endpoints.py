@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.core.errors import RepositoryError
+from workbench.serving.errors import RepositoryError
 from workbench.serving.repository import read_repository
 
 TEXT_INPUT = "TEXT"

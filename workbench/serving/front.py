@@ -16,9 +16,9 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.core.atomic import write_text
-from workbench.core.errors import PortInUseError, RepositoryError, ServerStartError
 from workbench.serving.backend.api_schema import KEY_VARIABLE, FrontSpec, ServedModel
 from workbench.serving.endpoints import request_lines, text_endpoints
+from workbench.serving.errors import PortInUseError, RepositoryError, ServerStartError
 from workbench.serving.repository import read_repository
 from workbench.serving.server import HOST, end_group, ensure_port_free, free_port, watchdog
 

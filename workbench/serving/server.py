@@ -19,15 +19,10 @@ from pathlib import Path
 
 import psutil
 
-from workbench.core.errors import (
-    ConfigError,
-    PortInUseError,
-    ServerStartError,
-    ServerUnreachableError,
-    TritonNotFoundError,
-)
+from workbench.core.errors import ConfigError
 from workbench.core.memory import first_to_go
 from workbench.models.pins import pin
+from workbench.serving.errors import PortInUseError, ServerStartError, ServerUnreachableError, TritonNotFoundError
 
 HOST = "127.0.0.1"
 API_PORT = 8080  # the API front's (serving/front.py) in `workbench serve` and the deployment image

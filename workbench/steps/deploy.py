@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
-from workbench.core.errors import RepositoryError, StepSkipped
+from workbench.core.errors import StepSkipped
 from workbench.core.metrics import Metrics
 from workbench.core.record import RunRecord, StepEntry, StepStatus
 from workbench.measure.capacity import Capacity, plan_capacity
@@ -19,6 +19,7 @@ from workbench.report import figures
 from workbench.report.compare import host_of
 from workbench.report.page import Parts, Section
 from workbench.serving.deploy import Scaling, deployment_files, image_tag, network_model
+from workbench.serving.errors import RepositoryError
 from workbench.serving.hostkinds import host_kind
 from workbench.serving.plan import deployed_plan
 from workbench.serving.settings import TritonSettings

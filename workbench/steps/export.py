@@ -12,9 +12,9 @@ import plotly.graph_objects as go
 from workbench.core.atomic import atomic_dir
 from workbench.core.config import RunConfig
 from workbench.core.data import encode, load_corpus
-from workbench.core.errors import ExportError, OpsetError
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
+from workbench.graphs.errors import ExportError, OpsetError
 from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model, traceable_masks
 from workbench.models.quiet import quiet_tracer

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from workbench.core.advice import run_again, set_settings
 from workbench.core.config import RunConfig
-from workbench.core.errors import DependencyMissingError, StepSkipped, UnverifiedError
+from workbench.core.errors import DependencyMissingError, StepSkipped
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
@@ -17,6 +17,7 @@ from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, ShapeProfile, TensorrtMetrics
 from workbench.models.loading import LoadedModel, load_model
+from workbench.precision.errors import UnverifiedError
 from workbench.precision.lab import ParityLab, lab_texts, library_reference
 from workbench.precision.settings import LabSettings
 from workbench.precision.tables import ParityMetrics

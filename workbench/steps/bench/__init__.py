@@ -6,7 +6,7 @@ import os
 
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
-from workbench.core.errors import DOCTOR_HINT, TritonNotFoundError
+from workbench.core.errors import DOCTOR_HINT
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs.tables import ExportMetrics, ShapeProfile
@@ -40,6 +40,7 @@ from workbench.report.takeaways import disturbed_lines
 from workbench.runners.onnxruntime import device_for
 from workbench.runners.registry import open_variant
 from workbench.runners.timing import others_busy, timed
+from workbench.serving.errors import TritonNotFoundError
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver

@@ -9,7 +9,7 @@ from pathlib import Path
 from workbench.core.advice import run_again, set_settings
 from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
-from workbench.core.errors import MissingArtifactError, ReferenceMismatchError
+from workbench.core.errors import MissingArtifactError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
@@ -18,6 +18,7 @@ from workbench.graphs.names import VariantName
 from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.compare import raise_if_failed
+from workbench.precision.errors import ReferenceMismatchError
 from workbench.precision.lab import ParityLab, lab_texts, library_check
 from workbench.precision.settings import ParitySettings, RepairSettings
 from workbench.precision.tables import CheckScope, LibraryCheck, ParityMetrics, RepairOutcome
