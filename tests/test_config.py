@@ -70,6 +70,7 @@ def test_budgets_follow_the_model_where_auto():
 
 def test_the_token_budget_shrinks_where_the_memory_limit_leaves_little_past_the_model(monkeypatch):
     from workbench.core import memory
+    from workbench.models import footprint
 
     batch, per_token = RunConfig().batch, 16 * (12 * 384 + 3072 + 768)
     assert batch.token_budget(per_token, 384, room=8 * 2**30) == batch.token_budget(per_token, 384)
@@ -77,7 +78,7 @@ def test_the_token_budget_shrinks_where_the_memory_limit_leaves_little_past_the_
     assert tokens == 2**27 // per_token == 992 and "1/4 of the 0.5 GiB the memory limit leaves" in source
     assert batch.token_budget(per_token, 384, room=-2**30)[0] == 384, "one text at the max, whatever is left"
     monkeypatch.setattr(memory, "memory_limit", lambda: (6 * 2**30, "a cgroup"))
-    assert memory.activation_room(2**30) == 6 * 2**30 - memory.step_need(2**30) == 1.375 * 2**30
+    assert footprint.activation_room(2**30) == 6 * 2**30 - footprint.step_need(2**30) == 1.375 * 2**30
 
 
 def test_misspelled_key_names_the_closest_setting():

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -208,7 +209,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     if memory is not None:
-        record.note_memory_estimate(memory)
+        record.note_memory_estimate(asdict(memory))
     steps = [s.name for s in specs() if s.name in config.steps]
     with InterruptGuard() as guard:
         for index, step in enumerate(steps):

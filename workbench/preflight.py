@@ -10,9 +10,9 @@ from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.disk import require_free
 from workbench.core.errors import ConfigError, MissingArtifactError, OutOfMemoryError, WorkbenchError
-from workbench.core.memory import MemoryEstimate
 from workbench.core.record import RunRecord, StepStatus, ensure_writable
 from workbench.models.errors import UnsupportedModelError
+from workbench.models.footprint import MemoryEstimate
 from workbench.serving.settings import TritonSettings
 from workbench.steps import NEEDS, StepSpec, specs
 
@@ -107,9 +107,10 @@ def check_disk(config: RunConfig, selected: list[StepSpec]) -> None:
 
 def check_memory(config: RunConfig, selected: list[StepSpec]) -> MemoryEstimate | None:
     """The memory this process tree may hold (its cgroup's limit, else the machine's) covers what each selected step
-    peaks at: a step holding the model `memory.step_need` of its weights, another what it declares (`memory`);
+    peaks at: a step holding the model `footprint.step_need` of its weights, another what it declares (`memory`);
     refused where one does not fit, unless `preflight.memory` is warn; a hub id's weights are unknown, not checked."""
-    from workbench.core.memory import memory_limit, model_step
+    from workbench.core.memory import memory_limit
+    from workbench.models.footprint import model_step
     from workbench.models.loading import resolve_source, weight_bytes
 
     weights = weight_bytes(resolve_source(config.model))

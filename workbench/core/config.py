@@ -139,8 +139,8 @@ class BatchRange(ShapeRange):
     def token_budget(self, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
         """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)
         ACTIVATION_BYTES, or a quarter of `room` (the bytes the memory limit leaves past the step's weights and
-        libraries, `memory.activation_room`) where that is less, over `per_token` (a token's activation bytes at a
-        layer's peak), never below one text at `sequence_max` nor above `max` texts of it."""
+        libraries, `models.footprint.activation_room`) where that is less, over `per_token` (a token's activation
+        bytes at a layer's peak), never below one text at `sequence_max` nor above `max` texts of it."""
         if self.max_tokens != "auto":
             return self.max_tokens, "configured (batch.max_tokens)"
         activations = ACTIVATION_BYTES if room is None else max(0, min(ACTIVATION_BYTES, room // ROOM_SHARE))

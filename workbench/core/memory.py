@@ -6,10 +6,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
 
 import psutil
 
@@ -17,71 +15,6 @@ SAMPLE_S = 0.2
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 NO_LIMIT = 2**60  # cgroup v1 writes its "no limit" as a number near 2**63
-# What a step that holds the model peaks at, its whole process tree: WEIGHT_MULTIPLE x the fp32 weights +
-# LIBRARY_BYTES (torch, ONNX Runtime, a kernel) + its batches' activations, ACTIVATION_MULTIPLE x the weights up to
-# ACTIVATION_BYTES (batch.max_tokens bounds them); measured with defaults on 2 cores: all-mpnet-base-v2 2.74 GB of
-# 2.92, all-MiniLM-L6-v2 1.45 GB of 1.82, a tiny BERT (0.16 MB) 0.81 GB (its bench) of 0.88 (docs/bench.md).
-WEIGHT_MULTIPLE = 3
-LIBRARY_BYTES = 7 * 2**27
-ACTIVATION_MULTIPLE = 8
-ACTIVATION_BYTES = 3 * 2**28
-
-
-@dataclass(frozen=True)
-class StepMemory:
-    """What one step needs at its peak, in bytes, and how that is made up (`3 x the model's 0.16 MB of weights
-    ...`)."""
-
-    step: str
-    need: int
-    how: str
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Preflight's memory estimate for a run: each step's need at its peak (MB), the limit and where it comes from,
-    what the largest is made of, and what preflight did (`fits`, `refused`, or `warned`: over, gone on as asked)."""
-
-    steps: dict[str, float]
-    need_mb: float
-    limit_mb: float
-    source: str
-    how: str
-    verdict: Literal["fits", "refused", "warned"]
-
-    @classmethod
-    def of(cls, needs: list[StepMemory], limit: int, source: str, warn: bool) -> MemoryEstimate:
-        """The estimate for `needs` under `limit`: the steps over it (else the largest) named in its description."""
-        peak = max(n.need for n in needs)
-        over = [n for n in needs if n.need > limit]
-        named = over or [n for n in needs if n.need == peak]
-        groups = {made: [n for n in named if n.how == made] for made in dict.fromkeys(n.how for n in named)}
-        how = "; ".join(f"{', '.join(n.step for n in group)} need{'s' if len(group) == 1 else ''} about "
-                        f"{max(n.need for n in group) / 2**20:.0f} MB at {'its' if len(group) == 1 else 'their'} "
-                        f"peak ({made})" for made, group in groups.items())
-        return cls({n.step: round(n.need / 2**20, 1) for n in needs}, round(peak / 2**20, 1), round(limit / 2**20, 1),
-                   source, how, "fits" if not over else "warned" if warn else "refused")
-
-    def describe(self) -> str:
-        within = "within" if self.verdict == "fits" else "more than"
-        return f"{self.how}, {within} {self.source}: {self.limit_mb:.0f} MB"
-
-
-def model_step(step: str, weights: int) -> StepMemory:
-    """A step holding the run's model of `weights` fp32 bytes."""
-    return StepMemory(step, step_need(weights), f"{WEIGHT_MULTIPLE} x the model's {weights / 2**20:.3g} MB of weights "
-                                                f"+ {LIBRARY_BYTES / 2**30:g} GB of libraries + activations")
-
-
-def step_need(weights: int) -> int:
-    """About the most a step that holds a model of `weights` fp32 bytes needs at once (its process tree)."""
-    return WEIGHT_MULTIPLE * weights + LIBRARY_BYTES + min(ACTIVATION_MULTIPLE * weights, ACTIVATION_BYTES)
-
-
-def activation_room(weights: int) -> int:
-    """The bytes the memory limit leaves past what a step holding a model of `weights` fp32 bytes needs without its
-    batches' activations (`step_need`); negative where it does not fit at all (preflight refuses that)."""
-    return memory_limit()[0] - step_need(weights)
 
 
 def memory_limit() -> tuple[int, str]:

@@ -10,7 +10,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -27,7 +27,7 @@ from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
 from workbench.core.flavor import Flavor
-from workbench.core.memory import MemoryEstimate, PeakMemory
+from workbench.core.memory import PeakMemory
 from workbench.core.metrics import Json, Metrics
 from workbench.core.progress import Heartbeat, closed_bars, open_bar, say
 from workbench.core.results import SCHEMA_VERSION, HostEnvironment, Verdict, migrate
@@ -672,9 +672,9 @@ class RunRecord:
         self.data["environment"] = collect_environment()
         self.save()
 
-    def note_memory_estimate(self, estimate: MemoryEstimate) -> None:
+    def note_memory_estimate(self, estimate: Json) -> None:
         """Keep preflight's memory estimate (`preflight.memory` in run.json)."""
-        self.data.setdefault("preflight", {})["memory"] = asdict(estimate)
+        self.data.setdefault("preflight", {})["memory"] = estimate
         self.save()
 
     def note_providers(self, providers: list[str]) -> None:

@@ -65,7 +65,7 @@ class ExportMetrics(Metrics):
     def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
         """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
         model's shape at `sequence_max`)."""
-        from workbench.core.memory import activation_room
+        from workbench.models.footprint import activation_room
 
         per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size, sequence_max)
         return batch.token_budget(per_token, sequence_max,

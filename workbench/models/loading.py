@@ -210,7 +210,7 @@ class LoadedModel:
     def token_budget(self, batch: BatchRange) -> tuple[int, str]:
         """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget`, with this
         model's shape at the run's sequence.max)."""
-        from workbench.core.memory import activation_room
+        from workbench.models.footprint import activation_room
 
         per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size,
                                                self.sequence.max)

@@ -22,8 +22,8 @@ from workbench.report.page import Section
 
 if TYPE_CHECKING:
     from workbench.core.config import RunConfig
-    from workbench.core.memory import StepMemory
     from workbench.core.record import RunRecord, StepEntry
+    from workbench.models.footprint import StepMemory
 
 __all__ = ["NEEDS", "STEPS_PATH", "StepSpec", "discover", "spec", "specs", "step_names", "verdict_line"]
 STEPS_PATH = "WORKBENCH_STEPS_PATH"

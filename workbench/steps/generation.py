@@ -14,12 +14,12 @@ from pydantic import ConfigDict, Field, field_validator
 from workbench.core.config import Count, RunConfig, StepSettings, found_here
 from workbench.core.data import load_corpus
 from workbench.core.errors import StepSkipped
-from workbench.core.memory import WEIGHT_MULTIPLE, StepMemory
 from workbench.core.metrics import Metrics
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.measure.load import asyncio_level
 from workbench.measure.tables import ServedLevel
+from workbench.models.footprint import WEIGHT_MULTIPLE, StepMemory
 from workbench.report import figures
 from workbench.report.page import Parts, Section
 from workbench.runners.timing import timed
