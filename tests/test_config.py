@@ -5,6 +5,7 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, ShapeError
 from workbench.core.flavor import Flavor
+from workbench.models import footprint
 from workbench.serving.plan import instances_for
 
 
@@ -61,22 +62,22 @@ def test_budgets_follow_the_model_where_auto():
     assert config.parity.repair.budget(31.5) == (252.0, "auto: 8 times the variant's 31.5 s check on the lab")
     assert RunConfig.load(None, ["parity.repair.budget_s=90"]).parity.repair.budget(21.5)[0] == 90
     per_token = 16 * (12 * 384 + 3072 + 768)  # all-mpnet-base-v2 at 384 tokens: 135 KiB a token
-    assert config.batch.token_budget(per_token, 384)[0] == 2**28 // per_token == 1985, "5 texts of 384"
-    assert config.batch.token_budget(16 * (16 * 8192 + 4096 + 1024), 8192)[0] == 8192, "one text at the max"
-    assert config.batch.token_budget(16 * 1000, 128)[0] == 32 * 128, "never past batch.max texts"
-    assert RunConfig.load(None, ["batch.max_tokens=512"]).batch.token_budget(per_token, 384) == (
+    assert footprint.token_budget(config.batch, per_token, 384)[0] == 2**28 // per_token == 1985, "5 texts of 384"
+    assert footprint.token_budget(config.batch, 16 * (16 * 8192 + 4096 + 1024), 8192)[0] == 8192, "one text at max"
+    assert footprint.token_budget(config.batch, 16 * 1000, 128)[0] == 32 * 128, "never past batch.max texts"
+    assert footprint.token_budget(RunConfig.load(None, ["batch.max_tokens=512"]).batch, per_token, 384) == (
         512, "configured (batch.max_tokens)")
 
 
 def test_the_token_budget_shrinks_where_the_memory_limit_leaves_little_past_the_model(monkeypatch):
     from workbench.core import memory
-    from workbench.models import footprint
 
     batch, per_token = RunConfig().batch, 16 * (12 * 384 + 3072 + 768)
-    assert batch.token_budget(per_token, 384, room=8 * 2**30) == batch.token_budget(per_token, 384)
-    tokens, source = batch.token_budget(per_token, 384, room=2**29)
+    assert footprint.token_budget(batch, per_token, 384, room=8 * 2**30) == footprint.token_budget(batch, per_token,
+                                                                                                  384)
+    tokens, source = footprint.token_budget(batch, per_token, 384, room=2**29)
     assert tokens == 2**27 // per_token == 992 and "1/4 of the 0.5 GiB the memory limit leaves" in source
-    assert batch.token_budget(per_token, 384, room=-2**30)[0] == 384, "one text at the max, whatever is left"
+    assert footprint.token_budget(batch, per_token, 384, room=-2**30)[0] == 384, "one text at the max, whatever is left"
     monkeypatch.setattr(memory, "memory_limit", lambda: (6 * 2**30, "a cgroup"))
     assert footprint.activation_room(2**30) == 6 * 2**30 - footprint.step_need(2**30) == 1.375 * 2**30
 

@@ -14,9 +14,9 @@ import pytest
 from workbench.core import progress
 from workbench.core.config import RunConfig
 from workbench.core.errors import StepFailedError
-from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, ProgressTail, track
+from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, Progress, track
 from workbench.core.record import RunRecord
-from workbench.pipeline import run_pipeline
+from workbench.pipeline import ProgressTail, run_pipeline
 from workbench.steps import spec
 
 ROOT = Path(__file__).resolve().parent.parent

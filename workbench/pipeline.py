@@ -7,11 +7,13 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TextIO
 
 import psutil
 
@@ -20,7 +22,7 @@ from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
-from workbench.core.progress import ProgressTail
+from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, tqdm_class
 from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.lock import LOCK_NAME, run_lock
@@ -33,6 +35,58 @@ NOT_RUN = "not run: "  # the reason of a step skipped because an earlier one fai
 # How long a finished cell's last output may take to arrive (nbclient's default, 4 s, failed a large model's optimize
 # step that had finished: its kernel was slow to report while the host was busy and memory was being returned).
 IOPUB_TIMEOUT_S = 120
+POLL_S = 0.2  # how often the pipeline looks for new progress lines
+
+
+class ProgressTail:
+    """While active: a new temporary file named in WORKBENCH_PROGRESS_FILE (processes started meanwhile inherit
+    it) and a thread printing each line written to it, indented, above any bar of this process; on exit the last
+    lines are printed, the file is removed (also on an error or interrupt) and the variable is restored."""
+
+    def __init__(self, out: TextIO | None = None, poll: float = POLL_S) -> None:
+        self.out, self.poll = out, poll
+        self.path = Path()
+        self._offset = 0
+        self._previous: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="progress-tail", daemon=True)
+        self._bars: Any = None
+
+    def __enter__(self) -> ProgressTail:
+        self._bars = tqdm_class()  # imported here: its warning filter is not for a second thread to change
+        handle, name = tempfile.mkstemp(prefix="workbench-progress-", suffix=".txt")
+        os.close(handle)
+        self.path = Path(name)
+        self._previous = os.environ.get(PROGRESS_FILE_VAR)
+        os.environ[PROGRESS_FILE_VAR] = name
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._stop.set()
+            self._thread.join()
+            self._print_new()
+        finally:
+            self.path.unlink(missing_ok=True)
+            if self._previous is None:
+                os.environ.pop(PROGRESS_FILE_VAR, None)
+            else:
+                os.environ[PROGRESS_FILE_VAR] = self._previous
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll):
+            self._print_new()
+
+    def _print_new(self) -> None:
+        """Print the complete lines written since the last look (a line still being written waits)."""
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            self._bars.write(f"{INDENT}{line}", file=self.out)  # above papermill's bar; None: the current sys.stdout
 
 
 def default_run_dir(config: RunConfig) -> Path:

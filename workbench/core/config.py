@@ -112,21 +112,9 @@ class ShapeRange(Settings):
         return self
 
 
-# The activations one batch may hold when batch.max_tokens is auto. A token costs about ACTIVATION_FACTOR x 4 bytes
-# x (heads x sequence.max + intermediate + hidden) at a layer's peak (the attention scores and the feed-forward
-# activations live together): measured with ONNX Runtime on all-mpnet-base-v2 (unfused attention), 32 x 384 tokens,
-# 2.1 GB over the session's weights, about 4 such vectors a token. OpenVINO holds more for the same batch (its
-# compiled all-mpnet-base-v2: 0.47 GB more at 10 x 384 tokens, 0.3 GB at 5 x 384). A quarter GiB keeps a base-size
-# model's parity step within 3 x its weights + 1.5 GB (all-mpnet-base-v2: 5 texts of 384 tokens a batch;
-# all-MiniLM-L6-v2 13 of 256).
-ACTIVATION_BYTES = 2**28
-ACTIVATION_FACTOR = 4
-ROOM_SHARE = 4  # where memory is short: the share of what is left past the model's need that activations may take
-
-
 class BatchRange(ShapeRange):
     """Texts per batch, and the padded tokens one batch may hold (`max_tokens`; auto follows the model's shape:
-    `token_budget`)."""
+    `models.footprint.token_budget`)."""
 
     max_tokens: int | Literal["auto"] = Field(default="auto", description=(
         "padded tokens (texts x tokens) one batch may hold: the parity lab's shape corners and the batches the "
@@ -135,27 +123,6 @@ class BatchRange(ShapeRange):
         "than 1 GiB past the model's need), at least one text at sequence.max"))
 
     _positive = field_validator("max_tokens")(staticmethod(at_least_one))
-
-    def token_budget(self, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
-        """The padded tokens one batch may hold, and where the number comes from: the setting, or (auto)
-        ACTIVATION_BYTES, or a quarter of `room` (the bytes the memory limit leaves past the step's weights and
-        libraries, `models.footprint.activation_room`) where that is less, over `per_token` (a token's activation
-        bytes at a layer's peak), never below one text at `sequence_max` nor above `max` texts of it."""
-        if self.max_tokens != "auto":
-            return self.max_tokens, "configured (batch.max_tokens)"
-        activations = ACTIVATION_BYTES if room is None else max(0, min(ACTIVATION_BYTES, room // ROOM_SHARE))
-        tokens = min(max(sequence_max, activations // per_token), self.max * sequence_max)
-        limited = "" if activations == ACTIVATION_BYTES else (
-            f" (1/{ROOM_SHARE} of the {room / 2**30:.2g} GiB the memory limit leaves past the model's need)")
-        return tokens, (f"auto: about {activations / 2**30:.2g} GiB of activations{limited} at "
-                        f"{per_token / 1024:.0f} KiB a token ({ACTIVATION_FACTOR} x 4 bytes x (heads x sequence.max + "
-                        f"intermediate + hidden)), at least one text of sequence.max={sequence_max}, at most "
-                        f"batch.max={self.max} of them")
-
-
-def activation_bytes_per_token(heads: int, hidden: int, intermediate: int, sequence_max: int) -> int:
-    """About what one padded token costs in activations at a layer's peak (`ACTIVATION_FACTOR`)."""
-    return ACTIVATION_FACTOR * 4 * (heads * sequence_max + intermediate + hidden)
 
 
 AUTO_OPT = 128  # sequence.opt when auto: the corpus's common lengths lie below it, and max caps it

@@ -3,25 +3,22 @@ shows where each ended), a step's lines (`say`: what it wrote and recorded, with
 under `workbench run`, both as lines in the file WORKBENCH_PROGRESS_FILE names, which the pipeline prints.
 
 The step notebooks run in a kernel, a process of their own: the pipeline creates the file and names it in the
-environment before papermill starts the kernel (`ProgressTail`), and `Progress` in the kernel appends to it. Without
-the variable nothing is written anywhere but the bar. Lines are throttled to one per `interval` per bar, plus the
-last one; the time only decides what is shown, never what a loop does.
+environment before papermill starts the kernel (`pipeline.ProgressTail`), and `Progress` in the kernel appends to
+it. Without the variable nothing is written anywhere but the bar. Lines are throttled to one per `interval` per
+bar, plus the last one; the time only decides what is shown, never what a loop does.
 """
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterator
-from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 PROGRESS_FILE_VAR = "WORKBENCH_PROGRESS_FILE"
 LINE_INTERVAL_S = 1.0  # at most one line per bar this often, plus the last one
-POLL_S = 0.2  # how often the pipeline looks for new lines
 INDENT = "    "
 QUIET_S = 10.0  # a running step that said nothing this long says what it is still doing (`Heartbeat`)
 T = TypeVar("T")
@@ -55,7 +52,7 @@ class Progress:
         return f"{self.label}: {self.done}/{self.total} {self.unit}" + (f" ({self.note})" if self.note else "")
 
     def __enter__(self) -> Progress:
-        self._bar = _tqdm()(total=self.total, desc=self.label, unit=self.unit,
+        self._bar = tqdm_class()(total=self.total, desc=self.label, unit=self.unit,
                             **({"file": sys.stdout} if _text_bars else {}))  # a notebook's stdout: no red
         self._write()
         _open.append(self)
@@ -168,7 +165,7 @@ def track(items: Collection[T], label: str, unit: str, note: Callable[[T], str] 
             bar.update(1, note=note(item))
 
 
-def _tqdm() -> Any:
+def tqdm_class() -> Any:
     """tqdm.auto's bar (text for headless runs), without its warning that ipywidgets is missing."""
     from tqdm import TqdmWarning
 
@@ -181,54 +178,3 @@ def _tqdm() -> Any:
         warnings.simplefilter("ignore", TqdmWarning)
         from tqdm.auto import tqdm
     return tqdm
-
-
-class ProgressTail:
-    """While active: a new temporary file named in WORKBENCH_PROGRESS_FILE (processes started meanwhile inherit
-    it) and a thread printing each line written to it, indented, above any bar of this process; on exit the last
-    lines are printed, the file is removed (also on an error or interrupt) and the variable is restored."""
-
-    def __init__(self, out: TextIO | None = None, poll: float = POLL_S) -> None:
-        self.out, self.poll = out, poll
-        self.path = Path()
-        self._offset = 0
-        self._previous: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="progress-tail", daemon=True)
-        self._bars: Any = None
-
-    def __enter__(self) -> ProgressTail:
-        self._bars = _tqdm()  # imported here: its warning filter is not for a second thread to change
-        handle, name = tempfile.mkstemp(prefix="workbench-progress-", suffix=".txt")
-        os.close(handle)
-        self.path = Path(name)
-        self._previous = os.environ.get(PROGRESS_FILE_VAR)
-        os.environ[PROGRESS_FILE_VAR] = name
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._stop.set()
-            self._thread.join()
-            self._print_new()
-        finally:
-            self.path.unlink(missing_ok=True)
-            if self._previous is None:
-                os.environ.pop(PROGRESS_FILE_VAR, None)
-            else:
-                os.environ[PROGRESS_FILE_VAR] = self._previous
-
-    def _follow(self) -> None:
-        while not self._stop.wait(self.poll):
-            self._print_new()
-
-    def _print_new(self) -> None:
-        """Print the complete lines written since the last look (a line still being written waits)."""
-        with open(self.path, "rb") as handle:
-            handle.seek(self._offset)
-            chunk = handle.read()
-        complete = chunk[:chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            self._bars.write(f"{INDENT}{line}", file=self.out)  # above papermill's bar; None: the current sys.stdout

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from workbench.core.config import BatchRange, SequenceSetting, ShapeRange, activation_bytes_per_token
+from workbench.core.config import BatchRange, SequenceSetting, ShapeRange
 from workbench.core.metrics import Json, Metrics
 from workbench.core.results import Verdict
+from workbench.models.footprint import model_token_budget
 from workbench.models.tables import ModelOrigin, PipelineSummary
 
 Timings = dict[str, dict[str, float]]  # graph -> cell name -> median ms
@@ -63,13 +64,10 @@ class ExportMetrics(Metrics):
         return self.sequence.shape() if self.sequence else SequenceSetting().resolve(self.max_sequence)
 
     def token_budget(self, batch: BatchRange, sequence_max: int) -> tuple[int, str]:
-        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget` with this
+        """The padded tokens one of the run's batches may hold, and why (`footprint.model_token_budget` with this
         model's shape at `sequence_max`)."""
-        from workbench.models.footprint import activation_room
-
-        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size, sequence_max)
-        return batch.token_budget(per_token, sequence_max,
-                                  activation_room(4 * self.parameters) if self.parameters else None)
+        return model_token_budget(batch, self.num_heads, self.hidden_size, self.intermediate_size, sequence_max,
+                                  4 * self.parameters if self.parameters else None)
 
 
 class Trial(Metrics):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workbench.core import memory
+from workbench.core.config import BatchRange
 
 # What a step that holds the model peaks at, its whole process tree: WEIGHT_MULTIPLE x the fp32 weights +
 # LIBRARY_BYTES (torch, ONNX Runtime, a kernel) + its batches' activations, ACTIVATION_MULTIPLE x the weights up to
@@ -72,3 +73,45 @@ def activation_room(weights: int) -> int:
     """The bytes the memory limit leaves past what a step holding a model of `weights` fp32 bytes needs without its
     batches' activations (`step_need`); negative where it does not fit at all (preflight refuses that)."""
     return memory.memory_limit()[0] - step_need(weights)
+
+
+# The activations one batch may hold when batch.max_tokens is auto. A token costs about ACTIVATION_FACTOR x 4 bytes
+# x (heads x sequence.max + intermediate + hidden) at a layer's peak (the attention scores and the feed-forward
+# activations live together): measured with ONNX Runtime on all-mpnet-base-v2 (unfused attention), 32 x 384 tokens,
+# 2.1 GB over the session's weights, about 4 such vectors a token. OpenVINO holds more for the same batch (its
+# compiled all-mpnet-base-v2: 0.47 GB more at 10 x 384 tokens, 0.3 GB at 5 x 384). A quarter GiB keeps a base-size
+# model's parity step within 3 x its weights + 1.5 GB (all-mpnet-base-v2: 5 texts of 384 tokens a batch;
+# all-MiniLM-L6-v2 13 of 256).
+BATCH_ACTIVATION_BYTES = 2**28
+ACTIVATION_FACTOR = 4
+ROOM_SHARE = 4  # where memory is short: the share of what is left past the model's need that activations may take
+
+
+def token_budget(batch: BatchRange, per_token: int, sequence_max: int, room: int | None = None) -> tuple[int, str]:
+    """The padded tokens one of `batch`'s batches may hold, and where the number comes from: the setting, or (auto)
+    BATCH_ACTIVATION_BYTES, or a quarter of `room` (the bytes the memory limit leaves past the step's weights and
+    libraries, `activation_room`) where that is less, over `per_token` (a token's activation
+    bytes at a layer's peak), never below one text at `sequence_max` nor above `max` texts of it."""
+    if batch.max_tokens != "auto":
+        return batch.max_tokens, "configured (batch.max_tokens)"
+    activations = BATCH_ACTIVATION_BYTES if room is None else max(0, min(BATCH_ACTIVATION_BYTES, room // ROOM_SHARE))
+    tokens = min(max(sequence_max, activations // per_token), batch.max * sequence_max)
+    limited = "" if activations == BATCH_ACTIVATION_BYTES else (
+        f" (1/{ROOM_SHARE} of the {room / 2**30:.2g} GiB the memory limit leaves past the model's need)")
+    return tokens, (f"auto: about {activations / 2**30:.2g} GiB of activations{limited} at "
+                    f"{per_token / 1024:.0f} KiB a token ({ACTIVATION_FACTOR} x 4 bytes x (heads x sequence.max + "
+                    f"intermediate + hidden)), at least one text of sequence.max={sequence_max}, at most "
+                    f"batch.max={batch.max} of them")
+
+
+def activation_bytes_per_token(heads: int, hidden: int, intermediate: int, sequence_max: int) -> int:
+    """About what one padded token costs in activations at a layer's peak (`ACTIVATION_FACTOR`)."""
+    return ACTIVATION_FACTOR * 4 * (heads * sequence_max + intermediate + hidden)
+
+
+def model_token_budget(batch: BatchRange, heads: int, hidden: int, intermediate: int, sequence_max: int,
+                       weights: int | None) -> tuple[int, str]:
+    """`token_budget` for a model of this shape at `sequence_max`, within what the memory limit leaves past a step
+    holding its `weights` fp32 bytes (None: not known, the limit is not read)."""
+    per_token = activation_bytes_per_token(heads, hidden, intermediate, sequence_max)
+    return token_budget(batch, per_token, sequence_max, activation_room(weights) if weights else None)

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.core.atomic import tree_checksum
-from workbench.core.config import BatchRange, RunConfig, ShapeRange, activation_bytes_per_token
+from workbench.core.config import BatchRange, RunConfig, ShapeRange
 from workbench.core.data import Text, lowercase_inputs
 from workbench.core.errors import WorkbenchError
 from workbench.models.errors import (
@@ -25,6 +25,7 @@ from workbench.models.errors import (
     ZippedModelError,
 )
 from workbench.models.families import family
+from workbench.models.footprint import model_token_budget
 from workbench.models.pins import pin, project_version
 from workbench.models.sentence import (
     SentencePipeline,
@@ -208,14 +209,10 @@ class LoadedModel:
         return not any(parameter.is_meta for parameter in self.model.parameters())
 
     def token_budget(self, batch: BatchRange) -> tuple[int, str]:
-        """The padded tokens one of the run's batches may hold, and why (`BatchRange.token_budget`, with this
+        """The padded tokens one of the run's batches may hold, and why (`footprint.model_token_budget`, with this
         model's shape at the run's sequence.max)."""
-        from workbench.models.footprint import activation_room
-
-        per_token = activation_bytes_per_token(self.num_heads, self.hidden_size, self.intermediate_size,
-                                               self.sequence.max)
-        weights = 4 * sum(p.numel() for p in self.model.parameters())
-        return batch.token_budget(per_token, self.sequence.max, activation_room(weights))
+        return model_token_budget(batch, self.num_heads, self.hidden_size, self.intermediate_size, self.sequence.max,
+                                  4 * sum(p.numel() for p in self.model.parameters()))
 
     @property
     def max_positions(self) -> int | None:
