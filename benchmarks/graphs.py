@@ -55,7 +55,6 @@ from peerlib.peers import (
 )
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode
 from workbench.core.errors import ConfigError, MissingArtifactError, RunInterruptedError
 from workbench.core.machine import cpu_features, cpu_flags
 from workbench.core.record import RunRecord
@@ -66,6 +65,7 @@ from workbench.interrupt import script_exit
 from workbench.models.batches import cell_feeds
 from workbench.models.errors import ModelNotFoundError
 from workbench.models.loading import resolve_source
+from workbench.models.text import encode
 from workbench.pipeline import run_pipeline
 from workbench.runners.timing import median_ms, others_busy
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.errors import ConfigError
 from workbench.core.record import RunRecord
 from workbench.graphs.errors import ExportError, OpsetError
 from workbench.models.batches import Batch
-from workbench.models.loading import load_model
+from workbench.models.loading import check_pooling_task, load_model
+from workbench.models.text import encode
 from workbench.models.tiny import build_encoder
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.torch import GraphModule
@@ -101,7 +102,7 @@ def test_a_classifier_folder_run_without_a_task_follows_its_head(tiny_models, tm
     assert "no sequence or token classifier's head in config.json's architectures (BertModel)" in RunConfig(
         model=str(tiny_models["bert"])).task_choice.reason
     with pytest.raises(ConfigError) as refused:  # pooling on a followed head: the fix names the embeddings' task
-        RunConfig(model=str(tiny_models["bert-seqcls"]), pooling="cls").check_pooling_task()
+        check_pooling_task(RunConfig(model=str(tiny_models["bert-seqcls"]), pooling="cls"))
     assert refused.value.fix.endswith("or -p task=feature-extraction for its embeddings")
     embeddings = RunConfig(model=str(tiny_models["bert-seqcls"]), task="feature-extraction")
     record = RunRecord.create(tmp_path / "embeddings", embeddings)

@@ -12,8 +12,9 @@ from peerlib.graph_checks import accuracy, control_lines, table, targets, verdic
 from peerlib.graphs import GraphRow, again, control_spread, embeddings, open_control, open_graphs, outputs, time_graphs
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
+from workbench.models.text import encode
 from workbench.steps import export
 
 ROOT = Path(__file__).resolve().parents[1]

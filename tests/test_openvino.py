@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
@@ -14,6 +14,7 @@ from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision, Trial
 from workbench.measure.precisions import Target, target_for
 from workbench.models.batches import Batch
+from workbench.models.text import encode
 from workbench.precision.compare import DEFAULT_TOLERANCES
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner, bf16_problem

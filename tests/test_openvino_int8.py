@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
@@ -20,6 +20,7 @@ from workbench.graphs.tables import ExportMetrics, PrecisionDecision
 from workbench.measure.forms import RaceBench
 from workbench.measure.precisions import Target, target_for
 from workbench.models.batches import Batch
+from workbench.models.text import encode
 from workbench.precision.search import matmul_costs
 from workbench.precision.tables import RepairCandidate
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem

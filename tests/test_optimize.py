@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.errors import OnnxModelError
 from workbench.graphs.variants import SEPARATE_FORM_DISABLED
 from workbench.measure import forms
 from workbench.models.batches import Batch
+from workbench.models.text import encode
 from workbench.runners.onnxruntime import OrtRunner
 from workbench.steps import export, optimize
 

@@ -380,9 +380,10 @@ def test_a_recipe_that_got_further_is_the_closer_base():
 def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models, tmp_path):
     import onnxruntime
 
-    from workbench.core.data import encode, load_corpus
+    from workbench.core.data import load_corpus
     from workbench.graphs import onnxfiles
     from workbench.graphs.variants import quantize_int8_blockwise
+    from workbench.models.text import encode
 
     record, results = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")
@@ -403,9 +404,10 @@ def test_blockwise_int8_quantizes_the_named_matmuls_and_stays_close(tiny_models,
 def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(tiny_models, tmp_path):
     import onnxruntime
 
-    from workbench.core.data import encode, load_corpus
+    from workbench.core.data import load_corpus
     from workbench.graphs import onnxfiles
     from workbench.graphs.variants import activation_ranges, channel_max, smooth_activations
+    from workbench.models.text import encode
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])
     fp32 = record.artifact("onnx.fp32")
@@ -435,9 +437,10 @@ def test_smoothing_keeps_the_fp32_output_and_flattens_the_activation_channels(ti
 def test_per_token_scales_keep_the_fp32_output_of_the_down_projections(tiny_models, tmp_path, opset):
     import onnxruntime
 
-    from workbench.core.data import encode, load_corpus
+    from workbench.core.data import load_corpus
     from workbench.graphs import onnxfiles
     from workbench.graphs.variants import per_token_scales, quantize_int8
+    from workbench.models.text import encode
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"], opset=opset)
     fp32 = record.artifact("onnx.fp32")
@@ -462,8 +465,9 @@ def test_per_token_scales_keep_the_fp32_output_of_the_down_projections(tiny_mode
 
 
 def test_per_channel_weights_quantize_every_matmul_at_least_as_well_as_per_tensor(tiny_models, tmp_path):
-    from workbench.core.data import encode, load_corpus
+    from workbench.core.data import load_corpus
     from workbench.graphs import onnxfiles
+    from workbench.models.text import encode
     from workbench.precision.nodeerror import node_errors
 
     record, _ = pipeline(tiny_models["bert"], tmp_path, precisions=["fp32"])

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from workbench.core.config import RunConfig, Tolerance
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.models.errors import UnsupportedModelError
+from workbench.models.text import encode
 from workbench.models.tiny import build_cross_encoder
 from workbench.precision.compare import OutputParity
 from workbench.precision.ranking import NEIGHBOURS, by_query, lab_pairs, query_groups, ranking_agreement

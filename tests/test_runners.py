@@ -102,7 +102,7 @@ class FakeClient:
 
     def infer_texts(self, model: str, texts: list[str], parameters: dict[str, str] | None = None
                     ) -> dict[str, np.ndarray]:
-        from workbench.core.data import encode
+        from workbench.models.text import encode
 
         feed = encode(self.loaded.tokenizer, texts, self.loaded.input_names, max_length=self.loaded.sequence.max)
         with TorchRunner(self.loaded, self.config.output_specs) as reference:

@@ -22,12 +22,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.cli import main
 from workbench.core.config import RunConfig
-from workbench.core.data import encode
 from workbench.core.errors import ConfigError, MissingArtifactError
 from workbench.core.record import RunRecord
 from workbench.measure.perf_analyzer import find_perf_analyzer, write_wrapper
 from workbench.models.batches import Batch
 from workbench.models.loading import load_model
+from workbench.models.text import encode
 from workbench.runners.torch import TorchRunner
 from workbench.serve import check_host, exposure_warning, pick_ports, run_repository
 from workbench.serving.client import TritonClient

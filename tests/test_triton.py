@@ -18,7 +18,7 @@ import pytest
 from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
@@ -29,6 +29,7 @@ from workbench.measure.perf_analyzer import PerfAnalyzer
 from workbench.models.batches import Batch, long_texts, token_lengths
 from workbench.models.loading import load_model
 from workbench.models.pins import pin
+from workbench.models.text import encode
 from workbench.models.tiny import build_encoder
 from workbench.precision.tables import ParityMetrics
 from workbench.runners.torch import TorchRunner

@@ -166,6 +166,7 @@ def check_model_limits(config: RunConfig) -> None:
     fits its limits: every problem found, in one refusal."""
     from workbench.models.loading import (
         check_decoder_padding,
+        check_pooling_task,
         check_supported,
         check_task_head,
         load_config,
@@ -179,7 +180,7 @@ def check_model_limits(config: RunConfig) -> None:
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     task, problems = TASKS[config.task_choice.name], Problems()
-    problems.check(config.check_pooling_task)
+    problems.check(check_pooling_task, config)
     pipeline = problems.check(read_pipeline, source.location, config.trust_remote_code, task.name) \
         if task.name in PIPELINE_TASKS else None
     pipeline = with_truncation(pipeline, config.truncate_dim) if pipeline is not None else None

@@ -6,11 +6,12 @@ import pytest
 
 from workbench.core.atomic import sha256_file
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord
 from workbench.doctor import check_tensorrt
 from workbench.models.batches import Batch
 from workbench.models.loading import load_model
+from workbench.models.text import encode
 from workbench.runners.onnxruntime import CPU, CUDA, TENSORRT, OrtRunner, tensorrt_providers
 from workbench.steps import export, optimize, parity, tensorrt
 

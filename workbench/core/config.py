@@ -322,21 +322,6 @@ class RunConfig(Settings):
                 section.check(self)
         return self
 
-    def check_pooling_task(self) -> None:
-        """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
-        (ConfigError, from preflight with the model's problems, or when a step loads the model)."""
-        task = self.task_choice.name
-        if task != "feature-extraction" and (self.pooling != "auto" or self.pooling_override or self.truncate_dim):
-            chosen = (f"truncate_dim={self.truncate_dim}" if self.truncate_dim else "pooling_override=true"
-                      if self.pooling == "auto" else f"pooling={self.pooling}")
-            passed = [f"-p {name}" for name, on in (("pooling", self.pooling != "auto"),
-                                                     ("pooling_override", self.pooling_override),
-                                                     ("truncate_dim", self.truncate_dim)) if on]
-            raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns "
-                              f"{TASKS[task].description}",
-                              f"drop {' and '.join(passed)} for this task"
-                              + (", or -p task=feature-extraction for its embeddings" if self.task == AUTO else ""))
-
     @property
     def output_specs(self) -> tuple[OutputSpec, ...]:
         """The graph outputs this configuration exports, in order."""

@@ -2,26 +2,19 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO
 
 from workbench.core.errors import ConfigError
-from workbench.tasks.registry import POOLING_MASK
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
 CORPUS_PATH = Path(__file__).parents[1] / "data" / "corpus.txt"
-
-# What a model reads as one input: a text, or a (query, document) pair a cross-encoder reads together.
-Text = str | tuple[str, str]
-
 
 CORPUS_LINE_BYTES = 1 << 16  # bytes kept of one line: more text than any model reads
 PROGRESS_BYTES = 64 << 20  # a corpus larger than this shows progress while it is read
@@ -108,33 +101,6 @@ def _lines(file: BinaryIO) -> Iterator[bytes]:
 def load_corpus(path: Path | str | None = None, max_texts: int | None = None) -> tuple[str, ...]:
     """The texts of `corpus_sample`."""
     return corpus_sample(path, max_texts).texts
-
-
-def tokenize(tokenizer: Tokenizer, texts: Sequence[Text], **options: Any) -> Any:
-    """The tokenizer's encoding of `texts`; pairs go in as its text and text_pair (truncated longest first, as
-    CrossEncoder.predict() tokenizes them)."""
-    if texts and isinstance(texts[0], tuple):
-        return tokenizer([text[0] for text in texts], [text[1] for text in texts], **options)
-    return tokenizer(list(texts), **options)
-
-
-def shown(text: Text) -> str:
-    """A text as a line of a report: a pair's query and document on either side of ' || '."""
-    return text if isinstance(text, str) else f"{text[0]} || {text[1]}"
-
-
-def encode(tokenizer: Tokenizer, texts: Sequence[Text], input_names: tuple[str, ...], max_length: int | None = None,
-           pad_to: int | None = None, prompt_tokens: int = 0) -> dict[str, np.ndarray]:
-    """Right-padded int64 arrays for `input_names`; `pad_to` pads every row to that length. A pooling mask (graph
-    input of models pooling without the prompt) is the attention mask less each row's first `prompt_tokens`."""
-    limit = pad_to or max_length
-    enc = tokenize(tokenizer, texts, padding="max_length" if pad_to else True, truncation=limit is not None,
-                   max_length=limit, return_tensors="np")
-    feed = {name: np.ascontiguousarray(enc[name], dtype=np.int64) for name in input_names if name != POOLING_MASK}
-    if POOLING_MASK in input_names:
-        feed[POOLING_MASK] = feed["attention_mask"].copy()
-        feed[POOLING_MASK][:, :prompt_tokens] = 0
-    return {name: feed[name] for name in input_names}
 
 
 def lowercase_inputs(tokenizer: Tokenizer) -> None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.flavor import Flavor
 from workbench.core.progress import track
@@ -39,6 +38,7 @@ from workbench.measure.tables import (
     ServedBenchmark,
     ServedLevel,
 )
+from workbench.models.text import encode
 from workbench.serving.client import TritonClient
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from workbench.core.config import ShapeRange
-from workbench.core.data import Text, encode, tokenize
+from workbench.models.text import Text, encode, tokenize
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer

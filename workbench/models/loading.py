@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from workbench.core.atomic import tree_checksum
 from workbench.core.config import BatchRange, RunConfig, ShapeRange
-from workbench.core.data import Text, lowercase_inputs
-from workbench.core.errors import WorkbenchError
+from workbench.core.data import lowercase_inputs
+from workbench.core.errors import ConfigError, WorkbenchError
 from workbench.models.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -37,7 +37,8 @@ from workbench.models.sentence import (
     read_pipeline,
     with_truncation,
 )
-from workbench.tasks.choice import embedded_folder
+from workbench.models.text import Text
+from workbench.tasks.choice import AUTO, embedded_folder
 from workbench.tasks.registry import INPUT_NAMES, PIPELINE_TASKS, POOLING_MASK, TASKS, Task
 
 if TYPE_CHECKING:
@@ -575,6 +576,22 @@ def check_task_head(source: ModelSource, hf_config: PretrainedConfig, task: Task
             "this model's embeddings")
 
 
+def check_pooling_task(config: RunConfig) -> None:
+    """Pooling makes an embedding: another task's graph returns its head's logits and would ignore it
+    (ConfigError, from preflight with the model's problems, or when a step loads the model)."""
+    task = config.task_choice.name
+    if task != "feature-extraction" and (config.pooling != "auto" or config.pooling_override or config.truncate_dim):
+        chosen = (f"truncate_dim={config.truncate_dim}" if config.truncate_dim else "pooling_override=true"
+                  if config.pooling == "auto" else f"pooling={config.pooling}")
+        passed = [f"-p {name}" for name, on in (("pooling", config.pooling != "auto"),
+                                                 ("pooling_override", config.pooling_override),
+                                                 ("truncate_dim", config.truncate_dim)) if on]
+        raise ConfigError(f"{chosen} applies to task feature-extraction only; task {task} returns "
+                          f"{TASKS[task].description}",
+                          f"drop {' and '.join(passed)} for this task"
+                          + (", or -p task=feature-extraction for its embeddings" if config.task == AUTO else ""))
+
+
 def load_model(config: RunConfig) -> LoadedModel:
     """Load tokenizer and torch model for `config.task_choice`, in eval mode with the configured attention; the model's
     sentence-transformers pipeline (feature extraction) and the run's sequence range are settled before the weights
@@ -586,7 +603,7 @@ def load_model(config: RunConfig) -> LoadedModel:
         torch.set_num_threads(config.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     task = TASKS[config.task_choice.name]
-    config.check_pooling_task()
+    check_pooling_task(config)
     source = resolve_source(config.model)
     hf_config = load_config(source, config.trust_remote_code)
     pipeline = with_truncation(read_pipeline(source.location, config.trust_remote_code, task.name),

@@ -11,7 +11,7 @@ import numpy as np
 
 from workbench.core.atomic import atomic_path
 from workbench.core.config import Tolerance
-from workbench.core.data import Text, encode, load_corpus, shown
+from workbench.core.data import load_corpus
 from workbench.core.progress import track
 from workbench.core.results import Verdict, WorstText
 from workbench.models.batches import (
@@ -27,6 +27,7 @@ from workbench.models.batches import (
     within,
 )
 from workbench.models.loading import LoadedModel
+from workbench.models.text import Text, encode, shown
 from workbench.precision.cache import ReferenceCache, cache_key, default_folder
 from workbench.precision.compare import OutputParity, check_inputs, tolerance_for, verdict
 from workbench.precision.ranking import by_query, lab_pairs, query_groups

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workbench.core.data import Text
+from workbench.models.text import Text
 
 QUERIES, DOCUMENTS, NEIGHBOURS = 16, 8, 5
 TIED = 1e-6  # reference scores closer than this, relative to the top score, are tied: summing in another order moves

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.data import Text
 from workbench.models.batches import Batch
 from workbench.models.sentence import cross_encoder, library_model, sparse_encoder
+from workbench.models.text import Text
 from workbench.runners import Runner, RunnerClosedError
 from workbench.tasks.registry import LOGITS, SCORE, SCORES, SENTENCE_EMBEDDING, TOKEN_EMBEDDINGS, head_activation
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.core.data import Text
 from workbench.models.batches import Batch
+from workbench.models.text import Text
 from workbench.runners import Runner
 from workbench.serving.backend.sparse_terms import dense_rows
 from workbench.serving.client import TritonClient

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from workbench.core.atomic import atomic_dir
 from workbench.core.config import RunConfig
-from workbench.core.data import encode, load_corpus
+from workbench.core.data import load_corpus
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.errors import ExportError, OpsetError
@@ -19,6 +19,7 @@ from workbench.graphs.tables import ExportMetrics
 from workbench.models.loading import LoadedModel, load_model, traceable_masks
 from workbench.models.quiet import quiet_tracer
 from workbench.models.tables import PipelineSummary
+from workbench.models.text import encode
 from workbench.report import figures
 from workbench.report.page import Parts, Section
 from workbench.steps import StepSpec

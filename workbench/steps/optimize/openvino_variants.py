@@ -7,7 +7,6 @@ from pathlib import Path
 
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
-from workbench.core.data import encode
 from workbench.core.errors import DependencyMissingError
 from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord
@@ -19,6 +18,7 @@ from workbench.graphs.tables import ExportMetrics, InferencePrecision, OpenvinoI
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Target
 from workbench.models.batches import Feed
+from workbench.models.text import encode
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem
 from workbench.runners.registry import open_variant
