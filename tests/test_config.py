@@ -200,7 +200,7 @@ def test_each_step_section_of_the_configuration_is_declared_by_its_step():
     config = RunConfig()
     declared = {spec.name: spec.settings for spec in registry.facts() if spec.settings}
     assert {name: type(getattr(config, name)) for name in config.sections()} == declared
-    assert set(declared) == {"optimize", "parity", "tensorrt", "triton", "bench", "generation"}
+    assert set(declared) == {"optimize", "parity", "tensorrt", "triton", "bench", "deploy", "generation"}
     assert not set(RunConfig.model_fields) & set(registry.step_names()), "the run-wide settings name no step"
     rooms = ("workbench.graphs", "workbench.measure", "workbench.precision", "workbench.serving")
     assert all(spec.settings.__module__.startswith((*rooms, f"workbench.steps.{spec.name}"))
@@ -222,6 +222,30 @@ def test_settings_that_moved_into_their_steps_section_still_work_with_a_deprecat
         both = RunConfig.model_validate({"openvino": "never", "optimize": {"openvino": "always"}})
     assert both.optimize.openvino == "always", "a value set at both keys is the new key's"
     assert RunConfig.load(None, ["parity.repair=false"]).parity.repair.enabled is False
+
+
+def test_the_deploy_steps_settings_left_the_triton_section_and_an_older_run_reads_no_change(tmp_path):
+    """The image and autoscaler settings are deploy's own (`deploy.*`): a change to them leaves the verified triton
+    step ok. The old keys (`triton.target_rps`) still load, nested in YAML or a run's configuration, and a triton step
+    recorded with them reads no change."""
+    from workbench.core.record import as_now, settings_changes, step_settings
+
+    with pytest.warns(FutureWarning, match="'triton.target_rps' is now 'deploy.target_rps'"):
+        assert RunConfig.load(None, ["triton.target_rps=400"]).deploy.target_rps == 400
+    (tmp_path / "old.yaml").write_text("triton:\n  image_registry: registry.example.com/ml\n  instances: 2\n")
+    with pytest.warns(FutureWarning):
+        config = RunConfig.load(tmp_path / "old.yaml")
+    assert config.deploy.image_registry == "registry.example.com/ml" and config.triton.instances == 2
+    assert "target_rps" not in config.triton.model_dump()
+    older = RunConfig().to_params()  # as a run recorded it before deploy had a section
+    older["triton"].update(older.pop("deploy"))
+    now = RunConfig().to_params()
+    for step in ("triton", "deploy"):
+        assert settings_changes(as_now(step_settings(older, step), step), step_settings(now, step)) == {}
+    changed = RunConfig.load(None, ["deploy.target_rps=400"]).to_params()
+    assert settings_changes(step_settings(now, "triton"), step_settings(changed, "triton")) == {}
+    assert settings_changes(step_settings(now, "deploy"), step_settings(changed, "deploy")) == {
+        "deploy.target_rps": (100.0, 400.0)}
 
 
 def test_moved_settings_work_from_the_command_line_and_a_yaml_file(tmp_path):

@@ -88,7 +88,7 @@ def deployed(tiny_models, tmp_path_factory) -> tuple[RunRecord, Path]:
     """Tiny BERT through the triton step (a real server checked it), a recorded served sweep, then the deploy step."""
     root = tmp_path_factory.mktemp("deploy")
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos",
-                              triton_settings={"target_rps": 500, "burst_factor": 3})
+                              deploy={"target_rps": 500, "burst_factor": 3})
     assert triton.run(config, record).status == "ok"
     plan, _ = deployed_plan(record.deployed())
     served = {"batching_on": {"text": {c: {**level, "server": {network_model(plan): {"queue": 2.5}}}
@@ -137,7 +137,7 @@ def test_the_image_is_the_verified_repository_with_the_project_pins(deployed):
     record, _ = deployed
     config = record.config
     dockerfile = DockerfileParser(fileobj=record.artifact("deploy.dockerfile").open("rb"))
-    assert dockerfile.baseimage == config.triton.container_image
+    assert dockerfile.baseimage == config.deploy.container_image
     steps = [(s["instruction"], s["value"]) for s in dockerfile.structure]
     assert ("COPY", ". /models") in steps and ("COPY", "--from=front . /opt/workbench/") in steps
     assert steps[-2:] == [("EXPOSE", "8000 8001 8002 8080"), ("CMD", '["bash", "/opt/workbench/start.sh"]')]

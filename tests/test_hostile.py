@@ -329,10 +329,10 @@ def test_a_config_json_with_wrong_types_is_refused_before_the_run_starts(tiny_be
                                     "'registry.example.com/myteam'"),
 ])
 def test_an_image_registry_docker_refuses_is_refused(capsys, registry, said):
-    assert main(["config", "-p", f"triton.image_registry={registry}"]) == 2
-    assert re.search(rf"error \(ConfigError\): .*triton.image_registry: {said}", capsys.readouterr().err)
-    assert RunConfig.model_validate({"triton": {"image_registry": "registry.example.com:5000/ml/"}}
-                                    ).triton.image_registry == "registry.example.com:5000/ml"
+    assert main(["config", "-p", f"deploy.image_registry={registry}"]) == 2
+    assert re.search(rf"error \(ConfigError\): .*deploy.image_registry: {said}", capsys.readouterr().err)
+    assert RunConfig.model_validate({"deploy": {"image_registry": "registry.example.com:5000/ml/"}}
+                                    ).deploy.image_registry == "registry.example.com:5000/ml"
 
 
 def _parity_only(run_dir: Path) -> RunRecord:

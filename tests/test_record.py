@@ -130,3 +130,24 @@ def test_a_step_run_again_names_the_later_steps_it_made_stale_and_the_notebook_t
     said = whats_next("optimize", record)
     assert said[0] == "now stale (what they read changed): parity: run 03_parity.ipynb", said
     assert whats_next("report", record) == ["this was the last step of the run"]
+
+
+def test_resume_says_first_which_settings_changed_and_which_steps_that_made_stale(tmp_path):
+    """`--resume` with another step setting: before any step runs, the changed settings, the steps now stale (those
+    this run leaves out stay stale, with the command that redoes them) and the steps it runs."""
+    from workbench.pipeline import resume_note
+
+    config = RunConfig(steps=["export", "bench", "report"])
+    record = RunRecord.create(tmp_path, config)
+    for step in ("export", "bench", "report"):
+        with record.step(step):
+            pass
+    before = record.data["config"]
+    changed = RunConfig.load(None, ["bench.rounds=10"], base=before, values={"steps": ["report"]})
+    resumed = RunRecord.open(tmp_path, changed, must_exist=True)
+    note = resume_note(before, resumed, changed.steps).splitlines()
+    assert note[0] == f"resuming {tmp_path}: settings changed since it last ran: bench.rounds 20 -> 10"
+    assert note[1].startswith("  stale now: bench (bench not in this run: they stay stale; ")
+    assert "--steps bench" in note[1] and note[2] == "  runs: report"
+    assert resume_note(resumed.data["config"], resumed, ["bench"]).splitlines()[0] == (
+        f"resuming {tmp_path}: the settings it last ran with")

@@ -1,6 +1,7 @@
 """Verdicts: nothing reads ok unless it was checked in this run; re-runs and failures make consumers stale."""
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -55,8 +56,7 @@ def test_a_rerun_drops_its_old_outputs_and_makes_consumers_stale(tmp_path):
     assert record.status("export") == "ok"
     stale = RunRecord.load(tmp_path).data["steps"]["optimize"]
     assert stale["status"] == "stale"
-    assert stale["reason"] == ("inputs changed since it ran: onnx.original (export ran again), "
-                               "metrics:export.nodes (export ran again)")
+    assert stale["reason"] == "inputs changed since it ran: export ran again (onnx.original, metrics.export.nodes)"
     _consume(record)
     assert record.status("optimize") == "ok"
 
@@ -98,7 +98,8 @@ def test_reading_a_stale_result_is_not_news_until_it_changes_again(tmp_path):
     assert record.status("parity") == "ok", "it read a result that was already stale: nothing changed since"
     _consume(record)  # optimize runs again: now parity's input did change
     assert record.status("parity") == "stale"
-    assert "metrics:optimize.variants.original (optimize ran again)" in record.data["steps"]["parity"]["reason"]
+    assert "optimize ran again (" in record.data["steps"]["parity"]["reason"]
+    assert "metrics.optimize.variants.original" in record.data["steps"]["parity"]["reason"]
 
 
 def test_a_step_marked_skipped_keeps_nothing_from_before(tmp_path):
@@ -210,7 +211,7 @@ def test_optimize_failing_on_a_corrupt_export_makes_parity_stale(checked_run):
     saved = RunRecord.load(record.run_dir)
     assert saved.status("optimize") == "failed"
     assert saved.status("parity") == "stale"
-    assert "onnx.fp32 (optimize ran again)" in saved.data["steps"]["parity"]["reason"]
+    assert re.search(r"optimize ran again \([^)]*onnx\.fp32", saved.data["steps"]["parity"]["reason"])
     assert not saved.metric("optimize.variants")
     assert not (record.run_dir / "onnx" / "fp32.onnx").exists()
 
@@ -339,5 +340,5 @@ def test_the_report_shows_stale_and_unverified_steps(tmp_path):
     with record.step("triton"):
         record.unverified("int8 did not pass parity")
     page = build_report(record, tmp_path / "report.html", specs()).read_text()
-    assert '<td class="stale">stale</td>' in page and "onnx.original (export ran again)" in page
+    assert '<td class="stale">stale</td>' in page and "export ran again (onnx.original" in page
     assert '<td class="ok">ok, verified: false</td>' in page and "int8 did not pass parity" in page

@@ -20,6 +20,7 @@ import psutil
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
+from workbench.core.dotted import Tree
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, tqdm_class
@@ -252,7 +253,8 @@ def run_pipeline(config: RunConfig, run_dir: Path | None = None, overwrite: bool
 
 def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool, resume: bool,
                notebooks_dir: Path) -> RunRecord:
-    memory = preflight_apart(config, RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None)
+    resumed = RunRecord.load(run_dir) if resume and (run_dir / RECORD_NAME).is_file() else None
+    memory = preflight_apart(config, resumed)
     if memory is not None and memory.verdict == "warned":
         print(f"warning: {memory.describe()}; going on as preflight.memory=warn asks (a step that runs out stops "
               "with OutOfMemoryError)", file=sys.stderr, flush=True)
@@ -260,6 +262,8 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
         record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
         remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
+        if progress and resumed is not None:
+            print(resume_note(resumed.data["config"], record, config.steps), flush=True)
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     if memory is not None:
@@ -299,6 +303,22 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
                                       f"the notebook {notebook_source(step, notebooks_dir)} sets them: take its "
                                       "change out, or pass it with -p")
     return record
+
+
+def resume_note(before: Tree, record: RunRecord, steps: list[str]) -> str:
+    """What `--resume` goes on with, said before any step runs: the settings changed since the run last ran, the
+    steps that made stale (those this run redoes, and those it leaves stale), and the steps it runs."""
+    changed = settings_changes(before, record.data["config"])
+    stale = [s.name for s in specs() if record.status(s.name) == StepStatus.STALE]
+    left = [name for name in stale if name not in steps]
+    lines = [f"resuming {record.run_dir}: " + (f"settings changed since it last ran: {described(changed)}"
+                                               if changed else "the settings it last ran with")]
+    if stale:
+        lines.append(f"  stale now: {', '.join(stale)}" + (f" ({', '.join(left)} not in this run: they stay stale; "
+                                                            f"{run_again(left, record.run_dir, lab=False)})"
+                                                            if left else ""))
+    lines.append(f"  runs: {', '.join(steps)}")
+    return "\n".join(lines)
 
 
 def _out_of_memory(config: RunConfig, step: str, exc: Exception, seen: tuple[int, float], again: str,

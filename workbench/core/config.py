@@ -35,9 +35,12 @@ RENAMED_SETTINGS = {
     "fp16_op_block_list": "optimize.fp16.op_block_list", "fp16_node_block_list": "optimize.fp16.node_block_list",
     "int8_per_channel": "optimize.int8.per_channel", "int8_nodes_to_exclude": "optimize.int8.nodes_to_exclude",
     "trt_profiles": "tensorrt.profiles", "trt_workspace_mb": "tensorrt.workspace_mb",
-    "engine_cache_dir": "tensorrt.engine_cache_dir"}
+    "engine_cache_dir": "tensorrt.engine_cache_dir",
+    **{f"triton.{key}": f"deploy.{key}" for key in ("container_image", "image_registry", "target_rps", "burst_factor",
+                                                      "queue_target_ms", "storage_uri")}}
 # Sections a bool turns on or off (`-p parity.repair=false`): the bool is their `enabled`, their other keys stay.
 SWITCHES = ("parity.repair",)
+_ABSENT = object()  # a key not given at all (a value of None is given)
 # Graph outputs that were renamed: the old name, the new one.
 RENAMED_OUTPUTS = {"last_hidden_state": "token_embeddings"}
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
@@ -397,8 +400,10 @@ def moved(data: dict[str, Any]) -> dict[str, Any]:
     """`data` (a configuration as written, before the defaults join it) with the settings that moved at their new
     keys (a value set at both keys is the new key's) and the switched sections' bools at their `enabled`."""
     data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
-    for old in [key for key in RENAMED_SETTINGS if key in data]:
-        key, value = switched(moved_key(old), data.pop(old))
+    for old in [key for key in RENAMED_SETTINGS if dotted.get(data, key, _ABSENT) is not _ABSENT]:
+        value = dotted.get(data, old)
+        dotted.pop(data, old)
+        key, value = switched(moved_key(old), value)
         there = dotted.get(data, key)
         if there is None:
             dotted.put(data, key, value)

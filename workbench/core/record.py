@@ -55,6 +55,15 @@ def step_settings(params: Tree, step: str) -> Tree:
     return {key: value for key, value in params.items() if key not in others and key not in _NOT_SETTINGS}
 
 
+def as_now(settings: Tree, step: str) -> Tree:
+    """The settings a step recorded, as this version spells them: a moved key at its new place, a setting it did not
+    know at its default (as it ran then); as recorded where they no longer load."""
+    try:
+        return step_settings(RunConfig.load(base=settings).to_params(), step)
+    except ConfigError:
+        return settings
+
+
 def settings_changes(old: Tree, new: Tree) -> dict[str, tuple[Value, Value]]:
     """The settings (dotted) that differ between two configurations, which steps run and where left out."""
     return {key: values for key, values in dotted_keys.changes(old, new).items()
@@ -425,7 +434,7 @@ class RunRecord:
                 continue
             changes = {key: why for key, source in step.get("inputs", {}).items()
                        if (why := self._input_change(key, source))}
-            settings = settings_changes(step.get("settings", {}), step_settings(self.data["config"], name)) \
+            settings = settings_changes(as_now(step["settings"], name), step_settings(self.data["config"], name)) \
                 if "settings" in step else {}
             if not changes and not settings and step.get("reason", "").startswith(_OTHER_SETTINGS):
                 step["status"] = StepStatus.OK  # the settings it ran with are the run's again
@@ -434,8 +443,7 @@ class RunRecord:
                 step["status"] = StepStatus.STALE
                 step["reason"] = "; ".join(
                     ([f"{_OTHER_SETTINGS}: {described(settings)}"] if settings else [])
-                    + (["inputs changed since it ran: " + ", ".join(f"{key} ({why})" for key, why in changes.items())]
-                       if changes else []))
+                    + (["inputs changed since it ran: " + _by_cause(changes)] if changes else []))
         self.save()
 
     def _input_change(self, key: str, source: dict[str, Any]) -> str | None:
@@ -685,6 +693,15 @@ class RunRecord:
             if provider not in used:
                 used.append(provider)
         self.save()
+
+
+def _by_cause(changes: dict[str, str]) -> str:
+    """`export ran again (onnx.fp32, metrics.export.nodes)`: each cause once, with the inputs it changed as run.json
+    names them (an artifact, a metrics path)."""
+    causes: dict[str, list[str]] = {}
+    for key, why in changes.items():
+        causes.setdefault(why, []).append(key.replace("metrics:", "metrics.", 1))
+    return "; ".join(f"{why} ({', '.join(keys)})" for why, keys in causes.items())
 
 
 def _now() -> str:

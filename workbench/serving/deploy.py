@@ -19,7 +19,7 @@ from workbench.models.pins import pin
 from workbench.serving.hostkinds import HostKind
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT
-from workbench.serving.settings import TritonSettings
+from workbench.serving.settings import DeploySettings
 
 if TYPE_CHECKING:  # the front's own modules load aiohttp: not for every command that imports the steps
     from workbench.serving.backend.api_schema import FrontSpec
@@ -105,7 +105,7 @@ def ports(front: bool) -> tuple[tuple[str, int], ...]:
     return (*PORTS, FRONT_PORT) if front else PORTS
 
 
-def dockerfile(triton: TritonSettings, plan: ServingPlan, front: bool) -> str:
+def dockerfile(settings: DeploySettings, plan: ServingPlan, front: bool) -> str:
     """The image: NVIDIA's Triton container, the pinned packages, the repository copied in (not mounted: the image
     is the unit that was verified, and a pod starts without a volume to fill or a package index to reach), and the
     API front beside tritonserver where the repository has a model it answers for."""
@@ -114,7 +114,7 @@ def dockerfile(triton: TritonSettings, plan: ServingPlan, front: bool) -> str:
         else ("", 'CMD ["tritonserver", "--model-repository=/models", "--allow-metrics=true"]\n')
     return (f"# The verified Triton repository {plan.name!r} and the Python packages its models import, pinned as\n"
             "# the workbench pins them. Build it with the repository folder as the context (deploy/README.md).\n"
-            f"FROM {triton.container_image}\n"
+            f"FROM {settings.container_image}\n"
             f"RUN python3 -m pip install --no-cache-dir {requirements}\n"
             "COPY . /models\n"
             f"{start[0]}"
@@ -131,13 +131,13 @@ def front_texts(front: FrontSpec | None) -> dict[str, str]:
             **{f"front_{Path(name).stem}": (MODELS_SOURCE / name).read_text(encoding="utf-8") for name in FRONT_FILES}}
 
 
-def image_tag(triton: TritonSettings, plan: ServingPlan, repository_sha256: str, front: FrontSpec | None) -> str:
+def image_tag(settings: DeploySettings, plan: ServingPlan, repository_sha256: str, front: FrontSpec | None) -> str:
     """`<registry>/<name>:<12 hex digits>` of the repository's content, the image recipe and the front's files: a
     new tag whenever one changes, never a mutable `latest`."""
-    material = "\n".join([repository_sha256, dockerfile(triton, plan, front is not None),
+    material = "\n".join([repository_sha256, dockerfile(settings, plan, front is not None),
                           *front_texts(front).values()])
     digest = hashlib.sha256(material.encode()).hexdigest()[:12]
-    return f"{triton.image_registry.rstrip('/')}/{app_name(plan)}:{digest}"
+    return f"{settings.image_registry.rstrip('/')}/{app_name(plan)}:{digest}"
 
 
 def docker_script(image: str, front: bool) -> str:
@@ -209,8 +209,8 @@ def adapter_rule(plan: ServingPlan) -> dict[str, Any]:
             "metricsQuery": f"{rate(QUEUE_COUNTER)} / clamp_min({rate(SUCCESS_COUNTER)}, 0.001)"}
 
 
-def inference_service(triton: TritonSettings, plan: ServingPlan, image: str, scaling: Scaling) -> dict[str, Any]:
-    """KServe's Triton runtime serving the repository from `triton.storage_uri`, in this image (for the packages
+def inference_service(settings: DeploySettings, plan: ServingPlan, image: str, scaling: Scaling) -> dict[str, Any]:
+    """KServe's Triton runtime serving the repository from `deploy.storage_uri`, in this image (for the packages
     its Python models import), scaled by requests in flight per replica."""
     name = app_name(plan)
     return {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
@@ -219,25 +219,25 @@ def inference_service(triton: TritonSettings, plan: ServingPlan, image: str, sca
                 "minReplicas": scaling.min_replicas, "maxReplicas": scaling.max_replicas,
                 "scaleMetric": "concurrency", "scaleTarget": scaling.concurrency,
                 "model": {"modelFormat": {"name": "triton"}, "protocolVersion": "v2", "runtime": KSERVE_RUNTIME,
-                          "storageUri": triton.storage_uri or f"pvc://{name}-models/",
+                          "storageUri": settings.storage_uri or f"pvc://{name}-models/",
                           "image": image,
                           "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
                                         "limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}}}}}
 
 
-def deployment_files(triton: TritonSettings, plan: ServingPlan, repository: Path, repository_sha256: str,
+def deployment_files(settings: DeploySettings, plan: ServingPlan, repository: Path, repository_sha256: str,
                      scaling: Scaling, capacity: list[str], folder: Path, front: FrontSpec | None,
                      kind: HostKind | None = None) -> dict[str, Path]:
     """Every file in `folder` (deploy/), by FILES key; `capacity` is the README's lines on how the numbers were
     chosen; `front`: the API front's models, where the image runs it; `kind`: the host kind the run measured on,
     where it is a sweep cell (its Deployment is that kind's)."""
-    image = image_tag(triton, plan, repository_sha256, front)
+    image = image_tag(settings, plan, repository_sha256, front)
     with_front = front is not None
-    texts = {"dockerfile": dockerfile(triton, plan, with_front), "docker": docker_script(image, with_front),
+    texts = {"dockerfile": dockerfile(settings, plan, with_front), "docker": docker_script(image, with_front),
              **front_texts(front),
              "kubernetes": _yaml(*kubernetes_documents(plan, image, scaling, with_front, kind)),
              "adapter": _yaml({"rules": {"default": False, "custom": [adapter_rule(plan)]}}),
-             "kserve": _yaml(inference_service(triton, plan, image, scaling)),
+             "kserve": _yaml(inference_service(settings, plan, image, scaling)),
              "readme": readme(plan, repository, image, scaling, capacity, front)}
     return {key: write_text(folder / FILES[key], text) for key, text in texts.items()}
 
@@ -291,7 +291,7 @@ docker push {image}
 
 The tag is a hash of the repository, the recipe and the front's files: rebuild after re-running the workbench and
 the tag changes.
-Another registry: `-p triton.image_registry=registry.example.com/ml` when you run the workbench (or retag).
+Another registry: `-p deploy.image_registry=registry.example.com/ml` when you run the workbench (or retag).
 
 ## One GPU host
 
@@ -330,7 +330,7 @@ Triton's protocol only: the API front comes with the Deployment above.
 KServe reads the repository from its `storageUri`: the folder there must hold what `{repository}` holds (its
 model folders at the top, not `{repository}` itself). The default, `pvc://{name}-models/`, is a
 PersistentVolumeClaim: copy the contents in with `kubectl cp {repository}/. <pod mounting the claim>:<mount>/`;
-or `-p triton.storage_uri=s3://bucket/{plan.name}` when you run the workbench, and `aws s3 sync {repository}/
+or `-p deploy.storage_uri=s3://bucket/{plan.name}` when you run the workbench, and `aws s3 sync {repository}/
 s3://bucket/{plan.name}/`.
 
 ```bash

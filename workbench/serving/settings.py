@@ -1,5 +1,5 @@
-"""The triton step's settings (`-p triton.<setting>`): how the deployment is generated and served, and the image and
-autoscaler the deploy step writes for it."""
+"""The serving steps' settings: the triton step's (`-p triton.<setting>`: how the deployment is generated and served)
+and the deploy step's (`-p deploy.<setting>`: the image and the autoscaler it writes for that deployment)."""
 from __future__ import annotations
 
 import difflib
@@ -97,29 +97,6 @@ class TritonSettings(StepSettings):
         if self.max_request_tokens != "auto":
             return self.max_request_tokens
         return max(REQUEST_CALLS * max_tokens, sequence_max) if max_tokens else 0
-    container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
-        "the Triton container the deployment image starts FROM"))
-    image_registry: str = Field(default="localhost:5000", description=(
-        "where the deployment image is pushed: its tag is <registry>/<name>:<content hash>"))
-    target_rps: float = Field(default=100.0, gt=0, description=(
-        "requests per second the deployment must sustain: sets the autoscaler's minimum replicas"))
-    burst_factor: float = Field(default=2.0, ge=1, description="the autoscaler's maximum over its minimum replicas")
-    queue_target_ms: float | None = Field(default=None, gt=0, description=(
-        "average queue time per request the autoscaler keeps; default: what the bench measured at the best "
-        "throughput within bench.p99_limit_ms"))
-    storage_uri: str | None = Field(default=None, description=(
-        "KServe storageUri of the repository; default: pvc://<name>-models/ (copy the repository there)"))
-
-    @field_validator("image_registry")
-    @classmethod
-    def _registry(cls, value: str) -> str:
-        return _image_reference(value.rstrip("/"), REGISTRY, "registry.example.com:5000/ml")
-
-    @field_validator("container_image")
-    @classmethod
-    def _container_image(cls, value: str) -> str:
-        return _image_reference(value, IMAGE, "nvcr.io/nvidia/tritonserver:24.10-py3")
-
     def check(self, config: RunConfig) -> None:
         """The outputs it serves are the model's; a reranker and a sparse encoder are served by one Python model
         (serving/backend/rerank_model.py, fused_model.py with sparse_terms.py): another layout or flavor is refused
@@ -146,6 +123,36 @@ class TritonSettings(StepSettings):
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"flavor must be one of {', '.join(names)}{hint}")
         return value
+
+
+class DeploySettings(StepSettings):
+    """The deploy step's settings: the image it builds on and where it is pushed, the load the autoscaler sizes
+    for (with what the bench measured), where KServe finds the repository. Apart from the triton step's, so a change
+    here leaves the verified deployment as it is."""
+
+    container_image: str = Field(default="nvcr.io/nvidia/tritonserver:24.10-py3", description=(
+        "the Triton container the deployment image starts FROM"))
+    image_registry: str = Field(default="localhost:5000", description=(
+        "where the deployment image is pushed: its tag is <registry>/<name>:<content hash>"))
+    target_rps: float = Field(default=100.0, gt=0, description=(
+        "requests per second the deployment must sustain: sets the autoscaler's minimum replicas"))
+    burst_factor: float = Field(default=2.0, ge=1, description="the autoscaler's maximum over its minimum replicas")
+    queue_target_ms: float | None = Field(default=None, gt=0, description=(
+        "average queue time per request the autoscaler keeps; default: what the bench measured at the best "
+        "throughput within bench.p99_limit_ms"))
+    storage_uri: str | None = Field(default=None, description=(
+        "KServe storageUri of the repository; default: pvc://<name>-models/ (copy the repository there)"))
+
+    @field_validator("image_registry")
+    @classmethod
+    def _registry(cls, value: str) -> str:
+        return _image_reference(value.rstrip("/"), REGISTRY, "registry.example.com:5000/ml")
+
+    @field_validator("container_image")
+    @classmethod
+    def _container_image(cls, value: str) -> str:
+        return _image_reference(value, IMAGE, "nvcr.io/nvidia/tritonserver:24.10-py3")
+
 
 
 def served_specs(config: RunConfig) -> tuple[OutputSpec, ...]:

@@ -22,7 +22,7 @@ from workbench.serving.deploy import Scaling, deployment_files, image_tag, netwo
 from workbench.serving.errors import RepositoryError
 from workbench.serving.hostkinds import host_kind
 from workbench.serving.plan import deployed_plan
-from workbench.serving.settings import TritonSettings
+from workbench.serving.settings import DeploySettings
 from workbench.serving.tables import TritonMetrics
 from workbench.steps import StepSpec
 
@@ -42,9 +42,9 @@ class DeployMetrics(Metrics):
 
 
 def capacity_lines(capacity: Capacity) -> list[str]:
-    return [f"Replicas: {capacity.replicas_reason}; at most {capacity.max_replicas} (triton.burst_factor).",
+    return [f"Replicas: {capacity.replicas_reason}; at most {capacity.max_replicas} (deploy.burst_factor).",
             f"Autoscaler target: {capacity.queue_target_ms:g} ms queue time per request ({capacity.queue_reason}).",
-            f"Target load: {capacity.target_rps:g} req/s (triton.target_rps)."]
+            f"Target load: {capacity.target_rps:g} req/s (deploy.target_rps)."]
 
 
 def api_front(repository: Path) -> FrontSpec | None:
@@ -69,9 +69,10 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         served = bench.served if bench else None
         unmeasured = (f"no served bench: bench step {record.step_entry('bench').label}" if not served
                       else f"the served bench was skipped: {served.skipped}" if served.skipped else "")
-        triton = TritonSettings.of(config)
-        capacity = plan_capacity(triton, BenchSettings.of(config), None if unmeasured else served, network_model(plan),
-                                 plan.max_queue_delay_us, f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
+        settings = DeploySettings.of(config)
+        capacity = plan_capacity(settings, BenchSettings.of(config), None if unmeasured else served,
+                                 network_model(plan), plan.max_queue_delay_us,
+                                 f"{host_of(record)}, {plan.flavor.value} flavor", unmeasured)
         if capacity.per_replica_rps is None:
             size_it = run_again(["triton", "bench", "deploy"], record.run_dir)
             capacity = capacity.model_copy(update={"replicas_reason": f"{capacity.replicas_reason}; to size it: "
@@ -82,7 +83,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         digest = record.artifact_sha256("triton.repository")
         front = api_front(repository)
         node = record.environment.node
-        files = deployment_files(triton, plan, repository.relative_to(record.run_dir), digest, scaling,
+        files = deployment_files(settings, plan, repository.relative_to(record.run_dir), digest, scaling,
                                  capacity_lines(capacity), record.run_dir / STEP, front,
                                  host_kind(node.kind) if node else None)
         for key, path in files.items():
@@ -91,7 +92,7 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
         verified = bool(deployment and deployment.verified)
         if not verified:
             record.unverified("the repository these files serve was published unverified (triton.allow_unverified)")
-        record.set_metric(STEP, DeployMetrics(image=image_tag(triton, plan, digest, front), capacity=capacity,
+        record.set_metric(STEP, DeployMetrics(image=image_tag(settings, plan, digest, front), capacity=capacity,
                                               scaling=scaling, verified=verified).recorded())
     return record.step_entry(STEP)
 
@@ -124,11 +125,11 @@ def section(deploy: DeployMetrics) -> Parts:
 def capacity_table(capacity: Capacity, scaling: Scaling) -> go.Figure:
     """The capacity on paper and what each autoscaler keeps, with the reasons."""
     per = capacity.per_replica_rps
-    rows = [["target load", f"{capacity.target_rps:g} req/s", "triton.target_rps"],
+    rows = [["target load", f"{capacity.target_rps:g} req/s", "deploy.target_rps"],
             ["one replica sustains", "not measured" if per is None else f"{per:.1f} req/s",
              capacity.replicas_reason],
             ["replicas (HPA / KServe)", f"{scaling.min_replicas} to {scaling.max_replicas}",
-             "minimum for the target load; maximum = minimum x triton.burst_factor"],
+             "minimum for the target load; maximum = minimum x deploy.burst_factor"],
             ["HPA: queue time per request", f"{scaling.queue_target_us} us", capacity.queue_reason],
             ["KServe: requests in flight per replica", str(scaling.concurrency),
              "the load level that throughput was measured at"]]
@@ -138,4 +139,4 @@ def capacity_table(capacity: Capacity, scaling: Scaling) -> go.Figure:
 SPEC = StepSpec(
     STEP, 8, "an image recipe, Kubernetes and KServe files sized from the served bench", run, lines,
     sections=(Section("Triton at scale", section, served=True),),
-    reads=("triton",), owns=(STEP,), metrics=DeployMetrics, after="bench")
+    reads=("triton",), owns=(STEP,), metrics=DeployMetrics, after="bench", settings=DeploySettings)
