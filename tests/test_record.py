@@ -151,3 +151,7 @@ def test_resume_says_first_which_settings_changed_and_which_steps_that_made_stal
     assert "--steps bench" in note[1] and note[2] == "  runs: report"
     assert resume_note(resumed.data["config"], resumed, ["bench"]).splitlines()[0] == (
         f"resuming {tmp_path}: the settings it last ran with")
+    older = json.loads(json.dumps(resumed.data["config"]))  # as a run recorded it before deploy had a section
+    older["triton"].update(older.pop("deploy"))
+    assert resume_note(older, resumed, ["bench"]).splitlines()[0] == (
+        f"resuming {tmp_path}: the settings it last ran with")

@@ -24,7 +24,15 @@ from workbench.core.dotted import Tree
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, tqdm_class
-from workbench.core.record import RECORD_NAME, RunRecord, StepStatus, described, remove_inside, settings_changes
+from workbench.core.record import (
+    RECORD_NAME,
+    RunRecord,
+    StepStatus,
+    described,
+    remove_inside,
+    settings_changes,
+    spelled_now,
+)
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.lock import LOCK_NAME, run_lock
 from workbench.preflight import preflight_apart
@@ -308,7 +316,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
 def resume_note(before: Tree, record: RunRecord, steps: list[str]) -> str:
     """What `--resume` goes on with, said before any step runs: the settings changed since the run last ran, the
     steps that made stale (those this run redoes, and those it leaves stale), and the steps it runs."""
-    changed = settings_changes(before, record.data["config"])
+    changed = settings_changes(spelled_now(before), record.data["config"])
     stale = [s.name for s in specs() if record.status(s.name) == StepStatus.STALE]
     left = [name for name in stale if name not in steps]
     lines = [f"resuming {record.run_dir}: " + (f"settings changed since it last ran: {described(changed)}"

@@ -55,13 +55,18 @@ def step_settings(params: Tree, step: str) -> Tree:
     return {key: value for key, value in params.items() if key not in others and key not in _NOT_SETTINGS}
 
 
-def as_now(settings: Tree, step: str) -> Tree:
-    """The settings a step recorded, as this version spells them: a moved key at its new place, a setting it did not
-    know at its default (as it ran then); as recorded where they no longer load."""
+def spelled_now(settings: Tree) -> Tree:
+    """Settings as a run recorded them, as this version spells them: a moved key at its new place, a setting that
+    run did not know at its default (as it ran then); as recorded where they no longer load."""
     try:
-        return step_settings(RunConfig.load(base=settings).to_params(), step)
+        return RunConfig.load(base=settings).to_params()
     except ConfigError:
         return settings
+
+
+def as_now(settings: Tree, step: str) -> Tree:
+    """The settings step `step` recorded, as this version spells them (`spelled_now`)."""
+    return step_settings(spelled_now(settings), step)
 
 
 def settings_changes(old: Tree, new: Tree) -> dict[str, tuple[Value, Value]]:
@@ -204,7 +209,7 @@ class RunRecord:
                                      "pass the folder of an earlier run, or drop --resume")
             return cls.create(run_dir, config, by)
         record = cls.load(run_dir)
-        old, new = record.data["config"], config.to_params()
+        old, new = spelled_now(record.data["config"]), config.to_params()
         defaults = RunConfig().to_params()  # a setting older runs did not record had its default
         changed = [key for key in _RUN_DEFINING if old.get(key, defaults[key]) != new.get(key)]
         if changed and record.data["steps"]:
