@@ -81,6 +81,7 @@ from workbench.serving.client import AsyncTritonClient, TritonClient
 from workbench.serving.front import ApiFront
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer
+from workbench.serving.tables import TritonMetrics
 from workbench.steps.bench import deployed_plan, in_process_rates
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ def deployed_run(args: argparse.Namespace, config: RunConfig, prefix: str) -> tu
         args.run = ROOT / "outputs" / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_pipeline(config.model_copy(update={"steps": ["export", "optimize", "parity", "triton"]}), args.run)
     record = RunRecord.load(args.run)
-    deployed = deployed_plan(record.deployed())
+    deployed = deployed_plan(record.current(TritonMetrics), record)
     if deployed is None:
         raise MissingArtifactError(f"{args.run} has no current deployment (triton: "
                                    f"{record.step_entry('triton').label})",

@@ -213,9 +213,10 @@ def served_long_texts(run_dir: Path, count: int, tokens: int) -> dict[str, Any]:
     from workbench.serving.client import TritonClient
     from workbench.serving.plan import deployed_plan
     from workbench.serving.server import TritonServer
+    from workbench.serving.tables import TritonMetrics
 
     record = RunRecord.load(run_dir)
-    deployed = deployed_plan(record.deployed())
+    deployed = deployed_plan(record.current(TritonMetrics), record)
     if deployed is None:
         return {"error": "the run deployed nothing"}
     plan, variant = deployed

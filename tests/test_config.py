@@ -4,8 +4,8 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, ShapeError
-from workbench.core.flavor import Flavor
 from workbench.models import footprint
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import instances_for
 
 

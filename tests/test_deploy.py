@@ -32,6 +32,7 @@ from workbench.serving.client import TritonClient
 from workbench.serving.deploy import QUEUE_COUNTER, QUEUE_METRIC, SUCCESS_COUNTER, network_model
 from workbench.serving.plan import deployed_plan
 from workbench.serving.server import TritonServer, free_port
+from workbench.serving.tables import TritonMetrics
 from workbench.steps import deploy, specs, triton
 
 from .test_triton import prepared
@@ -90,7 +91,7 @@ def deployed(tiny_models, tmp_path_factory) -> tuple[RunRecord, Path]:
     config, record = prepared(tiny_models["bert"], root / "run", root / "repos",
                               deploy={"target_rps": 500, "burst_factor": 3})
     assert triton.run(config, record).status == "ok"
-    plan, _ = deployed_plan(record.deployed())
+    plan, _ = deployed_plan(record.current(TritonMetrics), record)
     served = {"batching_on": {"text": {c: {**level, "server": {network_model(plan): {"queue": 2.5}}}
                                        for c, level in LEVELS.items()}}}
     with record.step("bench"):
@@ -231,7 +232,7 @@ def test_replicas_and_targets_follow_the_recorded_bench(deployed):
 
 def test_the_autoscaler_reads_counters_the_real_server_exposes(deployed):
     record, root = deployed
-    plan, _ = deployed_plan(record.deployed())
+    plan, _ = deployed_plan(record.current(TritonMetrics), record)
     rule = yaml.safe_load(record.artifact("deploy.adapter").read_text())["rules"]["custom"][0]
     autoscaler = _documents(record, "kubernetes")[2]
     assert autoscaler["spec"]["metrics"][0]["pods"]["metric"]["name"] == rule["name"]["as"] == QUEUE_METRIC

@@ -12,12 +12,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from workbench.core.flavor import Flavor
 from workbench.graphs.errors import OnnxModelError
 from workbench.measure.load import asyncio_level
 from workbench.serving.backend.ort_batches import instances_folder
 from workbench.serving.client import AsyncTritonClient, TritonClient
 from workbench.serving.errors import RepositoryError, ServedError, ServerUnreachableError
+from workbench.serving.flavor import Flavor
 from workbench.serving.repository import write_repository
 from workbench.serving.server import TritonServer, free_port
 from workbench.steps.triton import serving_plan

@@ -7,11 +7,11 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs.tables import PrecisionDecision
 from workbench.measure import precisions as precisions_module
 from workbench.precision.tables import ParityMetrics
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity, verdict_line
 from workbench.steps.optimize import precisions as optimize_precisions

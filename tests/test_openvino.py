@@ -8,7 +8,6 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import DependencyMissingError
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision, Trial
@@ -20,6 +19,7 @@ from workbench.runners.onnxruntime import OrtRunner
 from workbench.runners.openvino import OPENVINO_CONFIG, OpenVinoRunner, bf16_problem
 from workbench.runners.registry import open_variant
 from workbench.serving.backend import ort_batches
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import preference
 from workbench.serving.repository import parse_pbtxt
 from workbench.steps import deploy, export, optimize, parity, triton

@@ -11,7 +11,6 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
 from workbench.graphs import nncf_int8, onnxfiles
@@ -26,6 +25,7 @@ from workbench.precision.tables import RepairCandidate
 from workbench.runners.openvino import OpenVinoRunner, bf16_problem
 from workbench.runners.timing import OthersBusy
 from workbench.serving.backend import ort_batches
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import CPU_FP32_FIRST, CPU_INT8_FIRST, preference
 from workbench.steps import export, optimize, parity
 from workbench.steps.optimize import openvino_variants

@@ -15,7 +15,6 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
 from workbench.core.errors import ShapeError
-from workbench.core.flavor import Flavor
 from workbench.core.progress import PROGRESS_FILE_VAR
 from workbench.core.record import RunRecord
 from workbench.core.results import Verdict
@@ -29,6 +28,7 @@ from workbench.precision.lab import ParityLab, lab_texts
 from workbench.precision.recipes import STAGES
 from workbench.precision.search import RANKED_BY
 from workbench.runners.onnxruntime import OrtRunner
+from workbench.serving.flavor import Flavor
 from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, triton
 from workbench.steps.parity import repairs

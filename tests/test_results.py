@@ -11,11 +11,11 @@ import pytest
 from workbench.cli import main
 from workbench.core.config import RunConfig
 from workbench.core.errors import OutputDirError
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.core.results import SCHEMA_VERSION, migrate
 from workbench.graphs.tables import ExportMetrics
 from workbench.precision.tables import ParityMetrics
+from workbench.serving.flavor import Flavor
 from workbench.serving.tables import TritonMetrics
 
 from .conftest import export_metrics

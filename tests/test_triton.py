@@ -19,7 +19,6 @@ from peerlib.peers import accuracy, embed_all, http_level, triton_embedder
 
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.tables import PrecisionDecision
@@ -36,6 +35,7 @@ from workbench.runners.torch import TorchRunner
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import AsyncTritonClient, TritonClient, text_array
 from workbench.serving.errors import PortInUseError, RepositoryError, ServedError, ServerStartError, TritonNotFoundError
+from workbench.serving.flavor import Flavor
 from workbench.serving.repository import model_files, parse_pbtxt, read_repository, write_models, write_repository
 from workbench.serving.server import Ports, TritonServer, find_tritonserver
 from workbench.steps import export, optimize, triton

@@ -9,7 +9,6 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, ShapeError
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord
 from workbench.graphs.errors import OnnxModelError, OpsetError
 from workbench.graphs.tables import ExportMetrics
@@ -20,6 +19,7 @@ from workbench.precision.lab import ParityLab, lab_texts
 from workbench.report.page import build_report
 from workbench.runners.registry import open_variant
 from workbench.serving.errors import PortInUseError
+from workbench.serving.flavor import Flavor
 from workbench.serving.settings import lab_settings
 from workbench.steps import export, optimize, parity, specs, triton
 

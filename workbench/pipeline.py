@@ -271,7 +271,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
         record.refresh_environment()  # the resumed steps may run on another machine
         remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
         if progress and resumed is not None:
-            print(resume_note(resumed.data["config"], record, config.steps), flush=True)
+            print(resume_note(resumed.settings, record, config.steps), flush=True)
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     if memory is not None:
@@ -316,7 +316,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
 def resume_note(before: Tree, record: RunRecord, steps: list[str]) -> str:
     """What `--resume` goes on with, said before any step runs: the settings changed since the run last ran, the
     steps that made stale (those this run redoes, and those it leaves stale), and the steps it runs."""
-    changed = settings_changes(spelled_now(before), record.data["config"])
+    changed = settings_changes(spelled_now(before), record.settings)
     stale = [s.name for s in specs() if record.status(s.name) == StepStatus.STALE]
     left = [name for name in stale if name not in steps]
     lines = [f"resuming {record.run_dir}: " + (f"settings changed since it last ran: {described(changed)}"

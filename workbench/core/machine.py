@@ -97,19 +97,3 @@ def collect_environment() -> dict[str, Any]:
     except ImportError:
         env["onnxruntime"] = None
     return env
-
-
-def release_memory() -> None:
-    """Give the memory freed since the last call back to the system (the garbage collector, then glibc's
-    malloc_trim): after a step drops a large graph, its pages would otherwise stay with the process."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and platform.system() == "Linux":
-        try:
-            ctypes.CDLL(libc).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass  # not glibc: nothing to trim

@@ -26,7 +26,6 @@ from workbench.core.disk import as_disk_full, disk_full_typed
 from workbench.core.dotted import Tree, Value
 from workbench.core.errors import ConfigError, MissingArtifactError, OutputDirError, StepSkipped
 from workbench.core.estimate import Earlier, clock, earlier
-from workbench.core.flavor import Flavor
 from workbench.core.memory import PeakMemory
 from workbench.core.metrics import Json, Metrics
 from workbench.core.progress import Heartbeat, closed_bars, open_bar, say
@@ -89,16 +88,6 @@ class Variant:
     precision: str
     kind: str
     path: Path
-
-
-@dataclass(frozen=True)
-class Deployed:
-    """What the triton step deployed (`RunRecord.deployed`): the serving plan as it recorded it, the variant it
-    serves and the tokenizer folder."""
-
-    plan: Json
-    variant: Variant
-    tokenizer: Path
 
 
 class StepStatus(str, Enum):
@@ -350,14 +339,6 @@ class RunRecord:
                                        f"run the {step} step first: " + run_again([step], self.run_dir) if step else
                                        f"no registered step declares {model.__name__} for its metrics")
         return found
-
-    def deployed(self) -> Deployed | None:
-        """What the triton step deployed, as it recorded it, with this run's files; None when it deployed nothing
-        that is current."""
-        plan, flavor, variant = (self.metric(f"triton.{key}") for key in ("plan", "flavor", "variant"))
-        if self.status("triton") != StepStatus.OK or plan is None or flavor is None or variant is None:
-            return None
-        return Deployed(plan, self.variant(variant, Flavor(flavor).artifact_kind), self.artifact("tokenizer"))
 
     def _finish(self, name: str, start: float, entry: dict[str, Any], peak: PeakMemory) -> None:
         if self._heartbeat is not None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.core.atomic import temporary_dir
-from workbench.core.machine import release_memory
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.variants import activation_ranges, smooth_activations
 from workbench.models.batches import Feed
+from workbench.models.footprint import release_memory
 
 if TYPE_CHECKING:
     from onnx import ModelProto, NodeProto, TensorProto

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from workbench.core.errors import DependencyMissingError
-from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.measure.load import (
     asyncio_level,
@@ -40,6 +39,7 @@ from workbench.measure.tables import (
 )
 from workbench.models.text import encode
 from workbench.serving.client import TritonClient
+from workbench.serving.flavor import Flavor
 from workbench.serving.repository import ServingPlan, write_repository
 from workbench.serving.server import TritonServer
 

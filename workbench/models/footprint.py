@@ -1,7 +1,9 @@
 """What a step that holds a model needs at its peak, estimated from the model's weights before anything runs
-(preflight refuses a run the memory limit cannot hold; a batch's token budget keeps to what the limit leaves)."""
+(preflight refuses a run the memory limit cannot hold; a batch's token budget keeps to what the limit leaves), and
+giving back what it freed (`release_memory`)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,3 +117,19 @@ def model_token_budget(batch: BatchRange, heads: int, hidden: int, intermediate:
     holding its `weights` fp32 bytes (None: not known, the limit is not read)."""
     per_token = activation_bytes_per_token(heads, hidden, intermediate, sequence_max)
     return token_budget(batch, per_token, sequence_max, activation_room(weights) if weights else None)
+
+
+def release_memory() -> None:
+    """Give the memory freed since the last call back to the system (the garbage collector, then glibc's
+    malloc_trim): after a step drops a large graph, its pages would otherwise stay with the process."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(libc).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass  # not glibc: nothing to trim

@@ -199,7 +199,7 @@ class LoadedModel:
     def drop_weights(self) -> None:
         """Free the module's weights once nothing will run it (moved to PyTorch's meta device, which keeps their
         shapes only): a base-size model holds 0.4 GB."""
-        from workbench.core.machine import release_memory
+        from workbench.models.footprint import release_memory
 
         self.model.to("meta")
         release_memory()

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.core.machine import release_memory
 from workbench.core.progress import Progress
 from workbench.graphs import onnxfiles
+from workbench.models.footprint import release_memory
 from workbench.precision.tables import RepairCandidate, RepairOutcome
 from workbench.runners.timing import Budget
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from workbench.core.atomic import write_text
-from workbench.core.flavor import Flavor
 from workbench.core.metrics import Metrics
 from workbench.models.pins import pin
+from workbench.serving.flavor import Flavor
 from workbench.serving.hostkinds import HostKind
 from workbench.serving.repository import MODELS_SOURCE, ServingPlan
 from workbench.serving.server import API_PORT

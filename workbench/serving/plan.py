@@ -6,13 +6,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from workbench.core.config import BatchRange
 from workbench.core.errors import MissingArtifactError
-from workbench.core.flavor import Flavor
 from workbench.core.machine import cpu_features, gpu_name
-from workbench.core.record import Deployed, Variant
+from workbench.core.record import Variant
 from workbench.core.results import CpuFeatures, Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
@@ -20,8 +19,10 @@ from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, PrecisionDec
 from workbench.models.tables import PipelineSummary
 from workbench.precision.tables import ParityMetrics
 from workbench.runners.cuda import cuda_usable
+from workbench.serving.flavor import Flavor
 from workbench.serving.repository import ServingPlan, graph_output_dims, model_name_for
 from workbench.serving.settings import ONE_PYTHON_MODEL, REPOSITORY_VARIABLE, TritonSettings
+from workbench.serving.tables import TritonMetrics
 from workbench.tasks.registry import OutputSpec
 
 PROJECT_REPOSITORIES = Path(__file__).resolve().parents[2] / "model_repository"
@@ -245,12 +246,22 @@ def build_plan(request: ServingRequest) -> ServingPlan:
         max_request_tokens=triton.request_tokens(max_tokens, request.sequence_max) if python else 0)
 
 
-def deployed_plan(deployed: Deployed | None) -> tuple[ServingPlan, str] | None:
-    """The plan the triton step deployed (`RunRecord.deployed()`) with the run's files, and the variant's name; None
-    when it deployed nothing that is current (the served benchmark measures what was deployed, nothing else)."""
-    if deployed is None:
+class RunFiles(Protocol):
+    """A run's files by name, as its record keeps them (`RunRecord`)."""
+
+    def variant(self, name: str, kind: str = "onnx") -> Variant: ...
+
+    def artifact(self, name: str) -> Path: ...
+
+
+def deployed_plan(triton: TritonMetrics | None, files: RunFiles) -> tuple[ServingPlan, str] | None:
+    """The plan the triton step deployed (its table when the step is ok now: `record.current(TritonMetrics)`) with
+    the run's files, and the variant's name; None when it deployed nothing that is current (the served benchmark
+    measures what was deployed, nothing else)."""
+    if triton is None or triton.plan is None or triton.flavor is None or triton.variant is None:
         return None
-    return ServingPlan.from_record(deployed.plan, deployed.variant.path, deployed.tokenizer), deployed.variant.name
+    variant = files.variant(triton.variant, triton.flavor.artifact_kind)
+    return ServingPlan.from_record(triton.plan, variant.path, files.artifact("tokenizer")), variant.name
 
 
 def served_groups(lengths: list[int], rows: int, max_tokens: int = 0) -> list[list[int]]:

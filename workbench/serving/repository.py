@@ -16,10 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from workbench.core.atomic import atomic_dir, sha256_file, write_text
 from workbench.core.data import lowercase_inputs
-from workbench.core.flavor import Flavor
 from workbench.graphs import onnxfiles
 from workbench.runners.registry import runner_kind
 from workbench.serving.errors import RepositoryError
+from workbench.serving.flavor import Flavor
 from workbench.tasks.registry import SPARSE_INDICES, SPARSE_VALUES, OutputSpec
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from workbench.core.config import Count, Port, RunConfig, StepSettings, at_least_one, from_here
-from workbench.core.flavor import Flavor
 from workbench.precision.settings import LabSettings, ParitySettings
+from workbench.serving.flavor import Flavor
 from workbench.tasks.registry import OutputSpec, served_outputs
 
 # Tasks one Python model serves, and what it takes and answers.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from workbench.core.flavor import Flavor
 from workbench.core.metrics import Json, Metrics
 from workbench.core.results import Verdict
+from workbench.serving.flavor import Flavor
 
 
 class Verification(Metrics):

@@ -60,7 +60,7 @@ def api_front(repository: Path) -> FrontSpec | None:
 def run(config: RunConfig, record: RunRecord) -> StepEntry:
     """Write deploy/ from the plan the triton step deployed and the bench's served sweep (when it measured one)."""
     with record.step(STEP):
-        deployed = deployed_plan(record.deployed())
+        deployed = deployed_plan(record.current(TritonMetrics), record)
         if deployed is None:
             raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
                               + run_again(["triton", "deploy"], record.run_dir))

@@ -10,7 +10,6 @@ import plotly.graph_objects as go
 from workbench.core.advice import run_again, set_settings
 from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError, StepSkipped
-from workbench.core.flavor import Flavor
 from workbench.core.progress import track
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
@@ -28,6 +27,7 @@ from workbench.runners.registry import open_variant
 from workbench.serving.batching import observe_batching
 from workbench.serving.client import TritonClient
 from workbench.serving.endpoints import SAMPLE_TEXT, request_lines
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import (
     ServingRequest,
     build_plan,

@@ -7,7 +7,6 @@ import os
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
 from workbench.core.errors import DOCTOR_HINT
-from workbench.core.flavor import Flavor
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs.tables import ExportMetrics, ShapeProfile
 from workbench.measure.latency import (
@@ -41,6 +40,7 @@ from workbench.runners.onnxruntime import device_for
 from workbench.runners.registry import open_variant
 from workbench.runners.timing import others_busy, timed
 from workbench.serving.errors import TritonNotFoundError
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import deployed_plan
 from workbench.serving.repository import ServingPlan
 from workbench.serving.server import find_tritonserver
@@ -86,7 +86,7 @@ def latency(config: RunConfig, record: RunRecord) -> LatencyGrid:
 def served_benchmark(config: RunConfig, record: RunRecord) -> ServedBenchmark:
     """The served measurements of what the triton step deployed, or why they were not taken (nothing deployed, no
     server, or a flavor this server cannot run)."""
-    deployed = deployed_plan(record.deployed())
+    deployed = deployed_plan(record.current(TritonMetrics), record)
     if deployed is None:
         return ServedBenchmark(skipped=f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
                                        f"to measure serving: {run_again(['triton', 'bench'], record.run_dir)}")

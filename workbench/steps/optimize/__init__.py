@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.core.config import RunConfig
-from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
@@ -21,6 +20,7 @@ from workbench.graphs.tables import Borrowed, ExportMetrics, FormChoice, GraphSt
 from workbench.graphs.variants import convert_fp16, infer_shapes, quantize_int8
 from workbench.measure.forms import race_bench
 from workbench.measure.settings import BenchSettings
+from workbench.models.footprint import release_memory
 from workbench.report.page import Parts, Section
 from workbench.steps import StepSpec
 from workbench.steps.optimize import figures

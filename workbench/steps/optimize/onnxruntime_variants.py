@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from workbench.core.atomic import temporary_dir
 from workbench.core.config import RunConfig
 from workbench.core.data import load_corpus
-from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles
 from workbench.graphs.attention import ATTENTION_OPS
@@ -20,6 +19,7 @@ from workbench.measure.forms import RaceBench, choose_borrowed, choose_form
 from workbench.measure.precisions import Target
 from workbench.models.batches import Batch
 from workbench.models.families import BORROWED_RULES, with_fusion_rules
+from workbench.models.footprint import release_memory
 from workbench.models.text import encode
 from workbench.runners.onnxruntime import OrtRunner, providers_for
 

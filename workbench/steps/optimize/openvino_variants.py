@@ -8,7 +8,6 @@ from pathlib import Path
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig
 from workbench.core.errors import DependencyMissingError
-from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord
 from workbench.graphs import onnxfiles, shared_tables
 from workbench.graphs.names import VariantName
@@ -18,6 +17,7 @@ from workbench.graphs.tables import ExportMetrics, InferencePrecision, OpenvinoI
 from workbench.measure.forms import RUNTIME_ROUNDS, RaceBench, race, trial
 from workbench.measure.precisions import Target
 from workbench.models.batches import Feed
+from workbench.models.footprint import release_memory
 from workbench.models.text import encode
 from workbench.runners.onnxruntime import OrtRunner, device_for
 from workbench.runners.openvino import INSTALL, OpenVinoRunner, bf16_problem, openvino_problem

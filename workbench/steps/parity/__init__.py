@@ -10,12 +10,12 @@ from workbench.core.advice import run_again, set_settings
 from workbench.core.atomic import write_text
 from workbench.core.config import RunConfig
 from workbench.core.errors import MissingArtifactError
-from workbench.core.machine import release_memory
 from workbench.core.record import RunRecord, StepEntry
 from workbench.core.results import Verdict
 from workbench.graphs import onnxfiles
 from workbench.graphs.names import VariantName
 from workbench.graphs.tables import ExportMetrics
+from workbench.models.footprint import release_memory
 from workbench.models.loading import LoadedModel, load_model
 from workbench.precision.compare import raise_if_failed
 from workbench.precision.errors import ReferenceMismatchError

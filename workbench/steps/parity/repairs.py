@@ -6,8 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workbench.core.config import RunConfig
-from workbench.core.flavor import Flavor
-from workbench.core.machine import release_memory
 from workbench.core.progress import Progress
 from workbench.core.record import RunRecord, Variant
 from workbench.core.results import Verdict
@@ -17,6 +15,7 @@ from workbench.graphs.settings import OptimizeSettings
 from workbench.graphs.tables import ExportMetrics, OptimizeMetrics, Trial
 from workbench.measure.forms import RUNTIME_ROUNDS, race, race_bench
 from workbench.measure.settings import BenchSettings
+from workbench.models.footprint import release_memory
 from workbench.precision.checker import Checker
 from workbench.precision.lab import ParityLab
 from workbench.precision.repair import RepairPlan, openvino_int8_problem
@@ -25,6 +24,7 @@ from workbench.precision.settings import ParitySettings
 from workbench.precision.tables import ParityMetrics, RepairOutcome
 from workbench.runners.registry import open_variant
 from workbench.runners.timing import median_ms
+from workbench.serving.flavor import Flavor
 from workbench.serving.plan import (
     choose_flavor,
     int8_decision,
