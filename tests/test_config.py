@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RENAMED_SETTINGS, RunConfig
 from workbench.core.errors import ConfigError, ShapeError
 from workbench.models import footprint
 from workbench.serving.flavor import Flavor
@@ -237,8 +237,9 @@ def test_the_deploy_steps_settings_left_the_triton_section_and_an_older_run_read
         config = RunConfig.load(tmp_path / "old.yaml")
     assert config.deploy.image_registry == "registry.example.com/ml" and config.triton.instances == 2
     assert "target_rps" not in config.triton.model_dump()
-    older = RunConfig().to_params()  # as a run recorded it before deploy had a section
-    older["triton"].update(older.pop("deploy"))
+    older = RunConfig().to_params()  # as a run recorded it before deploy had a section: those keys under triton
+    moved = {old.split(".")[1]: new.split(".")[1] for old, new in RENAMED_SETTINGS.items() if new.startswith("deploy.")}
+    older["triton"].update({old: older["deploy"].pop(new) for old, new in moved.items()})
     now = RunConfig().to_params()
     for step in ("triton", "deploy"):
         assert settings_changes(as_now(step_settings(older, step), step), step_settings(now, step)) == {}

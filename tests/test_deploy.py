@@ -289,3 +289,16 @@ def test_a_sweep_cell_deploys_on_its_host_kind_and_the_fleet_file_spans_the_kind
     assert {e["key"] for e in avx2["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"][0]["matchExpressions"]} >= {"feature.node.kubernetes.io/cpu-cpuid.AMXINT8"}
     assert all(validate(d) for d in documents)
+
+
+def test_deploy_without_a_current_deployment_is_skipped_naming_the_steps_to_run(tmp_path):
+    """Nothing the triton step deployed is current (it did not run here): deploy is skipped with the command that
+    runs triton, then deploy, and writes nothing."""
+    from workbench.core.config import RunConfig
+
+    record = RunRecord.create(tmp_path, RunConfig(steps=["deploy"]))
+    entry = deploy.run(record.config, record)
+    assert entry.status == "skipped"
+    assert entry.detail.startswith("nothing deployed in this run (triton: not run)")
+    reason = record.data["steps"]["deploy"]["reason"]
+    assert "fix: " in reason and "--steps triton,deploy" in reason and not (tmp_path / "deploy").exists()

@@ -270,7 +270,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
         record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
         remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
-        if progress and resumed is not None:
+        if resumed is not None:  # said under --quiet too: what a resume redoes is no progress line
             print(resume_note(resumed.settings, record, config.steps), flush=True)
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
@@ -320,9 +320,10 @@ def resume_note(before: Tree, record: RunRecord, steps: list[str]) -> str:
     stale = [s.name for s in specs() if record.status(s.name) == StepStatus.STALE]
     left = [name for name in stale if name not in steps]
     lines = [f"resuming {record.run_dir}: " + (f"settings changed since it last ran: {described(changed)}"
-                                               if changed else "the settings it last ran with")]
+                                               if changed else "no setting changed since it last ran")]
     if stale:
-        lines.append(f"  stale now: {', '.join(stale)}" + (f" ({', '.join(left)} not in this run: they stay stale; "
+        stays = "it stays" if len(left) == 1 else "they stay"
+        lines.append(f"  stale now: {', '.join(stale)}" + (f" ({', '.join(left)} not in this run: {stays} stale; "
                                                             f"{run_again(left, record.run_dir, lab=False)})"
                                                             if left else ""))
     lines.append(f"  runs: {', '.join(steps)}")

@@ -62,8 +62,8 @@ def run(config: RunConfig, record: RunRecord) -> StepEntry:
     with record.step(STEP):
         deployed = deployed_plan(record.current(TritonMetrics), record)
         if deployed is None:
-            raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label}); "
-                              + run_again(["triton", "deploy"], record.run_dir))
+            raise StepSkipped(f"nothing deployed in this run (triton: {record.step_entry('triton').label})",
+                              run_again(["triton", "deploy"], record.run_dir))
         plan, _ = deployed
         bench = record.results_as("bench", BenchMetrics) if record.status("bench") == StepStatus.OK else None
         served = bench.served if bench else None
