@@ -462,15 +462,16 @@ def test_deploy_sizing_says_whether_a_served_bench_ran():
     from workbench.measure.capacity import plan_capacity
     from workbench.measure.settings import BenchSettings
     from workbench.measure.tables import ServedBenchmark
-    from workbench.serving.settings import TritonSettings
+    from workbench.serving.settings import DeploySettings
 
-    never = plan_capacity(TritonSettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
+    never = plan_capacity(DeploySettings(), BenchSettings(), None, "m", 0, "here", "no served bench: bench step "
                                                                                  "not run")
-    assert never.replicas_reason == "not measured (no served bench: bench step not run): one replica to start"
+    assert never.replicas_reason == ("not measured (no served bench: bench step not run): one replica to start, "
+                                     "whatever deploy.target_rps asks")
     slow = ServedBenchmark.model_validate({"batching_on": {"text": {"1": {
         "concurrency": 1, "requests": 10, "seconds": 2.0, "throughput": 5.0, "p50": 800.0, "p90": 880.0, "p95": 890.0,
         "p99": 900.0, "mean": 810.0}}}})
-    assert plan_capacity(TritonSettings(), BenchSettings(), slow, "m", 0, "here").replicas_reason.startswith(
+    assert plan_capacity(DeploySettings(), BenchSettings(), slow, "m", 0, "here").replicas_reason.startswith(
         "not measured (no served bench level kept p99 under 500 ms)")
 
 

@@ -36,7 +36,7 @@ def replicas_reason(target_rps: float, best: tuple[int, ServedLevel] | None, p99
     nothing was measured."""
     if best is None:
         why = unmeasured or f"no served bench level kept p99 under {p99_limit_ms:g} ms"
-        return f"not measured ({why}): one replica to start"
+        return f"not measured ({why}): one replica to start, whatever deploy.target_rps asks"
     concurrency, level = best
     return (f"{target_rps:g} req/s / {level.throughput:.1f} req/s per replica (concurrency {concurrency}, p99 "
             f"{level.p99:.1f} ms <= {p99_limit_ms:g} ms, measured on {measured_on}) = {minimum}")
