@@ -46,7 +46,7 @@ def test_a_copy_with_new_file_times_is_not_stale(tmp_path):
     copied = RunRecord.load(copy)
     copied.mark("parity", "skipped", "not requested")
     assert copied.status("optimize") == "stale"
-    assert "onnx.original (the file export wrote changed)" in copied.data["steps"]["optimize"]["reason"]
+    assert "the file export wrote changed (onnx.original)" in copied.data["steps"]["optimize"]["reason"]
 
 
 def test_a_graphs_weights_file_is_part_of_its_checksum(tmp_path):
@@ -63,7 +63,7 @@ def test_a_graphs_weights_file_is_part_of_its_checksum(tmp_path):
     changed = RunRecord.load(tmp_path / "run")
     changed.mark("parity", "skipped", "not requested")
     assert changed.status("optimize") == "stale"
-    assert "onnx.original (the file export wrote changed)" in changed.data["steps"]["optimize"]["reason"]
+    assert "the file export wrote changed (onnx.original)" in changed.data["steps"]["optimize"]["reason"]
 
 
 # ---- runs at once -----------------------------------------------------------------------------------------------
