@@ -145,13 +145,16 @@ def test_resume_says_first_which_settings_changed_and_which_steps_that_made_stal
     before = record.data["config"]
     changed = RunConfig.load(None, ["bench.rounds=10"], base=before, values={"steps": ["report"]})
     resumed = RunRecord.open(tmp_path, changed, must_exist=True)
-    note = resume_note(before, resumed, changed.steps).splitlines()
+    note = resume_note(resumed, changed.steps).splitlines()
     assert note[0] == f"resuming {tmp_path}: settings changed since it last ran: bench.rounds 20 -> 10"
     assert note[1].startswith("  stale now: bench (bench not in this run: it stays stale; ")
     assert "--steps bench" in note[1] and note[2] == "  runs: report"
-    assert resume_note(resumed.data["config"], resumed, ["bench"]).splitlines()[0] == (
+    again = RunRecord.open(tmp_path, changed, must_exist=True)
+    assert resume_note(again, ["bench"]).splitlines()[0] == (
         f"resuming {tmp_path}: no setting changed since it last ran")
-    older = json.loads(json.dumps(resumed.data["config"]))  # as a run recorded it before deploy had a section
+    older = json.loads(json.dumps(again.data["config"]))  # as a run recorded it before deploy had a section
     older["triton"].update({key: older["deploy"].pop(key) for key in ("target_rps", "image_registry")})
-    assert resume_note(older, resumed, ["bench"]).splitlines()[0] == (
+    again.data["config"] = older
+    again.save()
+    assert resume_note(RunRecord.open(tmp_path, changed, must_exist=True), ["bench"]).splitlines()[0] == (
         f"resuming {tmp_path}: no setting changed since it last ran")

@@ -20,7 +20,6 @@ import psutil
 from workbench.core.advice import run_again
 from workbench.core.config import RunConfig, outputs_root
 from workbench.core.disk import FIX, as_disk_full, disk_full_typed
-from workbench.core.dotted import Tree
 from workbench.core.errors import DiskFullError, OutOfMemoryError, OutputDirError, StepFailedError
 from workbench.core.memory import SAMPLE_S, PeakMemory, memory_limit, oom_kills
 from workbench.core.progress import INDENT, PROGRESS_FILE_VAR, tqdm_class
@@ -31,7 +30,6 @@ from workbench.core.record import (
     described,
     remove_inside,
     settings_changes,
-    spelled_now,
 )
 from workbench.interrupt import InterruptGuard, remove_partials
 from workbench.lock import LOCK_NAME, run_lock
@@ -270,8 +268,7 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
         record = RunRecord.open(run_dir, config, must_exist=True, by=COMMAND)
         record.refresh_environment()  # the resumed steps may run on another machine
         remove_partials(run_dir)  # what a killed process half-wrote (this process holds the run's lock)
-        if resumed is not None:  # said under --quiet too: what a resume redoes is no progress line
-            print(resume_note(resumed.settings, record, config.steps), flush=True)
+        print(resume_note(record, config.steps), flush=True)  # under --quiet too: what a resume redoes
     else:
         record = RunRecord.create(prepare_run_dir(run_dir, overwrite), config, by=COMMAND)
     if memory is not None:
@@ -313,10 +310,11 @@ def _run_steps(config: RunConfig, run_dir: Path, overwrite: bool, progress: bool
     return record
 
 
-def resume_note(before: Tree, record: RunRecord, steps: list[str]) -> str:
-    """What `--resume` goes on with, said before any step runs: the settings changed since the run last ran, the
-    steps that made stale (those this run redoes, and those it leaves stale), and the steps it runs."""
-    changed = settings_changes(spelled_now(before), record.settings)
+def resume_note(record: RunRecord, steps: list[str]) -> str:
+    """What `--resume` goes on with, said before any step runs: the settings changed since the run last ran (as
+    `RunRecord.open` found them), the steps that made stale (those this run redoes, and those it leaves stale), and
+    the steps it runs."""
+    changed = record.reopened_with
     stale = [s.name for s in specs() if record.status(s.name) == StepStatus.STALE]
     left = [name for name in stale if name not in steps]
     lines = [f"resuming {record.run_dir}: " + (f"settings changed since it last ran: {described(changed)}"

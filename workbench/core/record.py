@@ -144,6 +144,7 @@ class RunRecord:
         self._phase = ""  # what the running step started last (`phase`), until it says anything else
         self._said = ("", 0)  # the running step's last line and how many bars had closed then
         self._heartbeat: Heartbeat | None = None
+        self.reopened_with: dict[str, tuple[Value, Value]] = {}  # the settings `open` changed, old and new
 
     # ---- opening -------------------------------------------------------------------------
     @classmethod
@@ -217,7 +218,7 @@ class RunRecord:
 
     def _log_settings(self, old: Tree, by: str) -> None:
         """Append the settings that differ from `old` to `settings_log`, as set `by`; save."""
-        changed = settings_changes(old, self.data["config"])
+        changed = self.reopened_with = settings_changes(old, self.data["config"])
         if changed:
             self.data.setdefault("settings_log", []).append(
                 {"at": _now(), "by": by or "a caller", "changed": {k: list(v) for k, v in changed.items()}})

@@ -154,7 +154,6 @@ class DeploySettings(StepSettings):
         return _image_reference(value, IMAGE, "nvcr.io/nvidia/tritonserver:24.10-py3")
 
 
-
 def served_specs(config: RunConfig) -> tuple[OutputSpec, ...]:
     """The outputs the deployment returns (`triton.outputs`, else the sentence embedding alone where there is one):
     the ones a variant's parity verdict is decided on."""
